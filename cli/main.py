@@ -1,0 +1,68 @@
+"""Entry point of the `areal-graph` command.
+
+Each subcommand lives in its own module `areal_graph.cli.cmd_<name>` exposing
+`register(subparsers)`; that module sets `func` on its parser. Modules are imported only
+to build the parser, and heavy imports (torch, transformers) happen inside `func`, so
+`areal-graph --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+from areal_graph import __version__
+
+# Order is the order shown in --help.
+SUBCOMMANDS = ["run", "validate", "plot", "init_model", "eval", "serve", "trace"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="areal-graph",
+        description=(
+            "Asynchronous RL for language models on reasoning tasks. The RL loop is a dataflow "
+            "graph declared in YAML (rollout -> reward -> logprob -> advantage -> train), run "
+            "over gRPC workers with bounded staleness and interruptible generation."
+        ),
+        epilog="Start with: areal-graph run workflows/ppo_async.yaml",
+    )
+    parser.add_argument("--version", action="version", version=f"areal-graph {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"areal_graph.cli.cmd_{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"areal_graph.cli.cmd_{name}":
+                continue  # subcommand not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(
+        level=level, format="%(message)s", datefmt="[%X]",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[yellow]interrupted[/]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

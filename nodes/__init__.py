@@ -1,0 +1,1 @@
+"""Node kinds (rollout, reward, logprob, advantage, train) and the pure math they run."""

@@ -1,0 +1,1 @@
+"""gRPC service definitions for workers and their generated Python stubs."""

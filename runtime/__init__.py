@@ -1,0 +1,1 @@
+"""Execution: controller, workers, staleness control, dynamic batching, engines, weight sync, tracing."""

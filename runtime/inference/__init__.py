@@ -1,0 +1,1 @@
+"""Inference engines (embedded torch engine, SGLang) and the one client that drives them."""

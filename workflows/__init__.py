@@ -1,0 +1,1 @@
+"""Shipped workflow YAMLs and the example Python rollout workflows they name."""
