@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 run: install
 	$(BIN)/areal-graph run $(WORKFLOW)
 
+# pytest exits 5 when it collects nothing: say so and fail, never pass silently.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
