@@ -1,0 +1,93 @@
+"""Asynchronous vs synchronous RL on the same workload, and a staleness sweep.
+
+Each configuration is a real `areal-graph run` (subprocesses, gRPC, embedded inference
+server) of workflows/ppo_async.yaml with the same model, steps, batch and cores; only
+`runtime.max_staleness` (and, for the ablation, the loss) changes. Output lengths are
+long-tailed because sampling is at temperature 1 with a generous max_new_tokens.
+
+    python benchmarks/bench_async_vs_sync.py            # sync vs async (eta=4)
+    python benchmarks/bench_async_vs_sync.py --sweep    # eta in 0 1 2 4 8, decoupled on and off
+    python benchmarks/bench_async_vs_sync.py --quick    # a few steps, to check it works
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def run_config(label: str, overrides: list[str], workdir: Path) -> dict:
+    run_dir = workdir / label
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(ROOT / "workflows" / "ppo_async.yaml"),
+           *overrides, "--run-dir", str(run_dir)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
+    steps = [m for m in metrics if "time/step" in m]
+    train_time = sum(m["time/step"] for m in steps)
+    return {
+        "label": label, "overrides": overrides, "wall_s": wall,
+        "final_accuracy": accs[-1] if accs else None,
+        "mean_reward_last10": sum(m["reward/mean"] for m in steps[-10:]) / max(len(steps[-10:]), 1),
+        "mean_staleness": sum(m.get("staleness/mean", 0.0) for m in steps) / max(len(steps), 1),
+        "train_time_s": train_time, "steps": len(steps),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 steps per configuration")
+    ap.add_argument("--sweep", action="store_true", help="staleness sweep with and without the decoupled loss")
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    steps = 4 if args.quick else args.steps
+    common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}"]
+
+    configs: list[tuple[str, list[str]]] = []
+    if args.sweep:
+        for loss in ("decoupled_ppo", "ppo"):
+            for eta in (0, 1, 2, 4, 8):
+                configs.append((f"eta{eta}-{loss}", common + [f"runtime.max_staleness={eta}", f"nodes.train.loss={loss}"]))
+    else:
+        configs = [("sync", common + ["runtime.max_staleness=0"]), ("async", common + ["runtime.max_staleness=4"])]
+
+    console = Console()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
+        for label, overrides in configs:
+            console.print(f"running {label} ...")
+            rows.append(run_config(label, overrides, Path(tmp)))
+    base = next((r for r in rows if r["label"] in ("sync", "eta0-decoupled_ppo")), rows[0])
+    table = Table(title="async vs sync RL (same workload; ratios are from this one run)")
+    for col in ("config", "wall s", "speedup vs sync", "final acc", "reward (last 10)", "mean staleness"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        r["speedup_vs_sync"] = base["wall_s"] / r["wall_s"]
+        table.add_row(r["label"], f"{r['wall_s']:.0f}", f"{r['speedup_vs_sync']:.2f}x",
+                      "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.3f}",
+                      f"{r['mean_reward_last10']:.3f}", f"{r['mean_staleness']:.2f}")
+    console.print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / ("staleness_sweep.json" if args.sweep else "async_vs_sync.json")
+    out.write_text(json.dumps({"steps": steps, "results": rows}, indent=2))
+    console.print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`areal-graph run WORKFLOW.yaml [key=value ...]`: validate, launch, train, report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run an RL workflow (the main job)",
+        description=(
+            "Validate WORKFLOW, start inference servers and gRPC workers as local subprocesses, "
+            "and run the RL loop: rollouts generate continuously under the staleness bound, "
+            "each step trains on B trajectories and pushes new weights to the servers. "
+            "Writes config, metrics (JSONL), traces, checkpoints and the final model to the run directory."
+        ),
+        epilog="Example: areal-graph run workflows/ppo_async.yaml runtime.steps=20 models.actor.train.lr=1e-5",
+    )
+    p.add_argument("workflow", type=Path, help="workflow YAML file")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="override any field, e.g. runtime.steps=10 nodes.train.clip_eps=0.1")
+    p.add_argument("--run-dir", type=Path, default=None, help="where to write the run (default: runtime.run_dir)")
+    p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
+                   help="continue a run from its latest complete checkpoint")
+    p.set_defaults(func=run)
+
+
+class RunDisplay:
+    """Live status for a terminal; one log line per step when output is not a terminal."""
+
+    COLUMNS = [("step", "step", "{:.0f}"), ("version", "ver", "{:.0f}"), ("reward/mean", "reward", "{:.3f}"),
+               ("eval/accuracy", "test acc", "{:.3f}"), ("staleness/mean", "staleness", "{:.2f}"),
+               ("buffer/size", "buffer", "{:.0f}"), ("rollout/groups_in_flight", "in flight", "{:.0f}"),
+               ("time/step", "step s", "{:.1f}"), ("time/wait_batch", "wait s", "{:.1f}")]
+
+    def __init__(self, console: Console, total_steps: int) -> None:
+        self.console = console
+        self.total = total_steps
+        self.rows: list[dict] = []
+        self.last_acc: float | None = None
+        self.live = Live(self._table(), console=console, refresh_per_second=2) if console.is_terminal else None
+        self.t0 = time.time()
+
+    def __enter__(self):
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def _table(self) -> Table:
+        elapsed = time.time() - self.t0 if hasattr(self, "t0") else 0.0
+        t = Table(title=f"areal-graph  step {len(self.rows)}/{self.total}  {elapsed:.0f}s", expand=False)
+        for _, title, _ in self.COLUMNS:
+            t.add_column(title, justify="right")
+        for row in self.rows[-12:]:
+            t.add_row(*[fmt.format(row[k]) if k in row else "" for k, _, fmt in self.COLUMNS])
+        return t
+
+    def on_eval(self, step: int, acc: float) -> None:
+        self.last_acc = acc
+        if not self.live:
+            self.console.print(f"eval step {step}: greedy test accuracy {acc:.3f}")
+
+    def on_step(self, step: int, stats: dict) -> None:
+        self.rows.append(stats)
+        if self.live:
+            self.live.update(self._table())
+        else:
+            parts = [f"{title}={fmt.format(stats[k])}" for k, title, fmt in self.COLUMNS if k in stats]
+            self.console.print("  ".join(parts))
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_graph.graph.loader import WorkflowError, load_workflow
+
+    console = Console()
+    try:
+        spec = load_workflow(args.workflow, overrides=args.overrides)
+    except WorkflowError as err:
+        console.print(f"[red]{args.workflow}: the workflow has {len(err.problems)} problem(s):[/]")
+        for problem in err.problems:
+            console.print(f"  - {problem}")
+        return 1
+
+    from areal_graph.runtime.controller import RLController, RunFailed
+    from areal_graph.runtime.run_dir import RunDir
+
+    if args.resume:
+        run_dir = RunDir(args.resume)
+        ckpt = run_dir.latest_checkpoint()
+        if ckpt is None:
+            console.print(f"[red]{args.resume}: no complete checkpoint to resume from[/]")
+            return 1
+    else:
+        root = args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
+        run_dir = RunDir(root)
+        ckpt = None
+    run_dir.write_config(spec)
+    console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
+                  f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
+    t0 = time.time()
+    with RunDisplay(console, spec.runtime.steps) as display:
+        controller = RLController(spec, run_dir, display=display)
+        try:
+            state = controller.run(resume_from=ckpt)
+        except RunFailed as err:
+            console.print(f"[red bold]run failed:[/] {err}")
+            console.print(f"unfinished work is listed in {run_dir.path / 'unfinished.json'}")
+            return 1
+    accs = [h["eval/accuracy"] for h in state.history]
+    summary = f"done in {time.time() - t0:.0f}s: {state.step} steps, {state.trajectories_trained} trajectories trained"
+    if accs:
+        summary += f"; greedy test accuracy {accs[0]:.3f} -> {accs[-1]:.3f}"
+    console.print(f"[green]{summary}[/]")
+    console.print(f"run directory: {run_dir.path}  (trace: areal-graph trace {run_dir.path})")
+    return 0

@@ -1,0 +1,81 @@
+"""The rollout node: runs the user's rollout workflow against the inference servers.
+
+Hosted in a rollout worker. gRPC calls arrive on server threads and block until their prompt
+group is done, so many groups are in flight at once; all of them share one asyncio loop (and
+one connection pool) running in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+from dataclasses import fields
+from typing import Any
+
+from areal_graph.data.packed import PackedBatch
+from areal_graph.runtime.inference.client import InferenceClient, ServerPool
+from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.workflows.base import RolloutWorkflow, pack_trajectories
+
+
+def load_workflow_class(path: str) -> type[RolloutWorkflow]:
+    module_name, _, attr = path.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, RolloutWorkflow)):
+        raise TypeError(f"{path} is not a RolloutWorkflow subclass")
+    return cls
+
+
+class _PromptView:
+    """The attributes a workflow reads from a prompt (id, input_ids, answer)."""
+
+    def __init__(self, pid: str, input_ids: list[int], answer: str) -> None:
+        self.id, self.input_ids, self.answer, self.text = pid, input_ids, answer, ""
+
+
+class RolloutNode:
+    def __init__(self, server_urls: list[str], backend: str, workflow: str, group_size: int,
+                 sampling: dict[str, Any], workflow_args: dict[str, Any] | None = None,
+                 request_timeout_s: float = 600.0) -> None:
+        self.group_size = group_size
+        self.sampling = sampling
+        self.workflow = load_workflow_class(workflow)(**(workflow_args or {}))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        self._thread.start()
+        clients = [InferenceClient(url, backend=backend, timeout=request_timeout_s) for url in server_urls]
+        self.pool = ServerPool(clients)
+
+    def _sampling(self, overrides: dict[str, Any] | None) -> SamplingParams:
+        known = {f.name for f in fields(SamplingParams)}
+        merged = {k: v for k, v in {**self.sampling, **(overrides or {})}.items() if k in known}
+        return SamplingParams(**merged)
+
+    def run(self, batch: PackedBatch, group_size: int | None = None, sampling: dict | None = None) -> PackedBatch:
+        """Generate `group_size` trajectories for every prompt of `batch`; block until all are done."""
+        g = group_size or self.group_size
+        params = self._sampling(sampling)
+        prompts = [
+            _PromptView(batch.meta["prompt_id"][i], batch.sequence(i, "input_ids").tolist(), batch.meta["answer"][i])
+            for i in range(batch.num_seqs)
+        ]
+        group_ids = batch["group_id"].tolist()
+
+        async def _all():
+            groups = await asyncio.gather(*(self.workflow.run(p, self.pool, g, params) for p in prompts))
+            trajs = []
+            for gid, (prompt, group) in enumerate(zip(prompts, groups)):
+                for j, t in enumerate(group):
+                    t.group_id = group_ids[gid]
+                    t.sample_id = group_ids[gid] * g + j
+                    t.answer = prompt.answer
+                    trajs.append(t)
+            return trajs
+
+        trajs = asyncio.run_coroutine_threadsafe(_all(), self._loop).result()
+        return pack_trajectories(trajs)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.pool.close(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)

@@ -1,0 +1,82 @@
+"""The train node: builds the loss callback the training engine applies to each micro-batch.
+
+The engine sums micro-batch losses (and gradients across data-parallel ranks). To make the
+result independent of how the batch was split, every normaliser is computed here, once, over
+the whole batch, and each micro-batch returns only its share of the batch loss.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from areal_graph.data.packed import PackedBatch
+from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, loss_normalizer, value_loss
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
+
+# Keys each loss reads from the batch (besides the model's own log-probs / values).
+POLICY_KEYS = ("input_ids", "loss_mask", "behav_logprobs", "advantages")
+VALUE_KEYS = ("input_ids", "loss_mask", "values", "returns")
+
+
+def required_keys(params: TrainParams) -> tuple[str, ...]:
+    if params.loss == "value":
+        return VALUE_KEYS
+    if params.loss == "decoupled_ppo":
+        return POLICY_KEYS + ("prox_logprobs",)
+    return POLICY_KEYS
+
+
+def _max_response_tokens(batch: PackedBatch) -> int:
+    mask = batch["loss_mask"].to(torch.int64)
+    per_seq = torch.zeros(batch.num_seqs, dtype=torch.int64).index_add_(0, batch.seq_ids(), mask)
+    return max(int(per_seq.max()) if batch.num_seqs else 1, 1)
+
+
+def policy_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
+    """Decoupled PPO (or standard PPO when `params.loss == "ppo"`: pi_prox := pi_behav)."""
+    mask_all = batch["loss_mask"].float()
+    norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
+    n_tokens = max(float(mask_all.sum()), 1.0)
+
+    def loss_fn(logprobs: torch.Tensor, entropy: torch.Tensor, mb: PackedBatch):
+        mask = mb["loss_mask"].float()
+        behav = mb["behav_logprobs"].float()
+        prox = mb["prox_logprobs"].float() if params.loss == "decoupled_ppo" else behav
+        per_tok, tok_stats = decoupled_ppo_loss(
+            logprobs, prox, behav, mb["advantages"].float(), mask,
+            clip_eps=params.clip_eps, eps_high=params.eps_high,
+            dual_clip=params.dual_clip, behav_imp_cap=params.behav_imp_cap,
+        )
+        loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
+        ent = (entropy.detach() * mask).sum()
+        if params.entropy_coef:
+            loss = loss - params.entropy_coef * aggregate(entropy, mask, mb.cu_seqlens, params.agg, norm)
+        # Each stat is this micro-batch's share of a batch-level token mean, so the engine's sum is right.
+        stats = {"policy_loss": float(loss.detach()), "entropy": float(ent) / n_tokens}
+        for name, value in tok_stats.items():
+            stats[name] = float((value.detach().float() * mask).sum()) / n_tokens
+        return loss, stats
+
+    return loss_fn
+
+
+def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
+    """Clipped value loss; the engine passes the critic's per-token values as `logprobs`."""
+    mask_all = batch["loss_mask"].float()
+    norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
+
+    def loss_fn(values: torch.Tensor, _entropy: torch.Tensor, mb: PackedBatch):
+        mask = mb["loss_mask"].float()
+        per_tok = value_loss(values, mb["values"].float(), mb["returns"].float(), mask, params.value_clip)
+        loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
+        return loss, {"value_loss": float(loss.detach())}
+
+    return loss_fn
+
+
+def build_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
+    return critic_loss_fn(params, batch) if params.loss == "value" else policy_loss_fn(params, batch)

@@ -1,0 +1,464 @@
+"""An HTTP server for the embedded engine that speaks SGLang's native API (the RL subset).
+
+Why SGLang's API: the rollout side has one client for every backend; if the embedded server
+answers the same endpoints with the same JSON as `sglang.launch_server`, the only thing that
+differs between a laptop run and a GPU cluster run is the URL (plus the few semantic
+differences the client hides: see `client.py`).
+
+Endpoints (names and fields as in SGLang's `http_server.py`):
+
+    POST /generate                  {input_ids, sampling_params, return_logprob, rid, stream=false}
+                                    -> {text, output_ids, meta_info: {id, finish_reason,
+                                        prompt_tokens, completion_tokens, weight_version,
+                                        output_token_logprobs: [[logprob, token_id, null], ...],
+                                        output_token_versions: [int, ...]}}
+    POST /update_weights_from_disk  {model_path, weight_version?, load_format?, abort_all_requests?}
+    POST /pause_generation, POST /continue_generation
+    POST /abort_request             {rid?, abort_all?}
+    GET  /health, GET /health_generate, GET /get_model_info, GET /get_weight_version,
+    GET  /get_server_info, GET|POST /flush_cache
+
+`output_token_versions` is our extension (SGLang has no per-token versions): the policy
+version that produced each output token. Everything else is SGLang's shape, including
+`weight_version` being a string.
+
+Errors are JSON in SGLang's error shape `{"object": "error", "message", "type", "code"}`:
+bad input -> 400 naming the field, a full queue -> 503 (retry later), anything unexpected
+-> 500; a failing request never takes the server down.
+
+Run: `python -m areal_graph.runtime.inference.http_server --model DIR --port 0`; it prints
+`areal-graph inference server listening on http://HOST:PORT` on stdout once it accepts requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+READY_LINE = "areal-graph inference server listening on"
+
+# SGLang sampling_params fields we honour; any other field is rejected (silently ignoring a
+# sampling knob would give the user a different distribution than the one they asked for).
+_SAMPLING_FIELDS = {
+    "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
+    "ignore_eos", "sampling_seed", "seed", "greedy", "skip_special_tokens", "no_stop_trim",
+}
+_GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len"}
+_ABORT_FIELDS = {"rid", "abort_all"}
+_UPDATE_FIELDS = {"model_path", "load_format", "weight_version", "abort_all_requests", "flush_cache"}
+
+
+class BadRequest(ValueError):
+    """A request the server refuses with 400, naming what was wrong."""
+
+
+def error_response(status: int, message: str, kind: str) -> web.Response:
+    """SGLang's error body (`_create_error_response`), so clients parse one format."""
+    return web.json_response(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status=status
+    )
+
+
+# --------------------------------------------------------------------------- request parsing
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def parse_sampling_params(raw: Any, prompt_len: int, max_context: int | None):
+    """Turn SGLang `sampling_params` JSON into the engine's SamplingParams, or raise BadRequest.
+
+    SGLang means greedy by `temperature == 0`; we map that to `greedy=True`.
+    """
+    from areal_graph.runtime.inference.sampling import SamplingParams
+
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise BadRequest(f"sampling_params must be an object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - _SAMPLING_FIELDS)
+    if unknown:
+        raise BadRequest(f"sampling_params has unknown field(s) {unknown}; supported: {sorted(_SAMPLING_FIELDS)}")
+    kw: dict[str, Any] = {}
+    if "max_new_tokens" in raw:
+        v = raw["max_new_tokens"]
+        if not _is_int(v) or v < 0:
+            raise BadRequest(f"sampling_params.max_new_tokens must be an integer >= 0, got {v!r}")
+        kw["max_new_tokens"] = v
+    if "temperature" in raw:
+        v = raw["temperature"]
+        if not _is_number(v) or v < 0:
+            raise BadRequest(f"sampling_params.temperature must be a number >= 0, got {v!r}")
+        if v == 0:
+            kw["greedy"] = True
+        else:
+            kw["temperature"] = float(v)
+    if "top_p" in raw:
+        v = raw["top_p"]
+        if not _is_number(v) or not 0 < v <= 1:
+            raise BadRequest(f"sampling_params.top_p must be a number in (0, 1], got {v!r}")
+        kw["top_p"] = float(v)
+    if "top_k" in raw:
+        v = raw["top_k"]
+        if not _is_int(v) or (v < 1 and v != -1):
+            raise BadRequest(f"sampling_params.top_k must be -1 (off) or an integer >= 1, got {v!r}")
+        kw["top_k"] = v
+    if "stop_token_ids" in raw and raw["stop_token_ids"] is not None:
+        v = raw["stop_token_ids"]
+        if not isinstance(v, list) or not all(_is_int(t) for t in v):
+            raise BadRequest(f"sampling_params.stop_token_ids must be a list of integers, got {v!r}")
+        kw["stop_token_ids"] = list(v)
+    if "stop" in raw and raw["stop"] is not None:
+        v = raw["stop"]
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+            raise BadRequest(f"sampling_params.stop must be a string or a list of strings, got {v!r}")
+        kw["stop"] = list(v)
+    if "ignore_eos" in raw:
+        if not isinstance(raw["ignore_eos"], bool):
+            raise BadRequest(f"sampling_params.ignore_eos must be a boolean, got {raw['ignore_eos']!r}")
+        kw["ignore_eos"] = raw["ignore_eos"]
+    if "greedy" in raw:
+        if not isinstance(raw["greedy"], bool):
+            raise BadRequest(f"sampling_params.greedy must be a boolean, got {raw['greedy']!r}")
+        kw["greedy"] = raw["greedy"] or kw.get("greedy", False)
+    for key in ("sampling_seed", "seed"):
+        if key in raw and raw[key] is not None:
+            if not _is_int(raw[key]):
+                raise BadRequest(f"sampling_params.{key} must be an integer, got {raw[key]!r}")
+            kw["seed"] = raw[key]
+    params = SamplingParams(**kw)
+    if max_context is not None and prompt_len + params.max_new_tokens > max_context:
+        raise BadRequest(
+            f"prompt ({prompt_len} tokens) + sampling_params.max_new_tokens ({params.max_new_tokens}) "
+            f"exceeds the model context of {max_context} tokens"
+        )
+    return params
+
+
+def parse_generate_request(body: Any, max_context: int | None) -> tuple[list[int], Any, bool, str]:
+    """Validate a /generate body; return (input_ids, SamplingParams, return_logprob, rid)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if "text" in body:
+        raise BadRequest("this server takes token ids: send 'input_ids' instead of 'text'")
+    unknown = sorted(set(body) - _GENERATE_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown field(s) {unknown}; supported: {sorted(_GENERATE_FIELDS)}")
+    ids = body.get("input_ids")
+    if ids is None:
+        raise BadRequest("missing 'input_ids' (a non-empty list of token ids)")
+    if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+        raise BadRequest("'input_ids' must be a flat list of integers (batched requests are not supported)")
+    if not ids:
+        raise BadRequest("'input_ids' is empty: a prompt needs at least one token")
+    if body.get("stream", False):
+        raise BadRequest("stream=true is not supported by this server; send stream=false")
+    ret_lp = body.get("return_logprob", False)
+    if not isinstance(ret_lp, bool):
+        raise BadRequest(f"'return_logprob' must be a boolean, got {ret_lp!r}")
+    rid = body.get("rid")
+    if rid is None:
+        rid = uuid.uuid4().hex
+    elif not isinstance(rid, str) or not rid:
+        raise BadRequest(f"'rid' must be a non-empty string, got {rid!r}")
+    params = parse_sampling_params(body.get("sampling_params"), len(ids), max_context)
+    return ids, params, ret_lp, rid
+
+
+def finish_reason_json(reason: str, num_output: int, last_token: int | None) -> dict[str, Any]:
+    """SGLang's finish_reason objects: {"type": "stop"|"length"|"abort", ...}."""
+    if reason == "stop":
+        return {"type": "stop", "matched": last_token}
+    if reason == "length":
+        return {"type": "length", "length": num_output}
+    return {"type": "abort", "message": "request aborted"}
+
+
+# --------------------------------------------------------------------------- the server
+class InferenceHTTPServer:
+    """Owns one engine and the aiohttp application that exposes it."""
+
+    def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None) -> None:
+        self.engine = engine
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self._update_lock = asyncio.Lock()
+        self.app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors])
+        r = self.app.router
+        r.add_post("/generate", self.generate)
+        r.add_put("/generate", self.generate)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/pause_generation", self.pause_generation)
+        r.add_post("/continue_generation", self.continue_generation)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health_generate)
+        r.add_get("/get_model_info", self.get_model_info)
+        r.add_get("/get_weight_version", self.get_weight_version)
+        r.add_get("/get_server_info", self.get_server_info)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        from areal_graph.runtime.inference import engine as engine_mod
+
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except BadRequest as err:
+            return error_response(400, str(err), "BadRequest")
+        except getattr(engine_mod, "InvalidRequestError", BadRequest) as err:
+            return error_response(400, str(err), "BadRequest")
+        except getattr(engine_mod, "QueueFullError", BadRequest) as err:
+            return error_response(503, f"server overloaded: {err}; retry later", "ServiceUnavailable")
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # one bad request must never take the server down
+            log.exception("request %s %s failed", request.method, request.path)
+            return error_response(500, f"{type(err).__name__}: {err}", "InternalServerError")
+
+    async def _json(self, request: web.Request, allowed: set[str] | None = None) -> dict:
+        if not request.can_read_body:
+            body: Any = {}
+        else:
+            try:
+                body = await request.json()
+            except ValueError as err:
+                raise BadRequest(f"the request body is not valid JSON: {err}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        if allowed is not None:
+            unknown = sorted(set(body) - allowed)
+            if unknown:
+                raise BadRequest(f"unknown field(s) {unknown}; supported: {sorted(allowed)}")
+        return body
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        ids, params, ret_lp, rid = parse_generate_request(body, self.engine.max_context)
+        try:
+            result = await self.engine.generate(ids, params, rid=rid)
+        except asyncio.CancelledError:  # the client went away: free the slot (as SGLang does)
+            self.engine.abort(rid)
+            raise
+        return web.json_response(self.result_json(result, ret_lp))
+
+    def result_json(self, result: Any, return_logprob: bool) -> dict[str, Any]:
+        out_ids = list(result.output_ids)
+        text = ""
+        if self.tokenizer is not None:
+            try:
+                text = self.tokenizer.decode(out_ids, skip_special_tokens=True)
+            except Exception:  # text is a convenience; token ids are the contract
+                log.debug("decoding output failed", exc_info=True)
+        versions = list(result.output_versions)
+        meta: dict[str, Any] = {
+            "id": result.rid,
+            "finish_reason": finish_reason_json(result.finish_reason, len(out_ids), out_ids[-1] if out_ids else None),
+            "prompt_tokens": result.prompt_len,
+            "completion_tokens": len(out_ids),
+            "cached_tokens": 0,
+            "weight_version": str(versions[-1] if versions else self.engine.version),
+            "output_token_versions": versions,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(result.output_logprobs, out_ids)]
+        return {"text": text, "output_ids": out_ids, "meta_info": meta}
+
+    # ------------------------------------------------------------------ weights and control
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await self._json(request, _UPDATE_FIELDS)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("'model_path' (a directory with the new weights) is required")
+        version = body.get("weight_version")
+        if version is not None:
+            try:
+                version = int(version)
+            except (TypeError, ValueError):
+                raise BadRequest(f"'weight_version' must be an integer (or its string), got {version!r}") from None
+        fmt = body.get("load_format")
+        if fmt not in (None, "auto", "safetensors"):
+            raise BadRequest(f"'load_format' {fmt!r} is not supported; use 'auto'")
+        if body.get("abort_all_requests"):
+            self.engine.abort_all()
+        running = int(self.engine.stats().get("running", 0)) if hasattr(self.engine, "stats") else 0
+        async with self._update_lock:
+            try:
+                await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
+            except (FileNotFoundError, OSError, ValueError) as err:
+                return web.json_response(
+                    {"success": False, "message": f"failed to load weights from {path}: {err}", "num_paused_requests": 0},
+                    status=400,
+                )
+        msg = f"Succeeded to update model weights. Weight version updated to {self.engine.version}."
+        return web.json_response({"success": True, "message": msg, "num_paused_requests": running})
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        await asyncio.to_thread(self.engine.pause)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        await asyncio.to_thread(self.engine.resume)
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await self._json(request, _ABORT_FIELDS)
+        rid, abort_all = body.get("rid"), body.get("abort_all", False)
+        if not isinstance(abort_all, bool):
+            raise BadRequest(f"'abort_all' must be a boolean, got {abort_all!r}")
+        if rid is not None and not isinstance(rid, str):
+            raise BadRequest(f"'rid' must be a string, got {rid!r}")
+        if not abort_all and not rid:
+            raise BadRequest("give 'rid' or 'abort_all': true")
+        n = self.engine.abort_all() if abort_all else int(bool(self.engine.abort(rid)))
+        return web.json_response({"success": True, "num_aborted": n})
+
+    # ------------------------------------------------------------------ info
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """Healthy only if a one-token generation completes (as SGLang's /health_generate)."""
+        from areal_graph.runtime.inference.sampling import SamplingParams
+
+        try:
+            await asyncio.wait_for(
+                self.engine.generate([0], SamplingParams(max_new_tokens=1, greedy=True), rid=f"health-{uuid.uuid4().hex}"),
+                timeout=20,
+            )
+        except Exception as err:
+            log.warning("health_generate failed: %s", err)
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path if self.tokenizer is not None else None,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": str(self.engine.version),
+            "max_context": self.engine.max_context,
+            "backend": "embedded",
+        })
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": str(self.engine.version)})
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
+        return web.json_response({"model_path": self.model_path, "weight_version": str(self.engine.version),
+                                  "internal_states": [_jsonable(stats)], "version": "areal-graph-embedded"})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        # The embedded engine keeps no cross-request prefix cache: nothing to flush.
+        return web.Response(text="Cache flushed.\n", status=200)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+# --------------------------------------------------------------------------- process entry
+def resolve_model(path: str) -> str:
+    """`builtin:NAME` -> a directory, through modelkit when it is there; other paths unchanged."""
+    if path.startswith("builtin:"):
+        try:
+            from areal_graph.modelkit.builtin import resolve_model_path
+        except ImportError as err:
+            raise SystemExit(f"cannot resolve {path!r}: areal_graph.modelkit.builtin is unavailable ({err})") from None
+        return str(resolve_model_path(path))
+    return path
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m areal_graph.runtime.inference.http_server",
+        description="Serve a model with the embedded engine behind SGLang's native HTTP API.",
+    )
+    p.add_argument("--model", required=True, help="model directory (HF format) or builtin:NAME")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
+    p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (continuous batching)")
+    p.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond which /generate answers 503")
+    p.add_argument("--max-context", type=int, default=None, help="prompt + generation token limit (default: the model's)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
+    p.add_argument("--device", default="cpu")
+    return p
+
+
+async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio.Event,
+                announce: bool = True) -> None:
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
+    if announce:
+        sys.stdout.write(f"{READY_LINE} http://{host}:{bound}\n")
+        sys.stdout.flush()
+    log.info("serving %s on http://%s:%d", server.model_path, host, bound)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+
+    from areal_graph.runtime.inference.engine import EmbeddedEngine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model_path = resolve_model(args.model)
+    engine = EmbeddedEngine(model_path, device=args.device, max_running=args.max_running,
+                            max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version)
+    tokenizer = getattr(engine, "tokenizer", None)
+    engine.start()
+    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer)
+
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(server, args.host, args.port, stop)
+
+    try:
+        asyncio.run(_run())
+    finally:
+        engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
