@@ -37,8 +37,9 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from aiohttp import web
 
@@ -141,6 +142,9 @@ def parse_sampling_params(raw: Any, prompt_len: int, max_context: int | None):
                 raise BadRequest(f"sampling_params.{key} must be an integer, got {raw[key]!r}")
             kw["seed"] = raw[key]
     params = SamplingParams(**kw)
+    problems = params.problems() if hasattr(params, "problems") else []
+    if problems:
+        raise BadRequest("sampling_params: " + "; ".join(problems))
     if max_context is not None and prompt_len + params.max_new_tokens > max_context:
         raise BadRequest(
             f"prompt ({prompt_len} tokens) + sampling_params.max_new_tokens ({params.max_new_tokens}) "
@@ -414,7 +418,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio.Event,
                 announce: bool = True) -> None:
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+    # request in the engine (SGLang does the same), so retried requests leave no orphans.
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -429,6 +435,71 @@ async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio
         await runner.cleanup()
 
 
+class ServerProcess:
+    """This server in a subprocess (tests, local runs): start, learn its URL, stop.
+
+    Port 0 lets the OS pick a free port; the URL is read from the ready line on stdout, so
+    there is no race between choosing a port and binding it.
+    """
+
+    def __init__(self, model: str, *, port: int = 0, host: str = "127.0.0.1", extra_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+        self.cmd = [sys.executable, "-m", "areal_graph.runtime.inference.http_server", "--model", str(model),
+                    "--host", host, "--port", str(port), *extra_args]
+        self.env = env
+        self.log_path = log_path
+        self.proc: Any = None
+        self.url: str | None = None
+
+    def start(self, timeout: float = 120.0) -> str:
+        import os
+        import subprocess
+        import threading
+
+        env = dict(os.environ, **(self.env or {}))
+        stderr = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+        found: list[str] = []
+
+        def _read() -> None:
+            for line in self.proc.stdout:
+                if line.startswith(READY_LINE) and not found:
+                    found.append(line.split()[-1])
+            # keep draining so the child never blocks on a full pipe
+
+        reader = threading.Thread(target=_read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while not found:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"inference server exited with code {self.proc.returncode}: {' '.join(self.cmd)}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"inference server did not start within {timeout:.0f}s")
+            time.sleep(0.05)
+        self.url = found[0]
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -441,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model_path = resolve_model(args.model)
     engine = EmbeddedEngine(model_path, device=args.device, max_running=args.max_running,
-                            max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version)
+                            max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version,
+                            seed=args.seed)
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()
     server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer)

@@ -1,0 +1,64 @@
+"""`areal-graph serve MODEL_DIR`: the embedded engine behind SGLang's native HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP (SGLang-compatible API)",
+        description=(
+            "Start the embedded inference engine (continuous batching, interruptible generation, "
+            "weight updates from disk) behind the subset of SGLang's native HTTP API that RL uses: "
+            "/generate, /update_weights_from_disk, /pause_generation, /continue_generation, "
+            "/abort_request, /health, /health_generate, /get_model_info, /flush_cache. "
+            "Point any SGLang client (or areal-graph's InferenceClient) at it."
+        ),
+        epilog=(
+            "Example: areal-graph serve builtin:tiny-arith --port 30000\n"
+            "then: curl -s localhost:30000/generate -d '{\"input_ids\": [1, 2, 3], "
+            "\"sampling_params\": {\"max_new_tokens\": 8, \"temperature\": 0}, \"return_logprob\": true}'"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL_DIR", help="HF-format model directory, or builtin:NAME (e.g. builtin:tiny-arith)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 picks a free one)")
+    p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (default 64)")
+    p.add_argument("--max-queue", type=int, default=1024, help="queued requests before 503 (default 1024)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from areal_graph.runtime.inference import http_server
+
+    console = Console(stderr=True)
+    if args.port < 0 or args.port > 65535:
+        console.print(f"[red]--port must be in 0..65535, got {args.port}[/]")
+        return 2
+    if args.max_running < 1:
+        console.print(f"[red]--max-running must be >= 1, got {args.max_running}[/]")
+        return 2
+    try:
+        model = http_server.resolve_model(args.model)
+    except SystemExit as err:
+        console.print(f"[red]{err}[/]")
+        return 1
+    from pathlib import Path
+
+    if not Path(model).is_dir():
+        console.print(f"[red]MODEL_DIR {args.model!r}: no such directory[/]")
+        return 1
+    console.print(f"[bold]areal-graph serve[/] {args.model} on http://{args.host}:{args.port} "
+                  f"(max running {args.max_running}); Ctrl-C stops")
+    argv = ["--model", model, "--host", args.host, "--port", str(args.port),
+            "--max-running", str(args.max_running), "--max-queue", str(args.max_queue), "--seed", str(args.seed)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return http_server.main(argv)

@@ -1,0 +1,140 @@
+"""A synthetic, verifiable reasoning task: multi-step integer arithmetic with a short chain of
+thought and a final `\\boxed{N}`.
+
+Why this task: the answer is checkable exactly (math_reward), responses are short (< 48
+tokens), and difficulty is a dial (number of steps, operand range), so a tiny model can be
+warm-started to solve it *some* of the time, leaving room for RL to improve it. Expressions
+are evaluated left to right (no precedence): every step of the solution is one binary
+operation whose result feeds the next, which is what the chain of thought spells out.
+
+    question: "What is 23 + 45 - 17?"
+    solution: "23 + 45 = 68\n68 - 17 = 51\nThe answer is \\boxed{51}."
+    answer:   "51"
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """How hard problems are: `steps` binary operations over operands in [lo, hi]."""
+
+    min_steps: int
+    max_steps: int
+    lo: int
+    hi: int
+    ops: str = "+-"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"Difficulty: need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+        if not 0 <= self.lo <= self.hi:
+            raise ValueError(f"Difficulty: need 0 <= lo <= hi, got {self.lo}, {self.hi}")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"Difficulty.ops must be a non-empty subset of '+-*', got {self.ops!r}")
+
+
+# Named levels; "medium" is the builtin task.
+LEVELS: dict[str, Difficulty] = {
+    "easy": Difficulty(1, 2, 0, 20),
+    "medium": Difficulty(2, 3, 1, 50),
+    "hard": Difficulty(3, 4, 1, 99, ops="+-*"),
+}
+
+
+def _difficulty(difficulty: str | Difficulty) -> Difficulty:
+    if isinstance(difficulty, Difficulty):
+        return difficulty
+    if difficulty not in LEVELS:
+        raise ValueError(f"unknown difficulty {difficulty!r}; choose one of {sorted(LEVELS)} or pass a Difficulty")
+    return LEVELS[difficulty]
+
+
+def apply_op(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def make_problem(rng: random.Random, level: Difficulty) -> dict[str, str]:
+    """One problem. Intermediate results stay in [0, 999] so every number is short."""
+    while True:
+        steps = rng.randint(level.min_steps, level.max_steps)
+        operands = [rng.randint(level.lo, level.hi)]
+        ops: list[str] = []
+        lines: list[str] = []
+        value = operands[0]
+        ok = True
+        for _ in range(steps):
+            op = rng.choice(level.ops)
+            b = rng.randint(2, 9) if op == "*" else rng.randint(level.lo, level.hi)
+            new = apply_op(value, op, b)
+            if not 0 <= new <= 999:
+                ok = False
+                break
+            lines.append(f"{value} {op} {b} = {new}")
+            ops.append(op)
+            operands.append(b)
+            value = new
+        if not ok:
+            continue
+        expr = str(operands[0]) + "".join(f" {o} {b}" for o, b in zip(ops, operands[1:]))
+        lines.append(f"The answer is \\boxed{{{value}}}.")
+        return {"question": f"What is {expr}?", "answer": str(value), "solution": "\n".join(lines)}
+
+
+def generate(seed: int, n: int, difficulty: str | Difficulty = "medium") -> list[dict[str, str]]:
+    """`n` distinct problems (distinct questions), deterministic for `seed`."""
+    if n < 0:
+        raise ValueError(f"generate: n must be >= 0, got {n}")
+    level = _difficulty(difficulty)
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    rows: list[dict[str, str]] = []
+    attempts = 0
+    while len(rows) < n:
+        attempts += 1
+        if attempts > 50 * n + 1000:
+            raise ValueError(f"generate: difficulty {level} has fewer than {n} distinct problems")
+        row = make_problem(rng, level)
+        if row["question"] in seen:
+            continue
+        seen.add(row["question"])
+        rows.append(row)
+    return rows
+
+
+def split(seed: int, n_train: int, n_test: int, difficulty: str | Difficulty = "medium"
+          ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Train and test sets with disjoint questions (drawn as one distinct pool, then cut)."""
+    rows = generate(seed, n_train + n_test, difficulty)
+    return rows[n_test:], rows[:n_test]
+
+
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    """Write rows as JSON lines (atomically: a temp file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,78 @@
+"""A byte-level BPE tokenizer trained locally on the task text, wrapped as a HF fast tokenizer.
+
+Why train one: nothing may be downloaded, and a small vocabulary (512) keeps the tiny model's
+embedding cheap. Digits are split one per token (a pre-tokenizer rule) so numbers have a
+regular, position-wise form the model can learn arithmetic on, instead of arbitrary merges.
+The result is saved with `save_pretrained` and loads back with `AutoTokenizer.from_pretrained`,
+exactly like a hub tokenizer, so nothing downstream knows it is home-made.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Iterable
+
+BOS = "<|bos|>"
+EOS = "<|im_end|>"
+PAD = "<|pad|>"
+IM_START = "<|im_start|>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, IM_START]
+
+# ChatML-like; the prompt ends with the assistant header so generation starts the answer.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 512):
+    """Train a byte-level BPE on `texts`; returns a `PreTrainedTokenizerFast` with specials and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The chat roles are part of every prompt: give them merges too.
+    roles = ["user\n", "assistant\n", "system\n"] * 50
+    tok.train_from_iterator(itertools.chain(roles, texts), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START],
+        padding_side="left",  # generation pads on the left; SFT pads explicitly
+        model_max_length=1024,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def chat_prompt(tokenizer, question: str) -> str:
+    """The prompt text the model sees for `question` (same in SFT, eval and RL)."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def save_tokenizer(tokenizer, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,292 @@
+"""Start, watch and stop the processes of a run on this machine.
+
+`LocalLauncher` starts gRPC workers (runtime/worker_server.py) and arbitrary servers (e.g.
+inference servers, given a command line), each with its own environment and thread limits
+and a log file (stdout and stderr together). A watchdog thread polls them every 0.2 s; a
+process that exits while the run is still going is reported once, as `ProcessDied`, to the
+`on_death` callback and to the `deaths` queue, so the controller can stop with a message
+that names what died and shows the end of its log.
+
+`shutdown()` (also on `with`-exit, on error, on Ctrl-C) terminates every process *and its
+descendants* (psutil), then kills what did not exit. Workers also poll their parent
+(`--parent-pid`) and, on Linux, every child gets PR_SET_PDEATHSIG, so even a SIGKILLed
+controller leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class ProcessDied:
+    """A launched process exited while the run still needed it."""
+
+    name: str
+    role: str
+    returncode: int | None
+    signal: str | None  # e.g. "SIGKILL" when it was killed by a signal
+    log_tail: str
+
+
+@dataclass
+class _Managed:
+    name: str
+    role: str
+    popen: subprocess.Popen
+    log_path: Path
+    log_file: object
+    address: str | None = None  # "host:port" for workers
+    health_url: str | None = None
+    token: str | None = None
+    reported: bool = field(default=False)
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a text file ('' when missing); reads only the end of big files."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - 64 * 1024, 0))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment that caps the BLAS/OpenMP pools and (read by the worker) torch's threads."""
+    t = str(int(threads))
+    return {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "AREAL_TORCH_THREADS": t}
+
+
+class LocalLauncher:
+    def __init__(self, log_dir: Path | str, on_death: Callable[[ProcessDied], None] | None = None,
+                 python: str = sys.executable, pythonpath: Sequence[str | Path] = (),
+                 poll_interval: float = 0.2, die_with_parent: bool = True) -> None:
+        """`pythonpath` entries are prepended to PYTHONPATH of every child (e.g. test node modules).
+
+        `die_with_parent` sets PR_SET_PDEATHSIG; note Linux fires it when the *thread* that
+        started the child exits, so start processes from a long-lived thread (the main one).
+        """
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.on_death = on_death
+        self.deaths: queue.Queue[ProcessDied] = queue.Queue()
+        self.python = python
+        self.pythonpath = [str(p) for p in pythonpath]
+        self.poll_interval = poll_interval
+        self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
+        self.procs: dict[str, _Managed] = {}
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ start
+    def _env(self, env: dict[str, str] | None, threads: int | None) -> dict[str, str]:
+        full = dict(os.environ)
+        full["PYTHONUNBUFFERED"] = "1"
+        if self.pythonpath:
+            full["PYTHONPATH"] = os.pathsep.join(self.pythonpath + [p for p in [full.get("PYTHONPATH")] if p])
+        if threads is not None:
+            full.update(thread_env(threads))
+        full.update(env or {})
+        return full
+
+    def _spawn(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str] | None,
+               threads: int | None, cwd: str | Path | None) -> _Managed:
+        if name in self.procs:
+            raise ValueError(f"a process named {name!r} was already started")
+        if self._stopping.is_set():
+            raise RuntimeError("the launcher is shut down")
+        log_path = self.log_dir / f"{name}.log"
+        log_file = open(log_path, "ab", buffering=0)
+        popen = subprocess.Popen(
+            list(cmd), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self._env(env, threads), cwd=cwd, start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )
+        m = _Managed(name, role, popen, log_path, log_file)
+        with self._lock:
+            self.procs[name] = m
+        log.info("started %s (%s) pid %d, log %s", name, role, popen.pid, log_path)
+        self._ensure_watchdog()
+        return m
+
+    def start_process(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str] | None = None,
+                      threads: int | None = None, health_url: str | None = None,
+                      cwd: str | Path | None = None) -> int:
+        """Start any server process; `health_url` (HTTP GET -> 200) is what `wait_healthy` polls."""
+        m = self._spawn(name, role, cmd, env, threads, cwd)
+        m.health_url = health_url
+        return m.popen.pid
+
+    def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
+                     host: str = "127.0.0.1", token_env: str | None = None, role: str = "worker",
+                     startup_timeout: float = 60.0) -> str:
+        """Start a gRPC worker; blocks until it has bound a port and returns "host:port".
+
+        Returns once the port is known, not once it is healthy: call `wait_healthy` after
+        starting everything, so the workers' imports overlap.
+        """
+        port_file = self.log_dir / f"{name}.port"
+        port_file.unlink(missing_ok=True)
+        cmd = [self.python, "-m", "areal_graph.runtime.worker_server", "--name", name, "--host", host,
+               "--port", "0", "--port-file", str(port_file), "--parent-pid", str(os.getpid())]
+        if token_env:
+            cmd += ["--token-env", token_env]
+        m = self._spawn(name, role, cmd, env, threads, None)
+        deadline = time.monotonic() + startup_timeout
+        while not port_file.exists():
+            if m.popen.poll() is not None:
+                raise RuntimeError(f"worker {name!r} exited with code {m.popen.returncode} before binding a port; "
+                                   f"log {m.log_path}:\n{tail(m.log_path)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {name!r} bound no port within {startup_timeout:.0f} s; "
+                                   f"log {m.log_path}:\n{tail(m.log_path)}")
+            time.sleep(0.02)
+        connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        m.address = f"{connect_host}:{int(port_file.read_text())}"
+        if token_env:
+            m.token = (env or {}).get(token_env) or os.environ.get(token_env)
+        return m.address
+
+    # ------------------------------------------------------------------ health
+    def _is_healthy(self, m: _Managed) -> bool:
+        if m.address is not None:
+            from areal_graph.runtime.worker_client import WorkerClient, WorkerError
+
+            client = WorkerClient(m.address, token=m.token, name=m.name)
+            try:
+                return bool(client.health(timeout=2.0)["ok"])
+            except WorkerError:
+                return False
+            finally:
+                client.close()
+        if m.health_url is not None:
+            try:
+                with urllib.request.urlopen(m.health_url, timeout=2.0) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        return m.popen.poll() is None
+
+    def wait_healthy(self, timeout: float = 120.0, names: Sequence[str] | None = None) -> None:
+        """Block until every (named) process answers its health check; raise naming the laggards."""
+        pending = set(names) if names is not None else set(self.procs)
+        deadline = time.monotonic() + timeout
+        while pending:
+            for name in sorted(pending):
+                m = self.procs[name]
+                if m.popen.poll() is not None:
+                    raise RuntimeError(f"{m.role} {name!r} exited with code {m.popen.returncode} while starting; "
+                                       f"log {m.log_path}:\n{tail(m.log_path)}")
+                if self._is_healthy(m):
+                    pending.discard(name)
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                details = "\n".join(f"--- {n} ({self.procs[n].log_path}):\n{tail(self.procs[n].log_path, 10)}"
+                                    for n in sorted(pending))
+                raise TimeoutError(f"not healthy after {timeout:.0f} s: {sorted(pending)}\n{details}")
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ watchdog
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="launcher-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.poll_interval):
+            with self._lock:
+                procs = list(self.procs.values())
+            for m in procs:
+                rc = m.popen.poll()
+                if rc is None or m.reported or self._stopping.is_set():
+                    continue
+                m.reported = True
+                sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None
+                died = ProcessDied(m.name, m.role, rc, sig, tail(m.log_path))
+                log.error("%s %r died: exit code %s%s", m.role, m.name, rc, f" ({sig})" if sig else "")
+                self.deaths.put(died)
+                if self.on_death is not None:
+                    try:
+                        self.on_death(died)
+                    except Exception:  # the watchdog must keep watching the others
+                        log.exception("on_death callback failed for %s", m.name)
+
+    def alive(self) -> dict[str, bool]:
+        return {n: m.popen.poll() is None for n, m in self.procs.items()}
+
+    def address(self, name: str) -> str:
+        addr = self.procs[name].address
+        if addr is None:
+            raise KeyError(f"{name!r} is not a gRPC worker")
+        return addr
+
+    # ------------------------------------------------------------------ stop
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Terminate every process and all its descendants; kill whatever outlives `timeout`."""
+        self._stopping.set()
+        victims: list[psutil.Process] = []
+        for m in self.procs.values():
+            try:
+                root = psutil.Process(m.popen.pid)
+                victims += root.children(recursive=True) + [root]
+            except psutil.NoSuchProcess:
+                pass
+        for p in victims:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(victims, timeout=timeout)
+        for p in alive:
+            log.warning("killing %s (pid %d): still alive %.0f s after SIGTERM", p.name(), p.pid, timeout)
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=timeout)
+        for m in self.procs.values():
+            try:
+                m.popen.wait(timeout=1.0)  # reap, so no zombie remains
+            except subprocess.TimeoutExpired:
+                log.error("%s (pid %d) did not exit", m.name, m.popen.pid)
+            m.log_file.close()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=2.0)
+
+    def __enter__(self) -> "LocalLauncher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,233 @@
+"""Bounded staleness: how many trajectories the rollout side may have accepted-or-running.
+
+The rule (AReaL, DESIGN.md): with B trajectories per training step, current policy version
+v and max staleness eta, at most ``(eta + v + 1) * B`` trajectories may be accepted or
+running *in total, since the start of the run*; capacity for new requests is
+
+    min(max_concurrent - running, (eta + v + 1) * B - (accepted + running))
+
+Why a running total: the trainer consumes B accepted trajectories per version, so the rule
+caps how far generation may run ahead of training (at most eta versions). A trajectory that
+finished but was dropped (`on_reject`: failed, filtered) gives its slot back: it is neither
+running nor accepted.
+
+With eta = 0 this *is* synchronous RL: at version v at most (v+1)*B trajectories exist, the
+trainer's step v needs (v+1)*B accepted in total, so step v can only start when every
+admitted trajectory has finished, and every trajectory it trains was started at version v.
+
+The gate is shared by the generation loop (asyncio) and callbacks from worker threads, so
+every method is thread-safe, and `wait_for_capacity` wakes waiting coroutines from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GateState:
+    version: int
+    running: int
+    accepted: int
+    rejected: int
+    capacity: int
+    bound: int  # (eta + v + 1) * B
+
+
+class StalenessGate:
+    """Admission control for rollouts under the bounded-staleness rule (see module docstring)."""
+
+    def __init__(self, batch_size: int, max_staleness: int, max_concurrent: int) -> None:
+        for name, value, low in (("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0),
+                                 ("max_concurrent", max_concurrent, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"StalenessGate: {name} must be an integer >= {low}, got {value!r}")
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.max_concurrent = max_concurrent
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._version = 0
+        self._running = 0
+        self._accepted = 0
+        self._rejected = 0
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    # ------------------------------------------------------------------ queries
+    def bound(self, version: int | None = None) -> int:
+        v = self._version if version is None else version
+        return (self.max_staleness + v + 1) * self.batch_size
+
+    def capacity(self) -> int:
+        """How many new trajectories may be submitted now (never negative)."""
+        with self._lock:
+            return self._capacity_locked()
+
+    def _capacity_locked(self) -> int:
+        cap = min(self.max_concurrent - self._running, self.bound() - (self._accepted + self._running))
+        return max(cap, 0)
+
+    def state(self) -> GateState:
+        with self._lock:
+            return GateState(self._version, self._running, self._accepted, self._rejected,
+                             self._capacity_locked(), self.bound())
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def accepted(self) -> int:
+        return self._accepted
+
+    # ------------------------------------------------------------------ transitions
+    def on_submit(self, n: int = 1) -> None:
+        """n trajectories start generating. Exceeding the staleness bound is a bug: it raises.
+
+        `max_concurrent` is a throughput limit that `capacity()` honours; it is not enforced
+        here so that a resume can re-register the trajectories already trained (see `restore`).
+        """
+        self._check_n(n, "on_submit")
+        with self._lock:
+            if self._accepted + self._running + n > self.bound():
+                raise RuntimeError(
+                    f"staleness bound exceeded: submitting {n} with accepted={self._accepted}, "
+                    f"running={self._running}, bound (eta+v+1)*B={self.bound()} at version {self._version}"
+                )
+            self._running += n
+
+    def try_submit(self, n: int = 1) -> bool:
+        """Atomically check capacity (both limits) and submit; False if there is no room."""
+        self._check_n(n, "try_submit")
+        with self._lock:
+            if self._capacity_locked() < n:
+                return False
+            self._running += n
+            return True
+
+    def on_accept(self, n: int = 1) -> None:
+        """n running trajectories finished and were kept (they will be trained)."""
+        self._finish(n, accepted=True)
+
+    def on_reject(self, n: int = 1) -> None:
+        """n running trajectories finished but were dropped: their slots are free again."""
+        self._finish(n, accepted=False)
+
+    def set_version(self, version: int) -> None:
+        """The trainer published weights of `version`: capacity grows by B per version."""
+        with self._lock:
+            if version < self._version:
+                raise ValueError(f"version went backwards: {self._version} -> {version}")
+            self._version = version
+        self._notify()
+
+    def restore(self, version: int, accepted: int) -> None:
+        """Resume: `accepted` trajectories were already generated (and trained) before."""
+        with self._lock:
+            if self._running or self._accepted:
+                raise RuntimeError("restore() must be called on a fresh gate")
+            self._version = version
+            self._accepted = accepted
+        self._notify()
+
+    def _finish(self, n: int, accepted: bool) -> None:
+        self._check_n(n, "on_accept" if accepted else "on_reject")
+        with self._lock:
+            if n > self._running:
+                raise RuntimeError(f"{n} trajectories finished but only {self._running} were running")
+            self._running -= n
+            if accepted:
+                self._accepted += n
+            else:
+                self._rejected += n
+        self._notify()
+
+    # ------------------------------------------------------------------ waiting
+    def _max_admissible(self) -> int:
+        return min(self.max_concurrent, (self.max_staleness + 1) * self.batch_size)
+
+    def wait_for_capacity_sync(self, n: int = 1, timeout: float | None = None) -> bool:
+        """Block the calling thread until `n` can be submitted; False on timeout."""
+        self._check_wait(n)
+        with self._cond:
+            return self._cond.wait_for(lambda: self._capacity_locked() >= n, timeout)
+
+    async def wait_for_capacity(self, n: int = 1) -> None:
+        """Wait (without blocking the event loop) until `n` trajectories can be submitted.
+
+        It only waits: call `on_submit(n)` right after, with no await in between, in the same
+        coroutine (a single event loop then cannot oversubscribe), or use `try_submit`.
+        """
+        self._check_wait(n)
+        loop = asyncio.get_running_loop()
+        while True:
+            event = asyncio.Event()
+            with self._lock:
+                if self._capacity_locked() >= n:
+                    return
+                self._async_waiters.append((loop, event))
+            try:
+                await event.wait()
+            finally:
+                with self._lock:
+                    if (loop, event) in self._async_waiters:
+                        self._async_waiters.remove((loop, event))
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+            waiters, self._async_waiters = self._async_waiters, []
+        for loop, event in waiters:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop has closed: nobody is waiting any more
+                pass
+
+    def _check_wait(self, n: int) -> None:
+        self._check_n(n, "wait_for_capacity")
+        if n > self._max_admissible():
+            raise ValueError(
+                f"waiting for {n} slots can never succeed: at most min(max_concurrent={self.max_concurrent}, "
+                f"(max_staleness+1)*batch_size={(self.max_staleness + 1) * self.batch_size}) run at once"
+            )
+
+    @staticmethod
+    def _check_n(n: int, what: str) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{what}: n must be a non-negative integer, got {n!r}")
+
+
+def sample_staleness(
+    trained_version: int, versions: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
+    """Per-sequence staleness: trained version minus the oldest version among its generated
+    tokens (a trajectory spanning several versions counts from its oldest token).
+    Sequences without generated tokens get 0. Returns int64 of length num_seqs."""
+    cu = torch.as_tensor(cu_seqlens, dtype=torch.int64)
+    n = cu.numel() - 1
+    lens = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(n), lens)
+    mask = torch.as_tensor(loss_mask).bool()
+    if versions.numel() != seq.numel() or mask.numel() != seq.numel():
+        raise ValueError(
+            f"sample_staleness: versions ({versions.numel()}) and loss_mask ({mask.numel()}) must have "
+            f"cu_seqlens[-1] = {seq.numel()} entries"
+        )
+    big = torch.iinfo(torch.int64).max
+    vmin = torch.full((n,), big, dtype=torch.int64).scatter_reduce(
+        0, seq[mask], versions[mask].to(torch.int64), "amin"
+    )
+    out = trained_version - vmin
+    out[vmin == big] = 0
+    return out

@@ -1,0 +1,315 @@
+"""A worker process: hosts named implementations and serves them over gRPC.
+
+    python -m areal_graph.runtime.worker_server --port 0 --name NAME \
+        [--host 127.0.0.1] [--port-file FILE] [--token-env VAR] [--parent-pid PID]
+
+Why each piece exists:
+- `--port 0` + `--port-file`: the OS picks a free port and the launcher reads it back, so
+  parallel runs never race for ports.
+- Loopback by default. Binding any other address requires a shared secret (read from the
+  environment variable named by `--token-env`, never from the command line where `ps` shows
+  it); every call must carry it in the `x-areal-token` metadata or gets UNAUTHENTICATED.
+- `--parent-pid`: the worker polls its parent and exits when it is gone, so a controller
+  killed with SIGKILL leaves no orphans behind.
+- An exception in an implementation becomes a gRPC INTERNAL error whose details hold the
+  remote traceback; the worker keeps serving.
+- A span (name, start, end, worker) is recorded per Execute/Call; `Stats` hands them to the
+  controller, which merges them into the run's trace.
+
+Hosted implementations are plain objects: `Execute` calls
+`impl.<method>(batch: PackedBatch, **args) -> PackedBatch | None` and `Call` calls
+`impl.<method>(**args) -> JSON-able`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import importlib
+import ipaddress
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from concurrent import futures
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+
+from areal_graph.data.packed import PackedBatch
+from areal_graph.protos import worker_pb2 as pb
+from areal_graph.protos import worker_pb2_grpc as pb_grpc
+from areal_graph.runtime.tensor_codec import BatchDecoder, MalformedStream, encode_batch
+
+log = logging.getLogger(__name__)
+
+TOKEN_METADATA_KEY = "x-areal-token"
+MAX_MESSAGE_BYTES = 1 << 30
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+# Error details travel in HTTP/2 trailers; keep them well under the default 8 KiB header limit.
+MAX_ERROR_DETAILS = 6000
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def import_impl(path: str) -> type:
+    """Resolve "package.module:Class" (the only form accepted: explicit beats guessing)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"implementation path {path!r} must look like 'package.module:Class'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _short(text: str) -> str:
+    if len(text) <= MAX_ERROR_DETAILS:
+        return text
+    return "...(truncated)...\n" + text[-MAX_ERROR_DETAILS:]
+
+
+class WorkerService(pb_grpc.WorkerServicer):
+    """The gRPC servicer: a registry of hosted implementations plus bookkeeping."""
+
+    def __init__(self, name: str, token: str | None = None, chunk_bytes: int = 1 << 20) -> None:
+        self.name = name
+        self.token = token
+        self.chunk_bytes = chunk_bytes
+        self.impls: dict[str, Any] = {}
+        self.started = time.time()
+        self.calls = 0
+        self.errors = 0
+        self._spans: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.stop_requested = threading.Event()
+
+    # ------------------------------------------------------------------ helpers
+    def _authorize(self, context: grpc.ServicerContext) -> None:
+        if self.token is None:
+            return
+        given = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY)
+        if given is None or not hmac.compare_digest(str(given).encode(), self.token.encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"worker {self.name}: missing or wrong token")
+
+    def _impl(self, name: str, context: grpc.ServicerContext) -> Any:
+        impl = self.impls.get(name)
+        if impl is None:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"worker {self.name}: no implementation named {name!r}; configured: {sorted(self.impls)}",
+            )
+        return impl
+
+    def _method(self, impl_name: str, method: str, context: grpc.ServicerContext) -> Any:
+        impl = self._impl(impl_name, context)
+        if method.startswith("_") or not callable(getattr(impl, method, None)):
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"worker {self.name}: implementation {impl_name!r} ({type(impl).__name__}) "
+                f"has no public method {method!r}",
+            )
+        return getattr(impl, method)
+
+    def _record(self, name: str, start: float, ok: bool, **args: Any) -> None:
+        span = {"name": name, "cat": "worker", "start": start, "end": time.time(), "worker": self.name,
+                "pid": os.getpid(), "tid": threading.get_ident(), "ok": ok, "args": args}
+        with self._lock:
+            self.calls += 1
+            self.errors += 0 if ok else 1
+            self._spans.append(span)
+
+    def _fail(self, context: grpc.ServicerContext, where: str) -> None:
+        text = f"worker {self.name}: {where} raised\n{traceback.format_exc()}"
+        log.error("%s", text)
+        context.abort(grpc.StatusCode.INTERNAL, _short(text))
+
+    # ------------------------------------------------------------------ RPCs
+    def Configure(self, request: pb.ConfigureRequest, context: grpc.ServicerContext) -> pb.ConfigureReply:
+        self._authorize(context)
+        start = time.time()
+        try:
+            params = json.loads(request.params_json or "{}")
+            if not isinstance(params, dict):
+                raise TypeError(f"params must be a JSON object, got {type(params).__name__}")
+            cls = import_impl(request.impl)
+            self.impls[request.name] = cls(**params)
+        except Exception:
+            self._record(f"configure:{request.name}", start, ok=False, impl=request.impl)
+            text = _short(f"worker {self.name}: configuring {request.name!r} as {request.impl} failed\n"
+                          + traceback.format_exc())
+            log.error("%s", text)
+            return pb.ConfigureReply(ok=False, error=text)
+        self._record(f"configure:{request.name}", start, ok=True, impl=request.impl)
+        log.info("configured %s = %s", request.name, request.impl)
+        return pb.ConfigureReply(ok=True)
+
+    def Execute(self, request_iterator: Iterator[pb.BatchChunk], context: grpc.ServicerContext) -> Iterator[pb.BatchChunk]:
+        self._authorize(context)
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Execute stream must start with an ExecuteHeader")
+        head = first.header
+        fn = self._method(head.impl, head.method, context)
+        try:
+            args = json.loads(head.args_json or "{}")
+        except json.JSONDecodeError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Execute args are not JSON: {e}")
+        dec = BatchDecoder()
+        try:
+            for chunk in request_iterator:
+                dec.feed(chunk)
+                if dec.done:
+                    break
+            batch = dec.finish()
+        except MalformedStream as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker {self.name}: malformed batch: {e}")
+        start = time.time()
+        where = f"{head.impl}.{head.method}"
+        try:
+            out = fn(batch, **args)
+            if out is None:
+                out = PackedBatch(batch.cu_seqlens.clone())
+            if not isinstance(out, PackedBatch):
+                raise TypeError(f"{where} returned {type(out).__name__}, expected PackedBatch or None")
+            chunks = list(encode_batch(out, self.chunk_bytes))
+        except Exception:
+            self._record(where, start, ok=False, step=head.step, version=head.version)
+            self._fail(context, where)
+        self._record(where, start, ok=True, step=head.step, version=head.version,
+                     seqs=batch.num_seqs, tokens=batch.num_tokens)
+        yield from chunks
+
+    def Call(self, request: pb.CallRequest, context: grpc.ServicerContext) -> pb.CallReply:
+        self._authorize(context)
+        fn = self._method(request.impl, request.method, context)
+        try:
+            args = json.loads(request.args_json or "{}")
+        except json.JSONDecodeError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Call args are not JSON: {e}")
+        where = f"{request.impl}.{request.method}"
+        start = time.time()
+        try:
+            result = json.dumps(fn(**args))
+        except Exception:
+            self._record(where, start, ok=False)
+            self._fail(context, where)
+        self._record(where, start, ok=True)
+        return pb.CallReply(result_json=result)
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
+        self._authorize(context)
+        return pb.HealthReply(ok=True, name=self.name, pid=os.getpid(), impls=sorted(self.impls))
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
+        self._authorize(context)
+        with self._lock:
+            spans = self._spans
+            if request.drain_spans:
+                self._spans = []
+            stats = {"name": self.name, "pid": os.getpid(), "uptime_s": time.time() - self.started,
+                     "rss_bytes": _rss_bytes(), "calls": self.calls, "errors": self.errors,
+                     "impls": sorted(self.impls), "spans": list(spans)}
+        return pb.StatsReply(stats_json=json.dumps(stats))
+
+    def Shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
+        self._authorize(context)
+        log.info("shutdown requested")
+        self.stop_requested.set()
+        return pb.ShutdownReply(ok=True)
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # stats are best effort
+        return -1
+
+
+def serve(name: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+          max_workers: int = 16) -> tuple[grpc.Server, WorkerService, int]:
+    """Start a server in this process; returns (server, service, bound port). Used by tests too."""
+    if not is_loopback(host) and not token:
+        raise ValueError(
+            f"refusing to bind {host!r} without a token: a worker reachable from other hosts runs "
+            "arbitrary implementations, so pass --token-env VAR with the shared secret in $VAR"
+        )
+    service = WorkerService(name, token=token)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"w-{name}"),
+                         options=GRPC_OPTIONS)
+    pb_grpc.add_WorkerServicer_to_server(service, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind {host}:{port}")
+    server.start()
+    return server, service, bound
+
+
+def _parent_alive(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="areal-graph gRPC worker process")
+    parser.add_argument("--name", required=True, help="worker name (appears in errors, spans, logs)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --token-env)")
+    parser.add_argument("--port", type=int, default=0, help="0 lets the OS pick a free port")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here (atomically)")
+    parser.add_argument("--token-env", help="name of the environment variable holding the shared secret")
+    parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+    parser.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.name}] %(levelname)s %(name)s: %(message)s")
+
+    threads = os.environ.get("AREAL_TORCH_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty")
+    try:
+        server, service, port = serve(args.name, args.host, args.port, token, args.max_workers)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    log.info("worker %s listening on %s:%d (pid %d)", args.name, args.host, port, os.getpid())
+    print(f"PORT {port}", flush=True)
+    if args.port_file:
+        tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, args.port_file)
+
+    while not service.stop_requested.wait(0.5):
+        if args.parent_pid and not _parent_alive(args.parent_pid):
+            log.warning("parent %d is gone; exiting", args.parent_pid)
+            break
+    server.stop(grace=1.0).wait(2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""The embedded engine against independent references: HF generate, float64 teacher forcing.
+
+The models are random tiny Qwen2s with weights re-drawn at std 0.15 so greedy decoding is
+not a constant token (the default init gives near-uniform logits and repeats one id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from areal_graph.runtime.inference.engine import EmbeddedEngine, InvalidRequestError, QueueFullError
+from areal_graph.runtime.inference.sampling import SamplingParams, truncate_logits
+from conftest import build_random_qwen2
+
+VOCAB = 128
+
+
+def spiky_model(seed: int):
+    model = build_random_qwen2(vocab_size=VOCAB, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model_a():
+    return spiky_model(0)
+
+
+@pytest.fixture(scope="module")
+def model_b():
+    return spiky_model(1)
+
+
+@pytest.fixture()
+def engine(model_a):
+    eng = EmbeddedEngine(model=model_a, max_running=64)
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, greedy=True, ignore_eos=True, **kw)
+
+
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Plain full forwards in float64, no KV cache: an implementation independent of the engine."""
+    m = _double(model)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(m(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def teacher_forced_logprobs(model, prompt: list[int], out: list[int], temperature: float = 1.0) -> list[float]:
+    m = _double(model)
+    ids = torch.tensor([prompt + out])
+    with torch.no_grad():
+        logits = m(ids).logits[0].double() / temperature
+    lp = torch.log_softmax(logits, -1)
+    return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(out)]
+
+
+_DOUBLES: dict[int, torch.nn.Module] = {}
+
+
+def _double(model):
+    key = id(model)
+    if key not in _DOUBLES:
+        import copy
+
+        _DOUBLES[key] = copy.deepcopy(model).double().eval()
+    return _DOUBLES[key]
+
+
+def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 30) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(lo, hi, (1,), generator=g))
+        out.append(torch.randint(3, VOCAB, (length,), generator=g).tolist())
+    return out
+
+
+def wait_tokens(eng: EmbeddedEngine, n: int, timeout: float = 20.0) -> None:
+    t0 = time.monotonic()
+    while eng.stats()["tokens_generated"] < n:
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"engine produced {eng.stats()['tokens_generated']} < {n} tokens")
+        time.sleep(0.002)
+
+
+# ---------------------------------------------------------------------------- correctness
+def test_greedy_matches_hf_generate(engine, model_a):
+    for p in prompts(4, seed=1):
+        res = engine.submit(p, greedy(24)).result(timeout=30)
+        with torch.no_grad():
+            ref = model_a.generate(torch.tensor([p]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert res.output_ids == ref[0, len(p):].tolist()
+        assert res.finish_reason == "length" and res.prompt_len == len(p)
+        assert res.output_versions == [0] * 24
+
+
+def test_greedy_matches_float64_reference_and_logprobs_teacher_forced(engine, model_a):
+    p = prompts(1, seed=2)[0]
+    res = engine.submit(p, greedy(20)).result(timeout=30)
+    assert res.output_ids == reference_greedy(model_a, p, 20)
+    ref = teacher_forced_logprobs(model_a, p, res.output_ids)
+    assert max(abs(a - b) for a, b in zip(res.output_logprobs, ref)) <= 1e-4
+
+
+def test_sampled_logprobs_are_temperature_scaled(engine, model_a):
+    ps = prompts(6, seed=3)
+    futs = [engine.submit(p, SamplingParams(max_new_tokens=16, temperature=0.7, seed=i, ignore_eos=True))
+            for i, p in enumerate(ps)]
+    for p, f in zip(ps, futs):
+        res = f.result(timeout=30)
+        ref = teacher_forced_logprobs(model_a, p, res.output_ids, temperature=0.7)
+        assert max(abs(a - b) for a, b in zip(res.output_logprobs, ref)) <= 1e-4
+
+
+def test_continuous_batching_equals_one_at_a_time(engine):
+    ps = prompts(64, seed=4, hi=40)
+    g = torch.Generator().manual_seed(5)
+    lens = [int(x) for x in torch.randint(1, 40, (64,), generator=g)]
+    futs = []
+    for i, (p, n) in enumerate(zip(ps, lens)):
+        futs.append(engine.submit(p, greedy(n)))
+        if i % 16 == 15:
+            time.sleep(0.02)  # later requests join a batch already decoding
+    batched = [f.result(timeout=60) for f in futs]
+    for p, n, b in zip(ps, lens, batched):
+        alone = engine.submit(p, greedy(n)).result(timeout=30)
+        assert b.output_ids == alone.output_ids
+        assert len(b.output_ids) == n
+        assert max(abs(x - y) for x, y in zip(b.output_logprobs, alone.output_logprobs)) <= 1e-4
+
+
+def test_same_seed_same_tokens_regardless_of_batch(engine):
+    p = prompts(1, seed=6)[0]
+    params = SamplingParams(max_new_tokens=30, temperature=1.0, top_p=0.9, top_k=50, seed=123, ignore_eos=True)
+    alone = engine.submit(p, params).result(timeout=30)
+    others = [engine.submit(q, SamplingParams(max_new_tokens=30, ignore_eos=True)) for q in prompts(8, seed=7)]
+    again = engine.submit(p, params).result(timeout=30)
+    [f.result(timeout=30) for f in others]
+    other_seed = engine.submit(p, SamplingParams(max_new_tokens=30, seed=124, ignore_eos=True)).result(timeout=30)
+    assert alone.output_ids == again.output_ids
+    assert alone.output_ids != other_seed.output_ids
+
+
+def test_top_k_one_is_greedy(engine):
+    p = prompts(1, seed=8)[0]
+    a = engine.submit(p, SamplingParams(max_new_tokens=15, top_k=1, seed=3, ignore_eos=True)).result(timeout=30)
+    b = engine.submit(p, greedy(15)).result(timeout=30)
+    assert a.output_ids == b.output_ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=12),
+    st.integers(-1, 12),
+    st.floats(0.01, 1.0),
+)
+def test_truncate_logits_matches_plain_loop(values, k, p):
+    if k == 0:
+        k = -1
+    logits = torch.tensor([values], dtype=torch.float64)
+    out = truncate_logits(logits, [k], [p])[0]
+    # reference: sort, keep top k, renormalise, keep tokens whose strictly-more-likely mass < p
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    kept_k = order[: (k if k > 0 else len(values))]
+    z = sum(torch.exp(torch.tensor(values[i], dtype=torch.float64)) for i in kept_k)
+    keep, mass = set(), 0.0
+    for rank, i in enumerate(kept_k):
+        if rank == 0 or mass < p - 1e-9:
+            keep.add(i)
+        mass += float(torch.exp(torch.tensor(values[i], dtype=torch.float64)) / z)
+    got = {i for i in range(len(values)) if out[i] != float("-inf")}
+    # ties and mass within float noise of p may legitimately go either way
+    assert order[0] in got
+    assert got <= set(kept_k) or len(set(values)) < len(values)
+    if len(set(values)) == len(values) and all(abs(m - p) > 1e-6 for m in _prefix_masses(values, kept_k, z)):
+        assert got == keep
+    for i in got:
+        assert out[i] == logits[0, i]
+
+
+def _prefix_masses(values, kept, z):
+    acc, out = 0.0, []
+    for i in kept:
+        out.append(acc)
+        acc += float(torch.exp(torch.tensor(values[i], dtype=torch.float64)) / z)
+    return out
+
+
+# ---------------------------------------------------------------------------- stopping
+def test_stop_token_ids_and_default_eos(engine, model_a):
+    p = prompts(1, seed=9)[0]
+    free = engine.submit(p, greedy(20)).result(timeout=30).output_ids
+    stop_tok = free[5]
+    first = free.index(stop_tok)
+    res = engine.submit(p, greedy(20, stop_token_ids=[stop_tok])).result(timeout=30)
+    assert res.output_ids == free[: first + 1] and res.finish_reason == "stop"
+    eng = EmbeddedEngine(model=model_a)
+    eng.eos_token_ids = [stop_tok]
+    with eng:
+        res = eng.submit(p, SamplingParams(max_new_tokens=20, greedy=True)).result(timeout=30)
+        assert res.output_ids == free[: first + 1] and res.finish_reason == "stop"
+        res = eng.submit(p, SamplingParams(max_new_tokens=20, greedy=True, ignore_eos=True)).result(timeout=30)
+        assert res.output_ids == free and res.finish_reason == "length"
+
+
+class LetterTokenizer:
+    """Token t decodes to one letter: enough to test decoded-text stop strings."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def test_stop_strings_truncate_after_the_stop_string(model_a):
+    p = prompts(1, seed=10)[0]
+    with EmbeddedEngine(model=model_a, tokenizer=LetterTokenizer()) as eng:
+        free = eng.submit(p, greedy(30)).result(timeout=30).output_ids
+        text = LetterTokenizer().decode(free)
+        stop = text[6:8]
+        end = text.index(stop) + len(stop)
+        res = eng.submit(p, greedy(30, stop=[stop])).result(timeout=30)
+        assert res.output_ids == free[:end] and res.finish_reason == "stop"
+    with EmbeddedEngine(model=model_a) as eng, pytest.raises(InvalidRequestError, match="tokenizer"):
+        eng.submit(p, greedy(5, stop=["x"]))
+
+
+def test_max_new_tokens_zero_and_async_generate(engine):
+    res = engine.submit([3, 4], greedy(0)).result(timeout=5)
+    assert res.output_ids == [] and res.finish_reason == "length"
+
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, greedy(5)) for p in prompts(4, seed=11)))
+
+    out = asyncio.run(go())
+    assert [len(r.output_ids) for r in out] == [5] * 4
+
+
+# ---------------------------------------------------------------------------- interruption
+def test_weight_swap_midway_continues_with_new_model(model_a, model_b):
+    ps = prompts(6, seed=12)
+    n = 40
+    with EmbeddedEngine(model=spiky_model(0), version=0) as eng:
+        futs = [eng.submit(p, greedy(n)) for p in ps]
+        wait_tokens(eng, 6 * 8)
+        eng.pause()
+        before = eng.stats()["tokens_generated"]
+        time.sleep(0.05)
+        assert eng.stats()["tokens_generated"] == before  # paused means no steps
+        eng.update_weights_from_state_dict(model_b.state_dict(), version=1)
+        eng.resume()
+        results = [f.result(timeout=60) for f in futs]
+    assert eng.version == 1
+    for p, r in zip(ps, results):
+        assert len(r.output_ids) == n == len(r.output_versions) == len(r.output_logprobs)
+        k = r.output_versions.index(1)
+        assert 0 < k < n and r.output_versions == [0] * k + [1] * (n - k)
+        assert r.output_ids[:k] == reference_greedy(model_a, p, k)
+        assert r.output_ids[k:] == reference_greedy(model_b, p + r.output_ids[:k], n - k)
+        lp_a = teacher_forced_logprobs(model_a, p, r.output_ids[:k])
+        lp_b = teacher_forced_logprobs(model_b, p + r.output_ids[:k], r.output_ids[k:])
+        assert max(abs(x - y) for x, y in zip(r.output_logprobs, lp_a + lp_b)) <= 1e-4
+
+
+def test_update_weights_from_disk(model_b, tmp_path):
+    model_b.save_pretrained(tmp_path / "ckpt")
+    p = prompts(1, seed=13)[0]
+    with EmbeddedEngine(model=spiky_model(0), version=3) as eng:
+        eng.update_weights_from_disk(tmp_path / "ckpt")
+        assert eng.version == 4
+        res = eng.submit(p, greedy(12)).result(timeout=30)
+    assert res.output_ids == reference_greedy(model_b, p, 12) and res.output_versions == [4] * 12
+    with EmbeddedEngine(model=spiky_model(0)) as eng, pytest.raises(FileNotFoundError):
+        eng.update_weights_from_disk(tmp_path / "nope")
+
+
+def test_engine_loads_from_a_model_dir(tiny_model_dir):
+    with EmbeddedEngine(tiny_model_dir) as eng:
+        res = eng.submit([1, 5, 9], greedy(4)).result(timeout=30)
+    assert len(res.output_ids) == 4 and eng.max_context == 512
+
+
+# ---------------------------------------------------------------------------- abort / backpressure / errors
+def test_abort_keeps_tokens_so_far(model_a):
+    with EmbeddedEngine(model=model_a, max_running=2) as eng:
+        running = [eng.submit(p, greedy(200), rid=f"r{i}") for i, p in enumerate(prompts(2, seed=14))]
+        queued = eng.submit([5, 6], greedy(10), rid="q")
+        wait_tokens(eng, 10)
+        eng.pause()
+        assert eng.abort("q") and eng.abort("r0")
+        assert not eng.abort("r0") and not eng.abort("unknown")
+        q, r0 = queued.result(timeout=5), running[0].result(timeout=5)
+        assert q.finish_reason == "abort" and q.output_ids == []
+        assert r0.finish_reason == "abort" and 0 < len(r0.output_ids) < 200
+        assert len(r0.output_ids) == len(r0.output_logprobs) == len(r0.output_versions)
+        assert eng.abort_all() == 1
+        assert running[1].result(timeout=5).finish_reason == "abort"
+        eng.resume()
+        assert eng.submit([5, 6], greedy(3)).result(timeout=10).finish_reason == "length"
+
+
+def test_queue_full_is_backpressure(model_a):
+    eng = EmbeddedEngine(model=model_a, max_queue=2)  # not started: nothing leaves the queue
+    a, b = eng.submit([4], greedy(3)), eng.submit([5], greedy(3))
+    with pytest.raises(QueueFullError, match="max_queue=2"):
+        eng.submit([6], greedy(3))
+    eng.start()
+    assert a.result(timeout=10).finish_reason == "length" and len(b.result(timeout=10).output_ids) == 3
+    eng.stop()
+
+
+@pytest.mark.parametrize(
+    "ids, params, match",
+    [
+        ([], greedy(3), "empty"),
+        ([1, VOCAB], greedy(3), "outside the vocabulary"),
+        ([-1], greedy(3), "outside the vocabulary"),
+        ([1, 2], greedy(511), "exceeds the context of 512"),
+        ([1], SamplingParams(temperature=-1.0), "temperature"),
+        ([1], SamplingParams(top_p=0.0), "top_p"),
+        ([1], SamplingParams(top_k=0), "top_k"),
+        ([1], SamplingParams(max_new_tokens=-2), "max_new_tokens"),
+        (["x"], greedy(3), "integers"),
+    ],
+)
+def test_invalid_requests(engine, ids, params, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        engine.submit(ids, params)
+
+
+def test_duplicate_rid_is_rejected(model_a):
+    eng = EmbeddedEngine(model=model_a)
+    eng.submit([3], greedy(2), rid="same")
+    with pytest.raises(InvalidRequestError, match="already in flight"):
+        eng.submit([3], greedy(2), rid="same")
+    eng.stop()

@@ -1,0 +1,256 @@
+"""The SGLang-compatible HTTP server, in a real subprocess with the real embedded engine.
+
+One server per module (startup is the expensive part). Raw HTTP (no client-side retries)
+where the status code is the point; the InferenceClient where the result is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from areal_graph.runtime.inference.sampling import SamplingParams
+
+MAX_QUEUE = 4
+MAX_RUNNING = 4
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    from areal_graph.runtime.inference.http_server import ServerProcess
+
+    proc = ServerProcess(str(tiny_model_dir), extra_args=[
+        "--threads", "1", "--max-running", str(MAX_RUNNING), "--max-queue", str(MAX_QUEUE)])
+    proc.start()
+    yield proc.url
+    proc.stop()
+
+
+def post(url: str, path: str, body, timeout: float = 60.0) -> tuple[int, dict | str]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        status, text = err.code, err.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def get(url: str, path: str) -> tuple[int, dict | str]:
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        status, text = err.code, err.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+@torch.no_grad()
+def greedy_reference(model_dir, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy decoding by plain full forwards in float64 (no KV cache): independent of the engine."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    seq, lps = list(prompt), []
+    for _ in range(n):
+        logp = torch.log_softmax(model(torch.tensor([seq])).logits[0, -1], -1)
+        tok = int(logp.argmax())
+        seq.append(tok)
+        lps.append(float(logp[tok]))
+    return seq[len(prompt):], lps
+
+
+# --------------------------------------------------------------------------- SGLang shape
+def test_generate_returns_sglang_shape_and_greedy_tokens(server, tiny_model_dir):
+    prompt = [1, 17, 23, 5, 9]
+    status, body = post(server, "/generate", {
+        "input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True, "rid": "shape-1"})
+    assert status == 200, body
+    meta = body["meta_info"]
+    assert meta["id"] == "shape-1"
+    assert meta["finish_reason"] == {"type": "length", "length": 12}
+    assert meta["prompt_tokens"] == len(prompt) and meta["completion_tokens"] == 12
+    assert isinstance(meta["weight_version"], str)
+    pairs = meta["output_token_logprobs"]
+    assert [p[1] for p in pairs] == body["output_ids"]
+    assert meta["output_token_versions"] == [int(meta["weight_version"])] * 12
+    ref_ids, ref_lps = greedy_reference(tiny_model_dir, prompt, 12)
+    assert body["output_ids"] == ref_ids
+    assert [p[0] for p in pairs] == pytest.approx(ref_lps, abs=1e-3)
+
+
+def test_client_matches_engine_in_process(server, tiny_model_dir):
+    from areal_graph.runtime.inference.client import InferenceClient
+    from areal_graph.runtime.inference.engine import EmbeddedEngine
+
+    prompts = [[1, 4, 8, 15, 16, 23, 42], [1, 99], [1, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
+    params = SamplingParams(max_new_tokens=20, greedy=True, ignore_eos=True)
+
+    async def via_http():
+        client = InferenceClient(server)
+        try:
+            return await asyncio.gather(*(client.generate(p, params) for p in prompts))
+        finally:
+            await client.close()
+
+    remote = asyncio.run(via_http())
+    engine = EmbeddedEngine(str(tiny_model_dir), max_running=4)
+    engine.start()
+    try:
+        local = [engine.submit(p, params).result(timeout=60) for p in prompts]
+    finally:
+        engine.stop()
+    for r, l in zip(remote, local):
+        assert r.output_ids == l.output_ids
+        assert r.output_logprobs == pytest.approx(l.output_logprobs, abs=1e-4)
+        assert r.finish_reason == l.finish_reason == "length"
+        assert r.output_versions == l.output_versions
+
+
+def test_eos_stops_with_stop_reason(server):
+    # Find what greedy emits first, then declare it a stop token: the request must end there.
+    _, body = post(server, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+    first = body["output_ids"][0]
+    status, body = post(server, "/generate", {
+        "input_ids": [1, 2, 3], "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [first]}})
+    assert status == 200
+    assert body["output_ids"] == [first]
+    assert body["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("body, fragment", [
+    ({"input_ids": [], "sampling_params": {}}, "empty"),
+    ({"sampling_params": {"max_new_tokens": 3}}, "input_ids"),
+    ({"input_ids": "1 2 3"}, "input_ids"),
+    ({"input_ids": [1, "a"]}, "input_ids"),
+    ({"input_ids": [[1, 2], [3]]}, "input_ids"),
+    ({"input_ids": [1, 2], "temprature": 0.5}, "temprature"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "topp": 0.5}}, "topp"),
+    ({"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}}, "temperature"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2.5}}, "max_new_tokens"),
+    ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}}, "context"),
+    ({"input_ids": [1, 2], "return_logprob": "yes"}, "return_logprob"),
+    ({"input_ids": [1, 2], "stream": True}, "stream"),
+    ({"text": "hello"}, "input_ids"),
+    ([1, 2, 3], "object"),
+])
+def test_bad_generate_requests_get_clear_400(server, body, fragment):
+    status, err = post(server, "/generate", body)
+    assert status == 400, err
+    assert err["object"] == "error" and err["code"] == 400
+    assert fragment in err["message"]
+
+
+def test_invalid_json_and_bad_control_requests(server):
+    status, err = post(server, "/generate", b"{not json")
+    assert status == 400 and "JSON" in err["message"]
+    status, err = post(server, "/abort_request", {})
+    assert status == 400 and "rid" in err["message"]
+    status, err = post(server, "/update_weights_from_disk", {"model_path": "/nonexistent/dir", "weight_version": "3"})
+    assert status == 400 and err["success"] is False
+    status, err = post(server, "/update_weights_from_disk", {"model_path": "/x", "weight_version": "v-three"})
+    assert status == 400 and "weight_version" in err["message"]
+    status, err = post(server, "/update_weights_from_disk", {"path": "/x"})
+    assert status == 400 and "path" in err["message"]
+    # none of it hurt the server
+    assert get(server, "/health")[0] == 200
+    assert get(server, "/health_generate")[0] == 200
+
+
+def test_full_queue_answers_503_and_server_survives(server):
+    """Flood far past max_running + max_queue without client retries: some 503s, the rest served."""
+    import aiohttp
+
+    async def flood():
+        async with aiohttp.ClientSession() as s:
+            async def one(i):
+                async with s.post(server + "/generate", json={
+                        "input_ids": [1, i % 50 + 3], "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}) as r:
+                    return r.status, await r.json()
+            return await asyncio.gather(*(one(i) for i in range(40)))
+
+    results = asyncio.run(flood())
+    statuses = [s for s, _ in results]
+    assert set(statuses) <= {200, 503}
+    assert statuses.count(503) >= 1, "the queue never filled"
+    assert statuses.count(200) >= MAX_RUNNING
+    for s, body in results:
+        if s == 503:
+            assert body["code"] == 503
+        else:
+            assert len(body["output_ids"]) == 64
+    assert get(server, "/health_generate")[0] == 200
+
+
+def test_client_retries_through_503(server):
+    """The client's backoff turns a flood that overflows the queue into all-served."""
+    from areal_graph.runtime.inference.client import InferenceClient
+
+    async def flood():
+        client = InferenceClient(server, retries=30, backoff_s=0.05)
+        try:
+            params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+            res = await asyncio.gather(*(client.generate([1, 5 + i], params) for i in range(24)))
+            return res, client.stats.retries
+        finally:
+            await client.close()
+
+    res, retries = asyncio.run(flood())
+    assert all(len(r.output_ids) == 16 for r in res)
+    assert retries >= 1
+
+
+# --------------------------------------------------------------------------- control endpoints
+def test_info_endpoints(server, tiny_model_dir):
+    status, info = get(server, "/get_model_info")
+    assert status == 200 and info["is_generation"] is True and info["model_path"] == str(tiny_model_dir)
+    assert get(server, "/get_weight_version")[1]["weight_version"] == info["weight_version"]
+    assert get(server, "/flush_cache")[0] == 200
+    assert post(server, "/flush_cache", {})[0] == 200
+    assert get(server, "/get_server_info")[0] == 200
+
+
+def test_abort_by_rid_and_pause_continue(server):
+    from areal_graph.runtime.inference.client import InferenceClient
+
+    async def go():
+        client = InferenceClient(server)
+        try:
+            params = SamplingParams(max_new_tokens=400, ignore_eos=True)
+            task = asyncio.create_task(client.generate([1, 2, 3], params, rid="to-abort"))
+            await asyncio.sleep(0.3)
+            await client.abort("to-abort")
+            aborted = await asyncio.wait_for(task, 30)
+            # pause: a request sent now waits; continue lets it finish
+            await client.pause()
+            held = asyncio.create_task(client.generate([1, 2], SamplingParams(max_new_tokens=4, ignore_eos=True)))
+            await asyncio.sleep(0.3)
+            was_done = held.done()
+            await client.resume()
+            done = await asyncio.wait_for(held, 30)
+            return aborted, was_done, done
+        finally:
+            await client.close()
+
+    aborted, was_done, done = asyncio.run(go())
+    assert aborted.finish_reason == "abort" and len(aborted.output_ids) < 400
+    assert len(aborted.output_ids) == len(aborted.output_logprobs) == len(aborted.output_versions)
+    assert not was_done, "a paused server finished a request"
+    assert done.finish_reason == "length" and len(done.output_ids) == 4

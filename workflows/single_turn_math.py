@@ -1,0 +1,51 @@
+"""SingleTurnMath: G independent answers to one question, generated concurrently.
+
+The simplest rollout workflow of the paper's math experiments: the prompt is the question
+(already tokenised with the chat template), each answer is one interruptible generation,
+and the reward node later checks the answer text against `prompt.answer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from typing import Any
+
+from areal_graph.runtime.inference.interruptible import generate_interruptible
+from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.workflows.base import PromptLike, RolloutWorkflow, Trajectory
+
+
+class SingleTurnMath(RolloutWorkflow):
+    """Generate `group_size` answers per prompt; one Trajectory each."""
+
+    def __init__(self, max_interruptions: int = 100) -> None:
+        self.max_interruptions = max_interruptions
+
+    async def run(self, prompt: PromptLike, client: Any, group_size: int,
+                  sampling: SamplingParams) -> list[Trajectory]:
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        ids = [int(t) for t in prompt.input_ids]
+        if not ids:
+            raise ValueError(f"prompt {getattr(prompt, 'id', '?')!r} has no input_ids")
+        base = f"{getattr(prompt, 'id', 'p')}-{uuid.uuid4().hex[:8]}"
+
+        def params_for(j: int) -> SamplingParams:
+            # distinct seeds per answer, or G seeded answers would be G copies of one
+            return sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + 1000 * j)
+
+        gens = await asyncio.gather(*(
+            generate_interruptible(client, ids, params_for(j), rid=f"{base}-{j}", max_interruptions=self.max_interruptions)
+            for j in range(group_size)
+        ))
+        answer = str(getattr(prompt, "answer", ""))
+        return [
+            Trajectory.from_generation(
+                ids, g.output_ids, g.output_logprobs, g.output_versions, g.finish_reason,
+                answer=answer, sample_id=j,
+                info={"prompt_id": getattr(prompt, "id", ""), "interruptions": g.num_interruptions, "rid": g.rid},
+            )
+            for j, g in enumerate(gens)
+        ]
