@@ -182,7 +182,9 @@ def gae(
     delta_t = r_t + gamma * V_next - V_t and A_t = delta_t + gamma * lam * A_next, where
     "next" is the next generated token of the same sequence (loss_mask-0 spans are skipped,
     not treated as episode ends) and V after the last generated token is 0 (terminal).
-    Returns (advantages, returns = advantages + values), both 0 on loss_mask-0 tokens.
+    Rewards and values on loss_mask-0 tokens are ignored (put a tool step's reward on a
+    generated token). Returns (advantages, returns = advantages + values), both 0 on
+    loss_mask-0 tokens.
     Computed in float64 and cast back to the dtype of `values`.
     """
     _check_tokens(loss_mask, cu_seqlens, token_rewards=token_rewards, values=values)

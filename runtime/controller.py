@@ -337,10 +337,8 @@ class RLController:
         data = json.loads((ckpt / "controller_state.json").read_text())
         self.state = RunState(**data)
         self.procs.load_checkpoint(ckpt)
-        self.gate.set_version(self.state.version)
-        # Trajectories of the checkpointed version count as accepted so the bound stays exact.
-        self.gate.on_submit(self.state.trajectories_trained)
-        self.gate.on_accept(self.state.trajectories_trained)
+        # Trajectories trained before the checkpoint count as accepted, so the bound stays exact.
+        self.gate.restore(self.state.version, self.state.trajectories_trained)
 
     def _log_step(self, stats: dict[str, float]) -> None:
         stats = {k: float(v) for k, v in stats.items()}

@@ -64,12 +64,12 @@ class RunProcesses:
                 "--threads", str(gen_threads), "--seed", str(rt.seed + i),
             ]
             self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
-                                        health_url=f"{url}/health", env=_thread_env(gen_threads))
+                                        health_url=f"{url}/health", threads=gen_threads)
             self.server_urls.append(url)
         for worker in self.placement.workers:
             threads = train_threads if worker.startswith("model-") else 1
-            address = self.launcher.start_worker(worker, env=_thread_env(threads))
-            self.clients[worker] = WorkerClient(address, timeout=3600)
+            address = self.launcher.start_worker(worker, threads=threads)
+            self.clients[worker] = WorkerClient(address, timeout=3600, name=worker)
         self.launcher.wait_healthy(timeout=180)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend) for u in self.server_urls])
         self._configure(actor_path, train_threads)
@@ -184,7 +184,3 @@ def thread_split(rt: Any) -> tuple[int, int]:
         return cores, cores
     half = max(cores // 2, 1)
     return half, max(cores - half, 1)
-
-
-def _thread_env(threads: int) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "AREAL_TORCH_THREADS": str(threads)}

@@ -1,0 +1,175 @@
+"""Real worker subprocesses over loopback: configure, execute, call, errors, tokens, big batches."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from areal_graph.data.packed import PackedBatch
+from areal_graph.runtime.launcher import LocalLauncher
+from areal_graph.runtime.worker_client import WorkerClient, WorkerError
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    launcher = LocalLauncher(tmp_path_factory.mktemp("logs"), pythonpath=[TESTS_DIR])
+    try:
+        address = launcher.start_worker("w-test", threads=1)
+        launcher.wait_healthy(timeout=60)
+        client = WorkerClient(address, name="w-test", timeout=60)
+        client.configure("echo", "grpc_test_nodes:EchoNode", {"scale": 1.5, "label": "E"})
+        yield client
+        client.close()
+    finally:
+        launcher.shutdown()
+
+
+def _mixed_batch() -> PackedBatch:
+    gen = torch.Generator().manual_seed(0)
+    lens = [5, 1, 0, 9]
+    n, total = len(lens), sum(lens)
+    cu = torch.tensor([0, 5, 6, 6, 15], dtype=torch.int32)
+    return PackedBatch(
+        cu,
+        {
+            "input_ids": torch.randint(0, 1000, (total,), generator=gen),
+            "loss_mask": torch.randint(0, 2, (total,), generator=gen).bool(),
+            "behav_logprobs": -torch.rand(total, generator=gen),
+            "h": torch.randn(total, generator=gen).bfloat16(),
+            "versions": torch.randint(-1, 5, (total,), generator=gen, dtype=torch.int32),
+            "f16": torch.randn(total, generator=gen).half(),
+        },
+        {"rewards": torch.rand(n, dtype=torch.float64, generator=gen), "group_id": torch.arange(n)},
+        {"answer": ["42", "π ≈ 3.14", "", "multi\nline"], "prompt_id": ["a", "b", "c", "d"]},
+    )
+
+
+def test_health_reports_name_and_impls(worker: WorkerClient) -> None:
+    h = worker.health()
+    assert h["ok"] and h["name"] == "w-test" and "echo" in h["impls"]
+
+
+def test_echo_round_trips_every_dtype_and_meta(worker: WorkerClient) -> None:
+    b = _mixed_batch()
+    out = worker.execute("echo", "echo", b)
+    assert torch.equal(out.cu_seqlens, b.cu_seqlens)
+    for part in ("tokens", "seqs"):
+        for k, v in getattr(b, part).items():
+            got = getattr(out, part)[k]
+            assert got.dtype == v.dtype and torch.equal(got, v), k
+    assert out.meta == b.meta
+
+
+def test_execute_passes_args_and_computes_remotely(worker: WorkerClient) -> None:
+    b = _mixed_batch()
+    out = worker.execute("echo", "double", b, key="behav_logprobs", out_key="y")
+    expected = [float(x) * 2 * 1.5 for x in b.tokens["behav_logprobs"].tolist()]
+    assert out.tokens["y"].tolist() == pytest.approx(expected, rel=1e-6)
+    out = worker.execute("echo", "seq_sum", b, key="input_ids")
+    ref = [sum(b.tokens["input_ids"][int(b.cu_seqlens[i]) : int(b.cu_seqlens[i + 1])].tolist()) for i in range(4)]
+    assert out.seqs["sum"].tolist() == ref
+    assert out.meta["label"] == ["E-0", "E-1", "E-2", "E-3"]
+    assert worker.execute("echo", "nothing", b).keys() == set()
+
+
+def test_large_batch_is_streamed(worker: WorkerClient) -> None:
+    n = 50 * 2**20 // 4  # 50 MiB of float32
+    x = torch.randn(n)
+    b = PackedBatch(torch.tensor([0, n // 2, n], dtype=torch.int32), {"x": x})
+    t0 = time.perf_counter()
+    out = worker.execute("echo", "echo", b)
+    assert torch.equal(out.tokens["x"], x)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_remote_exception_surfaces_with_traceback(worker: WorkerClient) -> None:
+    with pytest.raises(WorkerError) as info:
+        worker.execute("echo", "fail", _mixed_batch(), message="kaput-123")
+    e = info.value
+    assert e.worker == "w-test" and e.impl == "echo" and e.method == "fail"
+    assert e.code == grpc.StatusCode.INTERNAL
+    text = str(e)
+    assert "deliberate failure: kaput-123" in text and "Traceback" in text and "grpc_test_nodes.py" in text
+    assert worker.health()["ok"]  # still serving
+
+
+def test_call_returns_json_and_errors_name_the_method(worker: WorkerClient) -> None:
+    assert worker.call("echo", "set_version", version=7) == {"version": 7, "label": "E"}
+    with pytest.raises(WorkerError, match=r"(?s)'crash_call'.*KeyError.*no such weights"):
+        worker.call("echo", "crash_call")
+    with pytest.raises(WorkerError, match="no public method 'nope'"):
+        worker.call("echo", "nope")
+    with pytest.raises(WorkerError, match="no implementation named 'ghost'"):
+        worker.execute("ghost", "echo", _mixed_batch())
+
+
+def test_configure_errors_are_reported(worker: WorkerClient) -> None:
+    with pytest.raises(WorkerError, match="cannot build this node"):
+        worker.configure("bad", "grpc_test_nodes:BrokenInit", {})
+    with pytest.raises(WorkerError, match="must look like"):
+        worker.configure("bad", "grpc_test_nodes.EchoNode", {})
+    with pytest.raises(WorkerError, match="No module named"):
+        worker.configure("bad", "no_such_module_xyz:Thing", {})
+
+
+def test_stats_return_spans_once(worker: WorkerClient) -> None:
+    worker.stats()  # drain
+    worker.execute("echo", "echo", _mixed_batch(), _step=3, _version=2)
+    worker.call("echo", "set_version", version=1)
+    s = worker.stats()
+    assert s["name"] == "w-test" and s["rss_bytes"] > 0 and s["uptime_s"] > 0 and s["calls"] >= 2
+    names = [sp["name"] for sp in s["spans"]]
+    assert names == ["echo.echo", "echo.set_version"]
+    sp = s["spans"][0]
+    assert sp["worker"] == "w-test" and sp["end"] >= sp["start"] and sp["args"]["step"] == 3
+    assert sp["args"]["version"] == 2
+    assert worker.stats()["spans"] == []
+
+
+def test_concurrent_calls_from_threads(worker: WorkerClient) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    b = _mixed_batch()
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda i: worker.execute("echo", "seq_sum", b, key="input_ids"), range(16)))
+    assert all(torch.equal(o.seqs["sum"], outs[0].seqs["sum"]) for o in outs)
+
+
+def test_token_required_off_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AREAL_TEST_TOKEN", "s3cret-token")
+    with LocalLauncher(tmp_path, pythonpath=[TESTS_DIR]) as launcher:
+        address = launcher.start_worker("w-open", host="0.0.0.0", token_env="AREAL_TEST_TOKEN")
+        launcher.wait_healthy(timeout=60)
+        assert address.startswith("127.0.0.1:")
+        for token in (None, "wrong"):
+            with WorkerClient(address, token=token, name="w-open") as c, pytest.raises(WorkerError) as info:
+                c.health()
+            assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with WorkerClient(address, token="s3cret-token", name="w-open") as c:
+            assert c.health()["name"] == "w-open"
+            c.configure("e", "grpc_test_nodes:EchoNode", {})
+            assert c.execute("e", "echo", _mixed_batch()).meta["answer"][1] == "π ≈ 3.14"
+
+
+def test_non_loopback_bind_without_token_is_refused(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match="refusing to bind"):
+            launcher.start_worker("w-bad", host="0.0.0.0")
+    finally:
+        launcher.shutdown()
+
+
+def test_shutdown_rpc_stops_the_worker(tmp_path: Path) -> None:
+    with LocalLauncher(tmp_path, pythonpath=[TESTS_DIR]) as launcher:
+        address = launcher.start_worker("w-stop")
+        launcher.wait_healthy(timeout=60)
+        WorkerClient(address).shutdown()
+        launcher.procs["w-stop"].popen.wait(timeout=10)
+        assert launcher.procs["w-stop"].popen.returncode == 0
