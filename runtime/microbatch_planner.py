@@ -113,6 +113,8 @@ def split_across_ranks(
     n = int(lens.shape[0])
     if dp_size == 1:
         return [list(range(n))]
+    if group_ids is None and not equal_seq_counts:
+        return _lpt_ranks(lens, dp_size)
     units = _units(n, group_ids)
     if group_ids is None:
         unit_tokens = lens.tolist()
@@ -151,6 +153,21 @@ def split_across_ranks(
     return members
 
 
+def _lpt_ranks(lens: np.ndarray, dp_size: int) -> list[list[int]]:
+    """Single sequences, largest first, each to the least-loaded rank (no per-unit lists)."""
+    order = _descending(lens)
+    values = lens.tolist()
+    members: list[list[int]] = [[] for _ in range(dp_size)]
+    appends = [m.append for m in members]
+    heap = [(0, r) for r in range(dp_size)]
+    replace = heapq.heapreplace
+    for i in order:
+        load, r = heap[0]
+        appends[r](i)
+        replace(heap, (load + values[i], r))
+    return members
+
+
 def _units(n: int, group_ids: Sequence[int] | None) -> list[list[int]]:
     if group_ids is None:
         return [[i] for i in range(n)]
@@ -182,8 +199,9 @@ def _pack_rank(
         return own + bins
     if not fit:
         return own
-    half = sum(1 for i in fit if 2 * lens[i] > budget)  # pairwise incompatible: one each
-    lb = max(-(-sum(lens[i] for i in fit) // budget), half, 1)
+    fit_lens = np.fromiter((lens[i] for i in fit), dtype=np.int64, count=len(fit))
+    half = int((2 * fit_lens > budget).sum())  # pairwise incompatible: one micro-batch each
+    lb = max(-(-int(fit_lens.sum()) // budget), half, 1)
     bins = _lpt(lens, fit, lb, budget)
     if bins is not None:
         return own + bins
@@ -237,11 +255,14 @@ def _balance(lens: list[int], bins: list[list[int]], budget: int, passes: int = 
     and move the one sequence that best halves each pair's gap (never over budget)."""
     bins = [list(b) for b in bins]
     loads = [sum(lens[i] for i in b) for b in bins]
+    smallest = min((lens[i] for b in bins for i in b), default=0)
     for _ in range(passes):
         moved = False
         by_load = sorted(range(len(bins)), key=lambda q: (loads[q], q))
         for lo, hi in zip(by_load[: len(bins) // 2], reversed(by_load[len(bins) // 2:])):
             gap = loads[hi] - loads[lo]
+            if gap <= smallest:  # gaps only shrink further down the pairing: nothing can move
+                break
             best, best_err = -1, gap
             for pos, i in enumerate(bins[hi]):
                 n = lens[i]

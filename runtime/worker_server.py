@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.parent_pid and not _parent_alive(args.parent_pid):
             log.warning("parent %d is gone; exiting", args.parent_pid)
             break
-    server.stop(grace=1.0).wait(2.0)
+    server.stop(grace=0.5).wait(2.0)
     return 0
 
 

@@ -254,3 +254,35 @@ def test_abort_by_rid_and_pause_continue(server):
     assert len(aborted.output_ids) == len(aborted.output_logprobs) == len(aborted.output_versions)
     assert not was_done, "a paused server finished a request"
     assert done.finish_reason == "length" and len(done.output_ids) == 4
+
+
+def test_client_disconnect_aborts_the_request(server):
+    """A client that gives up must not leave its request in the engine (SGLang aborts it too).
+
+    The server is paused so the request can only sit in the queue: if it is gone afterwards,
+    the disconnect removed it (it cannot have finished).
+    """
+    import time
+
+    import aiohttp
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(asyncio.TimeoutError):
+                async with s.post(server + "/generate", timeout=aiohttp.ClientTimeout(total=0.5), json={
+                        "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}) as r:
+                    await r.read()
+
+    assert post(server, "/pause_generation", {})[0] == 200
+    try:
+        asyncio.run(go())
+        deadline = time.monotonic() + 10
+        while True:
+            state = get(server, "/get_server_info")[1]["internal_states"][0]
+            assert state["paused"] is True
+            if state["running"] == 0 and state["queued"] == 0:
+                break
+            assert time.monotonic() < deadline, f"request still in the engine after disconnect: {state}"
+            time.sleep(0.05)
+    finally:
+        assert post(server, "/continue_generation", {})[0] == 200

@@ -1,0 +1,82 @@
+"""`areal-graph validate WORKFLOW.yaml [--set k=v ...]`: check a workflow, show its graph.
+
+Exit 0 with a summary (models, nodes, edges, execution order) when the workflow is valid;
+exit 1 listing every problem (file, line, node, field) otherwise, never a traceback: the
+person reading it is fixing a YAML file, not debugging Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="check a workflow YAML and show its graph",
+        description=(
+            "Load WORKFLOW, apply --set overrides, and check it: fields, types, ranges, models, "
+            "and the graph derived from what each node reads and writes (every read key has one "
+            "writer, no cycles, train nodes get what their loss needs). Prints every problem at once."
+        ),
+        epilog="Example: areal-graph validate workflows/ppo_async.yaml --set runtime.max_staleness=0",
+    )
+    p.add_argument("workflow", type=Path, help="workflow YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field before validating, e.g. --set nodes.train.clip_eps=0.1 (repeatable)")
+    p.set_defaults(func=run)
+
+
+def print_problems(console: Console, workflow: Path, problems: list) -> None:
+    console.print(f"[bold red]{workflow}: {len(problems)} problem(s)[/]")
+    for problem in problems:
+        # markup=False: YAML values like [a, b] in a message must print verbatim.
+        console.print("  - " + str(problem), highlight=False, markup=False, soft_wrap=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_graph.graph.dag import build_graph, execution_order
+    from areal_graph.graph.loader import WorkflowError, load_workflow
+
+    console = Console()
+    try:
+        spec = load_workflow(args.workflow, overrides=args.overrides)
+    except WorkflowError as err:
+        print_problems(console, args.workflow, err.problems)
+        return 1
+    graph = build_graph(spec)
+    console.print(f"[bold green]OK[/] {args.workflow}: workflow [bold]{spec.name}[/], "
+                  f"{len(spec.nodes)} nodes, {graph.number_of_edges()} edges")
+
+    models = Table(title="models", title_justify="left")
+    for col in ("name", "path", "trained"):
+        models.add_column(col)
+    for m in spec.models.values():
+        models.add_row(m.name, m.path, f"lr {m.train.lr:g}" if m.train else "frozen")
+    console.print(models)
+
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("node", "kind", "model", "reads", "writes"):
+        nodes.add_column(col)
+    for n in spec.nodes.values():
+        nodes.add_row(n.name, n.kind, n.model or "-", ", ".join(n.reads) or "-", ", ".join(n.writes) or "-")
+    console.print(nodes)
+
+    edges = Table(title="edges", title_justify="left")
+    for col in ("from", "to", "keys"):
+        edges.add_column(col)
+    for u, v, data in graph.edges(data=True):
+        edges.add_row(u, v, ", ".join(data["keys"]))
+    for train, rollout in graph.graph["weight_update"]:
+        edges.add_row(train, rollout, "[italic]new weights (implicit, not a DAG edge)[/]")
+    console.print(edges)
+
+    rt = spec.runtime
+    console.print("execution order: " + " -> ".join(execution_order(spec)), highlight=False)
+    console.print(f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
+                  f"{rt.steps} steps, backend {spec.inference.backend}", highlight=False)
+    return 0

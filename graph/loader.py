@@ -1,0 +1,575 @@
+"""Load a workflow YAML into a validated `WorkflowSpec`, reporting every problem at once.
+
+Why collect instead of raising on the first problem: a user fixing a workflow wants the
+whole list in one go, each entry naming file, YAML line, node and field. Line numbers come
+from composing the YAML node tree (which keeps marks) rather than from `safe_load`.
+
+The schema is not written down here: it is read from the dataclasses in `spec.py` and
+`node_kinds.py` (field names, type hints, defaults, `check` metadata).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Union
+
+import networkx as nx
+import yaml
+
+from areal_graph.graph import spec as S
+from areal_graph.graph.dag import graph_from_nodes, key_producers
+from areal_graph.graph.node_kinds import (
+    IMPLICIT_ROLLOUT_KEYS,
+    NODE_KINDS,
+    POLICY_LOSSES,
+    ROLLOUT_WRITES,
+    TRAIN_REQUIRED_READS,
+)
+
+log = logging.getLogger(__name__)
+
+Path_ = tuple  # a path into the raw mapping, e.g. ("nodes", "train", "clip_eps")
+
+SECTIONS = ("name", "models", "data", "inference", "nodes", "runtime")
+REQUIRED_SECTIONS = ("name", "models", "data", "nodes")
+NODE_KEYS = ("kind", "model", "reads", "writes")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a workflow. `node` is None for problems outside `nodes:`."""
+
+    file: str
+    line: Optional[int]
+    node: Optional[str]
+    field: Optional[str]
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        parts = [where]
+        if self.node is not None:
+            parts.append(f"node '{self.node}'")
+        if self.field:
+            parts.append(f"field '{self.field}'")
+        return ", ".join(parts) + f": {self.message}"
+
+
+class WorkflowError(Exception):
+    """A workflow failed to load; `problems` lists everything found, in file order."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"{len(self.problems)} problem(s) in workflow:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class _Bad(Exception):
+    """Internal: a value does not fit its declared type."""
+
+
+# ============================================================================ YAML with lines
+def _compose(text: str, file: str) -> tuple[Any, dict[Path_, int]]:
+    """Parse YAML, returning the plain data and path -> 1-based line of each key."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        line = mark.line + 1 if mark else None
+        what = getattr(err, "problem", None) or str(err)
+        raise WorkflowError([Problem(file, line, None, None, f"YAML syntax error: {what}")]) from None
+    finally:
+        loader.dispose()
+    lines: dict[Path_, int] = {}
+
+    def convert(node: yaml.Node, path: Path_) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = convert(key_node, path)
+                lines[path + (key,)] = key_node.start_mark.line + 1
+                out[key] = convert(value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            items = []
+            for i, item in enumerate(node.value):
+                lines[path + (i,)] = item.start_mark.line + 1
+                items.append(convert(item, path + (i,)))
+            return items
+        return _construct_scalar(node)
+
+    if root is None:
+        return None, lines
+    lines[()] = root.start_mark.line + 1
+    return convert(root, ()), lines
+
+
+def _construct_scalar(node: yaml.Node) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+# ============================================================================ overrides
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'a.b.c=VALUE' -> (['a','b','c'], VALUE parsed as a YAML scalar)."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like key.path=value")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValueError(f"override {text!r} has an empty path component")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return parts, parsed
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[list[Problem], dict[Path_, str]]:
+    """Set each override in `raw` (in place); returns problems and path -> override text."""
+    problems: list[Problem] = []
+    origins: dict[Path_, str] = {}
+    for text in overrides:
+        try:
+            parts, value = parse_override(text)
+        except ValueError as err:
+            problems.append(Problem(file, None, None, None, f"bad override: {err}"))
+            continue
+        node = _node_of(parts)
+        if parts[0] not in SECTIONS:
+            problems.append(Problem(file, None, node, parts[0], f"override {text!r}: unknown section "
+                                    f"'{parts[0]}'{_suggest(parts[0], SECTIONS)} (sections: {', '.join(SECTIONS)})"))
+            continue
+        target: Any = raw
+        ok = True
+        for depth, part in enumerate(parts[:-1]):
+            if not isinstance(target, dict):
+                ok = False
+                break
+            if part not in target:
+                if depth == 1 and parts[0] in ("nodes", "models"):
+                    what = "node" if parts[0] == "nodes" else "model"
+                    problems.append(Problem(file, None, node, ".".join(parts[2:]) or None,
+                                            f"override {text!r}: the workflow has no {what} '{part}'"
+                                            f"{_suggest(part, list(target))}"))
+                    ok = None  # reported
+                    break
+                target[part] = {}
+            target = target[part]
+        if ok is None:
+            continue
+        if not ok or not isinstance(target, dict):
+            problems.append(Problem(file, None, node, ".".join(parts), f"override {text!r}: "
+                                    f"'{'.'.join(parts[:-1])}' is not a mapping, cannot set '{parts[-1]}' in it"))
+            continue
+        target[parts[-1]] = value
+        origins[tuple(parts)] = text
+    return problems, origins
+
+
+def _node_of(parts: Sequence[Any]) -> str | None:
+    return str(parts[1]) if len(parts) > 1 and parts[0] == "nodes" else None
+
+
+def _suggest(word: Any, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# ============================================================================ type conversion
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_type_name(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
+
+
+def _got(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
+    shown = repr(value) if not isinstance(value, (list, dict)) or len(repr(value)) < 40 else ""
+    return f"{kind} {shown}".strip()
+
+
+class _Validator:
+    def __init__(self, file: str, lines: Mapping[Path_, int], origins: Mapping[Path_, str]) -> None:
+        self.file = file
+        self.lines = lines
+        self.origins = origins
+        self.problems: list[Problem] = []
+
+    # ------------------------------------------------------------------ reporting
+    def line(self, path: Path_) -> int | None:
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.lines:
+                return self.lines[path[:cut]]
+        return None
+
+    def report(self, path: Path_, message: str) -> None:
+        """Record a problem at `path` (a tuple into the raw mapping)."""
+        node = _node_of(path)
+        fld = ".".join(str(p) for p in (path[2:] if node is not None else path)) or None
+        origin = next((self.origins[path[:c]] for c in range(len(path), 0, -1) if path[:c] in self.origins), None)
+        if origin:
+            message += f" (set by override '{origin}')"
+        self.problems.append(Problem(self.file, self.line(path), node, fld, message))
+
+    # ------------------------------------------------------------------ values
+    def convert(self, tp: Any, value: Any, path: Path_) -> Any:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if tp is Any:
+            return value
+        if origin in (Union, types.UnionType):
+            if value is None and type(None) in args:
+                return None
+            inner = [a for a in args if a is not type(None)]
+            return self.convert(inner[0], value, path) if len(inner) == 1 else value
+        if origin is Literal:
+            if value not in args:
+                raise _Bad(f"must be {_type_name(tp)}, got {_got(value)}{_suggest(value, map(str, args))}")
+            return value
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise _Bad(f"expected a mapping of {tp.__name__} fields, got {_got(value)}")
+            built = self.build(tp, value, path)
+            if built is None:
+                raise _Reported()
+            return built
+        if origin in (list, tuple) or tp in (list, tuple):
+            if not isinstance(value, (list, tuple)):
+                raise _Bad(f"expected a list, got {_got(value)}")
+            if origin is tuple and args and args[-1] is not Ellipsis:
+                if len(value) != len(args):
+                    raise _Bad(f"expected a list of {len(args)} items, got {len(value)}")
+                elem_types = list(args)
+            else:
+                elem_types = [args[0] if args else Any] * len(value)
+            items = []
+            for i, (et, item) in enumerate(zip(elem_types, value)):
+                try:
+                    items.append(self.convert(et, item, path + (i,)))
+                except _Bad as err:
+                    raise _Bad(f"item {i}: {err}") from None
+            return tuple(items) if origin is tuple else items
+        if origin is dict or tp is dict:
+            if not isinstance(value, dict):
+                raise _Bad(f"expected a mapping, got {_got(value)}")
+            return dict(value)
+        if tp is bool:
+            if not isinstance(value, bool):
+                raise _Bad(f"expected true/false, got {_got(value)}")
+            return value
+        if tp is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _Bad(f"expected an integer, got {_got(value)}")
+            return value
+        if tp is float:
+            if isinstance(value, str):
+                # YAML 1.1 reads `2e-5` (no dot) as a string; accept it as the number it means.
+                try:
+                    return float(value)
+                except ValueError:
+                    pass
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _Bad(f"expected a number, got {_got(value)}")
+            return float(value)
+        if tp is str:
+            if not isinstance(value, str):
+                raise _Bad(f"expected a string, got {_got(value)}")
+            return value
+        return value
+
+    def build(self, cls: type, raw: Mapping[str, Any], path: Path_, inject: Mapping[str, Any] | None = None,
+              also_allowed: Sequence[str] = ()) -> Any:
+        """Validate `raw` against dataclass `cls`; returns the instance, or None if it had problems."""
+        inject = dict(inject or {})
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in inject}
+        before = len(self.problems)
+        for key in raw:
+            if key not in fields and key not in also_allowed:
+                options = list(fields) + list(also_allowed)
+                self.report(path + (key,), f"unknown field '{key}'{_suggest(key, options)}; "
+                                           f"allowed: {', '.join(options) or 'none'}")
+        values: dict[str, Any] = {}
+        for name, f in fields.items():
+            if name not in raw:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    self.report(path + (name,), f"missing required field '{name}'")
+                continue
+            try:
+                value = self.convert(hints[name], raw[name], path + (name,))
+            except _Bad as err:
+                self.report(path + (name,), f"{err}")
+                continue
+            except _Reported:
+                continue
+            check = f.metadata.get("check")
+            if check is not None and value is not None:
+                why = check(value)
+                if why:
+                    self.report(path + (name,), f"{why}, got {value!r}")
+                    continue
+            values[name] = value
+        if len(self.problems) > before:
+            return None
+        return cls(**inject, **values)
+
+
+class _Reported(Exception):
+    """Internal: a nested value had problems, already reported."""
+
+
+# ============================================================================ the workflow
+def _validate(raw: Any, v: _Validator) -> S.WorkflowSpec | None:
+    if not isinstance(raw, dict):
+        v.report((), f"a workflow must be a mapping with sections {', '.join(SECTIONS)}, got {_got(raw)}")
+        return None
+    for key in raw:
+        if key not in SECTIONS:
+            v.report((key,), f"unknown section '{key}'{_suggest(key, SECTIONS)}; allowed: {', '.join(SECTIONS)}")
+    for key in REQUIRED_SECTIONS:
+        if key not in raw or raw[key] is None:
+            v.report((key,), f"missing required section '{key}'")
+
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        v.report(("name",), f"expected a string, got {_got(name)}")
+
+    def section(key: str, cls: type) -> Any:
+        value = raw.get(key)
+        if value is None:
+            return cls() if key not in REQUIRED_SECTIONS else None
+        if not isinstance(value, dict):
+            v.report((key,), f"expected a mapping, got {_got(value)}")
+            return None
+        return v.build(cls, value, (key,))
+
+    data = section("data", S.DataSpec)
+    inference = section("inference", S.InferenceSpec)
+    runtime = section("runtime", S.RuntimeSpec)
+    models = _models(raw.get("models"), v)
+    nodes, complete = _nodes(raw.get("nodes"), models, v)
+    if complete:
+        _check_graph(nodes, models, v)
+    _check_batch_size(nodes, runtime, v)
+    if v.problems:
+        return None
+    return S.WorkflowSpec(name=name, models=models, data=data, inference=inference, nodes=nodes,
+                          runtime=runtime, source=v.file)
+
+
+def _models(raw: Any, v: _Validator) -> dict[str, S.ModelSpec] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        v.report(("models",), f"expected a non-empty mapping of model name -> {{path, train}}, got {_got(raw)}")
+        return None
+    models: dict[str, S.ModelSpec] = {}
+    for name, body in raw.items():
+        if not isinstance(body, dict):
+            v.report(("models", name), f"model '{name}' must be a mapping with 'path' (and optional 'train'), "
+                                       f"got {_got(body)}")
+            continue
+        model = v.build(S.ModelSpec, body, ("models", name), inject={"name": name})
+        if model is not None:
+            models[name] = model
+    return models
+
+
+def _nodes(raw: Any, models: dict[str, S.ModelSpec] | None,
+           v: _Validator) -> tuple[dict[str, S.NodeSpec], bool]:
+    """The nodes that parsed, and whether all of them did."""
+    if raw is None:
+        return {}, False
+    if not isinstance(raw, dict) or not raw:
+        v.report(("nodes",), f"expected a non-empty mapping of node name -> node, got {_got(raw)}")
+        return {}, False
+    nodes: dict[str, S.NodeSpec] = {}
+    complete = True
+    for name, body in raw.items():
+        path = ("nodes", name)
+        if not isinstance(body, dict):
+            v.report(path, f"node '{name}' must be a mapping with a 'kind', got {_got(body)}")
+            complete = False
+            continue
+        node = _node(str(name), body, models, v)
+        if node is None:
+            complete = False
+        else:
+            nodes[node.name] = node
+    # Graph rules on a partial node set would report bogus "nobody writes" problems.
+    return nodes, complete
+
+
+def _node(name: str, body: dict, models: dict[str, S.ModelSpec] | None, v: _Validator) -> S.NodeSpec | None:
+    path = ("nodes", name)
+    before = len(v.problems)
+    kind = body.get("kind")
+    if kind is None:
+        v.report(path + ("kind",), f"missing required field 'kind' (one of {', '.join(NODE_KINDS)})")
+        return None
+    if kind not in NODE_KINDS:
+        v.report(path + ("kind",), f"unknown node kind {kind!r}{_suggest(kind, NODE_KINDS)}; "
+                                   f"known kinds: {', '.join(NODE_KINDS)}")
+        return None
+    info = NODE_KINDS[kind]
+
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        v.report(path + ("model",), f"expected a model name (string), got {_got(model)}")
+    elif info.model == "required" and model is None:
+        v.report(path + ("model",), f"a {kind} node needs 'model' (one of: {', '.join(models or {}) or 'none'})")
+    elif info.model == "forbidden" and model is not None:
+        v.report(path + ("model",), f"a {kind} node takes no 'model'")
+    elif model is not None and models is not None and model not in models:
+        v.report(path + ("model",), f"unknown model '{model}'{_suggest(model, models)}; "
+                                   f"models: {', '.join(models)}")
+
+    def keys(field: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = body.get(field)
+        if value is None:
+            return default
+        if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+            v.report(path + (field,), f"expected a list of key names, got {_got(value)}")
+            return default
+        if len(set(value)) != len(value):
+            v.report(path + (field,), f"lists a key twice: {value}")
+        return tuple(value)
+
+    reads = keys("reads", ())
+    writes = keys("writes", ROLLOUT_WRITES if kind == "rollout" else ())
+    param_raw = {k: val for k, val in body.items() if k not in NODE_KEYS}
+    params = v.build(info.params, param_raw, path, also_allowed=NODE_KEYS)
+    if params is None or len(v.problems) > before:
+        return None
+    return S.NodeSpec(name=name, kind=kind, model=model, reads=reads, writes=writes, params=params,
+                      line=v.line(path))
+
+
+def _check_batch_size(nodes: dict[str, S.NodeSpec], runtime: S.RuntimeSpec | None, v: _Validator) -> None:
+    """Whole prompt groups per step: GRPO/RLOO normalise within a group."""
+    rollouts = [n for n in nodes.values() if n.kind == "rollout"]
+    if runtime is None or not rollouts:
+        return
+    g = rollouts[0].params.group_size
+    if runtime.batch_size % g:
+        v.report(("runtime", "batch_size"), f"must be a multiple of nodes.{rollouts[0].name}.group_size "
+                                            f"({g}) so that whole prompt groups are trained, got {runtime.batch_size}")
+
+
+def _check_graph(nodes: dict[str, S.NodeSpec], models: dict[str, S.ModelSpec] | None, v: _Validator) -> None:
+    """Rules that involve several nodes: keys, writers, cycles, what each kind needs."""
+    rollouts = [n for n in nodes.values() if n.kind == "rollout"]
+    if not rollouts:
+        v.report(("nodes",), "the workflow needs exactly one node of kind 'rollout' (it has none)")
+    for extra in rollouts[1:]:
+        v.report(("nodes", extra.name, "kind"), f"a second rollout node (the first is '{rollouts[0].name}'); "
+                                                f"a workflow has exactly one")
+    policy_trains = [n for n in nodes.values() if n.kind == "train" and n.params.loss in POLICY_LOSSES]
+    if not policy_trains:
+        v.report(("nodes",), "the workflow needs a 'train' node with a policy loss "
+                             f"({' or '.join(POLICY_LOSSES)}) to train the actor")
+
+    producers = key_producers(nodes)
+    for key, writers in producers.items():
+        for dup in writers[1:]:
+            v.report(("nodes", dup, "writes"), f"key '{key}' is also written by node '{writers[0]}'; "
+                                               f"each key has exactly one writer")
+    available = sorted(producers)
+    for node in nodes.values():
+        path = ("nodes", node.name)
+        if node.kind == "rollout" and node.reads:
+            v.report(path + ("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")
+        for i, key in enumerate(node.reads):
+            if key not in producers:
+                v.report(path + ("reads", i), f"reads key '{key}' which no node writes{_suggest(key, available)}; "
+                                              f"available keys: {', '.join(available)}")
+        if node.kind in ("logprob", "value") and len(node.writes) != 1:
+            v.report(path + ("writes",), f"a {node.kind} node writes exactly one key, got {list(node.writes)}")
+        if node.kind == "reward" and not node.writes:
+            v.report(path + ("writes",), "a reward node must write its reward key (e.g. [rewards])")
+        if node.kind == "advantage":
+            _check_advantage(node, v)
+        if node.kind == "train":
+            need = TRAIN_REQUIRED_READS[node.params.loss]
+            missing = [k for k in need if k not in node.reads]
+            if missing:
+                what = ("a train node with a policy loss needs advantages: " if "advantages" in missing else "")
+                v.report(path + ("reads",), f"{what}loss '{node.params.loss}' must read {', '.join(missing)}")
+            if node.writes:
+                v.report(path + ("writes",), "a train node writes no keys (it updates weights)")
+            if models and node.model in models and models[node.model].train is None:
+                v.report(path + ("model",), f"model '{node.model}' has no 'train' section (optimiser), "
+                                            f"so it cannot be trained")
+    graph = graph_from_nodes(nodes)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return
+    names = [u for u, _ in cycle]
+    v.report(("nodes", names[0], "reads"), "dependency cycle: " + " -> ".join(names + [names[0]])
+             + " (weight updates back to the rollout are implicit; keys may not flow backwards)")
+
+
+def _check_advantage(node: S.NodeSpec, v: _Validator) -> None:
+    p = node.params
+    path = ("nodes", node.name)
+    need = ["rewards", "loss_mask"]
+    if p.estimator == "gae":
+        need.append("values")
+    if p.kl_coef > 0:
+        need.append("ref_logprobs")
+    missing = [k for k in need if k not in node.reads]
+    if missing:
+        v.report(path + ("reads",), f"estimator '{p.estimator}'"
+                 + (f" with kl_coef {p.kl_coef}" if p.kl_coef > 0 else "") + f" must read {', '.join(missing)}")
+    if "advantages" not in node.writes:
+        v.report(path + ("writes",), "an advantage node must write 'advantages'")
+
+
+# ============================================================================ entry points
+def load_workflow_text(text: str, overrides: Iterable[str] = (), file: str = "<string>") -> S.WorkflowSpec:
+    """Like `load_workflow`, from YAML text (tests, and specs stored in run directories)."""
+    raw, lines = _compose(text, file)
+    problems: list[Problem] = []
+    origins: dict[Path_, str] = {}
+    overrides = list(overrides)
+    if overrides:
+        if isinstance(raw, dict):
+            problems, origins = apply_overrides(raw, overrides, file)
+    v = _Validator(file, lines, origins)
+    v.problems.extend(problems)
+    spec = _validate(raw, v)
+    if v.problems:
+        raise WorkflowError(sorted(v.problems, key=lambda p: (p.line is None, p.line or 0)))
+    assert spec is not None
+    return spec
+
+
+def load_workflow(path: str | Path, overrides: Iterable[str] = ()) -> S.WorkflowSpec:
+    """Read, override and validate a workflow file; raise `WorkflowError` listing every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise WorkflowError([Problem(str(path), None, None, None, f"cannot read workflow file: {err.strerror or err}")]) from None
+    return load_workflow_text(text, overrides, file=str(path))

@@ -1,0 +1,100 @@
+"""The typed workflow spec: what a validated workflow YAML turns into.
+
+All classes are frozen dataclasses so a spec can be shared between the controller, the
+placement planner and the renderers without anyone mutating it behind the others' backs.
+Defaults and range rules live in the field metadata (see `node_kinds._f`); the loader
+derives its validation from these classes, so they are the one schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from areal_graph.graph.node_kinds import (
+    _f,
+    betas_check,
+    non_negative,
+    positive,
+)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam(W) settings of a trainable model (paper: Adam, lr 2e-5)."""
+
+    lr: float = _f(2e-5, positive)
+    weight_decay: float = _f(0.0, non_negative)
+    grad_clip: float = _f(1.0, positive, "max global grad norm")
+    betas: tuple[float, float] = _f((0.9, 0.999), betas_check)
+    warmup_steps: int = _f(0, non_negative)
+    lr_schedule: Literal["constant", "cosine", "linear"] = _f("constant")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str = field(metadata={"check": None, "help": "HF directory or builtin:<name>"})
+    train: Optional[OptimConfig] = _f(None, None, "optimiser; omit for a frozen model (e.g. ref)")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    train: str = field(metadata={"check": None, "help": "dataset path (jsonl/parquet) or builtin:<name>"})
+    eval: Optional[str] = _f(None)
+    prompt_template: Optional[str] = _f(None, None, "format string with {question}")
+    question_key: str = _f("question")
+    answer_key: str = _f("answer")
+    eval_size: Optional[int] = _f(None, positive)
+    max_prompt_tokens: Optional[int] = _f(None, positive)
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    backend: Literal["embedded", "sglang"] = _f("embedded")
+    servers: int = _f(1, positive)
+    max_running_requests: int = _f(64, positive)
+    args: dict[str, Any] = _f({}, None, "backend launch arguments")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    batch_size: int = _f(32, positive, "trajectories per training step (B)")
+    max_staleness: int = _f(4, non_negative, "eta; 0 is synchronous RL")
+    steps: int = _f(60, positive)
+    max_tokens_per_microbatch: int = _f(4096, positive)
+    max_concurrent_rollouts: int = _f(64, positive, "trajectories generating at once")
+    seed: int = _f(1)
+    eval_every: int = _f(0, non_negative, "steps between evaluations; 0 disables")
+    eval_size: Optional[int] = _f(None, positive)
+    save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")
+    run_dir: str = _f("runs/{name}-{timestamp}")
+    weight_sync: Literal["disk"] = _f("disk")
+    dp_size: int = _f(1, positive)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the graph. `params` is the kind's dataclass (see node_kinds.NODE_KINDS)."""
+
+    name: str
+    kind: str
+    model: Optional[str]
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    params: Any
+    line: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    name: str
+    models: dict[str, ModelSpec]
+    data: DataSpec
+    inference: InferenceSpec
+    nodes: dict[str, NodeSpec]
+    runtime: RuntimeSpec
+    source: str = field(default="<memory>")
+
+    def nodes_of_kind(self, kind: str) -> list[NodeSpec]:
+        return [n for n in self.nodes.values() if n.kind == kind]

@@ -1,0 +1,236 @@
+"""The run directory: everything a run leaves behind, in one place with fixed names.
+
+    <root>/
+      config.yaml            the workflow as it ran (after overrides)
+      metrics.jsonl          one JSON object per training step
+      tb/                    TensorBoard scalars (when tensorboard is installed)
+      trace.json             Chrome trace (areal-graph trace <root>)
+      checkpoints/step_00000010/ ... COMPLETE   a checkpoint is usable only once COMPLETE exists
+      weights/v000003/       weights exported for the inference servers
+      final_model/           the trained model (save_pretrained layout)
+      logs/                  worker process logs
+
+Why a marker file: a checkpoint is several files written by several processes; a crash
+half-way leaves a directory that looks like a checkpoint. The marker is written last (and
+fsynced), so `latest_checkpoint()` only ever returns one that was finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+TRACE_FILENAME = "trace.json"
+CONFIG_FILENAME = "config.yaml"
+METRICS_FILENAME = "metrics.jsonl"
+COMPLETE_MARKER = "COMPLETE"
+_CKPT_RE = re.compile(r"^step_(\d+)$")
+
+
+class RunDir:
+    def __init__(self, root: str | os.PathLike, tensorboard: bool = True) -> None:
+        self.path = Path(root)
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"run directory {self.path} exists and is not a directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._want_tb = tensorboard
+        self._tb: Any = None
+        self._tb_checked = False
+
+    # ------------------------------------------------------------------ fixed paths
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILENAME
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILENAME
+
+    @property
+    def trace_path(self) -> Path:
+        return self.path / TRACE_FILENAME
+
+    @property
+    def final_model_dir(self) -> Path:
+        return self.path / "final_model"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def checkpoints_root(self) -> Path:
+        return self.path / "checkpoints"
+
+    def checkpoint_dir(self, step: int) -> Path:
+        """Directory for the checkpoint after `step` (created; complete only once marked)."""
+        if step < 0:
+            raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        d = self.checkpoints_root / f"step_{step:08d}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def weights_dir(self, version: int) -> Path:
+        """Where weights of `version` are exported for the inference servers (not created)."""
+        return self.path / "weights" / f"v{version:06d}"
+
+    # ------------------------------------------------------------------ config, json
+    def write_config(self, config: Any) -> Path:
+        """Snapshot the configuration as YAML (a dict, a dataclass, or an object with to_dict)."""
+        import yaml
+
+        data = _plain(_as_mapping(config))
+        _atomic_write(self.config_path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        return self.config_path
+
+    def read_config(self) -> dict[str, Any]:
+        import yaml
+
+        return yaml.safe_load(self.config_path.read_text())
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self.path / name
+        _atomic_write(path, json.dumps(_plain(obj), indent=2) + "\n")
+        return path
+
+    # ------------------------------------------------------------------ metrics
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append one JSONL line {"step", "time", **metrics}; mirror numbers to TensorBoard."""
+        record = {"step": int(step), "time": time.time()}
+        # floats stay floats (NaN included: json writes NaN, Python and pandas read it back)
+        record.update({str(k): v if isinstance(v, float) else _plain(v) for k, v in metrics.items() if k != "step"})
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+        writer = self._tensorboard()
+        if writer is not None:
+            for k, v in record.items():
+                if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                writer.add_scalar(k, v, int(step))
+            writer.flush()
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every logged step (a line cut off by a crash is skipped)."""
+        if not self.metrics_path.exists():
+            return []
+        out = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s: skipping a damaged line", self.metrics_path)
+        return out
+
+    def _tensorboard(self) -> Any:
+        if self._tb_checked:
+            return self._tb
+        self._tb_checked = True
+        if not self._want_tb:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            log.info("tensorboard is not installed: metrics go to %s only (pip install tensorboard)", self.metrics_path)
+            return None
+        self._tb = SummaryWriter(log_dir=str(self.path / "tb"))
+        return self._tb
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    # ------------------------------------------------------------------ checkpoints and resume
+    def mark_checkpoint_complete(self, ckpt_dir: str | os.PathLike, info: Mapping[str, Any] | None = None) -> None:
+        """Call after *everything* of a checkpoint is written: only then can it be resumed."""
+        ckpt_dir = Path(ckpt_dir)
+        if not ckpt_dir.is_dir():
+            raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
+        marker = ckpt_dir / COMPLETE_MARKER
+        payload = json.dumps({"time": time.time(), **_plain(dict(info or {}))})
+        with open(marker, "w") as f:
+            f.write(payload + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def checkpoints(self, complete_only: bool = True) -> list[tuple[int, Path]]:
+        """(step, dir) of the checkpoints, oldest first."""
+        if not self.checkpoints_root.is_dir():
+            return []
+        found = []
+        for d in self.checkpoints_root.iterdir():
+            m = _CKPT_RE.match(d.name)
+            if m and d.is_dir() and (not complete_only or (d / COMPLETE_MARKER).exists()):
+                found.append((int(m.group(1)), d))
+        return sorted(found)
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest checkpoint whose marker exists, or None; incomplete ones are logged."""
+        complete = self.checkpoints(complete_only=True)
+        newer_incomplete = [d for s, d in self.checkpoints(complete_only=False)
+                            if not (d / COMPLETE_MARKER).exists() and (not complete or s > complete[-1][0])]
+        for d in newer_incomplete:
+            log.warning("ignoring incomplete checkpoint %s (no %s marker)", d, COMPLETE_MARKER)
+        return complete[-1][1] if complete else None
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+
+def _as_mapping(config: Any) -> Any:
+    if isinstance(config, Mapping):
+        return dict(config)
+    for attr in ("to_dict", "model_dump", "as_dict"):
+        fn = getattr(config, attr, None)
+        if callable(fn):
+            return fn()
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    raw = getattr(config, "raw", None)
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise TypeError(f"write_config: cannot turn a {type(config).__name__} into a mapping "
+                    "(pass a dict, a dataclass, or an object with to_dict())")
+
+
+def _plain(obj: Any) -> Any:
+    """YAML/JSON-safe plain data: paths and enums as strings, tuples as lists, tensors as numbers."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, enum.Enum):
+        return _plain(obj.value)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _plain(dataclasses.asdict(obj))
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return _plain(obj.item())
+        except Exception:
+            pass
+    if hasattr(obj, "tolist"):
+        return _plain(obj.tolist())
+    return str(obj)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write to a temporary file, then rename: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,103 @@
+"""RunDir: config snapshot, metrics JSONL (+ TensorBoard when installed), checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal_graph.runtime.run_dir import COMPLETE_MARKER, RunDir
+
+
+@dataclass
+class _Runtime:
+    batch_size: int = 32
+    run_dir: Path = Path("runs/x")
+
+
+@dataclass
+class _Spec:
+    name: str = "ppo"
+    runtime: _Runtime = field(default_factory=_Runtime)
+    stages: tuple = ("a", "b")
+
+
+def test_layout_and_config_snapshot(tmp_path):
+    rd = RunDir(tmp_path / "a" / "run")
+    assert rd.path.is_dir()
+    rd.write_config({"name": "ppo", "runtime": {"batch_size": 8, "lr": 2e-5}})
+    assert rd.read_config() == {"name": "ppo", "runtime": {"batch_size": 8, "lr": 2e-5}}
+    rd.write_config(_Spec())
+    assert rd.read_config() == {"name": "ppo", "runtime": {"batch_size": 32, "run_dir": "runs/x"}, "stages": ["a", "b"]}
+    assert rd.trace_path == rd.path / "trace.json"
+    assert rd.final_model_dir == rd.path / "final_model"
+    assert rd.weights_dir(3) == rd.path / "weights" / "v000003" and not rd.weights_dir(3).exists()
+    with pytest.raises(TypeError, match="cannot turn a int"):
+        rd.write_config(5)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        RunDir(tmp_path / "file")
+
+
+def test_metrics_jsonl(tmp_path, caplog):
+    rd = RunDir(tmp_path)
+    with caplog.at_level(logging.INFO):
+        rd.log_metrics(1, {"loss": 0.5, "reward/mean": torch.tensor(0.25), "note": "hi", "bad": float("nan")})
+        rd.log_metrics(2, {"loss": 0.25})
+    lines = rd.metrics_path.read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert first["step"] == 1 and first["loss"] == 0.5 and first["reward/mean"] == 0.25 and first["note"] == "hi"
+    assert math.isnan(first["bad"])
+    assert [m["step"] for m in rd.read_metrics()] == [1, 2]
+    import importlib.util
+
+    has_tb = importlib.util.find_spec("tensorboard") is not None
+    if has_tb:
+        assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    else:
+        tb_logs = [r for r in caplog.records if "tensorboard is not installed" in r.getMessage()]
+        assert len(tb_logs) == 1  # said once, not on every step
+    rd.close()
+
+
+def test_damaged_metrics_line_is_skipped(tmp_path):
+    rd = RunDir(tmp_path)
+    rd.log_metrics(1, {"a": 1.0})
+    with open(rd.metrics_path, "a") as f:
+        f.write('{"step": 2, "a"')  # a crash mid-write
+    assert [m["step"] for m in rd.read_metrics()] == [1]
+
+
+def test_latest_checkpoint_needs_the_marker(tmp_path):
+    rd = RunDir(tmp_path)
+    assert rd.latest_checkpoint() is None
+    c10 = rd.checkpoint_dir(10)
+    (c10 / "model.safetensors").write_text("w")
+    rd.mark_checkpoint_complete(c10)
+    c20 = rd.checkpoint_dir(20)
+    rd.mark_checkpoint_complete(c20, {"step": 20})
+    c30 = rd.checkpoint_dir(30)  # crashed before the marker
+    (c30 / "model.safetensors").write_text("half")
+    c5 = rd.checkpoint_dir(5)
+    rd.mark_checkpoint_complete(c5)
+    assert rd.latest_checkpoint() == c20
+    assert json.loads((c20 / COMPLETE_MARKER).read_text())["step"] == 20
+    assert [s for s, _ in rd.checkpoints()] == [5, 10, 20]
+    assert [s for s, _ in rd.checkpoints(complete_only=False)] == [5, 10, 20, 30]
+    # resuming: a second RunDir on the same root sees the same
+    assert RunDir(tmp_path).latest_checkpoint() == c20
+    with pytest.raises(FileNotFoundError):
+        rd.mark_checkpoint_complete(tmp_path / "nope")
+
+
+def test_write_json_is_atomic_and_plain(tmp_path):
+    rd = RunDir(tmp_path)
+    p = rd.write_json("unfinished.json", {"n": torch.tensor(3), "path": Path("/x"), "t": (1, 2)})
+    assert json.loads(p.read_text()) == {"n": 3, "path": "/x", "t": [1, 2]}
+    assert not list(tmp_path.glob(".*tmp*"))
