@@ -158,7 +158,8 @@ def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[lis
             if part not in target:
                 if depth == 1 and parts[0] in ("nodes", "models"):
                     what = "node" if parts[0] == "nodes" else "model"
-                    problems.append(Problem(file, None, node, ".".join(parts[2:]) or None,
+                    fld = ".".join(parts[2:] if parts[0] == "nodes" else parts) or None
+                    problems.append(Problem(file, None, node, fld,
                                             f"override {text!r}: the workflow has no {what} '{part}'"
                                             f"{_suggest(part, list(target))}"))
                     ok = None  # reported
@@ -367,7 +368,8 @@ def _validate(raw: Any, v: _Validator) -> S.WorkflowSpec | None:
     inference = section("inference", S.InferenceSpec)
     runtime = section("runtime", S.RuntimeSpec)
     models = _models(raw.get("models"), v)
-    nodes, complete = _nodes(raw.get("nodes"), models, v)
+    declared = list(raw["models"]) if isinstance(raw.get("models"), dict) else None
+    nodes, complete = _nodes(raw.get("nodes"), declared, v)
     if complete:
         _check_graph(nodes, models, v)
     _check_batch_size(nodes, runtime, v)
@@ -378,6 +380,7 @@ def _validate(raw: Any, v: _Validator) -> S.WorkflowSpec | None:
 
 
 def _models(raw: Any, v: _Validator) -> dict[str, S.ModelSpec] | None:
+    """The models that parsed; None when the section itself is unusable (skip model checks)."""
     if raw is None:
         return None
     if not isinstance(raw, dict) or not raw:
@@ -395,7 +398,7 @@ def _models(raw: Any, v: _Validator) -> dict[str, S.ModelSpec] | None:
     return models
 
 
-def _nodes(raw: Any, models: dict[str, S.ModelSpec] | None,
+def _nodes(raw: Any, models: list[str] | None,
            v: _Validator) -> tuple[dict[str, S.NodeSpec], bool]:
     """The nodes that parsed, and whether all of them did."""
     if raw is None:
@@ -420,7 +423,7 @@ def _nodes(raw: Any, models: dict[str, S.ModelSpec] | None,
     return nodes, complete
 
 
-def _node(name: str, body: dict, models: dict[str, S.ModelSpec] | None, v: _Validator) -> S.NodeSpec | None:
+def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.NodeSpec | None:
     path = ("nodes", name)
     before = len(v.problems)
     kind = body.get("kind")
@@ -495,12 +498,14 @@ def _check_graph(nodes: dict[str, S.NodeSpec], models: dict[str, S.ModelSpec] | 
             v.report(("nodes", dup, "writes"), f"key '{key}' is also written by node '{writers[0]}'; "
                                                f"each key has exactly one writer")
     available = sorted(producers)
+    if not rollouts:  # already reported; don't repeat it for every key the rollout would provide
+        available = sorted(set(available) | set(ROLLOUT_WRITES) | set(IMPLICIT_ROLLOUT_KEYS))
     for node in nodes.values():
         path = ("nodes", node.name)
         if node.kind == "rollout" and node.reads:
             v.report(path + ("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")
         for i, key in enumerate(node.reads):
-            if key not in producers:
+            if key not in available:
                 v.report(path + ("reads", i), f"reads key '{key}' which no node writes{_suggest(key, available)}; "
                                               f"available keys: {', '.join(available)}")
         if node.kind in ("logprob", "value") and len(node.writes) != 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import threading
 from dataclasses import fields
 from typing import Any
@@ -37,10 +38,15 @@ class _PromptView:
 class RolloutNode:
     def __init__(self, server_urls: list[str], backend: str, workflow: str, group_size: int,
                  sampling: dict[str, Any], workflow_args: dict[str, Any] | None = None,
-                 request_timeout_s: float = 600.0) -> None:
+                 tokenizer_path: str | None = None, request_timeout_s: float = 600.0) -> None:
         self.group_size = group_size
         self.sampling = sampling
-        self.workflow = load_workflow_class(workflow)(**(workflow_args or {}))
+        cls = load_workflow_class(workflow)
+        args = dict(workflow_args or {})
+        # Workflows that decode or encode text (multi-turn agents) get the policy's tokenizer.
+        if "tokenizer_path" in inspect.signature(cls).parameters and "tokenizer_path" not in args:
+            args["tokenizer_path"] = tokenizer_path
+        self.workflow = cls(**args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()

@@ -213,7 +213,7 @@ class RLController:
     async def _training_loop(self) -> None:
         B = self.rt.batch_size
         if self.rt.eval_every and self.state.step == 0:
-            await self._evaluate()
+            self.run_dir.log_metrics(0, await self._evaluate())
         while self.state.step < self.rt.steps:
             t_wait = time.perf_counter()
             with self.tracer.span("wait_batch", cat="controller", step=self.state.step):
@@ -241,6 +241,7 @@ class RLController:
             if self.rt.save_every and self.state.step % self.rt.save_every == 0:
                 await self._checkpoint()
             self._log_step(stats)
+            self.tracer.merge(await asyncio.to_thread(self.procs.collect_spans))
         with self.tracer.span("export_final_model", cat="controller"):
             await asyncio.to_thread(self.procs.export_weights, self.run_dir.final_model_dir, True)
         self._stop.set()

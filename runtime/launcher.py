@@ -150,7 +150,7 @@ class LocalLauncher:
 
     def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
                      host: str = "127.0.0.1", token_env: str | None = None, role: str = "worker",
-                     startup_timeout: float = 60.0) -> str:
+                     startup_timeout: float = 60.0, max_concurrent_calls: int | None = None) -> str:
         """Start a gRPC worker; blocks until it has bound a port and returns "host:port".
 
         Returns once the port is known, not once it is healthy: call `wait_healthy` after
@@ -162,6 +162,8 @@ class LocalLauncher:
                "--port", "0", "--port-file", str(port_file), "--parent-pid", str(os.getpid())]
         if token_env:
             cmd += ["--token-env", token_env]
+        if max_concurrent_calls:
+            cmd += ["--max-workers", str(max_concurrent_calls)]
         m = self._spawn(name, role, cmd, env, threads, None)
         deadline = time.monotonic() + startup_timeout
         while not port_file.exists():

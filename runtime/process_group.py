@@ -87,6 +87,7 @@ class RunProcesses:
                 client.configure(node.name, "areal_graph.nodes.rollout:RolloutNode", {
                     "server_urls": self.server_urls, "backend": spec.inference.backend,
                     "workflow": p.workflow, "group_size": p.group_size, "sampling": asdict(p.sampling),
+                    "workflow_args": dict(p.workflow_args), "tokenizer_path": actor_path,
                 })
             elif node.kind == "reward":
                 p = node.params
@@ -143,6 +144,13 @@ class RunProcesses:
         return train, eval_prompts
 
     # ------------------------------------------------------------------ node calls
+    def collect_spans(self) -> list[dict]:
+        """Spans the workers recorded since the last call (merged into the run's trace)."""
+        spans: list[dict] = []
+        for client in self.clients.values():
+            spans.extend(client.stats(drain_spans=True).get("spans", []))
+        return spans
+
     def client(self, worker: str) -> WorkerClient:
         return self.clients[worker]
 

@@ -71,6 +71,22 @@ def encode_tensor(
         yield pb.BatchChunk(data=pb.TensorData(data=raw[start : start + chunk_bytes].tobytes()))
 
 
+def check_encodable(batch: PackedBatch) -> None:
+    """Raise TypeError naming the key if the batch holds something that cannot travel.
+
+    Called before a stream starts: an error raised inside gRPC's request iterator would
+    surface only as an opaque CANCELLED on the caller's side.
+    """
+    for part in ("tokens", "seqs"):
+        for key, t in getattr(batch, part).items():
+            if t.dtype not in DTYPE_NAMES:
+                raise TypeError(f"{part} key {key!r} has dtype {t.dtype}, which cannot travel; allowed: {sorted(DTYPES)}")
+    for key, values in batch.meta.items():
+        for i, v in enumerate(values):
+            if not isinstance(v, str):
+                raise TypeError(f"meta {key!r}[{i}] is {type(v).__name__}, only str can travel")
+
+
 def encode_batch(batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.BatchChunk]:
     """The chunks of a whole batch, ending with a BatchEnd that carries counts for checking."""
     n_tensors = 0

@@ -16,7 +16,13 @@ import grpc
 from areal_graph.data.packed import PackedBatch
 from areal_graph.protos import worker_pb2 as pb
 from areal_graph.protos import worker_pb2_grpc as pb_grpc
-from areal_graph.runtime.tensor_codec import DEFAULT_CHUNK_BYTES, MalformedStream, decode_batch, encode_batch
+from areal_graph.runtime.tensor_codec import (
+    DEFAULT_CHUNK_BYTES,
+    MalformedStream,
+    check_encodable,
+    decode_batch,
+    encode_batch,
+)
 from areal_graph.runtime.worker_server import GRPC_OPTIONS, TOKEN_METADATA_KEY
 
 
@@ -69,6 +75,7 @@ class WorkerClient:
         The underscored keywords are the client's own (trace step/version recorded in the
         worker's span, a per-call deadline) so they never collide with a method's arguments.
         """
+        check_encodable(batch)
         header = pb.BatchChunk(header=pb.ExecuteHeader(impl=impl, method=method, step=_step, version=_version,
                                                        args_json=json.dumps(args)))
 

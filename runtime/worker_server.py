@@ -243,7 +243,7 @@ def _rss_bytes() -> int:
 
 
 def serve(name: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-          max_workers: int = 16) -> tuple[grpc.Server, WorkerService, int]:
+          max_workers: int = 64) -> tuple[grpc.Server, WorkerService, int]:
     """Start a server in this process; returns (server, service, bound port). Used by tests too."""
     if not is_loopback(host) and not token:
         raise ValueError(
@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, help="write the bound port here (atomically)")
     parser.add_argument("--token-env", help="name of the environment variable holding the shared secret")
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
-    parser.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads")
+    parser.add_argument("--max-workers", type=int, default=64,
+                        help="gRPC handler threads = the most concurrent calls this worker serves")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.name}] %(levelname)s %(name)s: %(message)s")
 

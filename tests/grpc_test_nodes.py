@@ -34,6 +34,13 @@ class EchoNode:
         return PackedBatch(batch.cu_seqlens.clone(), seqs={"sum": sums},
                            meta={"label": [f"{self.label}-{i}" for i in range(batch.num_seqs)]})
 
+    def sleep(self, batch: PackedBatch, seconds: float) -> PackedBatch:
+        """Stands in for a long rollout call: blocks its server thread, not the others."""
+        import time
+
+        time.sleep(seconds)
+        return batch
+
     def nothing(self, batch: PackedBatch) -> None:
         return None
 

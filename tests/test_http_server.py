@@ -286,3 +286,13 @@ def test_client_disconnect_aborts_the_request(server):
             time.sleep(0.05)
     finally:
         assert post(server, "/continue_generation", {})[0] == 200
+
+
+def test_serve_cli_parses_and_rejects_a_missing_model_dir(tmp_path):
+    from areal_graph.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", str(tmp_path / "nope"), "--port", "0", "--max-running", "8"])
+    assert args.port == 0 and args.max_running == 8 and args.host == "127.0.0.1"
+    assert args.func(args) == 1  # no such directory: a clear message, no traceback
+    args = build_parser().parse_args(["serve", str(tmp_path), "--max-running", "0"])
+    assert args.func(args) == 2

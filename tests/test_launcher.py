@@ -155,7 +155,10 @@ def test_ctrl_c_in_the_owner_shuts_the_workers_down(tmp_path: Path) -> None:
             launcher.start_worker("w-int")
             launcher.wait_healthy(60)
             print(launcher.procs["w-int"].popen.pid, flush=True)
-            time.sleep(300)
+            # short sleeps: gRPC's C threads may receive the signal, and Python only runs its
+            # handler in the main thread between bytecodes (an asyncio loop wakes at once)
+            for _ in range(3000):
+                time.sleep(0.1)
     """)
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -109,6 +109,15 @@ def test_call_returns_json_and_errors_name_the_method(worker: WorkerClient) -> N
         worker.execute("ghost", "echo", _mixed_batch())
 
 
+def test_unencodable_batch_is_refused_before_sending(worker: WorkerClient) -> None:
+    b = PackedBatch(torch.tensor([0, 2], dtype=torch.int32), {"c": torch.zeros(2, dtype=torch.complex64)})
+    with pytest.raises(TypeError, match="tokens key 'c' has dtype torch.complex64"):
+        worker.execute("echo", "echo", b)
+    b = PackedBatch(torch.tensor([0, 1], dtype=torch.int32), meta={"m": [None]})
+    with pytest.raises(TypeError, match=r"meta 'm'\[0\] is NoneType"):
+        worker.execute("echo", "echo", b)
+
+
 def test_configure_errors_are_reported(worker: WorkerClient) -> None:
     with pytest.raises(WorkerError, match="cannot build this node"):
         worker.configure("bad", "grpc_test_nodes:BrokenInit", {})
@@ -141,6 +150,18 @@ def test_concurrent_calls_from_threads(worker: WorkerClient) -> None:
     assert all(torch.equal(o.seqs["sum"], outs[0].seqs["sum"]) for o in outs)
 
 
+def test_many_long_calls_run_concurrently(worker: WorkerClient) -> None:
+    """Rollout calls block for a whole generation; 32 of them must overlap, not queue."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    b = _mixed_batch()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(32) as pool:
+        outs = list(pool.map(lambda i: worker.execute("echo", "sleep", b, seconds=1.0), range(32)))
+    assert time.perf_counter() - t0 < 6.0  # serial would be 32 s, 16 server threads 2 s + overhead
+    assert all(o.meta == b.meta for o in outs)
+
+
 def test_token_required_off_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AREAL_TEST_TOKEN", "s3cret-token")
     with LocalLauncher(tmp_path, pythonpath=[TESTS_DIR]) as launcher:
@@ -157,13 +178,19 @@ def test_token_required_off_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyP
             assert c.execute("e", "echo", _mixed_batch()).meta["answer"][1] == "π ≈ 3.14"
 
 
-def test_non_loopback_bind_without_token_is_refused(tmp_path: Path) -> None:
-    launcher = LocalLauncher(tmp_path)
-    try:
-        with pytest.raises(RuntimeError, match="refusing to bind"):
-            launcher.start_worker("w-bad", host="0.0.0.0")
-    finally:
-        launcher.shutdown()
+def test_non_loopback_bind_without_token_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from areal_graph.runtime.worker_server import is_loopback, main, serve
+
+    with pytest.raises(ValueError, match="refusing to bind '0.0.0.0' without a token"):
+        serve("w-bad", host="0.0.0.0", port=0)
+    with pytest.raises(SystemExit):
+        main(["--name", "w-bad", "--host", "0.0.0.0", "--port", "0"])
+    assert "refusing to bind" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--name", "w-bad", "--token-env", "AREAL_SURELY_UNSET_VAR"])
+    assert "AREAL_SURELY_UNSET_VAR" in capsys.readouterr().err
+    assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1") and not is_loopback("myhost")
 
 
 def test_shutdown_rpc_stops_the_worker(tmp_path: Path) -> None:

@@ -35,8 +35,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Sequence
@@ -448,16 +451,15 @@ class ServerProcess:
                     "--host", host, "--port", str(port), *extra_args]
         self.env = env
         self.log_path = log_path
-        self.proc: Any = None
+        self.proc: subprocess.Popen | None = None
         self.url: str | None = None
+        self._log: Any = None
 
     def start(self, timeout: float = 120.0) -> str:
-        import os
-        import subprocess
-        import threading
-
+        """Launch and block until the server accepts requests; return its URL."""
         env = dict(os.environ, **(self.env or {}))
-        stderr = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._log = open(self.log_path, "ab") if self.log_path else None
+        stderr = self._log  # None inherits our stderr (pytest captures fd 2)
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
         found: list[str] = []
 
@@ -481,16 +483,17 @@ class ServerProcess:
         return self.url
 
     def stop(self, timeout: float = 10.0) -> None:
-        import subprocess
-
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
+        """SIGTERM (the server drains and stops its engine), SIGKILL after `timeout` s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> "ServerProcess":
         self.start()

@@ -1,0 +1,139 @@
+"""End to end: `areal-graph run` with real subprocesses (inference server, gRPC workers).
+
+A tiny random model with a locally trained tokenizer keeps these fast; learning itself is
+checked by the slow test at the bottom on the real tiny-arith kit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    """Model dir (random tiny Qwen2 + trained tokenizer) and train/test JSONL."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from areal_graph.data.arith import generate, write_jsonl
+    from areal_graph.modelkit.tokenizer import save_tokenizer, train_tokenizer
+
+    root = tmp_path_factory.mktemp("kit")
+    rows = generate(seed=3, n=48)
+    write_jsonl(rows[:40], root / "train.jsonl")
+    write_jsonl(rows[40:], root / "test.jsonl")
+    tok = train_tokenizer([r["question"] + " " + r["solution"] for r in rows], vocab_size=300)
+    save_tokenizer(tok, root / "model")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=tok.bos_token_id)
+    Qwen2ForCausalLM(cfg).save_pretrained(root / "model")
+    return root
+
+
+def write_workflow(kit: Path, tmp: Path, **runtime) -> Path:
+    text = (ROOT / "workflows" / "ppo_async.yaml").read_text()
+    text = text.replace("builtin:tiny-arith", str(kit / "model"))
+    text = text.replace("builtin:arith/train", str(kit / "train.jsonl")).replace("builtin:arith/test", str(kit / "test.jsonl"))
+    path = tmp / "wf.yaml"
+    path.write_text(text)
+    return path
+
+
+def run_cli(wf: Path, run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+SMALL = ["runtime.steps=3", "runtime.batch_size=8", "nodes.rollout.group_size=4",
+         "nodes.rollout.sampling.max_new_tokens=12", "runtime.eval_every=3", "data.eval_size=4",
+         "runtime.save_every=2", "runtime.max_tokens_per_microbatch=256"]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
+    wf = write_workflow(kit, tmp_path)
+    run_dir = tmp_path / "run"
+    proc = run_cli(wf, run_dir, *SMALL, f"runtime.max_staleness={eta}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir) if "time/step" in m]
+    assert [m["version"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        # staleness of trained samples never exceeds the bound; eta = 0 is synchronous
+        assert 0 <= m["staleness/max"] <= eta
+        assert 0.0 <= m["reward/mean"] <= 1.0
+        assert m["train/grad_norm"] >= 0.0
+    # weights really changed between versions: the final model differs from the initial one
+    from safetensors.torch import load_file
+
+    final = load_file(str(run_dir / "final_model" / "model.safetensors"))
+    init = load_file(str(kit / "model" / "model.safetensors"))
+    assert any(not (final[k] == init[k]).all() for k in init)
+    # trace: valid Chrome trace JSON with controller and worker spans
+    trace = json.loads((run_dir / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert {"rollout", "weight_sync", "train"} <= names
+    assert run_dir.joinpath("config.yaml").exists()
+    assert any(p.name.startswith("step") for p in (run_dir / "checkpoints").iterdir())
+
+
+def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
+    wf = write_workflow(kit, tmp_path)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir),
+           *SMALL, "runtime.steps=200", "runtime.save_every=0", "runtime.eval_every=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and victim is None:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and metrics.read_text().strip():
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    if "model-actor" in " ".join(child.cmdline()):
+                        victim = child
+            time.sleep(0.2)
+        assert victim is not None, "the run never reached its first step"
+        victim.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    assert "model-actor" in out and "died" in out
+    unfinished = json.loads((run_dir / "unfinished.json").read_text())
+    assert unfinished["trajectories_trained"] >= 8
+    # no orphans: every process of the run is gone
+    time.sleep(1.0)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, leftovers
+
+
+@pytest.mark.slow
+def test_ppo_async_improves_tiny_arith_accuracy(tmp_path):
+    """The issue's bar: greedy test accuracy rises by >= 15 points within 10 minutes."""
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = run_cli(ROOT / "workflows" / "ppo_async.yaml", run_dir, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    accs = [m["eval/accuracy"] for m in read_metrics(run_dir) if "eval/accuracy" in m]
+    assert accs[-1] - accs[0] >= 0.15, accs
+    assert time.monotonic() - t0 < 600 + 180  # 10 minutes of RL, plus the one-off kit build
