@@ -11,16 +11,13 @@ The schema is not written down here: it is read from the dataclasses in `spec.py
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import types
 import typing
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Literal, Mapping, Sequence, Union
 
 import networkx as nx
-import yaml
 
 from areal_graph.graph import spec as S
 from areal_graph.graph.dag import graph_from_nodes, key_producers
@@ -31,159 +28,21 @@ from areal_graph.graph.node_kinds import (
     ROLLOUT_WRITES,
     TRAIN_REQUIRED_READS,
 )
+from areal_graph.graph.overrides import apply_overrides, parse_override  # noqa: F401  (parse_override re-exported)
+from areal_graph.graph.problems import Problem, WorkflowError, node_of, suggest
+from areal_graph.graph.spec import REQUIRED_SECTIONS, SECTIONS
+from areal_graph.graph.yaml_lines import Path_, compose_with_lines
+
+__all__ = ["Problem", "WorkflowError", "load_workflow", "load_workflow_text", "parse_override"]
 
 log = logging.getLogger(__name__)
 
-Path_ = tuple  # a path into the raw mapping, e.g. ("nodes", "train", "clip_eps")
-
-SECTIONS = ("name", "models", "data", "inference", "nodes", "runtime")
-REQUIRED_SECTIONS = ("name", "models", "data", "nodes")
+# Keys of a node mapping that are not kind parameters.
 NODE_KEYS = ("kind", "model", "reads", "writes")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a workflow. `node` is None for problems outside `nodes:`."""
-
-    file: str
-    line: Optional[int]
-    node: Optional[str]
-    field: Optional[str]
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        parts = [where]
-        if self.node is not None:
-            parts.append(f"node '{self.node}'")
-        if self.field:
-            parts.append(f"field '{self.field}'")
-        return ", ".join(parts) + f": {self.message}"
-
-
-class WorkflowError(Exception):
-    """A workflow failed to load; `problems` lists everything found, in file order."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        super().__init__(f"{len(self.problems)} problem(s) in workflow:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class _Bad(Exception):
     """Internal: a value does not fit its declared type."""
-
-
-# ============================================================================ YAML with lines
-def _compose(text: str, file: str) -> tuple[Any, dict[Path_, int]]:
-    """Parse YAML, returning the plain data and path -> 1-based line of each key."""
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        line = mark.line + 1 if mark else None
-        what = getattr(err, "problem", None) or str(err)
-        raise WorkflowError([Problem(file, line, None, None, f"YAML syntax error: {what}")]) from None
-    finally:
-        loader.dispose()
-    lines: dict[Path_, int] = {}
-
-    def convert(node: yaml.Node, path: Path_) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = convert(key_node, path)
-                lines[path + (key,)] = key_node.start_mark.line + 1
-                out[key] = convert(value_node, path + (key,))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            items = []
-            for i, item in enumerate(node.value):
-                lines[path + (i,)] = item.start_mark.line + 1
-                items.append(convert(item, path + (i,)))
-            return items
-        return _construct_scalar(node)
-
-    if root is None:
-        return None, lines
-    lines[()] = root.start_mark.line + 1
-    return convert(root, ()), lines
-
-
-def _construct_scalar(node: yaml.Node) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
-
-
-# ============================================================================ overrides
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'a.b.c=VALUE' -> (['a','b','c'], VALUE parsed as a YAML scalar)."""
-    if "=" not in text:
-        raise ValueError(f"override {text!r} must look like key.path=value")
-    key, _, value = text.partition("=")
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ValueError(f"override {text!r} has an empty path component")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError:
-        parsed = value
-    return parts, parsed
-
-
-def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[list[Problem], dict[Path_, str]]:
-    """Set each override in `raw` (in place); returns problems and path -> override text."""
-    problems: list[Problem] = []
-    origins: dict[Path_, str] = {}
-    for text in overrides:
-        try:
-            parts, value = parse_override(text)
-        except ValueError as err:
-            problems.append(Problem(file, None, None, None, f"bad override: {err}"))
-            continue
-        node = _node_of(parts)
-        if parts[0] not in SECTIONS:
-            problems.append(Problem(file, None, node, parts[0], f"override {text!r}: unknown section "
-                                    f"'{parts[0]}'{_suggest(parts[0], SECTIONS)} (sections: {', '.join(SECTIONS)})"))
-            continue
-        target: Any = raw
-        ok = True
-        for depth, part in enumerate(parts[:-1]):
-            if not isinstance(target, dict):
-                ok = False
-                break
-            if part not in target:
-                if depth == 1 and parts[0] in ("nodes", "models"):
-                    what = "node" if parts[0] == "nodes" else "model"
-                    fld = ".".join(parts[2:] if parts[0] == "nodes" else parts) or None
-                    problems.append(Problem(file, None, node, fld,
-                                            f"override {text!r}: the workflow has no {what} '{part}'"
-                                            f"{_suggest(part, list(target))}"))
-                    ok = None  # reported
-                    break
-                target[part] = {}
-            target = target[part]
-        if ok is None:
-            continue
-        if not ok or not isinstance(target, dict):
-            problems.append(Problem(file, None, node, ".".join(parts), f"override {text!r}: "
-                                    f"'{'.'.join(parts[:-1])}' is not a mapping, cannot set '{parts[-1]}' in it"))
-            continue
-        target[parts[-1]] = value
-        origins[tuple(parts)] = text
-    return problems, origins
-
-
-def _node_of(parts: Sequence[Any]) -> str | None:
-    return str(parts[1]) if len(parts) > 1 and parts[0] == "nodes" else None
-
-
-def _suggest(word: Any, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 # ============================================================================ type conversion
@@ -226,7 +85,7 @@ class _Validator:
 
     def report(self, path: Path_, message: str) -> None:
         """Record a problem at `path` (a tuple into the raw mapping)."""
-        node = _node_of(path)
+        node = node_of(path)
         fld = ".".join(str(p) for p in (path[2:] if node is not None else path)) or None
         origin = next((self.origins[path[:c]] for c in range(len(path), 0, -1) if path[:c] in self.origins), None)
         if origin:
@@ -245,7 +104,7 @@ class _Validator:
             return self.convert(inner[0], value, path) if len(inner) == 1 else value
         if origin is Literal:
             if value not in args:
-                raise _Bad(f"must be {_type_name(tp)}, got {_got(value)}{_suggest(value, map(str, args))}")
+                raise _Bad(f"must be {_type_name(tp)}, got {_got(value)}{suggest(value, map(str, args))}")
             return value
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
@@ -308,7 +167,7 @@ class _Validator:
         for key in raw:
             if key not in fields and key not in also_allowed:
                 options = list(fields) + list(also_allowed)
-                self.report(path + (key,), f"unknown field '{key}'{_suggest(key, options)}; "
+                self.report(path + (key,), f"unknown field '{key}'{suggest(key, options)}; "
                                            f"allowed: {', '.join(options) or 'none'}")
         values: dict[str, Any] = {}
         for name, f in fields.items():
@@ -346,7 +205,7 @@ def _validate(raw: Any, v: _Validator) -> S.WorkflowSpec | None:
         return None
     for key in raw:
         if key not in SECTIONS:
-            v.report((key,), f"unknown section '{key}'{_suggest(key, SECTIONS)}; allowed: {', '.join(SECTIONS)}")
+            v.report((key,), f"unknown section '{key}'{suggest(key, SECTIONS)}; allowed: {', '.join(SECTIONS)}")
     for key in REQUIRED_SECTIONS:
         if key not in raw or raw[key] is None:
             v.report((key,), f"missing required section '{key}'")
@@ -431,7 +290,7 @@ def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.N
         v.report(path + ("kind",), f"missing required field 'kind' (one of {', '.join(NODE_KINDS)})")
         return None
     if kind not in NODE_KINDS:
-        v.report(path + ("kind",), f"unknown node kind {kind!r}{_suggest(kind, NODE_KINDS)}; "
+        v.report(path + ("kind",), f"unknown node kind {kind!r}{suggest(kind, NODE_KINDS)}; "
                                    f"known kinds: {', '.join(NODE_KINDS)}")
         return None
     info = NODE_KINDS[kind]
@@ -444,7 +303,7 @@ def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.N
     elif info.model == "forbidden" and model is not None:
         v.report(path + ("model",), f"a {kind} node takes no 'model'")
     elif model is not None and models is not None and model not in models:
-        v.report(path + ("model",), f"unknown model '{model}'{_suggest(model, models)}; "
+        v.report(path + ("model",), f"unknown model '{model}'{suggest(model, models)}; "
                                    f"models: {', '.join(models)}")
 
     def keys(field: str, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -506,7 +365,7 @@ def _check_graph(nodes: dict[str, S.NodeSpec], models: dict[str, S.ModelSpec] | 
             v.report(path + ("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")
         for i, key in enumerate(node.reads):
             if key not in available:
-                v.report(path + ("reads", i), f"reads key '{key}' which no node writes{_suggest(key, available)}; "
+                v.report(path + ("reads", i), f"reads key '{key}' which no node writes{suggest(key, available)}; "
                                               f"available keys: {', '.join(available)}")
         if node.kind in ("logprob", "value") and len(node.writes) != 1:
             v.report(path + ("writes",), f"a {node.kind} node writes exactly one key, got {list(node.writes)}")
@@ -554,7 +413,7 @@ def _check_advantage(node: S.NodeSpec, v: _Validator) -> None:
 # ============================================================================ entry points
 def load_workflow_text(text: str, overrides: Iterable[str] = (), file: str = "<string>") -> S.WorkflowSpec:
     """Like `load_workflow`, from YAML text (tests, and specs stored in run directories)."""
-    raw, lines = _compose(text, file)
+    raw, lines = compose_with_lines(text, file)
     problems: list[Problem] = []
     origins: dict[Path_, str] = {}
     overrides = list(overrides)

@@ -124,7 +124,7 @@ class AdvantageParams:
 @dataclass(frozen=True)
 class TrainParams:
     loss: Literal["decoupled_ppo", "ppo", "value"] = _f("decoupled_ppo")
-    clip_eps: float = _f(0.2, non_negative, "PPO clip epsilon (low side, and high side unless eps_high)")
+    clip_eps: float = _f(0.2, positive, "PPO clip epsilon (low side, and high side unless eps_high)")
     eps_high: Optional[float] = _f(None, positive, "asymmetric upper clip (DAPO clip-higher)")
     dual_clip: Optional[float] = _f(None, dual_clip_check)
     behav_imp_cap: Optional[float] = _f(None, greater_than_one, "mask tokens with pi_prox/pi_behav above this")

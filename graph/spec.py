@@ -19,6 +19,11 @@ from areal_graph.graph.node_kinds import (
 )
 
 
+# Top-level keys of a workflow file; `inference` and `runtime` may be omitted (all defaults).
+SECTIONS: tuple[str, ...] = ("name", "models", "data", "inference", "nodes", "runtime")
+REQUIRED_SECTIONS: tuple[str, ...] = ("name", "models", "data", "nodes")
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Adam(W) settings of a trainable model (paper: Adam, lr 2e-5)."""

@@ -90,7 +90,7 @@ def test_svg(spec):
     # no edge runs through a box that is not one of its two ends.
     for p in paths:
         points = _sample_path(p.get("d"))
-        (ux, uy, uw, uh), (vx, vy, vw, vh) = boxes[p.get("data-from")], boxes[p.get("data-to")]
+        (ux, uy, uw, uh), (vx, vy, vw, _) = boxes[p.get("data-from")], boxes[p.get("data-to")]
         if p.get("class") == "edge":
             (x0, y0), (x1, y1) = points[0], points[-1]
             assert ux < x0 < ux + uw and y0 == pytest.approx(uy + uh, abs=0.1)

@@ -179,3 +179,22 @@ def test_100k_sequences_fast():
     plan = plan_microbatches(lens, 16384, 8)
     assert time.perf_counter() - t0 < 5.0  # generous: shared 2-core machine; ~0.7 s measured
     assert len(_flat(plan)) == 100_000
+
+
+def test_tight_fill_is_repaired_where_best_fit_decreasing_is_not():
+    """~6 sequences per micro-batch, narrow lengths: BFD leaves gaps (lower bound + 2); the
+    LPT-and-exchange repair reaches the lower bound or one more."""
+    from areal_graph.runtime.microbatch_planner import _best_fit_decreasing
+
+    budget = 4096
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        lens = np.clip(rng.lognormal(math.log(700), 0.35, 600).astype(int), 1, 2048).tolist()
+        lb = math.ceil(sum(lens) / budget)
+        plan = plan_microbatches(lens, budget)
+        _check_basic(plan, lens, budget, 1)
+        assert len(plan[0]) <= lb + 1
+        if seed == 0:
+            order = sorted(range(len(lens)), key=lambda i: (-lens[i], i))
+            assert len(_best_fit_decreasing(lens, order, budget)) == lb + 2
+            assert len(plan[0]) == lb
