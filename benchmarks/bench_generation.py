@@ -11,8 +11,8 @@ Second measurement: with 64 requests in flight, how long `pause()` takes to retu
 step boundary), and a full interruption - pause, swap weights, resume - until every
 request has produced a token with the new weights (the re-prefill of all 64).
 
-    python benchmarks/bench_generation.py           # 512 requests
-    python benchmarks/bench_generation.py --quick   # 128 requests, < 60 s
+    python benchmarks/bench_generation.py           # 256 requests
+    python benchmarks/bench_generation.py --quick   # 64 requests, < 60 s
 """
 
 from __future__ import annotations
@@ -119,14 +119,18 @@ def run_pause_latency(model, other_state, repeats: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="128 requests, 3 interrupt repeats (< 60 s)")
-    ap.add_argument("--requests", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="64 requests, outputs <= 256, 3 interrupt repeats (< 60 s)")
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for both sides (default 1: on a shared 2-core box, 2 OpenMP threads "
+                         "spin against other processes and every matmul slows by 10-20x)")
     ap.add_argument("--median-out", type=int, default=64)
     ap.add_argument("--sigma", type=float, default=0.8)
     ap.add_argument("--max-out", type=int, default=512)
     args = ap.parse_args()
-    n = 128 if args.quick else args.requests
+    n = 64 if args.quick else args.requests
+    if args.quick:
+        args.max_out = min(args.max_out, 256)
     torch.set_num_threads(args.threads)
     model = build_model(0)
     reqs = workload(n, seed=0, median_out=args.median_out, sigma=args.sigma, max_out=args.max_out)
@@ -141,7 +145,8 @@ def main() -> int:
     latency = run_pause_latency(model, build_model(1).state_dict(), 3 if args.quick else 8)
 
     res = {
-        "requests": n, "output_tokens": useful, "threads": args.threads,
+        "requests": n, "output_tokens": useful, "threads": args.threads, "quick": args.quick,
+        "median_out": args.median_out, "sigma": args.sigma, "max_out": args.max_out,
         "hf_static_s": hf_s, "hf_static_tok_s": useful / hf_s,
         "engine_s": eng_s, "engine_tok_s": useful / eng_s, "speedup": hf_s / eng_s,
         **latency,

@@ -25,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="Example: areal-graph validate workflows/ppo_async.yaml --set runtime.max_staleness=0",
     )
-    p.add_argument("workflow", type=Path, help="workflow YAML file")
+    p.add_argument("workflow", type=Path, nargs="?", help="workflow YAML file")
+    p.add_argument("--schema", action="store_true",
+                   help="print a reference of every workflow field (type, default, meaning) and exit")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field before validating, e.g. --set nodes.train.clip_eps=0.1 (repeatable)")
     p.set_defaults(func=run)
@@ -43,6 +45,16 @@ def run(args: argparse.Namespace) -> int:
     from areal_graph.graph.loader import WorkflowError, load_workflow
 
     console = Console()
+    if args.schema:
+        from rich.markdown import Markdown
+
+        from areal_graph.graph.schema_doc import schema_markdown
+
+        console.print(Markdown(schema_markdown()))
+        return 0
+    if args.workflow is None:
+        console.print("[red]validate needs a WORKFLOW file (or --schema)[/]")
+        return 2
     try:
         spec = load_workflow(args.workflow, overrides=args.overrides)
     except WorkflowError as err:

@@ -289,7 +289,7 @@ def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.N
     if kind is None:
         v.report(path + ("kind",), f"missing required field 'kind' (one of {', '.join(NODE_KINDS)})")
         return None
-    if kind not in NODE_KINDS:
+    if not isinstance(kind, str) or kind not in NODE_KINDS:
         v.report(path + ("kind",), f"unknown node kind {kind!r}{suggest(kind, NODE_KINDS)}; "
                                    f"known kinds: {', '.join(NODE_KINDS)}")
         return None

@@ -39,13 +39,13 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    path: str = field(metadata={"check": None, "help": "HF directory or builtin:<name>"})
+    path: str = field(metadata={"check": None, "help": "HF directory or builtin:NAME"})
     train: Optional[OptimConfig] = _f(None, None, "optimiser; omit for a frozen model (e.g. ref)")
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    train: str = field(metadata={"check": None, "help": "dataset path (jsonl/parquet) or builtin:<name>"})
+    train: str = field(metadata={"check": None, "help": "dataset path (jsonl/parquet) or builtin:NAME"})
     eval: Optional[str] = _f(None)
     prompt_template: Optional[str] = _f(None, None, "format string with {question}")
     question_key: str = _f("question")

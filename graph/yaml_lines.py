@@ -34,6 +34,12 @@ def compose_with_lines(text: str, file: str) -> tuple[Any, dict[Path_, int]]:
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`
+                    merged = convert(value_node, path)
+                    for part in merged if isinstance(merged, list) else [merged]:
+                        if isinstance(part, dict):
+                            out.update({k: v for k, v in part.items() if k not in out})
+                    continue
                 key = convert(key_node, path)
                 lines[path + (key,)] = key_node.start_mark.line + 1
                 out[key] = convert(value_node, path + (key,))

@@ -350,3 +350,24 @@ def test_duplicate_rid_is_rejected(model_a):
     with pytest.raises(InvalidRequestError, match="already in flight"):
         eng.submit([3], greedy(2), rid="same")
     eng.stop()
+
+
+def test_small_prefill_budget_splits_prefill_without_changing_tokens(model_a):
+    ps = prompts(10, seed=15, lo=5, hi=25)
+    with EmbeddedEngine(model=model_a, prefill_token_budget=16) as eng:
+        futs = [eng.submit(p, greedy(8)) for p in ps]
+        got = [f.result(timeout=30).output_ids for f in futs]
+    for p, g in zip(ps, got):
+        assert g == reference_greedy(model_a, p, 8)
+
+
+def test_stats_and_submit_after_stop(model_a):
+    eng = EmbeddedEngine(model=model_a)
+    eng.start()
+    eng.submit([3, 4, 5], greedy(6)).result(timeout=30)
+    st_ = eng.stats()
+    assert st_["running"] == 0 and st_["queued"] == 0 and st_["tokens_generated"] == 6
+    assert st_["requests_finished"] == 1 and st_["version"] == 0
+    eng.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        eng.submit([3], greedy(2))

@@ -64,3 +64,15 @@ def test_plot_bad_file_exits_1(tmp_path, capsys):
     assert rc == 1
     assert "dependency cycle" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_schema_prints_field_reference(capsys):
+    assert main(["validate", "--schema"]) == 0
+    out = capsys.readouterr().out
+    for word in ("max_staleness", "clip_eps", "group_size", "max_new_tokens", "lr_schedule"):
+        assert word in out
+
+
+def test_validate_without_file_is_usage_error(capsys):
+    assert main(["validate"]) == 2
+    assert "needs a WORKFLOW" in capsys.readouterr().out

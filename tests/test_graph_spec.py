@@ -165,3 +165,29 @@ def test_batch_size_must_hold_whole_groups(g, b):
         with pytest.raises(WorkflowError) as info:
             load_workflow_text(MINIMAL, overrides=overrides)
         assert [p.field for p in info.value.problems] == ["runtime.batch_size"]
+
+
+def test_yaml_anchors_and_merge_keys():
+    """Users share settings with anchors; merged keys must validate like written ones."""
+    text = MINIMAL.replace("  ref_logp:\n    kind: logprob\n    model: ref\n",
+                           "  ref_logp: &lp\n    kind: logprob\n    model: ref\n")
+    text = text.replace("  prox_logp:\n    kind: logprob\n    model: actor\n    reads: [input_ids]\n",
+                        "  prox_logp:\n    <<: *lp\n    model: actor\n")
+    spec = load_workflow_text(text)
+    assert spec.nodes["prox_logp"].model == "actor"
+    assert spec.nodes["prox_logp"].reads == ("input_ids",)
+    assert spec.nodes["prox_logp"].writes == ("prox_logprobs",)
+
+
+def test_schema_reference_lists_every_field_with_its_default():
+    from areal_graph.graph.schema_doc import schema_markdown
+
+    doc = schema_markdown()
+    for cls in (S.OptimConfig, S.DataSpec, S.InferenceSpec, S.RuntimeSpec, K.SamplingParams,
+                *(info.params for info in K.NODE_KINDS.values())):
+        for f in dataclasses.fields(cls):
+            row = next((line for line in doc.splitlines() if line.startswith(f"| {f.name} |")), None)
+            assert row is not None, f"{cls.__name__}.{f.name} missing"
+    assert "| clip_eps | float | 0.2 |" in doc
+    assert "| max_staleness | int | 4 |" in doc
+    assert "| estimator | grpo or rloo or gae or reinforce | 'grpo' |" in doc

@@ -3,9 +3,13 @@ with the right node, field and YAML line, in a message a user can act on, withou
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from areal_graph.cli.main import main
 from areal_graph.graph.loader import Problem, WorkflowError, load_workflow, load_workflow_text
@@ -157,3 +161,34 @@ def test_yaml_exponent_without_dot_is_a_number():
     text = (DATA / "minimal.yaml").read_text().replace("lr: 1.0e-5", "lr: 1e-5")
     spec = load_workflow_text(text)
     assert spec.models["actor"].train.lr == 1e-5
+
+
+def _all_paths(raw, prefix=()):
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            yield prefix + (k,)
+            yield from _all_paths(v, prefix + (k,))
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "80")), deadline=None)
+@given(data=st.data())
+def test_any_value_anywhere_gives_a_spec_or_a_workflow_error(data):
+    """Replace any key of a valid workflow with any YAML value: the loader must either accept
+    it or raise WorkflowError naming that spot, never crash with another exception."""
+    import yaml
+
+    raw = yaml.safe_load((DATA / "minimal.yaml").read_text())
+    path = data.draw(st.sampled_from(sorted(_all_paths(raw), key=str)))
+    scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2, allow_nan=False) | st.text(max_size=6)
+    value = data.draw(st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                                   | st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3), max_leaves=6))
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    text = yaml.safe_dump(raw, sort_keys=False)
+    try:
+        load_workflow_text(text, file="fuzz.yaml")
+    except WorkflowError as err:
+        assert err.problems and all(isinstance(p, Problem) and p.message for p in err.problems)
+        assert all(str(p).startswith("fuzz.yaml") for p in err.problems)

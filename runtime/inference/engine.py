@@ -122,6 +122,7 @@ class EmbeddedEngine:
         self.max_queue = max_queue
         self.prefill_token_budget = prefill_token_budget
         self._version = int(version)
+        self._logits_to_keep = True
         self._rng = random.Random(seed)
 
         self._cv = threading.Condition()
@@ -185,6 +186,8 @@ class EmbeddedEngine:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         req = _Request(rid, ids, params, fut, gen, frozenset(stop_ids))
         with self._cv:
+            if self._stopping:
+                raise RuntimeError("engine is stopped; start() it again before submitting")
             if rid in self._active:
                 raise InvalidRequestError(f"request id {rid!r} is already in flight")
             if params.max_new_tokens == 0:
@@ -288,7 +291,7 @@ class EmbeddedEngine:
                 self._rate_window.popleft()
             window = list(self._rate_window)
             return {
-                "running": len(self._running) + len(self._pending),
+                "running": len(self._active) - len(self._queue),
                 "queued": len(self._queue),
                 "paused": self._paused,
                 "version": self._version,
@@ -396,11 +399,17 @@ class EmbeddedEngine:
             pos = (mask.cumsum(1) - 1).clamp(min=0)
             from transformers.cache_utils import DynamicCache
 
-            cache = DynamicCache()
-            out = self.model(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                position_ids=pos.to(self.device), past_key_values=cache, use_cache=True, logits_to_keep=1,
-            )
+            kw = dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                      position_ids=pos.to(self.device), past_key_values=DynamicCache(), use_cache=True)
+            if self._logits_to_keep:
+                try:  # only the last position's logits are needed; not every HF model takes this
+                    out = self.model(**kw, logits_to_keep=1)
+                except TypeError:
+                    self._logits_to_keep = False
+                    kw["past_key_values"] = DynamicCache()
+                    out = self.model(**kw)
+            else:
+                out = self.model(**kw)
             done = self._take_tokens(chunk, out.logits[:, -1, :])
             keep = [j for j, r in enumerate(chunk) if j not in done]
             if keep:
