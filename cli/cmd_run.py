@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     except WorkflowError as err:
         console.print(f"[red]{args.workflow}: the workflow has {len(err.problems)} problem(s):[/]")
         for problem in err.problems:
-            console.print(f"  - {problem}")
+            console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
     from areal_graph.runtime.controller import RLController, RunFailed

@@ -12,22 +12,15 @@ from typing import Callable
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.graph.node_kinds import TRAIN_REQUIRED_READS, TrainParams
 from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, loss_normalizer, value_loss
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
-# Keys each loss reads from the batch (besides the model's own log-probs / values).
-POLICY_KEYS = ("input_ids", "loss_mask", "behav_logprobs", "advantages")
-VALUE_KEYS = ("input_ids", "loss_mask", "values", "returns")
-
 
 def required_keys(params: TrainParams) -> tuple[str, ...]:
-    if params.loss == "value":
-        return VALUE_KEYS
-    if params.loss == "decoupled_ppo":
-        return POLICY_KEYS + ("prox_logprobs",)
-    return POLICY_KEYS
+    """Keys the loss reads from the batch (one table, in graph/node_kinds.py, shared with validation)."""
+    return tuple(TRAIN_REQUIRED_READS[params.loss])
 
 
 def _max_response_tokens(batch: PackedBatch) -> int:

@@ -28,7 +28,7 @@ class ModelWorker:
         torch.manual_seed(seed)
         self.model_path = model_path
         self.trainable = optim is not None
-        self.engine = TrainEngine(model_path, **(optim or {}), total_steps=max(total_steps, 1))
+        self.engine = TrainEngine(model_path, **(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable)
         self.last_stats: dict[str, float] = {}
 
     def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:

@@ -254,11 +254,11 @@ def test_max_new_tokens_zero_and_async_generate(engine):
 
 # ---------------------------------------------------------------------------- interruption
 def test_weight_swap_midway_continues_with_new_model(model_a, model_b):
-    ps = prompts(6, seed=12)
-    n = 40
+    ps = prompts(4, seed=12)
+    n = 24
     with EmbeddedEngine(model=spiky_model(0), version=0) as eng:
         futs = [eng.submit(p, greedy(n)) for p in ps]
-        wait_tokens(eng, 6 * 8)
+        wait_tokens(eng, 4 * 6)
         eng.pause()
         before = eng.stats()["tokens_generated"]
         time.sleep(0.05)
