@@ -98,7 +98,6 @@ def test_overrides_reach_every_section():
     spec = load_workflow(ROOT / "workflows/ppo_async.yaml", overrides=[
         "runtime.steps=10", "nodes.train.clip_eps=0.1", "models.actor.train.lr=1e-5",
         "nodes.rollout.sampling.temperature=0.5", "data.eval_size=8", "nodes.train.behav_imp_cap=null",
-        "models.ref.train.lr=3.0e-6",  # creates the missing `train` mapping of the frozen ref
     ])
     assert spec.runtime.steps == 10
     assert spec.nodes["train"].params.clip_eps == 0.1
@@ -106,6 +105,8 @@ def test_overrides_reach_every_section():
     assert spec.nodes["rollout"].params.sampling.temperature == 0.5
     assert spec.data.eval_size == 8
     assert spec.nodes["train"].params.behav_imp_cap is None
+    # an override may create a missing mapping: the `train` section of the frozen ref
+    spec = load_workflow(ROOT / "tests/data/minimal.yaml", overrides=["models.ref.train.lr=3.0e-6"])
     assert spec.models["ref"].train == S.OptimConfig(lr=3e-6)
 
 

@@ -86,7 +86,7 @@ def sample_tokens(
     logits = logits.float()
     temps = torch.tensor([1.0 if p.is_greedy else float(p.temperature) for p in params], dtype=torch.float32)
     scaled = logits / temps.unsqueeze(1)
-    logprobs_all = torch.log_softmax(logits, dim=-1)
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
     tokens = torch.argmax(logits, dim=-1)
     sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sample_rows:
