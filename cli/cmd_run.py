@@ -116,9 +116,12 @@ def run(args: argparse.Namespace) -> int:
         controller = RLController(spec, run_dir, display=display)
         try:
             state = controller.run(resume_from=ckpt)
-        except RunFailed as err:
-            console.print(f"[red bold]run failed:[/] {err}")
-            console.print(f"unfinished work is listed in {run_dir.path / 'unfinished.json'}")
+        except Exception as err:  # noqa: BLE001 - every failure ends as a message, not a traceback
+            if not isinstance(err, RunFailed):
+                log.debug("run failed", exc_info=True)
+            console.print(f"[red bold]run failed:[/] {type(err).__name__}: ", end="")
+            console.print(str(err), markup=False, highlight=False)
+            console.print(f"process logs: {run_dir.logs_dir}; unfinished work: {run_dir.path / 'unfinished.json'}")
             return 1
     accs = [h["eval/accuracy"] for h in state.history]
     summary = f"done in {time.time() - t0:.0f}s: {state.step} steps, {state.trajectories_trained} trajectories trained"

@@ -48,7 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # KEY=VALUE overrides may stand anywhere on the line (`run wf.yaml --run-dir d k=v`),
+    # which argparse alone does not allow after an option; collect the stragglers here.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if isinstance(getattr(args, "overrides", None), list) and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides.extend(extra)
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
         level=level, format="%(message)s", datefmt="[%X]",

@@ -26,6 +26,9 @@ class RewardNode:
 
     def completions(self, batch: PackedBatch) -> list[str]:
         """The text the policy generated in each trajectory (loss_mask == 1 tokens)."""
+        if "loss_mask" not in batch or "answer" not in batch:
+            raise KeyError("the reward node reads input_ids and loss_mask (to find the answer text) "
+                           "and the rollout's implicit `answer`; add loss_mask to its `reads`")
         texts = []
         for i in range(batch.num_seqs):
             ids = batch.sequence(i, "input_ids")

@@ -77,6 +77,8 @@ class RLController:
         self.reward_nodes = [self.nodes[n] for n in self.order if self.nodes[n].kind == "reward"]
         self.train_side = [self.nodes[n] for n in self.order if self.nodes[n].kind not in GENERATION_KINDS]
         self.group_size = self.rollout_node.params.group_size
+        # log-probs are of the temperature-scaled sampling distribution (what the engine reports)
+        self.temperature = self.rollout_node.params.sampling.temperature or 1.0
         if self.rt.batch_size % self.group_size:
             raise ValueError(
                 f"runtime.batch_size ({self.rt.batch_size}) must be a multiple of "
@@ -129,10 +131,12 @@ class RLController:
         train = asyncio.create_task(self._training_loop(), name="training")
         stop = asyncio.create_task(self._stop.wait(), name="stop")
         try:
-            done, _ = await asyncio.wait({gen, train, stop}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stop and task.exception() is not None:
-                    raise task.exception()
+            pending = {gen, train, stop}
+            while train in pending and stop in pending:  # generation finishing early ends nothing
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is not stop and task.exception() is not None:
+                        raise task.exception()
             if self._fatal is not None:
                 raise self._fatal
         finally:
@@ -274,7 +278,8 @@ class RLController:
             worker = self.placement.worker_of(node.name)
             sub = batch.select_keys(required_keys(node.params))
             with self.tracer.span(node.name, cat="node", node=node.name, worker=worker, step=self.state.step):
-                stats = await asyncio.to_thread(self.procs.train, node, sub, self.rt.max_tokens_per_microbatch)
+                stats = await asyncio.to_thread(self.procs.train, node, sub, self.rt.max_tokens_per_microbatch,
+                                                self.temperature)
             return None, stats
         out = await self._execute(node, batch)  # logprob / value
         return out, {}
@@ -285,6 +290,8 @@ class RLController:
         args: dict[str, Any] = {}
         if node.kind in ("logprob", "value"):
             args = {"out_key": node.writes[0], "max_tokens_per_mb": self.rt.max_tokens_per_microbatch}
+            if node.kind == "logprob":
+                args["temperature"] = self.temperature
         sub = batch.select_keys([k for k in node.reads if k in batch] + (["answer"] if node.kind == "reward" else []))
         with self.tracer.span(node.name, cat="node", node=node.name, worker=worker, step=self.state.step):
             out = await asyncio.to_thread(

@@ -31,15 +31,17 @@ class ModelWorker:
         self.engine = TrainEngine(model_path, **(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable)
         self.last_stats: dict[str, float] = {}
 
-    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
-        lp = self.engine.compute_logprobs(batch, max_tokens_per_mb=max_tokens_per_mb)
+    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0) -> PackedBatch:
+        lp = self.engine.compute_logprobs(batch, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: lp.float()})
 
-    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int) -> PackedBatch:
+    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
+              temperature: float = 1.0) -> PackedBatch:
         if not self.trainable:
             raise RuntimeError("this model has no `train:` section in the workflow; it is frozen")
         loss_fn = build_loss_fn(TrainParams(**params), batch)
-        self.last_stats = {k: float(v) for k, v in self.engine.train_step(batch, loss_fn, max_tokens_per_mb=max_tokens_per_mb).items()
+        self.last_stats = {k: float(v) for k, v in self.engine.train_step(batch, loss_fn, max_tokens_per_mb=max_tokens_per_mb,
+                                                                    temperature=temperature).items()
                            if isinstance(v, (int, float))}
         return PackedBatch(batch.cu_seqlens.clone())
 

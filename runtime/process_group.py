@@ -154,10 +154,11 @@ class RunProcesses:
     def client(self, worker: str) -> WorkerClient:
         return self.clients[worker]
 
-    def train(self, node: NodeSpec, batch: PackedBatch, max_tokens_per_mb: int) -> dict[str, float]:
+    def train(self, node: NodeSpec, batch: PackedBatch, max_tokens_per_mb: int, temperature: float) -> dict[str, float]:
         client = self.clients[self.placement.worker_of(node.name)]
         impl = self.placement.impl_of(node.name)
-        client.execute(impl, "train", batch, params=asdict(node.params), max_tokens_per_mb=max_tokens_per_mb)
+        client.execute(impl, "train", batch, params=asdict(node.params), max_tokens_per_mb=max_tokens_per_mb,
+                       temperature=temperature)
         return client.call(impl, "train_stats")
 
     def _actor_client(self) -> tuple[WorkerClient, str]:

@@ -139,18 +139,21 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ inference-side passes
     @torch.no_grad()
-    def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192) -> torch.Tensor:
+    def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0) -> torch.Tensor:
         out = torch.zeros(batch.num_tokens, dtype=torch.float32)
         for idx in plan_microbatches(batch.seqlens().tolist(), max_tokens_per_mb)[0]:
             if not idx:
                 continue
             mb = batch.select(idx)
-            lp, _ = packed_logprobs(self.model, mb, self.row_tokens)
+            lp, _ = packed_logprobs(self.model, mb, self.row_tokens, temperature=temperature)
             out[_token_index(batch, idx)] = lp.cpu()
         return out
 
     # ------------------------------------------------------------------ training
-    def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192) -> dict[str, float]:
+    def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,
+                   temperature: float = 1.0) -> dict[str, float]:
+        """One optimizer step. `temperature` must be the rollout's: the inference engine reports
+        log-probs of the temperature-scaled distribution it sampled from (as SGLang does)."""
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False")
         t0 = time.perf_counter()
@@ -166,7 +169,7 @@ class TrainEngine:
             if not idx:
                 continue
             mb = batch.select(idx).to(self.device)
-            lp, ent = packed_logprobs(self.model, mb, self.row_tokens, with_entropy=True)
+            lp, ent = packed_logprobs(self.model, mb, self.row_tokens, with_entropy=True, temperature=temperature)
             loss, stats = loss_fn(lp, ent, mb)
             loss.backward()
             loss_sum += float(loss.detach())

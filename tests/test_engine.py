@@ -371,3 +371,33 @@ def test_stats_and_submit_after_stop(model_a):
     eng.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         eng.submit([3], greedy(2))
+
+
+def test_weight_swap_without_pause_is_not_starved(model_b):
+    """The scheduler re-takes its lock in a tight loop; a swap must still land mid-flight."""
+    with EmbeddedEngine(model=spiky_model(0)) as eng:
+        futs = [eng.submit(p, greedy(300)) for p in prompts(3, seed=16)]
+        wait_tokens(eng, 30)
+        eng.update_weights_from_state_dict(model_b.state_dict(), version=7)
+        swapped_at = eng.stats()["tokens_generated"]
+        results = [f.result(timeout=60) for f in futs]
+        assert eng.abort("nothing") is False
+    for r in results:
+        k = r.output_versions.index(7)
+        assert r.output_versions == [0] * k + [7] * (300 - k)
+        assert k * 3 <= swapped_at + 3
+
+
+def test_cancelled_asyncio_generate_frees_its_slot(model_a):
+    with EmbeddedEngine(model=model_a) as eng:
+
+        async def go():
+            task = asyncio.ensure_future(eng.generate([5, 6, 7], greedy(400), rid="c"))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            await asyncio.sleep(0.2)
+
+        asyncio.run(go())
+        st_ = eng.stats()
+        assert st_["running"] == 0 and st_["tokens_generated"] < 400
+        assert eng.submit([5], greedy(2), rid="c").result(timeout=10).finish_reason == "length"

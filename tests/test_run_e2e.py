@@ -56,12 +56,13 @@ def write_workflow(kit: Path, tmp: Path, **runtime) -> Path:
 
 def run_cli(wf: Path, run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 SMALL = ["runtime.steps=3", "runtime.batch_size=8", "nodes.rollout.group_size=4",
          "nodes.rollout.sampling.max_new_tokens=12", "runtime.eval_every=3", "data.eval_size=4",
-         "runtime.save_every=2", "runtime.max_tokens_per_microbatch=256"]
+         "runtime.save_every=2", "runtime.max_tokens_per_microbatch=256", "nodes.reward.fn=e2e_rewards:length_parity"]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -88,8 +89,9 @@ def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
     init = load_file(str(kit / "model" / "model.safetensors"))
     assert any(not (final[k] == init[k]).all() for k in init)
     # trace: valid Chrome trace JSON with controller and worker spans
-    trace = json.loads((run_dir / "trace.json").read_text())
-    names = {e.get("name") for e in trace["traceEvents"] if e.get("ph") == "X"}
+    trace = json.loads((run_dir / "trace.json").read_text())  # Chrome's JSON array format
+    events = trace if isinstance(trace, list) else trace["traceEvents"]
+    names = {e.get("name") for e in events if e.get("ph") == "X"}
     assert {"rollout", "weight_sync", "train"} <= names
     assert run_dir.joinpath("config.yaml").exists()
     assert any(p.name.startswith("step") for p in (run_dir / "checkpoints").iterdir())
@@ -100,7 +102,8 @@ def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir),
            *SMALL, "runtime.steps=200", "runtime.save_every=0", "runtime.eval_every=0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         victim = None
         deadline = time.monotonic() + 120

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import random
 import threading
@@ -133,6 +134,7 @@ class EmbeddedEngine:
         self._pending: list[_Request] = []  # admitted, need a (re-)prefill before decoding
         self._cache = BatchedKVCache()
         self._paused = False
+        self._waiters = 0  # threads waiting for a step boundary (abort, weight swap): the scheduler yields
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._tokens_total = 0
@@ -211,7 +213,7 @@ class EmbeddedEngine:
 
     def abort(self, rid: str) -> bool:
         """Finish request `rid` now with "abort" and the tokens so far. False if it is unknown or done."""
-        with self._step_lock:
+        with self._at_step_boundary():
             with self._cv:
                 req = self._active.get(rid)
                 if req is None:
@@ -221,7 +223,7 @@ class EmbeddedEngine:
 
     def abort_all(self) -> int:
         """Abort every queued and running request; return how many."""
-        with self._step_lock:
+        with self._at_step_boundary():
             with self._cv:
                 reqs = list(self._active.values())
                 self._abort_locked(reqs)
@@ -247,13 +249,31 @@ class EmbeddedEngine:
         """Stop at the next step boundary; returns once no step is running. Requests keep their tokens."""
         with self._cv:
             self._paused = True
-        with self._step_lock:  # waits for a step in progress
+        with self._at_step_boundary():  # waits for a step in progress
             pass
 
     def resume(self) -> None:
         with self._cv:
             self._paused = False
             self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def _at_step_boundary(self):
+        """Hold the step lock between two steps.
+
+        CPython locks are not fair: the scheduler, re-taking `_step_lock` in a tight loop,
+        could starve a thread blocked on it until every request is done. Registering as a
+        waiter first makes the scheduler stand aside at the next boundary.
+        """
+        with self._cv:
+            self._waiters += 1
+        try:
+            with self._step_lock:
+                yield
+        finally:
+            with self._cv:
+                self._waiters -= 1
+                self._cv.notify_all()
 
     @property
     def paused(self) -> bool:
@@ -265,7 +285,7 @@ class EmbeddedEngine:
 
     def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Swap weights at a step boundary and invalidate every KV cache built with the old ones."""
-        with self._step_lock:
+        with self._at_step_boundary():
             _load_state_dict(self.model, state_dict)
             self._version = int(version)
             # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.
@@ -336,13 +356,13 @@ class EmbeddedEngine:
         while True:
             with self._cv:
                 while not self._stopping and (
-                    self._paused or not (self._queue or self._running or self._pending)
+                    self._paused or self._waiters or not (self._queue or self._running or self._pending)
                 ):
                     self._cv.wait()
                 if self._stopping:
                     return
             with self._step_lock:
-                if self._paused:
+                if self._paused or self._waiters:
                     continue
                 try:
                     self._step()
@@ -363,20 +383,20 @@ class EmbeddedEngine:
     @torch.inference_mode()
     def _step(self) -> None:
         with self._cv:
+            # a caller that cancelled its future (e.g. an asyncio task) no longer wants the tokens
+            gone = [r for r in (*self._running, *self._pending, *self._queue) if r.future.cancelled()]
+            if gone:
+                self._abort_locked(gone)
             room = self.max_running - len(self._running) - len(self._pending)
             while room > 0 and self._queue:
                 self._pending.append(self._queue.popleft())
                 room -= 1
-        produced = 0
         if self._pending:
-            produced += self._prefill(self._pending)
+            self._prefill(self._pending)
             self._pending = []
         if self._running:
-            produced += self._decode()
+            self._decode()
         self._steps += 1
-        with self._cv:
-            self._tokens_total += produced
-            self._rate_window.append((time.monotonic(), produced))
 
     def _prefill(self, reqs: list[_Request]) -> int:
         """Prefill `reqs` (prompt + tokens so far) in left-padded chunks; sample one token each; join the cache."""
@@ -461,10 +481,14 @@ class EmbeddedEngine:
             if r.finish_reason is not None:
                 done.add(j)
                 finished.append(r)
-        if finished:
-            with self._cv:
-                for r in finished:
-                    self._resolve(r)
+        with self._cv:  # count before resolving: a caller reading stats() after its result sees its tokens
+            self._tokens_total += len(reqs)
+            now = time.monotonic()
+            self._rate_window.append((now, len(reqs)))
+            while now - self._rate_window[0][0] > 10.0:  # stats() reports tokens/s over the last 10 s
+                self._rate_window.popleft()
+            for r in finished:
+                self._resolve(r)
         return done
 
     def _hits_stop_string(self, r: _Request) -> bool:
