@@ -86,7 +86,7 @@ class RunDisplay:
 def run(args: argparse.Namespace) -> int:
     from areal_graph.graph.loader import WorkflowError, load_workflow
 
-    console = Console()
+    console = Console(soft_wrap=True)  # log lines stay whole when output is a file or a pipe
     try:
         spec = load_workflow(args.workflow, overrides=args.overrides)
     except WorkflowError as err:

@@ -139,6 +139,17 @@ class RLController:
                         raise task.exception()
             if self._fatal is not None:
                 raise self._fatal
+        except Exception as err:
+            # A dead process usually shows up first as a failed call to it; give the launcher's
+            # watchdog a moment so the user is told which process died and why.
+            if self._fatal is None:
+                for _ in range(30):
+                    await asyncio.sleep(0.1)
+                    if self._fatal is not None:
+                        break
+            if self._fatal is not None and err is not self._fatal:
+                raise self._fatal from err
+            raise
         finally:
             for task in (gen, train, stop, *self._inflight.values()):
                 task.cancel()
