@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=1024, help="queued requests before 503 (default 1024)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", default="cpu", help="torch device for the model, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="prompt + generation token limit (default: the model's max_position_embeddings)")
     p.set_defaults(func=run)
 
 
@@ -61,4 +64,7 @@ def run(args: argparse.Namespace) -> int:
             "--max-running", str(args.max_running), "--max-queue", str(args.max_queue), "--seed", str(args.seed)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
+    if args.max_context is not None:
+        argv += ["--max-context", str(args.max_context)]
+    argv += ["--device", args.device]
     return http_server.main(argv)

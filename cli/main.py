@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from rich.console import Console
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers' per-file loading/saving bars would interleave with our rich output (and
+    # every worker's log); set before transformers is imported, inherited by child processes.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     # KEY=VALUE overrides may stand anywhere on the line (`run wf.yaml --run-dir d k=v`),
     # which argparse alone does not allow after an option; collect the stragglers here.

@@ -40,8 +40,11 @@ class Difficulty:
             raise ValueError(f"Difficulty.ops must be a non-empty subset of '+-*', got {self.ops!r}")
 
 
-# Named levels; "medium" is the builtin task.
+# Named levels. "digits" is the builtin task: single-digit operands keep it learnable by a
+# 1.7M-parameter model in a ~2 minute SFT on 2 CPU cores, yet 2-3 chained steps leave it far
+# from perfect (about 25% greedy after the warm start), which is the room RL needs.
 LEVELS: dict[str, Difficulty] = {
+    "digits": Difficulty(2, 3, 0, 9),
     "easy": Difficulty(1, 2, 0, 20),
     "medium": Difficulty(2, 3, 1, 50),
     "hard": Difficulty(3, 4, 1, 99, ops="+-*"),

@@ -1,28 +1,165 @@
-"""PLACEHOLDER (lead): minimal loader so the runtime can be integrated; the kit owner replaces it."""
+"""Prompt datasets: JSONL or parquet rows with a question and a reference answer.
+
+One loader serves the builtin arithmetic task and real datasets (GSM8K-style
+`{"question": ..., "answer": "... #### 72"}`, MATH-style `{"problem": ..., "solution": ...}`
+via `question_key` / `answer_key`). Rows that cannot be used are skipped and counted by
+reason, and the first few are named with their file and line, so a bad row never stops a run
+and never disappears silently.
+
+The prompt a model sees: `prompt_template.format(question=...)` (or the bare question) as
+the user turn of the tokenizer's chat template when it has one, else the raw text. The same
+function builds prompts for SFT, evaluation and RL, so they always agree.
+"""
+
 from __future__ import annotations
+
 import json
-from dataclasses import dataclass
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
+
+# How many skipped rows are named individually in the log before only counting.
+_NAMED_SKIPS = 5
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prompt:
+    """One usable row: what the rollout sends (`input_ids`) and what the reward checks (`answer`)."""
+
     id: str
     text: str
     input_ids: list[int]
     answer: str
 
 
-def load_prompts(path, tokenizer, prompt_template=None, question_key="question", answer_key="answer",
-                 max_prompt_tokens=None):
-    out, bad = [], 0
-    for i, line in enumerate(Path(path).read_text().splitlines()):
+@dataclass
+class LoadReport:
+    """What happened to every row of a file: loaded, or skipped and why."""
+
+    path: str
+    loaded: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)  # "line 7: missing 'answer'"
+
+    @property
+    def total_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def skip(self, line: int, reason: str, detail: str = "") -> None:
+        self.skipped[reason] += 1
+        if len(self.examples) < _NAMED_SKIPS:
+            self.examples.append(f"line {line}: {reason}{': ' + detail if detail else ''}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "loaded": self.loaded, "skipped": dict(self.skipped), "examples": self.examples}
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.loaded} rows loaded"
+        if self.total_skipped:
+            reasons = ", ".join(f"{n} {r}" for r, n in self.skipped.most_common())
+            text += f", {self.total_skipped} skipped ({reasons})"
+        return text
+
+
+class DatasetError(ValueError):
+    """The dataset as a whole cannot be read (missing file, unknown format)."""
+
+
+def format_prompt(tokenizer: Any, question: str, prompt_template: str | None = None) -> str:
+    """The text the model is prompted with for `question`."""
+    content = prompt_template.format(question=question) if prompt_template else question
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    return content
+
+
+def reference_answer(raw: Any) -> str:
+    """The checkable part of a reference answer: GSM8K puts it after '####'."""
+    text = str(raw).strip()
+    if "####" in text:
+        text = text.rsplit("####", 1)[1].strip()
+    return text.replace(",", "") if text.replace(",", "").lstrip("-").isdigit() else text
+
+
+def iter_rows(path: str | Path, report: LoadReport) -> Iterator[tuple[int, Any]]:
+    """(line or row number, decoded row) for JSONL / JSON-array / parquet files.
+
+    Lines that are not valid JSON are reported, not raised."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"dataset {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
         try:
-            row = json.loads(line)
-            q, a = str(row[question_key]), str(row[answer_key])
-        except Exception:
-            bad += 1
+            import pyarrow.parquet as pq
+        except ImportError as err:
+            raise DatasetError(f"dataset {path}: reading parquet needs pyarrow (pip install 'areal-graph[parquet]')") from err
+        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield i, row
+        return
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"dataset {path}: not valid JSON ({err})") from err
+        if not isinstance(data, list):
+            raise DatasetError(f"dataset {path}: a .json dataset must hold a list of rows")
+        yield from enumerate(data, start=1)
+        return
+    if suffix not in (".jsonl", ".ndjson"):
+        raise DatasetError(f"dataset {path}: unknown format {suffix!r} (use .jsonl, .json or .parquet)")
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield i, json.loads(line)
+            except json.JSONDecodeError as err:
+                report.skip(i, "invalid JSON", str(err))
+
+
+def load_prompts(
+    path: str | Path,
+    tokenizer: Any,
+    prompt_template: str | None = None,
+    question_key: str = "question",
+    answer_key: str = "answer",
+    max_prompt_tokens: int | None = None,
+) -> tuple[list[Prompt], LoadReport]:
+    """Every usable row of `path` as a Prompt, and the report of what was skipped."""
+    if prompt_template is not None and "{question}" not in prompt_template:
+        raise DatasetError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+    report = LoadReport(str(path))
+    prompts: list[Prompt] = []
+    for line, row in iter_rows(path, report):
+        if not isinstance(row, dict):
+            report.skip(line, "not an object", type(row).__name__)
             continue
-        text = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-        out.append(Prompt(str(i), text, tokenizer.encode(text, add_special_tokens=False), a))
-    return out, {"loaded": len(out), "skipped": bad}
+        missing = [k for k in (question_key, answer_key) if k not in row or row[k] is None]
+        if missing:
+            report.skip(line, f"missing {missing[0]!r}")
+            continue
+        question, answer = row[question_key], row[answer_key]
+        if not isinstance(question, str) or not question.strip():
+            report.skip(line, f"empty or non-text {question_key!r}")
+            continue
+        answer = reference_answer(answer)
+        if not answer:
+            report.skip(line, f"empty {answer_key!r}")
+            continue
+        text = format_prompt(tokenizer, question, prompt_template)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            report.skip(line, "prompt too long", f"{len(ids)} > max_prompt_tokens {max_prompt_tokens}")
+            continue
+        prompts.append(Prompt(str(row.get("id", f"{Path(path).stem}:{line}")), text, ids, answer))
+    report.loaded = len(prompts)
+    if report.total_skipped:
+        log.warning("%s; first skipped: %s", report, "; ".join(report.examples))
+    return prompts, report

@@ -328,7 +328,7 @@ def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.N
 
 
 def _check_batch_size(nodes: dict[str, S.NodeSpec], runtime: S.RuntimeSpec | None, v: _Validator) -> None:
-    """Whole prompt groups per step: GRPO/RLOO normalise within a group."""
+    """Whole prompt groups per step (GRPO/RLOO normalise within a group); no empty PPO minibatch."""
     rollouts = [n for n in nodes.values() if n.kind == "rollout"]
     if runtime is None or not rollouts:
         return
@@ -336,6 +336,11 @@ def _check_batch_size(nodes: dict[str, S.NodeSpec], runtime: S.RuntimeSpec | Non
     if runtime.batch_size % g:
         v.report(("runtime", "batch_size"), f"must be a multiple of nodes.{rollouts[0].name}.group_size "
                                             f"({g}) so that whole prompt groups are trained, got {runtime.batch_size}")
+    for node in nodes.values():
+        if node.kind == "train" and node.params.ppo_minibatches > runtime.batch_size:
+            v.report(("nodes", node.name, "ppo_minibatches"),
+                     f"must be at most runtime.batch_size ({runtime.batch_size}) so that every PPO minibatch "
+                     f"holds a trajectory, got {node.params.ppo_minibatches}")
 
 
 def _check_graph(nodes: dict[str, S.NodeSpec], models: dict[str, S.ModelSpec] | None, v: _Validator) -> None:

@@ -131,7 +131,8 @@ class TrainParams:
     agg: Literal["token-mean", "seq-mean-token-mean", "dr-grpo"] = _f("token-mean")
     entropy_coef: float = _f(0.0, non_negative)
     value_clip: float = _f(0.2, positive, "value-loss clip range (loss: value)")
-    ppo_epochs: int = _f(1, positive)
+    ppo_epochs: int = _f(1, positive, "passes over each batch")
+    ppo_minibatches: int = _f(1, positive, "optimizer steps per pass, each on a 1/n share of the batch's sequences")
 
 
 # ----------------------------------------------------------------------------- registry

@@ -1,10 +1,249 @@
-"""PLACEHOLDER (lead): path resolution so the runtime can be integrated; the kit owner replaces it."""
+"""The builtin model kit: `builtin:tiny-arith` and `builtin:arith/{train,test}`, built locally.
+
+Nothing may be downloaded, yet a new user's first `areal-graph run` needs a model that solves
+the task *some* of the time. So the kit is built on first use, offline and deterministically:
+a synthetic arithmetic dataset, a byte-level BPE tokenizer trained on it, a tiny Qwen2
+model, and a short SFT warm start. It lands in a cache directory named after a fingerprint
+of everything that shapes it, so a second resolve is instant and a changed recipe never
+reuses a stale build.
+
+Layout of one kit (`<cache>/tiny-arith-<fingerprint>/`):
+
+    model/        save_pretrained model + tokenizer (loads with AutoModelForCausalLM/AutoTokenizer)
+    data/         train.jsonl, test.jsonl  ({"question", "answer", "solution"})
+    kit.json      the recipe, sizes, build time and warm-start accuracy
+
+Several processes of one run may resolve the same name at once (controller, servers,
+workers): an exclusive file lock makes exactly one of them build; the others wait and reuse.
+A build goes to a temporary directory renamed into place, so a killed build leaves no
+half-written kit behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
+
+from areal_graph.modelkit.tiny_model import TinyModelConfig
+from areal_graph.modelkit.warm_start import SFTConfig
+
+log = logging.getLogger(__name__)
+
+PREFIX = "builtin:"
+# Bump when the build code changes in a way the recipe fields do not capture.
+KIT_FORMAT = 1
 
 
-def resolve_model_path(path: str) -> Path:
-    return Path(path)
+@dataclass(frozen=True)
+class KitConfig:
+    """Everything that shapes a kit; its hash names the cache directory."""
+
+    name: str = "tiny-arith"
+    seed: int = 0
+    difficulty: str = "digits"
+    n_train: int = 20000
+    n_test: int = 500
+    vocab_size: int = 512
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    # SFT at a constant lr until greedy accuracy on a dev split reaches `target_accuracy`
+    # (checked every `check_every` steps from `check_from` on), at most `sft.steps` steps.
+    # Stopping at an accuracy rather than a step count lands the warm start where RL has room,
+    # however steep the learning curve is on this machine's numerics.
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500, decay=False))
+    target_accuracy: float | None = 0.25
+    n_dev: int = 200
+    check_from: int = 100
+    check_every: int = 10
+    eval_prompts: int = 500  # test prompts greedily decoded to record the warm-start accuracy
+
+    def fingerprint(self) -> str:
+        blob = json.dumps({"format": KIT_FORMAT, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def resolve_dataset_path(spec: str) -> Path:
-    return Path(spec)
+BUILTIN_KITS: dict[str, KitConfig] = {"tiny-arith": KitConfig()}
+# dataset name -> (kit name, split)
+BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
+    "arith/train": ("tiny-arith", "train"),
+    "arith/test": ("tiny-arith", "test"),
+}
+
+
+@dataclass(frozen=True)
+class Kit:
+    """A built kit on disk."""
+
+    path: Path
+    info: dict
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    def data_path(self, split: str) -> Path:
+        return self.path / "data" / f"{split}.jsonl"
+
+
+def cache_root() -> Path:
+    """`$AREAL_GRAPH_CACHE`, else `~/.cache/areal-graph`."""
+    env = os.environ.get("AREAL_GRAPH_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "areal-graph"
+
+
+def kit_dir(cfg: KitConfig, root: Path | None = None) -> Path:
+    return (root or cache_root()) / f"{cfg.name}-{cfg.fingerprint()}"
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_kit(cfg: KitConfig, root: Path | None = None) -> Kit | None:
+    """The built kit for `cfg`, or None when it is not (completely) built."""
+    path = kit_dir(cfg, root)
+    info_path = path / "kit.json"
+    if not info_path.exists():
+        return None
+    return Kit(path, json.loads(info_path.read_text()))
+
+
+Progress = Callable[[str], None]
+
+
+def ensure_kit(cfg: KitConfig, root: Path | None = None, progress: Progress | None = None,
+               rebuild: bool = False) -> Kit:
+    """The kit for `cfg`, building it first if needed (once, even across processes)."""
+    path = kit_dir(cfg, root)
+    if not rebuild and (kit := load_kit(cfg, root)) is not None:
+        return kit
+    with _exclusive(path.with_name(path.name + ".lock")):
+        if not rebuild and (kit := load_kit(cfg, root)) is not None:
+            return kit  # another process built it while we waited
+        log.info("building the %s kit into %s (first use; later runs reuse it)", cfg.name, path)
+        # A build killed before its cleanup ran leaves its temporary dir; we hold the lock, so
+        # no other build is running and every leftover is garbage.
+        for stale in path.parent.glob(path.name + ".building*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = path.with_name(path.name + f".building{os.getpid()}")
+        try:
+            info = build_kit(cfg, tmp, progress or (lambda msg: log.info("%s", msg)))
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.rename(path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Kit(path, info)
+
+
+def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
+    """Build every part of the kit into `out`; returns what goes into kit.json."""
+    import torch
+
+    from areal_graph.data.arith import split, write_jsonl
+    from areal_graph.modelkit.tiny_model import build_tiny_model, count_parameters, save_model_and_tokenizer
+    from areal_graph.modelkit.tokenizer import train_tokenizer
+    from areal_graph.modelkit.warm_start import greedy_accuracy, sft
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    threads = torch.get_num_threads()
+    torch.manual_seed(cfg.seed)
+
+    progress(f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty})")
+    train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
+    train, dev = train[cfg.n_dev:], train[:cfg.n_dev]
+    write_jsonl(train, out / "data" / "train.jsonl")
+    write_jsonl(test, out / "data" / "test.jsonl")
+    timings["data_s"] = time.perf_counter() - t0
+
+    progress(f"tokenizer: byte-level BPE, vocab {cfg.vocab_size}")
+    t = time.perf_counter()
+    tokenizer = train_tokenizer((r["question"] + "\n" + r["solution"] for r in train), cfg.vocab_size)
+    timings["tokenizer_s"] = time.perf_counter() - t
+
+    model = build_tiny_model(tokenizer, cfg.model, seed=cfg.seed)
+    n_params = count_parameters(model)
+    goal = f"until {cfg.target_accuracy:.0%} greedy dev accuracy, " if cfg.target_accuracy is not None else ""
+    progress(f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2 {goal}at most {cfg.sft.steps} steps")
+    t = time.perf_counter()
+    dev_curve: list[tuple[int, float]] = []
+
+    def on_step(step: int, loss: float) -> bool:
+        done = step + 1
+        if cfg.target_accuracy is None or done < cfg.check_from or (done - cfg.check_from) % cfg.check_every:
+            if done % 50 == 0:
+                progress(f"sft step {done} loss {loss:.3f}")
+            return False
+        acc = greedy_accuracy(model, tokenizer, dev)
+        dev_curve.append((done, acc))
+        progress(f"sft step {done} loss {loss:.3f} dev accuracy {acc:.1%}")
+        return acc >= cfg.target_accuracy
+
+    losses = sft(model, tokenizer, train, cfg.sft, on_step=on_step)
+    timings["sft_s"] = time.perf_counter() - t
+    save_model_and_tokenizer(model, tokenizer, out / "model")
+
+    progress(f"measuring warm-start greedy accuracy on {min(cfg.eval_prompts, len(test))} test problems")
+    t = time.perf_counter()
+    from areal_graph.runtime.evaluation import evaluate_model
+
+    result = evaluate_model(out / "model", out / "data" / "test.jsonl", limit=cfg.eval_prompts)
+    timings["eval_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t0
+    info = {
+        "name": cfg.name,
+        "fingerprint": cfg.fingerprint(),
+        "recipe": dataclasses.asdict(cfg),
+        "parameters": n_params,
+        "vocab_size": len(tokenizer),
+        "sft_steps": len(losses),
+        "sft_final_loss": losses[-1],
+        "dev_accuracy_curve": dev_curve,
+        "warm_start_greedy_accuracy": result["greedy_accuracy"],
+        "eval_prompts": result["prompts"],
+        "torch_threads": threads,
+        "timings": {k: round(v, 2) for k, v in timings.items()},
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (out / "kit.json").write_text(json.dumps(info, indent=2) + "\n")
+    progress(f"done in {timings['total_s']:.0f} s: greedy accuracy {result['greedy_accuracy']:.1%}")
+    return info
+
+
+def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -> tuple[Kit, str] | None:
+    """(built kit, entry name) for a `builtin:` spec; None for any other path."""
+    if not str(spec).startswith(PREFIX):
+        return None
+    name = str(spec)[len(PREFIX):]
+    if name not in known:
+        raise ValueError(f"unknown builtin {what} {spec!r}; builtin {what}s: " + ", ".join(PREFIX + n for n in known))
+    kit_name = known[name][0] if what == "dataset" else name
+    return ensure_kit(BUILTIN_KITS[kit_name], progress=progress), name
+
+
+def resolve_model_path(path: str, progress: Progress | None = None) -> Path:
+    """`builtin:tiny-arith` -> the kit's model directory (built on first use); any other path unchanged."""
+    found = _builtin_kit(path, BUILTIN_KITS, "model", progress)
+    return Path(path) if found is None else found[0].model_dir
+
+
+def resolve_dataset_path(spec: str, progress: Progress | None = None) -> Path:
+    """`builtin:arith/train` -> the kit's JSONL file (built on first use); any other path unchanged."""
+    found = _builtin_kit(spec, BUILTIN_DATASETS, "dataset", progress)
+    return Path(spec) if found is None else found[0].data_path(BUILTIN_DATASETS[found[1]][1])

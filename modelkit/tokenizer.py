@@ -64,13 +64,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512):
     return fast
 
 
-def chat_prompt(tokenizer, question: str) -> str:
-    """The prompt text the model sees for `question` (same in SFT, eval and RL)."""
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-
-
 def save_tokenizer(tokenizer, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 Why short on purpose: RL needs a policy that is right *sometimes* (so group sampling finds
 rewarded answers) and wrong often (so there is something to learn). The SFT is stopped early,
-at a step count tuned so greedy accuracy lands around 15-40% on the builtin task.
+at a step count tuned so greedy accuracy lands around 25% on the builtin task (the curve is
+steep there: ~10% at 160 steps, ~50% at 300, ~85% at 400 for the builtin recipe).
 
 Loss is on response tokens only (solution + eos), exactly the tokens RL later trains on.
 Rows are right-padded per batch (this is not the RL trainer; sequences are short and similar
@@ -26,20 +27,24 @@ IGNORE = -100
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 300
+    steps: int = 260
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
+    decay: bool = True  # cosine decay to 10% over `steps`; False keeps the peak lr after warmup
 
 
 def encode_pair(tokenizer, question: str, solution: str) -> tuple[list[int], list[int]]:
-    """(input_ids, labels): chat prompt then solution + eos; labels are IGNORE on the prompt."""
-    from areal_graph.modelkit.tokenizer import chat_prompt
+    """(input_ids, labels): chat prompt then solution + eos; labels are IGNORE on the prompt.
 
-    prompt = tokenizer(chat_prompt(tokenizer, question), add_special_tokens=False).input_ids
+    The prompt is built by the same function that builds RL and eval prompts, so SFT teaches
+    exactly the format the policy is later sampled in."""
+    from areal_graph.data.datasets import format_prompt
+
+    prompt = tokenizer(format_prompt(tokenizer, question), add_special_tokens=False).input_ids
     response = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt + response, [IGNORE] * len(prompt) + response
 
@@ -60,16 +65,21 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int):
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
-    """Linear warmup then cosine decay to 10% of the peak."""
+    """Linear warmup, then cosine decay to 10% of the peak (or the peak, with decay off)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if not cfg.decay:
+        return cfg.lr
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig = SFTConfig(),
-        on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Train `model` in place on rows {"question", "solution"}; returns the per-step losses."""
+        on_step: Callable[[int, float], bool | None] | None = None) -> list[float]:
+    """Train `model` in place on rows {"question", "solution"}; returns the per-step losses.
+
+    `on_step(step, loss)` runs after every optimizer step; a truthy return stops training
+    there (the kit uses it to stop at a target accuracy)."""
     import torch
 
     if not rows:
@@ -102,10 +112,31 @@ def sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig = SFTConfig(),
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        losses.append(float(out.loss))
-        if on_step is not None:
-            on_step(step, losses[-1])
+        losses.append(float(out.loss.detach()))
+        if on_step is not None and on_step(step, losses[-1]):
+            log.info("sft stopped by its caller after %d steps (loss %.4f)", step + 1, losses[-1])
+            break
+        model.train()  # the callback may have evaluated the model
         if step % 50 == 0:
             log.info("sft step %d/%d loss %.4f (%.1fs)", step, cfg.steps, losses[-1], time.perf_counter() - t0)
     model.eval()
     return losses
+
+
+def greedy_accuracy(model, tokenizer, rows: Sequence[dict], max_new_tokens: int = 64) -> float:
+    """Fraction of rows whose greedy answer's final \\boxed{} equals row["answer"] exactly.
+
+    Exact string match is right for the integer answers of the builtin task and needs no
+    sympy, so it can run in-process every few SFT steps (the RL reward uses math-verify)."""
+    from areal_graph.data.datasets import format_prompt
+    from areal_graph.nodes.math_reward import extract_final_answer
+    from areal_graph.runtime.inference.engine import EmbeddedEngine, SamplingParams
+
+    if not rows:
+        raise ValueError("greedy_accuracy: no rows")
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    with EmbeddedEngine(model=model, tokenizer=tokenizer, max_running=256, max_queue=len(rows)) as engine:
+        futures = [engine.submit(tokenizer(format_prompt(tokenizer, r["question"]), add_special_tokens=False).input_ids,
+                                 params) for r in rows]
+        outputs = [tokenizer.decode(f.result().output_ids, skip_special_tokens=True) for f in futures]
+    return sum(extract_final_answer(o) == str(r["answer"]) for o, r in zip(outputs, rows)) / len(rows)

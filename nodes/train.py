@@ -58,7 +58,10 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
 
 
 def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
-    """Clipped value loss; the engine passes the critic's per-token values as `logprobs`."""
+    """Clipped value loss against the GAE `returns`, anchored at the pre-update `values`.
+
+    The critic's engine (runtime/value_model.py `ValueEngine`) calls this with the live
+    per-token values V(tokens < t) in place of log-probs, and no entropy."""
     mask_all = batch["loss_mask"].float()
     norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
 
@@ -69,6 +72,22 @@ def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
         return loss, {"value_loss": float(loss.detach())}
 
     return loss_fn
+
+
+def ppo_minibatches(num_seqs: int, n_minibatches: int, seed: int) -> list[list[int]]:
+    """Sequence indices of each PPO minibatch: a seeded shuffle cut into near-equal parts.
+
+    Why several optimizer steps per batch (AReaL's default is 4): after the first, the live
+    policy differs from pi_prox, so the clipped ratio starts to bound each later step; with a
+    single step per batch the ratio is exactly 1 and PPO's trust region never acts.
+    """
+    if n_minibatches < 1:
+        raise ValueError(f"n_minibatches must be >= 1, got {n_minibatches}")
+    if num_seqs < n_minibatches:
+        raise ValueError(f"cannot cut {num_seqs} sequences into {n_minibatches} PPO minibatches; "
+                         "lower ppo_minibatches or raise runtime.batch_size")
+    order = torch.randperm(num_seqs, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [sorted(order[i::n_minibatches]) for i in range(n_minibatches)]
 
 
 def build_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:

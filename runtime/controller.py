@@ -157,18 +157,22 @@ class RLController:
             self._account_unfinished()
 
     def _account_unfinished(self) -> None:
-        """Nothing is silently dropped: report what was generated but never trained."""
+        """Nothing is silently dropped: record what was generated but never trained."""
         running = len(self._inflight)
-        buffered = self.buffer.size() if hasattr(self.buffer, "size") else None
+        buffered = self.buffer.size()
         summary = {
             "groups_in_flight_at_stop": running,
             "trajectories_buffered_at_stop": buffered,
+            "groups_submitted": self.state.groups_submitted,
+            "groups_finished": self.state.groups_finished,
             "groups_failed": self.state.groups_failed,
+            "groups_retried": self.state.groups_retried,
             "trajectories_trained": self.state.trajectories_trained,
+            "buffer": self.buffer.stats(),
         }
         self.run_dir.write_json("unfinished.json", summary)
         if running or buffered:
-            log.info("at stop: %d prompt groups in flight, %s trajectories buffered (not trained)", running, buffered)
+            log.info("at stop: %d prompt groups in flight, %d trajectories buffered (not trained)", running, buffered)
 
     # ------------------------------------------------------------------ generation side
     async def _generation_loop(self) -> None:

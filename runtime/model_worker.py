@@ -2,52 +2,106 @@
 
 One object per model so that the proximal log-probs (`prox_logprobs`) come from exactly the
 weights the train node is about to update, with no transfer in between.
+
+A model is either a policy (log-probs, policy losses; a `TrainEngine` over the causal LM) or
+a critic (values, loss `value`; a `ValueEngine`, runtime/value_model.py: the same backbone
+with a value head). `role` says which (the launcher passes it from the workflow). With
+`role="auto"` the worker starts as a policy (exactly as before critics existed) and becomes
+a critic on its first critic call (`values`, a `value`-loss train step, or loading a critic
+checkpoint on resume), reloading the model from `model_path` with a value head. That switch
+happens at most once and only before the model was used: one model serving both roles is an
+error, not a silent mix.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
-from areal_graph.nodes.train import build_loss_fn
+from areal_graph.nodes.train import build_loss_fn, ppo_minibatches
 from areal_graph.runtime.train_engine import TrainEngine
+from areal_graph.runtime.value_model import VALUE_HEAD_FILE, ValueEngine
 
 log = logging.getLogger(__name__)
+
+Role = Literal["auto", "policy", "critic"]
 
 
 class ModelWorker:
     def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
-                 seed: int = 1, threads: int | None = None) -> None:
+                 seed: int = 1, threads: int | None = None, role: Role = "auto") -> None:
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
+        if role not in ("auto", "policy", "critic"):
+            raise ValueError(f"role must be auto, policy or critic, got {role!r}")
         self.model_path = model_path
         self.trainable = optim is not None
-        self.engine = TrainEngine(model_path, **(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable)
+        self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable)
+        # the role the model has been used in; None while "auto" has not been decided
+        self.role: str | None = None if role == "auto" else role
+        engine_cls = ValueEngine if role == "critic" else TrainEngine
+        self.engine: TrainEngine = engine_cls(model_path, **self._engine_args)
         self.last_stats: dict[str, float] = {}
 
+    # ------------------------------------------------------------------ roles
+    def _use_as(self, role: str) -> None:
+        """Fix the role on first use; an undecided model becomes a critic by reloading."""
+        if self.role == role:
+            return
+        if self.role is not None:
+            raise RuntimeError(f"model {self.model_path} is used as a {self.role} and cannot also serve as a {role}: "
+                               "give the critic its own entry under `models:`")
+        if role == "critic":
+            log.info("model %s serves values: loading it as a critic (backbone + value head)", self.model_path)
+            self.engine = None  # free the causal LM before loading the critic
+            gc.collect()
+            self.engine = ValueEngine(self.model_path, **self._engine_args)
+        self.role = role
+
+    # ------------------------------------------------------------------ nodes
     def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0) -> PackedBatch:
+        self._use_as("policy")
         lp = self.engine.compute_logprobs(batch, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: lp.float()})
+
+    def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
+        """Per-token values V(tokens < t) at position t (0 at each sequence's first token), fp32."""
+        self._use_as("critic")
+        values = self.engine.compute_values(batch, max_tokens_per_mb=max_tokens_per_mb)
+        return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
     def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
               temperature: float = 1.0) -> PackedBatch:
         if not self.trainable:
             raise RuntimeError("this model has no `train:` section in the workflow; it is frozen")
-        loss_fn = build_loss_fn(TrainParams(**params), batch)
-        self.last_stats = {k: float(v) for k, v in self.engine.train_step(batch, loss_fn, max_tokens_per_mb=max_tokens_per_mb,
-                                                                    temperature=temperature).items()
-                           if isinstance(v, (int, float))}
+        train_params = TrainParams(**params)
+        self._use_as("critic" if train_params.loss == "value" else "policy")
+        n_mb, epochs = train_params.ppo_minibatches, train_params.ppo_epochs
+        # the lr schedule counts optimizer steps, of which there are n_mb * epochs per batch
+        self.engine.total_steps = self._engine_args["total_steps"] * n_mb * epochs
+        runs: list[dict[str, float]] = []
+        for epoch in range(epochs):
+            parts = [list(range(batch.num_seqs))] if n_mb == 1 else \
+                ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)
+            for part in parts:
+                mb = batch if n_mb == 1 else batch.select(part)
+                stats = self.engine.train_step(mb, build_loss_fn(train_params, mb),
+                                               max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
+                runs.append({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
+        self.last_stats = _combine_update_stats(runs)
         return PackedBatch(batch.cu_seqlens.clone())
 
     def train_stats(self) -> dict[str, float]:
         return self.last_stats
 
+    # ------------------------------------------------------------------ weights and checkpoints
     def export_weights(self, path: str, with_tokenizer: bool = False) -> str:
         """HF safetensors; with the tokenizer too when the directory is meant for people (final model)."""
         self.engine.export_hf(Path(path))
@@ -62,5 +116,24 @@ class ModelWorker:
         return path
 
     def load_checkpoint(self, path: str) -> str:
+        """Resume: a critic checkpoint (it holds a value head) makes an undecided model a critic."""
+        if (Path(path) / "model" / VALUE_HEAD_FILE).exists():
+            self._use_as("critic")
+        elif self.role == "critic":
+            raise ValueError(f"{path} is not a critic checkpoint (no model/{VALUE_HEAD_FILE}) but this model is a critic")
         self.engine.load_checkpoint(Path(path))
         return path
+
+
+def _combine_update_stats(runs: list[dict[str, float]]) -> dict[str, float]:
+    """One batch's stats from its optimizer steps: means, but totals for work done."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {k: sum(r.get(k, 0.0) for r in runs) / len(runs) for k in runs[0]}
+    for k in ("tokens", "time_s", "n_microbatches", "n_forwards"):
+        if k in out:
+            out[k] = sum(r.get(k, 0.0) for r in runs)
+    if out.get("time_s"):
+        out["tokens_per_s"] = out["tokens"] / out["time_s"]
+    out["updates"] = float(len(runs))
+    return out

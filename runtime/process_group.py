@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import sys
 from dataclasses import asdict
@@ -77,6 +78,9 @@ class RunProcesses:
     def _configure(self, actor_path: str, train_threads: int) -> None:
         spec, rt = self.spec, self.spec.runtime
         configured_models: set[str] = set()
+        # a model read by a value node or trained with the value loss is a critic (value head)
+        critics = {n.model for n in spec.nodes.values()
+                   if n.kind == "value" or (n.kind == "train" and n.params.loss == "value")}
         for node in spec.nodes.values():
             worker = self.placement.worker_of(node.name)
             if worker == "controller":
@@ -103,6 +107,7 @@ class RunProcesses:
                 client.configure(node.model, "areal_graph.runtime.model_worker:ModelWorker", {
                     "model_path": self.model_paths[node.model], "optim": optim,
                     "total_steps": rt.steps, "seed": rt.seed, "threads": train_threads,
+                    "role": "critic" if node.model in critics else "policy",
                 })
 
     def shutdown(self) -> None:
@@ -138,8 +143,6 @@ class RunProcesses:
             size = self.spec.runtime.eval_size or d.eval_size
             if size:
                 eval_prompts = eval_prompts[:size]
-        import random
-
         random.Random(self.spec.runtime.seed).shuffle(train)
         return train, eval_prompts
 

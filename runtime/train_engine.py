@@ -1,33 +1,65 @@
 """The training engine: a HF CausalLM trained on packed batches, with no padding.
 
-Sequences of a micro-batch are packed into a few rows of at most `row_tokens` tokens
-(ENVIRONMENT.md: 16 rows of 512 train ~4x faster on CPU than one 8192-token row), with
-`position_ids` restarting at every sequence and `use_cache=False`; transformers then keeps
-attention inside each sequence (tests/test_train_engine.py proves it against running each
-sequence alone). Short rows are padded at their *end*, which causal attention never lets
-real tokens see.
+Sequences of a micro-batch are packed into rows, with `position_ids` restarting at every
+sequence and `use_cache=False`; transformers then keeps attention inside each sequence
+(tests/test_train_engine.py proves it against running each sequence alone). Short rows are
+padded at their *end*, which causal attention never lets real tokens see.
 
-`train_step` sums the loss callback over the planner's micro-batches: the callback returns
-each micro-batch's share of the batch loss (normalised with batch-level totals), so the
+Row layout (`plan_rows`): without a variable-length attention kernel (none on CPU) attention
+over a row costs width^2 for every row, whatever it holds, and all rows of one forward are
+padded to the widest. So a micro-batch runs as a few forwards: short sequences share rows
+of at most `row_tokens` (256) tokens, longer ones get a row each, grouped by similar width,
+with their padding filled by short sequences. On a long-tailed batch this trained ~1.8x
+faster than one forward of 1024-token rows (benchmarks/bench_train.py measures packed vs
+padded).
+
+`train_step` sums the loss callback over the forwards of the planner's micro-batches: the
+callback returns each part's share of the batch loss (normalised with batch-level totals), so the
 update does not depend on how the batch was split.
+
+Data parallelism (runtime/data_parallel.py: DDP on CPU, FSDP2 with bf16 on CUDA) keeps that
+design unchanged: **every rank is given the whole batch** and builds the same loss callback
+from it, so the normalisers (token counts, sequence counts, Dr.GRPO's constant) are global
+by construction and no extra collective is needed to compute them. The planner then hands
+each rank a token-balanced share (`split_across_ranks` inside `plan_microbatches`) packed
+into the same number of micro-batches on every rank; a rank runs only its share, the
+reducer sums the shares' gradients, and one step gives the parameters a single process
+would get. Copying the batch to every rank costs little: a batch is token ids and a few
+floats per token, tiny next to the forward and backward it feeds. Every rank runs the same
+number of forwards: where a rank has run out of sequences it runs a one-token forward (and
+backward) whose loss is multiplied by 0, because the collectives inside DDP/FSDP must line
+up across ranks.
+
+The critic (runtime/value_model.py `ValueEngine`) is this engine with a value model: it
+reuses the planner, `row_layout` and every piece above, and overrides only what one forward
+yields (`_train_forward`) and how checkpointed weights are read (`_read_weights`).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.runtime import data_parallel as dp
 from areal_graph.runtime.microbatch_planner import plan_microbatches
 
 log = logging.getLogger(__name__)
+
+# Attention over a packed row costs (width)^2 on every token of the row (no varlen kernel on
+# CPU): short sequences share rows of at most this many tokens (benchmarks/bench_train.py).
+ROW_TOKENS = 256
+
+Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows of positions in them)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
@@ -48,22 +80,72 @@ def pack_rows(seqlens: list[int], row_tokens: int) -> list[list[int]]:
     return rows
 
 
-def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int = 1024,
-                    with_entropy: bool = False, temperature: float = 1.0,
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropy) of `batch["input_ids"]`, aligned per data/packed.py.
+def plan_rows(seqlens: Sequence[int], row_tokens: int, slack: float = 0.25) -> list[list[list[int]]]:
+    """Forward passes for sequences of these lengths: ``forwards[f][row] -> sequence indices``.
 
-    Position t holds log p(token t | tokens < t); the first token of every sequence holds 0.
+    Why several forwards: attention over a packed row costs (row width)^2 whatever its
+    sequences, and every row of one forward is padded to the widest. So: sequences longer
+    than `row_tokens` get a row each, grouped into forwards of similar width (within a factor
+    1 + `slack`, the widest first); the padding those rows leave is filled with short
+    sequences (best fit, longest first: padding is computed anyway); the remaining short
+    sequences are packed into rows of at most `row_tokens` in one last forward. Sequences of
+    length 0 are left out (they have nothing to score). Deterministic.
     """
-    device = next(model.parameters()).device
+    order = sorted((i for i in range(len(seqlens)) if seqlens[i] > 0), key=lambda i: (-seqlens[i], i))
+    forwards: list[list[list[int]]] = []
+    width: list[int] = []
+    rooms: list[tuple[int, int, int]] = []  # (free tokens, forward, row), sorted: best fit by bisect
+    short = -1  # the forward of packed short rows, opened when first needed
+    for i in order:
+        n = int(seqlens[i])
+        if n > row_tokens:
+            if not forwards or n * (1 + slack) < width[-1]:
+                forwards.append([])
+                width.append(n)
+            f = len(forwards) - 1
+        else:
+            pos = bisect.bisect_left(rooms, (n, -1, -1))
+            if pos < len(rooms):
+                room, f, r = rooms.pop(pos)
+                forwards[f][r].append(i)
+                bisect.insort(rooms, (room - n, f, r))
+                continue
+            if short < 0:
+                forwards.append([])
+                width.append(row_tokens)
+                short = len(forwards) - 1
+            f = short
+        forwards[f].append([i])
+        bisect.insort(rooms, (width[f] - n, f, len(forwards[f]) - 1))
+    return forwards
+
+
+@dataclass
+class RowLayout:
+    """One forward's packed input, and where its outputs go back in the batch.
+
+    The output at (`pred_row[k]`, `pred_col[k]`) has seen exactly the tokens before packed
+    token `dst[k]` of its sequence: it predicts that token (log-probs) or values the state
+    it is chosen in (a critic). First tokens of sequences have no such position.
+    """
+
+    input_ids: torch.Tensor  # [rows, width]
+    position_ids: torch.Tensor  # [rows, width], restarting at 0 for every sequence
+    pred_row: torch.Tensor
+    pred_col: torch.Tensor
+    dst: torch.Tensor
+
+
+def row_layout(batch: PackedBatch, rows: list[list[int]], device: torch.device) -> RowLayout | None:
+    """Pack the sequences of `rows` (sequence indices per row) into one forward's input; None
+    when there is nothing to run. Shared by every per-token pass (log-probs, values) so that
+    there is one packing path."""
     ids = batch["input_ids"].to(device)
     cu = batch.cu_seqlens.tolist()
+    rows = [row for row in rows if row]
+    if not rows:
+        return None
     lens = [cu[i + 1] - cu[i] for i in range(batch.num_seqs)]
-    out_lp = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32)
-    out_ent = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32) if with_entropy else None
-    if batch.num_tokens == 0:
-        return out_lp, out_ent
-    rows = pack_rows(lens, row_tokens)
     width = max(sum(lens[i] for i in row) for row in rows)
     input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
     position_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -75,25 +157,58 @@ def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int 
             n = lens[i]
             input_ids[r, col:col + n] = ids[cu[i]:cu[i] + n]
             position_ids[r, col:col + n] = torch.arange(n, device=device)
-            src_row.append(torch.full((n - 1,), r, dtype=torch.long))
+            src_row.append(torch.full((max(n - 1, 0),), r, dtype=torch.long))
             src_col.append(torch.arange(col, col + n - 1))
             dst.append(torch.arange(cu[i] + 1, cu[i] + n))
             col += n
         if col < width:  # padding at the end of a row: its own "sequence", never attended to
             position_ids[r, col:] = torch.arange(width - col, device=device)
-    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits.float()
+    return RowLayout(input_ids, position_ids, torch.cat(src_row).to(device), torch.cat(src_col).to(device),
+                     torch.cat(dst).to(device))
+
+
+def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[int]], with_entropy: bool = False,
+                  temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropy) of `batch["input_ids"]` from ONE forward over `rows`
+    (sequence indices per row, every sequence of the batch at most once), aligned per
+    data/packed.py: position t holds log p(token t | tokens < t); the first token of every
+    sequence, and any sequence not in `rows`, hold 0.
+    """
+    device = next(model.parameters()).device
+    out_lp = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32)
+    out_ent = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32) if with_entropy else None
+    layout = row_layout(batch, rows, device)
+    if layout is None:
+        return out_lp, out_ent
+    logits = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    rr = torch.cat(src_row).to(device)
-    cc = torch.cat(src_col).to(device)
-    dd = torch.cat(dst).to(device)
-    pred = logits[rr, cc]  # logits that predict the next token
+    dd = layout.dst
+    pred = logits[layout.pred_row, layout.pred_col]  # logits that predict the next token
     logp_all = torch.log_softmax(pred, dim=-1)
+    ids = batch["input_ids"].to(device)
     out_lp = out_lp.index_put((dd,), logp_all.gather(-1, ids[dd].unsqueeze(-1)).squeeze(-1))
     if with_entropy:
         ent = -(logp_all.exp() * logp_all).sum(-1)
         out_ent = out_ent.index_put((dd,), ent)
     return out_lp, out_ent
+
+
+def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int = ROW_TOKENS,
+                    with_entropy: bool = False, temperature: float = 1.0,
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropy) of the whole batch, over the forwards of `plan_rows`."""
+    lens = batch.seqlens().tolist()
+    lp_parts, ent_parts = [], []
+    for rows in plan_rows(lens, row_tokens):
+        lp, ent = rows_logprobs(model, batch, rows, with_entropy, temperature)
+        lp_parts.append(lp)
+        ent_parts.append(ent)
+    if not lp_parts:
+        lp, ent = rows_logprobs(model, batch, [], with_entropy, temperature)
+        return lp, ent
+    # each token is written by exactly one forward (zeros elsewhere): the sum assembles them
+    return sum(lp_parts), (sum(ent_parts) if with_entropy else None)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -111,16 +226,29 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> 
 
 
 class TrainEngine:
+    """A HF CausalLM, its AdamW optimizer and lr schedule, trained on packed batches.
+
+    `parallel` ("auto", "none", "ddp", "fsdp") chooses data parallelism when a
+    torch.distributed process group with more than one rank exists ("auto": FSDP2 on CUDA,
+    DDP otherwise; see runtime/data_parallel.py). Under data parallelism every rank must call
+    `train_step`, `compute_logprobs` and the weight/checkpoint methods together, with the
+    same whole batch. `mixed_precision` (default: bf16 under FSDP on CUDA, else off) is the
+    compute dtype FSDP casts parameters to; master weights and gradient reduction stay fp32.
+    """
+
     def __init__(self, model: str | Path | torch.nn.Module, *, lr: float = 2e-5, weight_decay: float = 0.0,
                  grad_clip: float = 1.0, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
                  lr_schedule: str = "constant", total_steps: int = 1, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, row_tokens: int = 1024, trainable: bool = True) -> None:
+                 dtype: torch.dtype = torch.float32, row_tokens: int = ROW_TOKENS, trainable: bool = True,
+                 parallel: str = "auto", mixed_precision: torch.dtype | None | str = "auto") -> None:
+        self.parallel = dp.resolve_mode(parallel, torch.device(device))
+        self.rank, self.world_size = dp.world() if self.parallel != "none" else (0, 1)
+        self.device = dp.local_device(device, self.parallel)
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
-        self.model = model.to(device)
-        self.device = torch.device(device)
+        self.model = model.to(self.device)
         self.row_tokens = row_tokens
         self.grad_clip = grad_clip
         self.base_lr = lr
@@ -129,31 +257,108 @@ class TrainEngine:
         self.total_steps = total_steps
         self.version = 0
         self.optimizer = None
+        # dropout stays off: log-probs of the same weights must be reproducible (prox == behav)
+        self.model.eval()
+        if not trainable:
+            self.model.requires_grad_(False)
+        # `_forward` is what micro-batches run through (the DDP wrapper, or the model itself)
+        self._forward: torch.nn.Module = self.model
+        if mixed_precision == "auto":
+            mixed_precision = torch.bfloat16 if self.parallel == "fsdp" and self.device.type == "cuda" else None
+        if mixed_precision is not None and self.parallel != "fsdp":
+            raise ValueError("mixed_precision is supported with parallel='fsdp' only")
+        if self.parallel == "fsdp":
+            dp.shard_fsdp(self.model, mixed_precision)
+        elif self.parallel == "ddp" and trainable:
+            self._forward = dp.wrap_ddp(self.model, self.device)
+        elif self.parallel == "ddp":  # frozen: no gradients to reduce, but replicas must agree
+            with torch.no_grad():
+                for tensor in self.model.state_dict().values():
+                    torch.distributed.broadcast(tensor, src=0)
         if trainable:
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                                weight_decay=weight_decay)
-        else:
-            self.model.eval().requires_grad_(False)
-        # dropout stays off: log-probs of the same weights must be reproducible (prox == behav)
-        self.model.eval()
+        if self.parallel != "none":
+            log.info("rank %d/%d: %s data parallelism on %s%s", self.rank, self.world_size, self.parallel,
+                     self.device, f", compute in {mixed_precision}" if mixed_precision else "")
+
+    def _units(self, batch: PackedBatch, max_tokens_per_mb: int) -> tuple[list[Unit], int, int]:
+        """This rank's forward passes, how many every rank must run, and its micro-batch count.
+
+        A unit is one forward: the sequences it covers (ascending batch indices) and its rows
+        (positions in that list). Every rank holds the whole batch and the plan is
+        deterministic, so each rank can count the other ranks' forwards itself: FSDP gathers
+        parameters in every forward, so all ranks must run the same number (idle ones pad).
+        """
+        lens = batch.seqlens().tolist()
+        plan = plan_microbatches(lens, max_tokens_per_mb, dp_size=self.world_size)
+        counts = []
+        mine: list[Unit] = []
+        for rank, rank_plan in enumerate(plan):
+            units: list[Unit] = []
+            for idx in rank_plan:
+                for rows in plan_rows([lens[i] for i in idx], self.row_tokens):
+                    seqs = sorted(idx[j] for row in rows for j in row)
+                    local = {s: k for k, s in enumerate(seqs)}
+                    units.append((seqs, [[local[idx[j]] for j in row] for row in rows]))
+            counts.append(len(units))
+            if rank == self.rank:
+                mine = units
+                n_mb = sum(1 for idx in rank_plan if idx)
+        return mine, max(counts), n_mb
+
+    def _idle_pass(self, backward: bool) -> None:
+        """A one-token forward (and a zero backward) for a micro-batch this rank has no data
+        for: FSDP gathers parameters in every forward and both reducers reduce in the last
+        backward, so each rank must make the same calls."""
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        logits = self._forward(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=False).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
 
     # ------------------------------------------------------------------ inference-side passes
     @torch.no_grad()
     def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0) -> torch.Tensor:
+        """Per-token log-probs of the batch. Under data parallelism each rank computes its share
+        and a sum over ranks assembles the whole (every token comes from exactly one rank)."""
+        return self._per_token(batch, max_tokens_per_mb,
+                               lambda mb, rows: rows_logprobs(self.model, mb, rows, temperature=temperature)[0])
+
+    def _per_token(self, batch: PackedBatch, max_tokens_per_mb: int,
+                   score: Callable[[PackedBatch, list[list[int]]], torch.Tensor]) -> torch.Tensor:
+        """A per-token quantity of the whole batch, `score(sub_batch, rows)` run over this rank's
+        forwards (the planner's micro-batches and rows) and assembled in batch order."""
         out = torch.zeros(batch.num_tokens, dtype=torch.float32)
-        for idx in plan_microbatches(batch.seqlens().tolist(), max_tokens_per_mb)[0]:
-            if not idx:
+        units, n_units, _ = self._units(batch, max_tokens_per_mb)
+        for u in range(n_units):
+            if u >= len(units):
+                if self.parallel == "fsdp":
+                    self._idle_pass(backward=False)
                 continue
-            mb = batch.select(idx)
-            lp, _ = packed_logprobs(self.model, mb, self.row_tokens, temperature=temperature)
-            out[_token_index(batch, idx)] = lp.cpu()
+            seqs, rows = units[u]
+            out[_token_index(batch, seqs)] = score(batch.select(seqs), rows).float().cpu()
+        if self.world_size > 1:
+            out = dp.all_reduce_sum_(out.to(self.device)).cpu()
         return out
+
+    def _train_forward(self, mb: PackedBatch, rows: list[list[int]],
+                       temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the loss callback receives for one forward: per-token log-probs and entropy of
+        the live policy (a critic engine returns its values instead, and no entropy)."""
+        return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,
                    temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step. `temperature` must be the rollout's: the inference engine reports
-        log-probs of the temperature-scaled distribution it sampled from (as SGLang does)."""
+        log-probs of the temperature-scaled distribution it sampled from (as SGLang does).
+
+        `loss_fn` is called once per forward (a part of a micro-batch made of whole sequences)
+        and must return that part's share of the batch loss, so it must be built from the
+        whole batch (see the module docstring). Returned stats are summed over those calls
+        and, with data parallelism, over ranks; `loss` is the batch loss, `n_microbatches`
+        and `n_forwards` count the non-empty micro-batches and forwards of all ranks.
+        """
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False")
         t0 = time.perf_counter()
@@ -161,72 +366,126 @@ class TrainEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        plan = plan_microbatches(batch.seqlens().tolist(), max_tokens_per_mb)[0]
+        units, n_units, n_mb = self._units(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
-        n_mb = 0
-        for idx in plan:
-            if not idx:
-                continue
-            mb = batch.select(idx).to(self.device)
-            lp, ent = packed_logprobs(self.model, mb, self.row_tokens, with_entropy=True, temperature=temperature)
-            loss, stats = loss_fn(lp, ent, mb)
-            loss.backward()
+        for u in range(n_units):
+            with dp.grad_sync(self._forward, self.parallel, sync=u == n_units - 1):
+                if u >= len(units):
+                    self._idle_pass(backward=True)
+                    continue
+                seqs, rows = units[u]
+                mb = batch.select(seqs).to(self.device)
+                lp, ent = self._train_forward(mb, rows, temperature)
+                loss, stats = loss_fn(lp, ent, mb)
+                # reducers average over ranks; scaling makes them sum the ranks' shares
+                (loss * self.world_size if self.world_size > 1 else loss).backward()
             loss_sum += float(loss.detach())
-            n_mb += 1
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip else float("inf"))
+        grad_norm = dp.as_local_scalar(grad_norm)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         else:
             log.warning("non-finite grad norm %s at version %d: step skipped", grad_norm, self.version)
         self.version += 1
+        if self.world_size > 1:
+            totals = dp.sum_dicts(dp.all_gather_json(
+                {**totals, "loss": loss_sum, "n_microbatches": n_mb, "n_forwards": len(units)}, self.device))
+            loss_sum, n_mb, n_fwd = totals.pop("loss"), totals.pop("n_microbatches"), totals.pop("n_forwards")
+        else:
+            n_fwd = len(units)
         elapsed = time.perf_counter() - t0
         totals.update({"loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr, "tokens": float(batch.num_tokens),
                        "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9), "n_microbatches": float(n_mb),
-                       "time_s": elapsed})
+                       "n_forwards": float(n_fwd), "time_s": elapsed})
         return totals
 
     # ------------------------------------------------------------------ weights and checkpoints
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """CPU copy of the full weights. Under FSDP a collective that leaves them on rank 0
+        only (the rank that pushes weights to inference); other ranks get {}."""
+        if self.parallel == "fsdp":
+            return dp.fsdp_full_model_state(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def export_hf(self, path: str | Path) -> Path:
-        """save_pretrained (safetensors) into `path` atomically: readers never see a half-written dir."""
+        """save_pretrained (safetensors) into `path` atomically: readers never see a half-written dir.
+
+        Under data parallelism rank 0 writes and every rank returns once the directory exists."""
         path = Path(path)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
+        state = dp.fsdp_full_model_state(self.model) if self.parallel == "fsdp" else None
+        if self.rank == 0:
+            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+            if path.exists():
+                shutil.rmtree(path)
+            tmp.rename(path)
+        self._barrier()
         return path
 
     def save_checkpoint(self, path: str | Path) -> Path:
+        """Weights (HF safetensors) and optimizer state; under data parallelism rank 0 writes.
+
+        The optimizer state keeps torch's own form (parameters numbered) whatever the mode, so
+        a checkpoint resumes with or without DDP/FSDP and with another world size."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        self._barrier()
         self.export_hf(path / "model")
-        state = {"version": self.version}
+        state: dict = {"version": self.version}
         if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
-        torch.save(state, path / "trainer_state.pt")
+            if self.parallel == "fsdp":
+                full = dp.fsdp_full_optim_state(self.model, self.optimizer)
+                if self.rank == 0:
+                    state["optimizer"] = dp.optim_state_names_to_ids(full, self._param_names())
+            else:
+                state["optimizer"] = self.optimizer.state_dict()
+        if self.rank == 0:
+            torch.save(state, path / "trainer_state.pt")
+        self._barrier()
         return path
 
     def load_checkpoint(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
+        """Every rank reads the checkpoint (it must be on a filesystem they all see)."""
         path = Path(path)
-        weights = load_file(str(path / "model" / "model.safetensors"))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-            raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
-        self.model.tie_weights()
+        weights = self._read_weights(path / "model")
+        if self.parallel == "fsdp":
+            unknown = set(weights) - set(self._param_names()) - set(self.model.state_dict())
+            if unknown:
+                raise ValueError(f"checkpoint {path} does not match the model: unexpected {sorted(unknown)}")
+            dp.fsdp_load_model_state(self.model, weights)
+        else:
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
+                raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+            self.model.tie_weights()
         state = torch.load(path / "trainer_state.pt", weights_only=True)
         self.version = int(state["version"])
         if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if self.parallel == "fsdp":
+                named = dp.optim_state_ids_to_names(state["optimizer"], self._param_names())
+                dp.fsdp_load_optim_state(self.model, self.optimizer, named)
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
+
+    def _read_weights(self, model_dir: Path) -> dict[str, torch.Tensor]:
+        """The full state dict `export_hf` wrote into `model_dir` (keys as in `self.model`)."""
+        from safetensors.torch import load_file
+
+        return load_file(str(model_dir / "model.safetensors"))
+
+    def _param_names(self) -> list[str]:
+        """Parameter names in `model.parameters()` order (the optimizer's numbering)."""
+        return [name for name, _ in self.model.named_parameters()]
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
 
 
 def _token_index(batch: PackedBatch, idx: list[int]) -> torch.Tensor:

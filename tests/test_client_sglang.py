@@ -37,6 +37,7 @@ class FakeSGLang:
         self.max_in_flight = 0
         self.fail_next = 0  # answer 503 this many times
         self.bodies: list[dict] = []
+        self.pause_modes: list[str | None] = []
         app = web.Application()
         app.router.add_post("/generate", self.generate)
         for name in ("pause_generation", "continue_generation", "update_weights_from_disk", "abort_request"):
@@ -54,10 +55,17 @@ class FakeSGLang:
             return web.json_response({"object": "error", "message": "busy", "code": 503}, status=503)
         await self.paused.wait()  # SGLang holds new requests while paused
         rid = body["rid"]
+        ids = list(body["input_ids"])
+        start = body.get("logprob_start_len", -1)
+        if start != -1 and start >= len(ids):  # SGLang's scheduler aborts such a request at once
+            meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": 0, "weight_version": self.weight_version,
+                    "finish_reason": {"type": "abort", "message": f"req.logprob_start_len={start} is higher than "
+                                      f"the number of input tokens len(req.origin_input_ids)={len(ids)}."},
+                    "output_token_logprobs": []}
+            return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
         abort = self.inflight[rid] = asyncio.Event()
         self.in_flight_now += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight_now)
-        ids = list(body["input_ids"])
         out = []
         reason = {"type": "length", "length": body["sampling_params"]["max_new_tokens"]}
         try:
@@ -76,10 +84,13 @@ class FakeSGLang:
         return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
 
     async def pause_generation(self, request):
+        body = await request.json() if request.can_read_body else {}
         self.calls.append("pause_generation")
+        self.pause_modes.append(body.get("mode"))
         self.paused.clear()
-        for ev in self.inflight.values():
-            ev.set()
+        if body.get("mode", "abort") == "abort":  # PauseGenerationReqInput.mode defaults to abort
+            for ev in self.inflight.values():
+                ev.set()
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request):
@@ -148,7 +159,10 @@ def test_generate_without_per_token_versions_uses_weight_version():
     assert r1.output_ids == [3, 4, 5] and r1.output_versions == [4, 4, 4] and r1.finish_reason == "length"
     assert r1.output_logprobs == [-0.5] * 3
     assert r2.output_versions == [9, 9]
-    assert bodies[0]["return_logprob"] is True and bodies[0]["logprob_start_len"] == 2
+    assert bodies[0]["return_logprob"] is True and bodies[0]["stream"] is False
+    # GenerateReqInput fields only; logprob_start_len >= len(input_ids) makes SGLang abort the request
+    assert set(bodies[0]) <= {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len"}
+    assert bodies[0].get("logprob_start_len", -1) < len(bodies[0]["input_ids"])
 
 
 def test_weight_update_is_pause_update_continue_and_interrupted_requests_resume():
@@ -164,15 +178,16 @@ def test_weight_update_is_pause_update_continue_and_interrupted_requests_resume(
             await asyncio.sleep(0.1)
             await ctrl.update_weights_from_disk("/new", 1)
             gens = await asyncio.gather(*tasks)
-            return gens, fake.calls, ctrl.version
+            return gens, fake.calls, ctrl.version, fake.pause_modes
         finally:
             await roll.close()
             await ctrl.close()
             await runner.cleanup()
 
-    gens, calls, version = run(go())
+    gens, calls, version, modes = run(go())
     control = [c for c in calls if c != "generate"]  # resubmissions interleave freely
     assert control == ["pause_generation", "update_weights_from_disk", "continue_generation"]
+    assert modes == ["abort"]  # explicit, so a server whose default mode differs still aborts
     assert version == 1
     for k, g in enumerate(gens):
         assert g.finish_reason == "length" and len(g.output_ids) == 60

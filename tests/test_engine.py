@@ -2,11 +2,16 @@
 
 The models are random tiny Qwen2s with weights re-drawn at std 0.15 so greedy decoding is
 not a constant token (the default init gives near-uniform logits and repeats one id).
+
+The engine under test runs on $AREAL_TEST_DEVICE (default cpu; `cuda` on a GPU machine);
+the references always run on the CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import os
 import time
 
 import pytest
@@ -19,6 +24,14 @@ from areal_graph.runtime.inference.sampling import SamplingParams, truncate_logi
 from conftest import build_random_qwen2
 
 VOCAB = 128
+DEVICE = os.environ.get("AREAL_TEST_DEVICE", "cpu")
+
+
+def make_engine(model=None, model_path=None, **kw) -> EmbeddedEngine:
+    """The engine under test on DEVICE; off the CPU it gets a copy (`.to()` moves a module in place)."""
+    if model is not None and DEVICE != "cpu":
+        model = copy.deepcopy(model)
+    return EmbeddedEngine(model_path, model=model, device=DEVICE, **kw)
 
 
 def spiky_model(seed: int):
@@ -43,7 +56,7 @@ def model_b():
 
 @pytest.fixture()
 def engine(model_a):
-    eng = EmbeddedEngine(model=model_a, max_running=64)
+    eng = make_engine(model=model_a, max_running=64)
     eng.start()
     yield eng
     eng.stop()
@@ -78,8 +91,6 @@ _DOUBLES: dict[int, torch.nn.Module] = {}
 def _double(model):
     key = id(model)
     if key not in _DOUBLES:
-        import copy
-
         _DOUBLES[key] = copy.deepcopy(model).double().eval()
     return _DOUBLES[key]
 
@@ -212,7 +223,7 @@ def test_stop_token_ids_and_default_eos(engine, model_a):
     first = free.index(stop_tok)
     res = engine.submit(p, greedy(20, stop_token_ids=[stop_tok])).result(timeout=30)
     assert res.output_ids == free[: first + 1] and res.finish_reason == "stop"
-    eng = EmbeddedEngine(model=model_a)
+    eng = make_engine(model=model_a)
     eng.eos_token_ids = [stop_tok]
     with eng:
         res = eng.submit(p, SamplingParams(max_new_tokens=20, greedy=True)).result(timeout=30)
@@ -230,14 +241,14 @@ class LetterTokenizer:
 
 def test_stop_strings_truncate_after_the_stop_string(model_a):
     p = prompts(1, seed=10)[0]
-    with EmbeddedEngine(model=model_a, tokenizer=LetterTokenizer()) as eng:
+    with make_engine(model=model_a, tokenizer=LetterTokenizer()) as eng:
         free = eng.submit(p, greedy(30)).result(timeout=30).output_ids
         text = LetterTokenizer().decode(free)
         stop = text[6:8]
         end = text.index(stop) + len(stop)
         res = eng.submit(p, greedy(30, stop=[stop])).result(timeout=30)
         assert res.output_ids == free[:end] and res.finish_reason == "stop"
-    with EmbeddedEngine(model=model_a) as eng, pytest.raises(InvalidRequestError, match="tokenizer"):
+    with make_engine(model=model_a) as eng, pytest.raises(InvalidRequestError, match="tokenizer"):
         eng.submit(p, greedy(5, stop=["x"]))
 
 
@@ -256,7 +267,7 @@ def test_max_new_tokens_zero_and_async_generate(engine):
 def test_weight_swap_midway_continues_with_new_model(model_a, model_b):
     ps = prompts(4, seed=12)
     n = 24
-    with EmbeddedEngine(model=spiky_model(0), version=0) as eng:
+    with make_engine(model=spiky_model(0), version=0) as eng:
         futs = [eng.submit(p, greedy(n)) for p in ps]
         wait_tokens(eng, 4 * 6)
         eng.pause()
@@ -281,24 +292,28 @@ def test_weight_swap_midway_continues_with_new_model(model_a, model_b):
 def test_update_weights_from_disk(model_b, tmp_path):
     model_b.save_pretrained(tmp_path / "ckpt")
     p = prompts(1, seed=13)[0]
-    with EmbeddedEngine(model=spiky_model(0), version=3) as eng:
+    with make_engine(model=spiky_model(0), version=3) as eng:
         eng.update_weights_from_disk(tmp_path / "ckpt")
         assert eng.version == 4
         res = eng.submit(p, greedy(12)).result(timeout=30)
     assert res.output_ids == reference_greedy(model_b, p, 12) and res.output_versions == [4] * 12
-    with EmbeddedEngine(model=spiky_model(0)) as eng, pytest.raises(FileNotFoundError):
+    with make_engine(model=spiky_model(0)) as eng, pytest.raises(FileNotFoundError):
         eng.update_weights_from_disk(tmp_path / "nope")
 
 
 def test_engine_loads_from_a_model_dir(tiny_model_dir):
-    with EmbeddedEngine(tiny_model_dir) as eng:
+    with make_engine(model_path=tiny_model_dir) as eng:
         res = eng.submit([1, 5, 9], greedy(4)).result(timeout=30)
+        # no tokenizer files there: no (empty, made-up) tokenizer, so stop strings are refused
+        assert eng.tokenizer is None
+        with pytest.raises(InvalidRequestError, match="tokenizer"):
+            eng.submit([1, 5, 9], greedy(4, stop=["x"]))
     assert len(res.output_ids) == 4 and eng.max_context == 512
 
 
 # ---------------------------------------------------------------------------- abort / backpressure / errors
 def test_abort_keeps_tokens_so_far(model_a):
-    with EmbeddedEngine(model=model_a, max_running=2) as eng:
+    with make_engine(model=model_a, max_running=2) as eng:
         running = [eng.submit(p, greedy(200), rid=f"r{i}") for i, p in enumerate(prompts(2, seed=14))]
         queued = eng.submit([5, 6], greedy(10), rid="q")
         wait_tokens(eng, 10)
@@ -316,7 +331,7 @@ def test_abort_keeps_tokens_so_far(model_a):
 
 
 def test_queue_full_is_backpressure(model_a):
-    eng = EmbeddedEngine(model=model_a, max_queue=2)  # not started: nothing leaves the queue
+    eng = make_engine(model=model_a, max_queue=2)  # not started: nothing leaves the queue
     a, b = eng.submit([4], greedy(3)), eng.submit([5], greedy(3))
     with pytest.raises(QueueFullError, match="max_queue=2"):
         eng.submit([6], greedy(3))
@@ -345,7 +360,7 @@ def test_invalid_requests(engine, ids, params, match):
 
 
 def test_duplicate_rid_is_rejected(model_a):
-    eng = EmbeddedEngine(model=model_a)
+    eng = make_engine(model=model_a)
     eng.submit([3], greedy(2), rid="same")
     with pytest.raises(InvalidRequestError, match="already in flight"):
         eng.submit([3], greedy(2), rid="same")
@@ -354,15 +369,32 @@ def test_duplicate_rid_is_rejected(model_a):
 
 def test_small_prefill_budget_splits_prefill_without_changing_tokens(model_a):
     ps = prompts(10, seed=15, lo=5, hi=25)
-    with EmbeddedEngine(model=model_a, prefill_token_budget=16) as eng:
+    with make_engine(model=model_a, prefill_token_budget=16) as eng:
         futs = [eng.submit(p, greedy(8)) for p in ps]
         got = [f.result(timeout=30).output_ids for f in futs]
     for p, g in zip(ps, got):
         assert g == reference_greedy(model_a, p, 8)
 
 
+def test_pause_does_not_wait_for_a_whole_prefill(model_a):
+    """A pause waits for one prefill chunk, not for every queued request to be prefilled."""
+    ps = [p + [7] * (30 - len(p)) for p in prompts(64, seed=17, lo=1, hi=30)]
+    with make_engine(model=model_a, max_running=64, prefill_token_budget=30) as eng:  # one request per chunk
+        futs = [eng.submit(p, greedy(4)) for p in ps]
+        wait_tokens(eng, 1)
+        eng.pause()
+        done_at_pause = eng.stats()["tokens_generated"]
+        time.sleep(0.05)
+        assert eng.stats()["tokens_generated"] == done_at_pause
+        eng.resume()
+        got = [f.result(timeout=60).output_ids for f in futs]
+    assert done_at_pause < 64, "pause waited for the whole prefill"
+    for p, g in zip(ps[:8], got[:8]):
+        assert g == reference_greedy(model_a, p, 4)
+
+
 def test_stats_and_submit_after_stop(model_a):
-    eng = EmbeddedEngine(model=model_a)
+    eng = make_engine(model=model_a)
     eng.start()
     eng.submit([3, 4, 5], greedy(6)).result(timeout=30)
     st_ = eng.stats()
@@ -375,7 +407,7 @@ def test_stats_and_submit_after_stop(model_a):
 
 def test_weight_swap_without_pause_is_not_starved(model_b):
     """The scheduler re-takes its lock in a tight loop; a swap must still land mid-flight."""
-    with EmbeddedEngine(model=spiky_model(0)) as eng:
+    with make_engine(model=spiky_model(0)) as eng:
         futs = [eng.submit(p, greedy(300)) for p in prompts(3, seed=16)]
         wait_tokens(eng, 30)
         eng.update_weights_from_state_dict(model_b.state_dict(), version=7)
@@ -389,7 +421,7 @@ def test_weight_swap_without_pause_is_not_starved(model_b):
 
 
 def test_cancelled_asyncio_generate_frees_its_slot(model_a):
-    with EmbeddedEngine(model=model_a) as eng:
+    with make_engine(model=model_a) as eng:
 
         async def go():
             task = asyncio.ensure_future(eng.generate([5, 6, 7], greedy(400), rid="c"))
@@ -401,3 +433,94 @@ def test_cancelled_asyncio_generate_frees_its_slot(model_a):
         st_ = eng.stats()
         assert st_["running"] == 0 and st_["tokens_generated"] < 400
         assert eng.submit([5], greedy(2), rid="c").result(timeout=10).finish_reason == "length"
+
+
+# ---------------------------------------------------------------------------- the batched KV cache
+def test_kv_cache_rows_survive_joins_leaves_and_repacks(monkeypatch):
+    """Random joins, decode steps and leaves against a plain per-row list of keys/values.
+
+    Tiny headroom and slack force many in-place and growing repacks; prefill padding is NaN
+    so a padding column that is not zeroed on the way in shows up as a non-finite value.
+    """
+    from areal_graph.runtime.inference import kv_cache as kvm
+
+    monkeypatch.setattr(kvm, "_HEADROOM", 3)
+    monkeypatch.setattr(kvm, "_LEFT_SLACK", 1)
+    g = torch.Generator().manual_seed(0)
+    layers, heads, dim = 2, 2, 3
+    cache = kvm.BatchedKVCache(row_capacity=3)
+    ref: list[list[torch.Tensor]] = []  # per row: [layers, 2 (k/v), heads, n, dim]
+
+    def check() -> None:
+        assert cache.lens == [r.shape[3] for r in ref]
+        if not ref:
+            return
+        view = cache.hf_cache(0)
+        mask = cache.attention_mask(0).bool()
+        assert mask.shape == (len(ref), max(cache.lens))
+        for li, layer in enumerate(view.layers):
+            assert torch.isfinite(layer.keys).all() and torch.isfinite(layer.values).all()
+            for r, row in enumerate(ref):
+                assert torch.equal(layer.keys[r][:, mask[r]], row[li, 0])
+                assert torch.equal(layer.values[r][:, mask[r]], row[li, 1])
+
+    for step in range(300):
+        op = int(torch.randint(0, 10, (1,), generator=g))
+        if op < 2 or not ref:  # a prefill joins 1-3 rows
+            n = int(torch.randint(1, 4, (1,), generator=g))
+            lens = torch.randint(1, 12 + step // 10, (n,), generator=g).tolist()
+            w = max(lens) + int(torch.randint(0, 3, (1,), generator=g))
+            kv = torch.full((layers, 2, n, heads, w, dim), float("nan"))
+            for j, m in enumerate(lens):
+                kv[:, :, j, :, w - m:] = torch.randn(layers, 2, heads, m, dim, generator=g)
+                ref.append(kv[:, :, j, :, w - m:].clone())
+            cache.append([kv[li, 0] for li in range(layers)], [kv[li, 1] for li in range(layers)], lens)
+        elif op < 8:  # a decode step writes one column for every row
+            view = cache.hf_cache(1)
+            new = torch.randn(layers, 2, len(ref), heads, 1, dim, generator=g)
+            for li, layer in enumerate(view.layers):
+                k, v = layer.update(new[li, 0], new[li, 1])
+                assert k.shape[2] == max(cache.lens) + 1
+            cache.advance(1)
+            ref = [torch.cat([row, new[:, :, r]], dim=3) for r, row in enumerate(ref)]
+        else:  # some rows leave
+            dead = [r for r in range(len(ref)) if float(torch.rand(1, generator=g)) < 0.4]
+            order = cache.remove(dead)
+            assert sorted(order) == [r for r in range(len(ref)) if r not in dead]
+            ref = [ref[i] for i in order]
+        check()
+    assert cache.repacks >= 5  # the point of the tiny headroom
+
+
+def test_kv_cache_leave_moves_only_the_rows_it_must():
+    from areal_graph.runtime.inference.kv_cache import BatchedKVCache
+
+    cache = BatchedKVCache(row_capacity=8)
+    keys = [torch.arange(8.0).view(8, 1, 1, 1).expand(8, 1, 4, 2).clone()]
+    cache.append(keys, [k.clone() for k in keys], [4] * 8)
+    assert cache.remove([1, 6]) == [0, 7, 2, 3, 4, 5]  # row 7 fills hole 1; row 6 just goes
+    assert cache.remove([]) == list(range(6))
+    view = cache.hf_cache(0).layers[0].keys
+    assert view[:, 0, 0, 0].tolist() == [0, 7, 2, 3, 4, 5]
+    with pytest.raises(IndexError):
+        cache.remove([6])
+
+
+def test_sampler_draws_follow_the_truncated_tempered_distribution():
+    """Empirical frequencies of sample_tokens against softmax(logits / T) restricted to top-k / top-p."""
+    from areal_graph.runtime.inference.sampling import sample_tokens
+
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
+    n = 20000
+    cases = [(0.7, -1, 1.0), (1.3, 4, 1.0), (1.0, -1, 0.8), (0.9, 5, 0.9)]
+    for temp, k, p in cases:
+        params = [SamplingParams(temperature=temp, top_k=k, top_p=p)] * n
+        gens = [torch.Generator().manual_seed(i) for i in range(n)]
+        tokens, lps = sample_tokens(logits.expand(n, -1).clone(), params, gens)
+        want = torch.softmax(truncate_logits((logits / temp).unsqueeze(0).double(), [k], [p])[0], -1)
+        freq = torch.bincount(tokens, minlength=len(logits)).double() / n
+        assert (freq - want).abs().max() < 0.015, (temp, k, p, freq, want)
+        assert (freq[want == 0] == 0).all()
+        # reported log-prob: tempered, untruncated (see sampling.py)
+        full = torch.log_softmax(logits / temp, -1)
+        assert torch.allclose(lps, full[tokens], atol=1e-6)

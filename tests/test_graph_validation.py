@@ -47,6 +47,8 @@ CASES: dict[str, tuple[str | None, str, tuple[str, ...], str | None]] = {
     "no_rollout": (None, "nodes", ("exactly one node of kind 'rollout'",), "nodes:"),
     "batch_not_multiple_of_group": (None, "runtime.batch_size", ("multiple of nodes.rollout.group_size (4)", "18"),
                                     "batch_size: 18"),
+    "ppo_minibatches_over_batch": ("train", "ppo_minibatches", ("at most runtime.batch_size (8)", "16"),
+                                   "ppo_minibatches: 16"),
     "gae_without_values": ("advantage", "reads", ("'gae' must read values",), "reads: [rewards, loss_mask, ref_logprobs]"),
     "yaml_syntax": (None, "", ("YAML syntax error",), None),
 }

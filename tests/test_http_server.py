@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 import urllib.error
 import urllib.request
 
@@ -17,6 +19,7 @@ import torch
 from areal_graph.runtime.inference.sampling import SamplingParams
 
 MAX_QUEUE = 4
+DEVICE = os.environ.get("AREAL_TEST_DEVICE", "cpu")  # the server's device; references stay on the CPU
 MAX_RUNNING = 4
 
 
@@ -25,7 +28,7 @@ def server(tiny_model_dir):
     from areal_graph.runtime.inference.http_server import ServerProcess
 
     proc = ServerProcess(str(tiny_model_dir), extra_args=[
-        "--threads", "1", "--max-running", str(MAX_RUNNING), "--max-queue", str(MAX_QUEUE)])
+        "--threads", "1", "--max-running", str(MAX_RUNNING), "--max-queue", str(MAX_QUEUE), "--device", DEVICE])
     proc.start()
     yield proc.url
     proc.stop()
@@ -107,7 +110,7 @@ def test_client_matches_engine_in_process(server, tiny_model_dir):
             await client.close()
 
     remote = asyncio.run(via_http())
-    engine = EmbeddedEngine(str(tiny_model_dir), max_running=4)
+    engine = EmbeddedEngine(str(tiny_model_dir), max_running=4, device=DEVICE)
     engine.start()
     try:
         local = [engine.submit(p, params).result(timeout=60) for p in prompts]
@@ -256,14 +259,62 @@ def test_abort_by_rid_and_pause_continue(server):
     assert done.finish_reason == "length" and len(done.output_ids) == 4
 
 
+def test_pause_modes_follow_sglang(server):
+    """abort (SGLang's default mode) returns in-flight requests with their tokens so far; in_place keeps them."""
+    import threading
+
+    def generate(out: dict, key: str, n: int) -> None:
+        out[key] = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True,
+                                              "sampling_params": {"max_new_tokens": n, "ignore_eos": True}})
+
+    def tokens_generated() -> int:
+        return get(server, "/get_server_info")[1]["internal_states"][0]["tokens_generated"]
+
+    def start(out: dict, key: str, n: int) -> threading.Thread:
+        before = tokens_generated()
+        t = threading.Thread(target=generate, args=(out, key, n))
+        t.start()
+        while tokens_generated() < before + 5:  # it is decoding
+            time.sleep(0.01)
+        return t
+
+    out: dict = {}
+    for mode, expect_abort in (("abort", True), ("in_place", False)):
+        t = start(out, mode, 400)
+        status, body = post(server, "/pause_generation", {"mode": mode})
+        assert status == 200 and body["mode"] == mode
+        held = threading.Thread(target=generate, args=(out, mode + "-new", 3))
+        held.start()
+        time.sleep(0.3)
+        assert mode + "-new" not in out, "a paused server served a new request"
+        if expect_abort:
+            t.join(30)
+            assert not t.is_alive(), "abort mode did not return the in-flight request"
+        else:
+            assert t.is_alive(), "in_place mode returned the in-flight request"
+        assert post(server, "/continue_generation", {})[0] == 200
+        t.join(60)
+        held.join(60)
+        status, body = out[mode]
+        assert status == 200
+        n = len(body["output_ids"])
+        assert body["meta_info"]["finish_reason"]["type"] == ("abort" if expect_abort else "length")
+        assert (0 < n < 400) if expect_abort else n == 400
+        assert len(body["meta_info"]["output_token_logprobs"]) == n
+        assert out[mode + "-new"][1]["meta_info"]["finish_reason"]["type"] == "length"
+    status, err = post(server, "/pause_generation", {"mode": "sideways"})
+    assert status == 400 and "mode" in err["message"]
+    status, err = post(server, "/pause_generation", {"mood": "abort"})
+    assert status == 400 and "mood" in err["message"]
+    assert get(server, "/health_generate")[0] == 200
+
+
 def test_client_disconnect_aborts_the_request(server):
     """A client that gives up must not leave its request in the engine (SGLang aborts it too).
 
     The server is paused so the request can only sit in the queue: if it is gone afterwards,
     the disconnect removed it (it cannot have finished).
     """
-    import time
-
     import aiohttp
 
     async def go():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -170,7 +171,8 @@ def two_models(tiny_model_dir, tmp_path_factory):
 def server(tiny_model_dir):
     from areal_graph.runtime.inference.http_server import ServerProcess
 
-    proc = ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--max-running", "16"])
+    proc = ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--max-running", "16",
+                                                          "--device", os.environ.get("AREAL_TEST_DEVICE", "cpu")])
     proc.start()
     yield proc.url
     proc.stop()
@@ -218,12 +220,12 @@ async def _run_with_update(url: str, models: dict, sglang_style: bool) -> list[C
         await asyncio.sleep(0.005)
     assert not all(t.done() for t in tasks), "requests finished before the update: make them longer"
     if sglang_style:
-        # SGLang's pause aborts in-flight requests; emulate it with pause + abort_all from
-        # the controller's client: the rollout client did not abort, so it resubmits.
-        await ctrl.pause()
-        await ctrl.abort(abort_all=True)
-        await ctrl.update_weights_from_disk(str(models["v1_dir"]), v0 + 1)
-        await ctrl.resume()
+        # The client's SGLang path against our server: pause {"mode": "abort"} returns the
+        # in-flight requests as aborted, update, continue. The rollout client did not abort
+        # them, so it resubmits prompt + tokens so far.
+        sgl = InferenceClient(url, backend="sglang")
+        await sgl.update_weights_from_disk(str(models["v1_dir"]), v0 + 1)
+        await sgl.close()
     else:
         await ctrl.update_weights_from_disk(str(models["v1_dir"]), v0 + 1)
     gens = await asyncio.gather(*tasks)

@@ -74,3 +74,38 @@ def test_loss_over_any_microbatch_split_equals_the_full_batch(agg, loss):
     assert torch.allclose(whole, parts, atol=1e-6)
     assert torch.allclose(g_whole, g_parts, atol=1e-7)
     assert whole.abs() > 0
+
+
+def test_ppo_minibatches_partition_every_sequence_once_and_are_seeded():
+    from areal_graph.nodes.train import ppo_minibatches
+
+    parts = ppo_minibatches(10, 3, seed=4)
+    assert sorted(i for p in parts for i in p) == list(range(10))
+    assert sorted(len(p) for p in parts) == [3, 3, 4]
+    assert parts == ppo_minibatches(10, 3, seed=4) and parts != ppo_minibatches(10, 3, seed=5)
+    with pytest.raises(ValueError, match="ppo_minibatches"):
+        ppo_minibatches(2, 3, seed=0)
+
+
+def test_worker_takes_one_optimizer_step_per_ppo_minibatch(tiny_model_dir):
+    """ppo_minibatches=2, ppo_epochs=2: four steps, each exactly a train_step on its share."""
+    from areal_graph.nodes.train import ppo_minibatches
+    from areal_graph.runtime.model_worker import ModelWorker
+
+    b = random_batch(seed=2)
+    b.update(compute_advantages(AdvantageParams(), b))
+    params = TrainParams(ppo_minibatches=2, ppo_epochs=2)
+    optim = {"lr": 1e-3}
+    worker = ModelWorker(str(tiny_model_dir), optim=optim, total_steps=5, role="policy")
+    reference = ModelWorker(str(tiny_model_dir), optim=optim, total_steps=5, role="policy")
+    worker.train(b, vars(params), max_tokens_per_mb=4096)
+    assert worker.engine.version == 4 and worker.train_stats()["updates"] == 4.0
+    assert worker.train_stats()["tokens"] == 2 * b.num_tokens
+    for epoch in range(2):
+        for part in ppo_minibatches(b.num_seqs, 2, seed=reference.engine.version * 1009 + epoch):
+            mb = b.select(part)
+            reference.engine.train_step(mb, build_loss_fn(params, mb), max_tokens_per_mb=4096)
+    for p, q in zip(worker.engine.model.parameters(), reference.engine.model.parameters()):
+        assert torch.equal(p, q)
+    before = [p.detach().clone() for p in ModelWorker(str(tiny_model_dir), role="policy").engine.model.parameters()]
+    assert any(not torch.equal(p, q) for p, q in zip(worker.engine.model.parameters(), before))

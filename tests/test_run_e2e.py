@@ -45,8 +45,9 @@ def kit(tmp_path_factory):
     return root
 
 
-def write_workflow(kit: Path, tmp: Path, **runtime) -> Path:
-    text = (ROOT / "workflows" / "ppo_async.yaml").read_text()
+def write_workflow(kit: Path, tmp: Path, workflow: str = "ppo_async.yaml") -> Path:
+    """A shipped workflow pointed at the test kit instead of the builtin one."""
+    text = (ROOT / "workflows" / workflow).read_text()
     text = text.replace("builtin:tiny-arith", str(kit / "model"))
     text = text.replace("builtin:arith/train", str(kit / "train.jsonl")).replace("builtin:arith/test", str(kit / "test.jsonl"))
     path = tmp / "wf.yaml"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.train_engine import TrainEngine, lr_factor, pack_rows, packed_logprobs
+from areal_graph.runtime.train_engine import TrainEngine, lr_factor, pack_rows, packed_logprobs, plan_rows
 from conftest import build_random_qwen2
 
 
@@ -23,18 +23,20 @@ def random_batch(n=10, seed=0, vocab=128) -> PackedBatch:
     return PackedBatch.from_sequences({"input_ids": toks, "loss_mask": mask})
 
 
-def naive_logprobs(model, batch: PackedBatch) -> torch.Tensor:
-    """Each sequence alone, in float64: the independent reference."""
+def naive_logprobs(model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False):
+    """Each sequence alone, in float64, token by token: the independent reference.
+    Returns log-probs, and with `entropy` also the entropy of each predicted distribution."""
     m = copy.deepcopy(model).double()
-    out = []
+    out, ent = [], []
     with torch.no_grad():
         for i in range(batch.num_seqs):
             ids = batch.sequence(i, "input_ids").unsqueeze(0)
-            logits = m(input_ids=ids, use_cache=False).logits[0]
+            logits = m(input_ids=ids, use_cache=False).logits[0] / temperature
             lp = torch.log_softmax(logits, -1)
-            seq = [0.0] + [float(lp[t - 1, ids[0, t]]) for t in range(1, ids.shape[1])]
-            out.extend(seq)
-    return torch.tensor(out, dtype=torch.float64)
+            out.extend([0.0] + [float(lp[t - 1, ids[0, t]]) for t in range(1, ids.shape[1])])
+            ent.extend([0.0] + [-sum(float(p.exp() * p) for p in lp[t - 1]) for t in range(1, ids.shape[1])])
+    lp_t = torch.tensor(out, dtype=torch.float64)
+    return (lp_t, torch.tensor(ent, dtype=torch.float64)) if entropy else lp_t
 
 
 @pytest.mark.parametrize("row_tokens", [16, 64, 4096])
@@ -48,12 +50,42 @@ def test_packed_logprobs_equal_each_sequence_alone(row_tokens):
     assert torch.all(lp[starts] == 0)
 
 
+def test_entropy_and_temperature_match_the_loop_reference():
+    model = build_random_qwen2()
+    batch = random_batch(n=5, seed=11)
+    with torch.no_grad():
+        lp, ent = packed_logprobs(model, batch, row_tokens=24, with_entropy=True, temperature=0.7)
+    ref_lp, ref_ent = naive_logprobs(model, batch, temperature=0.7, entropy=True)
+    assert torch.allclose(lp.double(), ref_lp, atol=1e-4), (lp.double() - ref_lp).abs().max()
+    assert torch.allclose(ent.double(), ref_ent, atol=1e-4), (ent.double() - ref_ent).abs().max()
+    assert float(ent.max()) > 1.0  # a random model's next-token distributions are broad
+
+
 def test_pack_rows_places_every_sequence_once_within_the_row_budget():
     rng = random.Random(1)
     lens = [rng.randint(1, 300) for _ in range(200)]
     rows = pack_rows(lens, 512)
     assert sorted(i for r in rows for i in r) == list(range(200))
     assert all(sum(lens[i] for i in r) <= 512 for r in rows)
+
+
+def test_plan_rows_covers_every_sequence_once_in_few_forwards_of_similar_width():
+    rng = random.Random(2)
+    lens = [max(0, int(rng.lognormvariate(4.5, 1.0))) for _ in range(500)] + [0, 1]
+    forwards = plan_rows(lens, 256)
+    placed = sorted(i for f in forwards for row in f for i in row)
+    assert placed == [i for i, n in enumerate(lens) if n > 0]  # zero-length: nothing to score
+    for f in forwards:
+        loads = [sum(lens[i] for i in row) for row in f]
+        longest = [max(lens[i] for i in row) for row in f]
+        if max(longest) <= 256:
+            assert max(loads) <= 256  # the forward of packed short rows
+        else:  # a long sequence per row, widths within the slack, fillers only in its padding
+            assert all(n > 256 for n in longest) and max(loads) == max(longest)
+            assert min(longest) * 1.25 >= max(longest)
+            assert all(sum(1 for i in row if lens[i] > 256) == 1 for row in f)
+    assert len(forwards) <= 12
+    assert plan_rows(lens, 256) == forwards  # deterministic
 
 
 def sum_logprob_loss(batch: PackedBatch):
@@ -73,18 +105,20 @@ def rel_diff(a: dict, b: dict) -> float:
     return num / den
 
 
-def step_params(max_tokens, batch, seed=0):
+def step_params(max_tokens, batch, seed=0, row_tokens=256):
     torch.manual_seed(seed)
-    engine = TrainEngine(build_random_qwen2(), lr=1e-3, grad_clip=0.5)
+    engine = TrainEngine(build_random_qwen2(), lr=1e-3, grad_clip=0.5, row_tokens=row_tokens)
     stats = engine.train_step(batch, sum_logprob_loss(batch), max_tokens_per_mb=max_tokens)
     return {k: v.detach().clone() for k, v in engine.model.state_dict().items()}, stats
 
 
-def test_one_step_is_the_same_however_the_batch_is_split():
+@pytest.mark.parametrize("row_tokens", [256, 12])  # 12: several forwards per micro-batch
+def test_one_step_is_the_same_however_the_batch_is_split(row_tokens):
     batch = random_batch(n=12, seed=3)
     whole, s1 = step_params(10_000, batch)
-    split, s2 = step_params(60, batch)
+    split, s2 = step_params(60, batch, row_tokens=row_tokens)
     assert s1["n_microbatches"] == 1 and s2["n_microbatches"] > 3
+    assert s1["n_forwards"] == 1 and s2["n_forwards"] >= (s2["n_microbatches"] if row_tokens > 100 else 8)
     assert abs(s1["tok"] - 1.0) < 1e-6 and abs(s2["tok"] - 1.0) < 1e-6  # stats summed over micro-batches
     assert abs(s1["grad_norm"] - s2["grad_norm"]) / s1["grad_norm"] < 1e-5
     init = build_random_qwen2().state_dict()

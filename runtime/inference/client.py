@@ -6,9 +6,13 @@ the embedded server and a real SGLang server lives in `InferenceClient` alone:
 | | embedded (`http_server.py`) | SGLang |
 |---|---|---|
 | per-token versions | `meta_info.output_token_versions` | none: every token of a response gets `meta_info.weight_version` (a string we set to str(int) on update), else the version this client knows |
-| `/pause_generation` | in-flight requests wait, then resume (KV recomputed on the engine's side) | in-flight requests come back with finish_reason `abort`; new ones wait until `/continue_generation` |
+| `pause()` | `/pause_generation {"mode": "in_place"}`: in-flight requests wait, then resume (KV recomputed if the weights changed) | `/pause_generation {"mode": "abort"}` (SGLang's default mode; older SGLang ignores the body and always aborts): in-flight requests come back with finish_reason `abort`; new ones wait until `/continue_generation` |
 | weight update | one `/update_weights_from_disk`: the engine pauses, swaps and resumes by itself | `/pause_generation` -> `/update_weights_from_disk` -> `/continue_generation` |
 | seed field | `sampling_seed` | `sampling_seed` |
+| `logprob_start_len` | not sent | not sent (SGLang aborts requests with `logprob_start_len >= len(input_ids)`) |
+
+Names and fields checked against SGLang's `http_server.py` and `io_struct.py`
+(`GenerateReqInput`, `UpdateWeightFromDiskReqInput`, `PauseGenerationReqInput`, `AbortReq`).
 
 A response that comes back `abort` although nobody called `abort()` on its rid is an
 *interruption* (weights changed under it); `interruptible.py` resubmits it. The client
@@ -196,10 +200,11 @@ class InferenceClient:
         """Generate one continuation. Returns behaviour log-probs and per-token versions."""
         ids = [int(t) for t in input_ids]
         rid = rid or uuid.uuid4().hex
+        # No logprob_start_len: SGLang's default (-1) already returns only the output log-probs
+        # (plus one for the last prompt token), and most SGLang versions *abort* a request whose
+        # logprob_start_len >= len(input_ids), which would look like an endless interruption.
         payload = {"input_ids": ids, "sampling_params": sampling_to_json(sampling), "return_logprob": True,
                    "rid": rid, "stream": False}
-        if self.backend == "sglang":
-            payload["logprob_start_len"] = len(ids)  # only the output log-probs; skips prompt logprob work
         version_at_submit = self.version
         self.outstanding += 1
         self.stats.requests += 1
@@ -296,7 +301,7 @@ class InferenceClient:
             if self.backend == "sglang":
                 # SGLang aborts in-flight requests on pause; their callers resubmit with the
                 # tokens so far (interruptible.py) and the server holds them until continue.
-                await self._request("POST", "/pause_generation", {})
+                await self._request("POST", "/pause_generation", self._pause_body())
                 try:
                     out = await self._request("POST", "/update_weights_from_disk", body, retry=False)
                 finally:
@@ -311,9 +316,13 @@ class InferenceClient:
             if self._updating == 0:
                 ev.set()
 
+    def _pause_body(self) -> dict[str, str]:
+        """SGLang's `PauseGenerationReqInput.mode`: abort there (the interruptible loop resubmits), in place here."""
+        return {"mode": "abort" if self.backend == "sglang" else "in_place"}
+
     async def pause(self) -> None:
         """Stop decoding. Embedded: requests wait in place. SGLang: in-flight requests return `abort`."""
-        await self._request("POST", "/pause_generation", {})
+        await self._request("POST", "/pause_generation", self._pause_body())
 
     async def resume(self) -> None:
         await self._request("POST", "/continue_generation", {})

@@ -2,10 +2,13 @@
 
 It lets the whole RL system run on a laptop or CI with a tiny HF CausalLM. One background
 scheduler thread owns the model and the batched KV cache; at every step it
-1. admits queued requests (up to `max_running`) and prefills them in left-padded batches,
-   which yields each one's first token and its KV rows, merged into the running cache;
+1. admits queued requests (up to `max_running`) and prefills them in left-padded chunks of
+   at most `prefill_token_budget` tokens, which yields each one's first token and its KV
+   rows, written into free rows of the running cache (see `kv_cache.py`);
 2. decodes every running request by one token in a single forward over the batched cache;
-3. retires finished requests at once (their futures resolve, their cache rows are dropped).
+3. retires finished requests at once (their futures resolve, their cache rows are freed).
+A pause, abort or weight swap waits for the current step only; a step that is prefilling
+stops between chunks for it, so even a re-prefill of every request costs it one chunk.
 
 Interruptible generation (AReaL): `update_weights_*` swaps the weights at a step boundary,
 bumps the policy version and drops the whole KV cache; the next step re-prefills every
@@ -96,7 +99,7 @@ class EmbeddedEngine:
         max_context: int | None = None,
         version: int = 0,
         seed: int | None = None,
-        prefill_token_budget: int = 8192,
+        prefill_token_budget: int = 2048,
     ) -> None:
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
@@ -132,7 +135,7 @@ class EmbeddedEngine:
         self._active: dict[str, _Request] = {}  # every queued or running request
         self._running: list[_Request] = []  # rows of self._cache, in order
         self._pending: list[_Request] = []  # admitted, need a (re-)prefill before decoding
-        self._cache = BatchedKVCache()
+        self._cache = BatchedKVCache(row_capacity=max_running)
         self._paused = False
         self._waiters = 0  # threads waiting for a step boundary (abort, weight swap): the scheduler yields
         self._stopping = False
@@ -236,10 +239,10 @@ class EmbeddedEngine:
         gone = {id(r) for r in reqs}
         self._queue = collections.deque(r for r in self._queue if id(r) not in gone)
         self._pending = [r for r in self._pending if id(r) not in gone]
-        keep = [i for i, r in enumerate(self._running) if id(r) not in gone]
-        if len(keep) != len(self._running):
-            self._cache.rebuild(keep)
-            self._running = [self._running[i] for i in keep]
+        dead = [i for i, r in enumerate(self._running) if id(r) in gone]
+        if dead:
+            order = self._cache.remove(dead)
+            self._running = [self._running[i] for i in order]
         for r in reqs:
             r.finish_reason = "abort"
             self._resolve(r)
@@ -392,14 +395,22 @@ class EmbeddedEngine:
                 self._pending.append(self._queue.popleft())
                 room -= 1
         if self._pending:
-            self._prefill(self._pending)
-            self._pending = []
+            self._pending = self._prefill(self._pending)
+            if self._pending:  # a pause or a weight swap is waiting: give it the step boundary now
+                self._steps += 1
+                return
         if self._running:
             self._decode()
         self._steps += 1
 
-    def _prefill(self, reqs: list[_Request]) -> int:
-        """Prefill `reqs` (prompt + tokens so far) in left-padded chunks; sample one token each; join the cache."""
+    def _prefill(self, reqs: list[_Request]) -> list[_Request]:
+        """Prefill `reqs` (prompt + tokens so far) in left-padded chunks; sample one token each; join the cache.
+
+        Chunks hold at most `prefill_token_budget` padded tokens. Between chunks a waiting
+        pause, abort or weight swap takes precedence, so its latency is one chunk, not a
+        whole re-prefill of every request in flight; the requests not yet prefilled are
+        returned and stay pending.
+        """
         order = sorted(reqs, key=lambda r: len(r.prompt) + len(r.output_ids))
         chunks: list[list[_Request]] = [[]]
         for r in order:
@@ -407,7 +418,9 @@ class EmbeddedEngine:
             if chunks[-1] and n * (len(chunks[-1]) + 1) > self.prefill_token_budget:
                 chunks.append([])
             chunks[-1].append(r)
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if i and (self._paused or self._waiters):
+                return [r for c in chunks[i:] for r in c]
             seqs = [r.all_tokens() for r in chunk]
             lens = [len(s) for s in seqs]
             width = max(lens)
@@ -433,16 +446,15 @@ class EmbeddedEngine:
             done = self._take_tokens(chunk, out.logits[:, -1, :])
             keep = [j for j, r in enumerate(chunk) if j not in done]
             if keep:
-                idx = torch.tensor(keep, dtype=torch.long)
                 layers = out.past_key_values.layers
-                self._cache.rebuild(
-                    range(len(self._running)),
-                    [layer.keys.index_select(0, idx) for layer in layers],
-                    [layer.values.index_select(0, idx) for layer in layers],
-                    [lens[j] for j in keep],
-                )
+                keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+                if len(keep) < len(chunk):
+                    idx = torch.tensor(keep, dtype=torch.long, device=keys[0].device)
+                    keys = [k.index_select(0, idx) for k in keys]
+                    values = [v.index_select(0, idx) for v in values]
+                self._cache.append(keys, values, [lens[j] for j in keep])
                 self._running.extend(chunk[j] for j in keep)
-        return len(reqs)
+        return []
 
     def _decode(self) -> int:
         """One token for every running request, in one forward over the batched cache."""
@@ -458,9 +470,8 @@ class EmbeddedEngine:
         self._cache.advance(1)
         done = self._take_tokens(rows, out.logits[:, -1, :])
         if done:
-            keep = [i for i in range(len(rows)) if i not in done]
-            self._cache.rebuild(keep)
-            self._running = [rows[i] for i in keep]
+            order = self._cache.remove(done)
+            self._running = [rows[i] for i in order]
         return len(rows)
 
     def _take_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> set[int]:
@@ -508,7 +519,19 @@ class EmbeddedEngine:
 
 
 # ---------------------------------------------------------------------- helpers
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
 def _try_load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved next to the model, or None.
+
+    A directory without tokenizer files gives None: transformers would otherwise build an
+    empty tokenizer from the config's model type (vocab of 1), and stop strings would then
+    be matched against meaningless text.
+    """
+    if Path(path).is_dir() and not any((Path(path) / f).exists() for f in _TOKENIZER_FILES):
+        log.info("no tokenizer files in %s; stop strings are unavailable", path)
+        return None
     try:
         from transformers import AutoTokenizer
 

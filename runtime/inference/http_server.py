@@ -13,7 +13,8 @@ Endpoints (names and fields as in SGLang's `http_server.py`):
                                         output_token_logprobs: [[logprob, token_id, null], ...],
                                         output_token_versions: [int, ...]}}
     POST /update_weights_from_disk  {model_path, weight_version?, load_format?, abort_all_requests?}
-    POST /pause_generation, POST /continue_generation
+    POST /pause_generation          {mode?: "abort" (default, as SGLang) | "in_place" | "retract"}
+    POST /continue_generation
     POST /abort_request             {rid?, abort_all?}
     GET  /health, GET /health_generate, GET /get_model_info, GET /get_weight_version,
     GET  /get_server_info, GET|POST /flush_cache
@@ -59,6 +60,9 @@ _SAMPLING_FIELDS = {
 _GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len"}
 _ABORT_FIELDS = {"rid", "abort_all"}
 _UPDATE_FIELDS = {"model_path", "load_format", "weight_version", "abort_all_requests", "flush_cache"}
+_PAUSE_FIELDS = {"mode"}
+_PAUSE_MODES = ("abort", "retract", "in_place")
+_CONTINUE_FIELDS = {"torch_empty_cache"}
 
 
 class BadRequest(ValueError):
@@ -318,10 +322,19 @@ class InferenceHTTPServer:
         return web.json_response({"success": True, "message": msg, "num_paused_requests": running})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
+        """SGLang's modes: "abort" (the default) returns in-flight requests as aborted; "in_place" and
+        "retract" keep them (their KV is recomputed on resume if the weights changed meanwhile)."""
+        body = await self._json(request, _PAUSE_FIELDS)
+        mode = body.get("mode", "abort")
+        if mode not in _PAUSE_MODES:
+            raise BadRequest(f"'mode' must be one of {list(_PAUSE_MODES)}, got {mode!r}")
         await asyncio.to_thread(self.engine.pause)
-        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+        aborted = await asyncio.to_thread(self.engine.abort_all) if mode == "abort" else 0
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok",
+                                  "mode": mode, "num_aborted": aborted})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
+        await self._json(request, _CONTINUE_FIELDS)
         await asyncio.to_thread(self.engine.resume)
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 

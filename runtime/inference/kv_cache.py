@@ -1,139 +1,196 @@
-"""A batched, left-padded KV cache for continuous batching over HF CausalLMs.
+"""A batched, right-aligned KV cache for continuous batching over HF CausalLMs.
 
 Why not one `DynamicCache` per request: a decode step must run every running request in
 one forward, and HF caches are batch tensors. Why not HF's `DynamicCache` for the batch:
-it grows by `torch.cat` every step, copying the whole cache per token. Here each layer
-owns a preallocated buffer [B, kv_heads, capacity, head_dim]; a decode step writes one
-column in place. Rows are *right-aligned*: row r's real tokens fill columns
-[width - lens[r], width), the columns before are zero padding masked out by
-`attention_mask()`. Requests join (after a batched prefill) and leave through
-`rebuild`, the only operation that copies the cache.
+it grows by `torch.cat` every step, copying the whole cache per token.
+
+Layout. Each layer owns preallocated buffers [rows, kv_heads, columns, head_dim]. The
+running batch is rows [0, B). Every row is *right-aligned* at a shared write column
+`end`: row r's real tokens fill columns [end - lens[r], end), so a decode step writes one
+column (`end`) for all rows in place. Attention reads the window [end - width, end) with
+width = max(lens); the columns of a row before its first token are masked out by
+`attention_mask()` (they may hold stale but always finite values: see `append`).
+
+Why this shape: in a long-tailed request mix requests join and leave at almost every
+step. Copying the whole cache on each join or leave (the simple way to keep rows
+compact) cost a fifth of all engine time. Here
+- a leave moves at most as many rows as left (live rows from the tail fill the holes),
+- a join writes only the new rows (into free rows, at the right columns),
+- the attention window shrinks for free when the longest row leaves (width = max(lens)),
+- the window moves (`_repack`) only when the buffers run out of room: every
+  ~`_HEADROOM` decode steps, or when a request longer than the left room joins; it moves
+  in place unless the buffers must grow.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-_HEADROOM = 128  # free columns allocated past the current width on every rebuild
+_HEADROOM = 128  # free columns right of `end` after a repack (decode steps until the next one)
+_LEFT_SLACK = 64  # extra columns left of the window after a repack, so slightly longer joins fit
 
 
 class _BufferLayer(DynamicLayer):
-    """One layer's view of the shared buffer, speaking HF's cache-layer protocol."""
+    """One layer's view of the shared buffers (rows [0, B)), speaking HF's cache-layer protocol."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, width: int) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, start: int, end: int) -> None:
         super().__init__()
-        self.kbuf, self.vbuf, self.width = keys, values, width
+        self.kbuf, self.vbuf, self.start, self.end = keys, values, start, end
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self.keys, self.values = keys[:, :, :width], values[:, :, :width]
+        self.keys, self.values = keys[:, :, start:end], values[:, :, start:end]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = self.width + key_states.shape[-2]
+        end = self.end + key_states.shape[-2]
         if end > self.kbuf.shape[2]:
             raise RuntimeError(f"KV buffer overflow: need {end} columns, have {self.kbuf.shape[2]}")
-        self.kbuf[:, :, self.width:end] = key_states
-        self.vbuf[:, :, self.width:end] = value_states
-        self.width = end
-        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        self.kbuf[:, :, self.end:end] = key_states
+        self.vbuf[:, :, self.end:end] = value_states
+        self.end = end
+        self.keys, self.values = self.kbuf[:, :, self.start:end], self.vbuf[:, :, self.start:end]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.width
+        return self.end - self.start
 
 
 class BatchedKVCache:
-    """Per-layer KV buffers of the running batch plus each row's real length."""
+    """Per-layer KV buffers of the running batch plus each row's real length (see module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, row_capacity: int = 0) -> None:
+        self.row_capacity = row_capacity  # rows allocated up front (the engine's max_running)
+        self.repacks = 0  # full copies so far (tests and stats)
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop every row (e.g. after a weight swap: the cached keys came from old weights)."""
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lens: list[int] = []
-        self.width = 0
+        self.end = 0
 
     @property
     def batch_size(self) -> int:
         return len(self.lens)
 
-    def clear(self) -> None:
-        self.keys, self.values, self.lens, self.width = [], [], [], 0
+    @property
+    def width(self) -> int:
+        """Columns attention reads per row: the longest row's length."""
+        return max(self.lens) if self.lens else 0
 
     # ---------------------------------------------------------------- a decode step
     def hf_cache(self, new_tokens: int = 1) -> Cache:
-        """An HF `Cache` writing into the buffers; grows them first if `new_tokens` would not fit."""
-        if self.keys and self.width + new_tokens > self.keys[0].shape[2]:
-            self._grow(self.width + new_tokens + max(_HEADROOM, self.width))
-        return Cache(layers=[_BufferLayer(k, v, self.width) for k, v in zip(self.keys, self.values)])
+        """An HF `Cache` over rows [0, B) writing at column `end`; repacks first if `new_tokens` would not fit."""
+        if not self.keys:
+            raise RuntimeError("the KV cache holds no rows")
+        if self.end + new_tokens > self.keys[0].shape[2]:
+            self._repack(self.keys[0].shape[0], self.width, new_tokens)
+        b, w = self.batch_size, self.width
+        return Cache(layers=[_BufferLayer(k[:b], v[:b], self.end - w, self.end) for k, v in zip(self.keys, self.values)])
 
     def attention_mask(self, new_tokens: int = 1) -> torch.Tensor:
         """[B, width + new_tokens] int64: 1 on real tokens (and the new ones), 0 on padding."""
-        total = self.width + new_tokens
-        start = torch.tensor([self.width - n for n in self.lens]).unsqueeze(1)
-        return (torch.arange(total).unsqueeze(0) >= start).long()
+        w = self.width
+        start = torch.tensor([w - n for n in self.lens]).unsqueeze(1)
+        return (torch.arange(w + new_tokens).unsqueeze(0) >= start).long()
 
     def advance(self, new_tokens: int = 1) -> None:
         """Record that a forward through `hf_cache()` appended `new_tokens` columns to every row."""
-        self.width += new_tokens
+        self.end += new_tokens
         self.lens = [n + new_tokens for n in self.lens]
 
-    # ---------------------------------------------------------------- joins and leaves
-    def rebuild(
-        self,
-        keep: Sequence[int],
-        new_keys: Sequence[torch.Tensor] | None = None,
-        new_values: Sequence[torch.Tensor] | None = None,
-        new_lens: Sequence[int] = (),
-    ) -> None:
-        """Keep rows `keep` (in that order) and append rows from a left-padded prefill cache.
+    # ---------------------------------------------------------------- leaves and joins
+    def remove(self, rows: Iterable[int]) -> list[int]:
+        """Drop `rows`; return `order`, where new row i is old row order[i] (callers permute alike).
 
-        new_keys[l] is [b, kv_heads, w, head_dim], row j's real tokens in its last
-        new_lens[j] columns. The result is trimmed to the longest row, so columns that
-        only ever held padding do not cost attention compute.
+        Live rows from the tail move into the holes, so the copy is proportional to the
+        number of rows that left, not to the batch.
         """
-        keep = list(keep)
-        n_new = len(new_lens)
-        lens = [self.lens[i] for i in keep] + list(new_lens)
-        if not lens:
-            self.clear()
-            return
-        width = max(lens)
-        ref = self.keys[0] if self.keys else new_keys[0]
-        n_layers = len(self.keys) if self.keys else len(new_keys)
-        b, h, d = len(lens), ref.shape[1], ref.shape[3]
-        cap = width + _HEADROOM
-        idx = torch.tensor(keep, dtype=torch.long)
-        new_mask = None
-        if n_new:
-            w_new = new_keys[0].shape[2]
-            start = torch.tensor([w_new - n for n in new_lens]).unsqueeze(1)
-            new_mask = (torch.arange(w_new).unsqueeze(0) >= start).view(n_new, 1, w_new, 1)
-        keys, values = [], []
-        for layer in range(n_layers):
-            out_k = ref.new_zeros(b, h, cap, d)
-            out_v = ref.new_zeros(b, h, cap, d)
-            if keep:
-                # kept rows are right-aligned: their real tokens all lie in the last `take` columns
-                take = min(width, self.width)
-                out_k[: len(keep), :, width - take:width] = self.keys[layer][idx, :, self.width - take:self.width]
-                out_v[: len(keep), :, width - take:width] = self.values[layer][idx, :, self.width - take:self.width]
-            if n_new:
-                # Zero the padding columns: a padded query's activations may be garbage (even NaN),
-                # and 0 * NaN in the attention product would leak into real rows later.
-                k = torch.where(new_mask, new_keys[layer], 0.0)
-                v = torch.where(new_mask, new_values[layer], 0.0)
-                take = min(width, w_new)
-                out_k[len(keep):, :, width - take:width] = k[:, :, w_new - take:]
-                out_v[len(keep):, :, width - take:width] = v[:, :, w_new - take:]
-            keys.append(out_k)
-            values.append(out_v)
-        self.keys, self.values, self.lens, self.width = keys, values, lens, width
-
-    def _grow(self, capacity: int) -> None:
-        for i in range(len(self.keys)):
+        dead = set(rows)
+        b = self.batch_size
+        if not dead:
+            return list(range(b))
+        if not dead <= set(range(b)):
+            raise IndexError(f"rows {sorted(dead - set(range(b)))} are not in a batch of {b}")
+        b2 = b - len(dead)
+        holes = [i for i in range(b2) if i in dead]
+        movers = [i for i in range(b2, b) if i not in dead]
+        order = list(range(b2))
+        for h, m in zip(holes, movers):
+            order[h] = m
+        if holes:
+            w = max(self.lens[m] for m in movers)  # only the movers' real columns matter
+            dev = self.keys[0].device
+            h_idx, m_idx = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
             for bufs in (self.keys, self.values):
-                old = bufs[i]
-                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
-                new[:, :, : self.width] = old[:, :, : self.width]
+                for buf in bufs:
+                    buf[h_idx, :, self.end - w:self.end] = buf[m_idx, :, self.end - w:self.end]
+        self.lens = [self.lens[i] for i in order]
+        return order
+
+    def append(
+        self, new_keys: Sequence[torch.Tensor], new_values: Sequence[torch.Tensor], new_lens: Sequence[int]
+    ) -> None:
+        """Add rows from a left-padded prefill cache after the current ones.
+
+        new_keys[l] is [n, kv_heads, w, head_dim], row j's real tokens in its last
+        new_lens[j] columns. The padding columns are zeroed on the way in: a padded
+        query's activations may be garbage (even NaN), and 0 * NaN in the attention
+        product would leak into this row later. That keeps every buffer value finite.
+        """
+        n = len(new_lens)
+        if n == 0:
+            return
+        if len(new_keys) != len(new_values) or any(k.shape[0] != n for k in new_keys):
+            raise ValueError(f"{len(new_lens)} new lengths for caches of shape {tuple(new_keys[0].shape)}")
+        take = max(new_lens)
+        b = self.batch_size
+        if not self.keys:
+            ref = new_keys[0]
+            rows = max(self.row_capacity, n)
+            cols = take + _LEFT_SLACK + _HEADROOM
+            shape = (rows, ref.shape[1], cols, ref.shape[3])
+            self.keys = [ref.new_zeros(shape) for _ in new_keys]
+            self.values = [ref.new_zeros(shape) for _ in new_keys]
+            self.end = take + _LEFT_SLACK
+        elif b + n > self.keys[0].shape[0] or take > self.end:
+            self._repack(max(self.keys[0].shape[0], b + n), max(self.width, take), 1)
+        w_new = new_keys[0].shape[2]
+        start = torch.tensor([take - m for m in new_lens]).unsqueeze(1)
+        real = (torch.arange(take).unsqueeze(0) >= start).view(n, 1, take, 1).to(new_keys[0].device)
+        for bufs, news in ((self.keys, new_keys), (self.values, new_values)):
+            for buf, new in zip(bufs, news):
+                buf[b:b + n, :, self.end - take:self.end] = torch.where(real, new[:, :, w_new - take:], 0.0)
+        self.lens = self.lens + list(new_lens)
+
+    def _repack(self, rows: int, left: int, right: int) -> None:
+        """Move the window so that `left` (+ slack) columns precede `end` and `right` columns follow it.
+
+        In place when the buffers are big enough (only the window is copied); otherwise into
+        fresh, zeroed buffers with 50% spare columns, so growth is amortised. Fresh buffers
+        are the only allocation: zeroing them once and only ever writing finite keys keeps
+        every stale value finite.
+        """
+        b, w = self.batch_size, self.width
+        new_end = max(left, w) + _LEFT_SLACK
+        need = new_end + max(right, _HEADROOM)
+        old_rows, old_cols = self.keys[0].shape[0], self.keys[0].shape[2]
+        in_place = rows <= old_rows and need <= old_cols
+        if not in_place:
+            rows, cols = max(rows, old_rows), need + need // 2
+        for bufs in (self.keys, self.values):
+            for i, old in enumerate(bufs):
+                window = old[:b, :, self.end - w:self.end]
+                if in_place:
+                    if new_end != self.end and b and w:
+                        old[:b, :, new_end - w:new_end] = window.clone()  # the ranges may overlap
+                    continue
+                new = old.new_zeros(rows, old.shape[1], cols, old.shape[3])
+                if b and w:
+                    new[:b, :, new_end - w:new_end] = window
                 bufs[i] = new
+        self.end = new_end
+        self.repacks += 1

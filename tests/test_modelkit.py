@@ -1,0 +1,171 @@
+"""The tiny-model kit: task data, tokenizer, model, warm start, and the cached builtin kit."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal_graph.data.arith import Difficulty, apply_op, generate, split
+from areal_graph.modelkit import builtin
+from areal_graph.modelkit.builtin import KitConfig, ensure_kit, load_kit, resolve_dataset_path, resolve_model_path
+from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, count_parameters, load_model_and_tokenizer, save_model_and_tokenizer
+from areal_graph.modelkit.tokenizer import train_tokenizer
+from areal_graph.modelkit.warm_start import IGNORE, SFTConfig, encode_pair, sft
+
+MINI = KitConfig(name="mini", n_train=300, n_test=24, vocab_size=300,
+                 model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+                 sft=SFTConfig(steps=4, batch_size=8), eval_prompts=8)
+
+
+def test_problems_are_right_distinct_and_deterministic():
+    rows = generate(seed=5, n=300)
+    assert rows == generate(seed=5, n=300) and rows != generate(seed=6, n=300)
+    assert len({r["question"] for r in rows}) == 300
+    for r in rows:
+        tokens = r["question"].removeprefix("What is ").removesuffix("?").split()
+        value = int(tokens[0])
+        for op, b in zip(tokens[1::2], tokens[2::2]):  # left to right, as the solution spells out
+            value = apply_op(value, op, int(b))
+        assert str(value) == r["answer"]
+        assert r["solution"].endswith(f"\\boxed{{{value}}}.")
+        steps = [ln for ln in r["solution"].splitlines() if "=" in ln]
+        assert 2 <= len(steps) <= 3  # "medium"
+        for line in steps:
+            a, op, b, _, c = line.split()
+            assert apply_op(int(a), op, int(b)) == int(c)
+
+
+def test_split_is_disjoint_and_bad_difficulty_is_clear():
+    train, test = split(0, 200, 50)
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    with pytest.raises(ValueError, match="unknown difficulty"):
+        generate(0, 1, "impossible")
+    with pytest.raises(ValueError, match="min_steps"):
+        Difficulty(3, 2, 0, 9)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    rows = generate(seed=1, n=400)
+    return train_tokenizer([r["question"] + "\n" + r["solution"] for r in rows], vocab_size=300)
+
+
+def test_tokenizer_round_trips_through_save_pretrained(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    texts = ["What is 12 + 7 - 3?", "12 + 7 = 19\n19 - 3 = 16\nThe answer is \\boxed{16}.", "ünïcode ✓ and spaces  ",
+             "-45", ""]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        assert loaded(text, add_special_tokens=False).input_ids == ids
+        assert loaded.decode(ids) == text
+    # digits are single tokens: a number's tokens are its digits
+    pieces = [tokenizer.decode([i]) for i in tokenizer("9876", add_special_tokens=False).input_ids]
+    assert pieces == ["9", "8", "7", "6"]
+    prompt = loaded.apply_chat_template([{"role": "user", "content": "What is 1 + 1?"}], tokenize=False,
+                                        add_generation_prompt=True)
+    assert prompt == "<|bos|><|im_start|>user\nWhat is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
+    assert loaded.eos_token == "<|im_end|>" and loaded.pad_token_id != loaded.eos_token_id
+
+
+def test_model_save_load_gives_identical_logits(tokenizer, tmp_path):
+    cfg = TinyModelConfig(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96)
+    model = build_tiny_model(tokenizer, cfg, seed=3).eval()
+    assert count_parameters(model) == sum(p.numel() for n, p in model.named_parameters())  # tied head counted once
+    save_model_and_tokenizer(model, tokenizer, tmp_path)
+    loaded, tok = load_model_and_tokenizer(tmp_path)
+    assert type(loaded).__name__ == "Qwen2ForCausalLM"
+    ids = torch.tensor([tok("What is 3 + 4?").input_ids])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert build_tiny_model(tokenizer, cfg, seed=3).state_dict()["model.embed_tokens.weight"].equal(
+        model.state_dict()["model.embed_tokens.weight"])
+
+
+def test_encode_pair_masks_the_prompt(tokenizer):
+    ids, labels = encode_pair(tokenizer, "What is 1 + 2?", "1 + 2 = 3\nThe answer is \\boxed{3}.")
+    n_prompt = labels.count(IGNORE)
+    assert labels[:n_prompt] == [IGNORE] * n_prompt and IGNORE not in labels[n_prompt:]
+    assert labels[n_prompt:] == ids[n_prompt:] and ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids[n_prompt:-1]) == "1 + 2 = 3\nThe answer is \\boxed{3}."
+
+
+def test_sft_lowers_the_loss_deterministically(tokenizer):
+    rows = generate(seed=2, n=64)
+    cfg = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    runs = []
+    for _ in range(2):
+        model = build_tiny_model(tokenizer, cfg, seed=0)
+        runs.append(sft(model, tokenizer, rows, SFTConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=5)))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][-5:]) / 5 < 0.75 * sum(runs[0][:5]) / 5
+
+
+def test_kit_builds_once_loads_with_auto_classes_and_is_deterministic(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kit = ensure_kit(MINI, root=tmp_path / "a")
+    assert kit.path.name == f"mini-{MINI.fingerprint()}"
+    info = json.loads((kit.path / "kit.json").read_text())
+    assert info["parameters"] > 0 and 0.0 <= info["warm_start_greedy_accuracy"] <= 1.0
+    assert info["eval_prompts"] == 8
+    train = [json.loads(line) for line in kit.data_path("train").read_text().splitlines()]
+    test = [json.loads(line) for line in kit.data_path("test").read_text().splitlines()]
+    assert (len(train), len(test)) == (300, 24) and {"question", "answer", "solution"} <= set(train[0])
+    AutoTokenizer.from_pretrained(kit.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(kit.model_dir)
+    # second call: no rebuild (the same files, untouched)
+    stamp = (kit.model_dir / "model.safetensors").stat().st_mtime_ns
+    assert ensure_kit(MINI, root=tmp_path / "a").info == info
+    assert (kit.model_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    # deterministic: another cache root gives bit-identical weights and data
+    other = ensure_kit(MINI, root=tmp_path / "b")
+    again = AutoModelForCausalLM.from_pretrained(other.model_dir)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert other.data_path("train").read_bytes() == kit.data_path("train").read_bytes()
+    # no leftovers from the build
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [kit.path.name, kit.path.name + ".lock"]
+
+
+def test_a_changed_recipe_is_a_different_kit():
+    assert MINI.fingerprint() != KitConfig(name="mini", n_train=301).fingerprint()
+    assert MINI.fingerprint() == KitConfig(**{**MINI.__dict__}).fingerprint()
+
+
+def test_concurrent_resolves_build_once(tmp_path, monkeypatch):
+    calls = []
+    real = builtin.build_kit
+
+    def counting(cfg, out, progress):
+        calls.append(out)
+        return real(cfg, out, progress)
+
+    monkeypatch.setattr(builtin, "build_kit", counting)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(ensure_kit(MINI, root=tmp_path))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 3 and len({r.path for r in results}) == 1
+
+
+def test_builtin_names_resolve_and_unknown_names_are_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path))
+    monkeypatch.setitem(builtin.BUILTIN_KITS, "tiny-arith", MINI)
+    assert resolve_model_path("/some/dir") == Path("/some/dir")
+    assert resolve_dataset_path("data/x.jsonl") == Path("data/x.jsonl")
+    model_dir = resolve_model_path("builtin:tiny-arith")
+    assert model_dir == load_kit(MINI, tmp_path).model_dir and (model_dir / "config.json").exists()
+    assert resolve_dataset_path("builtin:arith/test").name == "test.jsonl"
+    with pytest.raises(ValueError, match=re.escape("builtin:tiny-arith")):
+        resolve_model_path("builtin:tiny-arithmetic")
+    with pytest.raises(ValueError, match="builtin:arith/train"):
+        resolve_dataset_path("builtin:gsm8k")
