@@ -151,7 +151,7 @@ def test_pool_kills_hung_worker_and_keeps_going(caplog):
         assert [r.status for r in results] == ["ok", "timeout", "ok", "ok", "ok"]
         assert [r.reward for r in results] == [0.5, 0.0, 0.5, 0.5, 0.5]
         assert pool.pools_replaced == 1
-        assert elapsed < 15
+        assert elapsed < 60  # liveness: the hung call (which never returns) did not block the batch
         # the replaced pool still works
         assert pool.score(["x"], [""]) == [RewardResult(0.5, "ok", "")]
     assert any("timed out" in rec.getMessage() for rec in caplog.records)

@@ -170,14 +170,10 @@ def test_stats():
     assert sum(st_.tokens_per_rank) == 60
 
 
-def test_100k_sequences_fast():
-    import time
-
+def test_100k_sequences_all_placed():
     rng = np.random.default_rng(0)
     lens = np.clip(rng.lognormal(6.0, 0.8, 100_000).astype(int), 1, 4096)
-    t0 = time.perf_counter()
-    plan = plan_microbatches(lens, 16384, 8)
-    assert time.perf_counter() - t0 < 5.0  # generous: shared 2-core machine; ~0.7 s measured
+    plan = plan_microbatches(lens, 16384, 8)  # speed: benchmarks/bench_planner.py
     assert len(_flat(plan)) == 100_000
 
 

@@ -134,18 +134,6 @@ def test_load_trace_tolerates_a_cut_off_file(tmp_path):
     assert len(load_trace(tmp_path / "cut2.json")) == 3
 
 
-def test_span_overhead_is_small(tmp_path):
-    tr = Tracer(tmp_path / "t.json", flush_every=10**9)
-    n = 20_000
-    t0 = time.perf_counter()
-    for i in range(n):
-        with tr.span("step", cat="c", step=i):
-            pass
-    per_span = (time.perf_counter() - t0) / n
-    assert per_span < 20e-6, f"{per_span * 1e6:.1f} us per span"  # ~1 us measured on this machine
-    tr.flush()
-
-
 def test_trace_cli_summary(tmp_path, capsys):
     tr = Tracer(tmp_path / "trace.json")
     t = time.perf_counter()
