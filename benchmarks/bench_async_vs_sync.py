@@ -42,6 +42,7 @@ def run_config(label: str, overrides: list[str], workdir: Path) -> dict:
     train_time = sum(m["time/step"] for m in steps)
     return {
         "label": label, "overrides": overrides, "wall_s": wall,
+        "initial_accuracy": accs[0] if accs else None,
         "final_accuracy": accs[-1] if accs else None,
         "mean_reward_last10": sum(m["reward/mean"] for m in steps[-10:]) / max(len(steps[-10:]), 1),
         "mean_staleness": sum(m.get("staleness/mean", 0.0) for m in steps) / max(len(steps), 1),
@@ -53,10 +54,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4 steps per configuration")
     ap.add_argument("--sweep", action="store_true", help="staleness sweep with and without the decoupled loss")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
     steps = 4 if args.quick else args.steps
-    common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}"]
+    common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}", "data.eval_size=500", "runtime.save_every=0"]
 
     configs: list[tuple[str, list[str]]] = []
     if args.sweep:
@@ -74,12 +75,12 @@ def main() -> int:
             rows.append(run_config(label, overrides, Path(tmp)))
     base = next((r for r in rows if r["label"] in ("sync", "eta0-decoupled_ppo")), rows[0])
     table = Table(title="async vs sync RL (same workload; ratios are from this one run)")
-    for col in ("config", "wall s", "speedup vs sync", "final acc", "reward (last 10)", "mean staleness"):
+    for col in ("config", "wall s", "speedup vs sync", "acc start -> end", "reward (last 10)", "mean staleness"):
         table.add_column(col, justify="right")
     for r in rows:
         r["speedup_vs_sync"] = base["wall_s"] / r["wall_s"]
         table.add_row(r["label"], f"{r['wall_s']:.0f}", f"{r['speedup_vs_sync']:.2f}x",
-                      "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.3f}",
+                      "-" if r["final_accuracy"] is None else f"{r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f}",
                       f"{r['mean_reward_last10']:.3f}", f"{r['mean_staleness']:.2f}")
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,8 @@ class Difficulty:
 
 
 # Named levels. "digits" is the builtin task: single-digit operands keep it learnable by a
-# 1.7M-parameter model in a ~2 minute SFT on 2 CPU cores, yet 2-3 chained steps leave it far
-# from perfect (about 25% greedy after the warm start), which is the room RL needs.
+# 1.7M-parameter model in a ~3 minute SFT on 2 CPU cores, while 2-3 chained steps still
+# leave it far from perfect when it works them out (~45% greedy).
 LEVELS: dict[str, Difficulty] = {
     "digits": Difficulty(2, 3, 0, 9),
     "easy": Difficulty(1, 2, 0, 20),
@@ -122,6 +122,33 @@ def split(seed: int, n_train: int, n_test: int, difficulty: str | Difficulty = "
     """Train and test sets with disjoint questions (drawn as one distinct pool, then cut)."""
     rows = generate(seed, n_train + n_test, difficulty)
     return rows[n_test:], rows[:n_test]
+
+
+def hasty_answer(row: dict[str, str]) -> str:
+    """An outright answer that stops one operation short: the value the last step starts
+    from, stated as the final answer ("What is 5 + 4 - 3?" -> "The answer is \\boxed{9}.")."""
+    last_step = [ln for ln in row["solution"].splitlines() if "=" in ln][-1]
+    return f"The answer is \\boxed{{{last_step.split()[0]}}}."
+
+
+def teacher_mixture(rows: list[dict[str, str]], hasty_rate: float, seed: int) -> list[dict[str, str]]:
+    """SFT targets from a flawed teacher: for a random `hasty_rate` share of the problems it
+    answers outright and hastily (`hasty_answer`, right only when the last operation changes
+    nothing), and otherwise works the problem out step by step (always right).
+
+    Why: a model that jumps to conclusions when working it out would have been right is the
+    habit RL on reasoning tasks is meant to cure, and a warm start that has it gives RL room
+    that credit assignment can find in minutes on a CPU, not new arithmetic to learn. With
+    hasty_rate > 1/2 greedy decoding follows the habit (its first token is "The" with
+    probability ~hasty_rate; the first token of working is one operand, with the rest), so
+    greedy accuracy starts low, while 1 - hasty_rate of the sampled answers work it out and
+    are mostly right: a reward gap every group of samples sees. Deterministic for `seed`;
+    the rows are copied, not modified.
+    """
+    if not 0.0 <= hasty_rate <= 1.0:
+        raise ValueError(f"teacher_mixture: hasty_rate must be in [0, 1], got {hasty_rate}")
+    rng = random.Random(seed)
+    return [{**row, "solution": hasty_answer(row) if rng.random() < hasty_rate else row["solution"]} for row in rows]
 
 
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:

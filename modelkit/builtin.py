@@ -55,12 +55,16 @@ class KitConfig:
     n_test: int = 500
     vocab_size: int = 512
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
-    # SFT at a constant lr until greedy accuracy on a dev split reaches `target_accuracy`
-    # (checked every `check_every` steps from `check_from` on), at most `sft.steps` steps.
-    # Stopping at an accuracy rather than a step count lands the warm start where RL has room,
-    # however steep the learning curve is on this machine's numerics.
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500, decay=False))
-    target_accuracy: float | None = 0.25
+    # The SFT teacher answers this share of the training problems outright and hastily (one
+    # operation short: data.arith.teacher_mixture) and works the rest out. Greedy decoding
+    # inherits the habit, while sampled answers that work it out are mostly right: the room
+    # RL has, and the habit it must unlearn from reward alone.
+    hasty_rate: float = 0.6
+    # SFT with a cosine-decayed lr for `sft.steps` steps; with `target_accuracy` set it
+    # instead stops once greedy accuracy on a dev split reaches it (checked every
+    # `check_every` steps from `check_from` on).
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=800, decay=True))
+    target_accuracy: float | None = None
     n_dev: int = 200
     check_from: int = 100
     check_every: int = 10
@@ -155,7 +159,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     """Build every part of the kit into `out`; returns what goes into kit.json."""
     import torch
 
-    from areal_graph.data.arith import split, write_jsonl
+    from areal_graph.data.arith import split, teacher_mixture, write_jsonl
     from areal_graph.modelkit.tiny_model import build_tiny_model, count_parameters, save_model_and_tokenizer
     from areal_graph.modelkit.tokenizer import train_tokenizer
     from areal_graph.modelkit.warm_start import greedy_accuracy, sft
@@ -165,9 +169,11 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     threads = torch.get_num_threads()
     torch.manual_seed(cfg.seed)
 
-    progress(f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty})")
+    progress(f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty}); "
+             f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working")
     train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
     train, dev = train[cfg.n_dev:], train[:cfg.n_dev]
+    sft_rows = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
     write_jsonl(train, out / "data" / "train.jsonl")
     write_jsonl(test, out / "data" / "test.jsonl")
     timings["data_s"] = time.perf_counter() - t0
@@ -195,7 +201,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         progress(f"sft step {done} loss {loss:.3f} dev accuracy {acc:.1%}")
         return acc >= cfg.target_accuracy
 
-    losses = sft(model, tokenizer, train, cfg.sft, on_step=on_step)
+    losses = sft(model, tokenizer, sft_rows, cfg.sft, on_step=on_step)
     timings["sft_s"] = time.perf_counter() - t
     save_model_and_tokenizer(model, tokenizer, out / "model")
 

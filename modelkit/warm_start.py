@@ -1,9 +1,12 @@
 """Warm start: a short supervised fine-tune on (chat prompt, solution) pairs.
 
-Why short on purpose: RL needs a policy that is right *sometimes* (so group sampling finds
-rewarded answers) and wrong often (so there is something to learn). The SFT is stopped early,
-at a step count tuned so greedy accuracy lands around 25% on the builtin task (the curve is
-steep there: ~10% at 160 steps, ~50% at 300, ~85% at 400 for the builtin recipe).
+What the warm start must leave: a policy that is right *sometimes* (so group sampling finds
+rewarded answers) and wrong often (so there is something to learn). The builtin kit gets
+there with a flawed teacher (`data.arith.teacher_mixture`: most answers hasty, the rest
+worked out) rather than by stopping a clean SFT early: an early-stopped model sits on a
+steep, noisy part of its learning curve (dev accuracy swung 11-30% between checks 10 steps
+apart), and what is left to learn is arithmetic that RL, with one bit of reward per answer,
+learns far more slowly than SFT does.
 
 Loss is on response tokens only (solution + eos), exactly the tokens RL later trains on.
 Rows are right-padded per batch (this is not the RL trainer; sequences are short and similar

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_graph.data.arith import Difficulty, apply_op, generate, split
+from areal_graph.data.arith import Difficulty, apply_op, generate, hasty_answer, split, teacher_mixture
 from areal_graph.modelkit import builtin
 from areal_graph.modelkit.builtin import KitConfig, ensure_kit, load_kit, resolve_dataset_path, resolve_model_path
 from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, count_parameters, load_model_and_tokenizer, save_model_and_tokenizer
@@ -47,6 +47,29 @@ def test_split_is_disjoint_and_bad_difficulty_is_clear():
         generate(0, 1, "impossible")
     with pytest.raises(ValueError, match="min_steps"):
         Difficulty(3, 2, 0, 9)
+
+
+def test_teacher_mixture_answers_a_share_hastily_one_step_short():
+    rows = generate(seed=2, n=2000, difficulty="digits")
+    before = [dict(r) for r in rows]
+    mixed = teacher_mixture(rows, hasty_rate=0.6, seed=7)
+    assert rows == before  # inputs are not modified
+    assert mixed == teacher_mixture(rows, hasty_rate=0.6, seed=7) != teacher_mixture(rows, 0.6, seed=8)
+    hasty = [(m, r) for m, r in zip(mixed, rows) if m["solution"] != r["solution"]]
+    assert abs(len(hasty) / len(rows) - 0.6) < 0.04  # binomial sd ~0.011
+    for m, r in zip(mixed, rows):
+        assert {k: v for k, v in m.items() if k != "solution"} == {k: v for k, v in r.items() if k != "solution"}
+    for m, r in hasty:
+        # independent recomputation: evaluate the question left to right, dropping the last operation
+        tokens = r["question"].removeprefix("What is ").removesuffix("?").split()
+        value = int(tokens[0])
+        for op, b in zip(tokens[1:-2:2], tokens[2:-2:2]):
+            value = apply_op(value, op, int(b))
+        assert m["solution"] == f"The answer is \\boxed{{{value}}}." == hasty_answer(r)
+    assert hasty_answer({"solution": "5 + 4 = 9\n9 - 3 = 6\nThe answer is \\boxed{6}."}) == "The answer is \\boxed{9}."
+    assert teacher_mixture(rows, 0.0, seed=1) == rows
+    with pytest.raises(ValueError, match="hasty_rate"):
+        teacher_mixture(rows, 1.5, seed=0)
 
 
 @pytest.fixture(scope="module")
