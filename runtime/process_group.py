@@ -6,6 +6,7 @@ which node) and transport (gRPC to workers, HTTP to inference servers) stay out 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import random
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.spec import NodeSpec, WorkflowSpec
+from areal_graph.graph.spec import InferenceSpec, NodeSpec, WorkflowSpec
 from areal_graph.runtime.launcher import LocalLauncher
 from areal_graph.runtime.placement import Placement
 from areal_graph.runtime.run_dir import RunDir
@@ -58,12 +59,7 @@ class RunProcesses:
         for i in range(spec.inference.servers):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd = [
-                sys.executable, "-m", "areal_graph.runtime.inference.http_server",
-                "--model", actor_path, "--host", "127.0.0.1", "--port", str(port),
-                "--max-running", str(spec.inference.max_running_requests),
-                "--threads", str(gen_threads), "--seed", str(rt.seed + i),
-            ]
+            cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i)
             self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
                                         health_url=f"{url}/health", threads=gen_threads)
             self.server_urls.append(url)
@@ -71,7 +67,8 @@ class RunProcesses:
             threads = train_threads if worker.startswith("model-") else 1
             address = self.launcher.start_worker(worker, threads=threads)
             self.clients[worker] = WorkerClient(address, timeout=3600, name=worker)
-        self.launcher.wait_healthy(timeout=180)
+        # SGLang loads CUDA kernels and captures graphs before it answers /health: minutes.
+        self.launcher.wait_healthy(timeout=900 if spec.inference.backend == "sglang" else 180)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend) for u in self.server_urls])
         self._configure(actor_path, train_threads)
 
@@ -183,6 +180,34 @@ class RunProcesses:
         for worker, model in self.placement.worker_models.items():
             if self.spec.models[model].train is not None:
                 self.clients[worker].call(model, "load_checkpoint", path=str(path / model))
+
+
+def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,
+                             seed: int) -> list[str]:
+    """The command line of one inference server on loopback: our embedded engine, or SGLang.
+
+    `inference.args` become extra `--flag value` options (underscores as dashes; `true`
+    gives a bare flag) for either, e.g. `{mem_fraction_static: 0.8}` for SGLang.
+    """
+    if inference.backend == "sglang":
+        if importlib.util.find_spec("sglang") is None:
+            raise RuntimeError("inference.backend 'sglang' needs the sglang package on a GPU machine: "
+                               "pip install 'areal-graph[sglang]' (use backend 'embedded' on a CPU)")
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+               "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(seed),
+               "--max-running-requests", str(inference.max_running_requests)]
+    else:
+        cmd = [sys.executable, "-m", "areal_graph.runtime.inference.http_server",
+               "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
+               "--max-running", str(inference.max_running_requests),
+               "--threads", str(threads), "--seed", str(seed)]
+    for key, value in inference.args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value not in (False, None):
+            cmd += [flag, str(value)]
+    return cmd
 
 
 def thread_split(rt: Any) -> tuple[int, int]:
