@@ -10,6 +10,8 @@ This module must stay free of torch and gRPC: the CLI validates workflows withou
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
@@ -54,6 +56,10 @@ def import_path_check(v: Any) -> str | None:
 def reward_fn_check(v: Any) -> str | None:
     return None if v == "math_verify" or import_path_check(v) is None else (
         "must be 'math_verify' or an import path 'package.module:function'")
+
+
+def device_check(v: Any) -> str | None:
+    return None if re.fullmatch(r"cpu|cuda(:\d+)?", str(v)) else "must be cpu, cuda or cuda:N"
 
 
 def betas_check(v: Any) -> str | None:

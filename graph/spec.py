@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 from areal_graph.graph.node_kinds import (
     _f,
     betas_check,
+    device_check,
     non_negative,
     positive,
 )
@@ -41,6 +42,7 @@ class ModelSpec:
     name: str
     path: str = field(metadata={"check": None, "help": "HF directory or builtin:NAME"})
     train: Optional[OptimConfig] = _f(None, None, "optimiser; omit for a frozen model (e.g. ref)")
+    device: str = _f("cpu", device_check, "where its logprob/value/train nodes run: cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,10 @@ Role = Literal["auto", "policy", "critic"]
 
 class ModelWorker:
     def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
-                 seed: int = 1, threads: int | None = None, role: Role = "auto") -> None:
+                 seed: int = 1, threads: int | None = None, role: Role = "auto", device: str = "cpu") -> None:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"model {model_path} is configured with device {device!r}, but this machine has no "
+                               "CUDA device (or torch is a CPU build): set the model's `device: cpu`")
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
@@ -43,7 +46,8 @@ class ModelWorker:
             raise ValueError(f"role must be auto, policy or critic, got {role!r}")
         self.model_path = model_path
         self.trainable = optim is not None
-        self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable)
+        self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable,
+                                 device=device)
         # the role the model has been used in; None while "auto" has not been decided
         self.role: str | None = None if role == "auto" else role
         engine_cls = ValueEngine if role == "critic" else TrainEngine

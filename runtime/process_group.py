@@ -104,7 +104,7 @@ class RunProcesses:
                 client.configure(node.model, "areal_graph.runtime.model_worker:ModelWorker", {
                     "model_path": self.model_paths[node.model], "optim": optim,
                     "total_steps": rt.steps, "seed": rt.seed, "threads": train_threads,
-                    "role": "critic" if node.model in critics else "policy",
+                    "role": "critic" if node.model in critics else "policy", "device": model.device,
                 })
 
     def shutdown(self) -> None:

@@ -50,6 +50,7 @@ CASES: dict[str, tuple[str | None, str, tuple[str, ...], str | None]] = {
     "ppo_minibatches_over_batch": ("train", "ppo_minibatches", ("at most runtime.batch_size (8)", "16"),
                                    "ppo_minibatches: 16"),
     "gae_without_values": ("advantage", "reads", ("'gae' must read values",), "reads: [rewards, loss_mask, ref_logprobs]"),
+    "model_device_unknown": (None, "models.actor.device", ("must be cpu, cuda or cuda:N", "gpu0"), "device: gpu0"),
     "yaml_syntax": (None, "", ("YAML syntax error",), None),
 }
 

@@ -185,3 +185,11 @@ def test_lr_schedules():
     assert [lr_factor(s, 2, 10, "constant") for s in range(3)] == [0.5, 1.0, 1.0]
     assert lr_factor(10, 0, 10, "linear") == 0.0 and lr_factor(5, 0, 10, "linear") == 0.5
     assert abs(lr_factor(5, 0, 10, "cosine") - 0.5) < 1e-12 and lr_factor(0, 0, 10, "cosine") == 1.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's error")
+def test_model_worker_on_cuda_without_a_gpu_is_a_clear_error():
+    from areal_graph.runtime.model_worker import ModelWorker
+
+    with pytest.raises(RuntimeError, match="no CUDA device.*device: cpu"):
+        ModelWorker("/nonexistent/model", device="cuda")
