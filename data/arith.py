@@ -139,11 +139,11 @@ def teacher_mixture(rows: list[dict[str, str]], hasty_rate: float, seed: int) ->
     Why: a model that jumps to conclusions when working it out would have been right is the
     habit RL on reasoning tasks is meant to cure, and a warm start that has it gives RL room
     that credit assignment can find in minutes on a CPU, not new arithmetic to learn. With
-    hasty_rate > 1/2 greedy decoding follows the habit (its first token is "The" with
-    probability ~hasty_rate; the first token of working is one operand, with the rest), so
-    greedy accuracy starts low, while 1 - hasty_rate of the sampled answers work it out and
-    are mostly right: a reward gap every group of samples sees. Deterministic for `seed`;
-    the rows are copied, not modified.
+    hasty_rate > 1/2 greedy decoding follows the habit (the first token is "The" with
+    probability ~hasty_rate; a worked answer's first token, the question's first operand,
+    gets the rest), so greedy accuracy starts low, while 1 - hasty_rate of the sampled
+    answers work it out and are right far more often: a reward gap every group of samples
+    sees. Deterministic for `seed`; the rows are copied, not modified.
     """
     if not 0.0 <= hasty_rate <= 1.0:
         raise ValueError(f"teacher_mixture: hasty_rate must be in [0, 1], got {hasty_rate}")

@@ -57,8 +57,8 @@ class KitConfig:
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     # The SFT teacher answers this share of the training problems outright and hastily (one
     # operation short: data.arith.teacher_mixture) and works the rest out. Greedy decoding
-    # inherits the habit, while sampled answers that work it out are mostly right: the room
-    # RL has, and the habit it must unlearn from reward alone.
+    # inherits the habit, while sampled answers that work it out are right far more often:
+    # the room RL has, and the habit it must unlearn from reward alone.
     hasty_rate: float = 0.6
     # SFT with a cosine-decayed lr for `sft.steps` steps; with `target_accuracy` set it
     # instead stops once greedy accuracy on a dev split reaches it (checked every
