@@ -230,6 +230,10 @@ def test_info_endpoints(server, tiny_model_dir):
     assert get(server, "/get_server_info")[0] == 200
 
 
+def tokens_generated(server: str) -> int:
+    return get(server, "/get_server_info")[1]["internal_states"][0]["tokens_generated"]
+
+
 def test_abort_by_rid_and_pause_continue(server):
     from areal_graph.runtime.inference.client import InferenceClient
 
@@ -237,8 +241,10 @@ def test_abort_by_rid_and_pause_continue(server):
         client = InferenceClient(server)
         try:
             params = SamplingParams(max_new_tokens=400, ignore_eos=True)
+            before = await asyncio.to_thread(tokens_generated, server)
             task = asyncio.create_task(client.generate([1, 2, 3], params, rid="to-abort"))
-            await asyncio.sleep(0.3)
+            while await asyncio.to_thread(tokens_generated, server) < before + 5:  # it is decoding
+                await asyncio.sleep(0.005)
             await client.abort("to-abort")
             aborted = await asyncio.wait_for(task, 30)
             # pause: a request sent now waits; continue lets it finish
@@ -267,14 +273,11 @@ def test_pause_modes_follow_sglang(server):
         out[key] = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True,
                                               "sampling_params": {"max_new_tokens": n, "ignore_eos": True}})
 
-    def tokens_generated() -> int:
-        return get(server, "/get_server_info")[1]["internal_states"][0]["tokens_generated"]
-
     def start(out: dict, key: str, n: int) -> threading.Thread:
-        before = tokens_generated()
+        before = tokens_generated(server)
         t = threading.Thread(target=generate, args=(out, key, n))
         t.start()
-        while tokens_generated() < before + 5:  # it is decoding
+        while tokens_generated(server) < before + 5:  # it is decoding
             time.sleep(0.01)
         return t
 
