@@ -57,15 +57,20 @@ def describe(mbs: list[list[int]], lens: np.ndarray, budget: int) -> dict:
     }
 
 
-def engine_padding(mbs: list[list[int]], lens: np.ndarray, row_tokens: int = ROW_TOKENS) -> float:
-    """Share of the positions the engine computes (rows x width per forward) that are padding."""
-    real = computed = 0
+def engine_positions(mbs: list[list[int]], lens: np.ndarray, row_tokens: int = ROW_TOKENS) -> int:
+    """Positions the engine computes for a plan (rows x width per forward): real tokens + row padding."""
+    computed = 0
     for mb in mbs:
         sub = lens[mb].tolist() if mb else []
-        real += sum(sub)
         for rows in plan_rows(sub, row_tokens):
             computed += len(rows) * max(sum(sub[j] for j in row) for row in rows)
-    return 1 - real / max(computed, 1)
+    return computed
+
+
+def engine_padding(mbs: list[list[int]], lens: np.ndarray, row_tokens: int = ROW_TOKENS) -> float:
+    """Share of the positions the engine computes that are padding."""
+    real = sum(int(lens[mb].sum()) for mb in mbs if mb)
+    return 1 - real / max(engine_positions(mbs, lens, row_tokens), 1)
 
 
 def fixed(n_total: int, per_mb: int) -> list[list[int]]:

@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from areal_graph.cli.cmd_init_model import kit_progress
     from areal_graph.data.datasets import DatasetError
     from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
     from areal_graph.runtime.evaluation import evaluate_model
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]--limit must be >= 1, got {args.limit}[/]")
         return 2
     try:
-        model = resolve_model_path(args.model)
-        data = resolve_dataset_path(args.data)
+        with kit_progress(err) as progress:  # a builtin kit's first build takes minutes
+            model = resolve_model_path(args.model, progress)
+            data = resolve_dataset_path(args.data, progress)
     except ValueError as exc:
         err.print(f"[red]{exc}[/]")
         return 2

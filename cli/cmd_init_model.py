@@ -3,7 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import time
+from typing import Callable, Iterator
+
+from rich.console import Console
+
+
+@contextlib.contextmanager
+def kit_progress(console: Console) -> Iterator[Callable[[str], None]]:
+    """A `progress` callback for building a kit: a spinner with the current stage, and each
+    stage printed with the time, so the minutes of a first build are visibly moving."""
+    with console.status("preparing the builtin kit ...") as status:
+        def progress(msg: str) -> None:
+            status.update(msg)
+            console.print(f"[dim]{time.strftime('%X')}[/] {msg}", highlight=False)
+
+        yield progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,28 +44,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
-    from rich.console import Console
-
-    from areal_graph.modelkit.builtin import BUILTIN_KITS, ensure_kit
+    from areal_graph.modelkit.builtin import BUILTIN_KITS, ensure_kit, load_kit
 
     console = Console(stderr=True, soft_wrap=True)
     name = args.name.removeprefix("builtin:")
     if name not in BUILTIN_KITS:
         console.print(f"[red]unknown builtin kit {args.name!r}; choose one of {', '.join(BUILTIN_KITS)}[/]")
         return 2
+    built = args.rebuild or load_kit(BUILTIN_KITS[name]) is None
     t0 = time.perf_counter()
-    with console.status(f"building {name} ...") as status:
-        kit = ensure_kit(BUILTIN_KITS[name], rebuild=args.rebuild,
-                         progress=lambda msg: (status.update(msg), console.print(f"[dim]{time.strftime('%X')}[/] {msg}", highlight=False)))
+    with kit_progress(console) as progress:
+        kit = ensure_kit(BUILTIN_KITS[name], rebuild=args.rebuild, progress=progress)
     info = kit.info
     if args.json:
         Console().print_json(json.dumps(info))
         return 0
     seconds = time.perf_counter() - t0
-    fresh = "built" if seconds > 5 else "cached"
-    console.print(f"[bold green]{name}[/] {fresh} in {seconds:.1f} s at {kit.path}")
+    console.print(f"[bold green]{name}[/] {'built' if built else 'cached'} in {seconds:.1f} s at {kit.path}")
     console.print(f"  model     {kit.model_dir}  ({info['parameters'] / 1e6:.2f}M parameters, vocab {info['vocab_size']})",
                   highlight=False)
     console.print(f"  train     {kit.data_path('train')}", highlight=False)

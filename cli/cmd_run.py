@@ -112,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
                   f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
     t0 = time.time()
+    try:
+        _build_builtin_kits(spec, console)
+    except ValueError as err:
+        console.print(f"[red]{err}[/]", highlight=False)
+        return 1
     with RunDisplay(console, spec.runtime.steps) as display:
         controller = RLController(spec, run_dir, display=display)
         try:
@@ -130,3 +135,20 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[green]{summary}[/]")
     console.print(f"run directory: {run_dir.path}  (trace: areal-graph trace {run_dir.path})")
     return 0
+
+
+def _build_builtin_kits(spec, console: Console) -> None:
+    """Build any `builtin:` model or dataset the workflow names now, in this process and with
+    progress on screen: a first build takes minutes, and inside the workers it would be silent."""
+    from areal_graph.cli.cmd_init_model import kit_progress
+    from areal_graph.modelkit.builtin import PREFIX, resolve_dataset_path, resolve_model_path
+
+    models = [m.path for m in spec.models.values() if m.path.startswith(PREFIX)]
+    datasets = [d for d in (spec.data.train, spec.data.eval) if d and d.startswith(PREFIX)]
+    if not models and not datasets:
+        return
+    with kit_progress(console) as progress:
+        for path in models:
+            resolve_model_path(path, progress)
+        for path in datasets:
+            resolve_dataset_path(path, progress)

@@ -54,9 +54,6 @@ class LoadReport:
         if len(self.examples) < _NAMED_SKIPS:
             self.examples.append(f"line {line}: {reason}{': ' + detail if detail else ''}")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "loaded": self.loaded, "skipped": dict(self.skipped), "examples": self.examples}
-
     def __str__(self) -> str:
         text = f"{self.path}: {self.loaded} rows loaded"
         if self.total_skipped:

@@ -60,14 +60,9 @@ class KitConfig:
     # inherits the habit, while sampled answers that work it out are right far more often:
     # the room RL has, and the habit it must unlearn from reward alone.
     hasty_rate: float = 0.6
-    # SFT with a cosine-decayed lr for `sft.steps` steps; with `target_accuracy` set it
-    # instead stops once greedy accuracy on a dev split reaches it (checked every
-    # `check_every` steps from `check_from` on).
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=800, decay=True))
-    target_accuracy: float | None = None
-    n_dev: int = 200
-    check_from: int = 100
-    check_every: int = 10
+    # SFT with a cosine-decayed lr for a fixed number of steps.
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=800))
+    n_dev: int = 200  # generated problems held out of the training split (none of test either)
     eval_prompts: int = 500  # test prompts greedily decoded to record the warm-start accuracy
 
     def fingerprint(self) -> str:
@@ -162,7 +157,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     from areal_graph.data.arith import split, teacher_mixture, write_jsonl
     from areal_graph.modelkit.tiny_model import build_tiny_model, count_parameters, save_model_and_tokenizer
     from areal_graph.modelkit.tokenizer import train_tokenizer
-    from areal_graph.modelkit.warm_start import greedy_accuracy, sft
+    from areal_graph.modelkit.warm_start import sft
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -172,7 +167,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     progress(f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty}); "
              f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working")
     train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
-    train, dev = train[cfg.n_dev:], train[:cfg.n_dev]
+    train = train[cfg.n_dev:]
     sft_rows = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
     write_jsonl(train, out / "data" / "train.jsonl")
     write_jsonl(test, out / "data" / "test.jsonl")
@@ -185,21 +180,12 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
 
     model = build_tiny_model(tokenizer, cfg.model, seed=cfg.seed)
     n_params = count_parameters(model)
-    goal = f"until {cfg.target_accuracy:.0%} greedy dev accuracy, " if cfg.target_accuracy is not None else ""
-    progress(f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2 {goal}at most {cfg.sft.steps} steps")
+    progress(f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2, {cfg.sft.steps} steps")
     t = time.perf_counter()
-    dev_curve: list[tuple[int, float]] = []
 
-    def on_step(step: int, loss: float) -> bool:
-        done = step + 1
-        if cfg.target_accuracy is None or done < cfg.check_from or (done - cfg.check_from) % cfg.check_every:
-            if done % 50 == 0:
-                progress(f"sft step {done} loss {loss:.3f}")
-            return False
-        acc = greedy_accuracy(model, tokenizer, dev)
-        dev_curve.append((done, acc))
-        progress(f"sft step {done} loss {loss:.3f} dev accuracy {acc:.1%}")
-        return acc >= cfg.target_accuracy
+    def on_step(step: int, loss: float) -> None:
+        if (step + 1) % 50 == 0:
+            progress(f"sft step {step + 1} loss {loss:.3f}")
 
     losses = sft(model, tokenizer, sft_rows, cfg.sft, on_step=on_step)
     timings["sft_s"] = time.perf_counter() - t
@@ -220,7 +206,6 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         "vocab_size": len(tokenizer),
         "sft_steps": len(losses),
         "sft_final_loss": losses[-1],
-        "dev_accuracy_curve": dev_curve,
         "warm_start_greedy_accuracy": result["greedy_accuracy"],
         "eval_prompts": result["prompts"],
         "torch_threads": threads,

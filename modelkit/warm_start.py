@@ -78,11 +78,10 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
 
 
 def sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig = SFTConfig(),
-        on_step: Callable[[int, float], bool | None] | None = None) -> list[float]:
+        on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """Train `model` in place on rows {"question", "solution"}; returns the per-step losses.
 
-    `on_step(step, loss)` runs after every optimizer step; a truthy return stops training
-    there (the kit uses it to stop at a target accuracy)."""
+    `on_step(step, loss)` runs after every optimizer step (the kit reports progress with it)."""
     import torch
 
     if not rows:
@@ -116,30 +115,9 @@ def sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig = SFTConfig(),
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         losses.append(float(out.loss.detach()))
-        if on_step is not None and on_step(step, losses[-1]):
-            log.info("sft stopped by its caller after %d steps (loss %.4f)", step + 1, losses[-1])
-            break
-        model.train()  # the callback may have evaluated the model
+        if on_step is not None:
+            on_step(step, losses[-1])
         if step % 50 == 0:
             log.info("sft step %d/%d loss %.4f (%.1fs)", step, cfg.steps, losses[-1], time.perf_counter() - t0)
     model.eval()
     return losses
-
-
-def greedy_accuracy(model, tokenizer, rows: Sequence[dict], max_new_tokens: int = 64) -> float:
-    """Fraction of rows whose greedy answer's final \\boxed{} equals row["answer"] exactly.
-
-    Exact string match is right for the integer answers of the builtin task and needs no
-    sympy, so it can run in-process every few SFT steps (the RL reward uses math-verify)."""
-    from areal_graph.data.datasets import format_prompt
-    from areal_graph.nodes.math_reward import extract_final_answer
-    from areal_graph.runtime.inference.engine import EmbeddedEngine, SamplingParams
-
-    if not rows:
-        raise ValueError("greedy_accuracy: no rows")
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    with EmbeddedEngine(model=model, tokenizer=tokenizer, max_running=256, max_queue=len(rows)) as engine:
-        futures = [engine.submit(tokenizer(format_prompt(tokenizer, r["question"]), add_special_tokens=False).input_ids,
-                                 params) for r in rows]
-        outputs = [tokenizer.decode(f.result().output_ids, skip_special_tokens=True) for f in futures]
-    return sum(extract_final_answer(o) == str(r["answer"]) for o, r in zip(outputs, rows)) / len(rows)

@@ -159,7 +159,8 @@ class RLController:
     def _account_unfinished(self) -> None:
         """Nothing is silently dropped: record what was generated but never trained."""
         running = len(self._inflight)
-        buffered = self.buffer.size()
+        stats = self.buffer.stats()
+        buffered = stats.buffered_trajectories
         summary = {
             "groups_in_flight_at_stop": running,
             "trajectories_buffered_at_stop": buffered,
@@ -168,7 +169,7 @@ class RLController:
             "groups_failed": self.state.groups_failed,
             "groups_retried": self.state.groups_retried,
             "trajectories_trained": self.state.trajectories_trained,
-            "buffer": self.buffer.stats(),
+            "buffer": stats,
         }
         self.run_dir.write_json("unfinished.json", summary)
         if running or buffered:

@@ -86,6 +86,13 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
                                    **no_buffer_sync)
 
 
+def broadcast_from_rank0(model: torch.nn.Module) -> None:
+    """Overwrite every rank's parameters and buffers with rank 0's, so replicas start equal."""
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
 def shard_fsdp(model: torch.nn.Module, param_dtype: torch.dtype | None) -> torch.nn.Module:
     """FSDP2 in place: one unit per decoder layer plus the root (embeddings, norm, tied lm_head).
 
@@ -95,9 +102,7 @@ def shard_fsdp(model: torch.nn.Module, param_dtype: torch.dtype | None) -> torch
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+    broadcast_from_rank0(model)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:

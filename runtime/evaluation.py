@@ -53,7 +53,7 @@ def evaluate_model(
     from areal_graph.nodes.math_reward import RewardPool
     from areal_graph.runtime.inference.engine import EmbeddedEngine, SamplingParams
 
-    n = max(n_samples or k, k)
+    n = (k if n_samples is None else n_samples) if k else 0  # samples only serve pass@k
     if k < 0 or (k and n < k):
         raise ValueError(f"need k >= 0 and n_samples >= k, got k={k}, n_samples={n_samples}")
     t0 = time.perf_counter()
@@ -73,6 +73,7 @@ def evaluate_model(
         for j in range(n):
             requests.append((i, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
                                                seed=seed * 1_000_003 + i * 1009 + j)))
+    t_gen = time.perf_counter()
     with engine:
         futures = [engine.submit(prompts[i].input_ids, p) for i, p in requests]
         results = []
@@ -80,7 +81,7 @@ def evaluate_model(
             results.append(f.result())
             if on_progress is not None:
                 on_progress(done, len(futures))
-    gen_s = time.perf_counter() - t0
+    gen_s = time.perf_counter() - t_gen
     texts = [tok.decode(r.output_ids, skip_special_tokens=True) for r in results]
     with RewardPool(fn=reward_fn, num_workers=1) as pool:
         scores = pool.score(texts, [prompts[i].answer for i, _ in requests])

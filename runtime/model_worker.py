@@ -92,10 +92,9 @@ class ModelWorker:
         self.engine.total_steps = self._engine_args["total_steps"] * n_mb * epochs
         runs: list[dict[str, float]] = []
         for epoch in range(epochs):
-            parts = [list(range(batch.num_seqs))] if n_mb == 1 else \
-                ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)
+            parts = ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)
             for part in parts:
-                mb = batch if n_mb == 1 else batch.select(part)
+                mb = batch if len(parts) == 1 else batch.select(part)
                 stats = self.engine.train_step(mb, build_loss_fn(train_params, mb),
                                                max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
                 runs.append({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})

@@ -21,6 +21,8 @@ class Placement:
     node_impl: dict[str, str]  # name of the hosted object that runs the node (a model's nodes share one)
     worker_models: dict[str, str] = field(default_factory=dict)  # model worker -> model name
     actor_model: str = "actor"
+    # models read by a value node or trained with the value loss: loaded with a value head
+    critics: set[str] = field(default_factory=set)
 
     def worker_of(self, node: str) -> str:
         return self.node_worker[node]
@@ -46,6 +48,7 @@ def plan_placement(spec: WorkflowSpec) -> Placement:
     node_impl: dict[str, str] = {}
     worker_models: dict[str, str] = {}
     actor = None
+    critics: set[str] = set()
     for node in spec.nodes.values():
         node_impl[node.name] = node.name
         if node.kind == "rollout":
@@ -57,10 +60,12 @@ def plan_placement(spec: WorkflowSpec) -> Placement:
             node_worker[node.name] = worker
             worker_models[worker] = node.model
             node_impl[node.name] = node.model
-            if node.kind == "train" and node.params.loss != "value":
+            if node.kind == "value" or (node.kind == "train" and node.params.loss == "value"):
+                critics.add(node.model)
+            elif node.kind == "train":
                 actor = node.model
         else:
             node_worker[node.name] = CONTROLLER
     if actor is None:
         raise ValueError("workflow has no policy train node: nothing would update the rollout weights")
-    return Placement(node_worker, node_impl, worker_models, actor)
+    return Placement(node_worker, node_impl, worker_models, actor, critics)

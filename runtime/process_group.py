@@ -75,9 +75,6 @@ class RunProcesses:
     def _configure(self, actor_path: str, train_threads: int) -> None:
         spec, rt = self.spec, self.spec.runtime
         configured_models: set[str] = set()
-        # a model read by a value node or trained with the value loss is a critic (value head)
-        critics = {n.model for n in spec.nodes.values()
-                   if n.kind == "value" or (n.kind == "train" and n.params.loss == "value")}
         for node in spec.nodes.values():
             worker = self.placement.worker_of(node.name)
             if worker == "controller":
@@ -104,7 +101,7 @@ class RunProcesses:
                 client.configure(node.model, "areal_graph.runtime.model_worker:ModelWorker", {
                     "model_path": self.model_paths[node.model], "optim": optim,
                     "total_steps": rt.steps, "seed": rt.seed, "threads": train_threads,
-                    "role": "critic" if node.model in critics else "policy", "device": model.device,
+                    "role": "critic" if node.model in self.placement.critics else "policy", "device": model.device,
                 })
 
     def shutdown(self) -> None:

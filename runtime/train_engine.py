@@ -186,8 +186,8 @@ def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[in
     dd = layout.dst
     pred = logits[layout.pred_row, layout.pred_col]  # logits that predict the next token
     logp_all = torch.log_softmax(pred, dim=-1)
-    ids = batch["input_ids"].to(device)
-    out_lp = out_lp.index_put((dd,), logp_all.gather(-1, ids[dd].unsqueeze(-1)).squeeze(-1))
+    targets = layout.input_ids[layout.pred_row, layout.pred_col + 1]  # the token each prediction scores
+    out_lp = out_lp.index_put((dd,), logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
     if with_entropy:
         ent = -(logp_all.exp() * logp_all).sum(-1)
         out_ent = out_ent.index_put((dd,), ent)
@@ -272,9 +272,7 @@ class TrainEngine:
         elif self.parallel == "ddp" and trainable:
             self._forward = dp.wrap_ddp(self.model, self.device)
         elif self.parallel == "ddp":  # frozen: no gradients to reduce, but replicas must agree
-            with torch.no_grad():
-                for tensor in self.model.state_dict().values():
-                    torch.distributed.broadcast(tensor, src=0)
+            dp.broadcast_from_rank0(self.model)
         if trainable:
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                                weight_decay=weight_decay)
@@ -455,7 +453,7 @@ class TrainEngine:
         path = Path(path)
         weights = self._read_weights(path / "model")
         if self.parallel == "fsdp":
-            unknown = set(weights) - set(self._param_names()) - set(self.model.state_dict())
+            unknown = set(weights) - set(self.model.state_dict())
             if unknown:
                 raise ValueError(f"checkpoint {path} does not match the model: unexpected {sorted(unknown)}")
             dp.fsdp_load_model_state(self.model, weights)

@@ -396,10 +396,8 @@ class EmbeddedEngine:
                 room -= 1
         if self._pending:
             self._pending = self._prefill(self._pending)
-            if self._pending:  # a pause or a weight swap is waiting: give it the step boundary now
-                self._steps += 1
-                return
-        if self._running:
+        # pending left after a prefill: a pause or a weight swap is waiting, so end the step now
+        if self._running and not self._pending:
             self._decode()
         self._steps += 1
 
