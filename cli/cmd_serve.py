@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    import torch
+
+    from areal_graph.graph.node_kinds import device_check
     from areal_graph.runtime.inference import http_server
 
     console = Console(stderr=True)
@@ -47,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_running < 1:
         console.print(f"[red]--max-running must be >= 1, got {args.max_running}[/]")
+        return 2
+    if (problem := device_check(args.device)) is not None:
+        console.print(f"[red]--device {problem}, got {args.device!r}[/]")
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        console.print(f"[red]--device {args.device}: this machine has no CUDA device (or torch is a CPU build)[/]")
         return 2
     try:
         model = http_server.resolve_model(args.model)

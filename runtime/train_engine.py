@@ -136,6 +136,23 @@ class RowLayout:
     dst: torch.Tensor
 
 
+def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor `save_pretrained` wrote into `path`: one model.safetensors, or the shards
+    its model.safetensors.index.json lists (large models are saved in several files)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists()
+             else ["model.safetensors"])
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(str(path / name)))
+    return state
+
+
 def row_layout(batch: PackedBatch, rows: list[list[int]], device: torch.device) -> RowLayout | None:
     """Pack the sequences of `rows` (sequence indices per row) into one forward's input; None
     when there is nothing to run. Shared by every per-token pass (log-probs, values) so that
@@ -473,9 +490,7 @@ class TrainEngine:
 
     def _read_weights(self, model_dir: Path) -> dict[str, torch.Tensor]:
         """The full state dict `export_hf` wrote into `model_dir` (keys as in `self.model`)."""
-        from safetensors.torch import load_file
-
-        return load_file(str(model_dir / "model.safetensors"))
+        return read_safetensors_dir(model_dir)
 
     def _param_names(self) -> list[str]:
         """Parameter names in `model.parameters()` order (the optimizer's numbering)."""

@@ -35,7 +35,7 @@ import torch
 from transformers.modeling_outputs import TokenClassifierOutput
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.train_engine import TrainEngine, row_layout
+from areal_graph.runtime.train_engine import TrainEngine, read_safetensors_dir, row_layout
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +106,10 @@ class ValueModel(torch.nn.Module):
     @staticmethod
     def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
         """The full state dict (`model.*`, `value_head.*`) that `save_pretrained` wrote."""
-        import json
-
         from safetensors.torch import load_file
 
         path = Path(path)
-        index = path / "model.safetensors.index.json"
-        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists()
-                 else ["model.safetensors"])
-        state: dict[str, torch.Tensor] = {}
-        for name in files:
-            state.update({_BACKBONE + k: v for k, v in load_file(str(path / name)).items()})
+        state = {_BACKBONE + k: v for k, v in read_safetensors_dir(path).items()}
         state.update({_HEAD + k: v for k, v in load_file(str(path / VALUE_HEAD_FILE)).items()})
         return state
 
