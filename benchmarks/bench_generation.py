@@ -33,8 +33,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from areal_graph.runtime.inference.engine import EmbeddedEngine
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.engine import EmbeddedEngine
+from areal_graph.engines.inference.sampling import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 from areal_graph.data.packed import PackedBatch  # noqa: E402
-from areal_graph.runtime.launcher import LocalLauncher  # noqa: E402
-from areal_graph.runtime.tensor_codec import DEFAULT_CHUNK_BYTES, decode_batch, encode_batch  # noqa: E402
-from areal_graph.runtime.worker_client import WorkerClient  # noqa: E402
+from areal_graph.runtime.launchers.local import LocalLauncher  # noqa: E402
+from areal_graph.runtime.rpc.tensor_codec import DEFAULT_CHUNK_BYTES, decode_batch, encode_batch  # noqa: E402
+from areal_graph.runtime.rpc.worker_client import WorkerClient  # noqa: E402
 
 
 def batch_of(mib: int) -> PackedBatch:

@@ -40,8 +40,8 @@ def prompts(n: int, length: int) -> list[list[int]]:
 
 
 def bench_in_process(model_dir: Path, reqs: list[list[int]], new_tokens: int, max_running: int) -> float:
-    from areal_graph.runtime.inference.engine import EmbeddedEngine
-    from areal_graph.runtime.inference.sampling import SamplingParams
+    from areal_graph.engines.inference.engine import EmbeddedEngine
+    from areal_graph.engines.inference.sampling import SamplingParams
 
     engine = EmbeddedEngine(str(model_dir), max_running=max_running)
     engine.start()
@@ -57,9 +57,9 @@ def bench_in_process(model_dir: Path, reqs: list[list[int]], new_tokens: int, ma
 
 
 async def bench_http(url: str, reqs: list[list[int]], new_tokens: int, update_dir: Path | None) -> tuple[float, float]:
-    from areal_graph.runtime.inference.client import InferenceClient
-    from areal_graph.runtime.inference.interruptible import generate_interruptible
-    from areal_graph.runtime.inference.sampling import SamplingParams
+    from areal_graph.engines.inference.client import InferenceClient
+    from areal_graph.engines.inference.interruptible import generate_interruptible
+    from areal_graph.engines.inference.sampling import SamplingParams
 
     client = InferenceClient(url)
     try:
@@ -87,7 +87,7 @@ def main() -> int:
                     help="torch threads for both sides (2 threads on a busy 2-core machine thrash)")
     args = ap.parse_args()
     torch.set_num_threads(min(args.threads, 2))
-    from areal_graph.runtime.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.http_server import ServerProcess
 
     sizes = [(16, 64)] if args.quick else [(16, 128), (64, 128)]
     hidden, layers = (128, 2) if args.quick else (256, 4)

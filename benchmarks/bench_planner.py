@@ -33,8 +33,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from areal_graph.runtime.microbatch_planner import plan_microbatches
-from areal_graph.runtime.train_engine import ROW_TOKENS, plan_rows
+from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.training.train_engine import ROW_TOKENS, plan_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from areal_graph.runtime.tracing import Tracer
+from areal_graph.runtime.observability.tracing import Tracer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

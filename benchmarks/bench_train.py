@@ -41,8 +41,8 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.microbatch_planner import plan_microbatches
-from areal_graph.runtime.train_engine import TrainEngine
+from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.training.train_engine import TrainEngine
 from bench_generation import build_model  # the same random Qwen2 (vocab VOCAB) as the generation benchmark
 from bench_planner import engine_positions
 

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_graph.cli.cmd_init_model import kit_progress
     from areal_graph.data.datasets import DatasetError
     from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
-    from areal_graph.runtime.evaluation import evaluate_model
+    from areal_graph.engines.inference.offline_eval import evaluate_model
 
     console = Console()
     err = Console(stderr=True, soft_wrap=True)

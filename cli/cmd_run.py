@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
-    from areal_graph.runtime.controller import RLController, RunFailed
-    from areal_graph.runtime.run_dir import RunDir
+    from areal_graph.runtime.orchestration.controller import RLController, RunFailed
+    from areal_graph.runtime.observability.run_dir import RunDir
 
     if args.resume:
         run_dir = RunDir(args.resume)

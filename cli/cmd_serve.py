@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from areal_graph.graph.node_kinds import device_check
-    from areal_graph.runtime.inference import http_server
+    from areal_graph.engines.inference import http_server
 
     console = Console(stderr=True)
     if args.port < 0 or args.port > 65535:

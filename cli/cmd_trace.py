@@ -38,8 +38,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from areal_graph.runtime.run_dir import TRACE_FILENAME
-    from areal_graph.runtime.tracing import complete_spans, load_trace
+    from areal_graph.runtime.observability.run_dir import TRACE_FILENAME
+    from areal_graph.runtime.observability.tracing import complete_spans, load_trace
 
     console = Console()
     path = args.run_dir / TRACE_FILENAME if args.run_dir.is_dir() else args.run_dir

@@ -89,7 +89,7 @@ class SamplingParams:
 class RolloutParams:
     """The rollout node: a user rollout workflow generating `group_size` answers per prompt."""
 
-    workflow: str = _f("areal_graph.workflows.single_turn_math:SingleTurnMath", import_path_check)
+    workflow: str = _f("areal_graph.workflows.rollout.single_turn_math:SingleTurnMath", import_path_check)
     workflow_args: dict[str, Any] = _f({}, None, "keyword arguments for the workflow class")
     group_size: int = _f(8, positive, "answers per prompt (G); GRPO/RLOO normalise within a group")
     sampling: SamplingParams = field(default_factory=SamplingParams, metadata={"check": None, "help": ""})

@@ -193,7 +193,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
 
     progress(f"measuring warm-start greedy accuracy on {min(cfg.eval_prompts, len(test))} test problems")
     t = time.perf_counter()
-    from areal_graph.runtime.evaluation import evaluate_model
+    from areal_graph.engines.inference.offline_eval import evaluate_model
 
     result = evaluate_model(out / "model", out / "data" / "test.jsonl", limit=cfg.eval_prompts)
     timings["eval_s"] = time.perf_counter() - t

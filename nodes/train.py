@@ -60,7 +60,7 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
 def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
     """Clipped value loss against the GAE `returns`, anchored at the pre-update `values`.
 
-    The critic's engine (runtime/value_model.py `ValueEngine`) calls this with the live
+    The critic's engine (engines/training/value_model.py `ValueEngine`) calls this with the live
     per-token values V(tokens < t) in place of log-probs, and no entropy."""
     mask_all = batch["loss_mask"].float()
     norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))

@@ -1,1 +1,1 @@
-"""Execution: controller, workers, staleness control, dynamic batching, engines, weight sync, tracing."""
+"""Execution of a planned graph: orchestration, RPC, launchers, hosts for node kinds, observability."""

@@ -13,15 +13,15 @@ import math
 import pytest
 from aiohttp import web
 
-from areal_graph.runtime.inference.client import (
+from areal_graph.engines.inference.client import (
     InferenceClient,
     RequestRejected,
     ServerPool,
     ServerUnavailable,
     sampling_to_json,
 )
-from areal_graph.runtime.inference.interruptible import generate_interruptible
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.interruptible import generate_interruptible
+from areal_graph.engines.inference.sampling import SamplingParams
 
 
 class FakeSGLang:

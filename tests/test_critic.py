@@ -1,4 +1,4 @@
-"""The critic (runtime/value_model.py): packed values, a value-loss step, checkpoints, the worker."""
+"""The critic (engines/training/value_model.py): packed values, a value-loss step, checkpoints, the worker."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.advantages import gae
 from areal_graph.nodes.ppo_loss import aggregate, loss_normalizer, value_loss
 from areal_graph.nodes.train import build_loss_fn
-from areal_graph.runtime.model_worker import ModelWorker
-from areal_graph.runtime.value_model import VALUE_HEAD_FILE, ValueEngine, ValueModel
+from areal_graph.runtime.hosts.model_host import ModelWorker
+from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine, ValueModel
 from conftest import build_random_qwen2
 from test_train_engine import random_batch
 

@@ -19,8 +19,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.runtime.inference.engine import EmbeddedEngine, InvalidRequestError, QueueFullError
-from areal_graph.runtime.inference.sampling import SamplingParams, truncate_logits
+from areal_graph.engines.inference.engine import EmbeddedEngine, InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.sampling import SamplingParams, truncate_logits
 from conftest import build_random_qwen2
 
 VOCAB = 128
@@ -442,7 +442,7 @@ def test_kv_cache_rows_survive_joins_leaves_and_repacks(monkeypatch):
     Tiny headroom and slack force many in-place and growing repacks; prefill padding is NaN
     so a padding column that is not zeroed on the way in shows up as a non-finite value.
     """
-    from areal_graph.runtime.inference import kv_cache as kvm
+    from areal_graph.engines.inference import kv_cache as kvm
 
     monkeypatch.setattr(kvm, "_HEADROOM", 3)
     monkeypatch.setattr(kvm, "_LEFT_SLACK", 1)
@@ -493,7 +493,7 @@ def test_kv_cache_rows_survive_joins_leaves_and_repacks(monkeypatch):
 
 
 def test_kv_cache_leave_moves_only_the_rows_it_must():
-    from areal_graph.runtime.inference.kv_cache import BatchedKVCache
+    from areal_graph.engines.inference.kv_cache import BatchedKVCache
 
     cache = BatchedKVCache(row_capacity=8)
     keys = [torch.arange(8.0).view(8, 1, 1, 1).expand(8, 1, 4, 2).clone()]
@@ -508,7 +508,7 @@ def test_kv_cache_leave_moves_only_the_rows_it_must():
 
 def test_sampler_draws_follow_the_truncated_tempered_distribution():
     """Empirical frequencies of sample_tokens against softmax(logits / T) restricted to top-k / top-p."""
-    from areal_graph.runtime.inference.sampling import sample_tokens
+    from areal_graph.engines.inference.sampling import sample_tokens
 
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
     n = 20000

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_graph.runtime.evaluation import evaluate_model, pass_at_k
+from areal_graph.engines.inference.offline_eval import evaluate_model, pass_at_k
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ def test_paper_defaults():
     assert (K.AdvantageParams().gamma, K.AdvantageParams().lam) == (1.0, 1.0)
     assert K.AdvantageParams().normalize is True
     assert S.OptimConfig().lr == 2e-5 and S.OptimConfig().betas == (0.9, 0.999)
-    assert K.RolloutParams().workflow == "areal_graph.workflows.single_turn_math:SingleTurnMath"
+    assert K.RolloutParams().workflow == "areal_graph.workflows.rollout.single_turn_math:SingleTurnMath"
     assert K.SamplingParams().stop == [] and K.SamplingParams().stop is not K.SamplingParams().stop
 
 

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 import torch
 
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.sampling import SamplingParams
 
 MAX_QUEUE = 4
 DEVICE = os.environ.get("AREAL_TEST_DEVICE", "cpu")  # the server's device; references stay on the CPU
@@ -25,7 +25,7 @@ MAX_RUNNING = 4
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.runtime.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.http_server import ServerProcess
 
     proc = ServerProcess(str(tiny_model_dir), extra_args=[
         "--threads", "1", "--max-running", str(MAX_RUNNING), "--max-queue", str(MAX_QUEUE), "--device", DEVICE])
@@ -96,8 +96,8 @@ def test_generate_returns_sglang_shape_and_greedy_tokens(server, tiny_model_dir)
 
 
 def test_client_matches_engine_in_process(server, tiny_model_dir):
-    from areal_graph.runtime.inference.client import InferenceClient
-    from areal_graph.runtime.inference.engine import EmbeddedEngine
+    from areal_graph.engines.inference.client import InferenceClient
+    from areal_graph.engines.inference.engine import EmbeddedEngine
 
     prompts = [[1, 4, 8, 15, 16, 23, 42], [1, 99], [1, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
     params = SamplingParams(max_new_tokens=20, greedy=True, ignore_eos=True)
@@ -204,7 +204,7 @@ def test_full_queue_answers_503_and_server_survives(server):
 
 def test_client_retries_through_503(server):
     """The client's backoff turns a flood that overflows the queue into all-served."""
-    from areal_graph.runtime.inference.client import InferenceClient
+    from areal_graph.engines.inference.client import InferenceClient
 
     async def flood():
         client = InferenceClient(server, retries=30, backoff_s=0.05)
@@ -235,7 +235,7 @@ def tokens_generated(server: str) -> int:
 
 
 def test_abort_by_rid_and_pause_continue(server):
-    from areal_graph.runtime.inference.client import InferenceClient
+    from areal_graph.engines.inference.client import InferenceClient
 
     async def go():
         client = InferenceClient(server)

@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from areal_graph.graph.spec import InferenceSpec
-from areal_graph.runtime.process_group import inference_server_command
+from areal_graph.runtime.orchestration.process_executor import inference_server_command
 
 
 def test_embedded_server_command_passes_model_port_threads_seed_and_extra_args():
     spec = InferenceSpec(backend="embedded", max_running_requests=48, args={"max_queue": 256, "device": "cpu"})
     cmd = inference_server_command(spec, "/m", 1234, threads=3, seed=9)
-    assert cmd[:3] == [sys.executable, "-m", "areal_graph.runtime.inference.http_server"]
+    assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.http_server"]
     opts = dict(zip(cmd[3::2], cmd[4::2]))
     assert opts == {"--model": "/m", "--host": "127.0.0.1", "--port": "1234", "--max-running": "48",
                     "--threads": "3", "--seed": "9", "--max-queue": "256", "--device": "cpu"}
@@ -22,7 +22,7 @@ def test_embedded_server_command_passes_model_port_threads_seed_and_extra_args()
 
 def test_embedded_server_accepts_the_extra_args_it_is_given():
     """The flags inference.args produce must be ones the server's parser knows."""
-    from areal_graph.runtime.inference import http_server
+    from areal_graph.engines.inference import http_server
 
     cmd = inference_server_command(InferenceSpec(args={"max_queue": 8, "max_context": 128}), "/m", 1, 1, 0)
     args = http_server.build_arg_parser().parse_args(cmd[3:])

@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.runtime.inference.interruptible import ChunkedGeneration, TooManyInterruptions, generate_interruptible
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.interruptible import ChunkedGeneration, TooManyInterruptions, generate_interruptible
+from areal_graph.engines.inference.sampling import SamplingParams
 
 
 # --------------------------------------------------------------------------- scripted server
@@ -141,7 +141,7 @@ def test_endless_interruptions_raise():
 
 
 def test_chunk_length_mismatch_is_rejected():
-    from areal_graph.runtime.inference.interruptible import Chunk
+    from areal_graph.engines.inference.interruptible import Chunk
 
     gen = ChunkedGeneration(rid="x", prompt_ids=[1])
     with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
@@ -169,7 +169,7 @@ def two_models(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.runtime.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.http_server import ServerProcess
 
     proc = ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--max-running", "16",
                                                           "--device", os.environ.get("AREAL_TEST_DEVICE", "cpu")])
@@ -206,7 +206,7 @@ async def _tokens_generated(client) -> int:
 
 
 async def _run_with_update(url: str, models: dict, sglang_style: bool) -> list[ChunkedGeneration]:
-    from areal_graph.runtime.inference.client import InferenceClient
+    from areal_graph.engines.inference.client import InferenceClient
 
     roll = InferenceClient(url, backend="embedded")
     ctrl = InferenceClient(url, backend="embedded")  # another process's view, in effect
@@ -236,7 +236,7 @@ async def _run_with_update(url: str, models: dict, sglang_style: bool) -> list[C
 
 @pytest.mark.parametrize("sglang_style", [False, True], ids=["engine-resumes", "abort-and-resubmit"])
 def test_weight_update_mid_generation(server, two_models, tiny_model_dir, sglang_style):
-    from areal_graph.runtime.inference.client import InferenceClient
+    from areal_graph.engines.inference.client import InferenceClient
 
     async def go():
         # every test starts from the original weights (version numbering just keeps growing)

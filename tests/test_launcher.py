@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from areal_graph.runtime.launcher import LocalLauncher, ProcessDied, tail, thread_env
-from areal_graph.runtime.worker_client import WorkerClient
+from areal_graph.runtime.launchers.local import LocalLauncher, ProcessDied, tail, thread_env
+from areal_graph.runtime.rpc.worker_client import WorkerClient
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_PARENT = TESTS_DIR.parent.parent
@@ -118,7 +118,7 @@ def test_worker_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     """SIGKILL the process that owns the launcher: its workers must not stay orphaned."""
     script = textwrap.dedent(f"""
         import sys, time
-        from areal_graph.runtime.launcher import LocalLauncher
+        from areal_graph.runtime.launchers.local import LocalLauncher
         launcher = LocalLauncher({str(tmp_path)!r})
         launcher.start_worker("orphan-candidate")
         print(launcher.procs["orphan-candidate"].popen.pid, flush=True)
@@ -150,7 +150,7 @@ def test_ctrl_c_in_the_owner_shuts_the_workers_down(tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) raises KeyboardInterrupt in the owner; `with` exit must take the workers down."""
     script = textwrap.dedent(f"""
         import time
-        from areal_graph.runtime.launcher import LocalLauncher
+        from areal_graph.runtime.launchers.local import LocalLauncher
         with LocalLauncher({str(tmp_path)!r}) as launcher:
             launcher.start_worker("w-int")
             launcher.wait_healthy(60)

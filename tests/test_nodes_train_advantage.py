@@ -90,7 +90,7 @@ def test_ppo_minibatches_partition_every_sequence_once_and_are_seeded():
 def test_worker_takes_one_optimizer_step_per_ppo_minibatch(tiny_model_dir):
     """ppo_minibatches=2, ppo_epochs=2: four steps, each exactly a train_step on its share."""
     from areal_graph.nodes.train import ppo_minibatches
-    from areal_graph.runtime.model_worker import ModelWorker
+    from areal_graph.runtime.hosts.model_host import ModelWorker
 
     b = random_batch(seed=2)
     b.update(compute_advantages(AdvantageParams(), b))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.runtime.microbatch_planner import plan_microbatches, plan_stats, split_across_ranks
+from areal_graph.engines.training.microbatch_planner import plan_microbatches, plan_stats, split_across_ranks
 
 
 def _flat(plan):
@@ -180,7 +180,7 @@ def test_100k_sequences_all_placed():
 def test_tight_fill_is_repaired_where_best_fit_decreasing_is_not():
     """~6 sequences per micro-batch, narrow lengths: BFD leaves gaps (lower bound + 2); the
     LPT-and-exchange repair reaches the lower bound or one more."""
-    from areal_graph.runtime.microbatch_planner import _best_fit_decreasing
+    from areal_graph.engines.training.microbatch_planner import _best_fit_decreasing
 
     budget = 4096
     for seed in range(20):

@@ -39,7 +39,7 @@ def test_service_has_the_contracted_methods() -> None:
 
 def test_no_pickle_anywhere_on_the_wire_path() -> None:
     root = generate.PROTO_DIR.parent
-    for rel in ["runtime/tensor_codec.py", "runtime/worker_server.py", "runtime/worker_client.py"]:
+    for rel in ["runtime/rpc/tensor_codec.py", "runtime/rpc/worker_server.py", "runtime/rpc/worker_client.py"]:
         text = (root / rel).read_text()
         assert "import pickle" not in text and "pickle." not in text and "cloudpickle" not in text, rel
 

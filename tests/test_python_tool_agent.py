@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from areal_graph.runtime.inference.sampling import SamplingParams
-from areal_graph.workflows.base import pack_trajectories
-from areal_graph.workflows.python_tool_agent import PythonToolAgent
+from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.workflows.rollout.base import pack_trajectories
+from areal_graph.workflows.rollout.python_tool_agent import PythonToolAgent
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ class ScriptedClient:
         return None
 
     async def generate(self, input_ids, params, rid=None):
-        from areal_graph.runtime.inference.sampling import GenerationResult
+        from areal_graph.engines.inference.sampling import GenerationResult
 
         self.prompts.append(list(input_ids))
         ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False)

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.runtime.inference.sampling import SamplingParams
-from areal_graph.workflows.base import RolloutWorkflow, Trajectory, pack_trajectories
+from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.workflows.rollout.base import RolloutWorkflow, Trajectory, pack_trajectories
 
 
 # --------------------------------------------------------------------------- Trajectory
@@ -102,7 +102,7 @@ class _Prompt:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.runtime.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.http_server import ServerProcess
 
     proc = ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--max-running", "16"])
     proc.start()
@@ -111,8 +111,8 @@ def server(tiny_model_dir):
 
 
 def test_single_turn_math_produces_a_group(server):
-    from areal_graph.runtime.inference.client import InferenceClient, ServerPool
-    from areal_graph.workflows.single_turn_math import SingleTurnMath
+    from areal_graph.engines.inference.client import InferenceClient, ServerPool
+    from areal_graph.workflows.rollout.single_turn_math import SingleTurnMath
 
     prompt = _Prompt("p7", "1+1=", [1, 30, 31, 32], "2")
 
@@ -142,8 +142,8 @@ def test_single_turn_math_produces_a_group(server):
 
 
 def test_single_turn_math_rejects_bad_input(server):
-    from areal_graph.runtime.inference.client import InferenceClient
-    from areal_graph.workflows.single_turn_math import SingleTurnMath
+    from areal_graph.engines.inference.client import InferenceClient
+    from areal_graph.workflows.rollout.single_turn_math import SingleTurnMath
 
     async def go(prompt, g):
         client = InferenceClient(server)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_graph.runtime.run_dir import COMPLETE_MARKER, RunDir
+from areal_graph.runtime.observability.run_dir import COMPLETE_MARKER, RunDir
 
 
 @dataclass

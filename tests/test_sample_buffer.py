@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.sample_buffer import SampleBuffer
+from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
 
 
 def group(gid: int, size: int, version: int, length: int = 3, sample_base: int = 0) -> PackedBatch:

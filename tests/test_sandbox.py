@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from areal_graph.runtime.sandbox import SandboxLimits, run_python
+from areal_graph.tools.sandbox import SandboxLimits, run_python
 
 
 def run(code, **kw):

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.runtime.staleness import StalenessGate, sample_staleness
+from areal_graph.runtime.orchestration.staleness import StalenessGate, sample_staleness
 
 
 def simulate(B, eta, max_conc, choices, in_order=False, reject_every=0):

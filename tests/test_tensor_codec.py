@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.protos import worker_pb2 as pb
-from areal_graph.runtime.tensor_codec import (
+from areal_graph.runtime.rpc.tensor_codec import (
     DTYPES,
     MalformedStream,
     decode_batch,

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from areal_graph.cli import cmd_trace
-from areal_graph.runtime.tracing import NullTracer, SpanRecorder, Tracer, complete_spans, load_trace
+from areal_graph.runtime.observability.tracing import NullTracer, SpanRecorder, Tracer, complete_spans, load_trace
 
 
 def _names(events):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.train_engine import TrainEngine, lr_factor, pack_rows, packed_logprobs, plan_rows
+from areal_graph.engines.training.train_engine import TrainEngine, lr_factor, pack_rows, packed_logprobs, plan_rows
 from conftest import build_random_qwen2
 
 
@@ -189,7 +189,7 @@ def test_lr_schedules():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's error")
 def test_model_worker_on_cuda_without_a_gpu_is_a_clear_error():
-    from areal_graph.runtime.model_worker import ModelWorker
+    from areal_graph.runtime.hosts.model_host import ModelWorker
 
     with pytest.raises(RuntimeError, match="no CUDA device.*device: cpu"):
         ModelWorker("/nonexistent/model", device="cuda")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.launcher import LocalLauncher
-from areal_graph.runtime.worker_client import WorkerClient, WorkerError
+from areal_graph.runtime.launchers.local import LocalLauncher
+from areal_graph.runtime.rpc.worker_client import WorkerClient, WorkerError
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -177,7 +177,7 @@ def test_token_required_off_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_non_loopback_bind_without_token_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    from areal_graph.runtime.worker_server import is_loopback, main, serve
+    from areal_graph.runtime.rpc.worker_server import is_loopback, main, serve
 
     with pytest.raises(ValueError, match="refusing to bind '0.0.0.0' without a token"):
         serve("w-bad", host="0.0.0.0", port=0)

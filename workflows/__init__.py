@@ -1,1 +1,1 @@
-"""Shipped workflow YAMLs and the example Python rollout workflows they name."""
+"""Shipped workflow YAMLs (the graphs users run) and, in `rollout/`, the Python rollout classes they name."""

@@ -1,6 +1,6 @@
 """A worker process: hosts named implementations and serves them over gRPC.
 
-    python -m areal_graph.runtime.worker_server --port 0 --name NAME \
+    python -m areal_graph.runtime.rpc.worker_server --port 0 --name NAME \
         [--host 127.0.0.1] [--port-file FILE] [--token-env VAR] [--parent-pid PID]
 
 Why each piece exists:
@@ -43,7 +43,7 @@ import grpc
 from areal_graph.data.packed import PackedBatch
 from areal_graph.protos import worker_pb2 as pb
 from areal_graph.protos import worker_pb2_grpc as pb_grpc
-from areal_graph.runtime.tensor_codec import BatchDecoder, MalformedStream, encode_batch
+from areal_graph.runtime.rpc.tensor_codec import BatchDecoder, MalformedStream, encode_batch
 
 log = logging.getLogger(__name__)
 

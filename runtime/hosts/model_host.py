@@ -4,7 +4,7 @@ One object per model so that the proximal log-probs (`prox_logprobs`) come from 
 weights the train node is about to update, with no transfer in between.
 
 A model is either a policy (log-probs, policy losses; a `TrainEngine` over the causal LM) or
-a critic (values, loss `value`; a `ValueEngine`, runtime/value_model.py: the same backbone
+a critic (values, loss `value`; a `ValueEngine`, engines/training/value_model.py: the same backbone
 with a value head). `role` says which (the launcher passes it from the workflow). With
 `role="auto"` the worker starts as a policy (exactly as before critics existed) and becomes
 a critic on its first critic call (`values`, a `value`-loss train step, or loading a critic
@@ -25,8 +25,8 @@ import torch
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.train import build_loss_fn, ppo_minibatches
-from areal_graph.runtime.train_engine import TrainEngine
-from areal_graph.runtime.value_model import VALUE_HEAD_FILE, ValueEngine
+from areal_graph.engines.training.train_engine import TrainEngine
+from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from areal_graph.runtime.inference.kv_cache import BatchedKVCache
-from areal_graph.runtime.inference.sampling import GenerationResult, SamplingParams, sample_tokens
+from areal_graph.engines.inference.kv_cache import BatchedKVCache
+from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ padded).
 callback returns each part's share of the batch loss (normalised with batch-level totals), so the
 update does not depend on how the batch was split.
 
-Data parallelism (runtime/data_parallel.py: DDP on CPU, FSDP2 with bf16 on CUDA) keeps that
+Data parallelism (engines/training/data_parallel.py: DDP on CPU, FSDP2 with bf16 on CUDA) keeps that
 design unchanged: **every rank is given the whole batch** and builds the same loss callback
 from it, so the normalisers (token counts, sequence counts, Dr.GRPO's constant) are global
 by construction and no extra collective is needed to compute them. The planner then hands
@@ -30,7 +30,7 @@ number of forwards: where a rank has run out of sequences it runs a one-token fo
 backward) whose loss is multiplied by 0, because the collectives inside DDP/FSDP must line
 up across ranks.
 
-The critic (runtime/value_model.py `ValueEngine`) is this engine with a value model: it
+The critic (engines/training/value_model.py `ValueEngine`) is this engine with a value model: it
 reuses the planner, `row_layout` and every piece above, and overrides only what one forward
 yields (`_train_forward`) and how checkpointed weights are read (`_read_weights`).
 """
@@ -50,8 +50,8 @@ from typing import Callable, Sequence
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime import data_parallel as dp
-from areal_graph.runtime.microbatch_planner import plan_microbatches
+from areal_graph.engines.training import data_parallel as dp
+from areal_graph.engines.training.microbatch_planner import plan_microbatches
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ class TrainEngine:
 
     `parallel` ("auto", "none", "ddp", "fsdp") chooses data parallelism when a
     torch.distributed process group with more than one rank exists ("auto": FSDP2 on CUDA,
-    DDP otherwise; see runtime/data_parallel.py). Under data parallelism every rank must call
+    DDP otherwise; see engines/training/data_parallel.py). Under data parallelism every rank must call
     `train_step`, `compute_logprobs` and the weight/checkpoint methods together, with the
     same whole batch. `mixed_precision` (default: bf16 under FSDP on CUDA, else off) is the
     compute dtype FSDP casts parameters to; master weights and gradient reduction stay fp32.

@@ -2,7 +2,7 @@
 
 `ValueModel` is the backbone of the actor's architecture (loaded from the same HF directory
 with `AutoModelForCausalLM`, whose LM head is dropped) plus `value_head`, a Linear(hidden, 1).
-`ValueEngine` is the training engine (runtime/train_engine.py) around it: the same planner,
+`ValueEngine` is the training engine (engines/training/train_engine.py) around it: the same planner,
 the same padding-free rows (`row_layout`: position_ids restart per sequence,
 use_cache=False), the same optimizer, data parallelism and checkpoint code. Only what one
 forward yields differs: a value per token instead of a log-prob.
@@ -35,7 +35,7 @@ import torch
 from transformers.modeling_outputs import TokenClassifierOutput
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.train_engine import TrainEngine, read_safetensors_dir, row_layout
+from areal_graph.engines.training.train_engine import TrainEngine, read_safetensors_dir, row_layout
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class ValueModel(torch.nn.Module):
 
     The backbone sits at `.model`, where HF CausalLMs keep theirs, so the backbone's
     state-dict keys match the causal LM's and FSDP's per-layer sharding (`model.model.layers`,
-    runtime/data_parallel.py) applies unchanged. `forward` returns the values as the `logits`
+    engines/training/data_parallel.py) applies unchanged. `forward` returns the values as the `logits`
     ([batch, width, 1]) of a `TokenClassifierOutput`, HF's form for a one-label per-token
     regression, so code that runs a forward and touches `.logits` works on both kinds.
     """

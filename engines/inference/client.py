@@ -36,12 +36,12 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.sampling import SamplingParams
 
 try:  # where the engine defines its result type
-    from areal_graph.runtime.inference.sampling import GenerationResult  # type: ignore[attr-defined]
+    from areal_graph.engines.inference.sampling import GenerationResult  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the engine module layout
-    from areal_graph.runtime.inference.engine import GenerationResult  # type: ignore[no-redef]
+    from areal_graph.engines.inference.engine import GenerationResult  # type: ignore[no-redef]
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """PythonToolAgent: a multi-turn rollout where the policy may run Python before answering.
 
 Each turn the policy generates until it closes a `<python>...</python>` block or ends its
-answer. A closed block is executed in the sandbox (`runtime/sandbox.py`) and the result is
+answer. A closed block is executed in the sandbox (`tools/sandbox.py`) and the result is
 appended as `<output>...</output>` tokens that the policy did not generate: they get
 loss_mask 0, behaviour log-prob 0 and version -1, so training, GAE and the decoupled
 objective skip them without breaking the sequence. Subclass and override `observe` for
@@ -16,10 +16,10 @@ import re
 import uuid
 from typing import Any
 
-from areal_graph.runtime.inference.interruptible import generate_interruptible
-from areal_graph.runtime.inference.sampling import SamplingParams
-from areal_graph.runtime.sandbox import SandboxLimits, run_python
-from areal_graph.workflows.base import PromptLike, RolloutWorkflow, Trajectory
+from areal_graph.engines.inference.interruptible import generate_interruptible
+from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.tools.sandbox import SandboxLimits, run_python
+from areal_graph.workflows.rollout.base import PromptLike, RolloutWorkflow, Trajectory
 
 CODE_OPEN, CODE_CLOSE = "<python>", "</python>"
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.S)

@@ -27,7 +27,7 @@ Errors are JSON in SGLang's error shape `{"object": "error", "message", "type", 
 bad input -> 400 naming the field, a full queue -> 503 (retry later), anything unexpected
 -> 500; a failing request never takes the server down.
 
-Run: `python -m areal_graph.runtime.inference.http_server --model DIR --port 0`; it prints
+Run: `python -m areal_graph.engines.inference.http_server --model DIR --port 0`; it prints
 `areal-graph inference server listening on http://HOST:PORT` on stdout once it accepts requests.
 """
 
@@ -90,7 +90,7 @@ def parse_sampling_params(raw: Any, prompt_len: int, max_context: int | None):
 
     SGLang means greedy by `temperature == 0`; we map that to `greedy=True`.
     """
-    from areal_graph.runtime.inference.sampling import SamplingParams
+    from areal_graph.engines.inference.sampling import SamplingParams
 
     if raw is None:
         raw = {}
@@ -225,7 +225,7 @@ class InferenceHTTPServer:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
-        from areal_graph.runtime.inference import engine as engine_mod
+        from areal_graph.engines.inference import engine as engine_mod
 
         try:
             return await handler(request)
@@ -356,7 +356,7 @@ class InferenceHTTPServer:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         """Healthy only if a one-token generation completes (as SGLang's /health_generate)."""
-        from areal_graph.runtime.inference.sampling import SamplingParams
+        from areal_graph.engines.inference.sampling import SamplingParams
 
         try:
             await asyncio.wait_for(
@@ -416,7 +416,7 @@ def resolve_model(path: str) -> str:
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m areal_graph.runtime.inference.http_server",
+        prog="python -m areal_graph.engines.inference.http_server",
         description="Serve a model with the embedded engine behind SGLang's native HTTP API.",
     )
     p.add_argument("--model", required=True, help="model directory (HF format) or builtin:NAME")
@@ -460,7 +460,7 @@ class ServerProcess:
 
     def __init__(self, model: str, *, port: int = 0, host: str = "127.0.0.1", extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, log_path: str | None = None) -> None:
-        self.cmd = [sys.executable, "-m", "areal_graph.runtime.inference.http_server", "--model", str(model),
+        self.cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server", "--model", str(model),
                     "--host", host, "--port", str(port), *extra_args]
         self.env = env
         self.log_path = log_path
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
-    from areal_graph.runtime.inference.engine import EmbeddedEngine
+    from areal_graph.engines.inference.engine import EmbeddedEngine
 
     if args.threads:
         torch.set_num_threads(args.threads)

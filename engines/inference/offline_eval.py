@@ -51,7 +51,7 @@ def evaluate_model(
     """
     from areal_graph.data.datasets import load_prompts
     from areal_graph.nodes.math_reward import RewardPool
-    from areal_graph.runtime.inference.engine import EmbeddedEngine, SamplingParams
+    from areal_graph.engines.inference.engine import EmbeddedEngine, SamplingParams
 
     n = (k if n_samples is None else n_samples) if k else 0  # samples only serve pass@k
     if k < 0 or (k and n < k):

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

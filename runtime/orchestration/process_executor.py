@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.spec import InferenceSpec, NodeSpec, WorkflowSpec
-from areal_graph.runtime.launcher import LocalLauncher
-from areal_graph.runtime.placement import Placement
-from areal_graph.runtime.run_dir import RunDir
-from areal_graph.runtime.worker_client import WorkerClient
+from areal_graph.runtime.launchers.local import LocalLauncher
+from areal_graph.runtime.orchestration.placement import Placement
+from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.rpc.worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class RunProcesses:
     # ------------------------------------------------------------------ start / stop
     def start(self, on_death: Callable[[Any], None]) -> None:
         from areal_graph.modelkit.builtin import resolve_model_path
-        from areal_graph.runtime.inference.client import InferenceClient, ServerPool
+        from areal_graph.engines.inference.client import InferenceClient, ServerPool
 
         spec, rt = self.spec, self.spec.runtime
         for name, model in spec.models.items():
@@ -82,14 +82,14 @@ class RunProcesses:
             client = self.clients[worker]
             if node.kind == "rollout":
                 p = node.params
-                client.configure(node.name, "areal_graph.nodes.rollout:RolloutNode", {
+                client.configure(node.name, "areal_graph.runtime.hosts.rollout_host:RolloutNode", {
                     "server_urls": self.server_urls, "backend": spec.inference.backend,
                     "workflow": p.workflow, "group_size": p.group_size, "sampling": asdict(p.sampling),
                     "workflow_args": dict(p.workflow_args), "tokenizer_path": actor_path,
                 })
             elif node.kind == "reward":
                 p = node.params
-                client.configure(node.name, "areal_graph.nodes.reward:RewardNode", {
+                client.configure(node.name, "areal_graph.runtime.hosts.reward_host:RewardNode", {
                     "tokenizer_path": actor_path, "fn": p.fn, "timeout_s": p.timeout_s, "num_workers": p.num_workers,
                 })
             elif node.model not in configured_models:
@@ -98,7 +98,7 @@ class RunProcesses:
                 optim = None
                 if model.train is not None:
                     optim = {k: v for k, v in asdict(model.train).items()}
-                client.configure(node.model, "areal_graph.runtime.model_worker:ModelWorker", {
+                client.configure(node.model, "areal_graph.runtime.hosts.model_host:ModelWorker", {
                     "model_path": self.model_paths[node.model], "optim": optim,
                     "total_steps": rt.steps, "seed": rt.seed, "threads": train_threads,
                     "role": "critic" if node.model in self.placement.critics else "policy", "device": model.device,
@@ -159,7 +159,7 @@ class RunProcesses:
         return client.call(impl, "train_stats")
 
     def _actor_client(self) -> tuple[WorkerClient, str]:
-        from areal_graph.runtime.placement import model_worker
+        from areal_graph.runtime.orchestration.placement import model_worker
 
         actor = self.placement.actor_model
         return self.clients[model_worker(actor)], actor
@@ -194,7 +194,7 @@ def inference_server_command(inference: InferenceSpec, model_path: str, port: in
                "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(seed),
                "--max-running-requests", str(inference.max_running_requests)]
     else:
-        cmd = [sys.executable, "-m", "areal_graph.runtime.inference.http_server",
+        cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server",
                "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
                "--max-running", str(inference.max_running_requests),
                "--threads", str(threads), "--seed", str(seed)]

@@ -12,9 +12,9 @@ import dataclasses
 import uuid
 from typing import Any
 
-from areal_graph.runtime.inference.interruptible import generate_interruptible
-from areal_graph.runtime.inference.sampling import SamplingParams
-from areal_graph.workflows.base import PromptLike, RolloutWorkflow, Trajectory
+from areal_graph.engines.inference.interruptible import generate_interruptible
+from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.workflows.rollout.base import PromptLike, RolloutWorkflow, Trajectory
 
 
 class SingleTurnMath(RolloutWorkflow):

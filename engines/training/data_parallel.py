@@ -1,6 +1,6 @@
 """Data parallelism for the training engine: DDP on CPU (gloo), FSDP2 where CUDA is available.
 
-Kept apart from runtime/train_engine.py so that the engine's single-process path reads as
+Kept apart from engines/training/train_engine.py so that the engine's single-process path reads as
 plain torch and everything that talks to `torch.distributed` lives here.
 
 Why these two: FSDP2 (`torch.distributed.fsdp.fully_shard`) shards parameters, gradients and

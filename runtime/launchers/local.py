@@ -1,6 +1,6 @@
 """Start, watch and stop the processes of a run on this machine.
 
-`LocalLauncher` starts gRPC workers (runtime/worker_server.py) and arbitrary servers (e.g.
+`LocalLauncher` starts gRPC workers (runtime/rpc/worker_server.py) and arbitrary servers (e.g.
 inference servers, given a command line), each with its own environment and thread limits
 and a log file (stdout and stderr together). A watchdog thread polls them every 0.2 s; a
 process that exits while the run is still going is reported once, as `ProcessDied`, to the
@@ -158,7 +158,7 @@ class LocalLauncher:
         """
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
-        cmd = [self.python, "-m", "areal_graph.runtime.worker_server", "--name", name, "--host", host,
+        cmd = [self.python, "-m", "areal_graph.runtime.rpc.worker_server", "--name", name, "--host", host,
                "--port", "0", "--port-file", str(port_file), "--parent-pid", str(os.getpid())]
         if token_env:
             cmd += ["--token-env", token_env]
@@ -183,7 +183,7 @@ class LocalLauncher:
     # ------------------------------------------------------------------ health
     def _is_healthy(self, m: _Managed) -> bool:
         if m.address is not None:
-            from areal_graph.runtime.worker_client import WorkerClient, WorkerError
+            from areal_graph.runtime.rpc.worker_client import WorkerClient, WorkerError
 
             client = WorkerClient(m.address, token=m.token, name=m.name)
             try:

@@ -32,12 +32,12 @@ from areal_graph.graph.dag import execution_order
 from areal_graph.graph.spec import NodeSpec, WorkflowSpec
 from areal_graph.nodes.advantage import compute_advantages
 from areal_graph.nodes.train import required_keys
-from areal_graph.runtime.placement import Placement, plan_placement
-from areal_graph.runtime.process_group import RunProcesses
-from areal_graph.runtime.run_dir import RunDir
-from areal_graph.runtime.sample_buffer import SampleBuffer
-from areal_graph.runtime.staleness import StalenessGate
-from areal_graph.runtime.tracing import Tracer
+from areal_graph.runtime.orchestration.placement import Placement, plan_placement
+from areal_graph.runtime.orchestration.process_executor import RunProcesses
+from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
+from areal_graph.runtime.orchestration.staleness import StalenessGate
+from areal_graph.runtime.observability.tracing import Tracer
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from dataclasses import fields
 from typing import Any
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.inference.client import InferenceClient, ServerPool
-from areal_graph.runtime.inference.sampling import SamplingParams
-from areal_graph.workflows.base import RolloutWorkflow, pack_trajectories
+from areal_graph.engines.inference.client import InferenceClient, ServerPool
+from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.workflows.rollout.base import RolloutWorkflow, pack_trajectories
 
 
 def load_workflow_class(path: str) -> type[RolloutWorkflow]:

@@ -1,4 +1,4 @@
-"""The controller's handle on one worker process (see runtime/worker_server.py).
+"""The controller's handle on one worker process (see runtime/rpc/worker_server.py).
 
 Thread-safe: one gRPC channel, many concurrent calls (the controller runs node calls from a
 thread pool). Every failure becomes a `WorkerError` that names the worker, the
@@ -16,14 +16,14 @@ import grpc
 from areal_graph.data.packed import PackedBatch
 from areal_graph.protos import worker_pb2 as pb
 from areal_graph.protos import worker_pb2_grpc as pb_grpc
-from areal_graph.runtime.tensor_codec import (
+from areal_graph.runtime.rpc.tensor_codec import (
     DEFAULT_CHUNK_BYTES,
     MalformedStream,
     check_encodable,
     decode_batch,
     encode_batch,
 )
-from areal_graph.runtime.worker_server import GRPC_OPTIONS, TOKEN_METADATA_KEY
+from areal_graph.runtime.rpc.worker_server import GRPC_OPTIONS, TOKEN_METADATA_KEY
 
 
 class WorkerError(RuntimeError):

@@ -19,7 +19,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.runtime.inference.sampling import SamplingParams
+from areal_graph.engines.inference.sampling import SamplingParams
 
 
 class PromptLike(Protocol):
@@ -125,7 +125,7 @@ class RolloutWorkflow(abc.ABC):
     """User-facing: how one prompt becomes a group of trajectories.
 
     `client` is an `InferenceClient` or `ServerPool` (same interface); generate through
-    `areal_graph.runtime.inference.interruptible.generate_interruptible` so weight updates
+    `areal_graph.engines.inference.interruptible.generate_interruptible` so weight updates
     in the middle of an answer are survived and recorded per token. Constructor keyword
     arguments come from the workflow YAML (`workflow_args`).
     """

@@ -1,0 +1,1 @@
+"""Start, watch and stop the processes of a run (local processes today)."""

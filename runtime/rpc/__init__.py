@@ -1,0 +1,1 @@
+"""The controller <-> worker transport: gRPC server and client, the no-pickle tensor codec."""

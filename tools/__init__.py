@@ -1,0 +1,1 @@
+"""Tools that agents and rewards call: a sandbox for model-written code."""

@@ -1,0 +1,1 @@
+"""Rollout classes: how one prompt becomes a group of trajectories (single-turn, multi-turn, agents)."""
