@@ -18,6 +18,16 @@ request has produced a token with the new weights (the re-prefill of all 64).
 Prints a table and writes benchmarks/results/generation[_quick].json. The wall-time ratio
 is the headline; the CPU-time ratio is printed too because on a shared machine another
 tenant's load can hit one side of the comparison and not the other.
+
+`--rl-step`: the workload an RL training step gives the engine (see bench_rl_step.py): the
+builtin kit's model and prompts, 4 prompts x 8 answers submitted at once, temperature 1,
+64 new tokens at most, vs HF `generate` on the same 32 left-padded prompts (what TRL's
+GRPOTrainer does), interleaved round by round at 1 and at 2 torch threads.
+
+    python benchmarks/bench_generation.py --rl-step              # 20 rounds per thread count
+    python benchmarks/bench_generation.py --rl-step --ablate     # + engine without lean forward / sharing
+
+It prints a table and writes benchmarks/results/generation_rl_step.json.
 """
 
 from __future__ import annotations
@@ -158,7 +168,16 @@ def main() -> int:
     ap.add_argument("--median-out", type=int, default=64)
     ap.add_argument("--sigma", type=float, default=0.8)
     ap.add_argument("--max-out", type=int, default=512)
+    ap.add_argument("--rl-step", action="store_true", help="the RL-step workload instead (bench_rl_step.py)")
+    ap.add_argument("--rounds", type=int, default=20, help="--rl-step: timed rounds per thread count")
+    ap.add_argument("--thread-counts", default="1,2", help="--rl-step: torch thread counts to compare")
+    ap.add_argument("--ablate", action="store_true",
+                    help="--rl-step: also time the engine without the lean forward and without prefix sharing")
     args = ap.parse_args()
+    if args.rl_step:
+        from bench_rl_step import main_rl_step
+
+        return main_rl_step(args, RESULTS)
     n = 128 if args.quick else args.requests
     if args.quick:
         args.max_out = min(args.max_out, 256)

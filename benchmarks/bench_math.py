@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.nodes.advantages import gae
-from areal_graph.nodes.math_reward import RewardPool, math_reward
+from areal_graph.nodes.math_reward import math_reward
+from areal_graph.tools.reward_pool import RewardPool
 from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, loss_normalizer
 
 ROOT = Path(__file__).resolve().parent.parent

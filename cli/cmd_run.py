@@ -95,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
-    from areal_graph.runtime.orchestration.controller import RLController, RunFailed
     from areal_graph.runtime.observability.run_dir import RunDir
+    from areal_graph.runtime.orchestration.controller import RunFailed
+    from areal_graph.runtime.orchestration.run import run_workflow
 
     if args.resume:
         run_dir = RunDir(args.resume)
@@ -113,14 +114,13 @@ def run(args: argparse.Namespace) -> int:
                   f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
     t0 = time.time()
     try:
-        _build_builtin_kits(spec, console)
+        spec = _resolve_builtins(spec, console)
     except ValueError as err:
         console.print(f"[red]{err}[/]", highlight=False)
         return 1
     with RunDisplay(console, spec.runtime.steps) as display:
-        controller = RLController(spec, run_dir, display=display)
         try:
-            state = controller.run(resume_from=ckpt)
+            state = run_workflow(spec, run_dir, display=display, resume_from=ckpt)
         except Exception as err:  # noqa: BLE001 - every failure ends as a message, not a traceback
             if not isinstance(err, RunFailed):
                 log.debug("run failed", exc_info=True)
@@ -137,18 +137,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_builtin_kits(spec, console: Console) -> None:
-    """Build any `builtin:` model or dataset the workflow names now, in this process and with
+def _resolve_builtins(spec, console: Console):
+    """The spec with `builtin:` paths resolved, building kits now, in this process and with
     progress on screen: a first build takes minutes, and inside the workers it would be silent."""
     from areal_graph.cli.cmd_init_model import kit_progress
-    from areal_graph.modelkit.builtin import PREFIX, resolve_dataset_path, resolve_model_path
+    from areal_graph.modelkit.builtin import PREFIX, resolve_builtin_paths
 
-    models = [m.path for m in spec.models.values() if m.path.startswith(PREFIX)]
-    datasets = [d for d in (spec.data.train, spec.data.eval) if d and d.startswith(PREFIX)]
-    if not models and not datasets:
-        return
+    paths = [m.path for m in spec.models.values()] + [spec.data.train, spec.data.eval or ""]
+    if not any(p.startswith(PREFIX) for p in paths):
+        return spec
     with kit_progress(console) as progress:
-        for path in models:
-            resolve_model_path(path, progress)
-        for path in datasets:
-            resolve_dataset_path(path, progress)
+        return resolve_builtin_paths(spec, progress)

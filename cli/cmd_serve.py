@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from areal_graph.graph.node_kinds import device_check
+    from areal_graph.api.fields import device_check
     from areal_graph.engines.inference import http_server
+    from areal_graph.modelkit.builtin import resolve_model_path
 
     console = Console(stderr=True)
     if args.port < 0 or args.port > 65535:
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]--device {args.device}: this machine has no CUDA device (or torch is a CPU build)[/]")
         return 2
     try:
-        model = http_server.resolve_model(args.model)
-    except SystemExit as err:
+        model = str(resolve_model_path(args.model))
+    except ValueError as err:
         console.print(f"[red]{err}[/]")
         return 1
     from pathlib import Path

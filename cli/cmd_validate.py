@@ -20,8 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check a workflow YAML and show its graph",
         description=(
             "Load WORKFLOW, apply --set overrides, and check it: fields, types, ranges, models, "
+            "every import path it names (rollout classes, reward and function nodes, node kinds), "
             "and the graph derived from what each node reads and writes (every read key has one "
-            "writer, no cycles, train nodes get what their loss needs). Prints every problem at once."
+            "writer, no cycles, no generation-side node reading a training-side key, train nodes get "
+            "what their loss needs). Prints every problem at once; when valid, the execution plan: "
+            "which side of the sample buffer each node runs on, what runs concurrently, where, and "
+            "what is fused."
         ),
         epilog="Example: areal-graph validate workflows/ppo_async.yaml --set runtime.max_staleness=0",
     )
@@ -41,8 +45,9 @@ def print_problems(console: Console, workflow: Path, problems: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_graph.graph.dag import build_graph, execution_order
+    from areal_graph.graph.dag import build_graph
     from areal_graph.graph.loader import WorkflowError, load_workflow
+    from areal_graph.graph.plan import build_plan
 
     console = Console()
     if args.schema:
@@ -71,11 +76,14 @@ def run(args: argparse.Namespace) -> int:
         models.add_row(m.name, m.path, f"lr {m.train.lr:g}" if m.train else "frozen")
     console.print(models)
 
+    plan = build_plan(spec)
     nodes = Table(title="nodes", title_justify="left")
-    for col in ("node", "kind", "model", "reads", "writes"):
+    for col in ("node", "kind", "model", "side", "process", "reads", "writes"):
         nodes.add_column(col)
     for n in spec.nodes.values():
-        nodes.add_row(n.name, n.kind, n.model or "-", ", ".join(n.reads) or "-", ", ".join(n.writes) or "-")
+        where = f"(fused into {plan.fused[n.name]})" if n.name in plan.fused else plan.hosting[n.name].process
+        nodes.add_row(n.name, n.kind, n.model or "-", plan.phase[n.name], where,
+                      ", ".join(n.reads) or "-", ", ".join(n.writes) or "-")
     console.print(nodes)
 
     edges = Table(title="edges", title_justify="left")
@@ -88,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(edges)
 
     rt = spec.runtime
-    console.print("execution order: " + " -> ".join(execution_order(spec)), highlight=False)
+    console.print("[bold]plan[/]")
+    for line in plan.describe():
+        console.print(f"  {line}", highlight=False, markup=False)
     console.print(f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
                   f"{rt.steps} steps, backend {spec.inference.backend}", highlight=False)
     return 0

@@ -160,3 +160,27 @@ def load_prompts(
     if report.total_skipped:
         log.warning("%s; first skipped: %s", report, "; ".join(report.examples))
     return prompts, report
+
+
+def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Prompt], list[Prompt]]:
+    """A run's training prompts (shuffled with `seed`) and evaluation prompts (the first
+    `data.eval_size`), tokenised with the policy's tokenizer; `data` is a workflow's DataSpec
+    with local paths. Raises DatasetError when no training row is usable."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    kwargs = dict(prompt_template=data.prompt_template, question_key=data.question_key,
+                  answer_key=data.answer_key, max_prompt_tokens=data.max_prompt_tokens)
+    train, report = load_prompts(data.train, tok, **kwargs)
+    if not train:
+        raise DatasetError(f"data.train ({data.train}) has no usable rows: {report}")
+    log.info("train prompts: %s", report)
+    eval_prompts: list[Prompt] = []
+    if data.eval:
+        eval_prompts, report = load_prompts(data.eval, tok, **kwargs)
+        log.info("eval prompts: %s", report)
+        eval_prompts = eval_prompts[: data.eval_size] if data.eval_size else eval_prompts
+    random.Random(seed).shuffle(train)
+    return train, eval_prompts

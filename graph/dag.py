@@ -12,7 +12,8 @@ from typing import Iterable, Mapping
 
 import networkx as nx
 
-from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS, POLICY_LOSSES
+from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS
+from areal_graph.graph.registry import kind_of
 from areal_graph.graph.spec import NodeSpec, WorkflowSpec
 
 
@@ -21,7 +22,7 @@ def key_producers(nodes: Mapping[str, NodeSpec]) -> dict[str, list[str]]:
     producers: dict[str, list[str]] = {}
     for node in nodes.values():
         keys: Iterable[str] = node.writes
-        if node.kind == "rollout":
+        if kind_of(node).source:
             keys = tuple(node.writes) + tuple(k for k in IMPLICIT_ROLLOUT_KEYS if k not in node.writes)
         for key in keys:
             producers.setdefault(key, []).append(node.name)
@@ -47,12 +48,18 @@ def graph_from_nodes(nodes: Mapping[str, NodeSpec]) -> nx.DiGraph:
                 graph.edges[src, node.name]["keys"].append(key)
             else:
                 graph.add_edge(src, node.name, keys=[key])
-    rollouts = [n.name for n in nodes.values() if n.kind == "rollout"]
-    graph.graph["weight_update"] = [
-        (n.name, r) for n in nodes.values()
-        if n.kind == "train" and getattr(n.params, "loss", None) in POLICY_LOSSES for r in rollouts
-    ]
+    sources = [n.name for n in nodes.values() if kind_of(n).source]
+    trains = [n for n in nodes.values() if kind_of(n).trains]
+    actor = next((n.model for n in trains if _serves(n)), None)
+    graph.graph["weight_update"] = [(n.name, r) for n in trains if n.model == actor and _serves(n) for r in sources]
     return graph
+
+
+def _serves(node: NodeSpec) -> bool:
+    """A train node whose model's new weights go to the inference servers (a policy loss)."""
+    from areal_graph.graph.node_kinds import POLICY_LOSSES
+
+    return getattr(node.params, "loss", None) in POLICY_LOSSES
 
 
 def build_graph(spec: WorkflowSpec) -> nx.DiGraph:

@@ -19,15 +19,13 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, Union
 
 import networkx as nx
 
+from areal_graph.api.imports import ImportPathError, import_object
 from areal_graph.graph import spec as S
 from areal_graph.graph.dag import graph_from_nodes, key_producers
-from areal_graph.graph.node_kinds import (
-    IMPLICIT_ROLLOUT_KEYS,
-    NODE_KINDS,
-    POLICY_LOSSES,
-    ROLLOUT_WRITES,
-    TRAIN_REQUIRED_READS,
-)
+from areal_graph.graph.kind import ImportRef
+from areal_graph.graph.node_kinds import BUILTIN_KINDS, IMPLICIT_ROLLOUT_KEYS, POLICY_LOSSES, ROLLOUT_WRITES
+from areal_graph.graph.plan import assign_phases
+from areal_graph.graph.registry import UnknownKind, kind_of, resolve_kind
 from areal_graph.graph.overrides import apply_overrides, parse_override  # noqa: F401  (parse_override re-exported)
 from areal_graph.graph.problems import Problem, WorkflowError, node_of, suggest
 from areal_graph.graph.spec import REQUIRED_SECTIONS, SECTIONS
@@ -229,13 +227,17 @@ def _validate(raw: Any, v: _Validator) -> S.WorkflowSpec | None:
     models = _models(raw.get("models"), v)
     declared = list(raw["models"]) if isinstance(raw.get("models"), dict) else None
     nodes, complete = _nodes(raw.get("nodes"), declared, v)
+    # Graph rules need every node (a partial set gives bogus "nobody writes" problems); they
+    # run against defaults for sections that had problems of their own (already reported).
+    draft = S.WorkflowSpec(name=name if isinstance(name, str) else "?", models=models or {},
+                           data=data or S.DataSpec(train="?"), inference=inference or S.InferenceSpec(),
+                           nodes=nodes, runtime=runtime or S.RuntimeSpec(), source=v.file)
     if complete:
-        _check_graph(nodes, models, v)
-    _check_batch_size(nodes, runtime, v)
+        _check_graph(draft, models is not None, v)
+    _check_runtime(draft, runtime is not None, v)
     if v.problems:
         return None
-    return S.WorkflowSpec(name=name, models=models, data=data, inference=inference, nodes=nodes,
-                          runtime=runtime, source=v.file)
+    return draft
 
 
 def _models(raw: Any, v: _Validator) -> dict[str, S.ModelSpec] | None:
@@ -278,30 +280,34 @@ def _nodes(raw: Any, models: list[str] | None,
             complete = False
         else:
             nodes[node.name] = node
-    # Graph rules on a partial node set would report bogus "nobody writes" problems.
     return nodes, complete
+
+
+# Fields that were renamed: the old name gets a message saying what it is now.
+RENAMED = {"workflow": "rollout_class", "workflow_args": "rollout_args"}
 
 
 def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.NodeSpec | None:
     path = ("nodes", name)
     before = len(v.problems)
-    kind = body.get("kind")
-    if kind is None:
-        v.report(path + ("kind",), f"missing required field 'kind' (one of {', '.join(NODE_KINDS)})")
+    kind_name = body.get("kind")
+    if kind_name is None:
+        v.report(path + ("kind",), f"missing required field 'kind' (one of {', '.join(BUILTIN_KINDS)}, "
+                                   "or 'package.module:NAME' of a NodeKind)")
         return None
-    if not isinstance(kind, str) or kind not in NODE_KINDS:
-        v.report(path + ("kind",), f"unknown node kind {kind!r}{suggest(kind, NODE_KINDS)}; "
-                                   f"known kinds: {', '.join(NODE_KINDS)}")
+    try:
+        kind = resolve_kind(kind_name)
+    except UnknownKind as err:
+        v.report(path + ("kind",), str(err))
         return None
-    info = NODE_KINDS[kind]
 
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         v.report(path + ("model",), f"expected a model name (string), got {_got(model)}")
-    elif info.model == "required" and model is None:
-        v.report(path + ("model",), f"a {kind} node needs 'model' (one of: {', '.join(models or {}) or 'none'})")
-    elif info.model == "forbidden" and model is not None:
-        v.report(path + ("model",), f"a {kind} node takes no 'model'")
+    elif kind.model == "required" and model is None:
+        v.report(path + ("model",), f"a {kind.name} node needs 'model' (one of: {', '.join(models or {}) or 'none'})")
+    elif kind.model == "forbidden" and model is not None:
+        v.report(path + ("model",), f"a {kind.name} node takes no 'model'")
     elif model is not None and models is not None and model not in models:
         v.report(path + ("model",), f"unknown model '{model}'{suggest(model, models)}; "
                                    f"models: {', '.join(models)}")
@@ -318,43 +324,52 @@ def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.N
         return tuple(value)
 
     reads = keys("reads", ())
-    writes = keys("writes", ROLLOUT_WRITES if kind == "rollout" else ())
-    param_raw = {k: val for k, val in body.items() if k not in NODE_KEYS}
-    params = v.build(info.params, param_raw, path, also_allowed=NODE_KEYS)
+    writes = keys("writes", kind.default_writes)
+    for old, new in RENAMED.items():
+        if old in body:
+            v.report(path + (old,), f"'{old}' was renamed to '{new}' (the YAML file is the workflow; "
+                                    f"the Python class is the rollout class)")
+    param_raw = {k: val for k, val in body.items() if k not in NODE_KEYS and k not in RENAMED}
+    params = v.build(kind.params, param_raw, path, also_allowed=NODE_KEYS)
     if params is None or len(v.problems) > before:
         return None
-    return S.NodeSpec(name=name, kind=kind, model=model, reads=reads, writes=writes, params=params,
+    for ref in kind.imports(params):
+        why = check_import(ref)
+        if why:
+            v.report(path + (ref.field,), why)
+    return S.NodeSpec(name=name, kind=str(kind_name), model=model, reads=reads, writes=writes, params=params,
                       line=v.line(path))
 
 
-def _check_batch_size(nodes: dict[str, S.NodeSpec], runtime: S.RuntimeSpec | None, v: _Validator) -> None:
-    """Whole prompt groups per step (GRPO/RLOO normalise within a group); no empty PPO minibatch."""
-    rollouts = [n for n in nodes.values() if n.kind == "rollout"]
-    if runtime is None or not rollouts:
+def _check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: _Validator) -> None:
+    """Relations between runtime fields and the source node: whole prompt groups, concurrency."""
+    sources = [n for n in spec.nodes.values() if kind_of(n).source]
+    if not runtime_ok or not sources:
         return
-    g = rollouts[0].params.group_size
-    if runtime.batch_size % g:
-        v.report(("runtime", "batch_size"), f"must be a multiple of nodes.{rollouts[0].name}.group_size "
-                                            f"({g}) so that whole prompt groups are trained, got {runtime.batch_size}")
-    for node in nodes.values():
-        if node.kind == "train" and node.params.ppo_minibatches > runtime.batch_size:
-            v.report(("nodes", node.name, "ppo_minibatches"),
-                     f"must be at most runtime.batch_size ({runtime.batch_size}) so that every PPO minibatch "
-                     f"holds a trajectory, got {node.params.ppo_minibatches}")
+    rt, src = spec.runtime, sources[0]
+    g = getattr(src.params, "group_size", 1)
+    if rt.batch_size % g:
+        v.report(("runtime", "batch_size"), f"must be a multiple of nodes.{src.name}.group_size "
+                                            f"({g}) so that whole prompt groups are trained, got {rt.batch_size}")
+    if rt.max_concurrent_rollouts < g:
+        v.report(("runtime", "max_concurrent_rollouts"),
+                 f"must be at least nodes.{src.name}.group_size ({g}): a prompt group is generated at once, "
+                 f"got {rt.max_concurrent_rollouts}")
+    if rt.weight_sync == "memory" and spec.inference.backend != "embedded":
+        v.report(("runtime", "weight_sync"), f"'memory' needs inference.backend 'embedded' (a {spec.inference.backend} "
+                                             "server loads weights from disk); use 'disk' or 'auto'")
 
 
-def _check_graph(nodes: dict[str, S.NodeSpec], models: dict[str, S.ModelSpec] | None, v: _Validator) -> None:
-    """Rules that involve several nodes: keys, writers, cycles, what each kind needs."""
-    rollouts = [n for n in nodes.values() if n.kind == "rollout"]
-    if not rollouts:
+def _check_graph(spec: S.WorkflowSpec, models_ok: bool, v: _Validator) -> None:
+    """Rules that involve several nodes: keys, writers, cycles, phases, and each kind's own rules."""
+    nodes = spec.nodes
+    sources = [n for n in nodes.values() if kind_of(n).source]
+    if not sources:
         v.report(("nodes",), "the workflow needs exactly one node of kind 'rollout' (it has none)")
-    for extra in rollouts[1:]:
-        v.report(("nodes", extra.name, "kind"), f"a second rollout node (the first is '{rollouts[0].name}'); "
+    for extra in sources[1:]:
+        v.report(("nodes", extra.name, "kind"), f"a second rollout node (the first is '{sources[0].name}'); "
                                                 f"a workflow has exactly one")
-    policy_trains = [n for n in nodes.values() if n.kind == "train" and n.params.loss in POLICY_LOSSES]
-    if not policy_trains:
-        v.report(("nodes",), "the workflow needs a 'train' node with a policy loss "
-                             f"({' or '.join(POLICY_LOSSES)}) to train the actor")
+    _check_trained_models(spec, v)
 
     producers = key_producers(nodes)
     for key, writers in producers.items():
@@ -362,57 +377,68 @@ def _check_graph(nodes: dict[str, S.NodeSpec], models: dict[str, S.ModelSpec] | 
             v.report(("nodes", dup, "writes"), f"key '{key}' is also written by node '{writers[0]}'; "
                                                f"each key has exactly one writer")
     available = sorted(producers)
-    if not rollouts:  # already reported; don't repeat it for every key the rollout would provide
+    if not sources:  # already reported; don't repeat it for every key the rollout would provide
         available = sorted(set(available) | set(ROLLOUT_WRITES) | set(IMPLICIT_ROLLOUT_KEYS))
     for node in nodes.values():
         path = ("nodes", node.name)
-        if node.kind == "rollout" and node.reads:
-            v.report(path + ("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")
         for i, key in enumerate(node.reads):
             if key not in available:
                 v.report(path + ("reads", i), f"reads key '{key}' which no node writes{suggest(key, available)}; "
                                               f"available keys: {', '.join(available)}")
-        if node.kind in ("logprob", "value") and len(node.writes) != 1:
-            v.report(path + ("writes",), f"a {node.kind} node writes exactly one key, got {list(node.writes)}")
-        if node.kind == "reward" and not node.writes:
-            v.report(path + ("writes",), "a reward node must write its reward key (e.g. [rewards])")
-        if node.kind == "advantage":
-            _check_advantage(node, v)
-        if node.kind == "train":
-            need = TRAIN_REQUIRED_READS[node.params.loss]
-            missing = [k for k in need if k not in node.reads]
-            if missing:
-                what = ("a train node with a policy loss needs advantages: " if "advantages" in missing else "")
-                v.report(path + ("reads",), f"{what}loss '{node.params.loss}' must read {', '.join(missing)}")
-            if node.writes:
-                v.report(path + ("writes",), "a train node writes no keys (it updates weights)")
-            if models and node.model in models and models[node.model].train is None:
-                v.report(path + ("model",), f"model '{node.model}' has no 'train' section (optimiser), "
-                                            f"so it cannot be trained")
+        if models_ok or kind_of(node).model == "forbidden":
+            for issue in kind_of(node).rules(node, spec):
+                v.report(path + issue.where, issue.message)
     graph = graph_from_nodes(nodes)
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
+        if sources:
+            for name, issue in assign_phases(spec)[1]:
+                v.report(("nodes", name) + issue.where, issue.message)
         return
     names = [u for u, _ in cycle]
     v.report(("nodes", names[0], "reads"), "dependency cycle: " + " -> ".join(names + [names[0]])
              + " (weight updates back to the rollout are implicit; keys may not flow backwards)")
 
 
-def _check_advantage(node: S.NodeSpec, v: _Validator) -> None:
-    p = node.params
-    path = ("nodes", node.name)
-    need = ["rewards", "loss_mask"]
-    if p.estimator == "gae":
-        need.append("values")
-    if p.kl_coef > 0:
-        need.append("ref_logprobs")
-    missing = [k for k in need if k not in node.reads]
-    if missing:
-        v.report(path + ("reads",), f"estimator '{p.estimator}'"
-                 + (f" with kl_coef {p.kl_coef}" if p.kl_coef > 0 else "") + f" must read {', '.join(missing)}")
-    if "advantages" not in node.writes:
-        v.report(path + ("writes",), "an advantage node must write 'advantages'")
+def _check_trained_models(spec: S.WorkflowSpec, v: _Validator) -> None:
+    """One policy model (the one the inference servers serve); no model both policy and critic."""
+    policy = [n for n in spec.nodes.values() if getattr(n.params, "loss", None) in POLICY_LOSSES and kind_of(n).trains]
+    if not policy:
+        v.report(("nodes",), "the workflow needs a 'train' node with a policy loss "
+                             f"({' or '.join(POLICY_LOSSES)}) to train the actor")
+    for extra in policy[1:]:
+        if extra.model != policy[0].model:
+            v.report(("nodes", extra.name, "model"), f"trains model '{extra.model}' with a policy loss, but node "
+                     f"'{policy[0].name}' trains '{policy[0].model}': the inference servers serve one policy")
+    roles: dict[str, dict[str, str]] = {}
+    for node in spec.nodes.values():
+        role = kind_of(node).model_role(node)
+        if node.model is not None and role is not None:
+            roles.setdefault(node.model, {}).setdefault(role, node.name)
+    for model, by_role in roles.items():
+        if len(by_role) > 1:
+            v.report(("nodes", by_role["critic"], "model"),
+                     f"model '{model}' is used as a critic here and as a policy by node '{by_role['policy']}': "
+                     "give the critic its own entry under `models:`")
+
+
+def check_import(ref: ImportRef) -> str | None:
+    """Import what a parameter names and check it is what the kind expects; None when fine."""
+    try:
+        obj = import_object(ref.path, what=ref.field)
+    except ImportPathError as err:
+        return str(err)
+    if ref.expect == "callable" and not callable(obj):
+        return f"{ref.path} is a {type(obj).__name__}, not a function"
+    if ref.expect == "class" and not isinstance(obj, type):
+        return f"{ref.path} is not a class"
+    if ref.expect == "rollout_class":
+        from areal_graph.workflows.rollout.base import Rollout
+
+        if not (isinstance(obj, type) and issubclass(obj, Rollout)):
+            return f"{ref.path} is not a subclass of areal_graph.workflows.rollout.base.Rollout"
+    return None
 
 
 # ============================================================================ entry points

@@ -1,109 +1,145 @@
-"""Per-kind node parameters: one frozen dataclass per node kind, the single source of truth.
+"""The built-in node kinds: each one's parameter dataclass and its `NodeKind` entry, side by side.
 
 Field names, types and defaults live only here; the loader reads them (via
 `dataclasses.fields` and type hints) to validate YAML, so adding a field here is all it takes
 to make it configurable. Range rules travel in each field's metadata (`check`), so the rule
 sits next to the default it constrains. Defaults follow the AReaL paper where it gives one.
 
+Each entry (see `graph/kind.py`) says where the kind's nodes run, what object serves them,
+how they are called, which side of the sample buffer they sit on and what the graph must
+satisfy for them. Adding a built-in kind means adding a section here (and, if no existing
+host fits, the host class it names). A kind of one's own needs no change here at all: any
+module-level `NodeKind`, named in YAML as `kind: package.module:NAME`.
+
 This module must stay free of torch and gRPC: the CLI validates workflows without them.
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Optional
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from areal_graph.api.fields import (
+    cfg,
+    dual_clip_check,
+    greater_than_one,
+    import_path_check,
+    non_negative,
+    positive,
+    unit_interval,
+)
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.graph.kind import CONTROLLER, Call, Hosting, ImportRef, Issue, NodeKind, RunInfo
+from areal_graph.graph.spec import NodeSpec, WorkflowSpec
 
-# ----------------------------------------------------------------------------- range checks
-# A check returns None when the value is fine, else a short description of what is expected.
-Check = Callable[[Any], Optional[str]]
+# Keys the rollout writes and must declare in `writes` (filled in when `writes` is omitted).
+ROLLOUT_WRITES: tuple[str, ...] = ("input_ids", "loss_mask", "behav_logprobs", "versions")
+# Keys every rollout provides implicitly (per-sequence ids, and meta `answer` for rewards):
+# nodes may read them without any node declaring them, and every node receives them.
+IMPLICIT_ROLLOUT_KEYS: tuple[str, ...] = ("group_id", "sample_id", "answer")
 
-
-def positive(v: Any) -> str | None:
-    return None if v > 0 else "must be > 0"
-
-
-def non_negative(v: Any) -> str | None:
-    return None if v >= 0 else "must be >= 0"
-
-
-def unit_interval(v: Any) -> str | None:
-    return None if 0 <= v <= 1 else "must be in [0, 1]"
-
-
-def open_unit_interval_upper(v: Any) -> str | None:
-    return None if 0 < v <= 1 else "must be in (0, 1]"
-
-
-def top_k_check(v: Any) -> str | None:
-    return None if v == -1 or v > 0 else "must be -1 (disabled) or > 0"
+HOSTS = "areal_graph.runtime.hosts"
 
 
-def dual_clip_check(v: Any) -> str | None:
-    return None if v > 1 else "must be > 1 (the dual-clip bound c of Ye et al.)"
+# ============================================================================ shared helpers
+def actor_model(spec: WorkflowSpec) -> str | None:
+    """The model trained with a policy loss: the one the inference servers serve."""
+    for node in spec.nodes.values():
+        if isinstance(node.params, TrainParams) and node.params.loss in POLICY_LOSSES:
+            return node.model
+    return None
 
 
-def greater_than_one(v: Any) -> str | None:
-    return None if v >= 1 else "must be >= 1"
+def rollout_temperature(spec: WorkflowSpec) -> float:
+    """Log-probs everywhere are of the temperature-scaled sampling distribution (what engines report)."""
+    for node in spec.nodes.values():
+        if isinstance(node.params, RolloutParams):
+            return node.params.sampling.temperature or 1.0
+    return 1.0
 
 
-def import_path_check(v: Any) -> str | None:
-    module, sep, attr = v.partition(":")
-    return None if sep and module and attr else "must be an import path 'package.module:Name'"
+def model_role(spec: WorkflowSpec, model: str) -> Literal["policy", "critic"]:
+    """A model is a critic when a node uses it as one (a value node, the value loss)."""
+    from areal_graph.graph.registry import kind_of
+
+    roles = {kind_of(n).model_role(n) for n in spec.nodes.values() if n.model == model}
+    return "critic" if "critic" in roles else "policy"
 
 
-def reward_fn_check(v: Any) -> str | None:
-    return None if v == "math_verify" or import_path_check(v) is None else (
-        "must be 'math_verify' or an import path 'package.module:function'")
+def _reads_missing(node: NodeSpec, need: tuple[str, ...], why: str) -> list[Issue]:
+    missing = [k for k in need if k not in node.reads]
+    return [Issue(("reads",), f"{why} must read {', '.join(missing)}")] if missing else []
 
 
-def device_check(v: Any) -> str | None:
-    return None if re.fullmatch(r"cpu|cuda(:\d+)?", str(v)) else "must be cpu, cuda or cuda:N"
+def _writes_exactly_one(node: NodeSpec, what: str) -> list[Issue]:
+    if len(node.writes) != 1:
+        return [Issue(("writes",), f"a {what} node writes exactly one key, got {list(node.writes)}")]
+    return []
 
 
-def betas_check(v: Any) -> str | None:
-    return None if all(0 <= b < 1 for b in v) else "both betas must be in [0, 1)"
-
-
-def _f(default: Any, check: Check | None = None, help: str = "") -> Any:
-    """A dataclass field with a default, a range check and a one-line help text."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"check": check, "help": help})
-    return field(default=default, metadata={"check": check, "help": help})
-
-
-# ----------------------------------------------------------------------------- rollout
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the inference engine samples answers (per request)."""
-
-    temperature: float = _f(1.0, non_negative, "0 means greedy")
-    top_p: float = _f(1.0, open_unit_interval_upper)
-    top_k: int = _f(-1, top_k_check, "-1 disables top-k")
-    max_new_tokens: int = _f(256, positive)
-    stop: list[str] = _f([], None, "extra stop strings besides EOS")
-
-
+# ============================================================================ rollout
 @dataclass(frozen=True)
 class RolloutParams:
-    """The rollout node: a user rollout workflow generating `group_size` answers per prompt."""
+    """The rollout node: a rollout class generating `group_size` answers per prompt."""
 
-    workflow: str = _f("areal_graph.workflows.rollout.single_turn_math:SingleTurnMath", import_path_check)
-    workflow_args: dict[str, Any] = _f({}, None, "keyword arguments for the workflow class")
-    group_size: int = _f(8, positive, "answers per prompt (G); GRPO/RLOO normalise within a group")
+    rollout_class: str = cfg("areal_graph.workflows.rollout.single_turn_math:SingleTurnMath", import_path_check,
+                             "the Rollout subclass that turns one prompt into a group of trajectories")
+    rollout_args: dict[str, Any] = cfg({}, None, "keyword arguments for the rollout class")
+    group_size: int = cfg(8, positive, "answers per prompt (G); GRPO/RLOO normalise within a group")
     sampling: SamplingParams = field(default_factory=SamplingParams, metadata={"check": None, "help": ""})
 
 
-# ----------------------------------------------------------------------------- reward
+def _rollout_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[str, Any]:
+    p: RolloutParams = node.params
+    return {"server_urls": list(info.server_urls), "backend": spec.inference.backend,
+            "rollout_class": p.rollout_class, "rollout_args": dict(p.rollout_args), "group_size": p.group_size,
+            "sampling": asdict(p.sampling), "tokenizer_path": info.model_paths[actor_model(spec) or ""]}
+
+
+ROLLOUT = NodeKind(
+    name="rollout", params=RolloutParams, model="optional", phase="generation", source=True,
+    doc="generates a group of trajectories per prompt on the inference servers",
+    hosting=lambda node, spec: Hosting("rollout", node.name, f"{HOSTS}.rollout_host:RolloutHost", role="rollout"),
+    host_args=_rollout_args,
+    call=lambda node, spec: Call("run"),
+    rules=lambda node, spec: [Issue(("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")]
+    if node.reads else [],
+    imports=lambda p: [ImportRef("rollout_class", p.rollout_class, "rollout_class")],
+    default_writes=ROLLOUT_WRITES,
+)
+
+
+# ============================================================================ reward
 @dataclass(frozen=True)
 class RewardParams:
-    fn: str = _f("math_verify", reward_fn_check, "'math_verify' or 'module:function'")
-    timeout_s: float = _f(5.0, positive, "per-answer verification timeout")
-    num_workers: int = _f(2, positive, "verifier processes")
+    fn: str = cfg("math_verify", None, "'math_verify' or an import path 'package.module:function'")
+    timeout_s: float = cfg(5.0, positive, "per-answer verification timeout")
+    num_workers: int = cfg(2, positive, "verifier processes")
 
 
-# ----------------------------------------------------------------------------- logprob / value
+def _reward_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
+    issues = _writes_exactly_one(node, "reward")
+    if node.params.fn != "math_verify" and import_path_check(node.params.fn):
+        issues.append(Issue(("fn",), f"must be 'math_verify' or an import path 'package.module:function', "
+                                     f"got {node.params.fn!r}"))
+    return issues + _reads_missing(node, ("input_ids", "loss_mask"), "a reward node (it scores the generated text)")
+
+
+REWARD = NodeKind(
+    name="reward", params=RewardParams, model="forbidden", phase="generation",
+    doc="scores each trajectory's generated text (one reward per sequence)",
+    hosting=lambda node, spec: Hosting("reward", node.name, f"{HOSTS}.reward_host:RewardHost"),
+    host_args=lambda node, spec, info: {"tokenizer_path": info.model_paths[actor_model(spec) or ""],
+                                        "fn": node.params.fn, "timeout_s": node.params.timeout_s,
+                                        "num_workers": node.params.num_workers},
+    call=lambda node, spec: Call("score", {"out_key": node.writes[0]}),
+    rules=_reward_rules,
+    scores=True,
+    imports=lambda p: [] if p.fn == "math_verify" else [ImportRef("fn", p.fn, "callable")],
+)
+
+
+# ============================================================================ model nodes: logprob, value, train
 @dataclass(frozen=True)
 class LogprobParams:
     """Forward pass of `model` writing per-token log-probs (ref or proximal policy)."""
@@ -114,62 +150,175 @@ class ValueParams:
     """Critic forward pass of `model` writing per-token values."""
 
 
-# ----------------------------------------------------------------------------- advantage
-@dataclass(frozen=True)
-class AdvantageParams:
-    estimator: Literal["grpo", "rloo", "gae", "reinforce"] = _f("grpo")
-    gamma: float = _f(1.0, unit_interval, "discount (paper: 1.0)")
-    lam: float = _f(1.0, unit_interval, "GAE lambda (paper: 1.0)")
-    kl_coef: float = _f(0.0, non_negative, "KL penalty against ref_logprobs; 0 disables")
-    kl_estimator: Literal["k1", "k2", "k3"] = _f("k1")
-    group_std: bool = _f(True, None, "GRPO: divide by the group's std")
-    normalize: bool = _f(True, None, "global advantage normalisation")
-
-
-# ----------------------------------------------------------------------------- train
 @dataclass(frozen=True)
 class TrainParams:
-    loss: Literal["decoupled_ppo", "ppo", "value"] = _f("decoupled_ppo")
-    clip_eps: float = _f(0.2, positive, "PPO clip epsilon (low side, and high side unless eps_high)")
-    eps_high: Optional[float] = _f(None, positive, "asymmetric upper clip (DAPO clip-higher)")
-    dual_clip: Optional[float] = _f(None, dual_clip_check)
-    behav_imp_cap: Optional[float] = _f(None, greater_than_one, "mask tokens with pi_prox/pi_behav above this")
-    agg: Literal["token-mean", "seq-mean-token-mean", "dr-grpo"] = _f("token-mean")
-    entropy_coef: float = _f(0.0, non_negative)
-    value_clip: float = _f(0.2, positive, "value-loss clip range (loss: value)")
-    ppo_epochs: int = _f(1, positive, "passes over each batch")
-    ppo_minibatches: int = _f(1, positive, "optimizer steps per pass, each on a 1/n share of the batch's sequences")
+    loss: Literal["decoupled_ppo", "ppo", "value"] = cfg("decoupled_ppo")
+    clip_eps: float = cfg(0.2, positive, "PPO clip epsilon (low side, and high side unless eps_high)")
+    eps_high: Optional[float] = cfg(None, positive, "asymmetric upper clip (DAPO clip-higher)")
+    dual_clip: Optional[float] = cfg(None, dual_clip_check)
+    behav_imp_cap: Optional[float] = cfg(None, greater_than_one, "mask tokens with pi_prox/pi_behav above this")
+    agg: Literal["token-mean", "seq-mean-token-mean", "dr-grpo"] = cfg("token-mean")
+    entropy_coef: float = cfg(0.0, non_negative)
+    value_clip: float = cfg(0.2, positive, "value-loss clip range (loss: value)")
+    ppo_epochs: int = cfg(1, positive, "passes over each batch")
+    ppo_minibatches: int = cfg(1, positive, "optimizer steps per pass, each on a 1/n share of the batch's sequences")
 
 
-# ----------------------------------------------------------------------------- registry
-@dataclass(frozen=True)
-class KindInfo:
-    """What the graph needs to know about a kind beyond its parameters."""
-
-    params: type
-    model: Literal["required", "forbidden", "optional"]
-    doc: str
-
-
-NODE_KINDS: dict[str, KindInfo] = {
-    "rollout": KindInfo(RolloutParams, "optional", "generates trajectories on the inference servers"),
-    "reward": KindInfo(RewardParams, "forbidden", "scores each trajectory (one reward per sequence)"),
-    "logprob": KindInfo(LogprobParams, "required", "per-token log-probs of `model` (ref / proximal policy)"),
-    "value": KindInfo(ValueParams, "required", "per-token values of a critic `model`"),
-    "advantage": KindInfo(AdvantageParams, "forbidden", "advantages (and returns) from rewards [, values, ref_logprobs]"),
-    "train": KindInfo(TrainParams, "required", "one optimiser step of `model` on the batch"),
-}
-
-# Keys the rollout writes and must declare in `writes` (filled in when `writes` is omitted).
-ROLLOUT_WRITES: tuple[str, ...] = ("input_ids", "loss_mask", "behav_logprobs", "versions")
-# Keys every rollout provides implicitly (per-sequence ids, and meta `answer` for rewards):
-# nodes may read them without any node declaring them.
-IMPLICIT_ROLLOUT_KEYS: tuple[str, ...] = ("group_id", "sample_id", "answer")
-
-# Keys each train loss must read; mirrors nodes/train.py `required_keys` (which imports torch).
+# Keys each train loss must read; nodes/train_loss.py `required_keys` reads this table too.
 TRAIN_REQUIRED_READS: dict[str, tuple[str, ...]] = {
     "decoupled_ppo": ("input_ids", "loss_mask", "behav_logprobs", "prox_logprobs", "advantages"),
     "ppo": ("input_ids", "loss_mask", "behav_logprobs", "advantages"),
     "value": ("input_ids", "loss_mask", "values", "returns"),
 }
 POLICY_LOSSES: tuple[str, ...] = ("decoupled_ppo", "ppo")
+
+
+def _model_hosting(node: NodeSpec, spec: WorkflowSpec) -> Hosting:
+    """All nodes of one model share one `ModelHost` in the process `model-<name>`."""
+    return Hosting(f"model-{node.model}", str(node.model), f"{HOSTS}.model_host:ModelHost",
+                   exclusive=True, role="model")
+
+
+def _model_host_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[str, Any]:
+    model = spec.models[str(node.model)]
+    return {"model_path": info.model_paths[model.name], "optim": asdict(model.train) if model.train else None,
+            "total_steps": spec.runtime.steps, "seed": spec.runtime.seed, "threads": info.train_threads,
+            "role": model_role(spec, model.name), "device": model.device}
+
+
+def _mb_args(spec: WorkflowSpec) -> dict[str, Any]:
+    return {"max_tokens_per_mb": spec.runtime.max_tokens_per_microbatch}
+
+
+LOGPROB = NodeKind(
+    name="logprob", params=LogprobParams, model="required", phase="training",
+    doc="per-token log-probs of `model` (reference or proximal policy)",
+    hosting=_model_hosting, host_args=_model_host_args,
+    call=lambda node, spec: Call("logprob", {"out_key": node.writes[0], "temperature": rollout_temperature(spec),
+                                             **_mb_args(spec)}),
+    rules=lambda node, spec: _writes_exactly_one(node, "logprob")
+    + _reads_missing(node, ("input_ids",), "a logprob node"),
+    model_role=lambda node: "policy",
+)
+
+VALUE = NodeKind(
+    name="value", params=ValueParams, model="required", phase="training",
+    doc="per-token values of a critic `model`",
+    hosting=_model_hosting, host_args=_model_host_args,
+    call=lambda node, spec: Call("values", {"out_key": node.writes[0], **_mb_args(spec)}),
+    rules=lambda node, spec: _writes_exactly_one(node, "value") + _reads_missing(node, ("input_ids",), "a value node"),
+    model_role=lambda node: "critic",
+)
+
+
+def fused_prox_node(node: NodeSpec, spec: WorkflowSpec) -> str | None:
+    """The logprob node whose proximal log-probs this train node's own forward gives exactly.
+
+    With one optimizer update per step (ppo_epochs = ppo_minibatches = 1) the weights the
+    training forward runs with ARE the proximal policy, so a separate forward pass would
+    recompute the same numbers. Fused only when nothing else reads that key (an advantage
+    node with a KL term reads it before training) and `runtime.fuse_prox_logprob` is on.
+    """
+    p = node.params
+    if not (spec.runtime.fuse_prox_logprob and isinstance(p, TrainParams) and p.loss == "decoupled_ppo"
+            and p.ppo_epochs == 1 and p.ppo_minibatches == 1):
+        return None
+    writers = [n for n in spec.nodes.values() if "prox_logprobs" in n.writes]
+    if len(writers) != 1 or not isinstance(writers[0].params, LogprobParams) or writers[0].model != node.model:
+        return None
+    readers = [n.name for n in spec.nodes.values() if "prox_logprobs" in n.reads]
+    return writers[0].name if readers == [node.name] else None
+
+
+def _train_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
+    p: TrainParams = node.params
+    missing = [k for k in TRAIN_REQUIRED_READS[p.loss] if k not in node.reads]
+    issues = []
+    if missing:
+        what = "a train node with a policy loss needs advantages: " if "advantages" in missing else ""
+        issues.append(Issue(("reads",), f"{what}loss '{p.loss}' must read {', '.join(missing)}"))
+    if node.writes:
+        issues.append(Issue(("writes",), "a train node writes no keys (it updates weights)"))
+    model = spec.models.get(str(node.model))
+    if model is not None and model.train is None:
+        issues.append(Issue(("model",), f"model '{node.model}' has no 'train' section (optimiser), so it cannot be trained"))
+    if p.ppo_minibatches > spec.runtime.batch_size:
+        issues.append(Issue(("ppo_minibatches",), f"must be at most runtime.batch_size ({spec.runtime.batch_size}) "
+                                                  f"so that every PPO minibatch holds a trajectory, got {p.ppo_minibatches}"))
+    return issues
+
+
+TRAIN = NodeKind(
+    name="train", params=TrainParams, model="required", phase="training",
+    doc="one optimiser step of `model` on the batch (new weights go to the inference servers)",
+    hosting=_model_hosting, host_args=_model_host_args,
+    call=lambda node, spec: Call("train", {"params": asdict(node.params), "temperature": rollout_temperature(spec),
+                                           "fused_prox": fused_prox_node(node, spec) is not None, **_mb_args(spec)}),
+    rules=_train_rules,
+    trains=True,
+    fuses=fused_prox_node,
+    model_role=lambda node: "critic" if node.params.loss == "value" else "policy",
+)
+
+
+# ============================================================================ advantage
+@dataclass(frozen=True)
+class AdvantageParams:
+    estimator: Literal["grpo", "rloo", "gae", "reinforce"] = cfg("grpo")
+    gamma: float = cfg(1.0, unit_interval, "discount (paper: 1.0)")
+    lam: float = cfg(1.0, unit_interval, "GAE lambda (paper: 1.0)")
+    kl_coef: float = cfg(0.0, non_negative, "KL penalty against ref_logprobs; 0 disables")
+    kl_estimator: Literal["k1", "k2", "k3"] = cfg("k1")
+    group_std: bool = cfg(True, None, "GRPO: divide by the group's std")
+    normalize: bool = cfg(True, None, "global advantage normalisation")
+
+
+def _advantage_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
+    p: AdvantageParams = node.params
+    need = ["rewards", "loss_mask"] + (["values"] if p.estimator == "gae" else []) + (
+        ["ref_logprobs"] if p.kl_coef > 0 else [])
+    why = f"estimator '{p.estimator}'" + (f" with kl_coef {p.kl_coef}" if p.kl_coef > 0 else "")
+    issues = _reads_missing(node, tuple(need), why)
+    if "advantages" not in node.writes:
+        issues.append(Issue(("writes",), "an advantage node must write 'advantages'"))
+    return issues
+
+
+ADVANTAGE = NodeKind(
+    name="advantage", params=AdvantageParams, model="forbidden", phase="training",
+    doc="advantages (and returns) from rewards [, values, ref_logprobs]; batch-wide normalisation",
+    hosting=lambda node, spec: Hosting(CONTROLLER, node.name, f"{HOSTS}.function_host:FunctionHost", role="controller"),
+    host_args=lambda node, spec, info: {"fn": "areal_graph.nodes.advantages:advantage_node",
+                                        "args": asdict(node.params), "node": node.name},
+    call=lambda node, spec: Call("run"),
+    rules=_advantage_rules,
+)
+
+
+# ============================================================================ function (user code)
+@dataclass(frozen=True)
+class FunctionParams:
+    """A user function on the packed batch: `fn(batch, **args) -> PackedBatch` (see nodes/function_api.py)."""
+
+    fn: str = field(metadata={"check": import_path_check, "help": "import path 'package.module:function'"})
+    args: dict[str, Any] = cfg({}, None, "keyword arguments passed to fn")
+    phase: Literal["auto", "generation", "training"] = cfg(
+        "auto", None, "generation: per prompt group, before the sample buffer (may drop groups); training: on the "
+                      "step's batch; auto: generation when everything it reads exists there")
+    host: Literal["controller", "worker"] = cfg("controller", None,
+                                                "run in the controller, or in the `functions` worker process")
+
+
+FUNCTION = NodeKind(
+    name="function", params=FunctionParams, model="forbidden", phase="auto",
+    doc="a user function `package.module:fn` on the packed batch; may write keys and drop whole prompt groups",
+    hosting=lambda node, spec: Hosting(CONTROLLER if node.params.host == "controller" else "functions", node.name,
+                                       f"{HOSTS}.function_host:FunctionHost",
+                                       role="controller" if node.params.host == "controller" else "stateless"),
+    host_args=lambda node, spec, info: {"fn": node.params.fn, "args": dict(node.params.args), "node": node.name},
+    call=lambda node, spec: Call("run"),
+    imports=lambda p: [ImportRef("fn", p.fn, "callable")],
+    may_drop=True,
+)
+
+BUILTIN_KINDS: dict[str, NodeKind] = {k.name: k for k in (ROLLOUT, REWARD, LOGPROB, VALUE, ADVANTAGE, TRAIN, FUNCTION)}

@@ -12,7 +12,8 @@ import typing
 from typing import Any
 
 from areal_graph.graph import spec as S
-from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS, NODE_KINDS, ROLLOUT_WRITES
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.graph.node_kinds import BUILTIN_KINDS, IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES
 
 
 def _type_text(tp: Any) -> str:
@@ -63,12 +64,13 @@ def schema_markdown() -> str:
                 "Every node has `kind`, `reads` and `writes` (lists of keys) and, for model kinds, `model`.",
                 f"The rollout writes {', '.join(ROLLOUT_WRITES)} (the default `writes`) and provides "
                 f"{', '.join(IMPLICIT_ROLLOUT_KEYS)} implicitly.", ""])
-    for kind, info in NODE_KINDS.items():
+    for kind, info in BUILTIN_KINDS.items():
+        title = f"kind: {kind} ({info.doc}; model {info.model}; {info.phase} side)"
         if dataclasses.fields(info.params):
-            table(f"kind: {kind} ({info.doc}; model {info.model})", info.params)
+            table(title, info.params)
         else:
-            out.extend([f"## kind: {kind} ({info.doc}; model {info.model})", "", "No parameters.", ""])
-    from areal_graph.graph.node_kinds import SamplingParams
-
+            out.extend([f"## {title}", "", "No parameters.", ""])
     table("kind: rollout, sampling", SamplingParams)
+    out.extend(["## kind: package.module:NAME", "",
+                "A node kind of your own: a module-level `areal_graph.graph.kind.NodeKind` (see graph/kind.py).", ""])
     return "\n".join(out)

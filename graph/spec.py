@@ -11,13 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from areal_graph.graph.node_kinds import (
-    _f,
-    betas_check,
-    device_check,
-    non_negative,
-    positive,
-)
+from areal_graph.api.fields import betas_check, device_check, non_negative, positive
+from areal_graph.api.fields import cfg as _f
 
 
 # Top-level keys of a workflow file; `inference` and `runtime` may be omitted (all defaults).
@@ -52,7 +47,7 @@ class DataSpec:
     prompt_template: Optional[str] = _f(None, None, "format string with {question}")
     question_key: str = _f("question")
     answer_key: str = _f("answer")
-    eval_size: Optional[int] = _f(None, positive)
+    eval_size: Optional[int] = _f(None, positive, "evaluate on the first N eval prompts (all when null)")
     max_prompt_tokens: Optional[int] = _f(None, positive)
 
 
@@ -64,6 +59,10 @@ class InferenceSpec:
     args: dict[str, Any] = _f({}, None, "backend launch arguments")
 
 
+def _dp_size_check(v: int) -> str | None:
+    return None if v == 1 else "must be 1: data-parallel model workers (several ranks per model) are not built yet"
+
+
 @dataclass(frozen=True)
 class RuntimeSpec:
     batch_size: int = _f(32, positive, "trajectories per training step (B)")
@@ -73,11 +72,14 @@ class RuntimeSpec:
     max_concurrent_rollouts: int = _f(64, positive, "trajectories generating at once")
     seed: int = _f(1)
     eval_every: int = _f(0, non_negative, "steps between evaluations; 0 disables")
-    eval_size: Optional[int] = _f(None, positive)
     save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")
-    run_dir: str = _f("runs/{name}-{timestamp}")
-    weight_sync: Literal["disk"] = _f("disk")
-    dp_size: int = _f(1, positive)
+    run_dir: str = _f("runs/{name}-{timestamp}", None, "where the run writes; {name} and {timestamp} are filled in")
+    weight_sync: Literal["auto", "memory", "disk"] = _f(
+        "auto", None, "how new weights reach the inference servers: memory (shared memory, embedded backend), "
+                      "disk (safetensors the servers load; SGLang), auto = memory where the backend can")
+    fuse_prox_logprob: bool = _f(True, None, "take the proximal log-probs from the training forward when a step "
+                                             "makes one optimizer update (exact; skips a forward pass)")
+    dp_size: int = _f(1, _dp_size_check, "data-parallel ranks per model: only 1 is built yet")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from areal_graph.modelkit.tiny_model import TinyModelConfig
 from areal_graph.modelkit.warm_start import SFTConfig
@@ -238,3 +238,16 @@ def resolve_dataset_path(spec: str, progress: Progress | None = None) -> Path:
     """`builtin:arith/train` -> the kit's JSONL file (built on first use); any other path unchanged."""
     found = _builtin_kit(spec, BUILTIN_DATASETS, "dataset", progress)
     return Path(spec) if found is None else found[0].data_path(BUILTIN_DATASETS[found[1]][1])
+
+
+def resolve_builtin_paths(spec: Any, progress: Progress | None = None) -> Any:
+    """`spec` (a WorkflowSpec) with every `builtin:` model and dataset path replaced by the
+    local path of its kit, building kits on first use. The one place builtin paths resolve:
+    everything after it (executor, workers, servers) sees ordinary directories and files."""
+    import dataclasses
+
+    models = {name: dataclasses.replace(m, path=str(resolve_model_path(m.path, progress)))
+              for name, m in spec.models.items()}
+    data = dataclasses.replace(spec.data, train=str(resolve_dataset_path(spec.data.train, progress)),
+                               eval=str(resolve_dataset_path(spec.data.eval, progress)) if spec.data.eval else None)
+    return dataclasses.replace(spec, models=models, data=data)

@@ -12,8 +12,8 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.advantages import gae
 from areal_graph.nodes.ppo_loss import aggregate, loss_normalizer, value_loss
-from areal_graph.nodes.train import build_loss_fn
-from areal_graph.runtime.hosts.model_host import ModelWorker
+from areal_graph.nodes.train_loss import build_loss_fn
+from areal_graph.runtime.hosts.model_host import ModelHost
 from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine, ValueModel
 from conftest import build_random_qwen2
 from test_train_engine import random_batch
@@ -160,28 +160,28 @@ def test_critic_checkpoint_round_trip_gives_identical_values_and_resumes(tmp_pat
 
 # ----------------------------------------------------------------------------- the worker
 def test_model_worker_becomes_a_critic_on_its_first_value_call(tmp_path, tiny_model_dir):
-    worker = ModelWorker(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4)
+    worker = ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4)
     batch = critic_batch(n=4, seed=6)
     out = worker.values(batch, out_key="values", max_tokens_per_mb=512)
     assert isinstance(worker.engine, ValueEngine) and worker.role == "critic"
     assert torch.all(out["values"] == 0) and out.cu_seqlens.tolist() == batch.cu_seqlens.tolist()
     b = with_returns(batch, out["values"])
-    worker.train(b, params={"loss": "value", "value_clip": 0.2}, max_tokens_per_mb=512)
-    assert worker.train_stats()["value_loss"] > 0
+    _, stats = worker.train(b, params={"loss": "value", "value_clip": 0.2}, max_tokens_per_mb=512)
+    assert stats["value_loss"] > 0
     assert float(worker.values(batch, "values", 512)["values"].abs().max()) > 0
     with pytest.raises(RuntimeError, match="critic"):
         worker.logprob(batch, out_key="prox_logprobs", max_tokens_per_mb=512)
     worker.save_checkpoint(str(tmp_path / "critic"))
 
     # resume: a new worker, given the critic checkpoint before any call, comes back a critic
-    resumed = ModelWorker(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4)
+    resumed = ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4)
     resumed.load_checkpoint(str(tmp_path / "critic"))
     assert resumed.role == "critic"
     assert torch.equal(resumed.values(batch, "values", 512)["values"], worker.values(batch, "values", 512)["values"])
 
 
 def test_a_policy_worker_refuses_value_calls(tiny_model_dir):
-    worker = ModelWorker(str(tiny_model_dir), optim=None)
+    worker = ModelHost(str(tiny_model_dir), optim=None)
     batch = critic_batch(n=2, seed=7)
     worker.logprob(batch, out_key="ref_logprobs", max_tokens_per_mb=512)
     with pytest.raises(RuntimeError, match="policy"):

@@ -24,7 +24,7 @@ def test_paper_defaults():
     assert (K.AdvantageParams().gamma, K.AdvantageParams().lam) == (1.0, 1.0)
     assert K.AdvantageParams().normalize is True
     assert S.OptimConfig().lr == 2e-5 and S.OptimConfig().betas == (0.9, 0.999)
-    assert K.RolloutParams().workflow == "areal_graph.workflows.rollout.single_turn_math:SingleTurnMath"
+    assert K.RolloutParams().rollout_class == "areal_graph.workflows.rollout.single_turn_math:SingleTurnMath"
     assert K.SamplingParams().stop == [] and K.SamplingParams().stop is not K.SamplingParams().stop
 
 
@@ -185,7 +185,7 @@ def test_schema_reference_lists_every_field_with_its_default():
 
     doc = schema_markdown()
     for cls in (S.OptimConfig, S.DataSpec, S.InferenceSpec, S.RuntimeSpec, K.SamplingParams,
-                *(info.params for info in K.NODE_KINDS.values())):
+                *(info.params for info in K.BUILTIN_KINDS.values())):
         for f in dataclasses.fields(cls):
             row = next((line for line in doc.splitlines() if line.startswith(f"| {f.name} |")), None)
             assert row is not None, f"{cls.__name__}.{f.name} missing"

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from areal_graph.nodes.math_reward import RewardPool, RewardResult, extract_final_answer, math_reward, resolve_reward_fn
+from areal_graph.nodes.math_reward import extract_final_answer, math_reward, resolve_reward_fn
+from areal_graph.tools.reward_pool import RewardPool, RewardResult
 
 # (completion, ground truth, expected reward)
 TRICKY = [

@@ -9,8 +9,8 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import AdvantageParams, TrainParams
-from areal_graph.nodes.advantage import compute_advantages
-from areal_graph.nodes.train import build_loss_fn
+from areal_graph.nodes.advantages import compute_advantages
+from areal_graph.nodes.train_loss import build_loss_fn
 
 
 def random_batch(n_groups=3, group_size=4, seed=0) -> PackedBatch:
@@ -77,7 +77,7 @@ def test_loss_over_any_microbatch_split_equals_the_full_batch(agg, loss):
 
 
 def test_ppo_minibatches_partition_every_sequence_once_and_are_seeded():
-    from areal_graph.nodes.train import ppo_minibatches
+    from areal_graph.nodes.train_loss import ppo_minibatches
 
     parts = ppo_minibatches(10, 3, seed=4)
     assert sorted(i for p in parts for i in p) == list(range(10))
@@ -89,23 +89,23 @@ def test_ppo_minibatches_partition_every_sequence_once_and_are_seeded():
 
 def test_worker_takes_one_optimizer_step_per_ppo_minibatch(tiny_model_dir):
     """ppo_minibatches=2, ppo_epochs=2: four steps, each exactly a train_step on its share."""
-    from areal_graph.nodes.train import ppo_minibatches
-    from areal_graph.runtime.hosts.model_host import ModelWorker
+    from areal_graph.nodes.train_loss import ppo_minibatches
+    from areal_graph.runtime.hosts.model_host import ModelHost
 
     b = random_batch(seed=2)
     b.update(compute_advantages(AdvantageParams(), b))
     params = TrainParams(ppo_minibatches=2, ppo_epochs=2)
     optim = {"lr": 1e-3}
-    worker = ModelWorker(str(tiny_model_dir), optim=optim, total_steps=5, role="policy")
-    reference = ModelWorker(str(tiny_model_dir), optim=optim, total_steps=5, role="policy")
-    worker.train(b, vars(params), max_tokens_per_mb=4096)
-    assert worker.engine.version == 4 and worker.train_stats()["updates"] == 4.0
-    assert worker.train_stats()["tokens"] == 2 * b.num_tokens
+    worker = ModelHost(str(tiny_model_dir), optim=optim, total_steps=5, role="policy")
+    reference = ModelHost(str(tiny_model_dir), optim=optim, total_steps=5, role="policy")
+    _, stats = worker.train(b, vars(params), max_tokens_per_mb=4096)
+    assert worker.engine.version == 4 and stats["updates"] == 4.0
+    assert stats["tokens"] == 2 * b.num_tokens
     for epoch in range(2):
         for part in ppo_minibatches(b.num_seqs, 2, seed=reference.engine.version * 1009 + epoch):
             mb = b.select(part)
             reference.engine.train_step(mb, build_loss_fn(params, mb), max_tokens_per_mb=4096)
     for p, q in zip(worker.engine.model.parameters(), reference.engine.model.parameters()):
         assert torch.equal(p, q)
-    before = [p.detach().clone() for p in ModelWorker(str(tiny_model_dir), role="policy").engine.model.parameters()]
+    before = [p.detach().clone() for p in ModelHost(str(tiny_model_dir), role="policy").engine.model.parameters()]
     assert any(not torch.equal(p, q) for p, q in zip(worker.engine.model.parameters(), before))

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
-from areal_graph.nodes.train import build_loss_fn
+from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.train_engine import TrainEngine, plan_rows
 from conftest import build_random_qwen2

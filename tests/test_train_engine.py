@@ -189,7 +189,7 @@ def test_lr_schedules():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's error")
 def test_model_worker_on_cuda_without_a_gpu_is_a_clear_error():
-    from areal_graph.runtime.hosts.model_host import ModelWorker
+    from areal_graph.runtime.hosts.model_host import ModelHost
 
     with pytest.raises(RuntimeError, match="no CUDA device.*device: cpu"):
-        ModelWorker("/nonexistent/model", device="cuda")
+        ModelHost("/nonexistent/model", device="cuda")

@@ -121,7 +121,7 @@ def test_configure_errors_are_reported(worker: WorkerClient) -> None:
         worker.configure("bad", "grpc_test_nodes:BrokenInit", {})
     with pytest.raises(WorkerError, match="must look like"):
         worker.configure("bad", "grpc_test_nodes.EchoNode", {})
-    with pytest.raises(WorkerError, match="No module named"):
+    with pytest.raises(WorkerError, match="no module named"):
         worker.configure("bad", "no_such_module_xyz:Thing", {})
 
 

@@ -1,1 +1,1 @@
-"""Tools that agents and rewards call: a sandbox for model-written code."""
+"""Contained execution of code we do not trust to be quick or safe: a sandbox for model-written code, a process pool for reward functions."""

@@ -293,21 +293,32 @@ class InferenceClient:
 
     async def update_weights_from_disk(self, path: str, version: int) -> None:
         """Load new weights from `path` and label them `version` (in-flight requests survive)."""
+        body = {"model_path": str(path), "weight_version": str(int(version))}
+        await self._update_weights("/update_weights_from_disk", body, version)
+
+    async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None:
+        """Load weights a trainer on this machine published into shared memory (embedded servers only)."""
+        if self.backend != "embedded":
+            raise InferenceError(f"{self.base_url}: a {self.backend} server cannot load weights from shared memory; "
+                                 "use runtime.weight_sync: disk")
+        body = {"path": path, "manifest": manifest, "weight_version": int(version)}
+        await self._update_weights("/update_weights_from_shared_memory", body, version)
+
+    async def _update_weights(self, endpoint: str, body: dict, version: int) -> None:
         ev = self._ready_event()
         self._updating += 1
         ev.clear()
         try:
-            body = {"model_path": str(path), "weight_version": str(int(version))}
             if self.backend == "sglang":
                 # SGLang aborts in-flight requests on pause; their callers resubmit with the
                 # tokens so far (interruptible.py) and the server holds them until continue.
                 await self._request("POST", "/pause_generation", self._pause_body())
                 try:
-                    out = await self._request("POST", "/update_weights_from_disk", body, retry=False)
+                    out = await self._request("POST", endpoint, body, retry=False)
                 finally:
                     await self._request("POST", "/continue_generation", {})
             else:
-                out = await self._request("POST", "/update_weights_from_disk", body, retry=False)
+                out = await self._request("POST", endpoint, body, retry=False)
             if isinstance(out, dict) and out.get("success") is False:
                 raise InferenceError(f"{self.base_url}: weight update failed: {out.get('message')}")
             self.version = int(version)
@@ -448,8 +459,13 @@ class ServerPool:
 
     async def update_weights_from_disk(self, path: str, version: int) -> None:
         """Broadcast a weight update to every server (concurrently); raise if any failed."""
-        results = await asyncio.gather(*(c.update_weights_from_disk(path, version) for c in self.clients),
-                                       return_exceptions=True)
+        await self._broadcast(lambda c: c.update_weights_from_disk(path, version))
+
+    async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None:
+        await self._broadcast(lambda c: c.update_weights_from_shared_memory(path, manifest, version))
+
+    async def _broadcast(self, update) -> None:
+        results = await asyncio.gather(*(update(c) for c in self.clients), return_exceptions=True)
         errors = [(c.base_url, r) for c, r in zip(self.clients, results) if isinstance(r, BaseException)]
         if errors:
             raise InferenceError("weight update failed on " + "; ".join(f"{u}: {e}" for u, e in errors))

@@ -7,6 +7,12 @@ scheduler thread owns the model and the batched KV cache; at every step it
    rows, written into free rows of the running cache (see `kv_cache.py`);
 2. decodes every running request by one token in a single forward over the batched cache;
 3. retires finished requests at once (their futures resolve, their cache rows are freed).
+Requests waiting for prefill whose tokens are identical (the G answers of one RL prompt)
+are prefilled once and share copies of the KV rows and last logits (`prefix_sharing`); each
+then samples on its own. The forwards run through `model_runner.py`: a lean Qwen2/Qwen3/
+Llama forward (`lean_forward.py`) when the model allows it, HF's forward otherwise.
+Sampling is vectorised (`sampling.py`): each request pre-draws its uniforms from its own
+seeded generator, so its tokens never depend on the batch it shares.
 A pause, abort or weight swap waits for the current step only; a step that is prefilling
 stops between chunks for it, so even a re-prefill of every request costs it one chunk.
 
@@ -31,13 +37,16 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
+from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_checked, read_checkpoint, try_load_tokenizer
+from areal_graph.engines.inference.model_runner import ModelRunner
+from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError, validate_request
+from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens
 
 log = logging.getLogger(__name__)
@@ -49,38 +58,6 @@ __all__ = [
     "QueueFullError",
     "SamplingParams",
 ]
-
-
-class InvalidRequestError(ValueError):
-    """The request cannot be served as given (empty prompt, bad token id, too long, bad sampling values)."""
-
-
-class QueueFullError(RuntimeError):
-    """Backpressure: the waiting queue is at `max_queue`; retry later."""
-
-
-@dataclass
-class _Request:
-    rid: str
-    prompt: list[int]
-    params: SamplingParams
-    future: concurrent.futures.Future
-    generator: torch.Generator
-    stop_ids: frozenset[int]
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    def all_tokens(self) -> list[int]:
-        return self.prompt + self.output_ids
-
-    def result(self) -> GenerationResult:
-        return GenerationResult(
-            rid=self.rid, output_ids=list(self.output_ids), output_logprobs=list(self.logprobs),
-            output_versions=list(self.versions), finish_reason=self.finish_reason or "abort",
-            prompt_len=len(self.prompt),
-        )
 
 
 class EmbeddedEngine:
@@ -100,7 +77,18 @@ class EmbeddedEngine:
         version: int = 0,
         seed: int | None = None,
         prefill_token_budget: int = 2048,
+        lean_forward: bool = True,
+        prefix_sharing: bool = True,
+        admit_wait_s: float = 0.002,
     ) -> None:
+        """Load or take the model; nothing runs until `start()`.
+
+        lean_forward: use the lean Qwen2/Qwen3/Llama forward when the model allows it
+        (`lean_forward.py`; other models always use the HF forward). prefix_sharing:
+        requests waiting for prefill with identical tokens (the G answers of one prompt)
+        are prefilled once. admit_wait_s: when idle, how long the scheduler lets a burst of
+        submissions finish arriving before its first prefill (so the burst shares one).
+        """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
         if max_running < 1 or max_queue < 0:
@@ -112,7 +100,7 @@ class EmbeddedEngine:
 
             model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
             if tokenizer is None:
-                tokenizer = _try_load_tokenizer(model_path)
+                tokenizer = try_load_tokenizer(model_path)
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self.tokenizer = tokenizer
         self.model_path = str(model_path) if model_path is not None else None
@@ -120,13 +108,15 @@ class EmbeddedEngine:
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         model_ctx = getattr(cfg, "max_position_embeddings", None)
         self.max_context = int(max_context if max_context is not None else (model_ctx or 2048))
-        self.eos_token_ids = _eos_ids(self.model, tokenizer)
+        self.eos_token_ids = eos_ids(self.model, tokenizer)
         self.pad_token_id = int(getattr(cfg, "pad_token_id", None) or 0)
         self.max_running = max_running
         self.max_queue = max_queue
         self.prefill_token_budget = prefill_token_budget
         self._version = int(version)
-        self._logits_to_keep = True
+        self.prefix_sharing = prefix_sharing
+        self.admit_wait_s = admit_wait_s
+        self._runner = ModelRunner(self.model, self.device, lean=lean_forward)
         self._rng = random.Random(seed)
 
         self._cv = threading.Condition()
@@ -289,7 +279,8 @@ class EmbeddedEngine:
     def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Swap weights at a step boundary and invalidate every KV cache built with the old ones."""
         with self._at_step_boundary():
-            _load_state_dict(self.model, state_dict)
+            load_state_dict_checked(self.model, state_dict)
+            self._runner.rebind()
             self._version = int(version)
             # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.
             self._pending = self._running + self._pending
@@ -303,7 +294,7 @@ class EmbeddedEngine:
         Reading the files happens while generation continues; only the copy into the model
         holds the scheduler at a step boundary.
         """
-        state_dict = _read_checkpoint(Path(path), self.dtype)
+        state_dict = read_checkpoint(Path(path), self.dtype)
         self.update_weights_from_state_dict(state_dict, self._version + 1 if version is None else version)
 
     # ------------------------------------------------------------------ introspection
@@ -329,30 +320,7 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------ validation
     def _validate(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
-        try:
-            ids = [int(t) for t in input_ids]
-        except (TypeError, ValueError) as err:
-            raise InvalidRequestError(f"input_ids must be a list of integers: {err}") from None
-        if not ids:
-            raise InvalidRequestError("input_ids is empty: a request needs at least one prompt token")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"input_ids holds token id(s) outside the vocabulary [0, {self.vocab_size}): {bad[:5]}"
-            )
-        problems = params.problems()
-        if problems:
-            raise InvalidRequestError("bad sampling params: " + "; ".join(problems))
-        if len(ids) + params.max_new_tokens > self.max_context:
-            raise InvalidRequestError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                f"the context of {self.max_context} tokens"
-            )
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
-        return ids
+        return validate_request(input_ids, params, self.vocab_size, self.max_context, self.tokenizer is not None)
 
     # ------------------------------------------------------------------ the scheduler
     def _loop(self) -> None:
@@ -364,6 +332,10 @@ class EmbeddedEngine:
                     self._cv.wait()
                 if self._stopping:
                     return
+                if not (self._running or self._pending):
+                    self._await_burst()
+                    if self._stopping:
+                        return
             with self._step_lock:
                 if self._paused or self._waiters:
                     continue
@@ -372,6 +344,26 @@ class EmbeddedEngine:
                 except Exception as err:  # noqa: BLE001 - a bad step must fail its requests, not hang them
                     log.exception("engine step failed; failing the running requests")
                     self._fail_running(err)
+
+    def _await_burst(self) -> None:
+        """Holding `_cv`, idle, with requests queued: wait until submissions pause (at most `admit_wait_s`).
+
+        Why: a caller submits a whole RL step (e.g. 4 prompts x 8 answers) in a loop, and
+        each `submit` wakes this thread; starting at once would prefill the first few
+        requests alone and the rest a step later, twice the prefill overhead and no prefix
+        sharing between the halves. A quarter of `admit_wait_s` without a new arrival ends
+        the wait early, so a lone request waits ~0.5 ms.
+        """
+        if self.admit_wait_s <= 0:
+            return
+        deadline = time.monotonic() + self.admit_wait_s
+        seen = -1
+        while len(self._queue) != seen and len(self._queue) < self.max_running:
+            seen = len(self._queue)
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopping or self._paused or self._waiters:
+                return
+            self._cv.wait(min(left, self.admit_wait_s / 4))
 
     def _fail_running(self, err: Exception) -> None:
         with self._cv:
@@ -404,69 +396,55 @@ class EmbeddedEngine:
     def _prefill(self, reqs: list[_Request]) -> list[_Request]:
         """Prefill `reqs` (prompt + tokens so far) in left-padded chunks; sample one token each; join the cache.
 
-        Chunks hold at most `prefill_token_budget` padded tokens. Between chunks a waiting
-        pause, abort or weight swap takes precedence, so its latency is one chunk, not a
-        whole re-prefill of every request in flight; the requests not yet prefilled are
-        returned and stay pending.
+        Requests with identical tokens (the G answers of one prompt) form one group that is
+        prefilled once (`prefix_sharing`); every member gets a copy of its KV rows and
+        last-position logits, and samples its own first token. Chunks hold at most
+        `prefill_token_budget` padded tokens of distinct sequences. Between chunks a
+        waiting pause, abort or weight swap takes precedence, so its latency is one chunk,
+        not a whole re-prefill of every request in flight; the requests not yet prefilled
+        are returned and stay pending.
         """
-        order = sorted(reqs, key=lambda r: len(r.prompt) + len(r.output_ids))
-        chunks: list[list[_Request]] = [[]]
-        for r in order:
-            n = len(r.prompt) + len(r.output_ids)
+        groups: dict[Any, list[_Request]] = {}
+        for r in reqs:
+            key = tuple(r.all_tokens()) if self.prefix_sharing else id(r)
+            groups.setdefault(key, []).append(r)
+        order = sorted(groups.values(), key=lambda g: len(g[0].prompt) + len(g[0].output_ids))
+        chunks: list[list[list[_Request]]] = [[]]
+        for g in order:
+            n = len(g[0].prompt) + len(g[0].output_ids)
             if chunks[-1] and n * (len(chunks[-1]) + 1) > self.prefill_token_budget:
                 chunks.append([])
-            chunks[-1].append(r)
+            chunks[-1].append(g)
         for i, chunk in enumerate(chunks):
             if i and (self._paused or self._waiters):
-                return [r for c in chunks[i:] for r in c]
-            seqs = [r.all_tokens() for r in chunk]
-            lens = [len(s) for s in seqs]
-            width = max(lens)
-            ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, s in enumerate(seqs):
-                ids[j, width - len(s):] = torch.tensor(s, dtype=torch.long)
-                mask[j, width - len(s):] = 1
-            pos = (mask.cumsum(1) - 1).clamp(min=0)
-            from transformers.cache_utils import DynamicCache
-
-            kw = dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                      position_ids=pos.to(self.device), past_key_values=DynamicCache(), use_cache=True)
-            if self._logits_to_keep:
-                try:  # only the last position's logits are needed; not every HF model takes this
-                    out = self.model(**kw, logits_to_keep=1)
-                except TypeError:
-                    self._logits_to_keep = False
-                    kw["past_key_values"] = DynamicCache()
-                    out = self.model(**kw)
-            else:
-                out = self.model(**kw)
-            done = self._take_tokens(chunk, out.logits[:, -1, :])
-            keep = [j for j, r in enumerate(chunk) if j not in done]
-            if keep:
-                layers = out.past_key_values.layers
-                keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
-                if len(keep) < len(chunk):
-                    idx = torch.tensor(keep, dtype=torch.long, device=keys[0].device)
-                    keys = [k.index_select(0, idx) for k in keys]
-                    values = [v.index_select(0, idx) for v in values]
-                self._cache.append(keys, values, [lens[j] for j in keep])
-                self._running.extend(chunk[j] for j in keep)
+                return [r for c in chunks[i:] for g in c for r in g]
+            self._prefill_chunk(chunk)
         return []
+
+    def _prefill_chunk(self, groups: list[list[_Request]]) -> None:
+        """One prefill forward over the distinct sequences of `groups`; fan results out to every member."""
+        logits, keys, values, lens = self._runner.prefill([g[0].all_tokens() for g in groups], self.pad_token_id)
+        reqs = [r for g in groups for r in g]
+        src = [j for j, g in enumerate(groups) for _ in g]  # request -> its row in the prefill batch
+        if len(reqs) > len(groups):
+            logits = logits.index_select(0, torch.tensor(src, dtype=torch.long, device=logits.device))
+        done = self._take_tokens(reqs, logits)
+        keep = [j for j in range(len(reqs)) if j not in done]
+        if not keep:
+            return
+        rows = [src[j] for j in keep]
+        if rows != list(range(len(groups))):
+            idx = torch.tensor(rows, dtype=torch.long, device=keys[0].device)
+            keys = [k.index_select(0, idx) for k in keys]
+            values = [v.index_select(0, idx) for v in values]
+        self._cache.append(keys, values, [lens[j] for j in rows])
+        self._running.extend(reqs[j] for j in keep)
 
     def _decode(self) -> int:
         """One token for every running request, in one forward over the batched cache."""
         rows = self._running
-        last = torch.tensor([[r.output_ids[-1]] for r in rows], dtype=torch.long)
-        pos = torch.tensor([[n] for n in self._cache.lens], dtype=torch.long)
-        mask = self._cache.attention_mask(1)
-        cache = self._cache.hf_cache(1)
-        out = self.model(
-            input_ids=last.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
-            past_key_values=cache, use_cache=True,
-        )
-        self._cache.advance(1)
-        done = self._take_tokens(rows, out.logits[:, -1, :])
+        logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
+        done = self._take_tokens(rows, logits)
         if done:
             order = self._cache.remove(done)
             self._running = [rows[i] for i in order]
@@ -474,15 +452,19 @@ class EmbeddedEngine:
 
     def _take_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> set[int]:
         """Sample a token per request, append it; resolve and return the indices that finished."""
-        tokens, logprobs = sample_tokens(logits.float().cpu(), [r.params for r in reqs], [r.generator for r in reqs])
+        params = [r.params for r in reqs]
+        uniforms = torch.tensor([0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)],
+                                dtype=torch.float64)
+        tokens, logprobs = sample_tokens(logits.float().cpu(), params, uniforms=uniforms)
         tokens, logprobs = tokens.tolist(), logprobs.tolist()
         done: set[int] = set()
         finished: list[_Request] = []
+        version = self._version
         for j, r in enumerate(reqs):
             t = tokens[j]
             r.output_ids.append(t)
             r.logprobs.append(logprobs[j])
-            r.versions.append(self._version)
+            r.versions.append(version)
             if t in r.stop_ids or (r.params.stop and self._hits_stop_string(r)):
                 r.finish_reason = "stop"
             elif len(r.output_ids) >= r.params.max_new_tokens:
@@ -514,70 +496,3 @@ class EmbeddedEngine:
         self._finished_total += 1
         if not r.future.done():
             r.future.set_result(r.result())
-
-
-# ---------------------------------------------------------------------- helpers
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
-def _try_load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved next to the model, or None.
-
-    A directory without tokenizer files gives None: transformers would otherwise build an
-    empty tokenizer from the config's model type (vocab of 1), and stop strings would then
-    be matched against meaningless text.
-    """
-    if Path(path).is_dir() and not any((Path(path) / f).exists() for f in _TOKENIZER_FILES):
-        log.info("no tokenizer files in %s; stop strings are unavailable", path)
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as err:  # noqa: BLE001 - a model dir without tokenizer files is legitimate
-        log.info("no tokenizer at %s (%s); stop strings are unavailable", path, type(err).__name__)
-        return None
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The ids that end a generation by default: generation_config, else config, else tokenizer."""
-    for src in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(src, "eos_token_id", None) if src is not None else None
-        if eos is not None:
-            return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        return [int(tokenizer.eos_token_id)]
-    return []
-
-
-def _read_checkpoint(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """State dict from a safetensors file or a save_pretrained directory (sharded or not)."""
-    from safetensors.torch import load_file
-
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
-    else:
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    if not files:
-        from transformers import AutoModelForCausalLM  # e.g. a pytorch_model.bin checkpoint
-
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).state_dict()
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update(load_file(str(f)))
-    return sd
-
-
-def _load_state_dict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Copy `state_dict` into `model`; tied parameters may be absent (saved once), anything else is an error."""
-    result = model.load_state_dict(dict(state_dict), strict=False)
-    if result.unexpected_keys:
-        raise ValueError(f"weights have keys the model does not: {sorted(result.unexpected_keys)[:5]}")
-    if result.missing_keys:
-        params = dict(model.named_parameters(remove_duplicate=False))
-        loaded_ptrs = {params[k].data_ptr() for k in state_dict if k in params}
-        missing = [k for k in result.missing_keys if k not in params or params[k].data_ptr() not in loaded_ptrs]
-        if missing:
-            raise ValueError(f"weights lack keys the model needs: {sorted(missing)[:5]}")

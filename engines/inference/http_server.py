@@ -13,6 +13,7 @@ Endpoints (names and fields as in SGLang's `http_server.py`):
                                         output_token_logprobs: [[logprob, token_id, null], ...],
                                         output_token_versions: [int, ...]}}
     POST /update_weights_from_disk  {model_path, weight_version?, load_format?, abort_all_requests?}
+    POST /update_weights_from_shared_memory  {path, manifest, weight_version}   (ours: same machine)
     POST /pause_generation          {mode?: "abort" (default, as SGLang) | "in_place" | "retract"}
     POST /continue_generation
     POST /abort_request             {rid?, abort_all?}
@@ -213,6 +214,7 @@ class InferenceHTTPServer:
         r.add_post("/generate", self.generate)
         r.add_put("/generate", self.generate)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/update_weights_from_shared_memory", self.update_weights_from_shared_memory)
         r.add_post("/pause_generation", self.pause_generation)
         r.add_post("/continue_generation", self.continue_generation)
         r.add_post("/abort_request", self.abort_request)
@@ -321,6 +323,27 @@ class InferenceHTTPServer:
         msg = f"Succeeded to update model weights. Weight version updated to {self.engine.version}."
         return web.json_response({"success": True, "message": msg, "num_paused_requests": running})
 
+    async def update_weights_from_shared_memory(self, request: web.Request) -> web.Response:
+        """Our extension: load weights a trainer on this machine published into a shared-memory
+        file (engines/shared_weights.py); the body holds its path and manifest, no tensors."""
+        from areal_graph.engines import shared_weights
+
+        body = await self._json(request, {"path", "manifest", "weight_version"})
+        path, manifest = body.get("path"), body.get("manifest")
+        if not isinstance(path, str) or not path or not isinstance(manifest, list):
+            raise BadRequest("'path' (the shared weights file) and 'manifest' (a list of tensors) are required")
+        version = body.get("weight_version")
+        if not _is_int(version):
+            raise BadRequest(f"'weight_version' must be an integer, got {version!r}")
+        async with self._update_lock:
+            try:
+                state = shared_weights.read(path, manifest)
+                await asyncio.to_thread(self.engine.update_weights_from_state_dict, state, version)
+            except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+                return web.json_response({"success": False, "message": f"failed to load weights from {path}: {err}"},
+                                         status=400)
+        return web.json_response({"success": True, "message": f"weight version {self.engine.version}"})
+
     async def pause_generation(self, request: web.Request) -> web.Response:
         """SGLang's modes: "abort" (the default) returns in-flight requests as aborted; "in_place" and
         "retract" keep them (their KV is recomputed on resume if the weights changed meanwhile)."""
@@ -403,23 +426,12 @@ def _jsonable(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- process entry
-def resolve_model(path: str) -> str:
-    """`builtin:NAME` -> a directory, through modelkit when it is there; other paths unchanged."""
-    if path.startswith("builtin:"):
-        try:
-            from areal_graph.modelkit.builtin import resolve_model_path
-        except ImportError as err:
-            raise SystemExit(f"cannot resolve {path!r}: areal_graph.modelkit.builtin is unavailable ({err})") from None
-        return str(resolve_model_path(path))
-    return path
-
-
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m areal_graph.engines.inference.http_server",
         description="Serve a model with the embedded engine behind SGLang's native HTTP API.",
     )
-    p.add_argument("--model", required=True, help="model directory (HF format) or builtin:NAME")
+    p.add_argument("--model", required=True, help="model directory (HF format)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (continuous batching)")
@@ -518,6 +530,9 @@ class ServerProcess:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    from areal_graph.api.process import die_with_parent
+
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
@@ -526,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model_path = resolve_model(args.model)
+    model_path = args.model
     engine = EmbeddedEngine(model_path, device=args.device, max_running=args.max_running,
                             max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version,
                             seed=args.seed)

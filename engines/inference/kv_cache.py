@@ -11,6 +11,11 @@ column (`end`) for all rows in place. Attention reads the window [end - width, e
 width = max(lens); the columns of a row before its first token are masked out by
 `attention_mask()` (they may hold stale but always finite values: see `append`).
 
+A decode step reaches the buffers one of two ways: the HF forward through `hf_cache()` (an
+HF `Cache` view whose `update` writes column `end`) and `attention_mask()`, or the lean
+forward (`lean_forward.py`), which writes column `end` itself inside `decode_window()` and
+masks with `decode_mask()`. Either way the caller then calls `advance()`.
+
 Why this shape: in a long-tailed request mix requests join and leave at almost every
 step. Copying the whole cache on each join or leave (the simple way to keep rows
 compact) cost a fifth of all engine time. Here
@@ -90,6 +95,25 @@ class BatchedKVCache:
             self._repack(self.keys[0].shape[0], self.width, new_tokens)
         b, w = self.batch_size, self.width
         return Cache(layers=[_BufferLayer(k[:b], v[:b], self.end - w, self.end) for k, v in zip(self.keys, self.values)])
+
+    def decode_window(self, new_tokens: int = 1) -> tuple[int, int]:
+        """(start, end) for a forward writing `new_tokens` columns at `end` and reading [start, end + new_tokens).
+
+        Repacks first if the new columns would not fit; the lean forward writes into
+        `keys[l][:B, :, end:end + new_tokens]` itself, then the caller `advance()`s.
+        """
+        if not self.keys:
+            raise RuntimeError("the KV cache holds no rows")
+        if self.end + new_tokens > self.keys[0].shape[2]:
+            self._repack(self.keys[0].shape[0], self.width, new_tokens)
+        return self.end - self.width, self.end
+
+    def decode_mask(self, new_tokens: int = 1) -> torch.Tensor:
+        """[B, 1, 1, width + new_tokens] bool: the attention mask of a decode step over `decode_window()`."""
+        w = self.width
+        device = self.keys[0].device if self.keys else None
+        start = torch.tensor([w - n for n in self.lens], device=device).view(-1, 1, 1, 1)
+        return torch.arange(w + new_tokens, device=device) >= start
 
     def attention_mask(self, new_tokens: int = 1) -> torch.Tensor:
         """[B, width + new_tokens] int64: 1 on real tokens (and the new ones), 0 on padding."""

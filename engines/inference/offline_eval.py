@@ -50,7 +50,7 @@ def evaluate_model(
     Returns a JSON-ready dict; `per_prompt` lists each prompt's greedy completion and counts.
     """
     from areal_graph.data.datasets import load_prompts
-    from areal_graph.nodes.math_reward import RewardPool
+    from areal_graph.tools.reward_pool import RewardPool
     from areal_graph.engines.inference.engine import EmbeddedEngine, SamplingParams
 
     n = (k if n_samples is None else n_samples) if k else 0  # samples only serve pass@k

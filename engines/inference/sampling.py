@@ -15,92 +15,87 @@ sampling density must apply the same truncation itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from areal_graph.api.sampling import GenerationResult, SamplingParams
 
-@dataclass
-class SamplingParams:
-    """Per-request decoding settings (SGLang's `sampling_params`, the RL subset)."""
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    greedy: bool = False  # temperature == 0 also means greedy
-    stop_token_ids: list[int] = field(default_factory=list)
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None  # per-request seed: same seed + same weights -> same tokens
-    ignore_eos: bool = False
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
-
-    def problems(self) -> list[str]:
-        """What is wrong with these values (empty when they are fine)."""
-        out = []
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
-            out.append(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0 or self.temperature == float("inf"):
-            out.append(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            out.append(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            out.append(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            out.append(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            out.append(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            out.append(f"seed must be an integer or None, got {self.seed!r}")
-        return out
-
-
-@dataclass
-class GenerationResult:
-    """One finished request. Per-token lists are aligned with `output_ids`."""
-
-    rid: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
-    finish_reason: str  # "stop" | "length" | "abort"
-    prompt_len: int
+__all__ = ["GenerationResult", "SamplingParams", "sample_tokens", "truncate_logits"]
 
 
 def sample_tokens(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator],
+    generators: Sequence[torch.Generator] | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [B, V]; return (tokens [B] int64, logprobs [B] float32).
 
-    Greedy rows take the argmax; the others draw from softmax(logits / T) restricted to the
-    top-k / top-p set, each from its own generator (so a request's draws do not depend on
-    which other requests share the batch). Log-probs: see the module docstring.
+    Greedy rows take the argmax. The others draw from softmax(logits / T) restricted to the
+    top-k / top-p set by inverse-CDF sampling: the token is the first whose cumulative
+    probability exceeds u * total, for one uniform u in [0, 1) per row. Why one uniform and
+    not `torch.multinomial` per row: the draw for the whole batch is then a handful of
+    vectorised ops, and a row's token still depends only on its own u, so a request's draws
+    do not depend on which other requests share the batch. `uniforms` [B] comes from the
+    caller (the engine pre-draws each request's from its own generator, in blocks), or else
+    one is drawn here from generators[i] for each sampled row i. Log-probs: see the module
+    docstring.
     """
     b = logits.shape[0]
     logits = logits.float()
-    temps = torch.tensor([1.0 if p.is_greedy else float(p.temperature) for p in params], dtype=torch.float32)
-    scaled = logits / temps.unsqueeze(1)
+    temps = [1.0 if p.is_greedy else float(p.temperature) for p in params]
+    scaled = logits if all(t == 1.0 for t in temps) else logits / torch.tensor(temps, device=logits.device).unsqueeze(1)
     logprobs_all = torch.log_softmax(scaled, dim=-1)
-    tokens = torch.argmax(logits, dim=-1)
     sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-    if sample_rows:
-        rows = torch.tensor(sample_rows, dtype=torch.long)
-        sub = scaled.index_select(0, rows)
-        ks = [params[i].top_k for i in sample_rows]
-        ps = [params[i].top_p for i in sample_rows]
-        if any(k > 0 for k in ks) or any(p < 1.0 for p in ps):
-            sub = truncate_logits(sub, ks, ps)
-        probs = torch.softmax(sub, dim=-1)
-        for j, i in enumerate(sample_rows):
-            tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+    if not sample_rows:
+        tokens = torch.argmax(logits, dim=-1)
+    else:
+        if uniforms is None:
+            if generators is None:
+                raise ValueError("sampled rows need `uniforms` or per-row `generators`")
+            uniforms = torch.zeros(b, dtype=torch.float64)
+            for i in sample_rows:
+                uniforms[i] = float(torch.rand(1, dtype=torch.float64, generator=generators[i]))
+        drawn = _inverse_cdf(scaled, logprobs_all, params, sample_rows, uniforms.to(logits.device))
+        if len(sample_rows) == b:
+            tokens = drawn
+        else:
+            tokens = torch.argmax(logits, dim=-1)
+            rows = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
+            tokens[rows] = drawn.index_select(0, rows)
     lp = logprobs_all.gather(1, tokens.view(b, 1)).squeeze(1)
     return tokens, lp
+
+
+def _inverse_cdf(
+    scaled: torch.Tensor, logprobs: torch.Tensor, params: Sequence[SamplingParams],
+    sample_rows: Sequence[int], uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """A token for every row of `scaled` [B, V] (only `sample_rows` matter) from `uniforms` [B].
+
+    Without truncation the probabilities are exp(logprobs) (no second softmax). The CDF is
+    summed in float64 so that the tail of a large vocabulary keeps its mass. A token of
+    zero probability is never returned: it adds nothing to the CDF, so the first index
+    whose CDF exceeds u * total always carries mass.
+    """
+    ks = [params[i].top_k for i in sample_rows]
+    ps = [params[i].top_p for i in sample_rows]
+    if any(k > 0 for k in ks) or any(p < 1.0 for p in ps):
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=scaled.device)
+        probs = torch.zeros_like(scaled)
+        probs[rows] = torch.softmax(truncate_logits(scaled.index_select(0, rows), ks, ps), dim=-1)
+    else:
+        probs = logprobs.exp()
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    target = uniforms.to(torch.float64).unsqueeze(1) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=scaled.shape[1] - 1)
+    # u * total rounds up to total only in a float corner case: take the most likely token then
+    bad = probs.gather(1, tokens.view(-1, 1)).squeeze(1) <= 0
+    if bool(bad.any()):
+        tokens = torch.where(bad, probs.argmax(dim=-1), tokens)
+    return tokens
 
 
 def truncate_logits(logits: torch.Tensor, top_k: Sequence[int], top_p: Sequence[float]) -> torch.Tensor:

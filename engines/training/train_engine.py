@@ -419,11 +419,14 @@ class TrainEngine:
         return totals
 
     # ------------------------------------------------------------------ weights and checkpoints
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """CPU copy of the full weights. Under FSDP a collective that leaves them on rank 0
-        only (the rank that pushes weights to inference); other ranks get {}."""
+    def state_dict_for_sync(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The full weights (a CPU copy, or with `copy=False` the live tensors, for a caller that
+        copies them out at once). Under FSDP a collective that leaves them on rank 0 only (the
+        rank that pushes weights to inference); other ranks get {}."""
         if self.parallel == "fsdp":
             return dp.fsdp_full_model_state(self.model)
+        if not copy:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def export_hf(self, path: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""A model hosted in a worker process: the logprob, value and train nodes of one model.
+"""Hosts one model in a worker process: the logprob, value and train nodes of that model.
 
 One object per model so that the proximal log-probs (`prox_logprobs`) come from exactly the
 weights the train node is about to update, with no transfer in between.
@@ -24,7 +24,7 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
-from areal_graph.nodes.train import build_loss_fn, ppo_minibatches
+from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches
 from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 Role = Literal["auto", "policy", "critic"]
 
 
-class ModelWorker:
+class ModelHost:
     def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
                  seed: int = 1, threads: int | None = None, role: Role = "auto", device: str = "cpu") -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -52,7 +52,6 @@ class ModelWorker:
         self.role: str | None = None if role == "auto" else role
         engine_cls = ValueEngine if role == "critic" else TrainEngine
         self.engine: TrainEngine = engine_cls(model_path, **self._engine_args)
-        self.last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ roles
     def _use_as(self, role: str) -> None:
@@ -82,12 +81,19 @@ class ModelWorker:
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
     def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
-              temperature: float = 1.0) -> PackedBatch:
+              temperature: float = 1.0, fused_prox: bool = False) -> tuple[PackedBatch, dict[str, float]]:
+        """One train node call: `ppo_epochs` x `ppo_minibatches` optimizer steps; returns their stats.
+
+        `fused_prox`: the batch has no `prox_logprobs`; the loss takes them from this
+        forward (exact only with one update per call, which the plan guarantees)."""
         if not self.trainable:
             raise RuntimeError("this model has no `train:` section in the workflow; it is frozen")
         train_params = TrainParams(**params)
         self._use_as("critic" if train_params.loss == "value" else "policy")
         n_mb, epochs = train_params.ppo_minibatches, train_params.ppo_epochs
+        if fused_prox and n_mb * epochs != 1:
+            raise ValueError("fused proximal log-probs need exactly one optimizer update per step "
+                             f"(ppo_epochs={epochs}, ppo_minibatches={n_mb})")
         # the lr schedule counts optimizer steps, of which there are n_mb * epochs per batch
         self.engine.total_steps = self._engine_args["total_steps"] * n_mb * epochs
         runs: list[dict[str, float]] = []
@@ -95,16 +101,18 @@ class ModelWorker:
             parts = ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)
             for part in parts:
                 mb = batch if len(parts) == 1 else batch.select(part)
-                stats = self.engine.train_step(mb, build_loss_fn(train_params, mb),
+                stats = self.engine.train_step(mb, build_loss_fn(train_params, mb, fused_prox),
                                                max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
                 runs.append({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
-        self.last_stats = _combine_update_stats(runs)
-        return PackedBatch(batch.cu_seqlens.clone())
-
-    def train_stats(self) -> dict[str, float]:
-        return self.last_stats
+        return PackedBatch(batch.cu_seqlens.clone()), _combine_update_stats(runs)
 
     # ------------------------------------------------------------------ weights and checkpoints
+    def publish_weights(self, path: str) -> list[dict]:
+        """The weights into the shared-memory file `path` (engines/shared_weights.py); returns its manifest."""
+        from areal_graph.engines import shared_weights
+
+        return shared_weights.publish(path, self.engine.state_dict_for_sync(copy=False))
+
     def export_weights(self, path: str, with_tokenizer: bool = False) -> str:
         """HF safetensors; with the tokenizer too when the directory is meant for people (final model)."""
         self.engine.export_hf(Path(path))

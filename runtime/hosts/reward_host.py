@@ -1,8 +1,8 @@
-"""The reward node: decodes each trajectory's generated tokens and scores them.
+"""Hosts a reward node: decodes each trajectory's generated tokens and scores them.
 
-Hosted in a reward worker. Scoring runs in a process pool with a per-item timeout
-(`RewardPool`): a reward function that raises or hangs scores 0, is counted in
-`reward_failed`, and never fails the batch.
+Hosted in the reward worker process. Scoring runs in a process pool with a per-item
+timeout (`tools/reward_pool.py`): a reward function that raises or hangs scores 0, is
+counted in the node's `failures` stat, and never fails the batch.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import logging
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.nodes.math_reward import RewardPool
+from areal_graph.tools.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 
 
-class RewardNode:
+class RewardHost:
     def __init__(self, tokenizer_path: str, fn: str = "math_verify", timeout_s: float = 5.0, num_workers: int = 2) -> None:
         from transformers import AutoTokenizer
 
@@ -29,26 +29,20 @@ class RewardNode:
         if "loss_mask" not in batch or "answer" not in batch:
             raise KeyError("the reward node reads input_ids and loss_mask (to find the answer text) "
                            "and the rollout's implicit `answer`; add loss_mask to its `reads`")
-        texts = []
-        for i in range(batch.num_seqs):
-            ids = batch.sequence(i, "input_ids")
-            mask = batch.sequence(i, "loss_mask").bool()
-            texts.append(self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True))
-        return texts
+        ids, mask, cu = batch["input_ids"], batch["loss_mask"].bool(), batch.cu_seqlens.tolist()
+        return self.tokenizer.batch_decode([ids[a:b][mask[a:b]].tolist() for a, b in zip(cu[:-1], cu[1:])],
+                                           skip_special_tokens=True)
 
-    def score(self, batch: PackedBatch) -> PackedBatch:
+    def score(self, batch: PackedBatch, out_key: str = "rewards") -> tuple[PackedBatch, dict[str, float]]:
+        """`out_key` per sequence; stats: how many items failed (scored 0)."""
         results = self.pool.score(self.completions(batch), batch.meta["answer"])
         failed = [r.status != "ok" for r in results]
         if any(failed):
             log.warning("%d of %d rewards failed (%s); scored 0", sum(failed), len(results),
                         sorted({r.status for r in results if r.status != "ok"}))
-        return PackedBatch(
-            batch.cu_seqlens.clone(),
-            seqs={
-                "rewards": torch.tensor([r.reward for r in results], dtype=torch.float32),
-                "reward_failed": torch.tensor(failed, dtype=torch.bool),
-            },
-        )
+        out = PackedBatch(batch.cu_seqlens.clone(),
+                          seqs={out_key: torch.tensor([r.reward for r in results], dtype=torch.float32)})
+        return out, {"failures": float(sum(failed))}
 
     def close(self) -> None:
         self.pool.close()

@@ -1,6 +1,6 @@
-"""The rollout node: runs the user's rollout workflow against the inference servers.
+"""Hosts a rollout node: runs its rollout class against the inference servers.
 
-Hosted in a rollout worker. gRPC calls arrive on server threads and block until their prompt
+Hosted in the rollout worker process. gRPC calls arrive on server threads and block until their prompt
 group is done, so many groups are in flight at once; all of them share one asyncio loop (and
 one connection pool) running in a background thread.
 """
@@ -8,45 +8,44 @@ one connection pool) running in a background thread.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import threading
 from dataclasses import fields
 from typing import Any
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.api.imports import import_object
+from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.client import InferenceClient, ServerPool
-from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.workflows.rollout.base import RolloutWorkflow, pack_trajectories
+from areal_graph.workflows.rollout.base import Rollout, pack_trajectories
 
 
-def load_workflow_class(path: str) -> type[RolloutWorkflow]:
-    module_name, _, attr = path.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    if not (isinstance(cls, type) and issubclass(cls, RolloutWorkflow)):
-        raise TypeError(f"{path} is not a RolloutWorkflow subclass")
+def load_rollout_class(path: str) -> type[Rollout]:
+    cls = import_object(path, what="rollout_class")
+    if not (isinstance(cls, type) and issubclass(cls, Rollout)):
+        raise TypeError(f"{path} is not a Rollout subclass")
     return cls
 
 
 class _PromptView:
-    """The attributes a workflow reads from a prompt (id, input_ids, answer)."""
+    """The attributes a rollout class reads from a prompt (id, input_ids, answer)."""
 
     def __init__(self, pid: str, input_ids: list[int], answer: str) -> None:
         self.id, self.input_ids, self.answer, self.text = pid, input_ids, answer, ""
 
 
-class RolloutNode:
-    def __init__(self, server_urls: list[str], backend: str, workflow: str, group_size: int,
-                 sampling: dict[str, Any], workflow_args: dict[str, Any] | None = None,
+class RolloutHost:
+    def __init__(self, server_urls: list[str], backend: str, rollout_class: str, group_size: int,
+                 sampling: dict[str, Any], rollout_args: dict[str, Any] | None = None,
                  tokenizer_path: str | None = None, request_timeout_s: float = 600.0) -> None:
         self.group_size = group_size
         self.sampling = sampling
-        cls = load_workflow_class(workflow)
-        args = dict(workflow_args or {})
-        # Workflows that decode or encode text (multi-turn agents) get the policy's tokenizer.
+        cls = load_rollout_class(rollout_class)
+        args = dict(rollout_args or {})
+        # Rollouts that decode or encode text (multi-turn agents) get the policy's tokenizer.
         if "tokenizer_path" in inspect.signature(cls).parameters and "tokenizer_path" not in args:
             args["tokenizer_path"] = tokenizer_path
-        self.workflow = cls(**args)
+        self.rollout = cls(**args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
@@ -69,7 +68,7 @@ class RolloutNode:
         group_ids = batch["group_id"].tolist()
 
         async def _all():
-            groups = await asyncio.gather(*(self.workflow.run(p, self.pool, g, params) for p in prompts))
+            groups = await asyncio.gather(*(self.rollout.run(p, self.pool, g, params) for p in prompts))
             trajs = []
             for gid, (prompt, group) in enumerate(zip(prompts, groups)):
                 for j, t in enumerate(group):

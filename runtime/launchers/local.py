@@ -15,7 +15,6 @@ controller leaves no orphans.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import psutil
+
+from areal_graph.api.process import PDEATHSIG_ENV, arm_parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,6 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -128,10 +121,14 @@ class LocalLauncher:
             raise RuntimeError("the launcher is shut down")
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab", buffering=0)
+        full_env = self._env(env, threads)
+        ours = len(cmd) > 2 and cmd[1] == "-m" and str(cmd[2]).startswith("areal_graph.")
+        if self.die_with_parent and ours:
+            full_env[PDEATHSIG_ENV] = "1"  # armed by the child itself (see die_with_parent)
         popen = subprocess.Popen(
             list(cmd), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self._env(env, threads), cwd=cwd, start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
+            env=full_env, cwd=cwd, start_new_session=True,
+            preexec_fn=arm_parent_death_signal if self.die_with_parent and not ours else None,
         )
         m = _Managed(name, role, popen, log_path, log_file)
         with self._lock:

@@ -1,1 +1,1 @@
-"""Runs a planned graph: the controller (DAG scheduler), staleness gate, sample buffer, placement, executors."""
+"""Runs a planned graph: the controller (DAG scheduler), staleness gate, sample buffer, executors (local processes, in-process)."""

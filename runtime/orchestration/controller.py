@@ -1,47 +1,49 @@
-"""The controller: runs a validated workflow over worker processes, synchronously or not.
+"""The controller: runs an execution plan through an executor, synchronously or not.
 
 One code path serves every staleness bound. Two loops share a `StalenessGate`:
 
-- the *generation side* keeps submitting prompt groups to the rollout worker while the gate
-  has capacity; each finished group goes through the reward node and into the sample buffer;
-- the *training side* takes B trajectories from the buffer, runs the remaining nodes in
-  topological order (reference / proximal log-probs, advantages, train), pushes the new
-  weights to every inference server, and only then bumps the version, which opens capacity
-  for more generation.
+- the *generation side* keeps submitting prompt groups while the gate has capacity; each
+  group runs the source node (the rollout), then the plan's generation phase as a DAG
+  (rewards, filters, shaping). A group that survives goes into the sample buffer
+  (`on_accept`); a group a filter drops gives its slot back (`on_reject`) and is counted;
+- the *training side* takes B trajectories from the buffer, runs the plan's training phase as
+  a DAG (independent nodes concurrently: reference and proximal log-probs, critic values,
+  then advantages, then the train nodes), makes the new weights the servers' policy, and only
+  then bumps the version, which opens capacity for more generation.
 
 With max_staleness = 0 the gate admits exactly B trajectories per version, so generation of
 step v+1 cannot start before step v has trained: synchronous RL, by the same code.
+
+The controller owns no processes: it is given a `NodeExecutor` (executor.py), so its
+retry, failure and staleness logic is tested in one process (tests/test_controller.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.dag import execution_order
-from areal_graph.graph.spec import NodeSpec, WorkflowSpec
-from areal_graph.nodes.advantage import compute_advantages
-from areal_graph.nodes.train import required_keys
-from areal_graph.runtime.orchestration.placement import Placement, plan_placement
-from areal_graph.runtime.orchestration.process_executor import RunProcesses
+from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.observability.run_dir import RunDir
-from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
-from areal_graph.runtime.orchestration.staleness import StalenessGate
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.runtime.orchestration.executor import NodeExecutor
+from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
+from areal_graph.runtime.orchestration.scheduler import NodeContractError, NodeResult, run_phase
+from areal_graph.runtime.orchestration.staleness import StalenessGate
 
 log = logging.getLogger(__name__)
 
-GENERATION_KINDS = ("rollout", "reward")
+GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted as failed
 
 
 class RunFailed(RuntimeError):
@@ -60,65 +62,51 @@ class RunState:
     groups_finished: int = 0
     groups_failed: int = 0
     groups_retried: int = 0
+    groups_dropped: int = 0
     trajectories_trained: int = 0
-    reward_failures: int = 0
     history: list[dict] = field(default_factory=list)
 
 
-class RLController:
-    def __init__(self, spec: WorkflowSpec, run_dir: RunDir, display: "Any | None" = None) -> None:
-        self.spec = spec
+class Controller:
+    def __init__(self, plan: ExecutionPlan, executor: NodeExecutor, prompts: Sequence[Any],
+                 eval_prompts: Sequence[Any], run_dir: RunDir, tracer: Tracer, display: Any | None = None) -> None:
+        self.plan = plan
+        self.executor = executor
+        self.prompts = list(prompts)
+        self.eval_prompts = list(eval_prompts)
         self.run_dir = run_dir
+        self.tracer = tracer
         self.display = display
-        self.rt = spec.runtime
-        self.order = execution_order(spec)
-        self.nodes = spec.nodes
-        self.rollout_node = next(n for n in spec.nodes.values() if n.kind == "rollout")
-        self.reward_nodes = [self.nodes[n] for n in self.order if self.nodes[n].kind == "reward"]
-        self.train_side = [self.nodes[n] for n in self.order if self.nodes[n].kind not in GENERATION_KINDS]
-        self.group_size = self.rollout_node.params.group_size
-        # log-probs are of the temperature-scaled sampling distribution (what the engine reports)
-        self.temperature = self.rollout_node.params.sampling.temperature or 1.0
-        if self.rt.batch_size % self.group_size:
-            raise ValueError(
-                f"runtime.batch_size ({self.rt.batch_size}) must be a multiple of "
-                f"nodes.{self.rollout_node.name}.group_size ({self.group_size})"
-            )
+        self.rt = plan.spec.runtime
+        self.group_size = int(getattr(plan.node(plan.source).params, "group_size", 1))
+        if not self.prompts:
+            raise ValueError("the controller needs at least one training prompt")
         self.state = RunState()
-        self.tracer = Tracer(run_dir.trace_path)
         self.gate = StalenessGate(self.rt.batch_size, self.rt.max_staleness, self.rt.max_concurrent_rollouts)
         self.buffer = SampleBuffer()
-        self.placement: Placement = plan_placement(spec)
-        self.procs = RunProcesses(spec, run_dir, self.placement, self.tracer)
         self._fatal: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None  # created inside the event loop
         self._inflight: dict[int, asyncio.Task] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._gen_stats: dict[str, float] = {}  # generation-side node stats since the last step
+        self._dropped_by: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, resume_from: Path | None = None) -> RunState:
-        try:
-            with self.tracer.span("startup", cat="controller"):
-                self.procs.start(on_death=self._on_process_death)
-                self.prompts, self.eval_prompts = self.procs.load_prompts()
-                if resume_from is not None:
-                    self._restore(resume_from)
-            asyncio.run(self._main())
-        finally:
-            self.procs.shutdown()
-            self.tracer.flush()
+        """Run to `runtime.steps` (the executor must have been started with `self.on_failure`)."""
+        for line in self.plan.describe():
+            log.info("plan: %s", line)
+        if resume_from is not None:
+            asyncio.run(self._restore(resume_from))
+        asyncio.run(self._main())
         return self.state
 
-    def _on_process_death(self, died: Any) -> None:
-        """Called from the launcher's watchdog thread: stop the run, naming what died."""
-        nodes = self.placement.nodes_on(died.name)
-        self._fatal = RunFailed(
-            f"process {died.name!r} (role {died.role}, hosting nodes {nodes or 'none'}) died: "
-            f"exit code {died.returncode}"
-            + (f", signal {died.signal}" if getattr(died, "signal", None) else "")
-            + (f"\n--- last lines of its log ---\n{died.log_tail}" if died.log_tail else "")
-        )
-        if self._loop is not None:
+    def on_failure(self, message: str) -> None:
+        """Called from any thread (the launcher's watchdog): stop the run with `message`."""
+        if self._fatal is None:
+            self._fatal = RunFailed(message)
+        if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
     async def _main(self) -> None:
@@ -127,11 +115,13 @@ class RLController:
         self._stop = asyncio.Event()
         if self._fatal is not None:
             raise self._fatal
-        gen = asyncio.create_task(self._generation_loop(), name="generation")
-        train = asyncio.create_task(self._training_loop(), name="training")
-        stop = asyncio.create_task(self._stop.wait(), name="stop")
+        tasks = {asyncio.create_task(self._generation_loop(), name="generation"),
+                 asyncio.create_task(self._training_loop(), name="training"),
+                 asyncio.create_task(self._stop.wait(), name="stop")}
+        train = next(t for t in tasks if t.get_name() == "training")
+        stop = next(t for t in tasks if t.get_name() == "stop")
         try:
-            pending = {gen, train, stop}
+            pending = set(tasks)
             while train in pending and stop in pending:  # generation finishing early ends nothing
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -140,40 +130,58 @@ class RLController:
             if self._fatal is not None:
                 raise self._fatal
         except Exception as err:
-            # A dead process usually shows up first as a failed call to it; give the launcher's
-            # watchdog a moment so the user is told which process died and why.
-            if self._fatal is None:
-                for _ in range(30):
-                    await asyncio.sleep(0.1)
-                    if self._fatal is not None:
-                        break
-            if self._fatal is not None and err is not self._fatal:
-                raise self._fatal from err
-            raise
+            await self._name_the_dead(err)
         finally:
-            for task in (gen, train, stop, *self._inflight.values()):
+            for task in (*tasks, *self._inflight.values()):
                 task.cancel()
-            await asyncio.gather(gen, train, stop, *self._inflight.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, *self._inflight.values(), return_exceptions=True)
             self._account_unfinished()
+
+    async def _name_the_dead(self, err: Exception) -> None:
+        """A dead process usually shows up first as a failed call to it: give the executor a
+        moment to say which process died and why, and raise that instead."""
+        if self._fatal is None and not isinstance(err, NodeContractError):
+            for _ in range(30):
+                await asyncio.sleep(0.1)
+                if self._fatal is not None:
+                    break
+        if self._fatal is not None and err is not self._fatal:
+            raise self._fatal from err
+        raise err
 
     def _account_unfinished(self) -> None:
         """Nothing is silently dropped: record what was generated but never trained."""
-        running = len(self._inflight)
         stats = self.buffer.stats()
-        buffered = stats.buffered_trajectories
         summary = {
-            "groups_in_flight_at_stop": running,
-            "trajectories_buffered_at_stop": buffered,
-            "groups_submitted": self.state.groups_submitted,
-            "groups_finished": self.state.groups_finished,
-            "groups_failed": self.state.groups_failed,
-            "groups_retried": self.state.groups_retried,
-            "trajectories_trained": self.state.trajectories_trained,
+            "groups_in_flight_at_stop": len(self._inflight),
+            "trajectories_buffered_at_stop": stats.buffered_trajectories,
+            **{k: v for k, v in asdict(self.state).items() if k != "history"},
+            "groups_dropped_by_node": dict(self._dropped_by),
             "buffer": stats,
         }
         self.run_dir.write_json("unfinished.json", summary)
-        if running or buffered:
-            log.info("at stop: %d prompt groups in flight, %d trajectories buffered (not trained)", running, buffered)
+        if self._inflight or stats.buffered_trajectories:
+            log.info("at stop: %d prompt groups in flight, %d trajectories buffered (not trained)",
+                     len(self._inflight), stats.buffered_trajectories)
+
+    # ------------------------------------------------------------------ calling nodes
+    async def _call(self, name: str, batch: PackedBatch, extra: dict[str, Any] | None = None) -> NodeResult:
+        """One node call, traced; calls to an exclusive host object (a model) take turns."""
+        h = self.plan.hosting[name]
+        lock = self._locks.setdefault((h.process, h.obj), asyncio.Lock()) if h.exclusive else None
+        async with lock if lock is not None else contextlib.nullcontext():
+            fused = [n for n, by in self.plan.fused.items() if by == name]
+            with self.tracer.span(name, cat="node", node=name, worker=h.process, step=self.state.step,
+                                  version=self.state.version, **({"fused": fused} if fused else {})):
+                return await self.executor.run(name, batch, step=self.state.step, version=self.state.version,
+                                               extra=extra)
+
+    def _prompt_batch(self, prompts: Sequence[Any], group_ids: list[int]) -> PackedBatch:
+        return PackedBatch.from_sequences(
+            {"input_ids": [p.input_ids for p in prompts]},
+            seqs={"group_id": group_ids},
+            meta={"answer": [p.answer for p in prompts], "prompt_id": [p.id for p in prompts]},
+        )
 
     # ------------------------------------------------------------------ generation side
     async def _generation_loop(self) -> None:
@@ -190,44 +198,45 @@ class RLController:
             self.state.groups_submitted += 1
             self._inflight[gid] = asyncio.create_task(self._run_group(gid, prompt), name=f"group-{gid}")
 
-    async def _run_group(self, gid: int, prompt: Any, attempt: int = 0) -> None:
+    async def _run_group(self, gid: int, prompt: Any) -> None:
+        G = self.group_size
         try:
-            batch = await self._rollout([prompt], [gid], self.group_size, sampling=None, tag="rollout")
-            for node in self.reward_nodes:
-                out = await self._execute(node, batch)
-                batch.update(out)
-            self.gate.on_accept(self.group_size)
-            self.state.groups_finished += 1
-            self.buffer.put(batch)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a failed group is retried, then reported: never lost silently
-            self.gate.on_reject(self.group_size)
-            if attempt < 2 and self._fatal is None:
-                self.state.groups_retried += 1
-                log.warning("prompt group %d failed (%s); retrying (attempt %d)", gid, exc, attempt + 2)
-                self.gate.on_submit(self.group_size)
-                self._inflight[gid] = asyncio.create_task(self._run_group(gid, prompt, attempt + 1))
-                return
-            self.state.groups_failed += 1
-            log.error("prompt group %d (prompt %s) failed 3 times, dropped and counted: %s", gid, prompt.id, exc)
+            for attempt in range(GROUP_ATTEMPTS):
+                try:
+                    outcome = await self._generate_group(gid, prompt)
+                    break
+                except (asyncio.CancelledError, NodeContractError):
+                    raise
+                except Exception as exc:  # a failed group is retried, then reported: never lost silently
+                    if attempt + 1 == GROUP_ATTEMPTS or self._fatal is not None:
+                        self.gate.on_reject(G)
+                        self.state.groups_failed += 1
+                        log.error("prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
+                                  gid, prompt.id, GROUP_ATTEMPTS, exc)
+                        return
+                    self.state.groups_retried += 1
+                    log.warning("prompt group %d failed (%s); retrying (attempt %d)", gid, exc, attempt + 2)
+            for name, n in outcome.groups_dropped.items():
+                self._dropped_by[name] = self._dropped_by.get(name, 0) + n
+            for k, v in outcome.stats.items():
+                self._gen_stats[k] = self._gen_stats.get(k, 0.0) + v
+            if outcome.batch is None:
+                self.gate.on_reject(G)
+                self.state.groups_dropped += 1
+            else:
+                self.gate.on_accept(G)
+                self.state.groups_finished += 1
+                self.buffer.put(outcome.batch)
+        except NodeContractError as err:
+            self.gate.on_reject(G)
+            self.on_failure(f"{err}")
         finally:
             if self._inflight.get(gid) is asyncio.current_task():
                 del self._inflight[gid]
 
-    async def _rollout(self, prompts: list, group_ids: list[int], group_size: int, sampling: dict | None, tag: str) -> PackedBatch:
-        prompt_batch = PackedBatch.from_sequences(
-            {"input_ids": [p.input_ids for p in prompts]},
-            seqs={"group_id": group_ids},
-            meta={"answer": [p.answer for p in prompts], "prompt_id": [p.id for p in prompts]},
-        )
-        node = self.rollout_node
-        worker = self.placement.worker_of(node.name)
-        with self.tracer.span(tag, cat="rollout", node=node.name, worker=worker, version=self.state.version):
-            return await asyncio.to_thread(
-                self.procs.client(worker).execute, node.name, "run", prompt_batch,
-                group_size=group_size, sampling=sampling,
-            )
+    async def _generate_group(self, gid: int, prompt: Any):
+        batch = (await self._call(self.plan.source, self._prompt_batch([prompt], [gid]))).batch
+        return await run_phase(self.plan, self.plan.generation, batch, self._call)
 
     # ------------------------------------------------------------------ training side
     async def _training_loop(self) -> None:
@@ -239,138 +248,115 @@ class RLController:
             with self.tracer.span("wait_batch", cat="controller", step=self.state.step):
                 batch = await self.buffer.get_async(B, group_size=self.group_size)
             t0 = time.perf_counter()
-            stats: dict[str, float] = {"time/wait_batch": t0 - t_wait}
-            stats.update(self._batch_stats(batch))
-            for node in self.train_side:
-                t_node = time.perf_counter()
-                out, node_stats = await self._execute_train_side(node, batch)
-                if out is not None:
-                    batch.update(out)
-                stats.update({f"{node.name}/{k}": v for k, v in node_stats.items()})
-                stats[f"time/{node.name}"] = time.perf_counter() - t_node
+            stats: dict[str, float] = {"time/wait_batch": t0 - t_wait, **self._batch_stats(batch)}
+            outcome = await run_phase(self.plan, self.plan.training, batch, self._timed_call(stats))
+            stats.update(outcome.stats)
+            trained = outcome.batch.num_seqs if outcome.batch is not None else 0
             t_sync = time.perf_counter()
-            await self._sync_weights(self.state.version + 1)
+            stats.update(await self._sync_weights(self.state.version + 1))
             stats["time/weight_sync"] = time.perf_counter() - t_sync
             self.state.version += 1
             self.state.step += 1
-            self.state.trajectories_trained += batch.num_seqs
+            self.state.trajectories_trained += trained
             self.gate.set_version(self.state.version)
             stats["time/step"] = time.perf_counter() - t0
             if self.rt.eval_every and (self.state.step % self.rt.eval_every == 0 or self.state.step == self.rt.steps):
                 stats.update(await self._evaluate())
             if self.rt.save_every and self.state.step % self.rt.save_every == 0:
                 await self._checkpoint()
-            self._log_step(stats)
-            self.tracer.merge(await asyncio.to_thread(self.procs.collect_spans))
+            self._log_step(stats, dropped_in_training=sum(outcome.groups_dropped.values()))
+            self.tracer.merge(await asyncio.to_thread(self.executor.collect_spans))
         with self.tracer.span("export_final_model", cat="controller"):
-            await asyncio.to_thread(self.procs.export_weights, self.run_dir.final_model_dir, True)
+            await self.executor.export_model(self.run_dir.final_model_dir)
         self._stop.set()
+
+    def _timed_call(self, stats: dict[str, float]):
+        async def call(name: str, batch: PackedBatch) -> NodeResult:
+            t = time.perf_counter()
+            try:
+                return await self._call(name, batch)
+            finally:
+                stats[f"time/{name}"] = time.perf_counter() - t
+        return call
 
     def _batch_stats(self, batch: PackedBatch) -> dict[str, float]:
         """Reward, staleness and version spread of the trajectories about to be trained."""
-        mask = batch["loss_mask"].bool()
-        seq = batch.seq_ids()[mask]
-        vers = batch["versions"][mask].to(torch.int64)
-        n = batch.num_seqs
-        vmin = torch.full((n,), 1 << 30, dtype=torch.int64).scatter_reduce(0, seq, vers, "amin")
-        vmax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, seq, vers, "amax")
-        staleness = (self.state.version - vmin).float()
-        resp_len = torch.zeros(n).index_add_(0, seq, torch.ones(seq.numel()))
-        return {
-            "reward/mean": float(batch["rewards"].float().mean()),
-            "staleness/mean": float(staleness.mean()),
-            "staleness/max": float(staleness.max()),
-            "versions_per_traj/mean": float((vmax - vmin + 1).float().mean()),
-            "response_len/mean": float(resp_len.mean()),
-            "no_eos/frac": float(batch["seq_no_eos"].float().mean()) if "seq_no_eos" in batch else 0.0,
-        }
-
-    async def _execute_train_side(self, node: NodeSpec, batch: PackedBatch) -> tuple[PackedBatch | None, dict]:
-        if node.kind == "advantage":
-            with self.tracer.span(node.name, cat="node", node=node.name, worker="controller", step=self.state.step):
-                out = await asyncio.to_thread(compute_advantages, node.params, batch)
-            return out, {"mean": float(out["advantages"][batch["loss_mask"].bool()].mean())}
-        if node.kind == "train":
-            worker = self.placement.worker_of(node.name)
-            sub = batch.select_keys(required_keys(node.params))
-            with self.tracer.span(node.name, cat="node", node=node.name, worker=worker, step=self.state.step):
-                stats = await asyncio.to_thread(self.procs.train, node, sub, self.rt.max_tokens_per_microbatch,
-                                                self.temperature)
-            return None, stats
-        out = await self._execute(node, batch)  # logprob / value
-        return out, {}
-
-    async def _execute(self, node: NodeSpec, batch: PackedBatch) -> PackedBatch:
-        worker = self.placement.worker_of(node.name)
-        method = {"reward": "score", "logprob": "logprob", "value": "values"}[node.kind]
-        args: dict[str, Any] = {}
-        if node.kind in ("logprob", "value"):
-            args = {"out_key": node.writes[0], "max_tokens_per_mb": self.rt.max_tokens_per_microbatch}
-            if node.kind == "logprob":
-                args["temperature"] = self.temperature
-        sub = batch.select_keys([k for k in node.reads if k in batch] + (["answer"] if node.kind == "reward" else []))
-        with self.tracer.span(node.name, cat="node", node=node.name, worker=worker, step=self.state.step):
-            out = await asyncio.to_thread(
-                self.procs.client(worker).execute, self.placement.impl_of(node.name), method, sub, **args
-            )
-        if node.kind == "reward" and "reward_failed" in out:
-            self.state.reward_failures += int(out["reward_failed"].sum())
-            out.seqs.pop("reward_failed")
+        out: dict[str, float] = {}
+        if "versions" in batch and "loss_mask" in batch:
+            mask = batch["loss_mask"].bool()
+            seq = batch.seq_ids()[mask]
+            vers = batch["versions"][mask].to(torch.int64)
+            n = batch.num_seqs
+            vmin = torch.full((n,), 1 << 30, dtype=torch.int64).scatter_reduce(0, seq, vers, "amin")
+            vmax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, seq, vers, "amax")
+            staleness = (self.state.version - vmin).float()
+            resp_len = torch.zeros(n).index_add_(0, seq, torch.ones(seq.numel()))
+            out.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
+                        "versions_per_traj/mean": float((vmax - vmin + 1).float().mean()),
+                        "response_len/mean": float(resp_len.mean())})
+        if "rewards" in batch:
+            out["reward/mean"] = float(batch["rewards"].float().mean())
+        if "seq_no_eos" in batch:
+            out["no_eos/frac"] = float(batch["seq_no_eos"].float().mean())
         return out
 
-    async def _sync_weights(self, version: int) -> None:
-        """Export the actor to disk and have every inference server load it.
-
-        Disk (a directory under the run dir) rather than in-memory tensors: SGLang and the
-        embedded server both load from a path, one export serves every server, and for the
-        model sizes that run over loopback the write costs milliseconds.
-        """
-        path = self.run_dir.weights_dir(version)
+    async def _sync_weights(self, version: int) -> dict[str, float]:
         with self.tracer.span("weight_sync", cat="weights", version=version):
-            await asyncio.to_thread(self.procs.export_weights, path)
-            await self.procs.servers.update_weights_from_disk(str(path), version)
-        old = self.run_dir.weights_dir(version - 2)
-        if old.exists():
-            shutil.rmtree(old, ignore_errors=True)
+            return await self.executor.sync_weights(version)
 
     # ------------------------------------------------------------------ eval, checkpoints, logging
     async def _evaluate(self) -> dict[str, float]:
-        if not self.eval_prompts:
+        """Greedy answers to the eval prompts, scored by the plan's scoring nodes.
+
+        `eval/accuracy` is the share of answers the first scoring node scores above 0.5;
+        `eval/<key>` is the mean of every scoring node's key."""
+        scorers = self.plan.scorers()
+        if not self.eval_prompts or not scorers:
             return {}
+        source = self.plan.node(self.plan.source)
+        greedy = {"temperature": 0.0, "max_new_tokens": source.params.sampling.max_new_tokens}
+        gids = list(range(-len(self.eval_prompts), 0))
         with self.tracer.span("eval", cat="eval", version=self.state.version):
-            greedy = {"temperature": 0.0, "max_new_tokens": self.rollout_node.params.sampling.max_new_tokens}
-            gids = list(range(-len(self.eval_prompts), 0))
-            batch = await self._rollout(self.eval_prompts, gids, 1, sampling=greedy, tag="eval_rollout")
-            for node in self.reward_nodes:
-                batch.update(await self._execute(node, batch))
-        acc = float((batch["rewards"].float() > 0.5).float().mean())
+            batch = (await self._call(self.plan.source, self._prompt_batch(self.eval_prompts, gids),
+                                      extra={"group_size": 1, "sampling": greedy})).batch
+            outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self._call)
+        if outcome.batch is None:
+            return {}
+        out = {f"eval/{k}": float(outcome.batch[k].float().mean()) for n in scorers for k in self.plan.node(n).writes}
+        first = self.plan.node(scorers[0]).writes[0]
+        acc = float((outcome.batch[first].float() > 0.5).float().mean())
+        out["eval/accuracy"] = acc
         self.state.history.append({"step": self.state.step, "version": self.state.version, "eval/accuracy": acc})
-        log.info("eval at step %d: greedy accuracy %.3f on %d prompts", self.state.step, acc, batch.num_seqs)
+        log.info("eval at step %d: greedy accuracy %.3f on %d prompts", self.state.step, acc, outcome.batch.num_seqs)
         if self.display is not None:
             self.display.on_eval(self.state.step, acc)
-        return {"eval/accuracy": acc}
+        return out
 
     async def _checkpoint(self) -> None:
         path = self.run_dir.checkpoint_dir(self.state.step)
         with self.tracer.span("checkpoint", cat="controller", step=self.state.step):
-            await asyncio.to_thread(self.procs.save_checkpoint, path)
+            await self.executor.save_checkpoint(path)
             (path / "controller_state.json").write_text(json.dumps(asdict(self.state)))
             self.run_dir.mark_checkpoint_complete(path)
 
-    def _restore(self, ckpt: Path) -> None:
+    async def _restore(self, ckpt: Path) -> None:
         data = json.loads((ckpt / "controller_state.json").read_text())
         self.state = RunState(**data)
-        self.procs.load_checkpoint(ckpt)
+        await self.executor.load_checkpoint(ckpt)
         # Trajectories trained before the checkpoint count as accepted, so the bound stays exact.
         self.gate.restore(self.state.version, self.state.trajectories_trained)
 
-    def _log_step(self, stats: dict[str, float]) -> None:
+    def _log_step(self, stats: dict[str, float], dropped_in_training: int) -> None:
         stats = {k: float(v) for k, v in stats.items()}
+        gen, self._gen_stats = self._gen_stats, {}
+        stats.update(gen)  # generation-side node stats (e.g. reward/failures), summed since the last step
         stats.update({
             "step": self.state.step, "version": self.state.version,
             "buffer/size": float(self.buffer.size()), "rollout/groups_in_flight": float(len(self._inflight)),
             "rollout/groups_failed": float(self.state.groups_failed),
-            "reward/failures": float(self.state.reward_failures),
+            "groups/dropped": float(self.state.groups_dropped),
+            "groups/dropped_in_training": float(dropped_in_training),
+            **{f"{name}/groups_dropped_total": float(n) for name, n in self._dropped_by.items()},
         })
         self.run_dir.log_metrics(self.state.step, stats)
         if self.display is not None:

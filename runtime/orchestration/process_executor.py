@@ -1,26 +1,38 @@
-"""The processes of one run: inference servers and gRPC workers, started, configured, stopped.
+"""The executor of a real run: inference servers and gRPC worker processes, started, called, stopped.
 
-The controller talks to nodes only through this object, so placement (which process hosts
-which node) and transport (gRPC to workers, HTTP to inference servers) stay out of the RL loop.
+Everything here is read off the plan: one worker process per distinct `Hosting.process`
+(threads by its role), one hosted object per distinct (process, object), built from the
+kind's `host_args`, and every node call is the kind's `call` sent to that object. Nodes the
+plan places in the controller run in this process (`LocalHosts`).
+
+Weight sync (`runtime.weight_sync`): *memory* has the actor's host write its weights into a
+shared-memory file that every embedded server copies from (no serialisation, milliseconds
+for small models); *disk* exports safetensors that the servers load (SGLang's way; also
+what checkpoints and the final model use).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
-import random
+import shutil
 import socket
 import sys
-from dataclasses import asdict
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.spec import InferenceSpec, NodeSpec, WorkflowSpec
-from areal_graph.runtime.launchers.local import LocalLauncher
-from areal_graph.runtime.orchestration.placement import Placement
+from areal_graph.graph.kind import CONTROLLER, RunInfo
+from areal_graph.graph.plan import ExecutionPlan
+from areal_graph.graph.spec import InferenceSpec
+from areal_graph.runtime.launchers.local import LocalLauncher, ProcessDied
 from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.orchestration.executor import LocalHosts
+from areal_graph.runtime.orchestration.scheduler import NodeResult
 from areal_graph.runtime.rpc.worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
@@ -32,30 +44,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RunProcesses:
-    def __init__(self, spec: WorkflowSpec, run_dir: RunDir, placement: Placement, tracer: Any) -> None:
-        self.spec = spec
+class ProcessExecutor:
+    """Runs the plan's nodes in local worker processes (see module docstring)."""
+
+    def __init__(self, plan: ExecutionPlan, run_dir: RunDir) -> None:
+        self.plan = plan
+        self.spec = plan.spec
         self.run_dir = run_dir
-        self.placement = placement
-        self.tracer = tracer
         self.launcher: LocalLauncher | None = None
         self.clients: dict[str, WorkerClient] = {}
         self.server_urls: list[str] = []
-        self.servers = None  # ServerPool, created in start()
-        self.model_paths: dict[str, str] = {}
+        self.servers: Any = None  # ServerPool, created in start()
+        self.local: LocalHosts | None = None
+        self.weight_sync = resolve_weight_sync(self.spec.runtime.weight_sync, self.spec.inference.backend)
+        self._shm_path = shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights")
 
     # ------------------------------------------------------------------ start / stop
-    def start(self, on_death: Callable[[Any], None]) -> None:
-        from areal_graph.modelkit.builtin import resolve_model_path
+    def start(self, on_failure: Callable[[str], None]) -> None:
         from areal_graph.engines.inference.client import InferenceClient, ServerPool
 
         spec, rt = self.spec, self.spec.runtime
-        for name, model in spec.models.items():
-            self.model_paths[name] = str(resolve_model_path(model.path))
-        actor_path = self.model_paths[self.placement.actor_model]
-
+        actor_path = spec.models[self.plan.actor].path
         gen_threads, train_threads = thread_split(rt)
-        self.launcher = LocalLauncher(log_dir=self.run_dir.path / "logs", on_death=on_death)
+        self.launcher = LocalLauncher(log_dir=self.run_dir.path / "logs",
+                                      on_death=lambda died: on_failure(self._death_message(died)))
         for i in range(spec.inference.servers):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -63,84 +75,57 @@ class RunProcesses:
             self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
                                         health_url=f"{url}/health", threads=gen_threads)
             self.server_urls.append(url)
-        for worker in self.placement.workers:
-            threads = train_threads if worker.startswith("model-") else 1
-            address = self.launcher.start_worker(worker, threads=threads)
-            self.clients[worker] = WorkerClient(address, timeout=3600, name=worker)
+        for process, role in sorted(self.plan.processes().items()):
+            address = self.launcher.start_worker(process, threads=train_threads if role == "model" else 1)
+            self.clients[process] = WorkerClient(address, timeout=3600, name=process)
         # SGLang loads CUDA kernels and captures graphs before it answers /health: minutes.
         self.launcher.wait_healthy(timeout=900 if spec.inference.backend == "sglang" else 180)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend) for u in self.server_urls])
-        self._configure(actor_path, train_threads)
+        info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
+                       train_threads=train_threads, run_dir=str(self.run_dir.path))
+        self.local = LocalHosts(self.plan, info)
+        self._configure(info)
 
-    def _configure(self, actor_path: str, train_threads: int) -> None:
-        spec, rt = self.spec, self.spec.runtime
-        configured_models: set[str] = set()
-        for node in spec.nodes.values():
-            worker = self.placement.worker_of(node.name)
-            if worker == "controller":
+    def _configure(self, info: RunInfo) -> None:
+        """Build every hosted object once, where the plan puts it (controller objects lazily)."""
+        done: set[tuple[str, str]] = set()
+        for name, h in self.plan.hosting.items():
+            if h.process == CONTROLLER or name in self.plan.fused or (h.process, h.obj) in done:
                 continue
-            client = self.clients[worker]
-            if node.kind == "rollout":
-                p = node.params
-                client.configure(node.name, "areal_graph.runtime.hosts.rollout_host:RolloutNode", {
-                    "server_urls": self.server_urls, "backend": spec.inference.backend,
-                    "workflow": p.workflow, "group_size": p.group_size, "sampling": asdict(p.sampling),
-                    "workflow_args": dict(p.workflow_args), "tokenizer_path": actor_path,
-                })
-            elif node.kind == "reward":
-                p = node.params
-                client.configure(node.name, "areal_graph.runtime.hosts.reward_host:RewardNode", {
-                    "tokenizer_path": actor_path, "fn": p.fn, "timeout_s": p.timeout_s, "num_workers": p.num_workers,
-                })
-            elif node.model not in configured_models:
-                model = spec.models[node.model]
-                configured_models.add(node.model)
-                optim = None
-                if model.train is not None:
-                    optim = {k: v for k, v in asdict(model.train).items()}
-                client.configure(node.model, "areal_graph.runtime.hosts.model_host:ModelWorker", {
-                    "model_path": self.model_paths[node.model], "optim": optim,
-                    "total_steps": rt.steps, "seed": rt.seed, "threads": train_threads,
-                    "role": "critic" if node.model in self.placement.critics else "policy", "device": model.device,
-                })
+            done.add((h.process, h.obj))
+            node = self.spec.nodes[name]
+            self.clients[h.process].configure(h.obj, h.impl, self.plan.kind(name).host_args(node, self.spec, info))
+
+    def _death_message(self, died: ProcessDied) -> str:
+        nodes = self.plan.nodes_on(died.name)
+        return (f"process {died.name!r} (role {died.role}, hosting nodes {nodes or 'none'}) died: "
+                f"exit code {died.returncode}" + (f", signal {died.signal}" if died.signal else "")
+                + (f"\n--- last lines of its log ---\n{died.log_tail}" if died.log_tail else ""))
 
     def shutdown(self) -> None:
         if self.servers is not None:
             try:
-                import asyncio
-
                 asyncio.run(self.servers.close())
             except Exception:  # closing HTTP sessions must not mask the real error
                 log.debug("closing inference clients failed", exc_info=True)
+        if self.local is not None:
+            self.local.close()
         if self.launcher is not None:
             self.launcher.shutdown()
-
-    # ------------------------------------------------------------------ data
-    def load_prompts(self) -> tuple[list, list]:
-        from transformers import AutoTokenizer
-
-        from areal_graph.data.datasets import load_prompts
-        from areal_graph.modelkit.builtin import resolve_dataset_path
-
-        d = self.spec.data
-        tok = AutoTokenizer.from_pretrained(self.model_paths[self.placement.actor_model])
-        kwargs = dict(prompt_template=d.prompt_template, question_key=d.question_key,
-                      answer_key=d.answer_key, max_prompt_tokens=d.max_prompt_tokens)
-        train, report = load_prompts(resolve_dataset_path(d.train), tok, **kwargs)
-        if not train:
-            raise ValueError(f"data.train ({d.train}) has no usable rows: {report}")
-        log.info("train prompts: %s", report)
-        eval_prompts: list = []
-        if d.eval:
-            eval_prompts, report = load_prompts(resolve_dataset_path(d.eval), tok, **kwargs)
-            log.info("eval prompts: %s", report)
-            size = self.spec.runtime.eval_size or d.eval_size
-            if size:
-                eval_prompts = eval_prompts[:size]
-        random.Random(self.spec.runtime.seed).shuffle(train)
-        return train, eval_prompts
+        Path(self._shm_path).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ node calls
+    async def run(self, node: str, batch: PackedBatch, *, step: int, version: int,
+                  extra: dict[str, Any] | None = None) -> NodeResult:
+        h = self.plan.hosting[node]
+        if h.process == CONTROLLER:
+            assert self.local is not None
+            return await asyncio.to_thread(self.local.call, node, batch, extra)
+        call = self.plan.kind(node).call(self.spec.nodes[node], self.spec)
+        out, stats = await asyncio.to_thread(self.clients[h.process].execute_with_stats, h.obj, call.method, batch,
+                                             _step=step, _version=version, **{**call.args, **(extra or {})})
+        return NodeResult(out, stats)
+
     def collect_spans(self) -> list[dict]:
         """Spans the workers recorded since the last call (merged into the run's trace)."""
         spans: list[dict] = []
@@ -148,35 +133,53 @@ class RunProcesses:
             spans.extend(client.stats(drain_spans=True).get("spans", []))
         return spans
 
-    def client(self, worker: str) -> WorkerClient:
-        return self.clients[worker]
+    # ------------------------------------------------------------------ weights and checkpoints
+    def _models_client(self, model: str) -> WorkerClient:
+        return self.clients[f"model-{model}"]
 
-    def train(self, node: NodeSpec, batch: PackedBatch, max_tokens_per_mb: int, temperature: float) -> dict[str, float]:
-        client = self.clients[self.placement.worker_of(node.name)]
-        impl = self.placement.impl_of(node.name)
-        client.execute(impl, "train", batch, params=asdict(node.params), max_tokens_per_mb=max_tokens_per_mb,
-                       temperature=temperature)
-        return client.call(impl, "train_stats")
+    def _trained_models(self) -> list[str]:
+        return sorted({h.obj for n, h in self.plan.hosting.items()
+                       if h.role == "model" and self.spec.models[h.obj].train is not None})
 
-    def _actor_client(self) -> tuple[WorkerClient, str]:
-        from areal_graph.runtime.orchestration.placement import model_worker
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """The actor's weights to every inference server, labelled `version` (see module docstring)."""
+        client = self._models_client(self.plan.actor)
+        if self.weight_sync == "memory":
+            manifest = await asyncio.to_thread(client.call, self.plan.actor, "publish_weights", path=self._shm_path)
+            await self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version)
+            return {}
+        path = self.run_dir.weights_dir(version)
+        await asyncio.to_thread(client.call, self.plan.actor, "export_weights", path=str(path))
+        await self.servers.update_weights_from_disk(str(path), version)
+        old = self.run_dir.weights_dir(version - 2)
+        if old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        return {}
 
-        actor = self.placement.actor_model
-        return self.clients[model_worker(actor)], actor
+    async def export_model(self, path: Path) -> None:
+        await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor, "export_weights",
+                                path=str(path), with_tokenizer=True)
 
-    def export_weights(self, path: Path, with_tokenizer: bool = False) -> None:
-        client, impl = self._actor_client()
-        client.call(impl, "export_weights", path=str(path), with_tokenizer=with_tokenizer)
+    async def save_checkpoint(self, path: Path) -> None:
+        for model in self._trained_models():
+            await asyncio.to_thread(self._models_client(model).call, model, "save_checkpoint", path=str(path / model))
 
-    def save_checkpoint(self, path: Path) -> None:
-        for worker, model in self.placement.worker_models.items():
-            if self.spec.models[model].train is not None:
-                self.clients[worker].call(model, "save_checkpoint", path=str(path / model))
+    async def load_checkpoint(self, path: Path) -> None:
+        for model in self._trained_models():
+            await asyncio.to_thread(self._models_client(model).call, model, "load_checkpoint", path=str(path / model))
 
-    def load_checkpoint(self, path: Path) -> None:
-        for worker, model in self.placement.worker_models.items():
-            if self.spec.models[model].train is not None:
-                self.clients[worker].call(model, "load_checkpoint", path=str(path / model))
+
+def resolve_weight_sync(setting: str, backend: str) -> str:
+    """`auto`: in memory where the backend can take it (the embedded server), else from disk."""
+    if setting == "auto":
+        return "memory" if backend == "embedded" else "disk"
+    return setting
+
+
+def shared_memory_path(name: str) -> str:
+    """A file in RAM (/dev/shm) where the OS has one, else in the temp directory."""
+    root = Path("/dev/shm")
+    return str((root if root.is_dir() and os.access(root, os.W_OK) else Path(tempfile.gettempdir())) / name)
 
 
 def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,

@@ -15,6 +15,7 @@ Decoding copies each tensor's chunks once into a preallocated buffer and wraps i
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Iterable, Iterator
 
@@ -87,8 +88,10 @@ def check_encodable(batch: PackedBatch) -> None:
                 raise TypeError(f"meta {key!r}[{i}] is {type(v).__name__}, only str can travel")
 
 
-def encode_batch(batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.BatchChunk]:
-    """The chunks of a whole batch, ending with a BatchEnd that carries counts for checking."""
+def encode_batch(batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 stats: dict[str, float] | None = None) -> Iterator[pb.BatchChunk]:
+    """The chunks of a whole batch, ending with a BatchEnd that carries counts for checking
+    (and `stats`, a JSON object of numbers, when a node reports some)."""
     n_tensors = 0
     total = 0
     sections = (
@@ -104,7 +107,8 @@ def encode_batch(batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> 
             yield chunk
     for key, values in batch.meta.items():
         yield from _encode_meta(key, values)
-    yield pb.BatchChunk(end=pb.BatchEnd(num_tensors=n_tensors, num_meta_keys=len(batch.meta), total_bytes=total))
+    yield pb.BatchChunk(end=pb.BatchEnd(num_tensors=n_tensors, num_meta_keys=len(batch.meta), total_bytes=total,
+                                        stats_json=json.dumps(stats) if stats else ""))
 
 
 def _encode_meta(key: str, values: list[str]) -> Iterator[pb.BatchChunk]:
@@ -141,6 +145,19 @@ class BatchDecoder:
     @property
     def done(self) -> bool:
         return self._end is not None
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The statistics the sender attached to the batch end ({} when none)."""
+        if self._end is None or not self._end.stats_json:
+            return {}
+        try:
+            stats = json.loads(self._end.stats_json)
+        except json.JSONDecodeError as e:
+            raise MalformedStream(f"batch end stats are not JSON: {e}") from None
+        if not isinstance(stats, dict):
+            raise MalformedStream("batch end stats must be a JSON object")
+        return stats
 
     def feed(self, chunk: pb.BatchChunk) -> None:
         if self._end is not None:
@@ -235,9 +252,14 @@ class BatchDecoder:
 
 def decode_batch(chunks: Iterable[pb.BatchChunk]) -> PackedBatch:
     """Read chunks up to and including the BatchEnd and build the batch."""
+    return decode_batch_and_stats(chunks)[0]
+
+
+def decode_batch_and_stats(chunks: Iterable[pb.BatchChunk]) -> tuple[PackedBatch, dict[str, float]]:
+    """Read chunks up to and including the BatchEnd: the batch and the stats sent with it."""
     dec = BatchDecoder()
     for chunk in chunks:
         dec.feed(chunk)
         if dec.done:
             break
-    return dec.finish()
+    return dec.finish(), dec.stats

@@ -20,7 +20,7 @@ from areal_graph.runtime.rpc.tensor_codec import (
     DEFAULT_CHUNK_BYTES,
     MalformedStream,
     check_encodable,
-    decode_batch,
+    decode_batch_and_stats,
     encode_batch,
 )
 from areal_graph.runtime.rpc.worker_server import GRPC_OPTIONS, TOKEN_METADATA_KEY
@@ -70,7 +70,14 @@ class WorkerClient:
 
     def execute(self, impl: str, method: str, batch: PackedBatch, /, *, _step: int = 0, _version: int = 0,
                 _timeout: float | None = None, **args: Any) -> PackedBatch:
-        """Stream `batch` through `impl.method(batch, **args)` remotely; returns what it wrote.
+        """Stream `batch` through `impl.method(batch, **args)` remotely; returns what it wrote."""
+        return self.execute_with_stats(impl, method, batch, _step=_step, _version=_version, _timeout=_timeout,
+                                       **args)[0]
+
+    def execute_with_stats(self, impl: str, method: str, batch: PackedBatch, /, *, _step: int = 0,
+                           _version: int = 0, _timeout: float | None = None,
+                           **args: Any) -> tuple[PackedBatch, dict[str, float]]:
+        """`execute`, also returning the stats the method reported with its batch.
 
         The underscored keywords are the client's own (trace step/version recorded in the
         worker's span, a per-call deadline) so they never collide with a method's arguments.
@@ -85,7 +92,7 @@ class WorkerClient:
 
         try:
             replies = self._stub.Execute(requests(), timeout=self._timeout(_timeout), metadata=self._metadata)
-            return decode_batch(replies)
+            return decode_batch_and_stats(replies)
         except grpc.RpcError as e:
             raise self._error(impl, method, e) from None
         except MalformedStream as e:

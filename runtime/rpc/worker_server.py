@@ -17,7 +17,8 @@ Why each piece exists:
   controller, which merges them into the run's trace.
 
 Hosted implementations are plain objects: `Execute` calls
-`impl.<method>(batch: PackedBatch, **args) -> PackedBatch | None` and `Call` calls
+`impl.<method>(batch: PackedBatch, **args) -> PackedBatch | None | (PackedBatch, stats)`
+(stats: a dict of numbers, sent back with the batch) and `Call` calls
 `impl.<method>(**args) -> JSON-able`.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import importlib
 import ipaddress
 import json
 import logging
@@ -40,6 +40,7 @@ from typing import Any, Iterator
 
 import grpc
 
+from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
 from areal_graph.protos import worker_pb2 as pb
 from areal_graph.protos import worker_pb2_grpc as pb_grpc
@@ -66,15 +67,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def import_impl(path: str) -> type:
-    """Resolve "package.module:Class" (the only form accepted: explicit beats guessing)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"implementation path {path!r} must look like 'package.module:Class'")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+def split_result(result: Any, batch: PackedBatch, where: str) -> tuple[PackedBatch, dict[str, float]]:
+    """A hosted method's return value as (batch, stats): None means "wrote nothing"."""
+    stats: dict[str, float] = {}
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+        result, stats = result
+    if result is None:
+        result = PackedBatch(batch.cu_seqlens.clone())
+    if not isinstance(result, PackedBatch):
+        raise TypeError(f"{where} returned {type(result).__name__}, expected PackedBatch, None "
+                        "or (PackedBatch, dict of stats)")
+    return result, {str(k): float(v) for k, v in stats.items()}
 
 
 def _short(text: str) -> str:
@@ -146,7 +149,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             params = json.loads(request.params_json or "{}")
             if not isinstance(params, dict):
                 raise TypeError(f"params must be a JSON object, got {type(params).__name__}")
-            cls = import_impl(request.impl)
+            cls = import_object(request.impl, what="implementation")
             self.impls[request.name] = cls(**params)
         except Exception:
             self._record(f"configure:{request.name}", start, ok=False, impl=request.impl)
@@ -181,12 +184,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         start = time.time()
         where = f"{head.impl}.{head.method}"
         try:
-            out = fn(batch, **args)
-            if out is None:
-                out = PackedBatch(batch.cu_seqlens.clone())
-            if not isinstance(out, PackedBatch):
-                raise TypeError(f"{where} returned {type(out).__name__}, expected PackedBatch or None")
-            chunks = list(encode_batch(out, self.chunk_bytes))
+            out, stats = split_result(fn(batch, **args), batch, where)
+            chunks = list(encode_batch(out, self.chunk_bytes, stats))
         except Exception:
             self._record(where, start, ok=False, step=head.step, version=head.version)
             self._fail(context, where)
@@ -281,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-workers", type=int, default=64,
                         help="gRPC handler threads = the most concurrent calls this worker serves")
     args = parser.parse_args(argv)
+    from areal_graph.api.process import die_with_parent
+
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.name}] %(levelname)s %(name)s: %(message)s")
 
     threads = os.environ.get("AREAL_TORCH_THREADS")

@@ -1,7 +1,7 @@
-"""What a rollout workflow returns (`Trajectory`), how those become a PackedBatch, and the ABC.
+"""What a rollout class returns (`Trajectory`), how those become a PackedBatch, and the `Rollout` ABC.
 
 A user writes a new kind of rollout (multi-turn, tool use, an agent) by subclassing
-`RolloutWorkflow` and returning Trajectories; everything downstream (reward, log-probs,
+`Rollout` and returning Trajectories; everything downstream (reward, log-probs,
 advantages, training) reads only the packed keys, so it needs no change.
 
 Alignment follows `data/packed.py`: position t of `behav_logprobs` holds
@@ -19,11 +19,11 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.api.sampling import SamplingParams
 
 
 class PromptLike(Protocol):
-    """What a workflow reads from a prompt (`areal_graph.data.datasets.Prompt` has these)."""
+    """What a rollout class reads from a prompt (`areal_graph.data.datasets.Prompt` has these)."""
 
     id: str
     text: str
@@ -121,13 +121,13 @@ def pack_trajectories(trajectories: Sequence[Trajectory]) -> PackedBatch:
     )
 
 
-class RolloutWorkflow(abc.ABC):
+class Rollout(abc.ABC):
     """User-facing: how one prompt becomes a group of trajectories.
 
     `client` is an `InferenceClient` or `ServerPool` (same interface); generate through
     `areal_graph.engines.inference.interruptible.generate_interruptible` so weight updates
     in the middle of an answer are survived and recorded per token. Constructor keyword
-    arguments come from the workflow YAML (`workflow_args`).
+    arguments come from the rollout node's `rollout_args` in the workflow YAML.
     """
 
     @abc.abstractmethod

@@ -17,15 +17,15 @@ import uuid
 from typing import Any
 
 from areal_graph.engines.inference.interruptible import generate_interruptible
-from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.api.sampling import SamplingParams
 from areal_graph.tools.sandbox import SandboxLimits, run_python
-from areal_graph.workflows.rollout.base import PromptLike, RolloutWorkflow, Trajectory
+from areal_graph.workflows.rollout.base import PromptLike, Rollout, Trajectory
 
 CODE_OPEN, CODE_CLOSE = "<python>", "</python>"
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.S)
 
 
-class PythonToolAgent(RolloutWorkflow):
+class PythonToolAgent(Rollout):
     def __init__(self, tokenizer_path: str, max_turns: int = 4, max_total_tokens: int = 1024,
                  sandbox_wall_s: float = 5.0, max_interruptions: int = 100) -> None:
         from transformers import AutoTokenizer

@@ -1,6 +1,6 @@
 """SingleTurnMath: G independent answers to one question, generated concurrently.
 
-The simplest rollout workflow of the paper's math experiments: the prompt is the question
+The simplest rollout of the paper's math experiments: the prompt is the question
 (already tokenised with the chat template), each answer is one interruptible generation,
 and the reward node later checks the answer text against `prompt.answer`.
 """
@@ -13,11 +13,11 @@ import uuid
 from typing import Any
 
 from areal_graph.engines.inference.interruptible import generate_interruptible
-from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.workflows.rollout.base import PromptLike, RolloutWorkflow, Trajectory
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.workflows.rollout.base import PromptLike, Rollout, Trajectory
 
 
-class SingleTurnMath(RolloutWorkflow):
+class SingleTurnMath(Rollout):
     """Generate `group_size` answers per prompt; one Trajectory each."""
 
     def __init__(self, max_interruptions: int = 100) -> None:

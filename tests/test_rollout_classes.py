@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.workflows.rollout.base import RolloutWorkflow, Trajectory, pack_trajectories
+from areal_graph.workflows.rollout.base import Rollout, Trajectory, pack_trajectories
 
 
 # --------------------------------------------------------------------------- Trajectory
@@ -88,7 +88,7 @@ def test_pack_zero_trajectories_is_an_error():
 
 def test_rollout_workflow_is_abstract():
     with pytest.raises(TypeError):
-        RolloutWorkflow()
+        Rollout()
 
 
 # --------------------------------------------------------------------------- SingleTurnMath, for real

@@ -1,8 +1,15 @@
-"""The train node: builds the loss callback the training engine applies to each micro-batch.
+"""The train node's loss: builds the callback the training engine applies to each micro-batch.
 
 The engine sums micro-batch losses (and gradients across data-parallel ranks). To make the
 result independent of how the batch was split, every normaliser is computed here, once, over
 the whole batch, and each micro-batch returns only its share of the batch loss.
+
+Fused proximal log-probs (`fused_prox`): when a step makes exactly one optimizer update,
+the weights of the training forward are the proximal policy itself, so pi_prox is the
+forward's own log-probs, detached: the ratio pi_theta / pi_prox is 1 in value with the
+gradient of pi_theta, and the behaviour weight pi_prox / pi_behav is exactly what a
+separate forward pass would have given (the plan decides; graph/node_kinds.py
+`fused_prox_node`).
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, loss_norma
 LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
 
-def required_keys(params: TrainParams) -> tuple[str, ...]:
+def required_keys(params: TrainParams, fused_prox: bool = False) -> tuple[str, ...]:
     """Keys the loss reads from the batch (one table, in graph/node_kinds.py, shared with validation)."""
-    return tuple(TRAIN_REQUIRED_READS[params.loss])
+    return tuple(k for k in TRAIN_REQUIRED_READS[params.loss] if not (fused_prox and k == "prox_logprobs"))
 
 
 def _max_response_tokens(batch: PackedBatch) -> int:
@@ -29,8 +36,10 @@ def _max_response_tokens(batch: PackedBatch) -> int:
     return max(int(per_seq.max()) if batch.num_seqs else 1, 1)
 
 
-def policy_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
+def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False) -> LossFn:
     """Decoupled PPO (or standard PPO when `params.loss == "ppo"`: pi_prox := pi_behav)."""
+    if fused_prox and params.loss != "decoupled_ppo":
+        raise ValueError(f"fused proximal log-probs apply to the decoupled_ppo loss, not {params.loss!r}")
     mask_all = batch["loss_mask"].float()
     norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
     n_tokens = max(float(mask_all.sum()), 1.0)
@@ -38,7 +47,10 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
     def loss_fn(logprobs: torch.Tensor, entropy: torch.Tensor, mb: PackedBatch):
         mask = mb["loss_mask"].float()
         behav = mb["behav_logprobs"].float()
-        prox = mb["prox_logprobs"].float() if params.loss == "decoupled_ppo" else behav
+        if fused_prox:
+            prox = logprobs.detach().float()
+        else:
+            prox = mb["prox_logprobs"].float() if params.loss == "decoupled_ppo" else behav
         per_tok, tok_stats = decoupled_ppo_loss(
             logprobs, prox, behav, mb["advantages"].float(), mask,
             clip_eps=params.clip_eps, eps_high=params.eps_high,
@@ -90,5 +102,7 @@ def ppo_minibatches(num_seqs: int, n_minibatches: int, seed: int) -> list[list[i
     return [sorted(order[i::n_minibatches]) for i in range(n_minibatches)]
 
 
-def build_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
-    return critic_loss_fn(params, batch) if params.loss == "value" else policy_loss_fn(params, batch)
+def build_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False) -> LossFn:
+    if params.loss == "value":
+        return critic_loss_fn(params, batch)
+    return policy_loss_fn(params, batch, fused_prox)

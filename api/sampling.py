@@ -1,0 +1,80 @@
+"""How an answer is sampled (`SamplingParams`) and what a generation returns (`GenerationResult`).
+
+One class for every layer: the workflow YAML's `sampling:` mapping (validated by the loader
+from these fields), the rollout classes, the HTTP client and the embedded engine. Fields and
+defaults follow SGLang's `sampling_params` (the RL subset), so a request means the same
+thing whichever backend serves it.
+
+Which log-prob an engine reports for a sampled token (the *behaviour* log-prob): see
+`engines/inference/sampling.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_graph.api.fields import (
+    cfg,
+    field_problems,
+    non_empty_strings,
+    non_negative,
+    non_negative_ints,
+    open_unit_interval_upper,
+    top_k_check,
+)
+
+
+def _finite(v: float) -> str | None:
+    return None if v == v and v != float("inf") else "must be finite"
+
+
+def _temperature(v: float) -> str | None:
+    return non_negative(v) or _finite(v)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings (SGLang's `sampling_params`, the RL subset)."""
+
+    max_new_tokens: int = cfg(128, non_negative, "tokens to generate at most (SGLang's default 128)")
+    temperature: float = cfg(1.0, _temperature, "0 means greedy")
+    top_p: float = cfg(1.0, open_unit_interval_upper, "nucleus sampling mass")
+    top_k: int = cfg(-1, top_k_check, "-1 disables top-k")
+    greedy: bool = cfg(False, None, "argmax decoding (temperature 0 means greedy too)")
+    stop_token_ids: list[int] = cfg([], non_negative_ints, "token ids that end an answer besides EOS")
+    stop: list[str] = cfg([], non_empty_strings, "strings that end an answer besides EOS")
+    seed: int | None = cfg(None, None, "per-request seed: same seed + same weights -> same tokens")
+    ignore_eos: bool = cfg(False, None, "keep generating past EOS (benchmarks)")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+    def problems(self) -> list[str]:
+        """What is wrong with these values (empty when they are fine)."""
+        out = []
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool):
+            out.append(f"max_new_tokens must be an integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
+            out.append(f"temperature must be a number, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool):
+            out.append(f"top_p must be a number, got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            out.append(f"top_k must be an integer, got {self.top_k!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            out.append(f"seed must be an integer or None, got {self.seed!r}")
+        if out:  # the range checks below assume the right types
+            return out
+        return field_problems(self)
+
+
+@dataclass
+class GenerationResult:
+    """One finished request. Per-token lists are aligned with `output_ids`."""
+
+    rid: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    prompt_len: int

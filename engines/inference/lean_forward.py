@@ -1,0 +1,228 @@
+"""A lean forward pass for the Qwen2 / Qwen3 / Llama family, used by the embedded engine.
+
+Why: on a small model every decode step is dominated by per-call overhead, not FLOPs. The
+HF forward rebuilds a 4-d attention mask through `masking_utils`, wraps the batched KV
+buffers in `Cache` objects, recomputes the rotary table and walks ~20 `nn.Module` calls per
+layer, every step. This module runs the same maths with plain tensor ops:
+RMSNorm (`F.rms_norm`), rotary embedding from a precomputed cos/sin table, GQA attention
+through `F.scaled_dot_product_attention`, SwiGLU MLP and the (tied or untied) lm_head.
+
+It reads the HF model's own parameter tensors (no copy, no fusion), so a weight update
+that copies into the model (`load_state_dict`, as `EmbeddedEngine.update_weights_*` does)
+is seen by the next step; `rebind()` re-reads the references for updates that replace the
+parameter objects. Anything outside the supported family (other architectures, sliding
+windows, dynamic rope scaling, non-SiLU MLPs, attention or norm variants) is reported by
+`unsupported_reason()`, and the engine then keeps the HF forward.
+
+Numerics follow HF's fp32 path op for op (rotate-half rotary, RMSNorm in fp32, scale
+1/sqrt(head_dim)); tests compare logits against `model(...)` to ~1e-5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanForward", "unsupported_reason"]
+
+_SUPPORTED = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"}
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed after init: a table is exact
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the lean forward cannot run `model` (None when it can)."""
+    name = type(model).__name__
+    if name not in _SUPPORTED:
+        return f"architecture {name} is not in the lean family {sorted(_SUPPORTED)}"
+    cfg = model.config
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return "sliding-window layers"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"MLP activation {cfg.hidden_act!r}"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    rope = getattr(model.model.rotary_emb, "rope_type", "default")
+    if rope not in _STATIC_ROPE:
+        return f"rope type {rope!r} (its frequencies change with the sequence length)"
+    attn = model.model.layers[0].self_attn
+    for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if type(getattr(attn, part, None)) is not torch.nn.Linear:
+            return f"self_attn.{part} is not a plain Linear"
+    mlp = model.model.layers[0].mlp
+    for part in ("gate_proj", "up_proj", "down_proj"):
+        if type(getattr(mlp, part, None)) is not torch.nn.Linear:
+            return f"mlp.{part} is not a plain Linear"
+    if type(getattr(model, "lm_head", None)) is not torch.nn.Linear:
+        return "lm_head is not a plain Linear"
+    if model.training:
+        return "model is in training mode"
+    return None
+
+
+@dataclass
+class _Layer:
+    """References to one decoder layer's parameter tensors (the model's own storage)."""
+
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def _lin(m: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return m.weight, m.bias
+
+
+def _eps(norm: Any, default: float) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", default)))
+
+
+class LeanForward:
+    """Prefill and decode for a supported HF CausalLM (see module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"lean forward unsupported: {reason}")
+        self.model = model
+        cfg = model.config
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.group = self.n_heads // self.n_kv
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.eps = _eps(model.model.norm, float(getattr(cfg, "rms_norm_eps", 1e-6)))
+        self._cos = self._sin = torch.empty(0)
+        self.rebind()
+
+    def rebind(self) -> None:
+        """Re-read the parameter references (after anything that may have replaced parameter objects)."""
+        inner = self.model.model
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = _lin(self.model.lm_head)
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+            self.layers.append(_Layer(
+                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+                q=_lin(a.q_proj), k=_lin(a.k_proj), v=_lin(a.v_proj), o=_lin(a.o_proj),
+                gate=_lin(m.gate_proj), up=_lin(m.up_proj), down=_lin(m.down_proj),
+                q_norm=qn.weight if qn is not None else None, k_norm=kn.weight if kn is not None else None,
+            ))
+        self._cos = self._sin = torch.empty(0)  # device or dtype may have changed
+
+    # ---------------------------------------------------------------- rotary
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin for `positions` [...]: shapes [..., 1, head_dim] (broadcast over heads).
+
+        The table comes from the model's own rotary module (so scaled rope types match HF
+        exactly) and grows on demand. The sin table has its first half negated, so
+        `rotate_half(x) * sin == x.roll(head_dim // 2, -1) * sin_signed` (one op, not four).
+        """
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if self._cos.shape[0] < need or self._cos.device != self.embed.device:
+            n = max(need, 2 * self._cos.shape[0], 256)
+            pos = torch.arange(n, device=self.embed.device).unsqueeze(0)
+            probe = torch.empty(1, dtype=self.embed.dtype, device=self.embed.device)
+            cos, sin = self.model.model.rotary_emb(probe, pos)
+            half = self.head_dim // 2
+            sin = sin[0].clone()
+            sin[:, :half] = -sin[:, :half]
+            self._cos, self._sin = cos[0].contiguous(), sin
+        return self._cos[positions].unsqueeze(-2), self._sin[positions].unsqueeze(-2)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, -1), sin)
+
+    # ---------------------------------------------------------------- the layers
+    def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Projections of h [B, L, hidden] -> q [B, L, heads, D], k and v [B, L, kv_heads, D], rotated."""
+        b, n = h.shape[0], h.shape[1]
+        q = F.linear(h, *layer.q).view(b, n, self.n_heads, self.head_dim)
+        k = F.linear(h, *layer.k).view(b, n, self.n_kv, self.head_dim)
+        v = F.linear(h, *layer.v).view(b, n, self.n_kv, self.head_dim)
+        if layer.q_norm is not None:
+            q = F.rms_norm(q, (self.head_dim,), layer.q_norm, self.eps)
+            k = F.rms_norm(k, (self.head_dim,), layer.k_norm, self.eps)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
+    def _mlp_block(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual add of the attention output, then the SwiGLU MLP with its residual."""
+        x = x + F.linear(attn, *layer.o)
+        h = F.rms_norm(x, (x.shape[-1],), layer.ln2, self.eps)
+        return x + F.linear(F.silu(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
+
+    def _logits(self, x_last: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.rms_norm(x_last, (x_last.shape[-1],), self.norm, self.eps), *self.lm_head)
+
+    # ---------------------------------------------------------------- entry points
+    def prefill(
+        self, ids: torch.Tensor, lens: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Forward left-padded `ids` [n, L] (row j's real tokens are its last lens[j]).
+
+        Returns the last position's logits [n, V] and each layer's keys and values
+        [n, kv_heads, L, D] (padding columns hold finite garbage: callers mask or zero them).
+        Positions count from each row's first real token, as HF's do with
+        `position_ids = attention_mask.cumsum(-1) - 1`.
+        """
+        n, width = ids.shape
+        dev = ids.device
+        cols = torch.arange(width, device=dev)
+        first = (width - lens).unsqueeze(1)  # [n, 1]
+        positions = (cols.unsqueeze(0) - first).clamp(min=0)
+        real = cols.unsqueeze(0) >= first  # [n, L]
+        # causal and real; each query also sees itself, so padded queries never get an empty row (NaN)
+        mask = (cols.unsqueeze(1) >= cols.unsqueeze(0)).unsqueeze(0) & real.unsqueeze(1)
+        mask = (mask | torch.eye(width, dtype=torch.bool, device=dev)).unsqueeze(1)  # [n, 1, L, L]
+        cos, sin = self._rope(positions)
+        x = F.embedding(ids, self.embed)
+        keys, values = [], []
+        for layer in self.layers:
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            keys.append(k)
+            values.append(v)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=self.group > 1)
+            x = self._mlp_block(layer, x, a.transpose(1, 2).reshape(n, width, -1))
+        return self._logits(x[:, -1]), keys, values
+
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+        kbufs: list[torch.Tensor], vbufs: list[torch.Tensor], start: int, end: int,
+    ) -> torch.Tensor:
+        """One new token per row: tokens and positions [B]; returns logits [B, V].
+
+        Each layer writes the new key/value into column `end` of rows [0, B) of its
+        buffer (kbufs[l] is [rows, kv_heads, columns, D]) and attends over columns
+        [start, end]; `mask` [B, 1, 1, end - start + 1] (bool) marks the real ones. The
+        query heads of one KV group are folded into the query-length axis, so attention
+        reads each cached key once instead of expanding the cache per query head.
+        """
+        b = tokens.shape[0]
+        cos, sin = self._rope(positions.view(b, 1))
+        x = F.embedding(tokens.view(b, 1), self.embed)
+        for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            kbuf[:b, :, end] = k[:, 0]
+            vbuf[:b, :, end] = v[:, 0]
+            q = q.view(b, self.n_kv, self.group, self.head_dim)
+            window = slice(start, end + 1)
+            a = F.scaled_dot_product_attention(q, kbuf[:b, :, window], vbuf[:b, :, window], attn_mask=mask)
+            x = self._mlp_block(layer, x, a.reshape(b, 1, -1))
+        return self._logits(x[:, -1])

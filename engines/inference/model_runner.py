@@ -1,0 +1,91 @@
+"""The engine's two forwards - prefill and one decode step - over the lean path or HF's.
+
+`ModelRunner` hides which forward runs: the lean one (`lean_forward.py`) for the
+Qwen2 / Qwen3 / Llama family, HF's `model(...)` with the batched cache wrapped as an HF
+`Cache` for everything else. Both give the same logits and the same cache contents, so
+the scheduler in `engine.py` does not care which one it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from areal_graph.engines.inference.kv_cache import BatchedKVCache
+from areal_graph.engines.inference.lean_forward import LeanForward, unsupported_reason
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """Prefill and decode for `model` on `device` (see module docstring)."""
+
+    def __init__(self, model: Any, device: torch.device, lean: bool = True) -> None:
+        self.model = model
+        self.device = device
+        self.lean: LeanForward | None = None
+        if lean:
+            reason = unsupported_reason(model)
+            if reason is None:
+                self.lean = LeanForward(model)
+            else:
+                log.info("embedded engine uses the HF forward: %s", reason)
+        self._logits_to_keep = True
+
+    def rebind(self) -> None:
+        """After a weight load: let the lean path re-read the parameter references."""
+        if self.lean is not None:
+            self.lean.rebind()
+
+    def prefill(
+        self, seqs: list[list[int]], pad_id: int
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """Forward `seqs` left-padded into one batch.
+
+        Returns the last position's logits [n, V], each layer's keys and values
+        [n, kv_heads, width, D] (row j real in its last lens[j] columns) and lens.
+        """
+        lens = [len(s) for s in seqs]
+        width = max(lens)
+        ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], dtype=torch.long, device=self.device)
+        if self.lean is not None:
+            logits, keys, values = self.lean.prefill(ids, torch.tensor(lens, device=self.device))
+            return logits, keys, values, lens
+        mask = (torch.arange(width).unsqueeze(0) >= torch.tensor([width - n for n in lens]).unsqueeze(1)).long()
+        mask = mask.to(self.device)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        out = self._hf_prefill(ids, mask, pos)
+        layers = out.past_key_values.layers
+        return out.logits[:, -1, :], [layer.keys for layer in layers], [layer.values for layer in layers], lens
+
+    def _hf_prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> Any:
+        from transformers.cache_utils import DynamicCache
+
+        kw = dict(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+        if self._logits_to_keep:
+            try:  # only the last position's logits are needed; not every HF model takes this
+                return self.model(**kw, logits_to_keep=1)
+            except TypeError:
+                self._logits_to_keep = False
+                kw["past_key_values"] = DynamicCache()
+        return self.model(**kw)
+
+    def decode(self, last_tokens: list[int], cache: BatchedKVCache) -> torch.Tensor:
+        """One token for each of the cache's rows: write its keys and values, advance; return logits [B, V]."""
+        tokens = torch.tensor(last_tokens, dtype=torch.long, device=self.device)
+        positions = torch.tensor(cache.lens, dtype=torch.long, device=self.device)
+        if self.lean is not None:
+            start, end = cache.decode_window(1)
+            logits = self.lean.decode(tokens, positions, cache.decode_mask(1), cache.keys, cache.values, start, end)
+        else:
+            mask = cache.attention_mask(1).to(self.device)
+            hf_cache = cache.hf_cache(1)
+            out = self.model(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=positions.view(-1, 1),
+                             past_key_values=hf_cache, use_cache=True)
+            logits = out.logits[:, -1, :]
+        cache.advance(1)
+        return logits

@@ -1,0 +1,125 @@
+"""What a node kind is: one `NodeKind` entry says everything the engine needs to know about it.
+
+An entry carries the kind's parameter dataclass, which process hosts its nodes and with
+what object (`hosting`, `host_args`), how a node is called (`call`), its validation rules
+(`rules`), which side of the sample buffer it runs on (`phase`), and the import paths its
+parameters name (checked by `validate` before anything starts). Validation, placement,
+worker configuration and dispatch all read the entry; nothing else switches on a kind's name.
+
+Entries are torch-free and name their implementation by import path ("module:Class"), so
+`areal-graph validate` runs without torch and a worker imports only what it hosts. The
+built-in kinds live in `graph/node_kinds.py`; a user kind is any module-level `NodeKind`,
+named in YAML as `kind: package.module:NAME` (see `graph/registry.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from areal_graph.graph.spec import NodeSpec, WorkflowSpec
+
+Phase = Literal["generation", "training"]
+PHASES: tuple[Phase, ...] = ("generation", "training")
+CONTROLLER = "controller"  # the process name of nodes the controller runs itself
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """Where a node runs: a process, and the named object in it that serves the node's calls.
+
+    Several nodes may share one object (a model's logprob, value and train nodes share the
+    model's `ModelHost`, so proximal log-probs come from exactly the weights about to be
+    trained). `exclusive` objects serve one call at a time (they hold a model); the others
+    may serve many concurrently (reward scoring of many prompt groups). `role` decides the
+    process's thread budget: "model" processes get the training threads, others one thread.
+    """
+
+    process: str
+    obj: str
+    impl: str  # "package.module:Class", constructed once per (process, obj)
+    exclusive: bool = False
+    role: Literal["model", "rollout", "stateless", "controller"] = "stateless"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One invocation of a hosted object: `obj.<method>(batch, **args)` -> PackedBatch [, stats]."""
+
+    method: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What only a started run knows, for building host objects (torch-free, JSON-able)."""
+
+    model_paths: Mapping[str, str]  # model name -> resolved local directory
+    server_urls: Sequence[str] = ()
+    train_threads: int = 1
+    run_dir: str = ""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A validation problem found by a kind's rules: `where` is a path inside the node's mapping."""
+
+    where: tuple[str | int, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class ImportRef:
+    """A parameter that names Python code: validate imports it and checks what it is."""
+
+    field: str  # the parameter's name, e.g. "rollout_class"
+    path: str  # "package.module:attr"
+    expect: Literal["class", "callable", "rollout_class"] = "callable"
+
+
+def no_rules(node: "NodeSpec", spec: "WorkflowSpec") -> list[Issue]:
+    return []
+
+
+def no_imports(params: Any) -> list[ImportRef]:
+    return []
+
+
+def fuses_nothing(node: "NodeSpec", spec: "WorkflowSpec") -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """The single registry entry of a node kind (see module docstring)."""
+
+    name: str
+    params: type  # a dataclass; YAML keys besides kind/model/reads/writes are its fields
+    doc: str
+    model: Literal["required", "forbidden", "optional"]
+    # "generation" (before the sample buffer), "training" (after it), or "auto": decided per
+    # node from the params' `phase` field and what the node reads (function nodes)
+    phase: Phase | Literal["auto"]
+    hosting: Callable[["NodeSpec", "WorkflowSpec"], Hosting]
+    host_args: Callable[["NodeSpec", "WorkflowSpec", RunInfo], dict[str, Any]]
+    call: Callable[["NodeSpec", "WorkflowSpec"], Call]
+    rules: Callable[["NodeSpec", "WorkflowSpec"], list[Issue]] = no_rules
+    imports: Callable[[Any], list[ImportRef]] = no_imports
+    default_writes: tuple[str, ...] = ()
+    # the node's output may hold fewer sequences than its input (whole prompt groups dropped)
+    may_drop: bool = False
+    # the node updates a model's weights (a train node); it writes no keys
+    trains: bool = False
+    # which role the node uses its model in ("policy": log-probs / policy loss, "critic":
+    # values / value loss): one model may not serve both
+    model_role: Callable[["NodeSpec"], "str | None"] = lambda node: None
+    # the node scores answers: an evaluation runs it (and what it reads) on greedy answers
+    scores: bool = False
+    # the source of the graph: reads prompts from `data`, provides the implicit keys
+    # (group_id, sample_id, answer); a workflow has exactly one
+    source: bool = False
+    # the name of another node whose output this node computes itself when the run is
+    # configured so (e.g. the proximal log-probs from the training forward); that node is
+    # then skipped, and the plan and the trace say so
+    fuses: Callable[["NodeSpec", "WorkflowSpec"], "str | None"] = fuses_nothing

@@ -1,0 +1,37 @@
+"""One RL run from a validated workflow: plan it, start its processes, run the controller, clean up.
+
+The spec given here has local paths (`modelkit.builtin.resolve_builtin_paths` resolved any
+`builtin:` ones at the edge).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from areal_graph.data.datasets import load_run_prompts
+from areal_graph.graph.plan import build_plan
+from areal_graph.graph.spec import WorkflowSpec
+from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.runtime.orchestration.controller import Controller, RunState
+from areal_graph.runtime.orchestration.process_executor import ProcessExecutor
+
+
+def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
+                 resume_from: Path | None = None) -> RunState:
+    plan = build_plan(spec)
+    tracer = Tracer(run_dir.trace_path)
+    now = time.perf_counter()
+    tracer.record("plan", now, now, cat="controller", lines=plan.describe(), fused=dict(plan.fused))
+    executor = ProcessExecutor(plan, run_dir)
+    try:
+        prompts, eval_prompts = load_run_prompts(spec.data, spec.models[plan.actor].path, spec.runtime.seed)
+        controller = Controller(plan, executor, prompts, eval_prompts, run_dir, tracer, display)
+        with tracer.span("startup", cat="controller"):
+            executor.start(on_failure=controller.on_failure)
+        return controller.run(resume_from)
+    finally:
+        executor.shutdown()
+        tracer.flush()
