@@ -76,13 +76,18 @@ class ImportRef:
     field: str  # the parameter's name, e.g. "rollout_class"
     path: str  # "package.module:attr"
     expect: Literal["class", "callable", "rollout_class"] = "callable"
+    # when set, the object must accept being called as obj(*positional, **kwargs) with these
+    # keyword arguments; `supplied` names arguments the engine adds when the object takes them
+    kwargs: Mapping[str, Any] | None = None
+    positional: int = 0
+    supplied: tuple[str, ...] = ()
 
 
 def no_rules(node: "NodeSpec", spec: "WorkflowSpec") -> list[Issue]:
     return []
 
 
-def no_imports(params: Any) -> list[ImportRef]:
+def no_imports(node: "NodeSpec") -> list[ImportRef]:
     return []
 
 
@@ -105,7 +110,7 @@ class NodeKind:
     host_args: Callable[["NodeSpec", "WorkflowSpec", RunInfo], dict[str, Any]]
     call: Callable[["NodeSpec", "WorkflowSpec"], Call]
     rules: Callable[["NodeSpec", "WorkflowSpec"], list[Issue]] = no_rules
-    imports: Callable[[Any], list[ImportRef]] = no_imports
+    imports: Callable[["NodeSpec"], list[ImportRef]] = no_imports
     default_writes: tuple[str, ...] = ()
     # the node's output may hold fewer sequences than its input (whole prompt groups dropped)
     may_drop: bool = False

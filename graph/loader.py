@@ -11,6 +11,7 @@ The schema is not written down here: it is read from the dataclasses in `spec.py
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import types
 import typing
@@ -333,12 +334,13 @@ def _node(name: str, body: dict, models: list[str] | None, v: _Validator) -> S.N
     params = v.build(kind.params, param_raw, path, also_allowed=NODE_KEYS)
     if params is None or len(v.problems) > before:
         return None
-    for ref in kind.imports(params):
+    node = S.NodeSpec(name=name, kind=str(kind_name), model=model, reads=reads, writes=writes, params=params,
+                      line=v.line(path))
+    for ref in kind.imports(node):
         why = check_import(ref)
         if why:
             v.report(path + (ref.field,), why)
-    return S.NodeSpec(name=name, kind=str(kind_name), model=model, reads=reads, writes=writes, params=params,
-                      line=v.line(path))
+    return node
 
 
 def _check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: _Validator) -> None:
@@ -438,6 +440,23 @@ def check_import(ref: ImportRef) -> str | None:
 
         if not (isinstance(obj, type) and issubclass(obj, Rollout)):
             return f"{ref.path} is not a subclass of areal_graph.workflows.rollout.base.Rollout"
+    return None if ref.kwargs is None else _check_signature(obj, ref)
+
+
+def _check_signature(obj: Any, ref: ImportRef) -> str | None:
+    """Can `obj` be called the way the engine will call it (positional inputs + configured kwargs)?"""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None  # builtins without a signature: nothing to check
+    kwargs = dict(ref.kwargs or {})
+    kwargs.update({k: None for k in ref.supplied if k in sig.parameters and k not in kwargs})
+    try:
+        sig.bind(*([None] * ref.positional), **kwargs)
+    except TypeError as err:
+        what = "constructor" if isinstance(obj, type) else "function"
+        given = ", ".join(kwargs) or "no keyword arguments"
+        return f"{ref.path}: its {what} {sig} cannot be called with {given}: {err}"
     return None
 
 

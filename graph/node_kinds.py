@@ -104,7 +104,8 @@ ROLLOUT = NodeKind(
     call=lambda node, spec: Call("run"),
     rules=lambda node, spec: [Issue(("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")]
     if node.reads else [],
-    imports=lambda p: [ImportRef("rollout_class", p.rollout_class, "rollout_class")],
+    imports=lambda node: [ImportRef("rollout_class", node.params.rollout_class, "rollout_class",
+                                    kwargs=node.params.rollout_args, supplied=("tokenizer_path",))],
     default_writes=ROLLOUT_WRITES,
 )
 
@@ -135,7 +136,8 @@ REWARD = NodeKind(
     call=lambda node, spec: Call("score", {"out_key": node.writes[0]}),
     rules=_reward_rules,
     scores=True,
-    imports=lambda p: [] if p.fn == "math_verify" else [ImportRef("fn", p.fn, "callable")],
+    imports=lambda node: [] if node.params.fn == "math_verify" else [
+        ImportRef("fn", node.params.fn, "callable", kwargs={}, positional=2)],
 )
 
 
@@ -315,9 +317,11 @@ FUNCTION = NodeKind(
     hosting=lambda node, spec: Hosting(CONTROLLER if node.params.host == "controller" else "functions", node.name,
                                        f"{HOSTS}.function_host:FunctionHost",
                                        role="controller" if node.params.host == "controller" else "stateless"),
-    host_args=lambda node, spec, info: {"fn": node.params.fn, "args": dict(node.params.args), "node": node.name},
+    host_args=lambda node, spec, info: {"fn": node.params.fn, "args": dict(node.params.args), "node": node.name,
+                                        "writes": list(node.writes)},
     call=lambda node, spec: Call("run"),
-    imports=lambda p: [ImportRef("fn", p.fn, "callable")],
+    imports=lambda node: [ImportRef("fn", node.params.fn, "callable", kwargs=node.params.args, positional=1,
+                                    supplied=("out_key",) if len(node.writes) == 1 else ())],
     may_drop=True,
 )
 

@@ -67,8 +67,8 @@ class ExecutionPlan:
     def describe(self) -> list[str]:
         """The plan in a few lines for people (validate prints them; the run logs them)."""
         lines = [
-            f"generation side, per prompt group (before the sample buffer): "
-            + " -> ".join((self.source,) + self.generation),
+            f"generation side, per prompt group (before the sample buffer): {self.source} -> "
+            + _layers_text(self.generation, self.deps),
             "training side, per step of B trajectories: " + _layers_text(self.training, self.deps),
         ]
         for skipped, by in self.fused.items():

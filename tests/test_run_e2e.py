@@ -148,3 +148,60 @@ def test_shipped_workflow_improves_tiny_arith_accuracy(tmp_path, workflow):
     accs = [m["eval/accuracy"] for m in read_metrics(run_dir) if "eval/accuracy" in m]
     assert len(accs) == 2 and accs[-1] - accs[0] >= 0.15, accs
     assert wall < 600, f"{wall:.0f} s"
+
+
+def test_a_kind_of_ones_own_runs_in_its_own_process(kit, tmp_path):
+    """One module (tests/kinds_example.py) and one YAML (tests/data/custom_kind.yaml), nothing else."""
+    wf = tmp_path / "custom.yaml"
+    wf.write_text((ROOT / "tests" / "data" / "custom_kind.yaml").read_text().replace("KIT", str(kit)))
+    run_dir = tmp_path / "run"
+    proc = run_cli(wf, run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir) if "time/step" in m]
+    assert len(steps) == 3
+    assert all(m["reward/mean"] <= 0.5 for m in steps)  # raw rewards are 0 or 1; the node clipped them
+    assert sum(m.get("clip/clipped", 0.0) for m in steps) > 0
+    trace = json.loads((run_dir / "trace.json").read_text())
+    processes = {e["args"]["name"] for e in trace if e.get("name") == "process_name"}
+    assert "clipper" in processes
+
+
+def _node_spans(run_dir: Path) -> dict[str, list[tuple[float, float, int]]]:
+    """Controller spans of node calls: node -> [(start us, end us, step)]."""
+    trace = json.loads((run_dir / "trace.json").read_text())
+    out: dict[str, list[tuple[float, float, int]]] = {}
+    for e in trace:
+        if e.get("ph") == "X" and e.get("cat") == "node":
+            out.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"], e["args"].get("step")))
+    return out
+
+
+def test_reference_and_proximal_logprobs_overlap_on_their_processes(kit, tmp_path):
+    wf = write_workflow(kit, tmp_path, "ppo_kl.yaml")
+    run_dir = tmp_path / "run"
+    proc = run_cli(wf, run_dir, *SMALL, "runtime.eval_every=0", "runtime.save_every=0")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    spans = _node_spans(run_dir)
+    ref = {step: (a, b) for a, b, step in spans["ref_logp"]}
+    prox = {step: (a, b) for a, b, step in spans["prox_logp"]}
+    assert set(ref) == set(prox) == {0, 1, 2}
+    for step in ref:  # each step's two passes run at the same time, not one after the other
+        (a0, a1), (b0, b1) = ref[step], prox[step]
+        assert min(a1, b1) > max(a0, b0), (step, ref[step], prox[step])
+    assert "train" in spans and all(step in {s for *_, s in spans["advantage"]} for step in ref)
+
+
+def test_dapo_workflow_drops_uniform_groups_and_trains(kit, tmp_path):
+    wf = write_workflow(kit, tmp_path, "dapo.yaml")
+    run_dir = tmp_path / "run"
+    proc = run_cli(wf, run_dir, *[o for o in SMALL if not o.startswith("nodes.reward")],
+                   "nodes.correct.fn=e2e_rewards:length_parity", "runtime.steps=4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    steps = [m for m in metrics if "time/step" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    unfinished = json.loads((run_dir / "unfinished.json").read_text())
+    dropped = unfinished["groups_dropped_by_node"].get("dynamic_sampling", 0)
+    assert steps[-1]["groups/dropped"] == unfinished["groups_dropped"] == dropped
+    assert unfinished["trajectories_trained"] == 4 * 8
+    assert "eval/accuracy" in metrics[0] and "eval/correct" in metrics[0]

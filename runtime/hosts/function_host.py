@@ -8,21 +8,36 @@ function may return is checked by the controller for every node alike
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Callable
 
 from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
 
 
 class FunctionHost:
-    def __init__(self, fn: str, args: dict[str, Any] | None = None, node: str = "?") -> None:
+    """`out_key`: a function with an `out_key` parameter that the node's args leave unset is
+    given the node's single declared write, so a YAML names its output once (`writes`)."""
+
+    def __init__(self, fn: str, args: dict[str, Any] | None = None, node: str = "?",
+                 writes: tuple[str, ...] | list[str] = ()) -> None:
         self.fn = import_object(fn, what=f"function node {node!r} fn")
         if not callable(self.fn):
             raise TypeError(f"function node {node!r}: {fn} is not callable")
         self.args = dict(args or {})
+        if "out_key" not in self.args and len(writes) == 1 and accepts(self.fn, "out_key"):
+            self.args["out_key"] = writes[0]
         self.node = node
         self.path = fn
 
     def run(self, batch: PackedBatch) -> Any:
         """Whatever fn returns: a PackedBatch, or (PackedBatch, stats)."""
         return self.fn(batch, **self.args)
+
+
+def accepts(fn: Callable, name: str) -> bool:
+    """Whether `fn` names a parameter `name` (a catch-all **kwargs does not count)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

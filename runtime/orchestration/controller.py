@@ -132,10 +132,11 @@ class Controller:
         except Exception as err:
             await self._name_the_dead(err)
         finally:
+            in_flight = len(self._inflight)  # counted before cancelling: cancelled groups remove themselves
             for task in (*tasks, *self._inflight.values()):
                 task.cancel()
             await asyncio.gather(*tasks, *self._inflight.values(), return_exceptions=True)
-            self._account_unfinished()
+            self._account_unfinished(in_flight)
 
     async def _name_the_dead(self, err: Exception) -> None:
         """A dead process usually shows up first as a failed call to it: give the executor a
@@ -149,20 +150,20 @@ class Controller:
             raise self._fatal from err
         raise err
 
-    def _account_unfinished(self) -> None:
+    def _account_unfinished(self, in_flight: int) -> None:
         """Nothing is silently dropped: record what was generated but never trained."""
         stats = self.buffer.stats()
         summary = {
-            "groups_in_flight_at_stop": len(self._inflight),
+            "groups_in_flight_at_stop": in_flight,
             "trajectories_buffered_at_stop": stats.buffered_trajectories,
             **{k: v for k, v in asdict(self.state).items() if k != "history"},
             "groups_dropped_by_node": dict(self._dropped_by),
             "buffer": stats,
         }
         self.run_dir.write_json("unfinished.json", summary)
-        if self._inflight or stats.buffered_trajectories:
+        if in_flight or stats.buffered_trajectories:
             log.info("at stop: %d prompt groups in flight, %d trajectories buffered (not trained)",
-                     len(self._inflight), stats.buffered_trajectories)
+                     in_flight, stats.buffered_trajectories)
 
     # ------------------------------------------------------------------ calling nodes
     async def _call(self, name: str, batch: PackedBatch, extra: dict[str, Any] | None = None) -> NodeResult:
