@@ -2,7 +2,8 @@
 
 Reads the Chrome trace that every run writes (open the same file in chrome://tracing or
 https://ui.perfetto.dev for the timeline) and sums it up: count, total, mean, p50, p95 and
-share of the run's wall time (spans run concurrently, so shares can add up past 100%).
+share of the run's wall time (spans run concurrently, so shares can add up past 100%); then
+the median training step split into compute per process and overhead (step_split.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from areal_graph.runtime.observability.run_dir import TRACE_FILENAME
+    from areal_graph.runtime.observability.step_split import step_split, summarize_steps
     from areal_graph.runtime.observability.tracing import complete_spans, load_trace
 
     console = Console()
@@ -56,13 +58,35 @@ def run(args: argparse.Namespace) -> int:
         return 0
     wall = _wall_seconds(spans)
     tables = {by: summarize(spans, by, wall) for by in args.by}
+    steps = summarize_steps(step_split(spans))
     if args.json:
-        console.print_json(json.dumps({"trace": str(path), "wall_s": wall, "spans": len(spans), "by": tables}))
+        console.print_json(json.dumps({"trace": str(path), "wall_s": wall, "spans": len(spans), "by": tables,
+                                       "per_step": steps}))
         return 0
     console.print(f"[bold]{path}[/]: {len(spans)} spans over {wall:.2f} s of wall time")
     for by, rows in tables.items():
         console.print(_table(rows[: args.top], GROUPINGS[by], wall, len(rows)))
+    if steps:
+        console.print(_step_table(steps))
     return 0
+
+
+def _step_table(s: dict[str, Any]):
+    """The median training step: compute per process, their union, and what is left (overhead)."""
+    from rich.table import Table
+
+    t = Table(title=f"the median training step ({s['steps']} steps; compute = engine busy time, model "
+                    "forward/backward, rewards, controller nodes)", title_justify="left")
+    t.add_column("part")
+    t.add_column("median", justify="right")
+    t.add_column("% of step", justify="right")
+    t.add_row("step (wall)", _fmt(s["wall_s"]), "100.0")
+    for proc, sec in s["by_process_s"].items():
+        t.add_row(f"  compute on {proc}", _fmt(sec), f"{100 * sec / s['wall_s']:.1f}")
+    t.add_row("compute (union, overlaps once)", _fmt(s["compute_s"]), f"{100 * s['compute_s'] / s['wall_s']:.1f}")
+    t.add_row("overhead (RPC, serialisation, bookkeeping, weight sync, waiting)", _fmt(s["overhead_s"]),
+              f"{100 * s['overhead_share']:.1f}")
+    return t
 
 
 def summarize(spans: list[dict[str, Any]], by: str, wall_s: float) -> list[dict[str, Any]]:

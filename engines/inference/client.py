@@ -346,6 +346,13 @@ class InferenceClient:
         except InferenceError:
             return False
 
+    async def spans(self) -> list[dict]:
+        """Trace spans the embedded server recorded since the last call ([] for SGLang)."""
+        if self.backend != "embedded":
+            return []
+        body = await self._request("GET", "/get_spans", retry=False, timeout=10.0)
+        return list(body.get("spans", [])) if isinstance(body, dict) else []
+
     async def model_info(self) -> dict[str, Any]:
         info = await self._request("GET", "/get_model_info")
         v = _parse_version(info.get("weight_version")) if isinstance(info, dict) else None
@@ -478,6 +485,9 @@ class ServerPool:
 
     async def health(self) -> bool:
         return all(await asyncio.gather(*(c.health() for c in self.clients)))
+
+    async def spans(self) -> list[dict]:
+        return [s for spans in await asyncio.gather(*(c.spans() for c in self.clients)) for s in spans]
 
     async def model_info(self) -> dict[str, Any]:
         return await self.clients[0].model_info()

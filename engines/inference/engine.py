@@ -51,6 +51,9 @@ from areal_graph.engines.inference.sampling import GenerationResult, SamplingPar
 
 log = logging.getLogger(__name__)
 
+_BUSY_GAP_S = 0.002  # steps closer than this count as one busy interval
+_BUSY_KEEP = 100_000  # busy intervals kept when nobody collects them
+
 __all__ = [
     "EmbeddedEngine",
     "GenerationResult",
@@ -134,6 +137,8 @@ class EmbeddedEngine:
         self._finished_total = 0
         self._steps = 0
         self._rate_window: collections.deque[tuple[float, int]] = collections.deque()
+        self._busy: list[tuple[float, float]] = []
+        self._busy_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -339,11 +344,30 @@ class EmbeddedEngine:
             with self._step_lock:
                 if self._paused or self._waiters:
                     continue
+                t0 = time.perf_counter()
                 try:
                     self._step()
                 except Exception as err:  # noqa: BLE001 - a bad step must fail its requests, not hang them
                     log.exception("engine step failed; failing the running requests")
                     self._fail_running(err)
+                self._note_busy(t0, time.perf_counter())
+
+    def _note_busy(self, start: float, end: float) -> None:
+        """Record a step as busy time; back-to-back steps merge into one interval (a few per batch)."""
+        with self._busy_lock:
+            if self._busy and start - self._busy[-1][1] < _BUSY_GAP_S:
+                self._busy[-1] = (self._busy[-1][0], end)
+            else:
+                self._busy.append((start, end))
+                if len(self._busy) > _BUSY_KEEP:
+                    del self._busy[: len(self._busy) - _BUSY_KEEP]
+
+    def take_busy_spans(self) -> list[tuple[float, float]]:
+        """The (start, end) `time.perf_counter()` intervals in which the engine computed, since the
+        last call: what the trace counts as the inference side's model compute."""
+        with self._busy_lock:
+            out, self._busy = self._busy, []
+        return out
 
     def _await_burst(self) -> None:
         """Holding `_cv`, idle, with requests queued: wait until submissions pause (at most `admit_wait_s`).

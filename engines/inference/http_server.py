@@ -19,6 +19,7 @@ Endpoints (names and fields as in SGLang's `http_server.py`):
     POST /abort_request             {rid?, abort_all?}
     GET  /health, GET /health_generate, GET /get_model_info, GET /get_weight_version,
     GET  /get_server_info, GET|POST /flush_cache
+    GET  /get_spans                 (ours: trace spans since the last call)
 
 `output_token_versions` is our extension (SGLang has no per-token versions): the policy
 version that produced each output token. Everything else is SGLang's shape, including
@@ -204,10 +205,13 @@ def finish_reason_json(reason: str, num_output: int, last_token: int | None) -> 
 class InferenceHTTPServer:
     """Owns one engine and the aiohttp application that exposes it."""
 
-    def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None) -> None:
+    def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference") -> None:
+        from areal_graph.runtime.observability.tracing import SpanRecorder
+
         self.engine = engine
         self.model_path = model_path
         self.tokenizer = tokenizer
+        self.spans = SpanRecorder(name)
         self._update_lock = asyncio.Lock()
         self.app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors])
         r = self.app.router
@@ -224,6 +228,7 @@ class InferenceHTTPServer:
         r.add_get("/get_weight_version", self.get_weight_version)
         r.add_get("/get_server_info", self.get_server_info)
         r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_get("/get_spans", self.get_spans)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
@@ -263,6 +268,7 @@ class InferenceHTTPServer:
 
     # ------------------------------------------------------------------ generation
     async def generate(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
         body = await self._json(request)
         ids, params, ret_lp, rid = parse_generate_request(body, self.engine.max_context)
         try:
@@ -270,7 +276,10 @@ class InferenceHTTPServer:
         except asyncio.CancelledError:  # the client went away: free the slot (as SGLang does)
             self.engine.abort(rid)
             raise
-        return web.json_response(self.result_json(result, ret_lp))
+        response = web.json_response(self.result_json(result, ret_lp))
+        self.spans.record("generate", t0, time.perf_counter(), cat="request", node="requests",
+                          prompt_tokens=len(ids), output_tokens=len(result.output_ids))
+        return response
 
     def result_json(self, result: Any, return_logprob: bool) -> dict[str, Any]:
         out_ids = list(result.output_ids)
@@ -410,6 +419,14 @@ class InferenceHTTPServer:
         return web.json_response({"model_path": self.model_path, "weight_version": str(self.engine.version),
                                   "internal_states": [_jsonable(stats)], "version": "areal-graph-embedded"})
 
+    async def get_spans(self, request: web.Request) -> web.Response:
+        """Our extension: the trace spans recorded since the last call (requests, and the engine's
+        busy intervals as `compute` spans), for the run's trace."""
+        take = getattr(self.engine, "take_busy_spans", None)
+        for start, end in (take() if callable(take) else []):
+            self.spans.record("engine", start, end, cat="compute", node="engine")
+        return web.json_response({"spans": self.spans.take()})
+
     async def flush_cache(self, request: web.Request) -> web.Response:
         # The embedded engine keeps no cross-request prefix cache: nothing to flush.
         return web.Response(text="Cache flushed.\n", status=200)
@@ -441,6 +458,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--name", default="inference", help="the process name in trace spans")
     return p
 
 
@@ -547,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                             seed=args.seed)
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()
-    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer)
+    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name)
 
     async def _run() -> None:
         stop = asyncio.Event()

@@ -35,6 +35,9 @@ class _PromptView:
 
 
 class RolloutHost:
+    # its calls mostly wait on the inference servers: not compute in the trace's accounting
+    span_category = "rollout"
+
     def __init__(self, server_urls: list[str], backend: str, rollout_class: str, group_size: int,
                  sampling: dict[str, Any], rollout_args: dict[str, Any] | None = None,
                  tokenizer_path: str | None = None, request_timeout_s: float = 600.0) -> None:

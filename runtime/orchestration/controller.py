@@ -44,6 +44,7 @@ from areal_graph.runtime.orchestration.staleness import StalenessGate
 log = logging.getLogger(__name__)
 
 GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted as failed
+SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (not every step: RPCs)
 
 
 class RunFailed(RuntimeError):
@@ -91,6 +92,7 @@ class Controller:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._gen_stats: dict[str, float] = {}  # generation-side node stats since the last step
         self._dropped_by: dict[str, int] = {}
+        self._spans_pulled = time.perf_counter()
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, resume_from: Path | None = None) -> RunState:
@@ -260,13 +262,18 @@ class Controller:
             self.state.step += 1
             self.state.trajectories_trained += trained
             self.gate.set_version(self.state.version)
-            stats["time/step"] = time.perf_counter() - t0
+            t_end = time.perf_counter()
+            stats["time/step"] = t_end - t0
+            # the whole step as the trace's unit of account: waiting for the batch included
+            self.tracer.record("step", t_wait, t_end, cat="step", step=self.state.step - 1)
             if self.rt.eval_every and (self.state.step % self.rt.eval_every == 0 or self.state.step == self.rt.steps):
                 stats.update(await self._evaluate())
             if self.rt.save_every and self.state.step % self.rt.save_every == 0:
                 await self._checkpoint()
             self._log_step(stats, dropped_in_training=sum(outcome.groups_dropped.values()))
-            self.tracer.merge(await asyncio.to_thread(self.executor.collect_spans))
+            if time.perf_counter() - self._spans_pulled > SPAN_PULL_S or self.state.step == self.rt.steps:
+                self.tracer.merge(await self.executor.collect_spans())
+                self._spans_pulled = time.perf_counter()
         with self.tracer.span("export_final_model", cat="controller"):
             await self.executor.export_model(self.run_dir.final_model_dir)
         self._stop.set()

@@ -45,7 +45,7 @@ class NodeExecutor(Protocol):
     async def export_model(self, path: Path) -> None:
         """The actor as an HF model directory (with its tokenizer) for people to use."""
 
-    def collect_spans(self) -> list[dict]:
+    async def collect_spans(self) -> list[dict]:
         """Trace spans recorded elsewhere since the last call."""
 
     def shutdown(self) -> None: ...
@@ -136,7 +136,7 @@ class InProcessExecutor:
         if host is not None and callable(getattr(host, "export_weights", None)):
             await asyncio.to_thread(host.export_weights, str(path), True)
 
-    def collect_spans(self) -> list[dict]:
+    async def collect_spans(self) -> list[dict]:
         return []
 
     def shutdown(self) -> None:

@@ -71,7 +71,8 @@ class ProcessExecutor:
         for i in range(spec.inference.servers):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i)
+            cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i,
+                                           name=f"inference-{i}")
             self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
                                         health_url=f"{url}/health", threads=gen_threads)
             self.server_urls.append(url)
@@ -126,12 +127,12 @@ class ProcessExecutor:
                                              _step=step, _version=version, **{**call.args, **(extra or {})})
         return NodeResult(out, stats)
 
-    def collect_spans(self) -> list[dict]:
-        """Spans the workers recorded since the last call (merged into the run's trace)."""
+    async def collect_spans(self) -> list[dict]:
+        """Spans the workers and inference servers recorded since the last call (for the run's trace)."""
         spans: list[dict] = []
         for client in self.clients.values():
-            spans.extend(client.stats(drain_spans=True).get("spans", []))
-        return spans
+            spans.extend((await asyncio.to_thread(client.stats, drain_spans=True)).get("spans", []))
+        return spans + (await self.servers.spans() if self.servers is not None else [])
 
     # ------------------------------------------------------------------ weights and checkpoints
     def _models_client(self, model: str) -> WorkerClient:
@@ -183,7 +184,7 @@ def shared_memory_path(name: str) -> str:
 
 
 def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,
-                             seed: int) -> list[str]:
+                             seed: int, name: str = "inference") -> list[str]:
     """The command line of one inference server on loopback: our embedded engine, or SGLang.
 
     `inference.args` become extra `--flag value` options (underscores as dashes; `true`
@@ -200,7 +201,7 @@ def inference_server_command(inference: InferenceSpec, model_path: str, port: in
         cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server",
                "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
                "--max-running", str(inference.max_running_requests),
-               "--threads", str(threads), "--seed", str(seed)]
+               "--threads", str(threads), "--seed", str(seed), "--name", name]
     for key, value in inference.args.items():
         flag = "--" + str(key).replace("_", "-")
         if value is True:

@@ -6,6 +6,8 @@ The spec given here has local paths (`modelkit.builtin.resolve_builtin_paths` re
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.controller import Controller, RunState
 from areal_graph.runtime.orchestration.process_executor import ProcessExecutor
+
+log = logging.getLogger(__name__)
 
 
 def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
@@ -33,5 +37,9 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
             executor.start(on_failure=controller.on_failure)
         return controller.run(resume_from)
     finally:
+        try:  # the last spans of the workers and servers, when they are still there to ask
+            tracer.merge(asyncio.run(executor.collect_spans()))
+        except Exception:  # noqa: BLE001 - a dead process must not hide the run's real error
+            log.debug("collecting the last spans failed", exc_info=True)
         executor.shutdown()
         tracer.flush()

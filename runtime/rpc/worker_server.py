@@ -14,7 +14,8 @@ Why each piece exists:
 - An exception in an implementation becomes a gRPC INTERNAL error whose details hold the
   remote traceback; the worker keeps serving.
 - A span (name, start, end, worker) is recorded per Execute/Call; `Stats` hands them to the
-  controller, which merges them into the run's trace.
+  controller, which merges them into the run's trace. Execute spans are category "compute"
+  unless the host object sets `span_category` (the rollout host: "rollout", it waits on servers).
 
 Hosted implementations are plain objects: `Execute` calls
 `impl.<method>(batch: PackedBatch, **args) -> PackedBatch | None | (PackedBatch, stats)`
@@ -128,8 +129,8 @@ class WorkerService(pb_grpc.WorkerServicer):
             )
         return getattr(impl, method)
 
-    def _record(self, name: str, start: float, ok: bool, **args: Any) -> None:
-        span = {"name": name, "cat": "worker", "start": start, "end": time.time(), "worker": self.name,
+    def _record(self, name: str, start: float, ok: bool, cat: str = "worker", **args: Any) -> None:
+        span = {"name": name, "cat": cat, "start": start, "end": time.time(), "worker": self.name,
                 "pid": os.getpid(), "tid": threading.get_ident(), "ok": ok, "args": args}
         with self._lock:
             self.calls += 1
@@ -189,8 +190,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         except Exception:
             self._record(where, start, ok=False, step=head.step, version=head.version)
             self._fail(context, where)
-        self._record(where, start, ok=True, step=head.step, version=head.version,
-                     seqs=batch.num_seqs, tokens=batch.num_tokens)
+        # An Execute is the node's own work ("compute") unless its host says it mostly waits on
+        # other processes (the rollout host waits on inference servers): the trace's overhead
+        # accounting counts compute spans only.
+        self._record(where, start, ok=True, step=head.step, version=head.version, seqs=batch.num_seqs,
+                     tokens=batch.num_tokens, cat=getattr(fn.__self__, "span_category", "compute")
+                     if hasattr(fn, "__self__") else "compute")
         yield from chunks
 
     def Call(self, request: pb.CallRequest, context: grpc.ServicerContext) -> pb.CallReply:
