@@ -1,1 +1,1 @@
-"""What users and backends program against, free of torch and of the graph: typed config fields, sampling parameters, import paths."""
+"""What users and backends program against, free of the graph, torch and gRPC: typed config fields, sampling parameters, the rollout interface, import paths, span recording, process helpers."""

@@ -436,10 +436,10 @@ def check_import(ref: ImportRef) -> str | None:
     if ref.expect == "class" and not isinstance(obj, type):
         return f"{ref.path} is not a class"
     if ref.expect == "rollout_class":
-        from areal_graph.workflows.rollout.base import Rollout
+        from areal_graph.api.rollout import Rollout
 
         if not (isinstance(obj, type) and issubclass(obj, Rollout)):
-            return f"{ref.path} is not a subclass of areal_graph.workflows.rollout.base.Rollout"
+            return f"{ref.path} is not a subclass of areal_graph.api.rollout.Rollout"
     return None if ref.kwargs is None else _check_signature(obj, ref)
 
 

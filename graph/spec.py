@@ -57,6 +57,8 @@ class InferenceSpec:
     servers: int = _f(1, positive)
     max_running_requests: int = _f(64, positive)
     args: dict[str, Any] = _f({}, None, "backend launch arguments")
+    threads: Optional[int] = _f(None, positive, "torch threads per embedded server; null: 1 for models under "
+                                                 "50M parameters (faster on CPU), else the run's thread split")
 
 
 def _dp_size_check(v: int) -> str | None:

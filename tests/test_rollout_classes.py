@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.workflows.rollout.base import Rollout, Trajectory, pack_trajectories
+from areal_graph.api.rollout import Rollout, Trajectory
+from areal_graph.workflows.rollout.base import pack_trajectories
 
 
 # --------------------------------------------------------------------------- Trajectory

@@ -206,7 +206,7 @@ class InferenceHTTPServer:
     """Owns one engine and the aiohttp application that exposes it."""
 
     def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference") -> None:
-        from areal_graph.runtime.observability.tracing import SpanRecorder
+        from areal_graph.api.spans import SpanRecorder
 
         self.engine = engine
         self.model_path = model_path

@@ -17,7 +17,8 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.api.imports import import_object
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.client import InferenceClient, ServerPool
-from areal_graph.workflows.rollout.base import Rollout, pack_trajectories
+from areal_graph.api.rollout import Rollout
+from areal_graph.workflows.rollout.base import pack_trajectories
 
 
 def load_rollout_class(path: str) -> type[Rollout]:

@@ -66,6 +66,7 @@ class ProcessExecutor:
         spec, rt = self.spec, self.spec.runtime
         actor_path = spec.models[self.plan.actor].path
         gen_threads, train_threads = thread_split(rt)
+        gen_threads = spec.inference.threads or (1 if model_parameters(actor_path) < SMALL_MODEL_PARAMS else gen_threads)
         self.launcher = LocalLauncher(log_dir=self.run_dir.path / "logs",
                                       on_death=lambda died: on_failure(self._death_message(died)))
         for i in range(spec.inference.servers):
@@ -209,6 +210,25 @@ def inference_server_command(inference: InferenceSpec, model_path: str, port: in
         elif value not in (False, None):
             cmd += [flag, str(value)]
     return cmd
+
+
+# Below this size the embedded engine decodes faster on one thread than on two: per-op
+# overhead and thread synchronisation outweigh the matmul speed-up (benchmarks/bench_generation.py
+# --rl-step: 1.68M parameters, 0.085 s vs 0.175 s a step on 1 vs 2 threads).
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def model_parameters(model_dir: str) -> int:
+    """Approximate parameter count of a HF decoder from its config.json (0 when unreadable)."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+        inter, vocab = int(cfg.get("intermediate_size", 4 * h)), int(cfg.get("vocab_size", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return vocab * h + layers * (4 * h * h + 3 * h * inter)
 
 
 def thread_split(rt: Any) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from typing import Any
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.tools.sandbox import SandboxLimits, run_python
-from areal_graph.workflows.rollout.base import PromptLike, Rollout, Trajectory
+from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 
 CODE_OPEN, CODE_CLOSE = "<python>", "</python>"
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.S)

@@ -14,7 +14,7 @@ from typing import Any
 
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.workflows.rollout.base import PromptLike, Rollout, Trajectory
+from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 
 
 class SingleTurnMath(Rollout):
