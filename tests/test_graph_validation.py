@@ -52,6 +52,18 @@ CASES: dict[str, tuple[str | None, str, tuple[str, ...], str | None]] = {
     "gae_without_values": ("advantage", "reads", ("'gae' must read values",), "reads: [rewards, loss_mask, ref_logprobs]"),
     "model_device_unknown": (None, "models.actor.device", ("must be cpu, cuda or cuda:N", "gpu0"), "device: gpu0"),
     "yaml_syntax": (None, "", ("YAML syntax error",), None),
+    "generation_reads_training_key": ("reward", "reads.2", ("'prox_logprobs'", "node 'prox_logp' writes on the training side",
+                                                           "generation side"), "reads: [input_ids, loss_mask, prox_logprobs]"),
+    "function_phase_generation_reads_training_key": ("shaping", "reads.0", ("'advantages'", "training side"),
+                                                     "reads: [advantages]"),
+    "misspelt_function_path": ("shaping", "fn", ("no module named 'areal_graph.nodes.shapng'",),
+                               "fn: areal_graph.nodes.shapng"),
+    "function_args_do_not_fit": ("shaping", "fn", ("cannot be called with weight", "'weights'"),
+                                 "fn: areal_graph.nodes.shaping:weighted_sum"),
+    "concurrency_below_group_size": (None, "runtime.max_concurrent_rollouts", ("at least nodes.rollout.group_size (4)",),
+                                     "max_concurrent_rollouts: 2"),
+    "renamed_workflow_field": ("rollout", "workflow", ("renamed to 'rollout_class'",), "workflow: areal_graph"),
+    "dp_size_not_built": (None, "runtime.dp_size", ("not built yet",), "dp_size: 2"),
 }
 
 
