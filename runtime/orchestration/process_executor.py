@@ -14,6 +14,7 @@ what checkpoints and the final model use).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import logging
 import os
@@ -21,6 +22,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +58,7 @@ class ProcessExecutor:
         self.server_urls: list[str] = []
         self.servers: Any = None  # ServerPool, created in start()
         self.local: LocalHosts | None = None
+        self._io: _IOLoop | None = None  # HTTP to the inference servers runs on its own event loop
         self.weight_sync = resolve_weight_sync(self.spec.runtime.weight_sync, self.spec.inference.backend)
         self._shm_path = shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights")
 
@@ -83,6 +86,7 @@ class ProcessExecutor:
         # SGLang loads CUDA kernels and captures graphs before it answers /health: minutes.
         self.launcher.wait_healthy(timeout=900 if spec.inference.backend == "sglang" else 180)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend) for u in self.server_urls])
+        self._io = _IOLoop()
         info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
                        train_threads=train_threads, run_dir=str(self.run_dir.path))
         self.local = LocalHosts(self.plan, info)
@@ -105,11 +109,12 @@ class ProcessExecutor:
                 + (f"\n--- last lines of its log ---\n{died.log_tail}" if died.log_tail else ""))
 
     def shutdown(self) -> None:
-        if self.servers is not None:
+        if self._io is not None and self.servers is not None:
             try:
-                asyncio.run(self.servers.close())
+                self._io.run(self.servers.close(), timeout=5.0)
             except Exception:  # closing HTTP sessions must not mask the real error
                 log.debug("closing inference clients failed", exc_info=True)
+            self._io.stop()
         if self.local is not None:
             self.local.close()
         if self.launcher is not None:
@@ -133,7 +138,13 @@ class ProcessExecutor:
         spans: list[dict] = []
         for client in self.clients.values():
             spans.extend((await asyncio.to_thread(client.stats, drain_spans=True)).get("spans", []))
-        return spans + (await self.servers.spans() if self.servers is not None else [])
+        return spans + (await self._servers(self.servers.spans()) if self.servers is not None else [])
+
+    async def _servers(self, coro: Any) -> Any:
+        """Run a call on the inference servers on the executor's own I/O loop: its HTTP sessions
+        then live as long as the executor, whichever event loop the caller runs."""
+        assert self._io is not None
+        return await asyncio.wrap_future(self._io.submit(coro))
 
     # ------------------------------------------------------------------ weights and checkpoints
     def _models_client(self, model: str) -> WorkerClient:
@@ -148,11 +159,11 @@ class ProcessExecutor:
         client = self._models_client(self.plan.actor)
         if self.weight_sync == "memory":
             manifest = await asyncio.to_thread(client.call, self.plan.actor, "publish_weights", path=self._shm_path)
-            await self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version)
+            await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
             return {}
         path = self.run_dir.weights_dir(version)
         await asyncio.to_thread(client.call, self.plan.actor, "export_weights", path=str(path))
-        await self.servers.update_weights_from_disk(str(path), version)
+        await self._servers(self.servers.update_weights_from_disk(str(path), version))
         old = self.run_dir.weights_dir(version - 2)
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -169,6 +180,25 @@ class ProcessExecutor:
     async def load_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
             await asyncio.to_thread(self._models_client(model).call, model, "load_checkpoint", path=str(path / model))
+
+
+class _IOLoop:
+    """An event loop in a daemon thread, for the executor's HTTP calls."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="executor-io", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5.0)
 
 
 def resolve_weight_sync(setting: str, backend: str) -> str:
