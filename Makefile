@@ -29,7 +29,9 @@ test: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
+# bench_vs_trl.py needs TRL (the optional `bench` extra); every script prints a table and writes JSON.
 bench: install
+	$(BIN)/pip install -q -e '.[bench]'
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 protos: install
