@@ -2,7 +2,8 @@
 thought and a final `\\boxed{N}`.
 
 Why this task: the answer is checkable exactly (math_reward), responses are short (< 48
-tokens), and difficulty is a dial (number of steps, operand range), so a tiny model can be
+tokens for 2-3 steps; the "longtail" level mixes 1 to 20 steps, up to ~210 tokens), and
+difficulty is a dial (number of steps, operand range), so a tiny model can be
 warm-started to solve it *some* of the time, leaving room for RL to improve it. Expressions
 are evaluated left to right (no precedence): every step of the solution is one binary
 operation whose result feeds the next, which is what the chain of thought spells out.
@@ -23,13 +24,18 @@ from typing import Iterator
 
 @dataclass(frozen=True)
 class Difficulty:
-    """How hard problems are: `steps` binary operations over operands in [lo, hi]."""
+    """How hard problems are: `steps` binary operations over operands in [lo, hi].
+
+    `steps` is uniform over [min_steps, max_steps] unless `step_weights` gives one relative
+    weight per step count (min_steps first): that is how a level gets a long tail of long
+    problems. Levels without weights draw exactly the random stream they always drew."""
 
     min_steps: int
     max_steps: int
     lo: int
     hi: int
     ops: str = "+-"
+    step_weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
@@ -38,16 +44,36 @@ class Difficulty:
             raise ValueError(f"Difficulty: need 0 <= lo <= hi, got {self.lo}, {self.hi}")
         if not self.ops or set(self.ops) - set("+-*"):
             raise ValueError(f"Difficulty.ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if self.step_weights is not None:
+            n = self.max_steps - self.min_steps + 1
+            if len(self.step_weights) != n or min(self.step_weights) < 0 or sum(self.step_weights) <= 0:
+                raise ValueError(f"Difficulty.step_weights: need {n} non-negative weights (steps {self.min_steps}.."
+                                 f"{self.max_steps}) with a positive sum, got {self.step_weights}")
+
+    def draw_steps(self, rng: random.Random) -> int:
+        if self.step_weights is None:
+            return rng.randint(self.min_steps, self.max_steps)
+        return rng.choices(range(self.min_steps, self.max_steps + 1), weights=self.step_weights)[0]
 
 
 # Named levels. "digits" is the builtin task: single-digit operands keep it learnable by a
 # 1.7M-parameter model in a ~3 minute SFT on 2 CPU cores, while 2-3 chained steps still
 # leave it far from perfect when it works them out (~45% greedy).
+#
+# "longtail" is the builtin long-tailed task (builtin:tiny-arith-long): single digits as in
+# "digits", but 1 to 20 steps, drawn so that most problems are short and a few very long:
+# weights below, 3 steps the mode (as learnable as "digits"), P(steps >= 12) ~ 7% (a
+# long chain is redrawn more often: every intermediate result must stay >= 0). (There
+# are only 155 distinct 1-step and 2,605 2-step problems, hence their small weights.) Worked
+# solutions run from ~17 to ~180 tokens, a hasty answer ~9: answers sampled at temperature 1
+# span 10-20x in length within a batch, the regime where synchronous RL waits on stragglers.
+LONGTAIL_STEP_WEIGHTS: tuple[float, ...] = (0.3, 8, 66, 8) + (0.5,) * 4 + (1.5,) * 12
 LEVELS: dict[str, Difficulty] = {
     "digits": Difficulty(2, 3, 0, 9),
     "easy": Difficulty(1, 2, 0, 20),
     "medium": Difficulty(2, 3, 1, 50),
     "hard": Difficulty(3, 4, 1, 99, ops="+-*"),
+    "longtail": Difficulty(1, 20, 0, 9, step_weights=LONGTAIL_STEP_WEIGHTS),
 }
 
 
@@ -72,7 +98,7 @@ def apply_op(a: int, op: str, b: int) -> int:
 def make_problem(rng: random.Random, level: Difficulty) -> dict[str, str]:
     """One problem. Intermediate results stay in [0, 999] so every number is short."""
     while True:
-        steps = rng.randint(level.min_steps, level.max_steps)
+        steps = level.draw_steps(rng)
         operands = [rng.randint(level.lo, level.hi)]
         ops: list[str] = []
         lines: list[str] = []

@@ -1,4 +1,6 @@
-"""The builtin model kit: `builtin:tiny-arith` and `builtin:arith/{train,test}`, built locally.
+"""The builtin model kits, built locally: `builtin:tiny-arith` with `builtin:arith/{train,test}`
+(2-3 step arithmetic), and `builtin:tiny-arith-long` with `builtin:arith-long/{train,test}` (1 to
+20 steps, long-tailed answer lengths: the regime where asynchronous RL pays most).
 
 Nothing may be downloaded, yet a new user's first `areal-graph run` needs a model that solves
 the task *some* of the time. So the kit is built on first use, offline and deterministically:
@@ -7,7 +9,7 @@ model, and a short SFT warm start. It lands in a cache directory named after a f
 of everything that shapes it, so a second resolve is instant and a changed recipe never
 reuses a stale build.
 
-Layout of one kit (`<cache>/tiny-arith-<fingerprint>/`):
+Layout of one kit (`<cache>/<name>-<fingerprint>/`, e.g. `tiny-arith-43a2521c751c/`):
 
     model/        save_pretrained model + tokenizer (loads with AutoModelForCausalLM/AutoTokenizer)
     data/         train.jsonl, test.jsonl  ({"question", "answer", "solution"})
@@ -64,17 +66,50 @@ class KitConfig:
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=800))
     n_dev: int = 200  # generated problems held out of the training split (none of test either)
     eval_prompts: int = 500  # test prompts greedily decoded to record the warm-start accuracy
+    eval_max_new_tokens: int = 64  # generation limit of that measurement (the longest answers must fit)
 
     def fingerprint(self) -> str:
-        blob = json.dumps({"format": KIT_FORMAT, **dataclasses.asdict(self)}, sort_keys=True)
+        recipe = dataclasses.asdict(self)
+        for path, old_value in ADDED_FIELDS.items():  # absent from older recipes: omitted at the old value
+            *parents, leaf = path
+            node = recipe
+            for key in parents:
+                node = node[key]
+            if node.get(leaf) == old_value:
+                del node[leaf]
+        blob = json.dumps({"format": KIT_FORMAT, **recipe}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-BUILTIN_KITS: dict[str, KitConfig] = {"tiny-arith": KitConfig()}
+# Recipe fields added after kits were first built, each with the value that reproduces the
+# build from before it existed. At that value a field is left out of the fingerprint, so a
+# kit built before the field existed keeps its name and cache (tiny-arith stays 43a2521c751c).
+ADDED_FIELDS: dict[tuple[str, ...], Any] = {
+    ("eval_max_new_tokens",): 64,
+    ("sft", "packed"): False,
+}
+
+# The long-tailed variant (the AReaL paper's regime): 1 to 20 reasoning steps, most problems
+# short and a few very long (data.arith "longtail"), so answers sampled at temperature 1 span
+# 9 to ~210 tokens. Synchronous RL waits on each batch's longest answer; asynchronous RL keeps
+# the engine's batch full. Same model size and hasty-teacher flaw as tiny-arith; a context of
+# 512 for prompts up to ~75 tokens plus the longest answers; SFT on packed batches (a
+# long-tailed batch padded to its longest row would cost ~4x the compute).
+TINY_ARITH_LONG = KitConfig(
+    name="tiny-arith-long",
+    difficulty="longtail",
+    model=TinyModelConfig(max_position_embeddings=512),
+    sft=SFTConfig(steps=800, packed=True),
+    eval_max_new_tokens=320,
+)
+
+BUILTIN_KITS: dict[str, KitConfig] = {"tiny-arith": KitConfig(), "tiny-arith-long": TINY_ARITH_LONG}
 # dataset name -> (kit name, split)
 BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "arith/train": ("tiny-arith", "train"),
     "arith/test": ("tiny-arith", "test"),
+    "arith-long/train": ("tiny-arith-long", "train"),
+    "arith-long/test": ("tiny-arith-long", "test"),
 }
 
 
@@ -195,7 +230,8 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     t = time.perf_counter()
     from areal_graph.engines.inference.offline_eval import evaluate_model
 
-    result = evaluate_model(out / "model", out / "data" / "test.jsonl", limit=cfg.eval_prompts)
+    result = evaluate_model(out / "model", out / "data" / "test.jsonl", limit=cfg.eval_prompts,
+                            max_new_tokens=cfg.eval_max_new_tokens)
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     info = {
@@ -208,6 +244,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         "sft_final_loss": losses[-1],
         "warm_start_greedy_accuracy": result["greedy_accuracy"],
         "eval_prompts": result["prompts"],
+        "eval_max_new_tokens": cfg.eval_max_new_tokens,
         "torch_threads": threads,
         "timings": {k: round(v, 2) for k, v in timings.items()},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -57,13 +57,14 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
             dual_clip=params.dual_clip, behav_imp_cap=params.behav_imp_cap,
         )
         loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
-        ent = (entropy.detach() * mask).sum()
         if params.entropy_coef:
             loss = loss - params.entropy_coef * aggregate(entropy, mask, mb.cu_seqlens, params.agg, norm)
-        # Each stat is this micro-batch's share of a batch-level token mean, so the engine's sum is right.
-        stats = {"policy_loss": float(loss.detach()), "entropy": float(ent) / n_tokens}
-        for name, value in tok_stats.items():
-            stats[name] = float((value.detach().float() * mask).sum()) / n_tokens
+        # Each stat is this micro-batch's share of a batch-level token mean, so the engine's sum
+        # is right; all read out at once (one conversion, not one per stat).
+        sums = torch.stack([(entropy.detach() * mask).sum()]
+                           + [(value.detach().float() * mask).sum() for value in tok_stats.values()]) / n_tokens
+        stats = dict(zip(["entropy", *tok_stats], sums.tolist()))
+        stats["policy_loss"] = float(loss.detach())
         return loss, stats
 
     return loss_fn

@@ -29,7 +29,9 @@ def grpo_batch(groups=3, answers=4, seed=0, vocab=128) -> PackedBatch:
         common = [rng.randint(1, vocab - 1) for _ in range(rng.randint(0, 6))]
         group = []
         for a in range(answers):
-            own = [rng.randint(0, vocab - 1) for _ in range(rng.randint(1, 20))]  # 0 is the pad token
+            own = [rng.randint(1, vocab - 1) for _ in range(rng.randint(1, 20))]
+            if a == 1:
+                own[0] = 0  # the pad token inside a sequence
             resp = common[:rng.randint(0, len(common))] + own
             m = [1] * len(resp)
             if a % 3 == 2 and len(resp) > 4:
@@ -74,11 +76,17 @@ def test_stream_layout_holds_common_prefixes_once():
     assert torch.equal(layout.positions[layout.token_index], pos)
     ix = layout.token_index.tolist()
     assert ix[0:4] == ix[-4:] and ix[0:3] == ix[4:7] and ix[0:2] == ix[10:12] and ix[7] != ix[3]
-    assert torch.equal(layout.gather[layout.scatter], torch.arange(8))  # every position has a slot
-    covered = sum(n * w for _, n, w in layout.blocks)
-    assert covered == layout.slots and all(w >= 1 for _, _, w in layout.blocks)
+    # every stream position is queried exactly once, from a slot that holds it
+    assert torch.equal(layout.query_gather[layout.scatter], torch.arange(8))
+    assert sum(b.n * b.query_width for b in layout.blocks) == layout.query_gather.numel()
+    assert sum(b.n * b.key_width for b in layout.blocks) == layout.key_gather.numel()
+    # the duplicate owns nothing and takes no part; [1, 2, 3, 5] owns only its last token
+    assert sum(b.n for b in layout.blocks) == 4
+    masked = [b for b in layout.blocks if b.mask is not None]
+    assert masked and all(b.query_width < b.key_width for b in masked)
     alone = stream_layout(ids, cu, torch.device("cpu"), share_prefixes=False)
     assert alone.input_ids.numel() == ids.numel()
+    assert all(b.mask is None and b.query_width == b.key_width for b in alone.blocks)
 
 
 def test_unsupported_models_are_reported():

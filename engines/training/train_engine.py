@@ -1,5 +1,12 @@
 """The training engine: a HF CausalLM trained on packed batches, with no padding.
 
+Two forward paths give the same values up to float rounding. For the Qwen2 / Qwen3 / Llama
+family (data parallelism off) the lean forward (engines/training/lean_train.py,
+`lean_logprobs`) runs each micro-batch as one flat stream of token positions: no padding in
+the linear layers, common prefixes of its sequences (a GRPO group's prompt) computed once,
+attention per sequence. Everything else (other architectures, the critic, DDP/FSDP, whose
+wrappers must see every forward) runs the HF forward over packed rows, as follows.
+
 Sequences of a micro-batch are packed into rows, with `position_ids` restarting at every
 sequence and `use_cache=False`; transformers then keeps attention inside each sequence
 (tests/test_train_engine.py proves it against running each sequence alone). Short rows are
@@ -8,10 +15,14 @@ padded at their *end*, which causal attention never lets real tokens see.
 Row layout (`plan_rows`): without a variable-length attention kernel (none on CPU) attention
 over a row costs width^2 for every row, whatever it holds, and all rows of one forward are
 padded to the widest. So a micro-batch runs as a few forwards: short sequences share rows
-of at most `row_tokens` (256) tokens, longer ones get a row each, grouped by similar width,
+of at most `row_tokens` (128) tokens, longer ones get a row each, grouped by similar width,
 with their padding filled by short sequences. On a long-tailed batch this trained ~1.8x
 faster than one forward of 1024-token rows (benchmarks/bench_train.py measures packed vs
 padded).
+
+Only the positions that are trained on reach the LM head's log-softmax in `train_step`
+(those where `loss_mask` is set): the loss reads nothing else, and on an RL batch about half
+the tokens are prompt.
 
 `train_step` sums the loss callback over the forwards of the planner's micro-batches: the
 callback returns each part's share of the batch loss (normalised with batch-level totals), so the
@@ -51,13 +62,17 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training import data_parallel as dp
+from areal_graph.engines.training.lean_train import LeanTrainForward, stream_layout, unsupported_reason
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 
 log = logging.getLogger(__name__)
 
 # Attention over a packed row costs (width)^2 on every token of the row (no varlen kernel on
-# CPU): short sequences share rows of at most this many tokens (benchmarks/bench_train.py).
-ROW_TOKENS = 256
+# CPU): short sequences share rows of at most this many tokens. Measured with the HF path at
+# 1 thread: 128 was ~10% faster than 256 (and 512 ~25% slower) on the kit's RL batches
+# (32 sequences of 30-90 tokens), and ~4% faster on the long-tailed default workload of
+# benchmarks/bench_train.py; 64 was no better than 128.
+ROW_TOKENS = 128
 
 Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows of positions in them)
 
@@ -156,40 +171,71 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
 def row_layout(batch: PackedBatch, rows: list[list[int]], device: torch.device) -> RowLayout | None:
     """Pack the sequences of `rows` (sequence indices per row) into one forward's input; None
     when there is nothing to run. Shared by every per-token pass (log-probs, values) so that
-    there is one packing path."""
-    ids = batch["input_ids"].to(device)
-    cu = batch.cu_seqlens.tolist()
+    there is one packing path. Built with a handful of tensor ops, not per-sequence ones."""
     rows = [row for row in rows if row]
     if not rows:
         return None
-    lens = [cu[i + 1] - cu[i] for i in range(batch.num_seqs)]
-    width = max(sum(lens[i] for i in row) for row in rows)
-    input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    position_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    # (row, column) of each packed token, for scattering results back in batch order
-    src_row, src_col, dst = [], [], []
-    for r, row in enumerate(rows):
-        col = 0
-        for i in row:
-            n = lens[i]
-            input_ids[r, col:col + n] = ids[cu[i]:cu[i] + n]
-            position_ids[r, col:col + n] = torch.arange(n, device=device)
-            src_row.append(torch.full((max(n - 1, 0),), r, dtype=torch.long))
-            src_col.append(torch.arange(col, col + n - 1))
-            dst.append(torch.arange(cu[i] + 1, cu[i] + n))
-            col += n
-        if col < width:  # padding at the end of a row: its own "sequence", never attended to
-            position_ids[r, col:] = torch.arange(width - col, device=device)
-    return RowLayout(input_ids, position_ids, torch.cat(src_row).to(device), torch.cat(src_col).to(device),
-                     torch.cat(dst).to(device))
+    cu = batch.cu_seqlens.to(torch.int64)
+    order = torch.tensor([i for row in rows for i in row], dtype=torch.int64)
+    seq_row = torch.tensor([r for r, row in enumerate(rows) for _ in row], dtype=torch.int64)
+    lens = (cu[1:] - cu[:-1])[order]
+    ends = torch.cumsum(lens, 0)
+    row_start = torch.zeros(len(rows), dtype=torch.int64).scatter_reduce_(0, seq_row, ends - lens, "amin",
+                                                                           include_self=False)
+    load = torch.zeros(len(rows), dtype=torch.int64).index_add_(0, seq_row, lens)
+    width = int(load.max())
+    n_tok = int(ends[-1])
+    offset = torch.arange(n_tok) - torch.repeat_interleave(ends - lens, lens, output_size=n_tok)  # within its sequence
+    row = torch.repeat_interleave(seq_row, lens, output_size=n_tok)
+    col = torch.repeat_interleave(ends - lens - row_start[seq_row], lens, output_size=n_tok) + offset
+    src = torch.repeat_interleave(cu[:-1][order], lens, output_size=n_tok) + offset  # its index in the batch
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    input_ids[row, col] = batch["input_ids"].to("cpu", torch.long)[src]
+    # padding at the end of a row: its own "sequence" (positions from 0), never attended to
+    position_ids = (torch.arange(width).unsqueeze(0) - load.unsqueeze(1)).clamp_min_(0)
+    position_ids[row, col] = offset
+    pred = offset > 0  # every token but a sequence's first is predicted by the position before it
+    return RowLayout(input_ids.to(device), position_ids.to(device), row[pred].to(device), (col[pred] - 1).to(device),
+                     src[pred].to(device))
+
+
+def score_logits(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False, temperature: float = 1.0,
+                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of `targets` [M] under the distributions `logits` [K, V] (at `temperature`) and
+    their entropy, [M] each: prediction m reads row `rows[m]` (None: row m, K == M), so a
+    position that predicts several targets (a shared prefix) is normalised once.
+
+    The log-prob is the logit minus the logsumexp, with or without entropy: no [K, V]
+    log-softmax is materialised, and a log-prob pass (`compute_logprobs`) computes the very
+    same expression as the training forward, so fused proximal log-probs equal separately
+    computed ones bit for bit wherever the hidden states do. Entropy: lse - sum(p * logit)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    rows = torch.arange(targets.numel(), device=targets.device) if rows is None else rows
+    lse = torch.logsumexp(logits, -1)
+    logp = logits[rows, targets] - lse[rows]
+    if not with_entropy:
+        return logp, None
+    entropy = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return logp, entropy[rows]
+
+
+def _scored(batch: PackedBatch, layout: RowLayout, score: torch.Tensor | None) -> torch.Tensor | None:
+    """Which predictions of `layout` to compute: those of tokens where `score` is set (None: all)."""
+    if score is None:
+        return None
+    return score.to(layout.dst.device)[layout.dst].nonzero().squeeze(1)
 
 
 def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[int]], with_entropy: bool = False,
-                  temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropy) of `batch["input_ids"]` from ONE forward over `rows`
+                  temperature: float = 1.0, score: torch.Tensor | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropy) of `batch["input_ids"]` from ONE HF forward over `rows`
     (sequence indices per row, every sequence of the batch at most once), aligned per
     data/packed.py: position t holds log p(token t | tokens < t); the first token of every
-    sequence, and any sequence not in `rows`, hold 0.
+    sequence, any sequence not in `rows`, and tokens where `score` (bool per token, None:
+    all) is False hold 0. Only scored positions go through the LM head's log-softmax.
     """
     device = next(model.parameters()).device
     out_lp = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32)
@@ -197,17 +243,44 @@ def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[in
     layout = row_layout(batch, rows, device)
     if layout is None:
         return out_lp, out_ent
-    logits = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    dd = layout.dst
-    pred = logits[layout.pred_row, layout.pred_col]  # logits that predict the next token
-    logp_all = torch.log_softmax(pred, dim=-1)
-    targets = layout.input_ids[layout.pred_row, layout.pred_col + 1]  # the token each prediction scores
-    out_lp = out_lp.index_put((dd,), logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    logits = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits
+    pred_row, pred_col, dst = layout.pred_row, layout.pred_col, layout.dst
+    pick = _scored(batch, layout, score)
+    if pick is not None:
+        pred_row, pred_col, dst = pred_row[pick], pred_col[pick], dst[pick]
+    targets = layout.input_ids[pred_row, pred_col + 1]  # the token each prediction scores
+    lp, ent = score_logits(logits[pred_row, pred_col], targets, with_entropy, temperature)
+    out_lp = out_lp.index_put((dst,), lp)
     if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-        out_ent = out_ent.index_put((dd,), ent)
+        out_ent = out_ent.index_put((dst,), ent)
+    return out_lp, out_ent
+
+
+def lean_logprobs(lean: LeanTrainForward, batch: PackedBatch, with_entropy: bool = False, temperature: float = 1.0,
+                  score: torch.Tensor | None = None, share_prefixes: bool = True,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`rows_logprobs` of every sequence of `batch` through the lean forward
+    (engines/training/lean_train.py): the same values, with no padding in the linear layers,
+    common prefixes computed once, and the last layer's MLP and the LM head only where a
+    scored token is predicted (each distinct position once)."""
+    device = lean.device
+    out_lp = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32)
+    out_ent = torch.zeros(batch.num_tokens, device=device, dtype=torch.float32) if with_entropy else None
+    cu = batch.cu_seqlens.tolist()
+    starts = torch.zeros(batch.num_tokens, dtype=torch.bool)
+    starts[batch.cu_seqlens[:-1].long()] = True  # sequence starts are predicted by nothing
+    wanted = ~starts if score is None else score.to("cpu", torch.bool) & ~starts
+    dst = wanted.nonzero().squeeze(1)
+    if dst.numel() == 0:
+        return out_lp, out_ent
+    layout = stream_layout(batch["input_ids"], cu, device, share_prefixes=share_prefixes)
+    keep, inverse = torch.unique(layout.token_index[dst.to(device) - 1], return_inverse=True)
+    dst = dst.to(device)
+    logits = lean.logits(lean.hidden(layout, keep))
+    lp, ent = score_logits(logits, batch["input_ids"].to(device)[dst], with_entropy, temperature, rows=inverse)
+    out_lp = out_lp.index_put((dst,), lp)
+    if with_entropy:
+        out_ent = out_ent.index_put((dst,), ent)
     return out_lp, out_ent
 
 
@@ -251,13 +324,21 @@ class TrainEngine:
     `train_step`, `compute_logprobs` and the weight/checkpoint methods together, with the
     same whole batch. `mixed_precision` (default: bf16 under FSDP on CUDA, else off) is the
     compute dtype FSDP casts parameters to; master weights and gradient reduction stay fp32.
+
+    `lean` (default on) runs forwards of a supported architecture (Qwen2/Qwen3/Llama, see
+    engines/training/lean_train.py) without HF's module stack and without padding, each
+    micro-batch as one pass, common prefixes of its sequences computed once; other models,
+    and data parallelism (whose wrappers must see every forward), use the HF forward over
+    packed rows. Both give the same values up to float rounding. `share_prefixes=False` makes
+    the lean path compute every sequence's prefix itself (for measurements).
     """
 
     def __init__(self, model: str | Path | torch.nn.Module, *, lr: float = 2e-5, weight_decay: float = 0.0,
                  grad_clip: float = 1.0, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
                  lr_schedule: str = "constant", total_steps: int = 1, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, row_tokens: int = ROW_TOKENS, trainable: bool = True,
-                 parallel: str = "auto", mixed_precision: torch.dtype | None | str = "auto") -> None:
+                 parallel: str = "auto", mixed_precision: torch.dtype | None | str = "auto",
+                 lean: bool = True, share_prefixes: bool = True) -> None:
         self.parallel = dp.resolve_mode(parallel, torch.device(device))
         self.rank, self.world_size = dp.world() if self.parallel != "none" else (0, 1)
         self.device = dp.local_device(device, self.parallel)
@@ -291,11 +372,24 @@ class TrainEngine:
         elif self.parallel == "ddp":  # frozen: no gradients to reduce, but replicas must agree
             dp.broadcast_from_rank0(self.model)
         if trainable:
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
-                                               weight_decay=weight_decay)
+            self.optimizer = _adamw(self.model, lr, tuple(betas), weight_decay, fused=self.parallel != "fsdp")
+        self._lean = self._make_lean() if lean and self.parallel == "none" else None
+        self.share_prefixes = share_prefixes
         if self.parallel != "none":
             log.info("rank %d/%d: %s data parallelism on %s%s", self.rank, self.world_size, self.parallel,
                      self.device, f", compute in {mixed_precision}" if mixed_precision else "")
+
+    def _make_lean(self) -> LeanTrainForward | None:
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            log.debug("lean training forward off: %s", reason)
+            return None
+        return LeanTrainForward(self.model)
+
+    def _lean_on(self) -> bool:
+        """Whether forwards run through the lean path now (the model may have been put in
+        training mode since: dropout needs the HF modules)."""
+        return self._lean is not None and not self.model.training
 
     def _units(self, batch: PackedBatch, max_tokens_per_mb: int) -> tuple[list[Unit], int, int]:
         """This rank's forward passes, how many every rank must run, and its micro-batch count.
@@ -307,11 +401,15 @@ class TrainEngine:
         """
         lens = batch.seqlens().tolist()
         plan = plan_microbatches(lens, max_tokens_per_mb, dp_size=self.world_size)
+        lean = self._lean_on()
         counts = []
         mine: list[Unit] = []
         for rank, rank_plan in enumerate(plan):
             units: list[Unit] = []
             for idx in rank_plan:
+                if lean and idx:  # one pass per micro-batch; "rows": every sequence alone
+                    units.append((sorted(idx), [[k] for k in range(len(idx))]))
+                    continue
                 for rows in plan_rows([lens[i] for i in idx], self.row_tokens):
                     seqs = sorted(idx[j] for row in rows for j in row)
                     local = {s: k for k, s in enumerate(seqs)}
@@ -336,6 +434,10 @@ class TrainEngine:
     def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0) -> torch.Tensor:
         """Per-token log-probs of the batch. Under data parallelism each rank computes its share
         and a sum over ranks assembles the whole (every token comes from exactly one rank)."""
+        if self._lean_on():
+            return self._per_token(batch, max_tokens_per_mb,
+                                   lambda mb, rows: lean_logprobs(self._lean, mb, temperature=temperature,
+                                                                  share_prefixes=self.share_prefixes)[0])
         return self._per_token(batch, max_tokens_per_mb,
                                lambda mb, rows: rows_logprobs(self.model, mb, rows, temperature=temperature)[0])
 
@@ -359,8 +461,13 @@ class TrainEngine:
     def _train_forward(self, mb: PackedBatch, rows: list[list[int]],
                        temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What the loss callback receives for one forward: per-token log-probs and entropy of
-        the live policy (a critic engine returns its values instead, and no entropy)."""
-        return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature)
+        the live policy (a critic engine returns its values instead, and no entropy), computed
+        only where `loss_mask` is set when the batch has one (0 elsewhere: nothing trains there)."""
+        score = mb["loss_mask"] != 0 if "loss_mask" in mb else None
+        if self._lean_on():
+            return lean_logprobs(self._lean, mb, with_entropy=True, temperature=temperature, score=score,
+                                 share_prefixes=self.share_prefixes)
+        return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature, score=score)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,
@@ -393,8 +500,11 @@ class TrainEngine:
                 mb = batch.select(seqs).to(self.device)
                 lp, ent = self._train_forward(mb, rows, temperature)
                 loss, stats = loss_fn(lp, ent, mb)
-                # reducers average over ranks; scaling makes them sum the ranks' shares
-                (loss * self.world_size if self.world_size > 1 else loss).backward()
+                # reducers average over ranks; scaling makes them sum the ranks' shares. A loss
+                # without a graph: the lean path skipped a micro-batch with nothing to score
+                # (the HF path, the only one under data parallelism, always keeps the graph).
+                if loss.requires_grad:
+                    (loss * self.world_size if self.world_size > 1 else loss).backward()
             loss_sum += float(loss.detach())
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
@@ -505,5 +615,24 @@ class TrainEngine:
 
 
 def _token_index(batch: PackedBatch, idx: list[int]) -> torch.Tensor:
-    cu = batch.cu_seqlens
-    return torch.cat([torch.arange(int(cu[i]), int(cu[i + 1])) for i in idx])
+    """Batch positions of the tokens of sequences `idx`, in that order."""
+    cu = batch.cu_seqlens.to(torch.int64)
+    seqs = torch.tensor(idx, dtype=torch.int64)
+    lens = cu[seqs + 1] - cu[seqs]
+    n = int(lens.sum())
+    ends = torch.cumsum(lens, 0)
+    return torch.arange(n) + torch.repeat_interleave(cu[seqs] - (ends - lens), lens, output_size=n)
+
+
+def _adamw(model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float,
+           fused: bool) -> torch.optim.Optimizer:
+    """AdamW, fused where torch has the kernel (CPU and CUDA): one pass over all parameters
+    instead of a dozen small ops per tensor (~4x faster on the 1.7M-parameter kit model, same
+    values to ~3e-8). FSDP's sharded parameters keep the default implementation."""
+    params = list(model.parameters())
+    if fused:
+        try:
+            return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+        except (RuntimeError, ValueError) as err:  # a device or dtype without the fused kernel
+            log.debug("fused AdamW unavailable (%s): default implementation", err)
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
