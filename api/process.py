@@ -14,6 +14,16 @@ import signal
 import sys
 
 PDEATHSIG_ENV = "AREAL_DIE_WITH_PARENT"
+# The secret of a run: its launcher sets it for every worker and inference server it starts.
+# Workers require it on every call, inference servers as their API key, and clients inside
+# workers (a rollout's inference client) send it. An environment variable, never an argument:
+# `ps` shows arguments to every local user.
+RUN_TOKEN_ENV = "AREAL_RUN_TOKEN"
+
+
+def run_token() -> str | None:
+    """This process's run secret (None outside a run)."""
+    return os.environ.get(RUN_TOKEN_ENV) or None
 
 
 def arm_parent_death_signal() -> None:

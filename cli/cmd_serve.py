@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog=(
             "Example: areal-graph serve builtin:tiny-arith --port 30000\n"
+            "With a key: export KEY=$(openssl rand -hex 32); areal-graph serve builtin:tiny-arith --api-key-env KEY\n"
             "then: curl -s localhost:30000/generate -d '{\"input_ids\": [1, 2, 3], "
             "\"sampling_params\": {\"max_new_tokens\": 8, \"temperature\": 0}, \"return_logprob\": true}'"
         ),
@@ -33,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="torch device for the model, e.g. cpu or cuda (default cpu)")
     p.add_argument("--max-context", type=int, default=None,
                    help="prompt + generation token limit (default: the model's max_position_embeddings)")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="require the API key held in environment variable VAR: every request but GET /health "
+                        "must send 'Authorization: Bearer KEY' (an OpenAI client's api_key). Default: no key, "
+                        "and only --host 127.0.0.1 is allowed")
     p.set_defaults(func=run)
 
 
@@ -58,6 +64,13 @@ def run(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         console.print(f"[red]--device {args.device}: this machine has no CUDA device (or torch is a CPU build)[/]")
         return 2
+    if args.api_key_env and not os.environ.get(args.api_key_env):
+        console.print(f"[red]--api-key-env {args.api_key_env}: that environment variable is not set or empty[/]")
+        return 2
+    if not args.api_key_env and args.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[red]--host {args.host} exposes the server beyond this machine: give it a key with "
+                      f"--api-key-env VAR (export VAR=$(openssl rand -hex 32))[/]")
+        return 2
     try:
         model = str(resolve_model_path(args.model))
     except ValueError as err:
@@ -77,4 +90,6 @@ def run(args: argparse.Namespace) -> int:
     if args.max_context is not None:
         argv += ["--max-context", str(args.max_context)]
     argv += ["--device", args.device]
+    if args.api_key_env:
+        argv += ["--api-key-env", args.api_key_env]
     return http_server.main(argv)

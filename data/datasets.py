@@ -22,6 +22,9 @@ from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
+# Bounds on what one file may make us hold in memory: a JSONL row, and a whole .json array.
+MAX_ROW_BYTES = 1 << 20
+MAX_JSON_FILE_BYTES = 256 << 20
 # How many skipped rows are named individually in the log before only counting.
 _NAMED_SKIPS = 5
 
@@ -87,7 +90,10 @@ def reference_answer(raw: Any) -> str:
 def iter_rows(path: str | Path, report: LoadReport) -> Iterator[tuple[int, Any]]:
     """(line or row number, decoded row) for JSONL / JSON-array / parquet files.
 
-    Lines that are not valid JSON are reported, not raised."""
+    Bounded, whatever the file holds: a JSONL line longer than `MAX_ROW_BYTES` is skipped
+    without being held in memory, as are lines that are not UTF-8, not JSON, or JSON nested
+    too deeply to decode; each is counted in `report`. A .json array is read whole, so it
+    must be under `MAX_JSON_FILE_BYTES` (JSONL streams any size)."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"dataset {path} does not exist")
@@ -97,28 +103,67 @@ def iter_rows(path: str | Path, report: LoadReport) -> Iterator[tuple[int, Any]]
             import pyarrow.parquet as pq
         except ImportError as err:
             raise DatasetError(f"dataset {path}: reading parquet needs pyarrow (pip install 'areal-graph[parquet]')") from err
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # pyarrow raises its own error types for corrupt files
+            raise DatasetError(f"dataset {path}: not a readable parquet file ({err})") from err
+        for i, row in enumerate(table.to_pylist(), start=1):
             yield i, row
         return
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise DatasetError(f"dataset {path}: not valid JSON ({err})") from err
-        if not isinstance(data, list):
-            raise DatasetError(f"dataset {path}: a .json dataset must hold a list of rows")
-        yield from enumerate(data, start=1)
+        yield from enumerate(_json_array(path), start=1)
         return
     if suffix not in (".jsonl", ".ndjson"):
         raise DatasetError(f"dataset {path}: unknown format {suffix!r} (use .jsonl, .json or .parquet)")
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
+    with path.open("rb") as f:
+        i = 0
+        while True:
+            raw = f.readline(MAX_ROW_BYTES + 1)
+            if not raw:
+                return
+            i += 1
+            if len(raw) > MAX_ROW_BYTES and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # drop the rest of the line, a chunk at a time
+                    raw = f.readline(MAX_ROW_BYTES)
+                report.skip(i, "row too long", f"over {MAX_ROW_BYTES:,} bytes")
                 continue
-            try:
-                yield i, json.loads(line)
-            except json.JSONDecodeError as err:
-                report.skip(i, "invalid JSON", str(err))
+            row = _decode_line(raw, i, report)
+            if row is not _SKIPPED:
+                yield i, row
+
+
+_SKIPPED = object()
+
+
+def _decode_line(raw: bytes, i: int, report: LoadReport) -> Any:
+    if not raw.strip():
+        return _SKIPPED
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        report.skip(i, "not UTF-8", f"byte 0x{raw[err.start]:02x} at column {err.start + 1}")
+    except json.JSONDecodeError as err:
+        report.skip(i, "invalid JSON", str(err))
+    except RecursionError:
+        report.skip(i, "nested too deeply")
+    return _SKIPPED
+
+
+def _json_array(path: Path) -> list:
+    if path.stat().st_size > MAX_JSON_FILE_BYTES:
+        raise DatasetError(f"dataset {path}: a .json dataset is read whole and must be under "
+                           f"{MAX_JSON_FILE_BYTES >> 20} MiB; write it as JSONL (one row per line)")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"dataset {path}: not UTF-8 text (byte offset {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"dataset {path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise DatasetError(f"dataset {path}: JSON nested too deeply to read") from None
+    if not isinstance(data, list):
+        raise DatasetError(f"dataset {path}: a .json dataset must hold a list of rows")
+    return data
 
 
 def load_prompts(

@@ -30,7 +30,7 @@ from areal_graph.graph.registry import UnknownKind, kind_of, resolve_kind
 from areal_graph.graph.overrides import apply_overrides, parse_override  # noqa: F401  (parse_override re-exported)
 from areal_graph.graph.problems import Problem, WorkflowError, node_of, suggest
 from areal_graph.graph.spec import REQUIRED_SECTIONS, SECTIONS
-from areal_graph.graph.yaml_lines import Path_, compose_with_lines
+from areal_graph.graph.yaml_lines import MAX_FILE_BYTES, Path_, compose_with_lines, decode_text
 
 __all__ = ["Problem", "WorkflowError", "load_workflow", "load_workflow_text", "parse_override"]
 
@@ -483,7 +483,8 @@ def load_workflow(path: str | Path, overrides: Iterable[str] = ()) -> S.Workflow
     """Read, override and validate a workflow file; raise `WorkflowError` listing every problem."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # bounded: the size check needs one byte past the limit
     except OSError as err:
         raise WorkflowError([Problem(str(path), None, None, None, f"cannot read workflow file: {err.strerror or err}")]) from None
-    return load_workflow_text(text, overrides, file=str(path))
+    return load_workflow_text(decode_text(data, str(path)), overrides, file=str(path))

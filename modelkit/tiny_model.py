@@ -65,7 +65,9 @@ def save_model_and_tokenizer(model, tokenizer, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    from areal_graph.modelkit.tokenizer import save_tokenizer
+
+    save_tokenizer(tokenizer, path)
     return path
 
 

@@ -10,6 +10,8 @@ exactly like a hub tokenizer, so nothing downstream knows it is home-made.
 from __future__ import annotations
 
 import itertools
+import json
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -68,4 +70,27 @@ def save_tokenizer(tokenizer, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
+    pin_unknown_token(path)
     return path
+
+
+def pin_unknown_token(path: str | Path) -> bool:
+    """Say in `tokenizer_config.json` that the tokenizer has no unknown token (byte-level BPE
+    needs none); True when the file changed.
+
+    Why: `AutoTokenizer` picks the class from the model's config (`Qwen2Tokenizer` for the
+    kit), and that class's constructor adds `<|endoftext|>` as its unknown token when the
+    config names none: a token id one past the model's embedding rows, which crashes any tool
+    that appends it. Idempotent; also run on kits built before this fix (modelkit/builtin.py)."""
+    config = Path(path) / "tokenizer_config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    if "unk_token" in data:
+        return False
+    data["unk_token"] = None
+    tmp = config.with_name(config.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(config)  # atomic: a reader in another process sees the old or the new file
+    return True

@@ -56,13 +56,17 @@ def grpo_advantages(
     r = rewards.to(torch.float64)
     count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, torch.ones_like(r))
     mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, r) / count
-    centred = r - mean[inv]
+    # A group whose rewards are all equal (or of one answer) carries no signal: exactly 0, also
+    # with eps = 0. Decided by comparing the rewards themselves: the mean of equal floats can
+    # round (0.1 x 3), leaving a centred value and a std of ~1e-17 that would divide to +-1.
+    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce_(0, inv, r, "amin")
+    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce_(0, inv, r, "amax")
+    uniform = (lo == hi)[inv]
+    centred = torch.where(uniform, torch.zeros_like(r), r - mean[inv])
     if std_normalize:
         var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, centred**2) / count
         std = var.sqrt()[inv]
-        # a group whose rewards are all equal (or of one answer) carries no signal: exactly 0,
-        # also with eps = 0
-        centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+        centred = torch.where(uniform, centred, centred / (std + eps))
     return centred.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 

@@ -189,6 +189,18 @@ def test_grpo_binary_rewards_known_values():
     )
 
 
+@pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3, 2.2])
+def test_grpo_equal_float64_rewards_give_zero_with_eps_zero(value):
+    """The mean of three equal float64 rewards rounds (0.1 + 0.1 + 0.1 != 0.3): the centred
+    values and the std are ~1e-17, and dividing them gave +-1. Equal rewards are no signal."""
+    rewards = torch.tensor([value] * 3 + [0.0, 1.0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    for std_normalize in (True, False):
+        adv = grpo_advantages(rewards, groups, std_normalize=std_normalize, eps=0.0)
+        assert adv[:3].tolist() == [0.0, 0.0, 0.0]
+    assert grpo_advantages(rewards, groups, eps=0.0)[3:].tolist() == [-1.0, 1.0]
+
+
 # ----------------------------------------------------------------------------- helpers
 def test_broadcast_and_normalize():
     mask = torch.tensor([0, 1, 1, 0, 1, 1, 1], dtype=torch.float32)

@@ -93,3 +93,38 @@ def test_parquet_rows_load_like_jsonl(tok, tmp_path):
     pq.write_table(pa.table({"question": ["What is 1 + 2?", None], "answer": ["3", "4"]}), tmp_path / "d.parquet")
     prompts, report = load_prompts(tmp_path / "d.parquet", tok)
     assert [p.answer for p in prompts] == ["3"] and report.skipped == {"missing 'question'": 1}
+
+
+def test_hostile_rows_are_skipped_in_bounded_memory(tok, tmp_path, monkeypatch):
+    """Non-UTF-8 bytes, JSON nested 20k deep and a row far over the row limit are skipped and
+    counted; the rows around them load. The long row is never held whole (the limit is set
+    to 64 KiB here and the row is 8 MiB)."""
+    from areal_graph.data import datasets
+
+    monkeypatch.setattr(datasets, "MAX_ROW_BYTES", 64 << 10)
+    good = json.dumps({"question": "What is 1 + 2?", "answer": "3"}).encode()
+    lines = [good,
+             b'{"question": "caf\xe9", "answer": "1"}',
+             b"[" * 20_000 + b"]" * 20_000,
+             b'{"question": "' + b"x" * (8 << 20) + b'", "answer": "1"}',
+             good]
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    prompts, report = load_prompts(path, tok)
+    assert len(prompts) == 2 and [p.id for p in prompts] == ["hostile:1", "hostile:5"]
+    assert report.skipped == {"not UTF-8": 1, "nested too deeply": 1, "row too long": 1}
+
+
+def test_hostile_json_array_files_are_clear_errors(tok, tmp_path, monkeypatch):
+    from areal_graph.data import datasets
+
+    (tmp_path / "latin1.json").write_bytes(b'[{"question": "caf\xe9", "answer": "1"}]')
+    with pytest.raises(DatasetError, match="latin1.json: not UTF-8"):
+        load_prompts(tmp_path / "latin1.json", tok)
+    (tmp_path / "deep.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(DatasetError, match="deep.json: JSON nested too deeply"):
+        load_prompts(tmp_path / "deep.json", tok)
+    monkeypatch.setattr(datasets, "MAX_JSON_FILE_BYTES", 1000)
+    (tmp_path / "big.json").write_text(json.dumps([{"question": "What is 1 + 2?", "answer": "3"}] * 100))
+    with pytest.raises(DatasetError, match="big.json: a .json dataset is read whole.*write it as JSONL"):
+        load_prompts(tmp_path / "big.json", tok)

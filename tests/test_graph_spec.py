@@ -63,11 +63,12 @@ def test_shipped_workflows_validate(path):
     assert spec.name == path.stem
     assert spec.source == str(path)
     assert spec.inference.backend == "embedded"
-    assert all(m.path == "builtin:tiny-arith" for m in spec.models.values())
-    assert spec.data.train == "builtin:arith/train" and spec.data.eval == "builtin:arith/test"
+    kit, data = ("tiny-arith-long", "arith-long") if path.stem.endswith("_longtail") else ("tiny-arith", "arith")
+    assert all(m.path == f"builtin:{kit}" for m in spec.models.values())
+    assert spec.data.train == f"builtin:{data}/train" and spec.data.eval == f"builtin:{data}/test"
     rollout = spec.nodes_of_kind("rollout")[0]
     assert spec.runtime.batch_size % rollout.params.group_size == 0
-    assert rollout.params.sampling.max_new_tokens <= 128
+    assert rollout.params.sampling.max_new_tokens <= (320 if kit == "tiny-arith-long" else 128)
 
 
 def test_shipped_workflow_specifics():

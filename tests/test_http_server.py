@@ -350,3 +350,50 @@ def test_serve_cli_parses_and_rejects_a_missing_model_dir(tmp_path):
     assert args.func(args) == 1  # no such directory: a clear message, no traceback
     args = build_parser().parse_args(["serve", str(tmp_path), "--max-running", "0"])
     assert args.func(args) == 2
+
+
+def test_api_key_is_required_everywhere_but_the_liveness_probe(tiny_model_dir, monkeypatch):
+    """With --api-key-env, every endpoint but GET /health answers 401 without
+    `Authorization: Bearer KEY` (or with a wrong one); the InferenceClient sends its key."""
+    import asyncio
+
+    from areal_graph.api.sampling import SamplingParams
+    from areal_graph.engines.inference.client import InferenceClient, RequestRejected
+    from areal_graph.engines.inference.http_server import ServerProcess
+
+    monkeypatch.setenv("AREAL_TEST_API_KEY", "k3y-for-test")
+    with ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--api-key-env", "AREAL_TEST_API_KEY"]) as proc:
+        url = proc.url
+        assert get(url, "/health")[0] == 200
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        for path in ("/generate", "/update_weights_from_disk", "/pause_generation", "/abort_request"):
+            status, reply = post(url, path, body)
+            assert status == 401 and "API key" in reply["message"], (path, reply)
+        for path in ("/get_model_info", "/get_spans", "/health_generate"):
+            assert get(url, path)[0] == 401, path
+        req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": "Bearer wrong"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=30)
+        assert info.value.code == 401
+
+        async def generate(key):
+            client = InferenceClient(url, api_key=key)
+            try:
+                return await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=0.0))
+            finally:
+                await client.close()
+
+        assert len(asyncio.run(generate("k3y-for-test")).output_ids) == 2
+        with pytest.raises(RequestRejected, match="401"):
+            asyncio.run(generate(None))
+
+
+def test_serve_refuses_an_open_server_beyond_loopback_and_an_unset_key(tmp_path, monkeypatch):
+    from areal_graph.cli.main import build_parser
+
+    monkeypatch.delenv("AREAL_NO_SUCH_KEY", raising=False)
+    args = build_parser().parse_args(["serve", str(tmp_path), "--host", "0.0.0.0"])
+    assert args.func(args) == 2
+    args = build_parser().parse_args(["serve", str(tmp_path), "--api-key-env", "AREAL_NO_SUCH_KEY"])
+    assert args.func(args) == 2

@@ -142,8 +142,12 @@ def test_kit_builds_once_loads_with_auto_classes_and_is_deterministic(tmp_path):
     train = [json.loads(line) for line in kit.data_path("train").read_text().splitlines()]
     test = [json.loads(line) for line in kit.data_path("test").read_text().splitlines()]
     assert (len(train), len(test)) == (300, 24) and {"question", "answer", "solution"} <= set(train[0])
-    AutoTokenizer.from_pretrained(kit.model_dir)
+    tok = AutoTokenizer.from_pretrained(kit.model_dir)
     model = AutoModelForCausalLM.from_pretrained(kit.model_dir)
+    # every token id the tokenizer can produce has an embedding row (Qwen2Tokenizer used to
+    # add <|endoftext|> as its unknown token, one id past the embedding)
+    assert len(tok) == model.config.vocab_size and tok.unk_token is None
+    assert max(tok.get_vocab().values()) < model.get_input_embeddings().weight.shape[0]
     # second call: no rebuild (the same files, untouched)
     stamp = (kit.model_dir / "model.safetensors").stat().st_mtime_ns
     assert ensure_kit(MINI, root=tmp_path / "a").info == info
@@ -155,6 +159,24 @@ def test_kit_builds_once_loads_with_auto_classes_and_is_deterministic(tmp_path):
     assert other.data_path("train").read_bytes() == kit.data_path("train").read_bytes()
     # no leftovers from the build
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [kit.path.name, kit.path.name + ".lock"]
+
+
+def test_a_kit_built_before_the_unknown_token_fix_is_repaired_on_load(tmp_path):
+    """A kit whose tokenizer_config.json names no unknown token (built before the fix) gets
+    `unk_token: null` written on load; its weights are untouched."""
+    from transformers import AutoTokenizer
+
+    kit = ensure_kit(MINI, root=tmp_path)
+    config = kit.model_dir / "tokenizer_config.json"
+    data = json.loads(config.read_text())
+    del data["unk_token"]
+    config.write_text(json.dumps(data))
+    assert len(AutoTokenizer.from_pretrained(kit.model_dir)) == kit.info["vocab_size"] + 1  # the defect
+    stamp = (kit.model_dir / "model.safetensors").stat().st_mtime_ns
+    ensure_kit(MINI, root=tmp_path)
+    assert json.loads(config.read_text())["unk_token"] is None
+    assert len(AutoTokenizer.from_pretrained(kit.model_dir)) == kit.info["vocab_size"]
+    assert (kit.model_dir / "model.safetensors").stat().st_mtime_ns == stamp
 
 
 def test_a_changed_recipe_is_a_different_kit():

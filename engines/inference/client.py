@@ -115,7 +115,8 @@ class InferenceClient:
     """Async HTTP client for one inference server (embedded or SGLang)."""
 
     def __init__(self, base_url: str, backend: str = "embedded", timeout: float = 600.0, retries: int = 5,
-                 backoff_s: float = 0.2, max_connections: int = 512, version: int = 0) -> None:
+                 backoff_s: float = 0.2, max_connections: int = 512, version: int = 0,
+                 api_key: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown inference backend {backend!r}; choose one of {BACKENDS}")
         if retries < 0:
@@ -127,6 +128,7 @@ class InferenceClient:
         self.backoff_s = backoff_s
         self.max_connections = max_connections
         self.version = version  # the weight version this client last set or saw
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.outstanding = 0  # generate calls in flight (the pool balances on this)
         self.stats = _Stats()
         self._session: aiohttp.ClientSession | None = None
@@ -145,7 +147,7 @@ class InferenceClient:
         if self._session is None or self._session.closed or self._session_loop is not loop:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self._headers
             )
             self._session_loop = loop
         return self._session

@@ -25,6 +25,11 @@ Endpoints (names and fields as in SGLang's `http_server.py`):
 version that produced each output token. Everything else is SGLang's shape, including
 `weight_version` being a string.
 
+Authentication (as SGLang's `--api-key`): a server started with an API key answers every
+endpoint but `GET /health` with 401 unless the request carries `Authorization: Bearer KEY`.
+The key comes from the environment variable named by `--api-key-env` (never the command
+line, where `ps` shows it to every local user); `areal-graph run` makes one per run.
+
 Errors are JSON in SGLang's error shape `{"object": "error", "message", "type", "code"}`:
 bad input -> 400 naming the field, a full queue -> 503 (retry later), anything unexpected
 -> 500; a failing request never takes the server down.
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import os
 import signal
@@ -205,15 +211,17 @@ def finish_reason_json(reason: str, num_output: int, last_token: int | None) -> 
 class InferenceHTTPServer:
     """Owns one engine and the aiohttp application that exposes it."""
 
-    def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference") -> None:
+    def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference",
+                 api_key: str | None = None) -> None:
         from areal_graph.api.spans import SpanRecorder
 
         self.engine = engine
+        self.api_key = api_key
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.spans = SpanRecorder(name)
         self._update_lock = asyncio.Lock()
-        self.app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors])
+        self.app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._auth, self._errors])
         r = self.app.router
         r.add_post("/generate", self.generate)
         r.add_put("/generate", self.generate)
@@ -229,6 +237,16 @@ class InferenceHTTPServer:
         r.add_get("/get_server_info", self.get_server_info)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_get("/get_spans", self.get_spans)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        """Every endpoint but the liveness probe needs the key, when the server has one."""
+        if self.api_key is None or (request.method == "GET" and request.path == "/health"):
+            return await handler(request)
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            return error_response(401, "missing or wrong API key (Authorization: Bearer KEY)", "Unauthorized")
+        return await handler(request)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
@@ -459,6 +477,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
     p.add_argument("--device", default="cpu")
     p.add_argument("--name", default="inference", help="the process name in trace spans")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="require the API key held in environment variable VAR (Authorization: Bearer KEY)")
     return p
 
 
@@ -548,6 +568,12 @@ class ServerProcess:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            sys.stderr.write(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty\n")
+            return 2
     from areal_graph.api.process import die_with_parent
 
     die_with_parent()
@@ -565,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                             seed=args.seed)
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()
-    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name)
+    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name, api_key=api_key)
 
     async def _run() -> None:
         stop = asyncio.Event()

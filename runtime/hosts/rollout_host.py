@@ -13,6 +13,7 @@ import threading
 from dataclasses import fields
 from typing import Any
 
+from areal_graph.api.process import run_token
 from areal_graph.data.packed import PackedBatch
 from areal_graph.api.imports import import_object
 from areal_graph.api.sampling import SamplingParams
@@ -53,7 +54,8 @@ class RolloutHost:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
-        clients = [InferenceClient(url, backend=backend, timeout=request_timeout_s) for url in server_urls]
+        clients = [InferenceClient(url, backend=backend, timeout=request_timeout_s, api_key=run_token())
+                   for url in server_urls]
         self.pool = ServerPool(clients)
 
     def _sampling(self, overrides: dict[str, Any] | None) -> SamplingParams:

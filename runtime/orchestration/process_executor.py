@@ -18,6 +18,7 @@ import concurrent.futures
 import importlib.util
 import logging
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -27,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kind import CONTROLLER, RunInfo
 from areal_graph.graph.plan import ExecutionPlan
@@ -72,20 +74,25 @@ class ProcessExecutor:
         gen_threads = spec.inference.threads or (1 if model_parameters(actor_path) < SMALL_MODEL_PARAMS else gen_threads)
         self.launcher = LocalLauncher(log_dir=self.run_dir.path / "logs",
                                       on_death=lambda died: on_failure(self._death_message(died)))
+        # One secret per run: every worker and inference server requires it, loopback included.
+        token = secrets.token_urlsafe(32)
+        env = {RUN_TOKEN_ENV: token}
         for i in range(spec.inference.servers):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i,
-                                           name=f"inference-{i}")
-            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
+                                           name=f"inference-{i}", api_key=token)
+            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd, env=env,
                                         health_url=f"{url}/health", threads=gen_threads)
             self.server_urls.append(url)
         for process, role in sorted(self.plan.processes().items()):
-            address = self.launcher.start_worker(process, threads=train_threads if role == "model" else 1)
-            self.clients[process] = WorkerClient(address, timeout=3600, name=process)
+            address = self.launcher.start_worker(process, threads=train_threads if role == "model" else 1,
+                                                 env=env, token_env=RUN_TOKEN_ENV)
+            self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
         # SGLang loads CUDA kernels and captures graphs before it answers /health: minutes.
         self.launcher.wait_healthy(timeout=900 if spec.inference.backend == "sglang" else 180)
-        self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend) for u in self.server_urls])
+        self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token)
+                                   for u in self.server_urls])
         self._io = _IOLoop()
         info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
                        train_threads=train_threads, run_dir=str(self.run_dir.path))
@@ -215,7 +222,7 @@ def shared_memory_path(name: str) -> str:
 
 
 def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,
-                             seed: int, name: str = "inference") -> list[str]:
+                             seed: int, name: str = "inference", api_key: str | None = None) -> list[str]:
     """The command line of one inference server on loopback: our embedded engine, or SGLang.
 
     `inference.args` become extra `--flag value` options (underscores as dashes; `true`
@@ -228,11 +235,15 @@ def inference_server_command(inference: InferenceSpec, model_path: str, port: in
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
                "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(seed),
                "--max-running-requests", str(inference.max_running_requests)]
+        if api_key:  # SGLang takes its key only as an argument
+            cmd += ["--api-key", api_key]
     else:
         cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server",
                "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
                "--max-running", str(inference.max_running_requests),
                "--threads", str(threads), "--seed", str(seed), "--name", name]
+        if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
+            cmd += ["--api-key-env", RUN_TOKEN_ENV]
     for key, value in inference.args.items():
         flag = "--" + str(key).replace("_", "-")
         if value is True:
