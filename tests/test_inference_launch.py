@@ -17,7 +17,18 @@ def test_embedded_server_command_passes_model_port_threads_seed_and_extra_args()
     assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.http_server"]
     opts = dict(zip(cmd[3::2], cmd[4::2]))
     assert opts == {"--model": "/m", "--host": "127.0.0.1", "--port": "1234", "--max-running": "48",
-                    "--threads": "3", "--seed": "9", "--max-queue": "256", "--device": "cpu"}
+                    "--threads": "3", "--seed": "9", "--name": "inference", "--max-queue": "256", "--device": "cpu"}
+
+
+def test_embedded_server_gets_the_run_key_by_environment_name_only():
+    """The key never appears in argv (`ps` shows argv to every local user): the server is told
+    which environment variable holds it."""
+    from areal_graph.api.process import RUN_TOKEN_ENV
+    from areal_graph.engines.inference import http_server
+
+    cmd = inference_server_command(InferenceSpec(), "/m", 1, 1, 0, api_key="s3cret")
+    assert "s3cret" not in " ".join(cmd)
+    assert http_server.build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
 
 
 def test_embedded_server_accepts_the_extra_args_it_is_given():
