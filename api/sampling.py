@@ -11,6 +11,7 @@ Which log-prob an engine reports for a sampled token (the *behaviour* log-prob):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from areal_graph.api.fields import (
@@ -49,6 +50,16 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
+
+    def for_answer(self, answer: int, turn: int = 0) -> "SamplingParams":
+        """These settings for answer `answer` of a group (and turn `turn` of a multi-turn
+        episode): with a seed, each gets its own (seed + 1000 answer + turn), or the G seeded
+        answers of a group would be G copies of one. Without a seed, unchanged."""
+        if self.seed is None:
+            return self
+        if not 0 <= turn < 1000:
+            raise ValueError(f"for_answer: turn must be in [0, 1000), got {turn}")
+        return dataclasses.replace(self, seed=self.seed + 1000 * answer + turn)
 
     def problems(self) -> list[str]:
         """What is wrong with these values (empty when they are fine)."""

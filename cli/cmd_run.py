@@ -26,12 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="Example: areal-graph run workflows/ppo_async.yaml runtime.steps=20 models.actor.train.lr=1e-5",
     )
-    p.add_argument("workflow", type=Path, help="workflow YAML file")
+    p.add_argument("workflow", type=Path, nargs="?", default=None,
+                   help="workflow YAML file (omitted with --resume: the run's own config.yaml is used)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="override any field, e.g. runtime.steps=10 nodes.train.clip_eps=0.1")
     p.add_argument("--run-dir", type=Path, default=None, help="where to write the run (default: runtime.run_dir)")
     p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
-                   help="continue a run from its latest complete checkpoint")
+                   help="continue a run from its latest complete checkpoint, with the workflow it ran "
+                        "(RUN_DIR/config.yaml; KEY=VALUE overrides such as runtime.steps=N still apply)")
     p.set_defaults(func=run)
 
 
@@ -84,18 +86,37 @@ class RunDisplay:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_graph.graph.loader import WorkflowError, load_workflow
+    from areal_graph.graph.dump import dump_workflow
+    from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text
+    from areal_graph.runtime.observability.run_dir import RunDir
 
     console = Console(soft_wrap=True)  # log lines stay whole when output is a file or a pipe
+    overrides = list(args.overrides)
+    if args.resume is not None and args.workflow is not None and "=" in str(args.workflow):
+        overrides.insert(0, str(args.workflow))  # `run --resume DIR runtime.steps=20`: no workflow given
+        args.workflow = None
+    if args.resume is not None and args.workflow is not None:
+        console.print(f"[red]--resume continues {args.resume}'s own workflow ({args.resume}/config.yaml): drop "
+                      f"{args.workflow} (KEY=VALUE overrides, e.g. runtime.steps=N, still apply)[/]")
+        return 2
+    if args.resume is None and args.workflow is None:
+        console.print("[red]give a WORKFLOW file (or --resume RUN_DIR)[/]")
+        return 2
+    source = RunDir(args.resume).config_path if args.resume is not None else args.workflow
     try:
-        spec = load_workflow(args.workflow, overrides=args.overrides)
+        if args.resume is not None:
+            if not source.is_file():
+                console.print(f"[red]{args.resume}: not a run directory (no config.yaml)[/]")
+                return 1
+            spec = load_workflow_text(source.read_text(encoding="utf-8"), overrides, file=str(source))
+        else:
+            spec = load_workflow(args.workflow, overrides=overrides)
     except WorkflowError as err:
-        console.print(f"[red]{args.workflow}: the workflow has {len(err.problems)} problem(s):[/]")
+        console.print(f"[red]{source}: the workflow has {len(err.problems)} problem(s):[/]")
         for problem in err.problems:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
-    from areal_graph.runtime.observability.run_dir import RunDir
     from areal_graph.runtime.orchestration.controller import RunFailed
     from areal_graph.runtime.orchestration.run import run_workflow
 
@@ -105,11 +126,15 @@ def run(args: argparse.Namespace) -> int:
         if ckpt is None:
             console.print(f"[red]{args.resume}: no complete checkpoint to resume from[/]")
             return 1
+        if overrides:  # the run continues under them: config.yaml says so
+            run_dir.write_text("config.yaml", dump_workflow(spec, header=f"resumed with {' '.join(overrides)}"))
     else:
         root = args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
         run_dir = RunDir(root)
         ckpt = None
-    run_dir.write_config(spec)
+        run_dir.write_text("config.yaml", dump_workflow(
+            spec, header=f"the workflow this run ran: {args.workflow}" + (f" with {' '.join(overrides)}" if overrides else "")
+            + "\nrepeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>"))
     console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
                   f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
     t0 = time.time()

@@ -82,6 +82,8 @@ class RuntimeSpec:
     fuse_prox_logprob: bool = _f(True, None, "take the proximal log-probs from the training forward when a step "
                                              "makes one optimizer update (exact; skips a forward pass)")
     dp_size: int = _f(1, _dp_size_check, "data-parallel ranks per model: only 1 is built yet")
+    max_restarts: int = _f(3, non_negative, "times each stateless process (rollout, reward and function workers, "
+                           "inference servers) is restarted after it dies before the run stops; 0 never restarts")
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,14 @@ class FakeRolloutParams:
     response_len: int = cfg(3)
     delay_s: float = cfg(0.0)
     fail: dict[str, int] = cfg({}, None, "group id (as a string) -> how many times it fails")
+    slow: dict[str, float] = cfg({}, None, "group id (as a string) -> extra seconds it takes")
 
 
 class FakeRolloutHost:
     def __init__(self, name: str, group_size: int, response_len: int, delay_s: float, fail: dict[str, int],
-                 **_: Any) -> None:
+                 slow: dict[str, float] | None = None, **_: Any) -> None:
         self.group_size, self.response_len, self.delay_s = group_size, response_len, delay_s
+        self.slow = {int(k): v for k, v in (slow or {}).items()}
         self.fail = {int(k): v for k, v in fail.items()}
         self.version = 0
         self.attempts: dict[int, int] = {}
@@ -61,7 +63,7 @@ class FakeRolloutHost:
             self.max_running = max(self.max_running, self.running)
         try:
             version = self.version  # the policy when generation started
-            time.sleep(self.delay_s)
+            time.sleep(self.delay_s + sum(self.slow.get(int(g), 0.0) for g in batch["group_id"].tolist()))
             seqs, groups, samples, answers = [], [], [], []
             for i in range(batch.num_seqs):
                 gid = int(batch["group_id"][i])

@@ -131,6 +131,50 @@ def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
     assert not leftovers, leftovers
 
 
+def _kill_during_run(proc: subprocess.Popen, run_dir: Path, victim_name: str, after_step: int) -> int:
+    """SIGKILL the run's process `victim_name` once `after_step` steps are logged; its pid."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and sum("time/step" in line for line in metrics.read_text().splitlines()) >= after_step:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                cmdline = " ".join(child.cmdline())
+                if f"--name {victim_name} " in cmdline + " ":
+                    child.send_signal(signal.SIGKILL)
+                    return child.pid
+        time.sleep(0.05)
+    raise AssertionError(f"the run never reached step {after_step}")
+
+
+@pytest.mark.parametrize("victim", ["reward", "rollout", "inference-0"])
+def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path, victim):
+    """Fault injection: SIGKILL a stateless process mid-run. It is restarted (the server on the
+    current weights), the calls that died with it are redone, and the run finishes every step
+    with staleness within eta, every step's batch full, no prompt group failed or dropped."""
+    wf = write_workflow(kit, tmp_path)
+    run_dir = tmp_path / "run"
+    steps, eta, batch = 10, 2, 8
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
+           f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.save_every=0", "runtime.eval_every=0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        _kill_during_run(proc, run_dir, victim, after_step=2)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert f"restarting it (1 of at most 3)" in out and victim in out
+    metrics = [m for m in read_metrics(run_dir) if "time/step" in m]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # strictly increasing, the last reached
+    assert all(m["staleness/max"] <= eta for m in metrics)
+    summary = json.loads((run_dir / "unfinished.json").read_text())
+    assert summary["process_restarts"] == {victim: 1}
+    assert summary["trajectories_trained"] == steps * batch
+    assert summary["groups_failed"] == 0 and summary["groups_dropped"] == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["ppo_async.yaml", "grpo_sync.yaml"])
 def test_shipped_workflow_improves_tiny_arith_accuracy(tmp_path, workflow):

@@ -364,8 +364,12 @@ class InferenceHTTPServer:
             raise BadRequest(f"'weight_version' must be an integer, got {version!r}")
         async with self._update_lock:
             try:
+                t0 = time.perf_counter()
                 state = shared_weights.read(path, manifest)
                 await asyncio.to_thread(self.engine.update_weights_from_state_dict, state, version)
+                # the swap itself, as the engine sees it (the trace's "weights" category)
+                self.spans.record("swap_weights", t0, time.perf_counter(), cat="weights", node="weights",
+                                  version=int(version))
             except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
                 return web.json_response({"success": False, "message": f"failed to load weights from {path}: {err}"},
                                          status=400)

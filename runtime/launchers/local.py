@@ -59,6 +59,8 @@ class _Managed:
     health_url: str | None = None
     token: str | None = None
     reported: bool = field(default=False)
+    restart: Callable[[], None] | None = None  # starts it again as it was first started
+    restarts: int = 0
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -143,6 +145,7 @@ class LocalLauncher:
         """Start any server process; `health_url` (HTTP GET -> 200) is what `wait_healthy` polls."""
         m = self._spawn(name, role, cmd, env, threads, cwd)
         m.health_url = health_url
+        m.restart = lambda: self.start_process(name, role, cmd, env, threads, health_url, cwd)
         return m.popen.pid
 
     def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
@@ -175,6 +178,8 @@ class LocalLauncher:
         m.address = f"{connect_host}:{int(port_file.read_text())}"
         if token_env:
             m.token = (env or {}).get(token_env) or os.environ.get(token_env)
+        m.restart = lambda: self.start_worker(name, env, threads, host, token_env, role, startup_timeout,
+                                              max_concurrent_calls)
         return m.address
 
     # ------------------------------------------------------------------ health
@@ -241,6 +246,26 @@ class LocalLauncher:
                         self.on_death(died)
                     except Exception:  # the watchdog must keep watching the others
                         log.exception("on_death callback failed for %s", m.name)
+
+    def restart(self, name: str, timeout: float = 180.0) -> _Managed:
+        """Start a process that died again, exactly as it was first started (same command,
+        environment and log file, appended; a worker binds a new port: see `address`), and
+        wait until it is healthy. Call from a long-lived thread (see `__init__`): the watchdog's
+        `on_death` callback runs on one."""
+        with self._lock:
+            old = self.procs.get(name)
+            if old is None or old.restart is None:
+                raise KeyError(f"no process {name!r} to restart")
+            if old.popen.poll() is None:
+                raise RuntimeError(f"{name!r} is still running")
+            del self.procs[name]
+        old.log_file.close()
+        old.restart()
+        m = self.procs[name]
+        m.restarts = old.restarts + 1
+        self.wait_healthy(timeout=timeout, names=[name])
+        log.warning("restarted %s %r (restart %d), pid %d", m.role, name, m.restarts, m.popen.pid)
+        return m
 
     def alive(self) -> dict[str, bool]:
         return {n: m.popen.poll() is None for n, m in self.procs.items()}

@@ -98,6 +98,11 @@ class RunDir:
 
         return yaml.safe_load(self.config_path.read_text())
 
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.path / name
+        _atomic_write(path, text)
+        return path
+
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.path / name
         _atomic_write(path, json.dumps(_plain(obj), indent=2) + "\n")
@@ -118,6 +123,27 @@ class RunDir:
                     continue
                 writer.add_scalar(k, v, int(step))
             writer.flush()
+
+    def truncate_metrics(self, last_step: int) -> int:
+        """Drop the metrics lines of steps after `last_step` (logged after the checkpoint a run
+        resumes from; the resumed run logs those steps again): how many lines went. TensorBoard
+        event files are append-only and keep theirs."""
+        if not self.metrics_path.exists():
+            return 0
+        keep, dropped = [], 0
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                step = int(json.loads(line).get("step", 0))
+            except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
+                dropped += 1  # a line cut off by the crash
+                continue
+            if step <= last_step:
+                keep.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            _atomic_write(self.metrics_path, "".join(line + "\n" for line in keep))
+        return dropped
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every logged step (a line cut off by a crash is skipped)."""

@@ -34,6 +34,7 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
+from areal_graph.runtime.observability.ledger import SampleLedger
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.executor import NodeExecutor
@@ -66,6 +67,9 @@ class RunState:
     groups_dropped: int = 0
     trajectories_trained: int = 0
     history: list[dict] = field(default_factory=list)
+    # positions in the prompt stream of groups submitted but not trained when the checkpoint
+    # was taken (in flight or buffered): a resume generates them again first, so none is skipped
+    requeue: list[int] = field(default_factory=list)
 
 
 class Controller:
@@ -93,15 +97,20 @@ class Controller:
         self._gen_stats: dict[str, float] = {}  # generation-side node stats since the last step
         self._dropped_by: dict[str, int] = {}
         self._spans_pulled = time.perf_counter()
+        self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
+        self.ledger = SampleLedger(run_dir.path / "ledger.jsonl" if run_dir is not None else None)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, resume_from: Path | None = None) -> RunState:
         """Run to `runtime.steps` (the executor must have been started with `self.on_failure`)."""
         for line in self.plan.describe():
             log.info("plan: %s", line)
-        if resume_from is not None:
-            asyncio.run(self._restore(resume_from))
-        asyncio.run(self._main())
+        try:
+            if resume_from is not None:
+                asyncio.run(self._restore(resume_from))
+            asyncio.run(self._main())
+        finally:
+            self.ledger.close()
         return self.state
 
     def on_failure(self, message: str) -> None:
@@ -115,6 +124,7 @@ class Controller:
         self._loop = asyncio.get_running_loop()
         self._loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="ctl"))
         self._stop = asyncio.Event()
+        self._settled = asyncio.Event()  # a prompt group finished: generated, dropped or failed
         if self._fatal is not None:
             raise self._fatal
         tasks = {asyncio.create_task(self._generation_loop(), name="generation"),
@@ -160,6 +170,8 @@ class Controller:
             "trajectories_buffered_at_stop": stats.buffered_trajectories,
             **{k: v for k, v in asdict(self.state).items() if k != "history"},
             "groups_dropped_by_node": dict(self._dropped_by),
+            "process_restarts": dict(getattr(self.executor, "restarts", {})),
+            "groups_untrained_at_stop": len(self._untrained),
             "buffer": stats,
         }
         self.run_dir.write_json("unfinished.json", summary)
@@ -196,9 +208,14 @@ class Controller:
             self.gate.on_submit(G)
             gid = self.state.next_group_id
             self.state.next_group_id += 1
-            prompt = self.prompts[self.state.next_prompt % len(self.prompts)]
-            self.state.next_prompt += 1
+            if self.state.requeue:  # prompts a resumed checkpoint had not trained yet come first
+                pos = self.state.requeue.pop(0)
+            else:
+                pos = self.state.next_prompt
+                self.state.next_prompt += 1
+            self._untrained[gid] = pos
             self.state.groups_submitted += 1
+            prompt = self.prompts[pos % len(self.prompts)]
             self._inflight[gid] = asyncio.create_task(self._run_group(gid, prompt), name=f"group-{gid}")
 
     async def _run_group(self, gid: int, prompt: Any) -> None:
@@ -214,6 +231,8 @@ class Controller:
                     if attempt + 1 == GROUP_ATTEMPTS or self._fatal is not None:
                         self.gate.on_reject(G)
                         self.state.groups_failed += 1
+                        self._settle(gid, prompt, "failed")
+                        self._settled.set()
                         log.error("prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
                                   gid, prompt.id, GROUP_ATTEMPTS, exc)
                         return
@@ -226,10 +245,13 @@ class Controller:
             if outcome.batch is None:
                 self.gate.on_reject(G)
                 self.state.groups_dropped += 1
+                self._settle(gid, prompt, "dropped")
             else:
                 self.gate.on_accept(G)
                 self.state.groups_finished += 1
                 self.buffer.put(outcome.batch)
+                self._record(gid, prompt, "generated")
+            self._settled.set()
         except NodeContractError as err:
             self.gate.on_reject(G)
             self.on_failure(f"{err}")
@@ -237,8 +259,37 @@ class Controller:
             if self._inflight.get(gid) is asyncio.current_task():
                 del self._inflight[gid]
 
+    def _record(self, gid: int, prompt: Any, event: str) -> None:
+        self.ledger.record(event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step,
+                           self.state.version)
+
+    def _settle(self, gid: int, prompt: Any, event: str) -> None:
+        """A group's last event: it will never be trained (or just was)."""
+        self._record(gid, prompt, event)
+        self._untrained.pop(gid, None)
+
+    def _settle_trained(self, batch: PackedBatch | None, taken: PackedBatch) -> None:
+        """Every group taken for this step is settled: trained, or dropped by a training-side filter."""
+        trained = set(batch["group_id"].tolist()) if batch is not None and "group_id" in batch else set()
+        for gid in dict.fromkeys(taken["group_id"].tolist()):
+            pos = self._untrained.get(gid, -1)
+            self._settle(gid, self.prompts[pos % len(self.prompts)] if pos >= 0 else gid,
+                         "trained" if gid in trained else "dropped")
+
+    def _group_seed(self, gid: int) -> dict[str, Any] | None:
+        """Sampling seed of a group: from the run's seed and the group's place in the prompt
+        stream, unless the workflow fixes one. A group's answers then depend on the weights
+        alone, not on which process drew them or when: a retried or resumed group is
+        generated exactly as it would have been (the rollout gives answer j seed + 1000 j)."""
+        sampling = getattr(self.plan.node(self.plan.source).params, "sampling", None)
+        if sampling is None or getattr(sampling, "seed", 0) is not None:
+            return None
+        pos = self._untrained.get(gid, gid)
+        return {"sampling": {"seed": (self.rt.seed % (1 << 20)) * (1 << 40) + pos * (1 << 16)}}
+
     async def _generate_group(self, gid: int, prompt: Any):
-        batch = (await self._call(self.plan.source, self._prompt_batch([prompt], [gid]))).batch
+        batch = (await self._call(self.plan.source, self._prompt_batch([prompt], [gid]),
+                                  extra=self._group_seed(gid))).batch
         return await run_phase(self.plan, self.plan.generation, batch, self._call)
 
     # ------------------------------------------------------------------ training side
@@ -249,7 +300,7 @@ class Controller:
         while self.state.step < self.rt.steps:
             t_wait = time.perf_counter()
             with self.tracer.span("wait_batch", cat="controller", step=self.state.step):
-                batch = await self.buffer.get_async(B, group_size=self.group_size)
+                batch = await self._next_batch(B)
             t0 = time.perf_counter()
             stats: dict[str, float] = {"time/wait_batch": t0 - t_wait, **self._batch_stats(batch)}
             outcome = await run_phase(self.plan, self.plan.training, batch, self._timed_call(stats))
@@ -261,6 +312,8 @@ class Controller:
             self.state.version += 1
             self.state.step += 1
             self.state.trajectories_trained += trained
+            if "group_id" in batch:  # ledger: the groups of step N are "trained" at step N
+                self._settle_trained(outcome.batch, batch)
             self.gate.set_version(self.state.version)
             t_end = time.perf_counter()
             stats["time/step"] = t_end - t0
@@ -277,6 +330,26 @@ class Controller:
         with self.tracer.span("export_final_model", cat="controller"):
             await self.executor.export_model(self.run_dir.final_model_dir)
         self._stop.set()
+
+    async def _next_batch(self, batch_size: int) -> PackedBatch:
+        """The next B trajectories: the oldest-submitted untrained groups, waiting for them.
+
+        Why submission order, not the first groups to finish: the gate admits a group at
+        version v only while at most (v + eta + 1) B trajectories are admitted, so the k-th
+        group trained in submission order is trained by step v + eta at the latest: the bound
+        holds exactly, whatever order groups finish in. Taking whichever groups finish first
+        lets a slow old group be overtaken until it is trained more than eta versions late.
+        The trainer waits only for a group that is due; groups dropped by a filter or failed
+        leave the queue and the next ones move up."""
+        wanted = batch_size // self.group_size
+        while True:
+            self._settled.clear()
+            due = sorted(self._untrained)[:wanted]
+            if len(due) == wanted:
+                batch = self.buffer.take_groups(due)
+                if batch is not None:
+                    return batch
+            await self._settled.wait()
 
     def _timed_call(self, stats: dict[str, float]):
         async def call(name: str, batch: PackedBatch) -> NodeResult:
@@ -344,15 +417,32 @@ class Controller:
         path = self.run_dir.checkpoint_dir(self.state.step)
         with self.tracer.span("checkpoint", cat="controller", step=self.state.step):
             await self.executor.save_checkpoint(path)
-            (path / "controller_state.json").write_text(json.dumps(asdict(self.state)))
+            state = asdict(self.state)
+            # not yet trained: still to resubmit, in flight, or buffered (generated by weights
+            # that will not exist after a resume: regenerated rather than trained stale)
+            state["requeue"] = sorted({*self.state.requeue, *self._untrained.values()})
+            (path / "controller_state.json").write_text(json.dumps(state))
             self.run_dir.mark_checkpoint_complete(path)
 
     async def _restore(self, ckpt: Path) -> None:
+        """Continue as if never stopped: the models' weights and optimizers, the servers on the
+        checkpoint's policy (they started on the workflow's model), the prompt stream and the
+        untrained groups' prompts, the counters, and metrics with no step logged twice."""
         data = json.loads((ckpt / "controller_state.json").read_text())
         self.state = RunState(**data)
         await self.executor.load_checkpoint(ckpt)
+        if self.state.version > 0:
+            await self.executor.sync_weights(self.state.version)
         # Trajectories trained before the checkpoint count as accepted, so the bound stays exact.
         self.gate.restore(self.state.version, self.state.trajectories_trained)
+        dropped = self.run_dir.truncate_metrics(self.state.step)
+        self.ledger.record("resumed", -1, -1, ckpt.name, self.state.step, self.state.version)
+        for pos in self.state.requeue:
+            self.ledger.record("requeued", -1, pos, getattr(self.prompts[pos % len(self.prompts)], "id", pos),
+                               self.state.step, self.state.version)
+        log.info("resumed from %s: step %d, version %d, %d untrained prompt groups requeued%s", ckpt,
+                 self.state.step, self.state.version, len(self.state.requeue),
+                 f", {dropped} metrics lines after step {self.state.step} removed" if dropped else "")
 
     def _log_step(self, stats: dict[str, float], dropped_in_training: int) -> None:
         stats = {k: float(v) for k, v in stats.items()}

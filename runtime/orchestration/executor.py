@@ -102,6 +102,8 @@ class InProcessExecutor:
         self.plan = plan
         self.hosts = LocalHosts(plan, info or RunInfo(model_paths={m: s.path for m, s in plan.spec.models.items()}))
         self.calls: list[tuple[str, int, int]] = []  # (node, step, version), for tests
+        self.version = 0  # the policy version of the last sync (a resumed run starts past 0)
+        self._told: set[int] = set()  # host objects told the current version
 
     def start(self, on_failure: Callable[[str], None]) -> None:
         self.on_failure = on_failure
@@ -109,12 +111,19 @@ class InProcessExecutor:
     async def run(self, node: str, batch: PackedBatch, *, step: int, version: int,
                   extra: dict[str, Any] | None = None) -> NodeResult:
         self.calls.append((node, step, version))
+        self._tell(self.hosts.get(node))  # built lazily: after a resume's sync, it starts on that version
         return await asyncio.to_thread(self.hosts.call, node, batch, extra)
 
+    def _tell(self, obj: Any) -> None:
+        if id(obj) not in self._told and callable(getattr(obj, "set_policy_version", None)):
+            obj.set_policy_version(self.version)
+            self._told.add(id(obj))
+
     async def sync_weights(self, version: int) -> dict[str, float]:
+        self.version = version
+        self._told.clear()
         for obj in self.hosts.objects():
-            if callable(getattr(obj, "set_policy_version", None)):
-                obj.set_policy_version(version)
+            self._tell(obj)
         return {}
 
     def _actor_host(self) -> Any | None:

@@ -9,6 +9,13 @@ Weight sync (`runtime.weight_sync`): *memory* has the actor's host write its wei
 shared-memory file that every embedded server copies from (no serialisation, milliseconds
 for small models); *disk* exports safetensors that the servers load (SGLang's way; also
 what checkpoints and the final model use).
+
+Processes that come back: a stateless process that dies (a rollout, reward or function
+worker, an inference server) is started again, up to `runtime.max_restarts` times each; a
+worker gets its hosted objects configured again, a server the weights of the current policy
+version. Node calls that failed because a process died are redone once it is back (the
+controller never sees them fail). A model worker holds weights and optimizer state: its death
+stops the run (resume from the last checkpoint with `areal-graph run --resume`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -63,6 +71,14 @@ class ProcessExecutor:
         self._io: _IOLoop | None = None  # HTTP to the inference servers runs on its own event loop
         self.weight_sync = resolve_weight_sync(self.spec.runtime.weight_sync, self.spec.inference.backend)
         self._shm_path = shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights")
+        self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
+        self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
+        self._deaths = 0  # restartable deaths so far (calls compare it before and after)
+        self.restarts: dict[str, int] = {}  # process name -> times restarted
+        self._last_sync: tuple[str, str, Any, int] | None = None
+        self._token: str | None = None
+        self._info: RunInfo | None = None
+        self._on_failure: Callable[[str], None] = lambda message: None
 
     # ------------------------------------------------------------------ start / stop
     def start(self, on_failure: Callable[[str], None]) -> None:
@@ -72,10 +88,10 @@ class ProcessExecutor:
         actor_path = spec.models[self.plan.actor].path
         gen_threads, train_threads = thread_split(rt)
         gen_threads = spec.inference.threads or (1 if model_parameters(actor_path) < SMALL_MODEL_PARAMS else gen_threads)
-        self.launcher = LocalLauncher(log_dir=self.run_dir.path / "logs",
-                                      on_death=lambda died: on_failure(self._death_message(died)))
+        self._on_failure = on_failure
+        self.launcher = LocalLauncher(log_dir=self.run_dir.path / "logs", on_death=self._on_death)
         # One secret per run: every worker and inference server requires it, loopback included.
-        token = secrets.token_urlsafe(32)
+        token = self._token = secrets.token_urlsafe(32)
         env = {RUN_TOKEN_ENV: token}
         for i in range(spec.inference.servers):
             port = free_port()
@@ -85,7 +101,9 @@ class ProcessExecutor:
             self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd, env=env,
                                         health_url=f"{url}/health", threads=gen_threads)
             self.server_urls.append(url)
+            self._roles[f"inference-{i}"] = "inference"
         for process, role in sorted(self.plan.processes().items()):
+            self._roles[process] = role
             address = self.launcher.start_worker(process, threads=train_threads if role == "model" else 1,
                                                  env=env, token_env=RUN_TOKEN_ENV)
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
@@ -97,21 +115,79 @@ class ProcessExecutor:
         info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
                        train_threads=train_threads, run_dir=str(self.run_dir.path))
         self.local = LocalHosts(self.plan, info)
+        self._info = info
+        self._ready = {name: threading.Event() for name in self._roles}
+        for event in self._ready.values():
+            event.set()
         self._configure(info)
 
-    def _configure(self, info: RunInfo) -> None:
-        """Build every hosted object once, where the plan puts it (controller objects lazily)."""
+    def _configure(self, info: RunInfo, only: str | None = None) -> None:
+        """Build every hosted object once, where the plan puts it (controller objects lazily);
+        `only`: just those of that process (it was restarted)."""
         done: set[tuple[str, str]] = set()
         for name, h in self.plan.hosting.items():
             if h.process == CONTROLLER or name in self.plan.fused or (h.process, h.obj) in done:
+                continue
+            if only is not None and h.process != only:
                 continue
             done.add((h.process, h.obj))
             node = self.spec.nodes[name]
             self.clients[h.process].configure(h.obj, h.impl, self.plan.kind(name).host_args(node, self.spec, info))
 
+    # ------------------------------------------------------------------ processes that die
+    def _on_death(self, died: ProcessDied) -> None:
+        """On the launcher's watchdog thread: restart a stateless process (bounded), else stop
+        the run with a message naming it."""
+        role = self._roles.get(died.name, died.role)
+        done = self.restarts.get(died.name, 0)
+        if role == "model":
+            self._on_failure(self._death_message(died) + "\n(a model worker holds weights and optimizer state: "
+                             "resume from the last checkpoint with --resume)")
+            return
+        if done >= self.spec.runtime.max_restarts:
+            self._on_failure(self._death_message(died) + f"\n(restarted {done} times already; "
+                             f"runtime.max_restarts is {self.spec.runtime.max_restarts})")
+            return
+        self._ready[died.name].clear()
+        self._deaths += 1
+        self.restarts[died.name] = done + 1
+        log.warning("%s; restarting it (%d of at most %d)", self._death_message(died).split("\n")[0], done + 1,
+                    self.spec.runtime.max_restarts)
+        try:
+            m = self.launcher.restart(died.name)
+            if role == "inference":
+                self._restore_server(int(died.name.rsplit("-", 1)[1]))
+            else:
+                old = self.clients[died.name]
+                self.clients[died.name] = WorkerClient(m.address, timeout=3600, name=died.name, token=self._token)
+                old.close()
+                self._configure(self._info, only=died.name)
+        except Exception as err:  # the restart itself failed: nothing left to try
+            log.exception("restarting %s failed", died.name)
+            self._on_failure(self._death_message(died) + f"\nrestarting it failed: {err}")
+            return
+        self._ready[died.name].set()
+
+    def _restore_server(self, index: int) -> None:
+        """A restarted inference server starts on the workflow's model: give it the weights of
+        the policy version the others serve (the last sync), so no sample comes from old weights."""
+        if self._last_sync is None:
+            return  # no sync yet: the initial weights are the current ones
+        client = self.servers.clients[index]
+        kind, where, manifest, version = self._last_sync
+        if kind == "memory":
+            self._io.submit(client.update_weights_from_shared_memory(where, manifest, version)).result(timeout=300)
+        else:
+            self._io.submit(client.update_weights_from_disk(where, version)).result(timeout=300)
+
+    def _wait_ready(self, names: list[str], timeout: float = 600.0) -> None:
+        for name in names:
+            if not self._ready[name].wait(timeout):
+                raise TimeoutError(f"{name!r} did not come back within {timeout:.0f} s")
+
     def _death_message(self, died: ProcessDied) -> str:
         nodes = self.plan.nodes_on(died.name)
-        return (f"process {died.name!r} (role {died.role}, hosting nodes {nodes or 'none'}) died: "
+        return (f"process {died.name!r} (role {self._roles.get(died.name, died.role)}, hosting nodes {nodes or 'none'}) died: "
                 f"exit code {died.returncode}" + (f", signal {died.signal}" if died.signal else "")
                 + (f"\n--- last lines of its log ---\n{died.log_tail}" if died.log_tail else ""))
 
@@ -136,9 +212,30 @@ class ProcessExecutor:
             assert self.local is not None
             return await asyncio.to_thread(self.local.call, node, batch, extra)
         call = self.plan.kind(node).call(self.spec.nodes[node], self.spec)
-        out, stats = await asyncio.to_thread(self.clients[h.process].execute_with_stats, h.obj, call.method, batch,
-                                             _step=step, _version=version, **{**call.args, **(extra or {})})
-        return NodeResult(out, stats)
+        needs = [h.process, *self._servers_names()]  # a rollout's work also lives on the servers
+        while True:
+            await asyncio.to_thread(self._wait_ready, needs)
+            deaths = self._deaths
+            try:
+                out, stats = await asyncio.to_thread(self.clients[h.process].execute_with_stats, h.obj, call.method,
+                                                     batch, _step=step, _version=version,
+                                                     **{**call.args, **(extra or {})})
+                return NodeResult(out, stats)
+            except Exception:
+                if not await self._died_meanwhile(deaths):
+                    raise
+                log.warning("node %r: a process it needs died during the call; redoing it once it is back", node)
+
+    def _servers_names(self) -> list[str]:
+        return [n for n, role in self._roles.items() if role == "inference"]
+
+    async def _died_meanwhile(self, deaths: int, notice_s: float = 2.0) -> bool:
+        """Whether a process died since `deaths` was read: a call to a dead process usually
+        fails before the watchdog (polling) notices, so give it `notice_s` to."""
+        deadline = time.monotonic() + notice_s
+        while self._deaths == deaths and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._deaths != deaths
 
     async def collect_spans(self) -> list[dict]:
         """Spans the workers and inference servers recorded since the last call (for the run's trace)."""
@@ -163,14 +260,27 @@ class ProcessExecutor:
 
     async def sync_weights(self, version: int) -> dict[str, float]:
         """The actor's weights to every inference server, labelled `version` (see module docstring)."""
+        while True:
+            await asyncio.to_thread(self._wait_ready, self._servers_names())
+            deaths = self._deaths
+            try:
+                return await self._sync_weights_once(version)
+            except Exception:
+                if not await self._died_meanwhile(deaths):
+                    raise
+                log.warning("an inference server died during the weight sync to version %d; redoing it", version)
+
+    async def _sync_weights_once(self, version: int) -> dict[str, float]:
         client = self._models_client(self.plan.actor)
         if self.weight_sync == "memory":
             manifest = await asyncio.to_thread(client.call, self.plan.actor, "publish_weights", path=self._shm_path)
             await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
+            self._last_sync = ("memory", self._shm_path, manifest, version)
             return {}
         path = self.run_dir.weights_dir(version)
         await asyncio.to_thread(client.call, self.plan.actor, "export_weights", path=str(path))
         await self._servers(self.servers.update_weights_from_disk(str(path), version))
+        self._last_sync = ("disk", str(path), None, version)
         old = self.run_dir.weights_dir(version - 2)
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
                  resume_from: Path | None = None) -> RunState:
     plan = build_plan(spec)
+    if resume_from is not None and run_dir.trace_path.exists():  # keep the trace of the run so far
+        part = 1
+        while (kept := run_dir.trace_path.with_name(f"trace.part{part}.json")).exists():
+            part += 1
+        run_dir.trace_path.rename(kept)
+        log.info("the trace before this resume is kept as %s", kept)
     tracer = Tracer(run_dir.trace_path)
     now = time.perf_counter()
     tracer.record("plan", now, now, cat="controller", lines=plan.describe(), fused=dict(plan.fused))

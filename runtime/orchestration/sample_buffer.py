@@ -7,8 +7,9 @@ advantages need all answers of a prompt in one batch), hands out the *oldest* gr
 stays as low as the gate allows, and counts everything that entered and left so that nothing
 is dropped silently (`stats()`, `drain()`).
 
-Thread-safe: `put` is called from the generation side, `get` / `get_async` from the trainer;
-a cancelled `get_async` takes nothing.
+Thread-safe: `put` is called from the generation side, `get` / `get_async` / `take_groups`
+from the trainer; a cancelled `get_async` takes nothing. (The controller takes named groups,
+in submission order: see `take_groups`.)
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ class SampleBuffer:
                 with self._lock:
                     if (loop, event) in self._async_waiters:
                         self._async_waiters.remove((loop, event))
+
+    def take_groups(self, group_ids: list[int]) -> PackedBatch | None:
+        """Take exactly the groups `group_ids` (in that order) if all are buffered, else take
+        nothing and return None. The controller trains groups in submission order this way,
+        which is what makes its staleness bound exact (controller.py, `_next_batch`)."""
+        with self._lock:
+            where = {g.group_id: i for i, g in enumerate(self._groups)}
+            if any(gid not in where for gid in group_ids):
+                return None
+            return self._take_locked([where[gid] for gid in group_ids])
 
     def drain(self) -> PackedBatch | None:
         """Take everything left (e.g. at the end of a run, for the report); None if empty."""

@@ -44,7 +44,8 @@ class PythonToolAgent(Rollout):
         result = await run_python(match.group(1), self.limits)
         return f"\n<output>\n{result.as_observation()}\n</output>\n"
 
-    async def _one_episode(self, client: Any, prompt: PromptLike, sampling: SamplingParams, rid: str) -> Trajectory:
+    async def _one_episode(self, client: Any, prompt: PromptLike, sampling: SamplingParams, rid: str,
+                           answer: int = 0) -> Trajectory:
         ids = [int(t) for t in prompt.input_ids]
         traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), answer=str(prompt.answer))
         turn_params = dataclasses.replace(sampling, stop=list(sampling.stop) + [CODE_CLOSE])
@@ -56,7 +57,7 @@ class PythonToolAgent(Rollout):
                 break
             gen = await generate_interruptible(
                 client=client, prompt_ids=traj.input_ids,
-                sampling=dataclasses.replace(turn_params, max_new_tokens=budget),
+                sampling=dataclasses.replace(turn_params.for_answer(answer, turn), max_new_tokens=budget),
                 rid=f"{rid}-t{turn}", max_interruptions=self.max_interruptions,
             )
             traj.append(gen.output_ids, generated=True, logprobs=gen.output_logprobs, versions=gen.output_versions)
@@ -74,7 +75,7 @@ class PythonToolAgent(Rollout):
     async def run(self, prompt: PromptLike, client: Any, group_size: int,
                   sampling: SamplingParams) -> list[Trajectory]:
         base = f"{getattr(prompt, 'id', 'p')}-{uuid.uuid4().hex[:8]}"
-        trajs = await asyncio.gather(*(self._one_episode(client, prompt, sampling, f"{base}-{j}") for j in range(group_size)))
+        trajs = await asyncio.gather(*(self._one_episode(client, prompt, sampling, f"{base}-{j}", j) for j in range(group_size)))
         for j, t in enumerate(trajs):
             t.sample_id = j
         return list(trajs)

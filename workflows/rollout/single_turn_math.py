@@ -8,7 +8,6 @@ and the reward node later checks the answer text against `prompt.answer`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from typing import Any
 
@@ -32,12 +31,8 @@ class SingleTurnMath(Rollout):
             raise ValueError(f"prompt {getattr(prompt, 'id', '?')!r} has no input_ids")
         base = f"{getattr(prompt, 'id', 'p')}-{uuid.uuid4().hex[:8]}"
 
-        def params_for(j: int) -> SamplingParams:
-            # distinct seeds per answer, or G seeded answers would be G copies of one
-            return sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + 1000 * j)
-
         gens = await asyncio.gather(*(
-            generate_interruptible(client, ids, params_for(j), rid=f"{base}-{j}", max_interruptions=self.max_interruptions)
+            generate_interruptible(client, ids, sampling.for_answer(j), rid=f"{base}-{j}", max_interruptions=self.max_interruptions)
             for j in range(group_size)
         ))
         answer = str(getattr(prompt, "answer", ""))
