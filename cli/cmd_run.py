@@ -95,10 +95,6 @@ def run(args: argparse.Namespace) -> int:
     if args.resume is not None and args.workflow is not None and "=" in str(args.workflow):
         overrides.insert(0, str(args.workflow))  # `run --resume DIR runtime.steps=20`: no workflow given
         args.workflow = None
-    if args.resume is not None and args.workflow is not None:
-        console.print(f"[red]--resume continues {args.resume}'s own workflow ({args.resume}/config.yaml): drop "
-                      f"{args.workflow} (KEY=VALUE overrides, e.g. runtime.steps=N, still apply)[/]")
-        return 2
     if args.resume is None and args.workflow is None:
         console.print("[red]give a WORKFLOW file (or --resume RUN_DIR)[/]")
         return 2
@@ -109,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[red]{args.resume}: not a run directory (no config.yaml)[/]")
                 return 1
             spec = load_workflow_text(source.read_text(encoding="utf-8"), overrides, file=str(source))
+            if args.workflow is not None and dump_workflow(load_workflow(args.workflow, overrides)) != dump_workflow(spec):
+                console.print(f"[red]--resume continues the workflow {args.resume} ran ({source}), and "
+                              f"{args.workflow} differs from it: drop {args.workflow} (KEY=VALUE overrides, "
+                              f"e.g. runtime.steps=N, still apply)[/]")
+                return 2
         else:
             spec = load_workflow(args.workflow, overrides=overrides)
     except WorkflowError as err:

@@ -156,7 +156,7 @@ def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path
     steps, eta, batch = 10, 2, 8
     cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
            f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.save_every=0", "runtime.eval_every=0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         _kill_during_run(proc, run_dir, victim, after_step=2)
@@ -165,7 +165,7 @@ def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-4000:]
-    assert f"restarting it (1 of at most 3)" in out and victim in out
+    assert f"{victim!r}" in out and "restarting it (1 of at most 3)" in out, out[-3000:]
     metrics = [m for m in read_metrics(run_dir) if "time/step" in m]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # strictly increasing, the last reached
     assert all(m["staleness/max"] <= eta for m in metrics)
