@@ -104,7 +104,7 @@ def test_merge_keys_still_work_and_an_explicit_key_overrides_a_merged_one(tmp_pa
 
 
 def test_validate_cli_on_hostile_files_exits_1_without_traceback(tmp_path):
-    """Through the CLI, in its own process with a 1 GiB address-space cap: bounded memory."""
+    """Through the CLI, in its own process under a 4 GiB address-space cap: bounded memory."""
     for name in ("alias_bomb", "not_utf8", "deep_flow"):
         path = tmp_path / f"{name}.yaml"
         path.write_bytes(HOSTILE[name][0])
