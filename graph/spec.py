@@ -84,6 +84,8 @@ class RuntimeSpec:
     dp_size: int = _f(1, _dp_size_check, "data-parallel ranks per model: only 1 is built yet")
     max_restarts: int = _f(3, non_negative, "times each stateless process (rollout, reward and function workers, "
                            "inference servers) is restarted after it dies before the run stops; 0 never restarts")
+    auto_resume: int = _f(2, non_negative, "times a run goes on from its last complete checkpoint (save_every) in "
+                          "fresh processes after a model worker dies; 0 stops the run instead")
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,42 @@ def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path
     assert summary["groups_failed"] == 0 and summary["groups_dropped"] == 0
 
 
+def test_a_dead_model_worker_resumes_the_run_from_its_last_checkpoint(kit, tmp_path):
+    """Fault injection: SIGKILL the model worker after the step-2 checkpoint. The run goes on
+    from that checkpoint in fresh processes (runtime.auto_resume) and finishes: every step
+    logged once, in order, staleness within eta, each prompt-stream position trained once."""
+    from areal_graph.runtime.observability.ledger import read_ledger
+
+    wf = write_workflow(kit, tmp_path)
+    run_dir = tmp_path / "run"
+    steps, eta = 8, 2
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
+           f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.save_every=2", "runtime.eval_every=0"]
+    env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists():
+            assert time.monotonic() < deadline, "no step-2 checkpoint"
+            time.sleep(0.05)
+        _kill_during_run(proc, run_dir, "model-actor", after_step=3)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "auto-resume 1 of at most 2" in out and "model-actor" in out
+    metrics = [m for m in read_metrics(run_dir) if "time/step" in m]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    assert all(m["staleness/max"] <= eta for m in metrics)
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    cut = max(i for i, e in enumerate(ledger) if e["event"] == "resumed")
+    resumed_at = ledger[cut]["step"]
+    trained = [e["pos"] for e in ledger[:cut] if e["event"] == "trained" and e["step"] <= resumed_at]
+    trained += [e["pos"] for e in ledger[cut:] if e["event"] == "trained"]
+    assert sorted(trained) == list(range(steps * 2))  # 2 groups a step, each position once, none skipped
+
+
 def test_synchronous_run_resumed_from_a_checkpoint_matches_the_uninterrupted_run(kit, tmp_path):
     """eta 0, 4 steps, checkpoints every 2. A copy of the finished run, with its step-4
     checkpoint lost, resumed from step 2 redoes steps 3 and 4 as the uninterrupted run did:

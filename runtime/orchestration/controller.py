@@ -49,7 +49,14 @@ SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (n
 
 
 class RunFailed(RuntimeError):
-    """The run stopped because a process died or a node failed past its retries."""
+    """The run stopped because a process died or a node failed past its retries.
+
+    `resumable`: what failed was a process that holds state (a model worker): the run can go
+    on from its last complete checkpoint in fresh processes (`runtime.auto_resume`)."""
+
+    def __init__(self, message: str, resumable: bool = False) -> None:
+        super().__init__(message)
+        self.resumable = resumable
 
 
 @dataclass
@@ -113,10 +120,10 @@ class Controller:
             self.ledger.close()
         return self.state
 
-    def on_failure(self, message: str) -> None:
+    def on_failure(self, message: str, resumable: bool = False) -> None:
         """Called from any thread (the launcher's watchdog): stop the run with `message`."""
         if self._fatal is None:
-            self._fatal = RunFailed(message)
+            self._fatal = RunFailed(message, resumable)
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 

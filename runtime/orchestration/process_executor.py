@@ -78,10 +78,10 @@ class ProcessExecutor:
         self._last_sync: tuple[str, str, Any, int] | None = None
         self._token: str | None = None
         self._info: RunInfo | None = None
-        self._on_failure: Callable[[str], None] = lambda message: None
+        self._on_failure: Callable[..., None] = lambda message, resumable=False: None
 
     # ------------------------------------------------------------------ start / stop
-    def start(self, on_failure: Callable[[str], None]) -> None:
+    def start(self, on_failure: Callable[..., None]) -> None:
         from areal_graph.engines.inference.client import InferenceClient, ServerPool
 
         spec, rt = self.spec, self.spec.runtime
@@ -142,7 +142,7 @@ class ProcessExecutor:
         done = self.restarts.get(died.name, 0)
         if role == "model":
             self._on_failure(self._death_message(died) + "\n(a model worker holds weights and optimizer state: "
-                             "resume from the last checkpoint with --resume)")
+                             "the run can go on from its last complete checkpoint)", resumable=True)
             return
         if done >= self.spec.runtime.max_restarts:
             self._on_failure(self._death_message(died) + f"\n(restarted {done} times already; "
