@@ -177,6 +177,16 @@ def test_invalid_json_and_bad_control_requests(server):
     assert get(server, "/health_generate")[0] == 200
 
 
+def test_hostile_bodies_get_400_or_413_and_the_server_survives(server):
+    """JSON nested 100k deep is a clear 400 (not a 500 from a recursion error); a body past
+    the 64 MiB cap is refused with 413 without being read whole; the server answers after."""
+    status, reply = post(server, "/generate", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nested too deeply" in reply["message"]
+    status, reply = post(server, "/generate", b'{"input_ids": [' + b"1," * (33 << 20) + b"1]}")
+    assert status == 413
+    assert get(server, "/health")[0] == 200
+
+
 def test_full_queue_answers_503_and_server_survives(server):
     """Flood far past max_running + max_queue without client retries: some 503s, the rest served."""
     import aiohttp

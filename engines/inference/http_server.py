@@ -276,6 +276,8 @@ class InferenceHTTPServer:
                 body = await request.json()
             except ValueError as err:
                 raise BadRequest(f"the request body is not valid JSON: {err}") from None
+            except RecursionError:
+                raise BadRequest("the request body is JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         if allowed is not None:
