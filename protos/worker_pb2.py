@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x0e\x61real_graph.v1\"C\n\x10\x43onfigureRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04impl\x18\x02 \x01(\t\x12\x13\n\x0bparams_json\x18\x03 \x01(\t\"+\n\x0e\x43onfigureReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"_\n\rExecuteHeader\x12\x0c\n\x04impl\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x11\n\targs_json\x18\x05 \x01(\t\"s\n\x0cTensorHeader\x12(\n\x07section\x18\x01 \x01(\x0e\x32\x17.areal_graph.v1.Section\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\"\x1a\n\nTensorData\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\")\n\nMetaColumn\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"_\n\x08\x42\x61tchEnd\x12\x13\n\x0bnum_tensors\x18\x01 \x01(\x03\x12\x15\n\rnum_meta_keys\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x12\n\nstats_json\x18\x04 \x01(\t\"\xf9\x01\n\nBatchChunk\x12/\n\x06header\x18\x01 \x01(\x0b\x32\x1d.areal_graph.v1.ExecuteHeaderH\x00\x12.\n\x06tensor\x18\x02 \x01(\x0b\x32\x1c.areal_graph.v1.TensorHeaderH\x00\x12*\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x1a.areal_graph.v1.TensorDataH\x00\x12*\n\x04meta\x18\x04 \x01(\x0b\x32\x1a.areal_graph.v1.MetaColumnH\x00\x12\'\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x18.areal_graph.v1.BatchEndH\x00\x42\t\n\x07payload\">\n\x0b\x43\x61llRequest\x12\x0c\n\x04impl\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x11\n\targs_json\x18\x03 \x01(\t\" \n\tCallReply\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"\x0f\n\rHealthRequest\"C\n\x0bHealthReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\r\n\x05impls\x18\x04 \x03(\t\"#\n\x0cStatsRequest\x12\x13\n\x0b\x64rain_spans\x18\x01 \x01(\x08\" \n\nStatsReply\x12\x12\n\nstats_json\x18\x01 \x01(\t\"\x11\n\x0fShutdownRequest\"\x1b\n\rShutdownReply\x12\n\n\x02ok\x18\x01 \x01(\x08*`\n\x07Section\x12\x17\n\x13SECTION_UNSPECIFIED\x10\x00\x12\x16\n\x12SECTION_CU_SEQLENS\x10\x01\x12\x12\n\x0eSECTION_TOKENS\x10\x02\x12\x10\n\x0cSECTION_SEQS\x10\x03\x32\xb3\x03\n\x06Worker\x12M\n\tConfigure\x12 .areal_graph.v1.ConfigureRequest\x1a\x1e.areal_graph.v1.ConfigureReply\x12\x45\n\x07\x45xecute\x12\x1a.areal_graph.v1.BatchChunk\x1a\x1a.areal_graph.v1.BatchChunk(\x01\x30\x01\x12>\n\x04\x43\x61ll\x12\x1b.areal_graph.v1.CallRequest\x1a\x19.areal_graph.v1.CallReply\x12\x44\n\x06Health\x12\x1d.areal_graph.v1.HealthRequest\x1a\x1b.areal_graph.v1.HealthReply\x12\x41\n\x05Stats\x12\x1c.areal_graph.v1.StatsRequest\x1a\x1a.areal_graph.v1.StatsReply\x12J\n\x08Shutdown\x12\x1f.areal_graph.v1.ShutdownRequest\x1a\x1d.areal_graph.v1.ShutdownReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x0e\x61real_graph.v1\"C\n\x10\x43onfigureRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04impl\x18\x02 \x01(\t\x12\x13\n\x0bparams_json\x18\x03 \x01(\t\"+\n\x0e\x43onfigureReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"_\n\rExecuteHeader\x12\x0c\n\x04impl\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x11\n\targs_json\x18\x05 \x01(\t\"s\n\x0cTensorHeader\x12(\n\x07section\x18\x01 \x01(\x0e\x32\x17.areal_graph.v1.Section\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\"\x1a\n\nTensorData\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\")\n\nMetaColumn\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"_\n\x08\x42\x61tchEnd\x12\x13\n\x0bnum_tensors\x18\x01 \x01(\x03\x12\x15\n\rnum_meta_keys\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x12\n\nstats_json\x18\x04 \x01(\t\"\xf9\x01\n\nBatchChunk\x12/\n\x06header\x18\x01 \x01(\x0b\x32\x1d.areal_graph.v1.ExecuteHeaderH\x00\x12.\n\x06tensor\x18\x02 \x01(\x0b\x32\x1c.areal_graph.v1.TensorHeaderH\x00\x12*\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x1a.areal_graph.v1.TensorDataH\x00\x12*\n\x04meta\x18\x04 \x01(\x0b\x32\x1a.areal_graph.v1.MetaColumnH\x00\x12\'\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x18.areal_graph.v1.BatchEndH\x00\x42\t\n\x07payload\":\n\x0c\x42\x61tchMessage\x12*\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1a.areal_graph.v1.BatchChunk\">\n\x0b\x43\x61llRequest\x12\x0c\n\x04impl\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x11\n\targs_json\x18\x03 \x01(\t\" \n\tCallReply\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"\x0f\n\rHealthRequest\"C\n\x0bHealthReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\r\n\x05impls\x18\x04 \x03(\t\"#\n\x0cStatsRequest\x12\x13\n\x0b\x64rain_spans\x18\x01 \x01(\x08\" \n\nStatsReply\x12\x12\n\nstats_json\x18\x01 \x01(\t\"\x11\n\x0fShutdownRequest\"\x1b\n\rShutdownReply\x12\n\n\x02ok\x18\x01 \x01(\x08*`\n\x07Section\x12\x17\n\x13SECTION_UNSPECIFIED\x10\x00\x12\x16\n\x12SECTION_CU_SEQLENS\x10\x01\x12\x12\n\x0eSECTION_TOKENS\x10\x02\x12\x10\n\x0cSECTION_SEQS\x10\x03\x32\xfd\x03\n\x06Worker\x12M\n\tConfigure\x12 .areal_graph.v1.ConfigureRequest\x1a\x1e.areal_graph.v1.ConfigureReply\x12\x45\n\x07\x45xecute\x12\x1a.areal_graph.v1.BatchChunk\x1a\x1a.areal_graph.v1.BatchChunk(\x01\x30\x01\x12H\n\nExecuteOne\x12\x1c.areal_graph.v1.BatchMessage\x1a\x1c.areal_graph.v1.BatchMessage\x12>\n\x04\x43\x61ll\x12\x1b.areal_graph.v1.CallRequest\x1a\x19.areal_graph.v1.CallReply\x12\x44\n\x06Health\x12\x1d.areal_graph.v1.HealthRequest\x1a\x1b.areal_graph.v1.HealthReply\x12\x41\n\x05Stats\x12\x1c.areal_graph.v1.StatsRequest\x1a\x1a.areal_graph.v1.StatsReply\x12J\n\x08Shutdown\x12\x1f.areal_graph.v1.ShutdownRequest\x1a\x1d.areal_graph.v1.ShutdownReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SECTION']._serialized_start=1083
-  _globals['_SECTION']._serialized_end=1179
+  _globals['_SECTION']._serialized_start=1143
+  _globals['_SECTION']._serialized_end=1239
   _globals['_CONFIGUREREQUEST']._serialized_start=32
   _globals['_CONFIGUREREQUEST']._serialized_end=99
   _globals['_CONFIGUREREPLY']._serialized_start=101
@@ -49,22 +49,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHEND']._serialized_end=526
   _globals['_BATCHCHUNK']._serialized_start=529
   _globals['_BATCHCHUNK']._serialized_end=778
-  _globals['_CALLREQUEST']._serialized_start=780
-  _globals['_CALLREQUEST']._serialized_end=842
-  _globals['_CALLREPLY']._serialized_start=844
-  _globals['_CALLREPLY']._serialized_end=876
-  _globals['_HEALTHREQUEST']._serialized_start=878
-  _globals['_HEALTHREQUEST']._serialized_end=893
-  _globals['_HEALTHREPLY']._serialized_start=895
-  _globals['_HEALTHREPLY']._serialized_end=962
-  _globals['_STATSREQUEST']._serialized_start=964
-  _globals['_STATSREQUEST']._serialized_end=999
-  _globals['_STATSREPLY']._serialized_start=1001
-  _globals['_STATSREPLY']._serialized_end=1033
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1035
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1052
-  _globals['_SHUTDOWNREPLY']._serialized_start=1054
-  _globals['_SHUTDOWNREPLY']._serialized_end=1081
-  _globals['_WORKER']._serialized_start=1182
-  _globals['_WORKER']._serialized_end=1617
+  _globals['_BATCHMESSAGE']._serialized_start=780
+  _globals['_BATCHMESSAGE']._serialized_end=838
+  _globals['_CALLREQUEST']._serialized_start=840
+  _globals['_CALLREQUEST']._serialized_end=902
+  _globals['_CALLREPLY']._serialized_start=904
+  _globals['_CALLREPLY']._serialized_end=936
+  _globals['_HEALTHREQUEST']._serialized_start=938
+  _globals['_HEALTHREQUEST']._serialized_end=953
+  _globals['_HEALTHREPLY']._serialized_start=955
+  _globals['_HEALTHREPLY']._serialized_end=1022
+  _globals['_STATSREQUEST']._serialized_start=1024
+  _globals['_STATSREQUEST']._serialized_end=1059
+  _globals['_STATSREPLY']._serialized_start=1061
+  _globals['_STATSREPLY']._serialized_end=1093
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1095
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1112
+  _globals['_SHUTDOWNREPLY']._serialized_start=1114
+  _globals['_SHUTDOWNREPLY']._serialized_end=1141
+  _globals['_WORKER']._serialized_start=1242
+  _globals['_WORKER']._serialized_end=1751
 # @@protoc_insertion_point(module_scope)

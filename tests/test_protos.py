@@ -31,8 +31,9 @@ def test_service_has_the_contracted_methods() -> None:
 
     service = pb.DESCRIPTOR.services_by_name["Worker"]
     methods = {m.name: m for m in service.methods}
-    assert set(methods) == {"Configure", "Execute", "Call", "Health", "Stats", "Shutdown"}
+    assert set(methods) == {"Configure", "Execute", "ExecuteOne", "Call", "Health", "Stats", "Shutdown"}
     assert methods["Execute"].client_streaming and methods["Execute"].server_streaming
+    assert not methods["ExecuteOne"].client_streaming and not methods["ExecuteOne"].server_streaming
     assert not methods["Call"].client_streaming and not methods["Call"].server_streaming
     assert pb.DESCRIPTOR.package == "areal_graph.v1"
 

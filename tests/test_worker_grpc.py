@@ -86,6 +86,20 @@ def test_large_batch_is_streamed(worker: WorkerClient) -> None:
     assert torch.equal(out.tokens["x"], x)
 
 
+def test_small_batches_go_in_one_message_and_large_ones_stream(worker: WorkerClient, monkeypatch) -> None:
+    """The two wire paths give the same results; which one a call takes depends on its size."""
+    used: list[str] = []
+    for name in ("Execute", "ExecuteOne"):
+        real = getattr(worker._stub, name)
+        monkeypatch.setattr(worker._stub, name, lambda *a, _n=name, _r=real, **k: (used.append(_n), _r(*a, **k))[1])
+    small = _mixed_batch()
+    assert worker.execute("echo", "echo", small).meta == small.meta
+    n = 12 * 2**20 // 4  # 12 MiB: over the one-message limit
+    x = torch.randn(n)
+    assert torch.equal(worker.execute("echo", "echo", PackedBatch(torch.tensor([0, n], dtype=torch.int32), {"x": x})).tokens["x"], x)
+    assert used == ["ExecuteOne", "Execute"]
+
+
 def test_remote_exception_surfaces_with_traceback(worker: WorkerClient) -> None:
     with pytest.raises(WorkerError) as info:
         worker.execute("echo", "fail", _mixed_batch(), message="kaput-123")

@@ -214,7 +214,8 @@ class ProcessExecutor:
         call = self.plan.kind(node).call(self.spec.nodes[node], self.spec)
         needs = [h.process, *self._servers_names()]  # a rollout's work also lives on the servers
         while True:
-            await asyncio.to_thread(self._wait_ready, needs)
+            if not all(self._ready[n].is_set() for n in needs):  # a process is restarting: wait off the loop
+                await asyncio.to_thread(self._wait_ready, needs)
             deaths = self._deaths
             try:
                 out, stats = await asyncio.to_thread(self.clients[h.process].execute_with_stats, h.obj, call.method,
@@ -261,7 +262,8 @@ class ProcessExecutor:
     async def sync_weights(self, version: int) -> dict[str, float]:
         """The actor's weights to every inference server, labelled `version` (see module docstring)."""
         while True:
-            await asyncio.to_thread(self._wait_ready, self._servers_names())
+            if not all(self._ready[n].is_set() for n in self._servers_names()):
+                await asyncio.to_thread(self._wait_ready, self._servers_names())
             deaths = self._deaths
             try:
                 return await self._sync_weights_once(version)

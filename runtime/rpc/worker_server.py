@@ -163,6 +163,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         return pb.ConfigureReply(ok=True)
 
     def Execute(self, request_iterator: Iterator[pb.BatchChunk], context: grpc.ServicerContext) -> Iterator[pb.BatchChunk]:
+        yield from self._execute(request_iterator, context)
+
+    def ExecuteOne(self, request: pb.BatchMessage, context: grpc.ServicerContext) -> pb.BatchMessage:
+        return pb.BatchMessage(chunks=self._execute(iter(request.chunks), context))
+
+    def _execute(self, request_iterator: Iterator[pb.BatchChunk], context: grpc.ServicerContext) -> list[pb.BatchChunk]:
+        """One Execute, streamed or in one message: the reply's chunks."""
         self._authorize(context)
         first = next(request_iterator, None)
         if first is None or not first.HasField("header"):
@@ -196,7 +203,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._record(where, start, ok=True, step=head.step, version=head.version, seqs=batch.num_seqs,
                      tokens=batch.num_tokens, cat=getattr(fn.__self__, "span_category", "compute")
                      if hasattr(fn, "__self__") else "compute")
-        yield from chunks
+        return chunks
 
     def Call(self, request: pb.CallRequest, context: grpc.ServicerContext) -> pb.CallReply:
         self._authorize(context)
