@@ -42,18 +42,3 @@ def die_with_parent() -> None:
     arm_parent_death_signal()
     if os.getppid() == 1:  # the parent was already gone before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-# How long a thread that wants the GIL waits for the one holding it (Python's default: 5 ms).
-SWITCH_INTERVAL_S = 0.0005
-
-
-def short_gil_switches() -> None:
-    """Let threads of this process hand the GIL over within 0.5 ms instead of 5 ms.
-
-    Why: each of our processes runs a few Python threads that pass work along (an HTTP or
-    gRPC loop, an engine scheduler, a thread doing a weight load or a node call). With the
-    default interval every hand-off could wait up to 5 ms: measured, a weight swap took
-    5.3 ms in a run and 1.75 ms alone, and a sync step lost ~90 ms of 330. Torch releases the
-    GIL inside its kernels, so compute threads lose nothing measurable."""
-    sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -580,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         if not api_key:
             sys.stderr.write(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty\n")
             return 2
-    from areal_graph.api.process import die_with_parent, short_gil_switches
+    from areal_graph.api.process import die_with_parent
 
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -591,7 +591,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    short_gil_switches()  # the HTTP loop, the scheduler and weight loads hand work to each other
     model_path = args.model
     engine = EmbeddedEngine(model_path, device=args.device, max_running=args.max_running,
                             max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version,

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from areal_graph.api.process import short_gil_switches
 from areal_graph.data.datasets import load_run_prompts
 from areal_graph.graph.plan import build_plan
 from areal_graph.graph.spec import WorkflowSpec
@@ -27,7 +26,6 @@ log = logging.getLogger(__name__)
 def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
                  resume_from: Path | None = None) -> RunState:
     plan = build_plan(spec)
-    short_gil_switches()  # the controller's loop hands every node call to a thread
     if resume_from is not None and run_dir.trace_path.exists():  # keep the trace of the run so far
         part = 1
         while (kept := run_dir.trace_path.with_name(f"trace.part{part}.json")).exists():

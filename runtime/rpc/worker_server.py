@@ -292,9 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-workers", type=int, default=64,
                         help="gRPC handler threads = the most concurrent calls this worker serves")
     args = parser.parse_args(argv)
-    from areal_graph.api.process import die_with_parent, short_gil_switches
-
-    short_gil_switches()  # gRPC threads hand batches to the hosted objects' threads
+    from areal_graph.api.process import die_with_parent
 
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.name}] %(levelname)s %(name)s: %(message)s")
