@@ -43,10 +43,14 @@ class _Prompt:
     answer: str
 
 
-def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0):
-    text = (BASE.replace("ETA", str(eta)).replace("STEPS", str(steps)).replace("REWARD", reward)
+def workflow(eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0) -> str:
+    return (BASE.replace("ETA", str(eta)).replace("STEPS", str(steps)).replace("REWARD", reward)
             .replace("EXTRA", extra).replace("TRAIN_READS", train_reads).replace("FAIL", fail)
             .replace("DELAY", str(delay)))
+
+
+def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0):
+    text = workflow(eta, steps, reward, extra, train_reads, fail, delay)
     plan = build_plan(load_workflow_text(text))
     executor = InProcessExecutor(plan)
     prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i)) for i in range(50)]
@@ -59,6 +63,20 @@ def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads=
         executor.shutdown()
     unfinished = json.loads((tmp_path / "run" / "unfinished.json").read_text())
     return state, fake_kinds.HOSTS, unfinished, executor
+
+
+def _run_text(tmp_path, text, resume_from=None):
+    """Run the workflow `text` in one process (fresh fake hosts), optionally resuming."""
+    plan = build_plan(load_workflow_text(text))
+    executor = InProcessExecutor(plan)
+    prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i)) for i in range(50)]
+    controller = Controller(plan, executor, prompts, [], RunDir(tmp_path / "run", tensorboard=False), NullTracer())
+    fake_kinds.HOSTS.clear()
+    executor.start(controller.on_failure)
+    try:
+        return controller.run(resume_from=resume_from)
+    finally:
+        executor.shutdown()
 
 
 def metrics(tmp_path) -> list[dict]:
@@ -153,15 +171,8 @@ def test_a_slow_old_group_is_waited_for_not_overtaken_past_eta(tmp_path, eta):
     """Group 1 takes far longer than the rest. Training whichever groups finish first would
     train it eta + 2 or more versions late; trained in submission order, the trainer waits for
     it when it is due and the bound holds for every trajectory."""
-    text = (BASE.replace("ETA", str(eta)).replace("STEPS", "8").replace("REWARD", "parity_reward")
-            .replace("EXTRA", "").replace("TRAIN_READS", "").replace("FAIL", "{}").replace("DELAY", "0.01")
-            .replace("fail: {}}", "fail: {}, slow: {'1': 0.6}}"))
-    fake_kinds.HOSTS.clear()
-    controller, executor = _controller(tmp_path, text)
-    try:
-        controller.run()
-    finally:
-        executor.shutdown()
+    text = workflow(eta, steps=8, delay=0.01).replace("fail: {}}", "fail: {}, slow: {'1': 0.6}}")
+    _run_text(tmp_path, text)
     batches = fake_kinds.HOSTS["train"].batches
     assert len(batches) == 8
     staleness = [step - min(b["versions"]) for step, b in enumerate(batches)]
@@ -171,15 +182,6 @@ def test_a_slow_old_group_is_waited_for_not_overtaken_past_eta(tmp_path, eta):
 
 
 # ------------------------------------------------------------------------------ lossless resume
-def _controller(tmp_path, text):
-    plan = build_plan(load_workflow_text(text))
-    executor = InProcessExecutor(plan)
-    prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i)) for i in range(50)]
-    controller = Controller(plan, executor, prompts, [], RunDir(tmp_path / "run", tensorboard=False), NullTracer())
-    executor.start(controller.on_failure)
-    return controller, executor
-
-
 @pytest.mark.parametrize("eta", [0, 2])
 def test_resume_trains_every_prompt_once_and_never_repeats_a_step(tmp_path, eta):
     """Run 6 steps with checkpoints every 2; resume from step 2's checkpoint, as after a crash
@@ -188,15 +190,8 @@ def test_resume_trains_every_prompt_once_and_never_repeats_a_step(tmp_path, eta)
     in flight or buffered at the checkpoint were requeued and trained, none skipped."""
     from areal_graph.runtime.observability.ledger import read_ledger
 
-    text = (BASE.replace("ETA", str(eta)).replace("STEPS", "6").replace("REWARD", "parity_reward")
-            .replace("EXTRA", "").replace("TRAIN_READS", "").replace("FAIL", "{}").replace("DELAY", "0.01")
-            .replace("eval_every: 0}", "eval_every: 0, save_every: 2}"))
-    fake_kinds.HOSTS.clear()
-    controller, executor = _controller(tmp_path, text)
-    try:
-        controller.run()
-    finally:
-        executor.shutdown()
+    text = workflow(eta, steps=6, delay=0.01).replace("eval_every: 0}", "eval_every: 0, save_every: 2}")
+    _run_text(tmp_path, text)
     run_dir = RunDir(tmp_path / "run", tensorboard=False)
     ckpt = run_dir.checkpoint_dir(2)
     saved = json.loads((ckpt / "controller_state.json").read_text())
@@ -204,12 +199,7 @@ def test_resume_trains_every_prompt_once_and_never_repeats_a_step(tmp_path, eta)
         (run_dir.checkpoint_dir(later) / "COMPLETE").unlink(missing_ok=True)
     assert run_dir.latest_checkpoint() == ckpt
 
-    fake_kinds.HOSTS.clear()
-    controller, executor = _controller(tmp_path, text)
-    try:
-        state = controller.run(resume_from=ckpt)
-    finally:
-        executor.shutdown()
+    state = _run_text(tmp_path, text, resume_from=ckpt)
     assert state.step == 6
     steps = [m for m in metrics(tmp_path) if "time/step" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]

@@ -26,29 +26,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from areal_graph.engines.lean_family import family_reason
+
 __all__ = ["LeanForward", "unsupported_reason"]
 
-_SUPPORTED = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"}
-_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed after init: a table is exact
 
 
 def unsupported_reason(model: Any) -> str | None:
     """Why the lean forward cannot run `model` (None when it can)."""
-    name = type(model).__name__
-    if name not in _SUPPORTED:
-        return f"architecture {name} is not in the lean family {sorted(_SUPPORTED)}"
-    cfg = model.config
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
-        return "sliding-window layers"
-    if getattr(cfg, "use_sliding_window", False):
-        return "sliding-window attention"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"MLP activation {cfg.hidden_act!r}"
-    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return "pretraining_tp > 1"
-    rope = getattr(model.model.rotary_emb, "rope_type", "default")
-    if rope not in _STATIC_ROPE:
-        return f"rope type {rope!r} (its frequencies change with the sequence length)"
+    reason = family_reason(model)
+    if reason is not None:
+        return reason
     attn = model.model.layers[0].self_attn
     for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
         if type(getattr(attn, part, None)) is not torch.nn.Linear:

@@ -38,10 +38,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from areal_graph.engines.lean_family import family_reason
+
 __all__ = ["AttnBlock", "LeanTrainForward", "StreamLayout", "stream_layout", "unsupported_reason"]
 
-_SUPPORTED = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"}
-_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # frequencies fixed at init: per-call tables are exact
 _LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 # A new attention block starts when a sequence is shorter than this share of the block's
@@ -53,21 +53,9 @@ BUCKET_RATIO = 0.75
 
 def unsupported_reason(model: Any) -> str | None:
     """Why the lean training forward cannot run `model` (None when it can)."""
-    name = type(model).__name__
-    if name not in _SUPPORTED:
-        return f"architecture {name} is not in the lean family {sorted(_SUPPORTED)}"
-    cfg = model.config
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
-        return "sliding-window layers"
-    if getattr(cfg, "use_sliding_window", False):
-        return "sliding-window attention"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"MLP activation {cfg.hidden_act!r}"
-    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return "pretraining_tp > 1"
-    rope = getattr(model.model.rotary_emb, "rope_type", "default")
-    if rope not in _STATIC_ROPE:
-        return f"rope type {rope!r} (its frequencies change with the sequence length)"
+    reason = family_reason(model)
+    if reason is not None:
+        return reason
     if type(getattr(model.model, "embed_tokens", None)) is not torch.nn.Embedding:
         return "embed_tokens is not a plain Embedding"
     for layer in model.model.layers:
