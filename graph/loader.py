@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import types
 import typing
 from pathlib import Path
@@ -364,9 +365,13 @@ def _check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: _Validator) -> Non
         v.report(("runtime", "max_concurrent_rollouts"),
                  f"must be at least nodes.{src.name}.group_size ({g}): a prompt group is generated at once, "
                  f"got {rt.max_concurrent_rollouts}")
-    if rt.weight_sync == "memory" and spec.inference.backend != "embedded":
+    if rt.weight_sync == "memory" and spec.inference.backend != "embedded":  # backends/: shared_memory_weights
         v.report(("runtime", "weight_sync"), f"'memory' needs inference.backend 'embedded' (a {spec.inference.backend} "
                                              "server loads weights from disk); use 'disk' or 'auto'")
+    python = spec.inference.python
+    if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        v.report(("inference", "python"), f"{python!r} is not an executable file (relative paths are from the "
+                                          f"directory the run starts in: {os.getcwd()})")
 
 
 def _check_launcher(spec: S.WorkflowSpec, v: _Validator) -> None:

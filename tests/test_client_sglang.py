@@ -271,8 +271,8 @@ def test_connection_refused_is_retried_and_wait_ready_times_out():
 
 
 def test_bad_backend_name():
-    with pytest.raises(ValueError, match="backend 'vllm'"):
-        InferenceClient("http://x", backend="vllm")
+    with pytest.raises(ValueError, match="backend 'tgi'"):
+        InferenceClient("http://x", backend="tgi")
 
 
 def test_pool_spreads_by_outstanding_and_broadcasts_updates():

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import importlib.util
 import logging
 import math
 import os
@@ -43,6 +42,7 @@ from areal_graph.api.spans import TRACE_ENV
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kind import CONTROLLER, RunInfo
 from areal_graph.graph.plan import ExecutionPlan
+from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
 from areal_graph.runtime.launchers.local import ProcessDied
@@ -108,8 +108,10 @@ class ProcessExecutor:
             url = f"http://{host}:{port}"
             cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i,
                                            name=f"inference-{i}", api_key=token, host=host)
-            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd, env=env,
-                                        health_url=f"{url}/health", threads=gen_threads)
+            backend = get_backend(spec.inference.backend)
+            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
+                                        env={**env, **backend.environment(token)}, health_url=f"{url}/health",
+                                        threads=backend.thread_cap(gen_threads))
             self.server_urls.append(url)
             self._roles[f"inference-{i}"] = "inference"
         for process, role in sorted(self.plan.processes().items()):
@@ -119,8 +121,7 @@ class ProcessExecutor:
             address = self.launcher.start_worker(process, threads=rank_threads(threads, self.plan.ranks(process)),
                                                  env=worker_env, token_env=RUN_TOKEN_ENV)
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
-        # SGLang loads CUDA kernels and captures graphs before it answers /health: minutes.
-        self.launcher.wait_healthy(timeout=900 if spec.inference.backend == "sglang" else 180)
+        self.launcher.wait_healthy(timeout=get_backend(spec.inference.backend).startup_timeout_s)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token)
                                    for u in self.server_urls])
         self._io = _IOLoop()
@@ -289,7 +290,7 @@ class ProcessExecutor:
         for name, client in self.clients.items():
             if only in (None, name):
                 self.clocks.probe(name, lambda c=client: c.stats(drain_spans=False)["now"])
-        if self.spec.inference.backend == "embedded" and self.servers is not None:
+        if get_backend(self.spec.inference.backend).server_spans and self.servers is not None:
             for i, client in enumerate(self.servers.clients):
                 if only in (None, f"inference-{i}"):
                     self.clocks.probe(f"inference-{i}", lambda c=client: self._io.run(c.server_clock(), timeout=10))
@@ -396,7 +397,7 @@ def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -
     on CUDA. A model's data-parallel ranks form one group (one machine: they meet at a
     loopback rendezvous)."""
     spec = plan.spec
-    server_cpus = 1 if spec.inference.backend == "sglang" else gen_threads
+    server_cpus = get_backend(spec.inference.backend).cpus(gen_threads)
     out = [ProcessDemand(f"inference-{i}", "inference", server_cpus, inference_gpus(spec.inference))
            for i in range(spec.inference.servers)]
     for process, role in sorted(plan.processes().items()):
@@ -415,16 +416,14 @@ def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -
 
 
 def inference_gpus(inference: InferenceSpec) -> int:
-    """GPUs one inference server uses: SGLang's tensor-parallel size; the embedded engine's device."""
-    if inference.backend == "sglang":
-        return int(inference.args.get("tp_size", inference.args.get("tp", 1)))
-    return int(str(inference.args.get("device", "cpu")).startswith("cuda"))
+    """GPUs one inference server uses (SGLang's and vLLM's tensor-parallel size; the embedded engine's device)."""
+    return get_backend(inference.backend).gpus(inference)
 
 
 def resolve_weight_sync(setting: str, backend: str) -> str:
     """`auto`: in memory where the backend can take it (the embedded server), else from disk."""
     if setting == "auto":
-        return "memory" if backend == "embedded" else "disk"
+        return "memory" if get_backend(backend).shared_memory_weights else "disk"
     return setting
 
 
@@ -437,34 +436,16 @@ def shared_memory_path(name: str) -> str:
 def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,
                              seed: int, name: str = "inference", api_key: str | None = None,
                              host: str = "127.0.0.1") -> list[str]:
-    """The command line of one inference server bound to `host`: our embedded engine, or SGLang.
+    """The command line of one inference server bound to `host` (the backend builds it).
 
     `inference.args` become extra `--flag value` options (underscores as dashes; `true`
-    gives a bare flag) for either, e.g. `{mem_fraction_static: 0.8}` for SGLang.
+    gives a bare flag), e.g. `{mem_fraction_static: 0.8}` for SGLang.
     """
-    if inference.backend == "sglang":
-        if importlib.util.find_spec("sglang") is None:
-            raise RuntimeError("inference.backend 'sglang' needs the sglang package on a GPU machine: "
-                               "pip install 'areal-graph[sglang]' (use backend 'embedded' on a CPU)")
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-               "--host", host, "--port", str(port), "--random-seed", str(seed),
-               "--max-running-requests", str(inference.max_running_requests)]
-        if api_key:  # SGLang takes its key only as an argument
-            cmd += ["--api-key", api_key]
-    else:
-        cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server",
-               "--model", model_path, "--host", host, "--port", str(port),
-               "--max-running", str(inference.max_running_requests),
-               "--threads", str(threads), "--seed", str(seed), "--name", name]
-        if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
-            cmd += ["--api-key-env", RUN_TOKEN_ENV]
-    for key, value in inference.args.items():
-        flag = "--" + str(key).replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        elif value not in (False, None):
-            cmd += [flag, str(value)]
-    return cmd
+    backend = get_backend(inference.backend)
+    problem = backend.unavailable(inference.python)
+    if problem:
+        raise RuntimeError(problem)
+    return backend.command(inference, model_path, port, threads, seed, name, api_key, host)
 
 
 # Below this size the embedded engine decodes faster on one thread than on two: per-op

@@ -1,0 +1,27 @@
+"""Inference backends, by the name `inference.backend` gives them.
+
+Adding a backend is one file here (a subclass of `InferenceBackend`, see base.py) and one line
+in `BACKENDS`; the schema, the client, the executor and the launchers read everything else off
+the backend object.
+"""
+
+from __future__ import annotations
+
+from areal_graph.engines.inference.backends.base import HttpCall, InferenceBackend, ParsedGeneration
+from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
+from areal_graph.engines.inference.backends.sglang import SGLangBackend, sampling_to_json
+from areal_graph.engines.inference.backends.vllm import VLLMBackend
+
+BACKENDS: dict[str, InferenceBackend] = {b.name: b for b in (EmbeddedBackend(), SGLangBackend(), VLLMBackend())}
+BACKEND_NAMES = tuple(BACKENDS)
+
+
+def get_backend(name: str) -> InferenceBackend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown inference backend {name!r}; choose one of {BACKEND_NAMES}") from None
+
+
+__all__ = ["BACKENDS", "BACKEND_NAMES", "HttpCall", "InferenceBackend", "ParsedGeneration", "get_backend",
+           "sampling_to_json"]

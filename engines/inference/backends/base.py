@@ -1,0 +1,157 @@
+"""What an inference backend is to the rest of the system: how to start it and how to talk to it.
+
+One backend is one file in this package (`embedded.py`, `sglang.py`, `vllm.py`), registered in
+`__init__.py`. `InferenceClient` (client.py) turns the HTTP calls a backend describes into
+requests with retries, version tracking and interruption handling; the executor starts the
+command a backend builds. Outside this package only the schema names the backends (the
+`inference.backend` Literal, checked against `BACKENDS` by a test) and the loader knows that
+only the embedded server takes weights through shared memory (the graph layer does not
+import engines).
+
+The calls are plain data (`HttpCall`) and the parsers pure functions of a response body, so
+each backend's wire format can be tested without a server.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from areal_graph.api.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class HttpCall:
+    """One HTTP request to an inference server: `payload` is sent as JSON (None: no body)."""
+
+    method: str
+    path: str
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class ParsedGeneration:
+    """One generate response, in the backend-neutral form the client builds its result from.
+
+    `versions` is per output token, or None when the server reports one version for the whole
+    response (`response_version`, None when it reports none: the client's own then applies)."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    versions: list[int] | None
+    response_version: int | None
+    finish_reason: str  # stop | length | abort
+    prompt_len: int | None
+
+
+class InferenceBackend:
+    """Base class: the embedded server's behaviour where a backend does not say otherwise."""
+
+    name: str = ""
+    # Can load weights a trainer on this machine published into shared memory (weight_sync: memory).
+    shared_memory_weights: bool = False
+    # Records request spans and answers /get_spans and /get_clock (the run's trace reads them).
+    server_spans: bool = False
+    # Seconds a fresh server may take to answer /health (kernel loading, graph capture, compile).
+    startup_timeout_s: float = 180.0
+
+    # ------------------------------------------------------------------ launch
+    def unavailable(self, python: str | None) -> str | None:
+        """Why this backend cannot start here (None: it can). `python`: inference.python."""
+        return None
+
+    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
+                api_key: str | None, host: str) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, api_key: str | None) -> dict[str, str]:
+        """Extra environment of the server process."""
+        return {}
+
+    def gpus(self, inference: Any) -> int:
+        """GPUs one server uses (Ray reserves them)."""
+        return 0
+
+    def cpus(self, gen_threads: int) -> int:
+        """CPU threads one server computes with (Ray reserves them)."""
+        return gen_threads
+
+    def thread_cap(self, gen_threads: int) -> int:
+        """What the launcher caps the server's OpenMP/BLAS/torch thread pools at (OMP_NUM_THREADS)."""
+        return gen_threads
+
+    @staticmethod
+    def interpreter(inference: Any) -> str:
+        """The Python that runs the server: inference.python (relative to where the run started), else this one."""
+        python = getattr(inference, "python", None)
+        return os.path.abspath(python) if python else sys.executable
+
+    # ------------------------------------------------------------------ wire
+    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+        raise NotImplementedError
+
+    def parse_generate(self, body: Any) -> ParsedGeneration:
+        raise NotImplementedError
+
+    def abort_call(self, rid: str | None, abort_all: bool) -> HttpCall:
+        raise NotImplementedError
+
+    def pause_call(self) -> HttpCall:
+        """Stop decoding for a weight update (requests wait in place, or come back `abort`)."""
+        raise NotImplementedError
+
+    def resume_call(self) -> HttpCall:
+        raise NotImplementedError
+
+    def disk_update_calls(self, path: str, version: int) -> list[HttpCall]:
+        """The calls that load weights from `path` and label them `version`."""
+        raise NotImplementedError
+
+    # Wrap `disk_update_calls` in pause_call ... resume_call (the server does not pause itself).
+    pause_around_update: bool = False
+
+    def model_info_call(self) -> HttpCall:
+        raise NotImplementedError
+
+    def parse_model_info_version(self, body: Any) -> int | None:
+        return parse_version(body.get("weight_version")) if isinstance(body, dict) else None
+
+
+def parse_version(x: Any) -> int | None:
+    """A weight version label as an int (servers label their initial weights 'default')."""
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def finish_type(kind: Any) -> str:
+    """A server's finish reason as stop | length | abort (anything unknown, or unfinished, is abort)."""
+    if isinstance(kind, dict):
+        kind = kind.get("type")
+    if kind in ("stop", "length", "abort"):
+        return kind
+    if kind is not None:  # None: SGLang's value while a streamed request is unfinished
+        log.warning("unknown finish_reason %r; treating it as abort", kind)
+    return "abort"
+
+
+def logprob_or_nan(x: Any) -> float:
+    return float(x) if x is not None else math.nan
+
+
+def launch_flags(args: dict[str, Any]) -> list[str]:
+    """`inference.args` as `--flag value` options: underscores become dashes, `true` a bare flag."""
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value not in (False, None):
+            out += [flag, str(value)]
+    return out

@@ -1,0 +1,44 @@
+"""Our own engine (`engines/inference/http_server.py`): SGLang's native API plus what RL needs.
+
+Differences from SGLang, all on the server's side:
+- `meta_info.output_token_versions`: the version of every token;
+- `/pause_generation {"mode": "in_place"}`: in-flight requests wait, then resume (KV recomputed
+  if the weights changed); one `/update_weights_from_disk` pauses, swaps and resumes by itself;
+- `/update_weights_from_shared_memory` (weight_sync: memory) and request spans (`/get_spans`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal_graph.api.process import RUN_TOKEN_ENV
+from areal_graph.engines.inference.backends.base import launch_flags
+from areal_graph.engines.inference.backends.sglang import SGLangBackend
+
+
+class EmbeddedBackend(SGLangBackend):
+    name = "embedded"
+    shared_memory_weights = True
+    server_spans = True
+    startup_timeout_s = 180.0
+    pause_around_update = False
+    pause_mode = "in_place"
+
+    def unavailable(self, python: str | None) -> str | None:
+        return None
+
+    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
+                api_key: str | None, host: str) -> list[str]:
+        cmd = [self.interpreter(inference), "-m", "areal_graph.engines.inference.http_server",
+               "--model", model_path, "--host", host, "--port", str(port),
+               "--max-running", str(inference.max_running_requests),
+               "--threads", str(threads), "--seed", str(seed), "--name", name]
+        if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
+            cmd += ["--api-key-env", RUN_TOKEN_ENV]
+        return cmd + launch_flags(inference.args)
+
+    def gpus(self, inference: Any) -> int:
+        return int(str(inference.args.get("device", "cpu")).startswith("cuda"))
+
+    def cpus(self, gen_threads: int) -> int:
+        return gen_threads

