@@ -365,8 +365,8 @@ def _check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: _Validator) -> Non
         v.report(("runtime", "max_concurrent_rollouts"),
                  f"must be at least nodes.{src.name}.group_size ({g}): a prompt group is generated at once, "
                  f"got {rt.max_concurrent_rollouts}")
-    if rt.weight_sync == "memory" and spec.inference.backend != "embedded":  # backends/: shared_memory_weights
-        v.report(("runtime", "weight_sync"), f"'memory' needs inference.backend 'embedded' (a {spec.inference.backend} "
+    if rt.weight_sync == "memory" and spec.inference.backend == "sglang":  # backends/: shared_memory_weights
+        v.report(("runtime", "weight_sync"), "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
                                              "server loads weights from disk); use 'disk' or 'auto'")
     python = spec.inference.python
     if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):

@@ -81,8 +81,8 @@ class RuntimeSpec:
     save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")
     run_dir: str = _f("runs/{name}-{timestamp}", None, "where the run writes; {name} and {timestamp} are filled in")
     weight_sync: Literal["auto", "memory", "disk"] = _f(
-        "auto", None, "how new weights reach the inference servers: memory (shared memory, embedded backend), "
-                      "disk (safetensors the servers load; SGLang), auto = memory where the backend can")
+        "auto", None, "how new weights reach the inference servers: memory (shared memory, one machine; embedded "
+                      "and vllm backends), disk (safetensors the servers load), auto = memory where the backend can")
     fuse_prox_logprob: bool = _f(True, None, "take the proximal log-probs from the training forward when a step "
                                              "makes one optimizer update (exact; skips a forward pass)")
     max_restarts: int = _f(3, non_negative, "times each stateless process (rollout, reward and function workers, "

@@ -84,6 +84,10 @@ def test_vllm_abort_and_weight_update_calls():
                                        "/update_weight_version"]
     assert calls[0].payload == {"method": "reload_weights_tied", "kwargs": {"weights_path": "/w/v3"}}
     assert calls[2].payload == {"new_version": "3"}
+    shm = VLLM.shared_memory_update_calls("/dev/shm/w", [{"name": "a"}], 4)
+    assert shm[0].payload == {"method": "load_weights_from_shared_memory",
+                              "kwargs": {"path": "/dev/shm/w", "manifest": [{"name": "a"}]}}
+    assert [c.path for c in shm[1:]] == [c.path for c in calls[1:]] and shm[2].payload == {"new_version": "4"}
 
 
 def test_vllm_launch_line_keeps_the_key_out_of_argv(tmp_path):
@@ -120,7 +124,7 @@ def test_vllm_without_vllm_or_an_interpreter_is_a_clear_error():
 def test_weight_sync_auto_and_server_spans_follow_the_backend():
     from areal_graph.runtime.orchestration.process_executor import resolve_weight_sync
 
-    assert [resolve_weight_sync("auto", b) for b in BACKEND_NAMES] == ["memory", "disk", "disk"]
+    assert [resolve_weight_sync("auto", b) for b in BACKEND_NAMES] == ["memory", "disk", "memory"]
     assert [get_backend(b).server_spans for b in BACKEND_NAMES] == [True, False, False]
 
 
@@ -163,3 +167,22 @@ def test_retie_points_the_head_at_the_reloaded_embedding_and_redoes_its_packing(
     assert head.weight is embed.weight and torch.equal(head.packed, embed.weight)
     model.config = SimpleNamespace(tie_word_embeddings=False)
     assert ext.retie_output_head(model) is False
+
+
+def test_the_worker_extension_reads_what_the_trainer_publishes(tmp_path):
+    """The extension's reader is its own (vLLM's interpreter has no areal-graph): it must read
+    engines/shared_weights.py's layout, tied weights and bf16 included."""
+    from areal_graph.engines import shared_weights
+
+    ext = _extension_module()
+    embed = torch.randn(7, 3)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "norm.weight": torch.randn(3),
+             "half.weight": torch.randn(2, 5).to(torch.bfloat16)}
+    path = str(tmp_path / "weights")
+    manifest = shared_weights.publish(path, state)
+    got = dict(ext.read_shared_weights(path, manifest))
+    assert list(got) == list(state)
+    for name, t in state.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ext.read_shared_weights(path, [{**manifest[0], "dtype": "complex_thing"}])

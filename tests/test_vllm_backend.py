@@ -160,6 +160,32 @@ def test_weight_update_from_disk_changes_the_model_and_labels_it(vllm_server, tm
     assert max(abs(x - y) for x, y in zip(after.output_logprobs, ref_old)) > 1e-2  # the weights did change
 
 
+def test_weight_update_through_shared_memory(vllm_server, tmp_path):
+    """weight_sync: memory: the trainer's shared-memory file, read by our worker extension."""
+    from transformers import AutoModelForCausalLM
+
+    from areal_graph.engines import shared_weights
+
+    url, model = vllm_server
+    new_dir = perturbed_copy(model, tmp_path / "v5", seed=3)
+    state = AutoModelForCausalLM.from_pretrained(new_dir, dtype=torch.float32).state_dict()
+    path = str(tmp_path / "shm-weights")
+    manifest = shared_weights.publish(path, state)
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, seed=9, ignore_eos=True)
+
+    async def go():
+        client = client_of(url)
+        await client.update_weights_from_shared_memory(path, manifest, version=5)
+        out = await client.generate(PROMPT, params)
+        await client.update_weights_from_disk(str(model), version=6)
+        await client.close()
+        return out
+
+    out = asyncio.run(go())
+    assert out.output_versions == [5] * 16
+    assert out.output_logprobs == pytest.approx(reference_logprobs(new_dir, PROMPT, out.output_ids, 0.7), abs=2e-4)
+
+
 def test_update_in_the_middle_of_a_request_is_survived_in_place(vllm_server, tmp_path):
     """vLLM freezes the request (pause mode keep); the response carries both versions, in order,
     and the tokens after the switch are sampled from the new weights over the whole context
@@ -270,7 +296,7 @@ def test_the_generate_endpoint_needs_the_key(vllm_server):
 
 
 def test_a_synchronous_rl_run_on_vllm(tmp_path):
-    """`areal-graph run` with inference.backend=vllm: the run's own servers, disk weight sync.
+    """`areal-graph run` with inference.backend=vllm: the run's own servers, weights through shared memory.
 
     At eta 0 the behaviour log-probs (vLLM's) and the proximal ones (the trainer's, same
     weights) must agree: the decoupled-PPO behaviour weight is 1 up to float error."""

@@ -254,12 +254,11 @@ class InferenceClient:
         await self._update_weights(calls, version)
 
     async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None:
-        """Load weights a trainer on this machine published into shared memory (embedded servers only)."""
+        """Load weights a trainer on this machine published into shared memory (embedded and vLLM servers)."""
         if not self.api.shared_memory_weights:
             raise InferenceError(f"{self.base_url}: a {self.backend} server cannot load weights from shared memory; "
                                  "use runtime.weight_sync: disk")
-        body = {"path": path, "manifest": manifest, "weight_version": int(version)}
-        await self._update_weights([HttpCall("POST", "/update_weights_from_shared_memory", body)], version)
+        await self._update_weights(self.api.shared_memory_update_calls(path, manifest, int(version)), version)
 
     async def _update_weights(self, calls: list[HttpCall], version: int) -> None:
         ev = self._ready_event()

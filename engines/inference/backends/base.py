@@ -5,8 +5,7 @@ One backend is one file in this package (`embedded.py`, `sglang.py`, `vllm.py`),
 requests with retries, version tracking and interruption handling; the executor starts the
 command a backend builds. Outside this package only the schema names the backends (the
 `inference.backend` Literal, checked against `BACKENDS` by a test) and the loader knows that
-only the embedded server takes weights through shared memory (the graph layer does not
-import engines).
+sglang cannot take weights through shared memory (the graph layer does not import engines).
 
 The calls are plain data (`HttpCall`) and the parsers pure functions of a response body, so
 each backend's wire format can be tested without a server.
@@ -112,7 +111,12 @@ class InferenceBackend:
         """The calls that load weights from `path` and label them `version`."""
         raise NotImplementedError
 
-    # Wrap `disk_update_calls` in pause_call ... resume_call (the server does not pause itself).
+    def shared_memory_update_calls(self, path: str, manifest: list[dict], version: int) -> list[HttpCall]:
+        """The calls that load weights a trainer on this machine published into shared memory
+        (engines/shared_weights.py: the file at `path`, described by `manifest`)."""
+        raise NotImplementedError(f"the {self.name} backend cannot load weights from shared memory")
+
+    # Wrap the update calls in pause_call ... resume_call (the server does not pause itself).
     pause_around_update: bool = False
 
     def model_info_call(self) -> HttpCall:

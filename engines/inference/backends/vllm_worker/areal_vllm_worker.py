@@ -27,6 +27,27 @@ class ArealWorkerExtension:
         self.reload_weights(weights_path=weights_path)
         return retie_output_head(self.model_runner.get_model())
 
+    def load_weights_from_shared_memory(self, path: str, manifest: list) -> bool:
+        """Load the weights a trainer on this machine published into the file at `path`
+        (areal-graph's engines/shared_weights.py layout: `manifest` gives each tensor's name,
+        dtype, shape and byte offset), in place, then restore a tied output head."""
+        self.reload_weights(weights_iterator=iter(read_shared_weights(path, manifest)))
+        return retie_output_head(self.model_runner.get_model())
+
+
+def read_shared_weights(path: str, manifest: list) -> list:
+    """(name, tensor) views of the shared file, one per manifest entry (no copies)."""
+    end = max((int(e["offset"]) + int(e["nbytes"]) for e in manifest), default=1)
+    buf = torch.from_file(path, shared=True, size=end, dtype=torch.uint8)
+    out = []
+    for e in manifest:
+        dtype = getattr(torch, str(e["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"manifest entry {e['name']!r}: unknown dtype {e['dtype']!r}")
+        raw = buf[int(e["offset"]):int(e["offset"]) + int(e["nbytes"])]
+        out.append((str(e["name"]), raw.view(dtype).view(tuple(e["shape"]))))
+    return out
+
 
 def retie_output_head(model: torch.nn.Module) -> bool:
     """Point the output head at the (reloaded) input embedding again and redo its post-load
