@@ -24,6 +24,7 @@ from areal_graph.api.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class HttpCall:
     """One HTTP request to an inference server: `payload` is sent as JSON (None: no body)."""

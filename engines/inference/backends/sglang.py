@@ -19,6 +19,7 @@ import importlib.util
 import math
 from typing import Any, Sequence
 
+from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import (
     HttpCall,
     InferenceBackend,
@@ -27,7 +28,6 @@ from areal_graph.engines.inference.backends.base import (
     launch_flags,
     parse_version,
 )
-from areal_graph.api.sampling import SamplingParams
 
 
 def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:

