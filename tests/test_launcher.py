@@ -191,3 +191,22 @@ def test_the_log_tail_names_the_first_error_above_it(tmp_path):
     assert out.splitlines()[-1] == "(first error in the log: ValueError: Available memory on node 0 (15/17 GiB) is low)"
     log.write_text("\n".join(f"line {i}" for i in range(10)) + "\n")
     assert tail(log, 5) == "\n".join(f"line {i}" for i in range(5, 10))
+
+
+def test_what_a_dead_process_started_dies_with_it(tmp_path: Path) -> None:
+    """A server that forks workers (vLLM's engine core) and is SIGKILLed leaves them orphaned,
+    out of `children()`'s reach; the launcher kills its process group when it reports the death."""
+    got: queue.Queue[ProcessDied] = queue.Queue()
+    with LocalLauncher(tmp_path, on_death=got.put) as launcher:
+        code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+                " print(p.pid, flush=True); time.sleep(300)")
+        pid = launcher.start_process("forker", role="inference", cmd=[sys.executable, "-c", code])
+        log = tmp_path / "forker.log"
+        deadline = time.monotonic() + 10
+        while not log.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(log.read_text().split()[0])
+        assert psutil.pid_exists(child)
+        os.kill(pid, signal.SIGKILL)
+        assert got.get(timeout=5).name == "forker"
+        assert _wait_gone([child], timeout=5) == [], "the dead server's child outlived it"

@@ -317,3 +317,52 @@ def test_a_synchronous_rl_run_on_vllm(tmp_path):
     for r in steps:
         assert r["train/behav_weight"] == pytest.approx(1.0, abs=5e-3), r
     print(f"vLLM run: 4 steps in {time.monotonic() - t0:.0f} s")
+
+
+def test_a_killed_vllm_server_is_restarted_and_nothing_is_lost(tmp_path):
+    """SIGKILL the run's vLLM server mid-run: it is started again, given the current weights
+    (through shared memory), its requests are redone, and the run finishes with every prompt
+    group trained once, staleness within eta, and none of the dead server's processes left."""
+    import psutil
+
+    from areal_graph.runtime.observability.ledger import read_ledger, reconcile
+
+    if not os.access(VLLM_PYTHON, os.X_OK):
+        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make install-vllm`")
+    run_dir, steps, eta = tmp_path / "run", 12, 2
+    cmd = [str(REPO / ".venv" / "bin" / "areal-graph"), "run", "workflows/ppo_async.yaml",
+           "inference.backend=vllm", f"inference.python={VLLM_PYTHON}", "inference.args.dtype=float32",
+           f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.eval_every=0",
+           f"runtime.run_dir={run_dir}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "400"})
+
+    def trained_steps() -> int:
+        path = run_dir / "metrics.jsonl"
+        return sum('"time/step"' in line for line in path.read_text().splitlines()) if path.exists() else 0
+
+    try:
+        deadline = time.monotonic() + 300
+        while trained_steps() < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 3"
+            time.sleep(0.2)
+        server = next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                      if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline()))
+        engine_pids = [p.pid for p in server.children(recursive=True)]
+        server.kill()
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "restarted inference 'inference-0'" in out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    stepped = [r for r in rows if "time/step" in r]
+    assert [r["step"] for r in stepped] == list(range(1, steps + 1))
+    assert max(r["staleness/max"] for r in stepped) <= eta
+    account = reconcile(read_ledger(run_dir / "ledger.jsonl"))
+    assert account.trained_twice == [] and account.unaccounted() == [] and not account.failed
+    assert sorted(account.trained) == list(range(steps * 4))  # 4 prompt groups a step
+    time.sleep(2)
+    assert not [pid for pid in engine_pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], "the killed server's engine outlived it"

@@ -91,6 +91,16 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S.*")
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process group. Every process here leads its own session
+    (start_new_session), so its group is it and what it started; when it dies, its children
+    are orphaned out of `children()`'s reach but stay in its group."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def endpoint_healthy(name: str, address: str | None, token: str | None, health_url: str | None) -> bool | None:
     """Whether a process answers its health check: a gRPC worker at `address`, else a server's
     `health_url` (HTTP GET -> 200); None when it has neither (then being alive is all there is).
@@ -271,6 +281,7 @@ class LocalLauncher:
                 if rc is None or m.reported or self._stopping.is_set():
                     continue
                 m.reported = True
+                kill_group(m.popen.pid)  # what it started and left behind (a vLLM server's engine processes)
                 sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None
                 died = ProcessDied(m.name, m.role, rc, sig, tail(m.log_path))
                 log.error("%s %r died: exit code %s%s", m.role, m.name, rc, f" ({sig})" if sig else "")
@@ -335,6 +346,7 @@ class LocalLauncher:
                 pass
         psutil.wait_procs(alive, timeout=timeout)
         for m in self.procs.values():
+            kill_group(m.popen.pid)  # orphans of a process that had already died
             try:
                 m.popen.wait(timeout=1.0)  # reap, so no zombie remains
             except subprocess.TimeoutExpired:
