@@ -158,6 +158,9 @@ def run_kill_plan(kit_dir: Path, tmp_path: Path, seed: int) -> tuple[list[Kill],
                      else "restarted, its calls redone" if f"'{k.victim}'" in out and "restarting it" in out
                      else "?")
     assert proc.returncode == 0, out[-4000:]
+    # counted over the whole run, across the auto-resume after the model worker's death
+    restarts = json.loads((run_dir / "unfinished.json").read_text())["process_restarts"]
+    assert restarts == {v: 1 for v in STATELESS}, restarts
     return plan, out
 
 

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -114,6 +115,7 @@ class Controller:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._gen_stats: dict[str, float] = {}  # generation-side node stats since the last step
         self._dropped_by: dict[str, int] = {}
+        self._earlier_restarts: Counter = Counter()  # restarts in the parts of the run before a resume
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
         self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
         self.ledger = SampleLedger(run_dir.path / "ledger.jsonl" if run_dir is not None else None)
@@ -189,7 +191,7 @@ class Controller:
             "trajectories_buffered_at_stop": stats.buffered_trajectories,
             **{k: v for k, v in asdict(self.state).items() if k != "history"},
             "groups_dropped_by_node": dict(self._dropped_by),
-            "process_restarts": dict(getattr(self.executor, "restarts", {})),
+            "process_restarts": dict(self._earlier_restarts + Counter(getattr(self.executor, "restarts", {}))),
             "groups_untrained_at_stop": len(self._untrained),
             "buffer": stats,
         }
@@ -456,6 +458,7 @@ class Controller:
         untrained groups' prompts, the counters, and metrics with no step logged twice."""
         data = json.loads((ckpt / "controller_state.json").read_text())
         self.state = RunState(**data)
+        self._earlier_restarts = earlier_restarts(self.run_dir)
         await self.executor.load_checkpoint(ckpt)
         if self.state.version > 0:
             await self.executor.sync_weights(self.state.version)
@@ -485,3 +488,13 @@ class Controller:
         self.run_dir.log_metrics(self.state.step, stats)
         if self.display is not None:
             self.display.on_step(self.state.step, stats)
+
+
+def earlier_restarts(run_dir: RunDir) -> Counter:
+    """The process restarts the run's earlier parts recorded (unfinished.json), so a resumed run
+    reports its restarts over the whole run, not since the last resume."""
+    try:
+        data = json.loads((run_dir.path / "unfinished.json").read_text())
+        return Counter({str(k): int(v) for k, v in (data.get("process_restarts") or {}).items()})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return Counter()
