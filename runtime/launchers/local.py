@@ -101,6 +101,29 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def wait_until_healthy(pending: set[str], timeout: float, *, exit_code: Callable[[str], int | None],
+                       healthy: Callable[[str], bool], role: Callable[[str], str],
+                       log_path: Callable[[str], Path], log_tail: Callable[[str], str]) -> None:
+    """Poll until every process in `pending` is healthy; a process that exits first, or the
+    deadline, raises naming it with its log. Every launcher's `wait_healthy` (they differ only
+    in how they ask a process for its exit code, health and log)."""
+    deadline = time.monotonic() + timeout
+    while pending:
+        for name in sorted(pending):
+            code = exit_code(name)
+            if code is not None:
+                raise RuntimeError(f"{role(name)} {name!r} exited with code {code} while starting; "
+                                   f"log {log_path(name)}:\n{log_tail(name)}")
+            if healthy(name):
+                pending.discard(name)
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            details = "\n".join(f"--- {n} ({log_path(n)}):\n{log_tail(n)}" for n in sorted(pending))
+            raise TimeoutError(f"not healthy after {timeout:.0f} s: {sorted(pending)}\n{details}")
+        time.sleep(0.1)
+
+
 def endpoint_healthy(name: str, address: str | None, token: str | None, health_url: str | None) -> bool | None:
     """Whether a process answers its health check: a gRPC worker at `address`, else a server's
     `health_url` (HTTP GET -> 200); None when it has neither (then being alive is all there is).
@@ -248,23 +271,11 @@ class LocalLauncher:
 
     def wait_healthy(self, timeout: float = 120.0, names: Sequence[str] | None = None) -> None:
         """Block until every (named) process answers its health check; raise naming the laggards."""
-        pending = set(names) if names is not None else set(self.procs)
-        deadline = time.monotonic() + timeout
-        while pending:
-            for name in sorted(pending):
-                m = self.procs[name]
-                if m.popen.poll() is not None:
-                    raise RuntimeError(f"{m.role} {name!r} exited with code {m.popen.returncode} while starting; "
-                                       f"log {m.log_path}:\n{tail(m.log_path)}")
-                if self._is_healthy(m):
-                    pending.discard(name)
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                details = "\n".join(f"--- {n} ({self.procs[n].log_path}):\n{tail(self.procs[n].log_path, 10)}"
-                                    for n in sorted(pending))
-                raise TimeoutError(f"not healthy after {timeout:.0f} s: {sorted(pending)}\n{details}")
-            time.sleep(0.1)
+        wait_until_healthy(set(names) if names is not None else set(self.procs), timeout,
+                           exit_code=lambda n: self.procs[n].popen.poll(),
+                           healthy=lambda n: self._is_healthy(self.procs[n]),
+                           role=lambda n: self.procs[n].role, log_path=lambda n: self.procs[n].log_path,
+                           log_tail=lambda n: tail(self.procs[n].log_path))
 
     # ------------------------------------------------------------------ watchdog
     def _ensure_watchdog(self) -> None:

