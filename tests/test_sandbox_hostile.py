@@ -165,7 +165,9 @@ def _stopped_in_time(r: SandboxResult, ctx: Ctx) -> str:
 
 def _host_path_exists(path: str) -> Callable[[SandboxResult, Ctx], str]:
     def check(r: SandboxResult, ctx: Ctx) -> str:
-        assert os.path.exists(path) and "listed" not in r.stdout and "read" not in r.stdout.split()
+        assert "listed" not in r.stdout and "read" not in r.stdout.split()
+        if not os.path.exists(path):  # e.g. no /root/.cache on a fresh machine: nothing shown proves nothing
+            pytest.skip(f"{path} does not exist on this host: nothing there to hide")
         return f"{path} exists on the host, not inside"
     return check
 
@@ -347,8 +349,12 @@ TABLE: list[tuple[str, ...]] = []
 
 @pytest.fixture(scope="module")
 def containment() -> Containment:
+    """What this machine gives. A sandbox that fails to set up is a failure here, never a reason
+    to skip rows: a root engine with namespaces must give every feature (a private root that
+    cannot be built, e.g. for an interpreter under /tmp, once skipped the filesystem rows)."""
     result = asyncio.run(run_python("pass"))
-    assert result.containment is not None, result
+    assert result.error is None and result.containment is not None, result
+    assert result.containment.mode != "namespaces" or result.containment.full, result.containment
     return result.containment
 
 

@@ -9,8 +9,9 @@ interpreter (`python -I`) behind `tools/sandbox_launcher.py`, which, when the ke
   mount, IPC and UTS namespaces; the pid namespace dies, all of it, when the program ends;
 - gives it a private root: the system and Python directories read-only, a fresh /proc of
   its own pid namespace, a size-limited tmpfs `/sandbox/work` as its only writable place
-  (cwd, HOME, TMPDIR); /root, /home, the repository and /dev/shm are absent, and /tmp is an
-  empty read-only directory;
+  (cwd, HOME, TMPDIR); /root, /home, the repository and /dev/shm are absent, and /tmp is a
+  read-only directory, empty but for the interpreter's own dirs when it lives there (a venv in
+  /tmp/clone/.venv is bound read-only; nothing else of the host's /tmp is visible);
 - runs it as an unprivileged uid unique to this sandbox (so RLIMIT_NPROC holds even when
   the engine is root, and it can neither signal the engine nor read /proc/<pid>/environ of
   anything but itself), with no_new_privs, an empty environment and rlimits on address
@@ -20,7 +21,10 @@ The engine side (here) bounds wall time and reads stdout/stderr incrementally, n
 more than `max_output_bytes` of each: past the cap the sandbox is killed. When namespaces are
 refused (not root and no user namespaces, or a container that forbids them) the run degrades
 to rlimits, logs a warning once, and says so in `SandboxResult.containment`;
-`SandboxLimits.require_isolation` refuses to run the code at all in that case.
+`SandboxLimits.require_isolation` refuses to run the code at all in that case. Security never
+degrades for any other reason: when the namespaces exist but the private root cannot be built
+(a bug, or a layout it cannot contain), the code is not run and `SandboxResult.error` says why
+(logged as an error once per cause), so a reward scores it as a sandbox error.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ _READ_CHUNK = 1 << 16
 _STATUS_CAP = 1 << 16
 _DIR_PREFIX = "areal-sandbox-"  # then the engine's pid: stale directories are recognised by it
 _warned: set[tuple] = set()
+_logged_errors: set[str] = set()
+_MAX_LOGGED_ERRORS = 256  # distinct causes remembered; past it every error is logged again
 _cleaned_stale = False
 
 
@@ -333,7 +339,6 @@ def _result(outputs: list[tuple[bytes, bool]], status: dict, launcher_rc: int | 
     containment = None
     if "containment" in status:
         containment = Containment(**status["containment"], warnings=tuple(status.get("warnings", ())))
-        _warn_once(containment)
     if killed:
         returncode = None
     elif "wait_status" in status:
@@ -344,6 +349,10 @@ def _result(outputs: list[tuple[bytes, bool]], status: dict, launcher_rc: int | 
     error = status.get("error")
     if error is None and containment is None and not killed:
         error = f"sandbox launcher failed (exit {launcher_rc}): {stderr.strip()[-500:]}"
+    if error is not None:
+        _log_error_once(error, containment)  # the code did not run: an error, not a degradation
+    elif containment is not None:
+        _warn_once(containment)
     cpu_s = status.get("cpu_s")
     return SandboxResult(
         stdout=out.decode("utf-8", "replace"), stderr=stderr, returncode=returncode, timed_out=timed_out,
@@ -369,6 +378,16 @@ def _limit_hit(returncode: int | None, stderr: str, cpu_s: float | None, limits:
     if "File too large" in tail or returncode == -signal.SIGXFSZ:
         return "file_size"
     return None
+
+
+def _log_error_once(error: str, containment: Containment | None) -> None:
+    """Every call the sandbox refused or failed to run is an error the operator must see (each
+    reward behind it scores 0); once per cause, since a run may make thousands of such calls."""
+    if error in _logged_errors:
+        return
+    if len(_logged_errors) < _MAX_LOGGED_ERRORS:
+        _logged_errors.add(error)
+    log.error("sandbox did not run the code (mode %s): %s", containment.mode if containment else "unknown", error)
 
 
 def _warn_once(containment: Containment) -> None:

@@ -16,12 +16,17 @@ such as SIGXCPU and must reap orphans) and so that everything dies together:
 When the kernel refuses namespaces (not root and no user namespaces, or a container that
 forbids them) it degrades to rlimits (and, as root, a uid drop) and says so: every step
 that worked or did not is written to STATUS_FD as one JSON line before the exec, and the
-init writes the program's wait status and resource usage when it ends.
+init writes the program's wait status and resource usage when it ends. A private root that
+cannot be built once the namespaces exist is not such a case (the machine allows it; the
+failure is ours): the init reports an error and never starts the program. The one exception
+is a user namespace in which the kernel refuses a mount (EPERM/EACCES: an LSM or a locked
+mount), which is again what the machine allows, so it degrades and says so.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -43,6 +48,15 @@ NAMESPACES = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NE
 UID_BASE = 3_000_000_000
 INSIDE_WORK = "/sandbox/work"
 INSIDE_CODE = "/sandbox/main.py"
+# Directories the private root makes itself. A bind may sit below /tmp or /dev (a venv in
+# /tmp/clone/.venv or /dev/shm/venv): the root then makes the parents, and the rest of the
+# host's /tmp stays absent. A bind may not be one of these or hold one (it would show the
+# host's /tmp, or hide the root's /dev or /proc), nor sit below /proc or /sandbox (the proc
+# mount and the tmpfs work dir would hide it, or it would shadow the program's own files).
+OWN_DIRS = ("/tmp", "/dev", "/proc", "/sandbox")
+NO_BINDS_BELOW = ("/proc", "/sandbox")
+# A user namespace's mount refused with these is the kernel's policy, not a fault of ours.
+KERNEL_REFUSALS = (errno.EPERM, errno.EACCES)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -113,7 +127,35 @@ def enter_namespaces(mode: str) -> tuple[str | None, list[str]]:
     return None, warnings
 
 
-def _bind_read_only(source: str, target: str) -> None:
+class PrivateRootError(Exception):
+    """The spec asks for a private root that would not be private (a bind over the root's own dirs)."""
+
+
+def check_binds(binds: list[str]) -> None:
+    """Refuse binds that collide with what the root makes itself, before anything is mounted:
+    binding /tmp whole would show every other file there, a bind below /proc would be hidden."""
+    for path in binds:
+        norm = os.path.normpath(path)
+        if not os.path.isabs(norm) or norm == "/":
+            raise PrivateRootError(f"bind {path!r} is not an absolute path below /")
+        for own in OWN_DIRS:
+            if own == norm or own.startswith(norm + "/"):
+                raise PrivateRootError(f"bind {path} would cover the sandbox's own {own}")
+        for own in NO_BINDS_BELOW:
+            if norm.startswith(own + "/"):
+                raise PrivateRootError(f"bind {path} lies below the sandbox's own {own}")
+
+
+def _inside(new_root: str, path: str) -> None:
+    """Never create or mount outside the new root: a symlink made for an earlier bind (say /lib ->
+    /usr/lib, absolute) resolves against the host while the root is built."""
+    real, top = os.path.realpath(path), os.path.realpath(new_root)
+    if real != top and not real.startswith(top + "/"):
+        raise PrivateRootError(f"{path[len(new_root):]} resolves to {real}, outside the private root")
+
+
+def _bind_read_only(source: str, target: str, new_root: str) -> None:
+    _inside(new_root, os.path.dirname(target))
     if os.path.islink(source):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.symlink(os.readlink(source), target)
@@ -130,15 +172,19 @@ def _bind_read_only(source: str, target: str) -> None:
 
 def build_root(spec: dict, work_uid: int) -> None:
     """A fresh root: the system and Python dirs read-only, /dev with a few nodes, /proc of this
-    pid namespace, a size-limited tmpfs /sandbox/work (the only writable place), then pivot into it."""
-    new_root = os.path.join(spec["dir"], "root")
+    pid namespace, a size-limited tmpfs /sandbox/work (the only writable place), then pivot into it.
+
+    The binds come first and may already have made /tmp or /dev (an interpreter under /tmp):
+    the root's own dirs are made only where missing, and they hold nothing but those binds."""
+    new_root = root_path(spec)
+    check_binds(spec["binds"])
     os.makedirs(new_root, exist_ok=True)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     for path in spec["binds"]:
         if os.path.lexists(path):
-            _bind_read_only(path, new_root + path)
-    os.makedirs(new_root + "/dev")
+            _bind_read_only(path, new_root + os.path.normpath(path), new_root)
+    os.makedirs(new_root + "/dev", exist_ok=True)
     for node in ("null", "zero", "full", "random", "urandom"):
         _bind_read_only_device(f"/dev/{node}", f"{new_root}/dev/{node}")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
@@ -149,7 +195,9 @@ def build_root(spec: dict, work_uid: int) -> None:
     os.makedirs(new_root + INSIDE_WORK)
     mount("tmpfs", new_root + INSIDE_WORK, "tmpfs", MS_NOSUID | MS_NODEV,
           f"size={spec['limits']['work_dir_mb']}m,mode=0700,uid={work_uid},gid={work_uid}")
-    os.makedirs(new_root + "/tmp")  # exists (code expects it) but read-only: TMPDIR is /sandbox/work
+    # /tmp exists (code expects it) but is read-only: TMPDIR is /sandbox/work. Below /tmp there
+    # is at most the bound interpreter's subtree (with empty parents), never the host's files.
+    os.makedirs(new_root + "/tmp", exist_ok=True)
     os.makedirs(os.path.dirname(new_root + INSIDE_CODE), exist_ok=True)
     with open(new_root + INSIDE_CODE, "w", encoding="utf-8", errors="surrogatepass") as f:
         f.write(spec["code"])
@@ -159,6 +207,12 @@ def build_root(spec: dict, work_uid: int) -> None:
     _call(_libc.umount2(b".", ctypes.c_int(MNT_DETACH)), "umount old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def root_path(spec: dict) -> str:
+    """Where the root is built (then pivoted into); also stripped from error messages so the
+    engine sees a path inside the sandbox, the same for every run."""
+    return os.path.join(spec["dir"], "root")
 
 
 def _bind_read_only_device(source: str, target: str) -> None:
@@ -253,10 +307,17 @@ def run_init(spec: dict, mode: str, warnings: list[str], status: Status) -> None
     try:
         build_root(spec, spec["uid"] if root else 0)
         features["filesystem"] = True
-    except OSError as err:
-        warnings.append(f"private filesystem failed ({err}); the host filesystem is visible")
-        _prepare_host_dir(spec, root)
-    if root and (features["filesystem"] or world_executable(spec["python"])):
+    except (OSError, PrivateRootError) as err:
+        # Named by the paths inside the root, so the engine sees one message per cause, not per run.
+        reason = str(err).replace(root_path(spec), "")
+        refused = mode == "user_namespace" and isinstance(err, OSError) and err.errno in KERNEL_REFUSALS
+        if not refused:
+            status.write(containment=features, warnings=warnings,
+                         error=f"private root failed ({reason}); the code was not run")
+            os._exit(126)
+        warnings.append(f"private filesystem refused by the kernel ({reason}); the host filesystem is visible")
+        _prepare_host_dir(spec, False)
+    if root:  # the private root exists: the program's uid needs no access to anything of the host's
         features["user"] = features["process_limit"] = True
     elif mode == "user_namespace":
         warnings.append("user namespace: the program is uid 0 there without capabilities; "
