@@ -6,10 +6,14 @@ import argparse
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from areal_graph.runtime.observability.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +91,31 @@ class RunDisplay:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command. Ctrl-C at any moment (kit build, startup, training, evaluation, shutdown)
+    stops every process of the run and exits with 130 within seconds, one line on stderr:
+    runtime/launchers/interrupt.py says why that takes more than catching KeyboardInterrupt."""
+    from areal_graph.runtime.launchers.interrupt import EXIT_CODE, exit_on_interrupt
+
+    started: list[RunDir] = []  # the run directory, once there is one (for the message)
+    with exit_on_interrupt():
+        try:
+            return _run(args, started)
+        except KeyboardInterrupt:
+            where = ""
+            if started:
+                path = started[0].path
+                where = f"; run directory {path}"
+                if started[0].latest_checkpoint() is not None:
+                    where += f" (continue it: areal-graph run --resume {path})"
+            Console(stderr=True, soft_wrap=True).print(
+                f"[yellow]interrupted[/]: every process of the run was stopped{where}", highlight=False)
+            return EXIT_CODE
+
+
+def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     from areal_graph.graph.dump import dump_workflow
     from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text
+    from areal_graph.runtime.launchers.interrupt import interrupted
     from areal_graph.runtime.observability.run_dir import RunDir
 
     console = Console(soft_wrap=True)  # log lines stay whole when output is a file or a pipe
@@ -137,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir.write_text("config.yaml", dump_workflow(
             spec, header=f"the workflow this run ran: {args.workflow}" + (f" with {' '.join(overrides)}" if overrides else "")
             + "\nrepeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>"))
+    started.append(run_dir)
     console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
                   f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
     t0 = time.time()
@@ -152,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
                 state = run_workflow(spec, run_dir, display=display, resume_from=ckpt)
                 break
             except Exception as err:  # noqa: BLE001 - every failure ends as a message, not a traceback
+                if interrupted():  # a call failed because Ctrl-C is stopping its process: no failure, no resume
+                    raise KeyboardInterrupt from err
                 if not isinstance(err, RunFailed):
                     log.debug("run failed", exc_info=True)
                 console.print(f"[red bold]run failed:[/] {type(err).__name__}: ", end="")

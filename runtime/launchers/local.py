@@ -8,9 +8,15 @@ process that exits while the run is still going is reported once, as `ProcessDie
 that names what died and shows the end of its log.
 
 `shutdown()` (also on `with`-exit, on error, on Ctrl-C) terminates every process *and its
-descendants* (psutil), then kills what did not exit. Workers also poll their parent
-(`--parent-pid`) and, on Linux, every child gets PR_SET_PDEATHSIG, so even a SIGKILLed
-controller leaves no orphans.
+descendants* (psutil) and their process groups, then kills what did not exit; it is bounded
+(about `timeout` + 1 s). Workers also poll their parent (`--parent-pid`) and, on Linux, every
+child gets PR_SET_PDEATHSIG, so even a SIGKILLed controller leaves no orphans.
+
+Ctrl-C does not depend on KeyboardInterrupt reaching `shutdown()` (C code can swallow it, and
+the unwinding can wait on calls to these very processes): a launcher registers with
+runtime/launchers/interrupt.py, whose SIGINT handler stops its processes from a thread of its
+own, and an interrupted launcher starts nothing more and raises KeyboardInterrupt again from
+its next wait in the main thread.
 """
 
 from __future__ import annotations
@@ -30,9 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import psutil
-
 from areal_graph.api.process import PDEATHSIG_ENV, arm_parent_death_signal
+from areal_graph.runtime.launchers import interrupt
 
 log = logging.getLogger(__name__)
 
@@ -95,20 +100,21 @@ def kill_group(pgid: int) -> None:
     """SIGKILL what is left of a process group. Every process here leads its own session
     (start_new_session), so its group is it and what it started; when it dies, its children
     are orphaned out of `children()`'s reach but stay in its group."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    interrupt.signal_group(pgid, signal.SIGKILL)
 
 
 def wait_until_healthy(pending: set[str], timeout: float, *, exit_code: Callable[[str], int | None],
                        healthy: Callable[[str], bool], role: Callable[[str], str],
-                       log_path: Callable[[str], Path], log_tail: Callable[[str], str]) -> None:
+                       log_path: Callable[[str], Path], log_tail: Callable[[str], str],
+                       check: Callable[[], None] | None = None) -> None:
     """Poll until every process in `pending` is healthy; a process that exits first, or the
     deadline, raises naming it with its log. Every launcher's `wait_healthy` (they differ only
-    in how they ask a process for its exit code, health and log)."""
+    in how they ask a process for its exit code, health and log). `check` runs every round and
+    may raise (an interrupted launcher: KeyboardInterrupt)."""
     deadline = time.monotonic() + timeout
     while pending:
+        if check is not None:
+            check()
         for name in sorted(pending):
             code = exit_code(name)
             if code is not None:
@@ -179,8 +185,31 @@ class LocalLauncher:
         self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
         self.procs: dict[str, _Managed] = {}
         self._stopping = threading.Event()
+        # set by the SIGINT handler, which may run while the main thread holds any lock (even
+        # `_stopping`'s): a plain attribute, read by the watchdog and every wait
+        self._interrupted = False
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
+        interrupt.register(self)
+
+    # ------------------------------------------------------------------ Ctrl-C (interrupt.py)
+    def interrupt(self) -> None:
+        """Ctrl-C: start nothing more, report no death (the processes are being stopped)."""
+        self._interrupted = True
+
+    def process_roots(self) -> list[int]:
+        """Pids of the processes started and not reaped yet (so not reused by another process);
+        each leads its own process group. The watchdog SIGKILLs a reaped one's group when it
+        reports the death."""
+        return [m.popen.pid for m in list(self.procs.values()) if m.popen.returncode is None]
+
+    def _check_interrupted(self) -> None:
+        """Raise if Ctrl-C was pressed: KeyboardInterrupt in the main thread (again: the first
+        one may have been swallowed, e.g. by a C extension importing), an error elsewhere."""
+        if self._interrupted:
+            if threading.current_thread() is threading.main_thread():
+                raise KeyboardInterrupt("interrupted (Ctrl-C)")
+            raise RuntimeError("the launcher was interrupted (Ctrl-C)")
 
     # ------------------------------------------------------------------ start
     def _env(self, env: dict[str, str] | None, threads: int | None) -> dict[str, str]:
@@ -197,6 +226,7 @@ class LocalLauncher:
                threads: int | None, cwd: str | Path | None) -> _Managed:
         if name in self.procs:
             raise ValueError(f"a process named {name!r} was already started")
+        self._check_interrupted()
         if self._stopping.is_set():
             raise RuntimeError("the launcher is shut down")
         log_path = self.log_dir / f"{name}.log"
@@ -205,14 +235,29 @@ class LocalLauncher:
         ours = len(cmd) > 2 and cmd[1] == "-m" and str(cmd[2]).startswith("areal_graph.")
         if self.die_with_parent and ours:
             full_env[PDEATHSIG_ENV] = "1"  # armed by the child itself (see die_with_parent)
-        popen = subprocess.Popen(
-            list(cmd), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=full_env, cwd=cwd, start_new_session=True,
-            preexec_fn=arm_parent_death_signal if self.die_with_parent and not ours else None,
-        )
-        m = _Managed(name, role, popen, log_path, log_file)
-        with self._lock:
-            self.procs[name] = m
+        popen: subprocess.Popen | None = None
+        try:
+            popen = subprocess.Popen(
+                list(cmd), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=full_env, cwd=cwd, start_new_session=True,
+                preexec_fn=arm_parent_death_signal if self.die_with_parent and not ours else None,
+            )
+            m = _Managed(name, role, popen, log_path, log_file)
+            with self._lock:
+                self.procs[name] = m
+        except BaseException:
+            # e.g. Ctrl-C between the start and the bookkeeping: nothing may run unrecorded
+            if popen is not None:
+                kill_group(popen.pid)
+                popen.kill()
+                try:
+                    popen.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    log.error("%s (pid %d) did not exit after SIGKILL", name, popen.pid)
+                with self._lock:
+                    self.procs.pop(name, None)
+            log_file.close()
+            raise
         log.info("started %s (%s) pid %d, log %s", name, role, popen.pid, log_path)
         self._ensure_watchdog()
         return m
@@ -249,6 +294,7 @@ class LocalLauncher:
         m = self._spawn(name, role, cmd, env, threads, None)
         deadline = time.monotonic() + startup_timeout
         while not port_file.exists():
+            self._check_interrupted()
             if m.popen.poll() is not None:
                 raise RuntimeError(f"worker {name!r} exited with code {m.popen.returncode} before binding a port; "
                                    f"log {m.log_path}:\n{tail(m.log_path)}")
@@ -275,7 +321,7 @@ class LocalLauncher:
                            exit_code=lambda n: self.procs[n].popen.poll(),
                            healthy=lambda n: self._is_healthy(self.procs[n]),
                            role=lambda n: self.procs[n].role, log_path=lambda n: self.procs[n].log_path,
-                           log_tail=lambda n: tail(self.procs[n].log_path))
+                           log_tail=lambda n: tail(self.procs[n].log_path), check=self._check_interrupted)
 
     # ------------------------------------------------------------------ watchdog
     def _ensure_watchdog(self) -> None:
@@ -289,7 +335,7 @@ class LocalLauncher:
                 procs = list(self.procs.values())
             for m in procs:
                 rc = m.popen.poll()
-                if rc is None or m.reported or self._stopping.is_set():
+                if rc is None or m.reported or self._stopping.is_set() or self._interrupted:
                     continue
                 m.reported = True
                 kill_group(m.popen.pid)  # what it started and left behind (a vLLM server's engine processes)
@@ -334,30 +380,18 @@ class LocalLauncher:
 
     # ------------------------------------------------------------------ stop
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Terminate every process and all its descendants; kill whatever outlives `timeout`."""
+        """Terminate every process, all its descendants and its process group; kill whatever
+        outlives `timeout` s (after Ctrl-C at most interrupt.TERM_GRACE_S). Bounded: about
+        `timeout` + 1 s, plus 1 s per process the kernel cannot reap."""
         self._stopping.set()
-        victims: list[psutil.Process] = []
-        for m in self.procs.values():
-            try:
-                root = psutil.Process(m.popen.pid)
-                victims += root.children(recursive=True) + [root]
-            except psutil.NoSuchProcess:
-                pass
-        for p in victims:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(victims, timeout=timeout)
-        for p in alive:
-            log.warning("killing %s (pid %d): still alive %.0f s after SIGTERM", p.name(), p.pid, timeout)
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=timeout)
-        for m in self.procs.values():
-            kill_group(m.popen.pid)  # orphans of a process that had already died
+        grace = min(timeout, interrupt.TERM_GRACE_S) if self._interrupted else timeout
+        managed = list(self.procs.values())
+        groups = [m.popen.pid for m in managed]  # all: orphans of one that died while no death was reported
+        left = interrupt.stop_trees(interrupt.process_tree(self.process_roots()), groups, grace,
+                                    level=logging.INFO if self._interrupted else logging.WARNING)
+        for p in left:
+            log.error("pid %d did not exit after SIGKILL", p.pid)
+        for m in managed:
             try:
                 m.popen.wait(timeout=1.0)  # reap, so no zombie remains
             except subprocess.TimeoutExpired:
@@ -365,6 +399,7 @@ class LocalLauncher:
             m.log_file.close()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=2.0)
+        interrupt.unregister(self)
 
     def __enter__(self) -> "LocalLauncher":
         return self

@@ -35,6 +35,7 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
+from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
 from areal_graph.runtime.observability.run_dir import RunDir
@@ -163,6 +164,8 @@ class Controller:
             if self._fatal is not None:
                 raise self._fatal
         except Exception as err:
+            if interrupted():  # Ctrl-C is stopping the processes: the failed call is its doing, not a death
+                raise KeyboardInterrupt from err
             await self._name_the_dead(err)
         finally:
             in_flight = len(self._inflight)  # counted before cancelling: cancelled groups remove themselves

@@ -15,6 +15,7 @@ from typing import Any
 from areal_graph.data.datasets import load_run_prompts
 from areal_graph.graph.plan import build_plan
 from areal_graph.graph.spec import WorkflowSpec
+from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.controller import Controller, RunState
@@ -42,7 +43,8 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
         return controller.run(resume_from)
     finally:
         try:  # the last spans of the workers and servers, when they are still there to ask
-            if tracer.enabled:
+            # (after Ctrl-C they are being stopped: asking would wait on each of them)
+            if tracer.enabled and not interrupted():
                 tracer.merge(asyncio.run(executor.collect_spans()))
         except Exception:  # noqa: BLE001 - a dead process must not hide the run's real error
             log.debug("collecting the last spans failed", exc_info=True)
