@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from areal_graph.data.datasets import DatasetError, format_prompt, load_prompts, reference_answer
+from conftest import missing
 from areal_graph.modelkit.tokenizer import train_tokenizer
 
 
@@ -87,8 +88,11 @@ def test_json_array_and_whole_file_errors(tok, tmp_path):
 
 
 def test_parquet_rows_load_like_jsonl(tok, tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        missing("pyarrow", "a dev dependency: make install")
 
     pq.write_table(pa.table({"question": ["What is 1 + 2?", None], "answer": ["3", "4"]}), tmp_path / "d.parquet")
     prompts, report = load_prompts(tmp_path / "d.parquet", tok)

@@ -20,11 +20,17 @@ from pathlib import Path
 import pytest
 
 from areal_graph.runtime.observability.trace_run import load_run
+from conftest import missing
 from areal_graph.runtime.observability.trace_view import PageOptions, build_page, write_page
 
 FIXTURES = Path(__file__).parent / "data" / "trace_runs"
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (CI: apt-get install -y chromium)")
+
+
+@pytest.fixture
+def needs_chromium() -> None:
+    if CHROMIUM is None:
+        missing("chromium", "apt-get install -y chromium; .ci/run does it")
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1100", "--hide-scrollbars"]
 
 
@@ -127,7 +133,7 @@ def _console_errors(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "CONSOLE" in ln and re.search(r"error|uncaught", ln, re.I)]
 
 
-@needs_chromium
+@pytest.mark.usefixtures("needs_chromium")
 def test_chromium_draws_the_sync_vs_async_page_without_errors(tmp_path):
     dom, log = _dump_dom(_compare_page(tmp_path))
     got = _drawn(dom)
@@ -143,7 +149,7 @@ def test_chromium_draws_the_sync_vs_async_page_without_errors(tmp_path):
     assert dom.count('class="node-time"') == 10 and "% busy" in dom
 
 
-@needs_chromium
+@pytest.mark.usefixtures("needs_chromium")
 def test_chromium_draws_a_damaged_trace_and_lists_what_is_missing(tmp_path):
     run = tmp_path / "killed"
     shutil.copytree(FIXTURES / "async", run)
@@ -226,7 +232,7 @@ async def _drive(url: str, proc: subprocess.Popen) -> dict:
     return out
 
 
-@needs_chromium
+@pytest.mark.usefixtures("needs_chromium")
 def test_wheel_zooms_drag_pans_and_hover_shows_a_span_card(tmp_path):
     page = _compare_page(tmp_path)
     proc = subprocess.Popen([CHROMIUM, *BROWSER_FLAGS, "--remote-debugging-port=0", "about:blank"],
