@@ -2,7 +2,7 @@
 thought and a final `\\boxed{N}`.
 
 Why this task: the answer is checkable exactly (math_reward), responses are short (< 48
-tokens for 2-3 steps; the "longtail" level mixes 1 to 20 steps, up to ~210 tokens), and
+tokens for 3-4 one-digit steps; the "longtail" level mixes 1 to 20 steps, up to ~170 tokens), and
 difficulty is a dial (number of steps, operand range), so a tiny model can be
 warm-started to solve it *some* of the time, leaving room for RL to improve it. Expressions
 are evaluated left to right (no precedence): every step of the solution is one binary
@@ -36,6 +36,11 @@ class Difficulty:
     hi: int
     ops: str = "+-"
     step_weights: tuple[float, ...] | None = None
+    # Every intermediate result stays in [0, max_value]: a problem that leaves it is redrawn,
+    # or, with `fit_operands`, each step is drawn among the (operation, operand) pairs that keep
+    # the value inside (a 20-step chain of one-digit values would almost never survive redrawing).
+    max_value: int = 999
+    fit_operands: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
@@ -44,6 +49,8 @@ class Difficulty:
             raise ValueError(f"Difficulty: need 0 <= lo <= hi, got {self.lo}, {self.hi}")
         if not self.ops or set(self.ops) - set("+-*"):
             raise ValueError(f"Difficulty.ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if self.fit_operands and "*" in self.ops:
+            raise ValueError("Difficulty.fit_operands supports the operations + and - only")
         if self.step_weights is not None:
             n = self.max_steps - self.min_steps + 1
             if len(self.step_weights) != n or min(self.step_weights) < 0 or sum(self.step_weights) <= 0:
@@ -56,24 +63,34 @@ class Difficulty:
         return rng.choices(range(self.min_steps, self.max_steps + 1), weights=self.step_weights)[0]
 
 
-# Named levels. "digits" is the builtin task: single-digit operands keep it learnable by a
-# 1.7M-parameter model in a ~3 minute SFT on 2 CPU cores, while 2-3 chained steps still
-# leave it far from perfect when it works them out (~45% greedy).
+# Named levels. "one-digit" is the builtin task (builtin:tiny-arith): 3-4 steps over single
+# digits with every intermediate result a single digit too, so each solution line has the same
+# shape ("5 - 5 = 0") and the arithmetic is a table of ~110 facts. What a tiny model must
+# learn is copying the k-th operation of the question into line k, and the SFT learns both to
+# near 100% (greedy, working it out) within its budget on every seed and thread count we
+# tried; it then has nothing left to learn but the habit (KitConfig.hasty_rate), which is
+# what RL fixes. (The answers are 0-9, spread evenly: a guess is right 10% of the time.)
 #
-# "longtail" is the builtin long-tailed task (builtin:tiny-arith-long): single digits as in
-# "digits", but 1 to 20 steps, drawn so that most problems are short and a few very long:
-# weights below, 3 steps the mode (as learnable as "digits"), P(steps >= 12) ~ 7% (a
-# long chain is redrawn more often: every intermediate result must stay >= 0). (There
-# are only 155 distinct 1-step and 2,605 2-step problems, hence their small weights.) Worked
-# solutions run from ~17 to ~180 tokens, a hasty answer ~9: answers sampled at temperature 1
-# span 10-20x in length within a batch, the regime where synchronous RL waits on stragglers.
-LONGTAIL_STEP_WEIGHTS: tuple[float, ...] = (0.3, 8, 66, 8) + (0.5,) * 4 + (1.5,) * 12
+# "digits" was the builtin task before it: single-digit operands, 2-3 steps, intermediate
+# results up to 729. Its warm start worked problems out right only 37-58% of the time,
+# depending on the machine and code path that ran the SFT, and RL's gain with it (+8 to
+# +47 points): the fragility of issue 19, which the one-digit task removes.
+#
+# "longtail" is the builtin long-tailed task (builtin:tiny-arith-long): the one-digit task's
+# arithmetic (every intermediate result 0-9, operands fitted to keep it so), but 1 to 20
+# steps, most problems short and a few very long: weights below, 4 steps the mode, ~15% of
+# problems 12-20 steps. (There are few distinct 1- and 2-step problems, hence their small
+# weights.) Worked solutions run from ~18 to ~170 tokens, a hasty answer ~10: answers sampled
+# at temperature 1 span 10-20x in length within a batch, the regime where synchronous RL waits
+# on stragglers.
+LONGTAIL_STEP_WEIGHTS: tuple[float, ...] = (0.3, 3, 25, 45, 8, 4, 2, 1) + (1.5,) * 12
 LEVELS: dict[str, Difficulty] = {
     "digits": Difficulty(2, 3, 0, 9),
     "easy": Difficulty(1, 2, 0, 20),
     "medium": Difficulty(2, 3, 1, 50),
     "hard": Difficulty(3, 4, 1, 99, ops="+-*"),
-    "longtail": Difficulty(1, 20, 0, 9, step_weights=LONGTAIL_STEP_WEIGHTS),
+    "longtail": Difficulty(1, 20, 1, 9, step_weights=LONGTAIL_STEP_WEIGHTS, max_value=9, fit_operands=True),
+    "one-digit": Difficulty(3, 4, 0, 9, max_value=9),
 }
 
 
@@ -105,10 +122,13 @@ def make_problem(rng: random.Random, level: Difficulty) -> dict[str, str]:
         value = operands[0]
         ok = True
         for _ in range(steps):
-            op = rng.choice(level.ops)
-            b = rng.randint(2, 9) if op == "*" else rng.randint(level.lo, level.hi)
+            if level.fit_operands:
+                op, b = _fitted_step(rng, level, value)
+            else:
+                op = rng.choice(level.ops)
+                b = rng.randint(2, 9) if op == "*" else rng.randint(level.lo, level.hi)
             new = apply_op(value, op, b)
-            if not 0 <= new <= 999:
+            if not 0 <= new <= level.max_value:
                 ok = False
                 break
             lines.append(f"{value} {op} {b} = {new}")
@@ -120,6 +140,16 @@ def make_problem(rng: random.Random, level: Difficulty) -> dict[str, str]:
         expr = str(operands[0]) + "".join(f" {o} {b}" for o, b in zip(ops, operands[1:]))
         lines.append(f"The answer is \\boxed{{{value}}}.")
         return {"question": f"What is {expr}?", "answer": str(value), "solution": "\n".join(lines)}
+
+
+def _fitted_step(rng: random.Random, level: Difficulty, value: int) -> tuple[str, int]:
+    """One step `value op b`, drawn uniformly among the (op, b) with b in [lo, hi] that keep the
+    result in [0, max_value]."""
+    choices = [("+", b) for b in range(level.lo, min(level.hi, level.max_value - value) + 1) if "+" in level.ops]
+    choices += [("-", b) for b in range(level.lo, min(level.hi, value) + 1) if "-" in level.ops]
+    if not choices:  # cannot happen for the shipped levels; a custom one may paint itself into a corner
+        raise ValueError(f"{level}: no operand keeps {value} within [0, {level.max_value}]")
+    return rng.choice(choices)
 
 
 def generate(seed: int, n: int, difficulty: str | Difficulty = "medium") -> list[dict[str, str]]:

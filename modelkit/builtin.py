@@ -38,34 +38,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from areal_graph.modelkit.shipped import install_shipped
 from areal_graph.modelkit.tiny_model import TinyModelConfig
 from areal_graph.modelkit.warm_start import SFTConfig
 
 log = logging.getLogger(__name__)
 
 PREFIX = "builtin:"
-# Bump when the build code changes in a way the recipe fields do not capture.
-KIT_FORMAT = 1
+# Bump when the build code changes in a way the recipe fields do not capture. 2: the lean SFT
+# forward (engines/training/lean_train.py), lessons, `sft_seed`.
+KIT_FORMAT = 2
+
+# tiny-arith's model: narrow, with 8 heads. Copying the k-th operand of the question into
+# line k of the solution is what SFT learns slowest; with 4 heads of 48 dims (the shape of
+# tiny-arith-long) it was still learning it after 800 steps, with 8 heads of 16 it had it
+# within ~400 (the calculator kit found the same for copying numbers into a call).
+TINY_ARITH_MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_heads=8, num_kv_heads=4)
 
 
 @dataclass(frozen=True)
 class KitConfig:
-    """Everything that shapes a kit; its hash names the cache directory."""
+    """Everything that shapes a kit; its hash names the cache directory. The defaults are
+    builtin:tiny-arith."""
 
     name: str = "tiny-arith"
-    seed: int = 0
-    difficulty: str = "digits"
+    seed: int = 0  # the task data: which problems, which of them the teacher answers hastily
+    # The warm start's training randomness (model init, every lesson's data order), apart
+    # from the data: kits of several sft_seeds are the same task trained anew.
+    sft_seed: int = 0
+    difficulty: str = "one-digit"
     n_train: int = 20000
     n_test: int = 500
     vocab_size: int = 512
-    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    model: TinyModelConfig = TINY_ARITH_MODEL
     # The SFT teacher answers this share of the training problems outright and hastily (one
     # operation short: data.arith.teacher_mixture) and works the rest out. Greedy decoding
     # inherits the habit, while sampled answers that work it out are right far more often:
     # the room RL has, and the habit it must unlearn from reward alone.
-    hasty_rate: float = 0.6
-    # SFT with a cosine-decayed lr for a fixed number of steps.
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=800))
+    hasty_rate: float = 0.7
+    # The first lesson, SFT with a cosine-decayed lr. With `habit_sft` it shows only worked
+    # solutions (the method); without, the hasty mixture (modelkit/kit_tasks.py, _arith_rows).
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500, batch_size=32))
+    # The second lesson: the hasty mixture, briefly and at a tenth of the lr (None: one lesson).
+    habit_sft: SFTConfig | None = field(default_factory=lambda: SFTConfig(steps=80, lr=3e-4, warmup_steps=5))
     n_dev: int = 200  # generated problems held out of the training split (none of test either)
     eval_prompts: int = 500  # test prompts greedily decoded to record the warm-start accuracy
     eval_max_new_tokens: int = 64  # generation limit of that measurement (the longest answers must fit)
@@ -77,40 +92,22 @@ class KitConfig:
     direct_rates: tuple[float, ...] = ()
 
     def fingerprint(self) -> str:
-        recipe = dataclasses.asdict(self)
-        for path, old_value in ADDED_FIELDS.items():  # absent from older recipes: omitted at the old value
-            *parents, leaf = path
-            node = recipe
-            for key in parents:
-                node = node[key]
-            if node.get(leaf) == old_value:
-                del node[leaf]
-        blob = json.dumps({"format": KIT_FORMAT, **recipe}, sort_keys=True)
+        blob = json.dumps({"format": KIT_FORMAT, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-# Recipe fields added after kits were first built, each with the value that reproduces the
-# build from before it existed. At that value a field is left out of the fingerprint, so a
-# kit built before the field existed keeps its name and cache (tiny-arith stays 43a2521c751c).
-ADDED_FIELDS: dict[tuple[str, ...], Any] = {
-    ("eval_max_new_tokens",): 64,
-    ("sft", "packed"): False,
-    ("task",): "arith",
-    ("direct_rates",): (),
-}
-
-# The long-tailed variant (the AReaL paper's regime): 1 to 20 reasoning steps, most problems
-# short and a few very long (data.arith "longtail"), so answers sampled at temperature 1 span
-# 9 to ~210 tokens. Synchronous RL waits on each batch's longest answer; asynchronous RL keeps
-# the engine's batch full. Same model size and hasty-teacher flaw as tiny-arith; a context of
-# 512 for prompts up to ~75 tokens plus the longest answers; SFT on packed batches (a
-# long-tailed batch padded to its longest row would cost ~4x the compute).
+# The long-tailed variant (the AReaL paper's regime): 1 to 20 steps of one-digit arithmetic,
+# most problems 3-5 steps and about 15% of them 12 to 20 (data.arith "longtail"), so worked
+# answers run from ~18 to ~170 tokens and hasty ones ~10: synchronous RL waits on each batch's
+# longest answer, asynchronous RL keeps the engine's batch full. The same model shape, lessons
+# and hasty teacher as tiny-arith (one recipe that learns, measured the same way); a context of
+# 512 for prompts up to ~75 tokens plus the longest answers.
 TINY_ARITH_LONG = KitConfig(
     name="tiny-arith-long",
     difficulty="longtail",
-    model=TinyModelConfig(max_position_embeddings=512),
-    hasty_rate=0.3,
-    sft=SFTConfig(steps=800, packed=True),
+    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=512),
+    sft=SFTConfig(steps=1000, batch_size=32, packed=True),
+    habit_sft=SFTConfig(steps=80, lr=3e-4, warmup_steps=5, packed=True),
     eval_max_new_tokens=320,
 )
 
@@ -132,6 +129,7 @@ TINY_CALC = KitConfig(
     direct_rates=(0.9, 0.7, 0.4),
     model=TinyModelConfig(hidden_size=128, intermediate_size=384, num_heads=8, num_kv_heads=4),
     sft=SFTConfig(steps=800, packed=True),
+    habit_sft=None,
     eval_max_new_tokens=48,  # per turn: a call is ~28 tokens, an answer ~12
 )
 
@@ -190,10 +188,6 @@ def load_kit(cfg: KitConfig, root: Path | None = None) -> Kit | None:
     info_path = path / "kit.json"
     if not info_path.exists():
         return None
-    from areal_graph.modelkit.tokenizer import pin_unknown_token
-
-    if pin_unknown_token(path / "model"):  # a kit built before that fix: repaired in place, weights untouched
-        log.info("kit %s: tokenizer_config.json now names no unknown token", path.name)
     return Kit(path, json.loads(info_path.read_text()))
 
 
@@ -201,8 +195,11 @@ Progress = Callable[[str], None]
 
 
 def ensure_kit(cfg: KitConfig, root: Path | None = None, progress: Progress | None = None,
-               rebuild: bool = False) -> Kit:
-    """The kit for `cfg`, building it first if needed (once, even across processes)."""
+               rebuild: bool = False, from_recipe: bool = False) -> Kit:
+    """The kit for `cfg`, made first if needed (once, even across processes): installed from
+    the warm start shipped with the package when one of this recipe is (modelkit/shipped.py),
+    else built from the recipe. `rebuild` replaces a cached kit; `from_recipe` builds from the
+    recipe even where a shipped warm start exists."""
     path = kit_dir(cfg, root)
     if not rebuild and (kit := load_kit(cfg, root)) is not None:
         return kit
@@ -215,8 +212,11 @@ def ensure_kit(cfg: KitConfig, root: Path | None = None, progress: Progress | No
         for stale in path.parent.glob(path.name + ".building*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = path.with_name(path.name + f".building{os.getpid()}")
+        say = progress or (lambda msg: log.info("%s", msg))
         try:
-            info = build_kit(cfg, tmp, progress or (lambda msg: log.info("%s", msg)))
+            info = None if from_recipe else install_shipped(cfg, tmp, say)
+            if info is None:
+                info = build_kit(cfg, tmp, say)
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)
         finally:
@@ -238,29 +238,40 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     threads = torch.get_num_threads()
-    torch.manual_seed(cfg.seed)
 
     progress(task.describe(cfg))
-    train, test, sft_rows = task.rows(cfg)
+    train, test, lessons = task.rows(cfg)
     write_jsonl(train, out / "data" / "train.jsonl")
     write_jsonl(test, out / "data" / "test.jsonl")
     timings["data_s"] = time.perf_counter() - t0
 
     progress(f"tokenizer: byte-level BPE, vocab {cfg.vocab_size}")
     t = time.perf_counter()
-    tokenizer = train_tokenizer(task.tokenizer_texts(train, sft_rows), cfg.vocab_size, tools=task.tools)
+    tokenizer = train_tokenizer(task.tokenizer_texts(train, [r for lesson in lessons for r in lesson.rows]),
+                                cfg.vocab_size, tools=task.tools)
     timings["tokenizer_s"] = time.perf_counter() - t
 
-    model = build_tiny_model(tokenizer, cfg.model, seed=cfg.seed)
+    torch.manual_seed(cfg.sft_seed)
+    model = build_tiny_model(tokenizer, cfg.model, seed=cfg.sft_seed)
     n_params = count_parameters(model)
-    progress(f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2, {cfg.sft.steps} steps")
+    total_steps = sum(lesson.sft.steps for lesson in lessons)
+    progress(f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2, {total_steps} steps"
+             + (f" in {len(lessons)} lessons ({', '.join(f'{x.name} {x.sft.steps}' for x in lessons)})"
+                if len(lessons) > 1 else ""))
     t = time.perf_counter()
+    losses: list[float] = []
+    lesson_info = []
+    for lesson in lessons:
+        done = len(losses)
 
-    def on_step(step: int, loss: float) -> None:
-        if (step + 1) % 50 == 0:
-            progress(f"sft step {step + 1} loss {loss:.3f}")
+        def on_step(step: int, loss: float, done: int = done, name: str = lesson.name) -> None:
+            if (done + step + 1) % 50 == 0:
+                progress(f"sft step {done + step + 1} ({name}) loss {loss:.3f}")
 
-    losses = sft(model, tokenizer, sft_rows, cfg.sft, on_step=on_step, encode=task.encode)
+        sft_cfg = dataclasses.replace(lesson.sft, seed=lesson.sft.seed + cfg.sft_seed)
+        lesson_losses = sft(model, tokenizer, lesson.rows, sft_cfg, on_step=on_step, encode=task.encode)
+        losses += lesson_losses
+        lesson_info.append({"name": lesson.name, "steps": len(lesson_losses), "final_loss": lesson_losses[-1]})
     timings["sft_s"] = time.perf_counter() - t
     save_model_and_tokenizer(model, tokenizer, out / "model")
 
@@ -271,12 +282,14 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
     timings["total_s"] = time.perf_counter() - t0
     info = {
         "name": cfg.name,
+        "source": "recipe",
         "fingerprint": cfg.fingerprint(),
         "recipe": dataclasses.asdict(cfg),
         "parameters": n_params,
         "vocab_size": len(tokenizer),
         "sft_steps": len(losses),
         "sft_final_loss": losses[-1],
+        "sft_lessons": lesson_info,
         "warm_start_greedy_accuracy": result["greedy_accuracy"],
         **({"warm_start_greedy_tool_call_rate": result["greedy_tool_call_rate"]}
            if "greedy_tool_call_rate" in result else {}),
@@ -285,10 +298,26 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         "torch_threads": threads,
         "timings": {k: round(v, 2) for k, v in timings.items()},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "built_on": machine_description(threads),
     }
     (out / "kit.json").write_text(json.dumps(info, indent=2) + "\n")
     progress(f"done in {timings['total_s']:.0f} s: greedy accuracy {result['greedy_accuracy']:.1%}")
     return info
+
+
+def machine_description(threads: int) -> str:
+    """What a build's floats depend on: the CPU, torch and its thread count."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {threads} thread(s)"
 
 
 def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -> tuple[Kit, str] | None:

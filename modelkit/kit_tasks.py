@@ -2,9 +2,12 @@
 
 `modelkit/builtin.py` builds every kit the same way (data, tokenizer, tiny model, SFT warm
 start, warm-start accuracy, kit.json) and asks the kit's task, named by `KitConfig.task`, for
-the four parts that depend on it:
+the four parts that depend on it. The warm start is a list of `Lesson`s, SFT phases run in
+order on one model, each with its own rows and schedule:
 
 - "arith": multi-step arithmetic with a hasty teacher (data/arith.py), one prompt, one answer;
+  with `KitConfig.habit_sft` two lessons: the method (worked solutions only), then the habit
+  (the hasty mixture);
 - "calc": products a tiny model cannot compute in its head, with a calculator tool and a
   teacher that uses it only some of the time (data/calc.py); its answers are episodes, so its
   SFT rows are multi-turn conversations and its warm start is evaluated through the
@@ -17,16 +20,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from areal_graph.modelkit.warm_start import SFTConfig
+
 Rows = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """One SFT phase of a warm start: what the teacher shows (`rows`) and how (`sft`)."""
+
+    name: str
+    rows: Rows
+    sft: SFTConfig
 
 
 @dataclass(frozen=True)
 class KitTask:
     """The task-specific steps of a kit build (each takes the KitConfig `cfg`)."""
 
-    # cfg -> (train rows, test rows, SFT rows); train/test rows are written as the kit's data
-    rows: Callable[[Any], tuple[Rows, Rows, Rows]]
-    # (train rows, SFT rows) -> texts the BPE is trained on
+    # cfg -> (train rows, test rows, SFT lessons in order); train/test rows are the kit's data
+    rows: Callable[[Any], tuple[Rows, Rows, list[Lesson]]]
+    # (train rows, every lesson's rows) -> texts the BPE is trained on
     tokenizer_texts: Callable[[Rows, Rows], Iterable[str]]
     tools: bool  # the tokenizer gets the tool-call chat template and tokens
     # (tokenizer, SFT row) -> (input_ids, labels); None: warm_start.encode_pair on question/solution
@@ -37,12 +51,21 @@ class KitTask:
 
 
 # ------------------------------------------------------------------------------ arith
-def _arith_rows(cfg: Any) -> tuple[Rows, Rows, Rows]:
+def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
+    """Without `habit_sft`, one lesson: the hasty mixture. With it, the method first (every
+    solution worked out, until the model copies and computes reliably), then the habit (the
+    mixture, briefly). Why two: the arithmetic is what SFT learns slowly, and 60% hasty rows
+    teach it nothing, so a single mixed lesson ended at a different point of the arithmetic's
+    learning curve on every machine (worked-out accuracy 37-58% from one recipe); the habit is
+    one decision at the first token and is learned in a few dozen steps."""
     from areal_graph.data.arith import split, teacher_mixture
 
     train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
     train = train[cfg.n_dev:]
-    return train, test, teacher_mixture(train, cfg.hasty_rate, cfg.seed)
+    mixture = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
+    if cfg.habit_sft is None:
+        return train, test, [Lesson("mixture", mixture, cfg.sft)]
+    return train, test, [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
 
 
 def _plain_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
@@ -63,12 +86,15 @@ ARITH = KitTask(
 
 
 # ------------------------------------------------------------------------------ calc
-def _calc_rows(cfg: Any) -> tuple[Rows, Rows, Rows]:
+def _calc_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     from areal_graph.data.calc import split, teacher_conversations
 
+    if cfg.habit_sft is not None:
+        raise ValueError("the calc task has one lesson: habit_sft is not built for it")
     train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
     train = train[cfg.n_dev:]
-    return train, test, teacher_conversations(train, cfg.direct_rates, cfg.seed, cfg.difficulty)
+    return train, test, [Lesson("conversations", teacher_conversations(train, cfg.direct_rates, cfg.seed,
+                                                                       cfg.difficulty), cfg.sft)]
 
 
 def _agent_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def pin_unknown_token(path: str | Path) -> bool:
     Why: `AutoTokenizer` picks the class from the model's config (`Qwen2Tokenizer` for the
     kit), and that class's constructor adds `<|endoftext|>` as its unknown token when the
     config names none: a token id one past the model's embedding rows, which crashes any tool
-    that appends it. Idempotent; also run on kits built before this fix (modelkit/builtin.py)."""
+    that appends it. Idempotent."""
     config = Path(path) / "tokenizer_config.json"
     try:
         data = json.loads(config.read_text())

@@ -37,7 +37,8 @@ def trained_kit(tmp_path_factory):
     from areal_graph.modelkit.tiny_model import TinyModelConfig
     from areal_graph.modelkit.warm_start import SFTConfig
 
-    cfg = KitConfig(name="evalkit", n_train=200, n_test=16, vocab_size=300,
+    cfg = KitConfig(name="evalkit", n_train=200, n_test=16, vocab_size=300, difficulty="digits", hasty_rate=0.6,
+                    habit_sft=None,
                     model=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
                     sft=SFTConfig(steps=60, batch_size=32, lr=3e-3, warmup_steps=5), eval_prompts=16)
     return ensure_kit(cfg, root=tmp_path_factory.mktemp("kits"))

@@ -161,11 +161,12 @@ def test_packed_sft_is_deterministic_and_learns(rows, tokenizer):
 
 
 # ------------------------------------------------------------------------------ the kit
-def test_tiny_arith_recipe_and_fingerprint_unchanged():
-    """New recipe fields are left out of the fingerprint at their old values: the cached
-    tiny-arith kit (built before they existed) keeps its directory."""
+def test_every_recipe_field_changes_the_fingerprint():
+    """A changed recipe is a different kit: a cache never hands out a stale build."""
     assert BUILTIN_KITS["tiny-arith"] == KitConfig()
-    assert KitConfig().fingerprint() == "43a2521c751c"
+    assert KitConfig().fingerprint() == KitConfig().fingerprint()
+    assert dataclasses.replace(KitConfig(), sft_seed=1).fingerprint() != KitConfig().fingerprint()
+    assert dataclasses.replace(KitConfig(), habit_sft=None).fingerprint() != KitConfig().fingerprint()
     changed = dataclasses.replace(KitConfig(), eval_max_new_tokens=65)
     assert changed.fingerprint() != KitConfig().fingerprint()
     packed = dataclasses.replace(KitConfig(), sft=dataclasses.replace(KitConfig().sft, packed=True))
@@ -177,13 +178,13 @@ def test_long_kit_is_registered_and_resolves_by_name_without_building(monkeypatc
     assert LONG.fingerprint() != KitConfig().fingerprint()
     assert BUILTIN_DATASETS["arith-long/train"] == ("tiny-arith-long", "train")
     assert BUILTIN_DATASETS["arith-long/test"] == ("tiny-arith-long", "test")
-    assert LONG.sft.packed and LONG.model.max_position_embeddings >= 512
+    assert LONG.sft.packed and LONG.model.max_position_embeddings >= 512 and LONG.habit_sft is None
     monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path))
     assert kit_dir(LONG).parent == tmp_path and kit_dir(LONG).name.startswith("tiny-arith-long-")
 
     built: list[KitConfig] = []
 
-    def fake_ensure(cfg, root=None, progress=None, rebuild=False):
+    def fake_ensure(cfg, root=None, progress=None, rebuild=False, from_recipe=False):
         built.append(cfg)
         return builtin.Kit(kit_dir(cfg, root), {})
 

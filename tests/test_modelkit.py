@@ -19,7 +19,7 @@ from areal_graph.modelkit.warm_start import IGNORE, SFTConfig, encode_pair, sft
 
 MINI = KitConfig(name="mini", n_train=300, n_test=24, vocab_size=300,
                  model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
-                 sft=SFTConfig(steps=4, batch_size=8), eval_prompts=8)
+                 sft=SFTConfig(steps=4, batch_size=8), habit_sft=SFTConfig(steps=3, batch_size=8), eval_prompts=8)
 
 
 def test_problems_are_right_distinct_and_deterministic():
@@ -70,6 +70,57 @@ def test_teacher_mixture_answers_a_share_hastily_one_step_short():
     assert teacher_mixture(rows, 0.0, seed=1) == rows
     with pytest.raises(ValueError, match="hasty_rate"):
         teacher_mixture(rows, 1.5, seed=0)
+
+
+def test_one_digit_level_keeps_every_value_a_single_digit():
+    """The builtin task: 3-4 steps, operands and every intermediate result in 0..9 (so each
+    solution line has one shape), answers spread over all ten digits."""
+    rows = generate(seed=0, n=3000, difficulty="one-digit")
+    answers = {str(d): 0 for d in range(10)}
+    for r in rows:
+        steps = [ln.split() for ln in r["solution"].splitlines() if "=" in ln]
+        assert 3 <= len(steps) <= 4
+        for a, op, b, _, c in steps:
+            assert all(0 <= int(x) <= 9 for x in (a, b, c)) and apply_op(int(a), op, int(b)) == int(c)
+        answers[r["answer"]] += 1
+    assert min(answers.values()) > 0.07 * len(rows)
+    with pytest.raises(ValueError, match="fewer than"):  # only 55 one-step sums stay within 0..9
+        generate(0, 200, Difficulty(1, 1, 0, 9, ops="+", max_value=9))
+
+
+def test_arith_lessons_teach_the_method_then_the_habit():
+    from areal_graph.modelkit.kit_tasks import kit_task
+
+    cfg = KitConfig(n_train=400, n_test=20, n_dev=10)
+    train, test, lessons = kit_task("arith").rows(cfg)
+    assert [x.name for x in lessons] == ["method", "habit"] and [x.sft for x in lessons] == [cfg.sft, cfg.habit_sft]
+    assert lessons[0].rows == train  # every solution worked out
+    assert lessons[1].rows == teacher_mixture(train, cfg.hasty_rate, cfg.seed)
+    one = KitConfig(n_train=400, n_test=20, n_dev=10, habit_sft=None)
+    assert [(x.name, x.rows) for x in kit_task("arith").rows(one)[2]] == [("mixture", lessons[1].rows)]
+
+
+def test_lean_sft_loss_and_gradients_equal_the_hf_forwards(tokenizer):
+    """The SFT's lean stream loss (no padding, shared prefixes computed once) against the HF
+    forward over right-padded rows and over packed rows, and a float64 HF reference."""
+    from areal_graph.modelkit.warm_start import _batch_loss_fn
+
+    rows = generate(seed=4, n=24)
+    batch = [encode_pair(tokenizer, r["question"], r["solution"]) for r in rows]
+    cfg = TinyModelConfig(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96)
+
+    def loss_and_grads(forward: str, packed: bool = False, dtype=torch.float32):
+        model = build_tiny_model(tokenizer, cfg, seed=5).to(dtype)
+        loss = _batch_loss_fn(model, tokenizer.pad_token_id, SFTConfig(forward=forward, packed=packed))(batch)
+        loss.backward()
+        return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
+
+    ref_loss, ref_grads = loss_and_grads("hf", dtype=torch.float64)
+    for forward, packed in (("auto", False), ("hf", False), ("hf", True)):
+        loss, grads = loss_and_grads(forward, packed)
+        assert abs(loss - ref_loss) < 1e-5, (forward, packed)
+        for name, g in grads.items():
+            assert torch.allclose(g, ref_grads[name], rtol=1e-3, atol=1e-6), (forward, packed, name)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +189,9 @@ def test_kit_builds_once_loads_with_auto_classes_and_is_deterministic(tmp_path):
     assert kit.path.name == f"mini-{MINI.fingerprint()}"
     info = json.loads((kit.path / "kit.json").read_text())
     assert info["parameters"] > 0 and 0.0 <= info["warm_start_greedy_accuracy"] <= 1.0
-    assert info["eval_prompts"] == 8
+    assert info["eval_prompts"] == 8 and info["source"] == "recipe" and "thread" in info["built_on"]
+    assert [(x["name"], x["steps"]) for x in info["sft_lessons"]] == [("method", 4), ("habit", 3)]
+    assert info["sft_steps"] == 7
     train = [json.loads(line) for line in kit.data_path("train").read_text().splitlines()]
     test = [json.loads(line) for line in kit.data_path("test").read_text().splitlines()]
     assert (len(train), len(test)) == (300, 24) and {"question", "answer", "solution"} <= set(train[0])
@@ -159,24 +212,6 @@ def test_kit_builds_once_loads_with_auto_classes_and_is_deterministic(tmp_path):
     assert other.data_path("train").read_bytes() == kit.data_path("train").read_bytes()
     # no leftovers from the build
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [kit.path.name, kit.path.name + ".lock"]
-
-
-def test_a_kit_built_before_the_unknown_token_fix_is_repaired_on_load(tmp_path):
-    """A kit whose tokenizer_config.json names no unknown token (built before the fix) gets
-    `unk_token: null` written on load; its weights are untouched."""
-    from transformers import AutoTokenizer
-
-    kit = ensure_kit(MINI, root=tmp_path)
-    config = kit.model_dir / "tokenizer_config.json"
-    data = json.loads(config.read_text())
-    del data["unk_token"]
-    config.write_text(json.dumps(data))
-    assert len(AutoTokenizer.from_pretrained(kit.model_dir)) == kit.info["vocab_size"] + 1  # the defect
-    stamp = (kit.model_dir / "model.safetensors").stat().st_mtime_ns
-    ensure_kit(MINI, root=tmp_path)
-    assert json.loads(config.read_text())["unk_token"] is None
-    assert len(AutoTokenizer.from_pretrained(kit.model_dir)) == kit.info["vocab_size"]
-    assert (kit.model_dir / "model.safetensors").stat().st_mtime_ns == stamp
 
 
 def test_a_changed_recipe_is_a_different_kit():
