@@ -30,7 +30,7 @@ On a shared 2-core machine a full run takes minutes (the padded baseline is the 
 
 `--rl-step`: one RL training step on a real batch against TRL's GRPOTrainer step
 ---------------------------------------------------------------------------------
-The batch: the builtin kit (`builtin:tiny-arith`, a 1.68M-parameter Qwen2, fp32), 4 training
+The batch: the builtin kit (`builtin:tiny-arith`, a 0.83M-parameter Qwen2, fp32), 4 training
 prompts x 8 answers sampled once with HF `generate` (temperature 1, top-p 1, no top-k, at
 most 64 new tokens, seeded), each answer cut after its first EOS; rewards from
 `math_reward`, group-normalised advantages, behaviour log-probs from the initial weights.
@@ -403,7 +403,7 @@ def rl_summary(record: dict, threads: list[int]) -> list[dict[str, Any]]:
 
 def print_rl_table(rows: list[dict], shapes: list[dict], check: dict, args: argparse.Namespace) -> None:
     tok = statistics.mean(s["tokens"] for s in shapes)
-    title = (f"one RL training step, builtin kit (1.68M-param Qwen2, fp32), {PROMPTS_PER_STEP}x{ANSWERS} sequences, "
+    title = (f"one RL training step, builtin kit (a tiny Qwen2, fp32), {PROMPTS_PER_STEP}x{ANSWERS} sequences, "
              f"{args.rounds} rounds over {len(shapes)} batch(es): {tok:.0f} tokens/batch on average, responses "
              f"{min(s['response_min'] for s in shapes)}-{max(s['response_max'] for s in shapes)} "
              f"(mean {statistics.mean(s['response_mean'] for s in shapes):.1f})")

@@ -52,7 +52,7 @@ What is timed
 
 The matching
 ------------
-- Model and tokenizer: `builtin:tiny-arith` (1.68M-parameter Qwen2), loaded with
+- Model and tokenizer: `builtin:tiny-arith` (0.83M-parameter Qwen2), loaded with
   `AutoModelForCausalLM` / `AutoTokenizer`, fp32 (TRL: `bf16=False`, `fp16=False`).
 - Prompts: `builtin:arith/train`; TRL gets the conversational `[{"role": "user", "content":
   question}]` and applies the kit's chat template itself. The script checks once, before any

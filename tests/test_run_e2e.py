@@ -249,8 +249,9 @@ def test_synchronous_run_resumed_from_a_checkpoint_matches_the_uninterrupted_run
 @pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["ppo_async.yaml", "grpo_sync.yaml"])
 def test_shipped_workflow_improves_tiny_arith_accuracy(tmp_path, workflow):
-    """The issue's bar: greedy test accuracy rises by >= 15 points within 10 minutes, for the
-    shipped workflow as it is (its steps, batch, lr); evaluated on the whole test split."""
+    """Issue 19's bar: greedy test accuracy rises by >= 25 points within 10 minutes, for the
+    shipped workflow as it is (its steps, batch, lr) on the kit a user gets; evaluated on the
+    whole test split. (benchmarks/bench_kit_robustness.py holds it over kits and seeds.)"""
     from areal_graph.modelkit.builtin import resolve_model_path
 
     resolve_model_path("builtin:tiny-arith")  # the one-off kit build is not part of the 10 minutes
@@ -261,7 +262,7 @@ def test_shipped_workflow_improves_tiny_arith_accuracy(tmp_path, workflow):
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     accs = [m["eval/accuracy"] for m in read_metrics(run_dir) if "eval/accuracy" in m]
-    assert len(accs) == 2 and accs[-1] - accs[0] >= 0.15, accs
+    assert len(accs) == 2 and accs[-1] - accs[0] >= 0.25, accs
     assert wall < 600, f"{wall:.0f} s"
 
 
