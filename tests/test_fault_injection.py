@@ -178,6 +178,7 @@ def test_random_kills_of_every_kind_of_process_lose_nothing(kit, tmp_path):
     assert_nothing_lost(tmp_path / "run")
 
 
+@pytest.mark.slow  # ~25-45 s of a whole run: `make test-slow`
 def test_a_killed_controller_resumes_with_nothing_lost(kit, tmp_path):
     """SIGKILL the controller (`areal-graph run` itself) at a random point; `--resume` finishes the run."""
     rng = random.Random(int(os.environ.get("AREAL_FAULT_SEED", "5")))

@@ -168,12 +168,19 @@ def _marked(mark: str) -> list[psutil.Process]:
     return found
 
 
+def _as_from_a_terminal() -> None:
+    """The owner is started as a shell's foreground command is: SIGINT at its default. A test
+    run in a background job (`make test &`, a CI runner, nohup) has SIGINT ignored, every child
+    inherits that, and an owner that ignores Ctrl-C rightly keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_owner(script: str, mark: str) -> subprocess.Popen:
     """Run `script` as the owner, its environment (and so every process it starts) marked."""
     env = {**os.environ, MARK_ENV: mark,
            "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_as_from_a_terminal)
 
 
 def _ctrl_c(owner: subprocess.Popen, mark: str, ready: str | None,
@@ -371,7 +378,8 @@ def test_ctrl_c_on_areal_graph_run(kit, tmp_path: Path, moment: str) -> None:
            "nodes.reward.timeout_s=600", "runtime.steps=50", "runtime.eval_every=0", "runtime.save_every=0"]
     env = {**os.environ, MARK_ENV: str(tmp_path), "SLOW_REWARD_DIR": str(tmp_path), "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
-    owner = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    owner = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 180
         while owner.poll() is None and time.monotonic() < deadline:

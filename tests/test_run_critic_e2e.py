@@ -52,6 +52,7 @@ def test_ppo_gae_critic_trains_the_critic(kit, critic_run):  # noqa: F811
     assert any(not torch.equal(backbone[k], init["model." + k]) for k in backbone)
 
 
+@pytest.mark.slow  # ~25-45 s of a whole run: `make test-slow`
 def test_ppo_gae_critic_resumes_both_models(critic_run, tmp_path):
     wf, first = critic_run
     run_dir = tmp_path / "run"

@@ -70,7 +70,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("eta", [0, 2])
+# eta 2 by default (the async path; Ray's test runs grpo_sync); eta 0 with `make test-slow`
+@pytest.mark.parametrize("eta", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
     wf = write_workflow(kit, tmp_path)
     run_dir = tmp_path / "run"
@@ -98,6 +99,7 @@ def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
     assert any(p.name.startswith("step") for p in (run_dir / "checkpoints").iterdir())
 
 
+@pytest.mark.slow  # ~25-45 s of a whole run: `make test-slow`
 def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
     wf = write_workflow(kit, tmp_path)
     run_dir = tmp_path / "run"
@@ -146,7 +148,9 @@ def _kill_during_run(proc: subprocess.Popen, run_dir: Path, victim_name: str, af
     raise AssertionError(f"the run never reached step {after_step}")
 
 
-@pytest.mark.parametrize("victim", ["reward", "rollout", "inference-0"])
+# one victim by default (the rollout worker); the others, ~25 s each, with `make test-slow`
+@pytest.mark.parametrize("victim", [pytest.param("reward", marks=pytest.mark.slow), "rollout",
+                                    pytest.param("inference-0", marks=pytest.mark.slow)])
 def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path, victim):
     """Fault injection: SIGKILL a stateless process mid-run. It is restarted (the server on the
     current weights), the calls that died with it are redone, and the run finishes every step
@@ -175,6 +179,7 @@ def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path
     assert summary["groups_failed"] == 0 and summary["groups_dropped"] == 0
 
 
+@pytest.mark.slow  # ~25-45 s of a whole run: `make test-slow`
 def test_a_dead_model_worker_resumes_the_run_from_its_last_checkpoint(kit, tmp_path):
     """Fault injection: SIGKILL the model worker after the step-2 checkpoint. The run goes on
     from that checkpoint in fresh processes (runtime.auto_resume) and finishes: every step
@@ -211,6 +216,7 @@ def test_a_dead_model_worker_resumes_the_run_from_its_last_checkpoint(kit, tmp_p
     assert sorted(trained) == list(range(steps * 2))  # 2 groups a step, each position once, none skipped
 
 
+@pytest.mark.slow  # ~25-45 s of a whole run: `make test-slow`
 def test_synchronous_run_resumed_from_a_checkpoint_matches_the_uninterrupted_run(kit, tmp_path):
     """eta 0, 4 steps, checkpoints every 2. A copy of the finished run, with its step-4
     checkpoint lost, resumed from step 2 redoes steps 3 and 4 as the uninterrupted run did:
