@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "answer), a byte-level BPE tokenizer trained on it, a tiny Qwen2 CausalLM, and a short SFT warm "
             "start that leaves room for RL. The tiny-arith warm start the README measured is shipped with "
             "the package (checked by SHA-256) and installed in a second; --from-recipe builds it from its "
-            "recipe instead (about 75 s on 2 cores; any build of the recipe learns, but its floats depend "
+            "recipe instead (about 2 minutes on 2 cores; any build of the recipe learns, but its floats depend "
             "on the machine). Cached under $AREAL_GRAPH_CACHE (default ~/.cache/areal-graph): a second call "
             "is instant. `areal-graph run` does this on first use anyway; this command does it up front "
             "and shows where it went."

@@ -54,7 +54,7 @@ class KitTask:
 def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     """Without `habit_sft`, one lesson: the hasty mixture. With it, the method first (every
     solution worked out, until the model copies and computes reliably), then the habit (the
-    mixture, briefly). Why two: the arithmetic is what SFT learns slowly, and 60% hasty rows
+    mixture, briefly). Why two: the arithmetic is what SFT learns slowly, and hasty rows
     teach it nothing, so a single mixed lesson ended at a different point of the arithmetic's
     learning curve on every machine (worked-out accuracy 37-58% from one recipe); the habit is
     one decision at the first token and is learned in a few dozen steps."""
