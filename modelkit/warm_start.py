@@ -53,6 +53,10 @@ class SFTConfig:
     # else the HF forward; "hf": always the HF forward (same loss up to float rounding).
     forward: str = "auto"
 
+    def __post_init__(self) -> None:
+        if self.forward not in ("auto", "hf"):
+            raise ValueError(f"SFTConfig.forward must be 'auto' or 'hf', not {self.forward!r}")
+
 
 Example = tuple[list[int], list[int]]  # (input_ids, labels)
 
