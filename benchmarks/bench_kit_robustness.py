@@ -188,13 +188,37 @@ def main() -> int:
                     console.print(f"  {r['before']:.1%} -> {r['after']:.1%} in {r['wall_s']:.0f} s")
             done[kit["weights_sha256"]] = mine
             runs += mine
+    out = RESULTS / f"kit_robustness_{args.kit}.json"
+    kept = earlier_runs(out, kits, runs)
+    if kept:
+        console.print(f"kept {len(kept)} run(s) of an earlier invocation on the same weights (in {out.name})")
+    runs = kept + runs
     print_tables(console, args.kit, kits, runs)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"kit_robustness_{args.kit}.json"
     out.write_text(json.dumps({"kit": args.kit, "kits": kits, "runs": runs, "steps": steps, "eval_size": eval_size},
                               indent=2) + "\n")
     console.print(f"wrote {out}")
     return 0
+
+
+def earlier_runs(out: Path, kits: list[dict], runs: list[dict]) -> list[dict]:
+    """Runs of an earlier invocation that still describe this invocation's kits.
+
+    A run is kept when its kit (SFT seed, threads) was rebuilt now with bit-identical weights
+    and this invocation did not run the same (workflow, RL seed) again: so adding RL seed 2
+    later (`--rl-seeds 2`) extends the table instead of replacing seed 1's rows, and a recipe
+    change (other weights) drops every stale row."""
+    if not out.exists():
+        return []
+    earlier = json.loads(out.read_text())
+    sha_then = {(k["sft_seed"], k["threads"]): k["weights_sha256"] for k in earlier.get("kits", [])}
+    sha_now = {(k["sft_seed"], k["threads"]): k["weights_sha256"] for k in kits}
+    key = lambda r: (r["workflow"], r["sft_seed"], r["threads"], r["rl_seed"])  # noqa: E731
+    fresh = {key(r) for r in runs}
+    return [r for r in earlier.get("runs", [])
+            if sha_now.get((r["sft_seed"], r["threads"])) is not None
+            and sha_now[(r["sft_seed"], r["threads"])] == sha_then.get((r["sft_seed"], r["threads"]))
+            and key(r) not in fresh]
 
 
 def print_tables(console: Console, kit_name: str, kits: list[dict], runs: list[dict]) -> None:
