@@ -1,4 +1,4 @@
-"""The shipped tiny-arith warm start (modelkit/shipped.py): it is the current recipe's, it
+"""The shipped warm starts (tiny-arith, tiny-arith-long; modelkit/shipped.py): it is the current recipe's, it
 installs byte for byte, and damage or a changed recipe never goes unnoticed."""
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from areal_graph.modelkit.shipped import ShippedKitError, install_shipped, sha25
 TINY = BUILTIN_KITS["tiny-arith"]
 
 
-def test_the_shipped_warm_start_is_the_current_recipes():
-    info = shipped_info("tiny-arith")
-    assert info is not None, "no shipped tiny-arith kit: python -m areal_graph.modelkit.shipped tiny-arith"
-    assert info["fingerprint"] == TINY.fingerprint(), (
-        "the tiny-arith recipe changed since its warm start was shipped; ship it again with "
-        "`python -m areal_graph.modelkit.shipped tiny-arith` (and re-measure the README's numbers)")
-    assert info["recipe"] == json.loads(json.dumps(dataclasses.asdict(TINY)))
+@pytest.mark.parametrize("name", ["tiny-arith", "tiny-arith-long"])
+def test_the_shipped_warm_start_is_the_current_recipes(name):
+    kit = BUILTIN_KITS[name]
+    info = shipped_info(name)
+    assert info is not None, f"no shipped {name} kit: python -m areal_graph.modelkit.shipped {name}"
+    assert info["fingerprint"] == kit.fingerprint(), (
+        f"the {name} recipe changed since its warm start was shipped; ship it again with "
+        f"`python -m areal_graph.modelkit.shipped {name}` (and re-measure the README's numbers)")
+    assert info["recipe"] == json.loads(json.dumps(dataclasses.asdict(kit)))
     assert info["source"] == "recipe" and info["torch_threads"] == shipped.SHIP_THREADS
     assert set(info["model_sha256"]) >= {"model.safetensors", "config.json", "tokenizer.json"}
-    size = sum(p.stat().st_size for p in (shipped.SHIPPED_ROOT / "tiny-arith" / "model").iterdir())
+    size = sum(p.stat().st_size for p in (shipped.SHIPPED_ROOT / name / "model").iterdir())
     assert size < 8 << 20, f"{size} bytes shipped"
 
 
