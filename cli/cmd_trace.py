@@ -100,7 +100,7 @@ def _report(run: Any, summary: dict[str, Any], args: argparse.Namespace) -> dict
             "by": {by: summarize(spans, by, wall) for by in args.by},
             "per_step": summary["median_step"],
             **{k: summary[k] for k in ("notes", "processes", "critical_path", "staleness", "packing", "nodes",
-                                       "fused", "flows")}}
+                                       "fused", "flows", "mismatch")}}
 
 
 def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], args: argparse.Namespace) -> None:
@@ -120,6 +120,8 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
         console.print(_bounds_table(summary["critical_path"]))
     for line in _staleness_lines(summary["staleness"]) + _packing_lines(summary["packing"]):
         console.print(line, highlight=False)
+    for part in _mismatch_parts(summary["mismatch"]):
+        console.print(part, highlight=False)
 
 
 def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]],
@@ -283,3 +285,36 @@ def _fmt(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} µs"
+
+
+def _gap(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2e}"
+
+
+def _mismatch_parts(mm: dict[str, Any]) -> list[Any]:
+    """The train/inference mismatch over the run (windows of steps) and by response position."""
+    from rich.table import Table
+
+    if not mm["windows"]:
+        return [f"[bold]train/inference mismatch[/]: {mm['note']}"]
+    t = Table(title=f"train/inference mismatch |log pi_prox - log pi_behav| on the tokens trained ({mm['node']}, "
+                    f"{mm['steps']} steps; fresh: sampled by the weights trained, stale: by older ones)",
+              title_justify="left")
+    for col in ("steps", "fresh mean", "fresh max", "stale mean", "stale max", "stale % tokens", "k3 KL",
+                "% > tis 2", "% outside mask [0.5, 2]", "% outside icepop [0.5, 5]",
+                "% seqs outside geo [0.999, 1.001]"):
+        t.add_column(col, justify="right")
+    for w in mm["windows"]:
+        a, f, s = w["all"], w["fresh"], w["stale"]
+        t.add_row(f"{w['first']}-{w['last']}", _gap(f["abs_mean"]), _gap(f["abs_max"]), _gap(s["abs_mean"]),
+                  _gap(s["abs_max"]), _pct(s["share"]), _gap(a["k3"]), _pct(a["past_tis"]),
+                  _pct(a["past_token_mask"]), _pct(a["past_icepop"]), _pct(a["past_seq_mask"]))
+    parts: list[Any] = [t]
+    if mm["positions"]:
+        p = Table(title="mean |gap| by position in the response (tokens generated before it)", title_justify="left")
+        for bucket in mm["positions"]:
+            p.add_column(bucket, justify="right")
+        p.add_row(*(_gap(v) for v in mm["positions"].values()))
+        parts.append(p)
+    parts.append(f"  {mm['verdict']}")
+    return parts

@@ -131,3 +131,9 @@ class NodeKind:
     # configured so (e.g. the proximal log-probs from the training forward); that node is
     # then skipped, and the plan and the trace say so
     fuses: Callable[["NodeSpec", "WorkflowSpec"], "str | None"] = fuses_nothing
+    # keys the node is given whenever the batch holds them, without declaring them in `reads`
+    # (a train node's `versions`, for its staleness-split mismatch stats)
+    optional_reads: tuple[str, ...] = ()
+    # each call is given `policy_version=` (the version of the weights it works on), so that
+    # the node can tell fresh tokens (sampled by those weights) from stale ones
+    versioned_call: bool = False

@@ -28,6 +28,7 @@ from areal_graph.api.fields import (
     positive,
     unit_interval,
 )
+from areal_graph.api.corrections import REJECTING, CorrectionError, ISCorrection
 from areal_graph.api.reward_fns import BUILTIN_REWARD_FNS
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.graph.kind import CONTROLLER, Call, Hosting, ImportRef, Issue, NodeKind, RunInfo
@@ -159,11 +160,16 @@ class ValueParams:
 
 @dataclass(frozen=True)
 class TrainParams:
-    loss: Literal["decoupled_ppo", "ppo", "value"] = cfg("decoupled_ppo")
+    loss: Literal["decoupled_ppo", "ppo", "gspo", "cispo", "value"] = cfg(
+        "decoupled_ppo", None, "decoupled_ppo, ppo (trust region on pi_behav), gspo, cispo (nodes/ppo_loss.py), value")
     clip_eps: float = cfg(0.2, positive, "PPO clip epsilon (low side, and high side unless eps_high)")
     eps_high: Optional[float] = cfg(None, positive, "asymmetric upper clip (DAPO clip-higher)")
     dual_clip: Optional[float] = cfg(None, dual_clip_check)
     behav_imp_cap: Optional[float] = cfg(None, greater_than_one, "mask tokens with pi_prox/pi_behav above this")
+    is_correction: Literal["none", "tis", "token_mask", "seq_mask", "icepop"] = cfg(
+        "none", None, "off-policy correction of w = pi_prox/pi_behav (nodes/off_policy.py)")
+    is_low: Optional[float] = cfg(None, positive, "lower bound on w (token_mask, seq_mask, icepop); default per correction")
+    is_high: Optional[float] = cfg(None, positive, "upper bound on w (every correction); default per correction")
     agg: Literal["token-mean", "seq-mean-token-mean", "dr-grpo"] = cfg("token-mean")
     entropy_coef: float = cfg(0.0, non_negative)
     value_clip: float = cfg(0.2, positive, "value-loss clip range (loss: value)")
@@ -175,9 +181,14 @@ class TrainParams:
 TRAIN_REQUIRED_READS: dict[str, tuple[str, ...]] = {
     "decoupled_ppo": ("input_ids", "loss_mask", "behav_logprobs", "prox_logprobs", "advantages"),
     "ppo": ("input_ids", "loss_mask", "behav_logprobs", "advantages"),
+    "gspo": ("input_ids", "loss_mask", "behav_logprobs", "prox_logprobs", "advantages"),
+    "cispo": ("input_ids", "loss_mask", "behav_logprobs", "prox_logprobs", "advantages"),
     "value": ("input_ids", "loss_mask", "values", "returns"),
 }
-POLICY_LOSSES: tuple[str, ...] = ("decoupled_ppo", "ppo")
+POLICY_LOSSES: tuple[str, ...] = ("decoupled_ppo", "ppo", "gspo", "cispo")
+# Policy losses with a proximal policy: their behaviour weight w = pi_prox / pi_behav can be
+# corrected (`is_correction`), and their pi_prox can come from the training forward (fusion).
+PROX_LOSSES: tuple[str, ...] = ("decoupled_ppo", "gspo", "cispo")
 
 
 def _model_hosting(node: NodeSpec, spec: WorkflowSpec) -> Hosting:
@@ -227,17 +238,36 @@ def fused_prox_node(node: NodeSpec, spec: WorkflowSpec) -> str | None:
     With one optimizer update per step (ppo_epochs = ppo_minibatches = 1) the weights the
     training forward runs with ARE the proximal policy, so a separate forward pass would
     recompute the same numbers. Fused only when nothing else reads that key (an advantage
-    node with a KL term reads it before training) and `runtime.fuse_prox_logprob` is on.
+    node with a KL term reads it before training), no rejecting correction needs pi_prox
+    before the step (nodes/off_policy.py) and `runtime.fuse_prox_logprob` is on.
     """
     p = node.params
-    if not (spec.runtime.fuse_prox_logprob and isinstance(p, TrainParams) and p.loss == "decoupled_ppo"
-            and p.ppo_epochs == 1 and p.ppo_minibatches == 1):
+    if not (spec.runtime.fuse_prox_logprob and isinstance(p, TrainParams) and p.loss in PROX_LOSSES
+            and p.ppo_epochs == 1 and p.ppo_minibatches == 1 and p.is_correction not in REJECTING):
         return None
     writers = [n for n in spec.nodes.values() if "prox_logprobs" in n.writes]
     if len(writers) != 1 or not isinstance(writers[0].params, LogprobParams) or writers[0].model != node.model:
         return None
     readers = [n.name for n in spec.nodes.values() if "prox_logprobs" in n.reads]
     return writers[0].name if readers == [node.name] else None
+
+
+def _correction_rules(p: TrainParams) -> list[Issue]:
+    """Off-policy corrections and loss options only where the loss has what they act on."""
+    issues = []
+    try:
+        ISCorrection.resolve(p.is_correction, p.is_low, p.is_high)
+    except CorrectionError as e:
+        issues.append(Issue((e.field,), e.message))
+    if p.is_correction != "none" and p.loss not in PROX_LOSSES:
+        why = ("centres its trust region on pi_behav and has no separate behaviour weight to correct: use "
+               "decoupled_ppo (at max_staleness 0 it is plain PPO/GRPO with the trainer's pi_old, whose "
+               "weight pi_old/pi_behav is the engine-vs-trainer mismatch)") if p.loss == "ppo" else "is the critic's"
+        issues.append(Issue(("is_correction",), f"loss '{p.loss}' {why}"))
+    if p.dual_clip is not None and p.loss in ("gspo", "cispo"):
+        issues.append(Issue(("dual_clip",), f"is not built for loss '{p.loss}' (decoupled_ppo and ppo only): "
+                                            "GSPO clips a sequence ratio, CISPO bounds its weight with eps_high"))
+    return issues
 
 
 def _train_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
@@ -252,6 +282,7 @@ def _train_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
     model = spec.models.get(str(node.model))
     if model is not None and model.train is None:
         issues.append(Issue(("model",), f"model '{node.model}' has no 'train' section (optimiser), so it cannot be trained"))
+    issues += _correction_rules(p)
     if p.ppo_minibatches > spec.runtime.batch_size:
         issues.append(Issue(("ppo_minibatches",), f"must be at most runtime.batch_size ({spec.runtime.batch_size}) "
                                                   f"so that every PPO minibatch holds a trajectory, got {p.ppo_minibatches}"))
@@ -267,6 +298,8 @@ TRAIN = NodeKind(
     rules=_train_rules,
     trains=True,
     fuses=fused_prox_node,
+    optional_reads=("versions",),
+    versioned_call=True,
     model_role=lambda node: "critic" if node.params.loss == "value" else "policy",
 )
 

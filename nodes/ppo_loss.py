@@ -17,6 +17,12 @@ on. Standard PPO on stale data instead clips against pi_behav, which does bind (
 turns per-token losses into a scalar whose sum over micro-batches is the full-batch loss,
 because the normaliser is computed once over the whole batch (`loss_normalizer`).
 
+Two more policy losses share the decoupled split of pi_prox (trust region) and pi_behav
+(weight w): GSPO (`gspo_loss`: the ratio and its clip per sequence) and CISPO (`cispo_loss`:
+the importance weight clipped and held constant, every token keeping its gradient). How w
+itself is bounded (truncated, masked, IcePop) is nodes/off_policy.py's job: the losses take
+the corrected weight as given.
+
 Alignment: every per-token tensor follows data/packed.py (position t scores token t;
 `loss_mask` marks generated tokens).
 """
@@ -53,6 +59,7 @@ def decoupled_ppo_loss(
     eps_high: float | None = None,
     dual_clip: float | None = None,
     behav_imp_cap: float | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token decoupled PPO loss (zero where masked) and per-token diagnostics.
 
@@ -60,17 +67,15 @@ def decoupled_ppo_loss(
     `dual_clip` = c > 1 bounds the loss of negative-advantage tokens at -w*c*A (Ye et al.
     2020), so a huge ratio on a bad token cannot blow up the update. Tokens whose behaviour
     weight exceeds `behav_imp_cap` are dropped from the loss (None disables the cap).
+    `weight`, when given, is the behaviour weight to train with in place of w (an off-policy
+    correction of w, nodes/off_policy.py `corrected_weight`); the stats still report w.
 
     Stats (per-token tensors, detached): `ratio` r, `behav_weight` w, `clipped` (the clipped
     branch of the min was taken), `dual_clipped`, `capped_out`.
     """
     _check_same_shape(logprobs=logprobs, prox_logprobs=prox_logprobs, behav_logprobs=behav_logprobs,
                       advantages=advantages, loss_mask=loss_mask)
-    if clip_eps <= 0:
-        raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
-    eps_high = clip_eps if eps_high is None else eps_high
-    if eps_high <= 0:
-        raise ValueError(f"eps_high must be > 0, got {eps_high}")
+    eps_high = _check_clip(clip_eps, eps_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     if behav_imp_cap is not None and behav_imp_cap <= 0:
@@ -100,7 +105,8 @@ def decoupled_ppo_loss(
     if behav_imp_cap is not None:
         capped_out = mask & (behav_w > behav_imp_cap)
     keep = mask & ~capped_out
-    loss = torch.where(keep, behav_w * pg, torch.zeros_like(pg))
+    used_w = behav_w if weight is None else weight.detach()
+    loss = torch.where(keep, used_w * pg, torch.zeros_like(pg))
 
     stats = {
         "ratio": ratio.detach(),
@@ -110,6 +116,76 @@ def decoupled_ppo_loss(
         "capped_out": capped_out,
     }
     return loss, stats
+
+
+def _check_clip(clip_eps: float, eps_high: float | None) -> float:
+    if clip_eps <= 0:
+        raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
+    eps_high = clip_eps if eps_high is None else eps_high
+    if eps_high <= 0:
+        raise ValueError(f"eps_high must be > 0, got {eps_high}")
+    return eps_high
+
+
+def gspo_loss(
+    logprobs: torch.Tensor, prox_logprobs: torch.Tensor, weight: torch.Tensor, advantages: torch.Tensor,
+    loss_mask: torch.Tensor, cu_seqlens: torch.Tensor, *, clip_eps: float = 3e-4, eps_high: float | None = 4e-4,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token GSPO loss (Zheng et al. 2025): the ratio and its clip are per *sequence*.
+
+        s_i  = exp(mean_t (logp_t - prox_t))       over sequence i's trained tokens
+        loss = -w_t * min(s_i A_t, clip(s_i, 1 - eps, 1 + eps_high) A_t)
+
+    The length-normalised sequence ratio stays near 1 where token ratios scatter, which is why
+    GSPO's clip range is ~1e-4, not 0.2 (the paper: 3e-4 / 4e-4). Every token of a sequence
+    carries the same clipped term, so with `agg: seq-mean-token-mean` the batch loss is GSPO's
+    mean over sequences; `w_t` is the (corrected) behaviour weight pi_prox / pi_behav of the
+    decoupled objective, 1 when nothing is stale or mismatched.
+    Stats: `ratio` (s_i at each token), `clipped`.
+    """
+    _check_same_shape(logprobs=logprobs, prox_logprobs=prox_logprobs, weight=weight, advantages=advantages,
+                      loss_mask=loss_mask)
+    _check_packed(loss_mask, cu_seqlens)
+    eps_high = _check_clip(clip_eps, eps_high)
+    mask = loss_mask != 0
+    ids = _seq_ids(cu_seqlens, logprobs.numel())
+    log_ratio = torch.where(mask, logprobs - prox_logprobs.detach(), torch.zeros_like(logprobs))
+    n_seq = cu_seqlens.numel() - 1
+    count = _tokens_per_seq(loss_mask, cu_seqlens).to(logprobs.dtype).clamp_min(1.0)
+    seq_log_ratio = torch.zeros(n_seq, dtype=logprobs.dtype, device=logprobs.device).index_add(0, ids, log_ratio) / count
+    ratio = torch.exp(seq_log_ratio)[ids]
+    adv = advantages.detach()
+    unclipped = -ratio * adv
+    clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high) * adv
+    pg = torch.maximum(unclipped, clipped)
+    loss = torch.where(mask, weight.detach() * pg, torch.zeros_like(pg))
+    return loss, {"ratio": ratio.detach(), "clipped": ((clipped > unclipped) & mask).detach()}
+
+
+def cispo_loss(
+    logprobs: torch.Tensor, prox_logprobs: torch.Tensor, weight: torch.Tensor, advantages: torch.Tensor,
+    loss_mask: torch.Tensor, *, clip_eps: float = 1.0, eps_high: float | None = 4.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token CISPO loss (MiniMax-M1, 2025): clip the importance weight, not the update.
+
+        loss = -w_t * sg(clip(r_t, 1 - eps, 1 + eps_high)) * A_t * logp_t,   r_t = exp(logp_t - prox_t)
+
+    PPO's clip zeroes the gradient of a token whose ratio left the range, so rare tokens that
+    matter (a "wait" before a correction) stop learning after one update; CISPO keeps every
+    token's policy gradient and only bounds how much its weight can grow. The paper sets no
+    lower bound (here: clip_eps >= 1) and tunes the upper one. The loss's *value* carries
+    log-probs; only its gradient, -w * clip(r) * A * grad logp, means anything.
+    Stats: `ratio` r, `clipped` (the weight was clipped).
+    """
+    _check_same_shape(logprobs=logprobs, prox_logprobs=prox_logprobs, weight=weight, advantages=advantages,
+                      loss_mask=loss_mask)
+    eps_high = _check_clip(clip_eps, eps_high)
+    mask = loss_mask != 0
+    ratio = torch.exp(torch.where(mask, logprobs.detach() - prox_logprobs.detach(), torch.zeros_like(logprobs)))
+    coef = torch.clamp(ratio, min=max(1.0 - clip_eps, 0.0), max=1.0 + eps_high)
+    safe_lp = torch.where(mask, logprobs, torch.zeros_like(logprobs))
+    loss = torch.where(mask, -(weight.detach() * coef * advantages.detach()) * safe_lp, torch.zeros_like(logprobs))
+    return loss, {"ratio": ratio, "clipped": (mask & (coef != ratio)).detach()}
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -14,13 +14,22 @@ separate forward pass would have given (the plan decides; graph/node_kinds.py
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import TRAIN_REQUIRED_READS, TrainParams
-from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, loss_normalizer, value_loss
+from areal_graph.api.corrections import ISCorrection
+from areal_graph.graph.node_kinds import PROX_LOSSES, TRAIN_REQUIRED_READS, TrainParams
+from areal_graph.nodes.off_policy import (
+    accepted_tokens,
+    behaviour_log_weight,
+    corrected_weight,
+    mismatch_groups,
+    mismatch_stats,
+)
+from areal_graph.nodes.ppo_loss import aggregate, cispo_loss, decoupled_ppo_loss, gspo_loss, loss_normalizer, value_loss
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
@@ -36,38 +45,105 @@ def _max_response_tokens(batch: PackedBatch) -> int:
     return max(int(per_seq.max()) if batch.num_seqs else 1, 1)
 
 
-def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False) -> LossFn:
-    """Decoupled PPO (or standard PPO when `params.loss == "ppo"`: pi_prox := pi_behav)."""
-    if fused_prox and params.loss != "decoupled_ppo":
-        raise ValueError(f"fused proximal log-probs apply to the decoupled_ppo loss, not {params.loss!r}")
-    mask_all = batch["loss_mask"].float()
-    norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
-    n_tokens = max(float(mask_all.sum()), 1.0)
+ACCEPTED = "is_accepted"  # token key: the tokens a rejecting correction keeps (prepare_policy_batch)
+
+
+def correction_of(params: TrainParams) -> ISCorrection:
+    return ISCorrection.resolve(params.is_correction, params.is_low, params.is_high)
+
+
+def prepare_policy_batch(params: TrainParams, batch: PackedBatch) -> PackedBatch:
+    """The batch a policy loss trains on. A rejecting correction (token_mask, seq_mask) decides
+    here, on the whole batch and before any update, which tokens leave the loss: the batch's
+    normaliser must count only the tokens that remain (nodes/off_policy.py)."""
+    corr = correction_of(params)
+    if not corr.rejects:
+        return batch
+    if "prox_logprobs" not in batch:
+        raise ValueError(f"is_correction {corr.mode!r} decides before the step and needs prox_logprobs in the batch "
+                         "(the plan does not fuse the proximal forward for it)")
+    mask = batch["loss_mask"]
+    log_w = behaviour_log_weight(batch["prox_logprobs"].float(), batch["behav_logprobs"].float(), mask)
+    accepted = accepted_tokens(corr, log_w, mask, batch.cu_seqlens)
+    return PackedBatch(batch.cu_seqlens, {**batch.tokens, ACCEPTED: accepted}, dict(batch.seqs), dict(batch.meta))
+
+
+def _trained(mb: PackedBatch) -> torch.Tensor:
+    mask = mb["loss_mask"] != 0
+    return mask & mb[ACCEPTED] if ACCEPTED in mb else mask
+
+
+def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False,
+                   policy_version: int | None = None) -> LossFn:
+    """Decoupled PPO, GSPO or CISPO (or standard PPO when `params.loss == "ppo"`: pi_prox := pi_behav),
+    with the behaviour weight corrected as `params.is_correction` says; every call also measures
+    the train/inference mismatch (nodes/off_policy.py `mismatch_stats`)."""
+    if fused_prox and params.loss not in PROX_LOSSES:
+        raise ValueError(f"fused proximal log-probs apply to the {'/'.join(PROX_LOSSES)} losses, not {params.loss!r}")
+    corr = correction_of(params)
+    if fused_prox and corr.rejects:
+        raise ValueError(f"is_correction {corr.mode!r} needs pi_prox before the step: it cannot use fused log-probs")
+    trained_all = _trained(batch).float()
+    norm = loss_normalizer(trained_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
+    n_trained = max(float(trained_all.sum()), 1.0)
+    n_generated = max(float((batch["loss_mask"] != 0).sum()), 1.0)
+    versions = batch["versions"] if "versions" in batch else None
+    groups = mismatch_groups(batch["loss_mask"], batch.cu_seqlens, versions, policy_version)
 
     def loss_fn(logprobs: torch.Tensor, entropy: torch.Tensor, mb: PackedBatch):
-        mask = mb["loss_mask"].float()
+        generated = mb["loss_mask"] != 0
+        mask = _trained(mb).float()
         behav = mb["behav_logprobs"].float()
         if fused_prox:
             prox = logprobs.detach().float()
         else:
-            prox = mb["prox_logprobs"].float() if params.loss == "decoupled_ppo" else behav
-        per_tok, tok_stats = decoupled_ppo_loss(
-            logprobs, prox, behav, mb["advantages"].float(), mask,
-            clip_eps=params.clip_eps, eps_high=params.eps_high,
-            dual_clip=params.dual_clip, behav_imp_cap=params.behav_imp_cap,
-        )
+            prox = mb["prox_logprobs"].float() if params.loss in PROX_LOSSES else behav
+        log_w = behaviour_log_weight(prox, behav, generated)
+        weight, corrected = corrected_weight(corr, log_w, mask)
+        per_tok, tok_stats = _policy_terms(params, corr.mode != "none", logprobs, prox, behav, log_w, weight,
+                                           mb["advantages"].float(), mask, mb.cu_seqlens)
+        if corr.mode in ("tis", "icepop"):
+            tok_stats["is_corrected"] = corrected
         loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
         if params.entropy_coef:
             loss = loss - params.entropy_coef * aggregate(entropy, mask, mb.cu_seqlens, params.agg, norm)
         # Each stat is this micro-batch's share of a batch-level token mean, so the engine's sum
         # is right; all read out at once (one conversion, not one per stat).
         sums = torch.stack([(entropy.detach() * mask).sum()]
-                           + [(value.detach().float() * mask).sum() for value in tok_stats.values()]) / n_tokens
+                           + [(value.detach().float() * mask).sum() for value in tok_stats.values()]) / n_trained
         stats = dict(zip(["entropy", *tok_stats], sums.tolist()))
+        if corr.rejects:
+            stats["is_rejected"] = float((generated & (mask == 0)).sum()) / n_generated
         stats["policy_loss"] = float(loss.detach())
+        stats.update(mismatch_stats(log_w, generated, mb.cu_seqlens, mb["versions"] if "versions" in mb else None,
+                                    policy_version, groups))
         return loss, stats
 
     return loss_fn
+
+
+def _policy_terms(params: TrainParams, corrected: bool, logprobs: torch.Tensor, prox: torch.Tensor,
+                  behav: torch.Tensor, log_w: torch.Tensor, weight: torch.Tensor, adv: torch.Tensor,
+                  mask: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss and stats of `params.loss`, trained with behaviour weight `weight`."""
+    if params.loss in ("decoupled_ppo", "ppo"):
+        return decoupled_ppo_loss(logprobs, prox, behav, adv, mask, clip_eps=params.clip_eps,
+                                  eps_high=params.eps_high, dual_clip=params.dual_clip,
+                                  behav_imp_cap=params.behav_imp_cap, weight=weight if corrected else None)
+    capped = None
+    if params.behav_imp_cap is not None:  # as decoupled_ppo_loss does: such tokens train with weight 0
+        capped = (mask != 0) & (log_w > math.log(params.behav_imp_cap))
+        weight = torch.where(capped, torch.zeros_like(weight), weight)
+    if params.loss == "gspo":
+        per_tok, stats = gspo_loss(logprobs, prox, weight, adv, mask, cu_seqlens,
+                                   clip_eps=params.clip_eps, eps_high=params.eps_high)
+    else:
+        per_tok, stats = cispo_loss(logprobs, prox, weight, adv, mask, clip_eps=params.clip_eps,
+                                    eps_high=params.eps_high)
+    stats["behav_weight"] = torch.exp(log_w)
+    if capped is not None:
+        stats["capped_out"] = capped
+    return per_tok, stats
 
 
 def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
@@ -103,7 +179,8 @@ def ppo_minibatches(num_seqs: int, n_minibatches: int, seed: int) -> list[list[i
     return [sorted(order[i::n_minibatches]) for i in range(n_minibatches)]
 
 
-def build_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False) -> LossFn:
+def build_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False,
+                  policy_version: int | None = None) -> LossFn:
     if params.loss == "value":
         return critic_loss_fn(params, batch)
-    return policy_loss_fn(params, batch, fused_prox)
+    return policy_loss_fn(params, batch, fused_prox, policy_version)

@@ -30,6 +30,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from areal_graph.engines.training.step_stats import combine_pieces
+
 log = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("auto", "none", "ddp", "fsdp")
@@ -201,11 +203,8 @@ def all_gather_json(obj: Any, device: torch.device) -> list[Any]:
 
 
 def sum_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for d in dicts:
-        for k, v in d.items():
-            out[k] = out.get(k, 0.0) + float(v)
-    return out
+    """The ranks' stats as one (sums; maxima for `_max` keys: engines/training/step_stats.py)."""
+    return combine_pieces(dicts)
 
 
 def as_local_scalar(value: torch.Tensor) -> torch.Tensor:

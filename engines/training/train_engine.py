@@ -64,6 +64,7 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training import data_parallel as dp
 from areal_graph.engines.training.lean_train import LeanTrainForward, stream_layout, unsupported_reason
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.training.step_stats import add_stats
 
 log = logging.getLogger(__name__)
 
@@ -506,8 +507,7 @@ class TrainEngine:
                 if loss.requires_grad:
                     (loss * self.world_size if self.world_size > 1 else loss).backward()
             loss_sum += float(loss.detach())
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
+            add_stats(totals, stats)
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip else float("inf"))
         grad_norm = dp.as_local_scalar(grad_norm)

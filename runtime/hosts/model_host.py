@@ -24,7 +24,9 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
-from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches
+from areal_graph.engines.training.step_stats import mean_over_updates
+from areal_graph.nodes.off_policy import finish_mismatch_stats
+from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches, prepare_policy_batch
 from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine
 
@@ -81,11 +83,14 @@ class ModelHost:
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
     def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
-              temperature: float = 1.0, fused_prox: bool = False) -> tuple[PackedBatch, dict[str, float]]:
+              temperature: float = 1.0, fused_prox: bool = False,
+              policy_version: int | None = None) -> tuple[PackedBatch, dict[str, float]]:
         """One train node call: `ppo_epochs` x `ppo_minibatches` optimizer steps; returns their stats.
 
         `fused_prox`: the batch has no `prox_logprobs`; the loss takes them from this
-        forward (exact only with one update per call, which the plan guarantees)."""
+        forward (exact only with one update per call, which the plan guarantees).
+        `policy_version`: the version these weights serve as (the controller's), against which
+        the batch's `versions` tell fresh tokens from stale ones in the mismatch stats."""
         if not self.trainable:
             raise RuntimeError("this model has no `train:` section in the workflow; it is frozen")
         train_params = TrainParams(**params)
@@ -97,14 +102,16 @@ class ModelHost:
         # the lr schedule counts optimizer steps, of which there are n_mb * epochs per batch
         self.engine.total_steps = self._engine_args["total_steps"] * n_mb * epochs
         runs: list[dict[str, float]] = []
+        if train_params.loss != "value":
+            batch = prepare_policy_batch(train_params, batch)
         for epoch in range(epochs):
             parts = ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)
             for part in parts:
                 mb = batch if len(parts) == 1 else batch.select(part)
-                stats = self.engine.train_step(mb, build_loss_fn(train_params, mb, fused_prox),
+                stats = self.engine.train_step(mb, build_loss_fn(train_params, mb, fused_prox, policy_version),
                                                max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
                 runs.append({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
-        return PackedBatch(batch.cu_seqlens.clone()), _combine_update_stats(runs)
+        return PackedBatch(batch.cu_seqlens.clone()), finish_mismatch_stats(_combine_update_stats(runs))
 
     # ------------------------------------------------------------------ weights and checkpoints
     def publish_weights(self, path: str) -> list[dict]:
@@ -140,7 +147,7 @@ def _combine_update_stats(runs: list[dict[str, float]]) -> dict[str, float]:
     """One batch's stats from its optimizer steps: means, but totals for work done."""
     if len(runs) == 1:
         return runs[0]
-    out = {k: sum(r.get(k, 0.0) for r in runs) / len(runs) for k in runs[0]}
+    out = mean_over_updates(runs)
     for k in ("tokens", "time_s", "n_microbatches", "n_forwards"):
         if k in out:
             out[k] = sum(r.get(k, 0.0) for r in runs)

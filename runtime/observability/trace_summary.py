@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal_graph.runtime.observability.mismatch_summary import mismatch_summary
 from areal_graph.runtime.observability.step_split import step_split, summarize_steps
 from areal_graph.runtime.observability.trace_metrics import packing_efficiency, staleness_histogram
 from areal_graph.runtime.observability.trace_run import RunMaterial
@@ -33,6 +34,7 @@ def summarize_run(run: RunMaterial) -> dict[str, Any]:
         "critical_path": {**summarize_bounds(bounds), "sides_from": run.sides_from, "per_step": bounds},
         "staleness": staleness_histogram(tl, run.metrics),
         "packing": packing_efficiency(run.metrics, budget, ranks),
+        "mismatch": mismatch_summary(run.metrics),
         "nodes": node_totals(tl, nodes),
         "fused": dict(run.plan.fused) if run.plan is not None else _fused_from_trace(run),
     }

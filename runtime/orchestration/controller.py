@@ -381,8 +381,9 @@ class Controller:
     def _timed_call(self, stats: dict[str, float]):
         async def call(name: str, batch: PackedBatch) -> NodeResult:
             t = time.perf_counter()
+            extra = {"policy_version": self.state.version} if self.plan.kind(name).versioned_call else None
             try:
-                return await self._call(name, batch)
+                return await self._call(name, batch, extra)
             finally:
                 stats[f"time/{name}"] = time.perf_counter() - t
         return call

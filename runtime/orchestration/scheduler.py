@@ -56,7 +56,7 @@ def node_inputs(plan: ExecutionPlan, name: str, batch: PackedBatch) -> PackedBat
         raise NodeContractError(
             f"node {name!r} reads {missing}, which the batch does not hold (it has {sorted(batch.keys())}): "
             "the node that writes it did not run or did not write it")
-    implicit = [k for k in IMPLICIT_ROLLOUT_KEYS if k in batch and k not in reads]
+    implicit = [k for k in IMPLICIT_ROLLOUT_KEYS + plan.kind(name).optional_reads if k in batch and k not in reads]
     return batch.select_keys(list(reads) + implicit)
 
 
