@@ -1,12 +1,12 @@
-"""Asynchronous vs synchronous RL on the same workload, and a staleness sweep.
+"""Asynchronous vs synchronous RL on the same workload.
 
 Each configuration is a real `areal-graph run` (subprocesses, gRPC, embedded inference
 server) of workflows/ppo_async.yaml with the same model, steps, batch and cores; only
-`runtime.max_staleness` (and, for the ablation, the loss) changes. Output lengths are
+`runtime.max_staleness` changes. The staleness ablation (eta 0-16, naive vs decoupled PPO,
+seeds) is benchmarks/bench_staleness_ablation.py. Output lengths are
 long-tailed because sampling is at temperature 1 with a generous max_new_tokens.
 
     python benchmarks/bench_async_vs_sync.py            # sync vs async (eta=4)
-    python benchmarks/bench_async_vs_sync.py --sweep    # eta in 0 1 2 4 8, decoupled on and off
     python benchmarks/bench_async_vs_sync.py --quick    # a few steps, to check it works
 """
 
@@ -53,19 +53,12 @@ def run_config(label: str, overrides: list[str], workdir: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4 steps per configuration")
-    ap.add_argument("--sweep", action="store_true", help="staleness sweep with and without the decoupled loss")
     ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
     steps = 4 if args.quick else args.steps
     common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}", "data.eval_size=500", "runtime.save_every=0"]
 
-    configs: list[tuple[str, list[str]]] = []
-    if args.sweep:
-        for loss in ("decoupled_ppo", "ppo"):
-            for eta in (0, 1, 2, 4, 8):
-                configs.append((f"eta{eta}-{loss}", common + [f"runtime.max_staleness={eta}", f"nodes.train.loss={loss}"]))
-    else:
-        configs = [("sync", common + ["runtime.max_staleness=0"]), ("async", common + ["runtime.max_staleness=4"])]
+    configs = [("sync", common + ["runtime.max_staleness=0"]), ("async", common + ["runtime.max_staleness=4"])]
 
     console = Console()
     rows = []
@@ -73,7 +66,7 @@ def main() -> int:
         for label, overrides in configs:
             console.print(f"running {label} ...")
             rows.append(run_config(label, overrides, Path(tmp)))
-    base = next((r for r in rows if r["label"] in ("sync", "eta0-decoupled_ppo")), rows[0])
+    base = rows[0]
     table = Table(title="async vs sync RL (same workload; ratios are from this one run)")
     for col in ("config", "wall s", "speedup vs sync", "acc start -> end", "reward (last 10)", "mean staleness"):
         table.add_column(col, justify="right")
@@ -84,7 +77,7 @@ def main() -> int:
                       f"{r['mean_reward_last10']:.3f}", f"{r['mean_staleness']:.2f}")
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("staleness_sweep.json" if args.sweep else "async_vs_sync.json")
+    out = RESULTS / "async_vs_sync.json"
     out.write_text(json.dumps({"steps": steps, "results": rows}, indent=2))
     console.print(f"wrote {out}")
     return 0

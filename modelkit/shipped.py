@@ -4,9 +4,9 @@ Why ship weights at all, when the kit is rebuilt from its recipe on any machine:
 float arithmetic, and its result depends on the CPU's kernels and the thread count (AVX2 and
 AVX-512 sum in different orders), so no recipe can promise the same bits on every machine. The
 recipe is made robust instead (every kit it builds learns: benchmarks/bench_kit_robustness.py,
-and `make test` builds one and checks that it learns), and the builtin tiny-arith and tiny-arith-long warm starts,
-the one the main job and the README's numbers use, is shipped as well: a few MB of
-safetensors and tokenizer files, with the SHA-256 of every file.
+and `make test` builds one and checks that it learns), and the warm starts the README's numbers
+use (tiny-arith for the main job, tiny-arith-long for the long-tail workflow) ship as well: a
+few MB each of safetensors and tokenizer files, with the SHA-256 of every file.
 
 What is shipped is the kit's `model/` directory and its `kit.json`. Its data is not: the
 problems are generated from the recipe by Python's `random`, which is the same on every

@@ -84,6 +84,11 @@ def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
         assert 0 <= m["staleness/max"] <= eta
         assert 0.0 <= m["reward/mean"] <= 1.0
         assert m["train/grad_norm"] >= 0.0
+        # the train/inference mismatch, split by staleness: fresh tokens differ by float rounding only
+        assert m["train/mismatch/fresh/share"] + m["train/mismatch/stale/share"] == pytest.approx(1.0)
+        assert m["train/mismatch/fresh/abs_max"] < 1e-4
+        if m["staleness/max"] == 0:
+            assert m["train/mismatch/stale/share"] == 0.0
     # weights really changed between versions: the final model differs from the initial one
     from safetensors.torch import load_file
 
