@@ -77,7 +77,9 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
                    policy_version: int | None = None) -> LossFn:
     """Decoupled PPO, GSPO or CISPO (or standard PPO when `params.loss == "ppo"`: pi_prox := pi_behav),
     with the behaviour weight corrected as `params.is_correction` says; every call also measures
-    the train/inference mismatch (nodes/off_policy.py `mismatch_stats`)."""
+    the train/inference mismatch (nodes/off_policy.py `mismatch_stats`): against pi_prox, or for
+    `ppo` (which has none in its loss) against the batch's prox_logprobs when the graph computes
+    them, else the training forward's own log-probs (exact on a step's first update)."""
     if fused_prox and params.loss not in PROX_LOSSES:
         raise ValueError(f"fused proximal log-probs apply to the {'/'.join(PROX_LOSSES)} losses, not {params.loss!r}")
     corr = correction_of(params)
@@ -115,6 +117,9 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
         if corr.rejects:
             stats["is_rejected"] = float((generated & (mask == 0)).sum()) / n_generated
         stats["policy_loss"] = float(loss.detach())
+        if params.loss not in PROX_LOSSES:  # `ppo` trains with w = 1; the mismatch is still there to see
+            trainer = mb["prox_logprobs"].float() if "prox_logprobs" in mb else logprobs.detach().float()
+            log_w = behaviour_log_weight(trainer, behav, generated)
         stats.update(mismatch_stats(log_w, generated, mb.cu_seqlens, mb["versions"] if "versions" in mb else None,
                                     policy_version, groups))
         return loss, stats

@@ -358,3 +358,17 @@ def test_new_losses_through_the_train_node_drop_capped_tokens_and_report_the_wei
     assert stats["behav_weight"] == pytest.approx(float(w[mask].mean()), rel=1e-5)
     if loss == "cispo":  # a per-token loss: capped tokens get no gradient, the others do
         assert torch.all(lp.grad[capped] == 0) and torch.all(lp.grad[mask & ~capped] != 0)
+
+
+def test_naive_ppo_trains_with_weight_one_but_still_reports_the_mismatch():
+    b, prox = batch_for_loss(seed=17)
+    params = TrainParams(loss="ppo")
+    mask = b["loss_mask"].bool()
+    gap = (b["prox_logprobs"].double() - b["behav_logprobs"].double()).abs()[mask]
+    _, stats = build_loss_fn(params, b, policy_version=5)(prox.clone(), torch.zeros_like(prox), b)
+    assert stats["behav_weight"] == pytest.approx(1.0)
+    assert stats["mismatch/all/abs_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
+    no_prox = PackedBatch(b.cu_seqlens, {k: v for k, v in b.tokens.items() if k != "prox_logprobs"})
+    lp = b["prox_logprobs"].clone()  # the training forward's own log-probs stand in for pi_prox
+    _, stats = build_loss_fn(params, no_prox, policy_version=5)(lp, torch.zeros_like(lp), no_prox)
+    assert stats["mismatch/all/abs_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
