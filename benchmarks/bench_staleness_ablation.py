@@ -19,8 +19,9 @@ over all of them; results accumulate in the JSON, and `--resume` skips cells alr
     python benchmarks/bench_staleness_ablation.py --regime stress       # where staleness hurts (see REGIMES)
     python benchmarks/bench_staleness_ablation.py --etas 0,4 --seeds 1 --steps 40   # a quick look
 
-Prints a table (final greedy accuracy, mean reward over the run = the reward curve's area,
-wall time, measured staleness, the stale tokens' train/inference gap) and writes
+Prints a table (greedy test accuracy a quarter of the way and at the end, mean reward over the
+run = the reward curve's area, wall time, measured staleness; the JSON adds the stale tokens'
+train/inference gap and the clipped share) and writes
 benchmarks/results/staleness_ablation_<regime>.json and, with matplotlib, a PNG beside it.
 """
 
@@ -57,7 +58,7 @@ REGIMES: dict[str, list[str]] = {
 def cell_overrides(eta: int, method: str, seed: int, steps: int, eval_size: int, batch: int) -> list[str]:
     concurrency = (eta + 1) * batch
     return [*METHODS[method], f"runtime.max_staleness={eta}", f"runtime.seed={seed}", f"runtime.steps={steps}",
-            f"runtime.eval_every={steps}", f"data.eval_size={eval_size}", "runtime.save_every=0",
+            f"runtime.eval_every={max(steps // 4, 1)}", f"data.eval_size={eval_size}", "runtime.save_every=0",
             f"runtime.max_concurrent_rollouts={concurrency}", f"inference.max_running_requests={concurrency}"]
 
 
@@ -69,10 +70,12 @@ def run_cell(workflow: Path, overrides: list[str], run_dir: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
+    curve = [(m.get("step", 0), m["eval/accuracy"]) for m in metrics if "eval/accuracy" in m]
+    accs = [a for _, a in curve]
     steps = [m for m in metrics if "reward/mean" in m]
     mean = lambda key: statistics.fmean([m[key] for m in steps if key in m]) if any(key in m for m in steps) else None  # noqa: E731
-    return {"before": accs[0], "after": accs[-1], "reward_auc": mean("reward/mean"), "wall_s": wall,
+    return {"before": accs[0], "after": accs[-1], "early": accs[1] if len(accs) > 2 else None, "curve": curve,
+            "reward_auc": mean("reward/mean"), "wall_s": wall,
             "staleness_mean": mean("staleness/mean"), "staleness_max": max((m.get("staleness/max", 0) for m in steps), default=0),
             "stale_share": mean("train/mismatch/stale/share"), "stale_gap": mean("train/mismatch/stale/abs_mean"),
             "fresh_gap": mean("train/mismatch/fresh/abs_mean"), "clipped": mean("train/clipped"),
@@ -108,7 +111,7 @@ def main() -> int:
         ap.error(f"{out} holds cells of other settings ({done.get('extra')}, {done.get('steps')} steps); "
                  "use another --out or drop --resume")
     have = {(c["eta"], c["method"], c["seed"]) for c in done["cells"]}
-    console = Console()
+    console = Console(width=max(Console().width, 200))
     cells = list(done["cells"])
     for seed in seeds:
         for eta in etas:
@@ -132,31 +135,33 @@ def main() -> int:
     return 0
 
 
-def _stat(values: list[float]) -> str:
+def _stat(values: list[float], fmt: str = "{:.3f}") -> str:
     if not values:
         return "-"
-    m = statistics.fmean(values)
-    return f"{m:.3f}" if len(values) == 1 else f"{m:.3f} ({min(values):.3f}-{max(values):.3f})"
+    m = fmt.format(statistics.fmean(values))
+    return m if len(values) == 1 else f"{m} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 def print_table(console: Console, regime: str, cells: list[dict]) -> None:
     methods = list(dict.fromkeys(c["method"] for c in cells))
     etas = sorted({c["eta"] for c in cells})
-    t = Table(title=f"staleness ablation ({regime}): final greedy accuracy / mean reward over the run "
-                    "(mean over seeds, range in brackets)")
+    t = Table(title=f"staleness ablation ({regime}): greedy test accuracy a quarter of the way and at the end, "
+                    "mean reward over the run (mean over seeds, range in brackets)")
     t.add_column("eta", justify="right")
     t.add_column("measured staleness", justify="right")
     for m in methods:
-        t.add_column(f"{m}: accuracy", justify="right")
+        t.add_column(f"{m}: accuracy at 1/4", justify="right")
+        t.add_column(f"{m}: at the end", justify="right")
         t.add_column(f"{m}: reward area", justify="right")
     t.add_column("wall s (decoupled)", justify="right")
     for eta in etas:
         at = [c for c in cells if c["eta"] == eta]
-        row = [str(eta), _stat([c["staleness_mean"] for c in at if c["staleness_mean"] is not None])]
+        row = [str(eta), _stat([c["staleness_mean"] for c in at if c["staleness_mean"] is not None], "{:.1f}")]
         for m in methods:
             mine = [c for c in at if c["method"] == m]
-            row += [_stat([c["after"] for c in mine]), _stat([c["reward_auc"] for c in mine])]
-        row.append(_stat([c["wall_s"] for c in at if c["method"] == "decoupled"]))
+            row += [_stat([c["early"] for c in mine if c.get("early") is not None]), _stat([c["after"] for c in mine]),
+                    _stat([c["reward_auc"] for c in mine])]
+        row.append(_stat([c["wall_s"] for c in at if c["method"] == "decoupled"], "{:.0f}"))
         t.add_row(*row)
     console.print(t)
 
@@ -172,12 +177,13 @@ def plot(cells: list[dict], path: Path, regime: str) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for m in dict.fromkeys(c["method"] for c in cells):
         mine = [c for c in cells if c["method"] == m]
-        etas = sorted({c["eta"] for c in mine})
-        for ax, key in zip(axes, ("after", "reward_auc")):
-            means = [statistics.fmean([c[key] for c in mine if c["eta"] == e]) for e in etas]
-            line, = ax.plot(etas, means, marker="o", label=m)
-            ax.scatter([c["eta"] for c in mine], [c[key] for c in mine], s=10, alpha=0.4, color=line.get_color())
-    for ax, title in zip(axes, ("final greedy accuracy", "mean reward over the run")):
+        for ax, key in zip(axes, ("early", "reward_auc")):
+            have = [c for c in mine if c.get(key) is not None]
+            xs = sorted({c["eta"] for c in have})
+            means = [statistics.fmean([c[key] for c in have if c["eta"] == e]) for e in xs]
+            line, = ax.plot(xs, means, marker="o", label=m)
+            ax.scatter([c["eta"] for c in have], [c[key] for c in have], s=10, alpha=0.4, color=line.get_color())
+    for ax, title in zip(axes, ("greedy accuracy a quarter of the way", "mean reward over the run")):
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("max staleness eta")
         ax.set_title(title)
