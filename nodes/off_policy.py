@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from areal_graph.api.corrections import DEFAULT_BOUNDS, ISCorrection
+from areal_graph.nodes.ppo_loss import token_seq_ids
 
 def behaviour_log_weight(prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log w = log pi_prox - log pi_behav where `mask`, 0 elsewhere (prompt log-probs are junk)."""
@@ -48,16 +49,10 @@ def _outside(log_w: torch.Tensor, low: float | None, high: float) -> torch.Tenso
     return out
 
 
-def _seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    cu = cu_seqlens.to(torch.int64)
-    return torch.repeat_interleave(torch.arange(cu.numel() - 1, device=cu.device), cu[1:] - cu[:-1],
-                                   output_size=num_tokens)
-
-
 def seq_mean_log_weight(log_w: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Per sequence, the mean of log w over its masked tokens: the log of their geometric mean
     weight (0 for a sequence with no such token)."""
-    ids = _seq_ids(cu_seqlens, log_w.numel())
+    ids = token_seq_ids(cu_seqlens, log_w.numel())
     n_seq = cu_seqlens.numel() - 1
     m = (mask != 0).to(torch.float64)
     total = torch.zeros(n_seq, dtype=torch.float64, device=log_w.device).index_add_(0, ids, log_w.double() * m)
@@ -73,7 +68,7 @@ def accepted_tokens(corr: ISCorrection, log_w: torch.Tensor, mask: torch.Tensor,
         return keep & ~_outside(log_w, corr.low, corr.high)
     if corr.mode == "seq_mask":
         seq_out = _outside(seq_mean_log_weight(log_w, mask, cu_seqlens), corr.low, corr.high)
-        return keep & ~seq_out[_seq_ids(cu_seqlens, log_w.numel())]
+        return keep & ~seq_out[token_seq_ids(cu_seqlens, log_w.numel())]
     return keep
 
 
@@ -129,12 +124,12 @@ def response_positions(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Te
     running = torch.cumsum(m, 0)
     cu = cu_seqlens.to(torch.int64)
     before = torch.cat([torch.zeros(1, dtype=torch.int64, device=m.device), running])[cu[:-1]]
-    return running - m - before[_seq_ids(cu_seqlens, m.numel())]
+    return running - m - before[token_seq_ids(cu_seqlens, m.numel())]
 
 
 def mismatch_groups(mask: torch.Tensor, cu_seqlens: torch.Tensor, versions: torch.Tensor | None,
                     policy_version: int | None) -> MismatchGroups:
-    ids = _seq_ids(cu_seqlens, mask.numel())
+    ids = token_seq_ids(cu_seqlens, mask.numel())
     n_seq = cu_seqlens.numel() - 1
     tokens, seqs = {}, {}
     for name, sel in staleness_groups(mask, versions, policy_version).items():
@@ -157,7 +152,7 @@ def mismatch_stats(log_w: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Te
     lw = log_w.double()
     k3 = torch.expm1(lw) - lw
     seq_out = _outside(seq_mean_log_weight(log_w, mask, cu_seqlens), *DEFAULT_BOUNDS["seq_mask"])
-    ids = _seq_ids(cu_seqlens, mask.numel())
+    ids = token_seq_ids(cu_seqlens, mask.numel())
     out: dict[str, float] = {}
     rows: list[torch.Tensor] = []
     names: list[str] = []

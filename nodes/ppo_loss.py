@@ -148,7 +148,7 @@ def gspo_loss(
     _check_packed(loss_mask, cu_seqlens)
     eps_high = _check_clip(clip_eps, eps_high)
     mask = loss_mask != 0
-    ids = _seq_ids(cu_seqlens, logprobs.numel())
+    ids = token_seq_ids(cu_seqlens, logprobs.numel())
     log_ratio = torch.where(mask, logprobs - prox_logprobs.detach(), torch.zeros_like(logprobs))
     n_seq = cu_seqlens.numel() - 1
     count = _tokens_per_seq(loss_mask, cu_seqlens).to(logprobs.dtype).clamp_min(1.0)
@@ -189,7 +189,8 @@ def cispo_loss(
 
 
 # --------------------------------------------------------------------------- aggregation
-def _seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+def token_seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Each token's sequence index in a packed batch (0 for the first sequence's tokens)."""
     cu = cu_seqlens.to(torch.int64)
     lens = cu[1:] - cu[:-1]
     return torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=num_tokens)
@@ -197,7 +198,7 @@ def _seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
 
 def _tokens_per_seq(loss_mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     n_seq = cu_seqlens.numel() - 1
-    ids = _seq_ids(cu_seqlens, loss_mask.numel())
+    ids = token_seq_ids(cu_seqlens, loss_mask.numel())
     return torch.zeros(n_seq, dtype=torch.float64, device=loss_mask.device).index_add_(
         0, ids, (loss_mask != 0).to(torch.float64)
     )
@@ -262,7 +263,7 @@ def aggregate(
         return masked.sum() / normalizer
     if mode == "seq-mean-token-mean":
         n_seq = cu_seqlens.numel() - 1
-        ids = _seq_ids(cu_seqlens, per_token.numel())
+        ids = token_seq_ids(cu_seqlens, per_token.numel())
         seq_sum = torch.zeros(n_seq, dtype=per_token.dtype, device=per_token.device).index_add(0, ids, masked)
         counts = _tokens_per_seq(loss_mask, cu_seqlens).to(per_token.dtype).clamp_min(1.0)
         return (seq_sum / counts).sum() / normalizer
