@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     """The command. Ctrl-C at any moment (kit build, startup, training, evaluation, shutdown)
     stops every process of the run and exits with 130 within seconds, one line on stderr:
     runtime/launchers/interrupt.py says why that takes more than catching KeyboardInterrupt."""
-    from areal_graph.runtime.launchers.interrupt import EXIT_CODE, exit_on_interrupt
+    from areal_graph.runtime.launchers.interrupt import exit_interrupted, exit_on_interrupt
 
     started: list[RunDir] = []  # the run directory, once there is one (for the message)
     with exit_on_interrupt():
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                     where += f" (continue it: areal-graph run --resume {path})"
             Console(stderr=True, soft_wrap=True).print(
                 f"[yellow]interrupted[/]: every process of the run was stopped{where}", highlight=False)
-            return EXIT_CODE
+            exit_interrupted()
 
 
 def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
