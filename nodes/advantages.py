@@ -18,7 +18,7 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import AdvantageParams
-from areal_graph.nodes.ppo_loss import kl_penalty
+from areal_graph.nodes.ppo_loss import kl_penalty, token_seq_ids
 
 _SCAN_BLOCK = 64  # positions per block of the reverse scan; discount**64 stays far from underflow
 
@@ -102,18 +102,12 @@ def _check_tokens(loss_mask: torch.Tensor, cu_seqlens: torch.Tensor, **tensors: 
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(loss_mask.shape)} like loss_mask")
 
 
-def _seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    cu = cu_seqlens.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    return torch.repeat_interleave(torch.arange(lens.numel()), lens, output_size=num_tokens)
-
-
 def broadcast_to_tokens(per_seq: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Each sequence's value on its generated tokens, 0 elsewhere."""
     _check_tokens(loss_mask, cu_seqlens)
     if per_seq.shape != (cu_seqlens.numel() - 1,):
         raise ValueError(f"per_seq has shape {tuple(per_seq.shape)}, expected ({cu_seqlens.numel() - 1},)")
-    out = per_seq[_seq_ids(cu_seqlens, loss_mask.numel())]
+    out = per_seq[token_seq_ids(cu_seqlens, loss_mask.numel())]
     return torch.where(loss_mask != 0, out, torch.zeros_like(out))
 
 
@@ -128,7 +122,7 @@ def _generated_grid(loss_mask: torch.Tensor, cu_seqlens: torch.Tensor):
     mask = loss_mask != 0
     n_seq = cu_seqlens.numel() - 1
     token_index = torch.nonzero(mask, as_tuple=False).flatten()
-    row = _seq_ids(cu_seqlens, loss_mask.numel())[token_index]
+    row = token_seq_ids(cu_seqlens, loss_mask.numel())[token_index]
     # rank within sequence = running count of generated tokens minus the count before the sequence
     running = torch.cumsum(mask.to(torch.int64), 0)
     running_before = torch.cat([torch.zeros(1, dtype=torch.int64), running])
