@@ -341,7 +341,7 @@ ADVANTAGE = NodeKind(
 # ============================================================================ function (user code)
 @dataclass(frozen=True)
 class FunctionParams:
-    """A user function on the packed batch: `fn(batch, **args) -> PackedBatch` (see nodes/function_api.py)."""
+    """A user function on the packed batch: `fn(batch, **args) -> PackedBatch` (hosted by runtime/hosts/function_host.py)."""
 
     fn: str = field(metadata={"check": import_path_check, "help": "import path 'package.module:function'"})
     args: dict[str, Any] = cfg({}, None, "keyword arguments passed to fn")

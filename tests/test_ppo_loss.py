@@ -15,7 +15,7 @@ from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, kl_penalty
 
 # ----------------------------------------------------------------------------- references
 def ref_ppo_token(lp, prox, behav, adv, m, eps, eps_high, dual, cap):
-    """(loss, d loss / d lp) for one token, written from DESIGN.md, in float64."""
+    """(loss, d loss / d lp) for one token, written from docs/design.md, in float64."""
     if not m:
         return 0.0, 0.0
     r = math.exp(lp - prox)

@@ -27,13 +27,8 @@ from typing import Any, Sequence
 
 import aiohttp
 
+from areal_graph.api.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.backends import BACKEND_NAMES, HttpCall, get_backend, sampling_to_json
-from areal_graph.engines.inference.sampling import SamplingParams
-
-try:  # where the engine defines its result type
-    from areal_graph.engines.inference.sampling import GenerationResult  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the engine module layout
-    from areal_graph.engines.inference.engine import GenerationResult  # type: ignore[no-redef]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +62,7 @@ class _Stats:
 
 
 class InferenceClient:
-    """Async HTTP client for one inference server (embedded or SGLang)."""
+    """Async HTTP client for one inference server (embedded, SGLang or vLLM: `backend`)."""
 
     def __init__(self, base_url: str, backend: str = "embedded", timeout: float = 600.0, retries: int = 5,
                  backoff_s: float = 0.2, max_connections: int = 512, version: int = 0,

@@ -5,8 +5,9 @@ weights change, and decoding continues from the tokens so far; every token keeps
 version that produced it and its behaviour log-prob under that version.
 
 Two server behaviours reach the same result through this one loop:
-- the embedded engine pauses, swaps weights, re-prefills and continues by itself: the
-  request returns once, its `output_versions` already switching from v to v+1;
+- the embedded engine (and vLLM, paused in keep mode and preempted) pauses, swaps weights,
+  re-prefills and continues by itself: the request returns once, its `output_versions`
+  already switching from v to v+1;
 - SGLang (pause in abort mode) returns the request early with finish_reason `abort`: we
   wait for the update to finish, then resubmit prompt + tokens so far with max_new_tokens
   reduced by what was generated, and concatenate the chunks.

@@ -187,7 +187,7 @@ def all_gather_json(obj: Any, device: torch.device) -> list[Any]:
     """Every rank's `obj` (JSON-serialisable), in rank order.
 
     JSON bytes rather than `all_gather_object`: that one unpickles what other processes
-    send, which DESIGN.md rules out for anything received over a socket.
+    send, which docs/design.md rules out for anything received over a socket.
     """
     _, size = world()
     data = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8, device=device)

@@ -21,7 +21,7 @@ are global with no extra collective, and each rank picks its token-balanced shar
 deterministic planner (`plan_microbatches(..., dp_size=N)` inside the engine). A batch is
 token ids and a few floats per token: broadcasting it costs little next to the forward.
 
-Commands travel without pickle (DESIGN.md): a JSON header and the batch in the gRPC wire
+Commands travel without pickle (docs/design.md, the data contract): a JSON header and the batch in the gRPC wire
 format of runtime/rpc/tensor_codec.py, framed by lengths.
 
 A rank that fails a call exits: the launcher's watchdog reports it (a model process: the

@@ -5,8 +5,8 @@ weights the train node is about to update, with no transfer in between.
 
 A model is either a policy (log-probs, policy losses; a `TrainEngine` over the causal LM) or
 a critic (values, loss `value`; a `ValueEngine`, engines/training/value_model.py: the same backbone
-with a value head). `role` says which (the launcher passes it from the workflow). With
-`role="auto"` the worker starts as a policy (exactly as before critics existed) and becomes
+with a value head). `role` says which: graph/node_kinds.py's `_model_host_args` sets it from
+the workflow and the executor's Configure call passes it. With `role="auto"` the worker starts as a policy (exactly as before critics existed) and becomes
 a critic on its first critic call (`values`, a `value`-loss train step, or loading a critic
 checkpoint on resume), reloading the model from `model_path` with a value head. That switch
 happens at most once and only before the model was used: one model serving both roles is an

@@ -6,9 +6,10 @@ kind's `host_args`, and every node call is the kind's `call` sent to that object
 plan places in the controller run in this process (`LocalHosts`).
 
 Weight sync (`runtime.weight_sync`): *memory* has the actor's host write its weights into a
-shared-memory file that every embedded server copies from (no serialisation, milliseconds
-for small models); *disk* exports safetensors that the servers load (SGLang's way; also
-what checkpoints and the final model use).
+shared-memory file that the servers read (the embedded server and vLLM's worker extension;
+no serialisation, milliseconds for small models; one machine only); *disk* exports
+safetensors that the servers load (the only way SGLang takes; also what checkpoints and the
+final model use). docs/architecture.md, section 4, follows one sync hop by hop.
 
 Processes that come back: a stateless process that dies (a rollout, reward or function
 worker, an inference server) is started again, up to `runtime.max_restarts` times each; a
@@ -64,7 +65,8 @@ def free_port() -> int:
 
 
 class ProcessExecutor:
-    """Runs the plan's nodes in local worker processes (see module docstring)."""
+    """Runs the plan's nodes in worker processes its launcher starts (on this machine, or
+    on others with Ray; see the module docstring)."""
 
     def __init__(self, plan: ExecutionPlan, run_dir: RunDir) -> None:
         self.plan = plan
@@ -100,7 +102,8 @@ class ProcessExecutor:
         self.launcher = make_launcher(LaunchRequest(
             self.run_dir.path / "logs", self._on_death, process_demands(self.plan, gen_threads, train_threads), rt,
             colocate=self.weight_sync == "memory"))  # shared-memory weights: every process on one machine
-        # One secret per run: every worker and inference server requires it, loopback included.
+        # One secret per run: every worker and inference server requires it, loopback included
+        # (vLLM's dev endpoints excepted: vLLM guards only /v1 and /inference, backends/vllm.py).
         token = self._token = secrets.token_urlsafe(32)
         env = {RUN_TOKEN_ENV: token, **({} if rt.trace else {TRACE_ENV: "0"})}  # runtime.trace: off everywhere
         for i in range(spec.inference.servers):
@@ -421,7 +424,7 @@ def inference_gpus(inference: InferenceSpec) -> int:
 
 
 def resolve_weight_sync(setting: str, backend: str) -> str:
-    """`auto`: in memory where the backend can take it (the embedded server), else from disk."""
+    """`auto`: in memory where the backend can take it (embedded, vLLM), else from disk (SGLang)."""
     if setting == "auto":
         return "memory" if get_backend(backend).shared_memory_weights else "disk"
     return setting

@@ -1,6 +1,6 @@
 """Bounded staleness: how many trajectories the rollout side may have accepted-or-running.
 
-The rule (AReaL, DESIGN.md): with B trajectories per training step, current policy version
+The rule (AReaL; docs/design.md): with B trajectories per training step, current policy version
 v and max staleness eta, at most ``(eta + v + 1) * B`` trajectories may be accepted or
 running *in total, since the start of the run*; capacity for new requests is
 

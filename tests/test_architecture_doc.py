@@ -1,0 +1,83 @@
+"""docs/architecture.md (and docs/design.md) stay true: every file, folder and symbol they name exists.
+
+The page is the newcomer's map, and a map is only worth reading while it names real code:
+rename a file or a function it points at and this test says where the page went stale.
+
+Convention of the page: a repository-relative path in backticks, `runtime/rpc/worker_server.py`
+(a folder ends with "/": `runtime/launchers/`); a symbol follows its file after a colon in
+the same backticks, `runtime/orchestration/controller.py:Controller._main`. Paths need a "/"
+(`README.md` or `areal-graph run` are not checked). Symbols are looked up by parsing the file
+with ast (classes, functions, methods, assigned names): nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "architecture.md"
+SPAN = re.compile(r"`([^`\n]+)`")
+NAME = r"[A-Za-z_]\w*"
+REF = re.compile(rf"(?P<path>[\w-]+(?:/[\w.-]+)*(?:/|\.\w+))(?::(?P<symbol>{NAME}(?:\.{NAME})*))?")
+
+
+def names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    return set()
+
+
+def defines(tree: ast.Module, dotted: str) -> bool:
+    """Whether `dotted` (Name, or Class.method, ...) is defined at that nesting in the module."""
+    body: list[ast.stmt] = tree.body
+    for part in dotted.split("."):
+        node = next((n for n in body if part in names(n)), None)
+        if node is None:
+            return False
+        body = getattr(node, "body", [])
+    return True
+
+
+def references(text: str) -> list[tuple[str, str | None]]:
+    """(path, symbol or None) for every backticked repository path of `text`."""
+    out = []
+    for span in SPAN.findall(text):
+        m = REF.fullmatch(span)
+        if m is None:
+            assert ".py:" not in span, f"`{span}`: write a symbol as `path/file.py:Name` or `path/file.py:Class.method`"
+            continue
+        if "/" in m["path"]:
+            out.append((m["path"], m["symbol"]))
+    return out
+
+
+def problems(text: str) -> list[str]:
+    found = []
+    for path, symbol in references(text):
+        target = ROOT / path
+        if not (target.is_dir() if path.endswith("/") else target.is_file()):
+            found.append(f"`{path}` does not exist")
+        elif symbol is not None and not (path.endswith(".py") and defines(ast.parse(target.read_text()), symbol)):
+            found.append(f"`{path}:{symbol}`: {path} defines no {symbol}")
+    return found
+
+
+def test_the_architecture_page_names_only_files_and_symbols_that_exist():
+    text = DOC.read_text(encoding="utf-8")
+    refs = references(text)
+    # the page is built on these references: a convention change that finds none must fail here
+    assert len(refs) >= 100 and sum(s is not None for _, s in refs) >= 80, len(refs)
+    assert not problems(text), "docs/architecture.md is stale:\n" + "\n".join(problems(text))
+
+
+def test_the_design_page_names_only_files_that_exist():
+    """docs/design.md is what modules cite for the algorithm facts: its pointers stay true too."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    assert len(references(text)) >= 8
+    assert not problems(text), "docs/design.md is stale:\n" + "\n".join(problems(text))
