@@ -42,6 +42,7 @@ from typing import Any
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.runtime.hosts.model_host import ModelHost
+from areal_graph.runtime.launchers.local import rank_threads
 from areal_graph.runtime.rpc.tensor_codec import BatchDecoder, encode_batch
 
 log = logging.getLogger(__name__)
@@ -104,11 +105,6 @@ class RankChannel:
         return decode_command(self._dp.broadcast_bytes(None, self.group))
 
 
-def rank_threads(threads: int | None, world_size: int) -> int | None:
-    """Each rank's share of the model's training threads (the ranks share one machine's cores)."""
-    return None if threads is None else max(int(threads) // world_size, 1)
-
-
 def check_device(device: str, world_size: int) -> None:
     """Each rank needs a device of its own: "cuda" (rank r on cuda:r), never one pinned GPU."""
     if world_size > 1 and re.fullmatch(r"cuda:\d+", device):
@@ -129,7 +125,8 @@ class DataParallelModelHost:
         if self.channel.rank != 0:
             raise RuntimeError(f"the model worker must be rank 0, this is rank {self.channel.rank}")
         check_device(str(host_args.get("device", "cpu")), self.channel.world_size)
-        host_args["threads"] = rank_threads(host_args.get("threads"), self.channel.world_size)
+        if host_args.get("threads") is not None:  # each rank's share of the model's training threads
+            host_args["threads"] = rank_threads(host_args["threads"], self.channel.world_size)
         self.channel.send("init", host_args)
         self.host = ModelHost(**host_args)
         log.info("model %s: %d data-parallel ranks", host_args.get("model_path"), self.channel.world_size)

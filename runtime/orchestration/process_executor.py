@@ -29,7 +29,6 @@ import math
 import os
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
-from areal_graph.runtime.launchers.local import ProcessDied
+from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_threads
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
@@ -56,12 +55,6 @@ from areal_graph.runtime.rpc.worker_client import WorkerClient
 log = logging.getLogger(__name__)
 
 DP_RANK_MODULE = "areal_graph.runtime.hosts.dp_model_host"  # ranks 1..N-1 of a model with dp_size > 1
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ProcessExecutor:
@@ -383,11 +376,6 @@ class _IOLoop:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5.0)
-
-
-def rank_threads(threads: int, ranks: int) -> int:
-    """Each data-parallel rank's share of a process's threads (the ranks share the cores)."""
-    return max(threads // ranks, 1)
 
 
 def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -> tuple[ProcessDemand, ...]:
