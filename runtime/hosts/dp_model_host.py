@@ -38,7 +38,7 @@ import os
 import re
 import struct
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.runtime.hosts.model_host import ModelHost
@@ -136,14 +136,19 @@ class DataParallelModelHost:
         args = (batch,) if batch is not None else ()
         return getattr(self.host, method)(*args, **kwargs)
 
-    def logprob(self, batch: PackedBatch, **kwargs: Any) -> PackedBatch:
-        return self._all("logprob", batch, **kwargs)
+    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int,
+                temperature: float = 1.0) -> PackedBatch:
+        return self._all("logprob", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb,
+                         temperature=temperature)
 
-    def values(self, batch: PackedBatch, **kwargs: Any) -> PackedBatch:
-        return self._all("values", batch, **kwargs)
+    def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
+        return self._all("values", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb)
 
-    def train(self, batch: PackedBatch, **kwargs: Any) -> tuple[PackedBatch, dict[str, float]]:
-        return self._all("train", batch, **kwargs)
+    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
+              temperature: float = 1.0, fused_prox: bool = False,
+              policy_version: int | None = None) -> tuple[PackedBatch, dict[str, float]]:
+        return self._all("train", batch, params=params, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature,
+                         fused_prox=fused_prox, policy_version=policy_version)
 
     def publish_weights(self, path: str) -> list[dict]:
         return self._all("publish_weights", path=path)
@@ -212,3 +217,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
+    from areal_graph.runtime.hosts.protocols import ModelService
+
+    def _serves(host: DataParallelModelHost) -> ModelService:
+        return host

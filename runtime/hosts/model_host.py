@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -65,6 +65,7 @@ class ModelHost:
     def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
         """Per-token values V(tokens < t) at position t (0 at each sequence's first token), fp32."""
         self._use_as("critic")
+        assert isinstance(self.engine, ValueEngine)  # a critic's engine, by its role
         values = self.engine.compute_values(batch, max_tokens_per_mb=max_tokens_per_mb)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
@@ -141,3 +142,10 @@ def _combine_update_stats(runs: list[dict[str, float]]) -> dict[str, float]:
         out["tokens_per_s"] = out["tokens"] / out["time_s"]
     out["updates"] = float(len(runs))
     return out
+
+
+if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
+    from areal_graph.runtime.hosts.protocols import ModelService
+
+    def _serves(host: ModelHost) -> ModelService:
+        return host

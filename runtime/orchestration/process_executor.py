@@ -45,6 +45,7 @@ from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
+from areal_graph.runtime.hosts.protocols import ModelService
 from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_threads
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
@@ -333,12 +334,12 @@ class ProcessExecutor:
     async def _sync_weights_once(self, version: int) -> dict[str, float]:
         client = self._models_client(self.plan.actor)
         if self.weight_sync == "memory":
-            manifest = await asyncio.to_thread(client.call, self.plan.actor, "publish_weights", path=self._shm_path)
+            manifest = await asyncio.to_thread(client.call, self.plan.actor, ModelService.publish_weights.__name__, path=self._shm_path)
             await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
             self._last_sync = ("memory", self._shm_path, manifest, version)
             return {}
         path = self.run_dir.weights_dir(version)
-        await asyncio.to_thread(client.call, self.plan.actor, "export_weights", path=str(path))
+        await asyncio.to_thread(client.call, self.plan.actor, ModelService.export_weights.__name__, path=str(path))
         await self._servers(self.servers.update_weights_from_disk(str(path), version))
         self._last_sync = ("disk", str(path), None, version)
         old = self.run_dir.weights_dir(version - 2)
@@ -347,16 +348,19 @@ class ProcessExecutor:
         return {}
 
     async def export_model(self, path: Path) -> None:
-        await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor, "export_weights",
+        await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor,
+                                ModelService.export_weights.__name__,
                                 path=str(path), with_tokenizer=True)
 
     async def save_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
-            await asyncio.to_thread(self._models_client(model).call, model, "save_checkpoint", path=str(path / model))
+            await asyncio.to_thread(self._models_client(model).call, model, ModelService.save_checkpoint.__name__,
+                                    path=str(path / model))
 
     async def load_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
-            await asyncio.to_thread(self._models_client(model).call, model, "load_checkpoint", path=str(path / model))
+            await asyncio.to_thread(self._models_client(model).call, model, ModelService.load_checkpoint.__name__,
+                                    path=str(path / model))
 
 
 class _IOLoop:
