@@ -25,6 +25,14 @@ from typing import Iterable, Sequence
 import torch
 
 
+def token_seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Each token's sequence index in a packed batch (int64, 0 for the first sequence's
+    tokens): the losses and advantages get bare tensors, so this works on `cu_seqlens` alone."""
+    cu = cu_seqlens.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    return torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=num_tokens)
+
+
 @dataclass
 class PackedBatch:
     cu_seqlens: torch.Tensor
@@ -101,9 +109,7 @@ class PackedBatch:
 
     def seq_ids(self) -> torch.Tensor:
         """Index of the sequence each token belongs to (int64, length num_tokens)."""
-        return torch.repeat_interleave(
-            torch.arange(self.num_seqs), self.seqlens().to(torch.int64), output_size=self.num_tokens
-        )
+        return token_seq_ids(self.cu_seqlens, self.num_tokens)
 
     def position_ids(self) -> torch.Tensor:
         """Position of each token inside its own sequence (resets to 0 at every boundary)."""

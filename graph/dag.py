@@ -8,11 +8,11 @@ for renderers and the controller.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import networkx as nx
 
-from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS
+from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS, trains_policy
 from areal_graph.graph.registry import kind_of
 from areal_graph.graph.spec import NodeSpec, WorkflowSpec
 
@@ -49,17 +49,9 @@ def graph_from_nodes(nodes: Mapping[str, NodeSpec]) -> nx.DiGraph:
             else:
                 graph.add_edge(src, node.name, keys=[key])
     sources = [n.name for n in nodes.values() if kind_of(n).source]
-    trains = [n for n in nodes.values() if kind_of(n).trains]
-    actor = next((n.model for n in trains if _serves(n)), None)
-    graph.graph["weight_update"] = [(n.name, r) for n in trains if n.model == actor and _serves(n) for r in sources]
+    policy = [n for n in nodes.values() if trains_policy(n)]
+    graph.graph["weight_update"] = [(n.name, r) for n in policy if n.model == policy[0].model for r in sources]
     return graph
-
-
-def _serves(node: NodeSpec) -> bool:
-    """A train node whose model's new weights go to the inference servers (a policy loss)."""
-    from areal_graph.graph.node_kinds import POLICY_LOSSES
-
-    return getattr(node.params, "loss", None) in POLICY_LOSSES
 
 
 def build_graph(spec: WorkflowSpec) -> nx.DiGraph:
@@ -69,23 +61,25 @@ def build_graph(spec: WorkflowSpec) -> nx.DiGraph:
     return graph
 
 
-def _order(graph: nx.DiGraph) -> list[str]:
-    # Ties are broken by declaration order in the YAML, so the order reads like the file.
+def topological_order(graph: nx.DiGraph) -> list[str]:
+    """Deterministic topological order of a graph from `graph_from_nodes`: ties are broken by
+    declaration order in the YAML, so the order reads like the file."""
     return list(nx.lexicographical_topological_sort(graph, key=lambda n: graph.nodes[n]["index"]))
 
 
-def execution_order(spec: WorkflowSpec) -> list[str]:
-    """Deterministic topological order of the nodes (declaration order breaks ties)."""
-    return _order(build_graph(spec))
+def depth_layers(order: Iterable[str], preds: Callable[[str], Iterable[str]]) -> list[list[str]]:
+    """Longest-path layering of nodes given in topological `order`: a node sits one layer
+    below its deepest predecessor (`preds(name)`, all of them earlier in `order`)."""
+    order = list(order)
+    depth: dict[str, int] = {}
+    for name in order:
+        depth[name] = 1 + max((depth[p] for p in preds(name)), default=-1)
+    out: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for name in order:
+        out[depth[name]].append(name)
+    return out
 
 
 def layers(graph: nx.DiGraph) -> list[list[str]]:
-    """Longest-path layering: a node sits one layer below its deepest producer."""
-    depth: dict[str, int] = {}
-    for name in _order(graph):
-        preds = list(graph.predecessors(name))
-        depth[name] = 1 + max(depth[p] for p in preds) if preds else 0
-    out: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for name in _order(graph):
-        out[depth[name]].append(name)
-    return out
+    """The workflow's nodes in layers, for drawing: a node one layer below its deepest producer."""
+    return depth_layers(topological_order(graph), graph.predecessors)

@@ -25,7 +25,7 @@ from areal_graph.api.imports import ImportPathError, import_object
 from areal_graph.graph import spec as S
 from areal_graph.graph.dag import graph_from_nodes, key_producers
 from areal_graph.graph.kind import ImportRef
-from areal_graph.graph.node_kinds import BUILTIN_KINDS, IMPLICIT_ROLLOUT_KEYS, POLICY_LOSSES, ROLLOUT_WRITES
+from areal_graph.graph.node_kinds import BUILTIN_KINDS, IMPLICIT_ROLLOUT_KEYS, POLICY_LOSSES, ROLLOUT_WRITES, trains_policy
 from areal_graph.graph.plan import assign_phases
 from areal_graph.graph.registry import UnknownKind, kind_of, resolve_kind
 from areal_graph.graph.overrides import apply_overrides, parse_override  # noqa: F401  (parse_override re-exported)
@@ -438,7 +438,7 @@ def _check_graph(spec: S.WorkflowSpec, models_ok: bool, v: _Validator) -> None:
 
 def _check_trained_models(spec: S.WorkflowSpec, v: _Validator) -> None:
     """One policy model (the one the inference servers serve); no model both policy and critic."""
-    policy = [n for n in spec.nodes.values() if getattr(n.params, "loss", None) in POLICY_LOSSES and kind_of(n).trains]
+    policy = [n for n in spec.nodes.values() if trains_policy(n)]
     if not policy:
         v.report(("nodes",), "the workflow needs a 'train' node with a policy loss "
                              f"({' or '.join(POLICY_LOSSES)}) to train the actor")

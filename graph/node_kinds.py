@@ -45,12 +45,15 @@ HOSTS = "areal_graph.runtime.hosts"
 
 
 # ============================================================================ shared helpers
+def trains_policy(node: NodeSpec) -> bool:
+    """A train node with a policy loss: its model is the actor, whose new weights go to the
+    inference servers after every step (the one place that decides it)."""
+    return isinstance(node.params, TrainParams) and node.params.loss in POLICY_LOSSES
+
+
 def actor_model(spec: WorkflowSpec) -> str | None:
     """The model trained with a policy loss: the one the inference servers serve."""
-    for node in spec.nodes.values():
-        if isinstance(node.params, TrainParams) and node.params.loss in POLICY_LOSSES:
-            return node.model
-    return None
+    return next((node.model for node in spec.nodes.values() if trains_policy(node)), None)
 
 
 def rollout_temperature(spec: WorkflowSpec) -> float:

@@ -23,7 +23,7 @@ from typing import Mapping
 
 import networkx as nx
 
-from areal_graph.graph.dag import graph_from_nodes, key_producers
+from areal_graph.graph.dag import depth_layers, graph_from_nodes, key_producers, topological_order
 from areal_graph.graph.kind import CONTROLLER, Hosting, Issue, NodeKind, Phase
 from areal_graph.graph.node_kinds import actor_model
 from areal_graph.graph.registry import kind_of
@@ -96,12 +96,7 @@ def _ranks_text(process: str, ranks: int) -> str:
 
 
 def _layers_text(order: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]) -> str:
-    depth: dict[str, int] = {}
-    for n in order:
-        depth[n] = 1 + max((depth[d] for d in deps[n]), default=-1)
-    layers: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for n in order:
-        layers[depth[n]].append(n)
+    layers = depth_layers(order, deps.__getitem__)
     return " -> ".join(" || ".join(layer) if len(layer) > 1 else layer[0] for layer in layers) or "(nothing)"
 
 
@@ -112,8 +107,7 @@ def assign_phases(spec: WorkflowSpec) -> tuple[dict[str, Phase], list[tuple[str,
     producers = key_producers(nodes)
     phase: dict[str, Phase] = {}
     issues: list[tuple[str, Issue]] = []
-    order = list(nx.lexicographical_topological_sort(graph, key=lambda n: graph.nodes[n]["index"]))
-    for name in order:
+    for name in topological_order(graph):
         node = nodes[name]
         kind = kind_of(node)
         wanted = kind.phase if kind.phase != "auto" else getattr(node.params, "phase", "auto")
@@ -143,7 +137,7 @@ def build_plan(spec: WorkflowSpec) -> ExecutionPlan:
         absorbed = kind_of(node).fuses(node, spec)
         if absorbed is not None:
             fused[absorbed] = name
-    order = [n for n in nx.lexicographical_topological_sort(graph, key=lambda n: graph.nodes[n]["index"])]
+    order = topological_order(graph)
 
     def in_phase_deps(name: str) -> tuple[str, ...]:
         out: list[str] = []

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from areal_graph.api.corrections import DEFAULT_BOUNDS, ISCorrection
-from areal_graph.nodes.ppo_loss import token_seq_ids
+from areal_graph.data.packed import token_seq_ids
 
 def behaviour_log_weight(prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log w = log pi_prox - log pi_behav where `mask`, 0 elsewhere (prompt log-probs are junk)."""

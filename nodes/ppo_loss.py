@@ -33,6 +33,8 @@ from typing import Literal
 
 import torch
 
+from areal_graph.data.packed import token_seq_ids
+
 AggMode = Literal["token-mean", "seq-mean-token-mean", "dr-grpo"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "dr-grpo")
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
@@ -189,13 +191,6 @@ def cispo_loss(
 
 
 # --------------------------------------------------------------------------- aggregation
-def token_seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Each token's sequence index in a packed batch (0 for the first sequence's tokens)."""
-    cu = cu_seqlens.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    return torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=num_tokens)
-
-
 def _tokens_per_seq(loss_mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     n_seq = cu_seqlens.numel() - 1
     ids = token_seq_ids(cu_seqlens, loss_mask.numel())

@@ -159,8 +159,8 @@ def test_critic_checkpoint_round_trip_gives_identical_values_and_resumes(tmp_pat
 
 
 # ----------------------------------------------------------------------------- the worker
-def test_model_worker_becomes_a_critic_on_its_first_value_call(tmp_path, tiny_model_dir):
-    worker = ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4)
+def test_a_critic_worker_serves_values_trains_and_resumes(tmp_path, tiny_model_dir):
+    worker = ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4, role="critic")
     batch = critic_batch(n=4, seed=6)
     out = worker.values(batch, out_key="values", max_tokens_per_mb=512)
     assert isinstance(worker.engine, ValueEngine) and worker.role == "critic"
@@ -173,11 +173,12 @@ def test_model_worker_becomes_a_critic_on_its_first_value_call(tmp_path, tiny_mo
         worker.logprob(batch, out_key="prox_logprobs", max_tokens_per_mb=512)
     worker.save_checkpoint(str(tmp_path / "critic"))
 
-    # resume: a new worker, given the critic checkpoint before any call, comes back a critic
-    resumed = ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4)
+    # resume: a new critic worker takes the critic checkpoint; a policy worker refuses it
+    resumed = ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4, role="critic")
     resumed.load_checkpoint(str(tmp_path / "critic"))
-    assert resumed.role == "critic"
     assert torch.equal(resumed.values(batch, "values", 512)["values"], worker.values(batch, "values", 512)["values"])
+    with pytest.raises(ValueError, match="a critic's checkpoint .* but this model is a policy"):
+        ModelHost(str(tiny_model_dir), optim={"lr": 1e-3}, total_steps=4).load_checkpoint(str(tmp_path / "critic"))
 
 
 def test_a_policy_worker_refuses_value_calls(tiny_model_dir):

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.graph.dag import build_graph, execution_order, layers
+from areal_graph.graph.dag import build_graph, layers, topological_order
 from areal_graph.graph.loader import load_workflow, load_workflow_text
 from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS
 
@@ -56,13 +56,13 @@ def test_weight_update_is_a_marker_not_an_edge(path):
 
 def test_minimal_order_and_layers():
     spec = load_workflow_text(MINIMAL)
-    assert execution_order(spec) == ["rollout", "reward", "ref_logp", "prox_logp", "advantage", "train"]
+    assert topological_order(build_graph(spec)) == ["rollout", "reward", "ref_logp", "prox_logp", "advantage", "train"]
     assert layers(build_graph(spec)) == [["rollout"], ["reward", "ref_logp", "prox_logp"], ["advantage"], ["train"]]
 
 
 def test_gae_order():
     spec = load_workflow(ROOT / "workflows/ppo_gae_critic.yaml")
-    order = execution_order(spec)
+    order = topological_order(build_graph(spec))
     assert order == ["rollout", "reward", "value", "prox_logp", "advantage", "train_actor", "train_critic"]
 
 
@@ -81,8 +81,8 @@ def test_order_is_topological_and_deterministic(seed):
     breaks ties by declaration order, and the same answer every time."""
     text = _shuffled_minimal(seed)
     spec = load_workflow_text(text)
-    order = execution_order(spec)
-    assert order == execution_order(load_workflow_text(text))
+    order = topological_order(build_graph(spec))
+    assert order == topological_order(build_graph(load_workflow_text(text)))
     position = {n: i for i, n in enumerate(order)}
     graph = build_graph(spec)
     for u, v in graph.edges:

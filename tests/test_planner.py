@@ -111,8 +111,11 @@ def test_deterministic(lens, budget, dp):
 
 def test_oversize_sequence_gets_its_own_microbatch_or_an_error():
     plan = plan_microbatches([5, 30, 4, 3], 10, 1)
-    assert [1] in plan[0]
-    assert sum(lens for lens in [5, 4, 3]) <= 12
+    lens = [5, 30, 4, 3]
+    assert [1] in plan[0]  # the 30-token sequence alone, past the budget
+    rest = [mb for mb in plan[0] if mb != [1]]
+    assert sorted(i for mb in rest for i in mb) == [0, 2, 3] and all(sum(lens[i] for i in mb) <= 10 for mb in rest)
+    assert len(rest) == 2  # 12 tokens under a budget of 10: two micro-batches, not three
     with pytest.raises(ValueError, match="longer than max_tokens_per_mb=10"):
         plan_microbatches([5, 30], 10, oversize="error")
 

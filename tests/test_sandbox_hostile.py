@@ -30,6 +30,7 @@ import pytest
 import areal_graph
 from areal_graph.nodes.code_reward import CodeRewardConfig, CodeTest, extract_code, score_code
 from areal_graph.tools.sandbox import Containment, SandboxLimits, SandboxResult, run_python
+from areal_graph.runtime.launchers.local import free_port
 
 UID_BASE = 3_000_000_000
 SECRET = f"areal-secret-{uuid.uuid4().hex}"
@@ -66,12 +67,6 @@ class Listener:
         self.stop.set()
         self.thread.join(timeout=2)
         self.sock.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def processes_of(uid: int) -> list[int]:

@@ -13,7 +13,6 @@ planner's micro-batches.
 from __future__ import annotations
 
 import random
-import socket
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.train_engine import TrainEngine, plan_rows
+from areal_graph.runtime.launchers.local import free_port
 from conftest import build_random_qwen2
 
 WORLD = 2
@@ -79,12 +79,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 torch.save(result, Path(out_dir) / f"{mode}.pt")
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rel_diff(a: dict, b: dict) -> float:

@@ -136,7 +136,8 @@ def _start_two_rank_worker(launcher, token: str) -> "WorkerClient":
     """A model worker as a run starts one with dp_size 2: the gRPC worker (rank 0) and its
     rank-1 process, joined through a free loopback port."""
     from areal_graph.api.process import RUN_TOKEN_ENV
-    from areal_graph.runtime.orchestration.process_executor import DP_RANK_MODULE, free_port
+    from areal_graph.runtime.launchers.local import free_port
+    from areal_graph.runtime.orchestration.process_executor import DP_RANK_MODULE
     from areal_graph.runtime.rpc.worker_client import WorkerClient
 
     group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", RUN_TOKEN_ENV: token}

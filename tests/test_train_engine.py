@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.engines.training.train_engine import TrainEngine, lr_factor, pack_rows, packed_logprobs, plan_rows
+from areal_graph.engines.training.train_engine import ROW_TOKENS, TrainEngine, lr_factor, plan_rows, rows_logprobs
 from conftest import build_random_qwen2
 
 
@@ -39,6 +39,17 @@ def naive_logprobs(model, batch: PackedBatch, temperature: float = 1.0, entropy:
     return (lp_t, torch.tensor(ent, dtype=torch.float64)) if entropy else lp_t
 
 
+def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int = ROW_TOKENS,
+                    with_entropy: bool = False, temperature: float = 1.0):
+    """The HF path's scoring of a whole batch as TrainEngine runs it per micro-batch:
+    `rows_logprobs` over the forwards of `plan_rows`, each token written by exactly one."""
+    parts = [rows_logprobs(model, batch, rows, with_entropy, temperature)
+             for rows in plan_rows(batch.seqlens().tolist(), row_tokens)]
+    if not parts:
+        return rows_logprobs(model, batch, [], with_entropy, temperature)
+    return sum(p[0] for p in parts), (sum(p[1] for p in parts) if with_entropy else None)
+
+
 @pytest.mark.parametrize("row_tokens", [16, 64, 4096])
 def test_packed_logprobs_equal_each_sequence_alone(row_tokens):
     model = build_random_qwen2()
@@ -59,14 +70,6 @@ def test_entropy_and_temperature_match_the_loop_reference():
     assert torch.allclose(lp.double(), ref_lp, atol=1e-4), (lp.double() - ref_lp).abs().max()
     assert torch.allclose(ent.double(), ref_ent, atol=1e-4), (ent.double() - ref_ent).abs().max()
     assert float(ent.max()) > 1.0  # a random model's next-token distributions are broad
-
-
-def test_pack_rows_places_every_sequence_once_within_the_row_budget():
-    rng = random.Random(1)
-    lens = [rng.randint(1, 300) for _ in range(200)]
-    rows = pack_rows(lens, 512)
-    assert sorted(i for r in rows for i in r) == list(range(200))
-    assert all(sum(lens[i] for i in r) <= 512 for r in rows)
 
 
 def test_plan_rows_covers_every_sequence_once_in_few_forwards_of_similar_width():

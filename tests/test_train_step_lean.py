@@ -14,9 +14,9 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.lean_train import LeanTrainForward, stream_layout, unsupported_reason
-from areal_graph.engines.training.train_engine import TrainEngine, lean_logprobs, packed_logprobs, rows_logprobs
+from areal_graph.engines.training.train_engine import TrainEngine, lean_logprobs, rows_logprobs
 from conftest import build_random_qwen2
-from test_train_engine import naive_logprobs
+from test_train_engine import naive_logprobs, packed_logprobs
 
 
 def grpo_batch(groups=3, answers=4, seed=0, vocab=128) -> PackedBatch:

@@ -28,7 +28,8 @@ from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers.local import thread_env
-from areal_graph.runtime.orchestration.process_executor import free_port, inference_server_command
+from areal_graph.runtime.launchers.local import free_port
+from areal_graph.runtime.orchestration.process_executor import inference_server_command
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,7 @@ maxima do not add. One rule, used by the engine, the data-parallel gather and th
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 MAX_SUFFIX = "_max"
 
@@ -30,7 +30,7 @@ def combine_pieces(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
-def mean_over_updates(runs: list[Mapping[str, float]]) -> dict[str, float]:
+def mean_over_updates(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One batch's stats from its optimizer updates: means (max for `_max` keys)."""
     keys = list(dict.fromkeys(k for r in runs for k in r))
     return {k: (max(r.get(k, 0.0) for r in runs) if k.endswith(MAX_SUFFIX)

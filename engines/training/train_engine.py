@@ -80,22 +80,6 @@ Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows
 LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
 
-def pack_rows(seqlens: list[int], row_tokens: int) -> list[list[int]]:
-    """Sequence indices per row, first-fit decreasing; a sequence longer than a row gets its own."""
-    rows: list[list[int]] = []
-    loads: list[int] = []
-    for i in sorted(range(len(seqlens)), key=lambda i: -seqlens[i]):
-        for r, load in enumerate(loads):
-            if load + seqlens[i] <= row_tokens:
-                rows[r].append(i)
-                loads[r] += seqlens[i]
-                break
-        else:
-            rows.append([i])
-            loads.append(seqlens[i])
-    return rows
-
-
 def plan_rows(seqlens: Sequence[int], row_tokens: int, slack: float = 0.25) -> list[list[list[int]]]:
     """Forward passes for sequences of these lengths: ``forwards[f][row] -> sequence indices``.
 
@@ -283,23 +267,6 @@ def lean_logprobs(lean: LeanTrainForward, batch: PackedBatch, with_entropy: bool
     if with_entropy:
         out_ent = out_ent.index_put((dst,), ent)
     return out_lp, out_ent
-
-
-def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int = ROW_TOKENS,
-                    with_entropy: bool = False, temperature: float = 1.0,
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropy) of the whole batch, over the forwards of `plan_rows`."""
-    lens = batch.seqlens().tolist()
-    lp_parts, ent_parts = [], []
-    for rows in plan_rows(lens, row_tokens):
-        lp, ent = rows_logprobs(model, batch, rows, with_entropy, temperature)
-        lp_parts.append(lp)
-        ent_parts.append(ent)
-    if not lp_parts:
-        lp, ent = rows_logprobs(model, batch, [], with_entropy, temperature)
-        return lp, ent
-    # each token is written by exactly one forward (zeros elsewhere): the sum assembles them
-    return sum(lp_parts), (sum(ent_parts) if with_entropy else None)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:

@@ -38,10 +38,11 @@ import os
 import re
 import struct
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.runtime.hosts.model_host import ModelHost
+from areal_graph.runtime.launchers.local import rank_threads
 from areal_graph.runtime.rpc.tensor_codec import BatchDecoder, encode_batch
 
 log = logging.getLogger(__name__)
@@ -104,11 +105,6 @@ class RankChannel:
         return decode_command(self._dp.broadcast_bytes(None, self.group))
 
 
-def rank_threads(threads: int | None, world_size: int) -> int | None:
-    """Each rank's share of the model's training threads (the ranks share one machine's cores)."""
-    return None if threads is None else max(int(threads) // world_size, 1)
-
-
 def check_device(device: str, world_size: int) -> None:
     """Each rank needs a device of its own: "cuda" (rank r on cuda:r), never one pinned GPU."""
     if world_size > 1 and re.fullmatch(r"cuda:\d+", device):
@@ -129,7 +125,8 @@ class DataParallelModelHost:
         if self.channel.rank != 0:
             raise RuntimeError(f"the model worker must be rank 0, this is rank {self.channel.rank}")
         check_device(str(host_args.get("device", "cpu")), self.channel.world_size)
-        host_args["threads"] = rank_threads(host_args.get("threads"), self.channel.world_size)
+        if host_args.get("threads") is not None:  # each rank's share of the model's training threads
+            host_args["threads"] = rank_threads(host_args["threads"], self.channel.world_size)
         self.channel.send("init", host_args)
         self.host = ModelHost(**host_args)
         log.info("model %s: %d data-parallel ranks", host_args.get("model_path"), self.channel.world_size)
@@ -139,14 +136,19 @@ class DataParallelModelHost:
         args = (batch,) if batch is not None else ()
         return getattr(self.host, method)(*args, **kwargs)
 
-    def logprob(self, batch: PackedBatch, **kwargs: Any) -> PackedBatch:
-        return self._all("logprob", batch, **kwargs)
+    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int,
+                temperature: float = 1.0) -> PackedBatch:
+        return self._all("logprob", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb,
+                         temperature=temperature)
 
-    def values(self, batch: PackedBatch, **kwargs: Any) -> PackedBatch:
-        return self._all("values", batch, **kwargs)
+    def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
+        return self._all("values", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb)
 
-    def train(self, batch: PackedBatch, **kwargs: Any) -> tuple[PackedBatch, dict[str, float]]:
-        return self._all("train", batch, **kwargs)
+    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
+              temperature: float = 1.0, fused_prox: bool = False,
+              policy_version: int | None = None) -> tuple[PackedBatch, dict[str, float]]:
+        return self._all("train", batch, params=params, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature,
+                         fused_prox=fused_prox, policy_version=policy_version)
 
     def publish_weights(self, path: str) -> list[dict]:
         return self._all("publish_weights", path=path)
@@ -215,3 +217,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
+    from areal_graph.runtime.hosts.protocols import ModelService
+
+    def _serves(host: DataParallelModelHost) -> ModelService:
+        return host

@@ -9,7 +9,7 @@ function may return is checked by the controller for every node alike
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
@@ -41,3 +41,10 @@ def accepts(fn: Callable, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
+    from areal_graph.runtime.hosts.protocols import FunctionService
+
+    def _serves(host: FunctionHost) -> FunctionService:
+        return host

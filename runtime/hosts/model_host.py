@@ -5,20 +5,17 @@ weights the train node is about to update, with no transfer in between.
 
 A model is either a policy (log-probs, policy losses; a `TrainEngine` over the causal LM) or
 a critic (values, loss `value`; a `ValueEngine`, engines/training/value_model.py: the same backbone
-with a value head). `role` says which: graph/node_kinds.py's `_model_host_args` sets it from
-the workflow and the executor's Configure call passes it. With `role="auto"` the worker starts as a policy (exactly as before critics existed) and becomes
-a critic on its first critic call (`values`, a `value`-loss train step, or loading a critic
-checkpoint on resume), reloading the model from `model_path` with a value head. That switch
-happens at most once and only before the model was used: one model serving both roles is an
-error, not a silent mix.
+with a value head). `role` says which: the train node's kind sets it from the workflow
+(`model_role` in graph/node_kinds.py) and the executor's Configure call passes it. A call of
+the other role (`values` on a policy, `logprob` on a critic, a checkpoint of the other kind)
+is an error, not a silent mix: give the critic its own entry under `models:`.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -32,43 +29,32 @@ from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngin
 
 log = logging.getLogger(__name__)
 
-Role = Literal["auto", "policy", "critic"]
+Role = Literal["policy", "critic"]
 
 
 class ModelHost:
     def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
-                 seed: int = 1, threads: int | None = None, role: Role = "auto", device: str = "cpu") -> None:
+                 seed: int = 1, threads: int | None = None, role: Role = "policy", device: str = "cpu") -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model {model_path} is configured with device {device!r}, but this machine has no "
                                "CUDA device (or torch is a CPU build): set the model's `device: cpu`")
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        if role not in ("auto", "policy", "critic"):
-            raise ValueError(f"role must be auto, policy or critic, got {role!r}")
+        if role not in ("policy", "critic"):
+            raise ValueError(f"role must be policy or critic, got {role!r}")
         self.model_path = model_path
         self.trainable = optim is not None
         self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable,
                                  device=device)
-        # the role the model has been used in; None while "auto" has not been decided
-        self.role: str | None = None if role == "auto" else role
+        self.role: Role = role
         engine_cls = ValueEngine if role == "critic" else TrainEngine
         self.engine: TrainEngine = engine_cls(model_path, **self._engine_args)
 
-    # ------------------------------------------------------------------ roles
-    def _use_as(self, role: str) -> None:
-        """Fix the role on first use; an undecided model becomes a critic by reloading."""
-        if self.role == role:
-            return
-        if self.role is not None:
-            raise RuntimeError(f"model {self.model_path} is used as a {self.role} and cannot also serve as a {role}: "
+    def _use_as(self, role: Role) -> None:
+        if role != self.role:
+            raise RuntimeError(f"model {self.model_path} is a {self.role} and cannot also serve as a {role}: "
                                "give the critic its own entry under `models:`")
-        if role == "critic":
-            log.info("model %s serves values: loading it as a critic (backbone + value head)", self.model_path)
-            self.engine = None  # free the causal LM before loading the critic
-            gc.collect()
-            self.engine = ValueEngine(self.model_path, **self._engine_args)
-        self.role = role
 
     # ------------------------------------------------------------------ nodes
     def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0) -> PackedBatch:
@@ -79,6 +65,7 @@ class ModelHost:
     def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
         """Per-token values V(tokens < t) at position t (0 at each sequence's first token), fp32."""
         self._use_as("critic")
+        assert isinstance(self.engine, ValueEngine)  # a critic's engine, by its role
         values = self.engine.compute_values(batch, max_tokens_per_mb=max_tokens_per_mb)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
@@ -134,11 +121,11 @@ class ModelHost:
         return path
 
     def load_checkpoint(self, path: str) -> str:
-        """Resume: a critic checkpoint (it holds a value head) makes an undecided model a critic."""
-        if (Path(path) / "model" / VALUE_HEAD_FILE).exists():
-            self._use_as("critic")
-        elif self.role == "critic":
-            raise ValueError(f"{path} is not a critic checkpoint (no model/{VALUE_HEAD_FILE}) but this model is a critic")
+        """Resume; a critic's checkpoint holds a value head, a policy's does not."""
+        is_critic = (Path(path) / "model" / VALUE_HEAD_FILE).exists()
+        if is_critic != (self.role == "critic"):
+            raise ValueError(f"{path} is a {'critic' if is_critic else 'policy'}'s checkpoint "
+                             f"(model/{VALUE_HEAD_FILE} {'present' if is_critic else 'absent'}) but this model is a {self.role}")
         self.engine.load_checkpoint(Path(path))
         return path
 
@@ -155,3 +142,10 @@ def _combine_update_stats(runs: list[dict[str, float]]) -> dict[str, float]:
         out["tokens_per_s"] = out["tokens"] / out["time_s"]
     out["updates"] = float(len(runs))
     return out
+
+
+if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
+    from areal_graph.runtime.hosts.protocols import ModelService
+
+    def _serves(host: ModelHost) -> ModelService:
+        return host

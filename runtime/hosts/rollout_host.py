@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import threading
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_graph.api.process import run_token
 from areal_graph.data.packed import PackedBatch
@@ -90,3 +90,10 @@ class RolloutHost:
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.pool.close(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
+    from areal_graph.runtime.hosts.protocols import RolloutService
+
+    def _serves(host: RolloutHost) -> RolloutService:
+        return host

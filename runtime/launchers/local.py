@@ -160,6 +160,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def rank_threads(threads: int, ranks: int) -> int:
+    """Each data-parallel rank's share of a process's threads (the ranks share one machine's cores)."""
+    return max(int(threads) // ranks, 1)
+
+
 def thread_env(threads: int) -> dict[str, str]:
     """Environment that caps the BLAS/OpenMP pools and (read by the worker) torch's threads."""
     t = str(int(threads))

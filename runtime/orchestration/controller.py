@@ -44,7 +44,7 @@ from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
 from areal_graph.runtime.orchestration.scheduler import NodeContractError, NodeResult, run_phase
-from areal_graph.runtime.orchestration.staleness import StalenessGate
+from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
 
 log = logging.getLogger(__name__)
 
@@ -392,17 +392,14 @@ class Controller:
         """Reward, staleness and version spread of the trajectories about to be trained."""
         out: dict[str, float] = {}
         if "versions" in batch and "loss_mask" in batch:
-            mask = batch["loss_mask"].bool()
-            seq = batch.seq_ids()[mask]
-            vers = batch["versions"][mask].to(torch.int64)
-            n = batch.num_seqs
-            vmin = torch.full((n,), 1 << 30, dtype=torch.int64).scatter_reduce(0, seq, vers, "amin")
-            vmax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, seq, vers, "amax")
-            staleness = (self.state.version - vmin).float()
-            resp_len = torch.zeros(n).index_add_(0, seq, torch.ones(seq.numel()))
-            out.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
-                        "versions_per_traj/mean": float((vmax - vmin + 1).float().mean()),
-                        "response_len/mean": float(resp_len.mean())})
+            vmin, vmax = version_range(batch["versions"], batch["loss_mask"], batch.cu_seqlens)
+            generated = vmin >= 0  # a sequence without generated tokens has no staleness
+            staleness = (self.state.version - vmin[generated]).float()
+            resp_len = torch.zeros(batch.num_seqs).index_add_(0, batch.seq_ids(), batch["loss_mask"].float())
+            if generated.any():
+                out.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
+                            "versions_per_traj/mean": float((vmax - vmin + 1)[generated].float().mean())})
+            out["response_len/mean"] = float(resp_len.mean())
         if "rewards" in batch:
             out["reward/mean"] = float(batch["rewards"].float().mean())
         if "seq_no_eos" in batch:

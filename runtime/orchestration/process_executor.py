@@ -29,7 +29,6 @@ import math
 import os
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -46,7 +45,8 @@ from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
-from areal_graph.runtime.launchers.local import ProcessDied
+from areal_graph.runtime.hosts.protocols import ModelService
+from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_threads
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
@@ -56,12 +56,6 @@ from areal_graph.runtime.rpc.worker_client import WorkerClient
 log = logging.getLogger(__name__)
 
 DP_RANK_MODULE = "areal_graph.runtime.hosts.dp_model_host"  # ranks 1..N-1 of a model with dp_size > 1
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ProcessExecutor:
@@ -340,12 +334,12 @@ class ProcessExecutor:
     async def _sync_weights_once(self, version: int) -> dict[str, float]:
         client = self._models_client(self.plan.actor)
         if self.weight_sync == "memory":
-            manifest = await asyncio.to_thread(client.call, self.plan.actor, "publish_weights", path=self._shm_path)
+            manifest = await asyncio.to_thread(client.call, self.plan.actor, ModelService.publish_weights.__name__, path=self._shm_path)
             await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
             self._last_sync = ("memory", self._shm_path, manifest, version)
             return {}
         path = self.run_dir.weights_dir(version)
-        await asyncio.to_thread(client.call, self.plan.actor, "export_weights", path=str(path))
+        await asyncio.to_thread(client.call, self.plan.actor, ModelService.export_weights.__name__, path=str(path))
         await self._servers(self.servers.update_weights_from_disk(str(path), version))
         self._last_sync = ("disk", str(path), None, version)
         old = self.run_dir.weights_dir(version - 2)
@@ -354,16 +348,19 @@ class ProcessExecutor:
         return {}
 
     async def export_model(self, path: Path) -> None:
-        await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor, "export_weights",
+        await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor,
+                                ModelService.export_weights.__name__,
                                 path=str(path), with_tokenizer=True)
 
     async def save_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
-            await asyncio.to_thread(self._models_client(model).call, model, "save_checkpoint", path=str(path / model))
+            await asyncio.to_thread(self._models_client(model).call, model, ModelService.save_checkpoint.__name__,
+                                    path=str(path / model))
 
     async def load_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
-            await asyncio.to_thread(self._models_client(model).call, model, "load_checkpoint", path=str(path / model))
+            await asyncio.to_thread(self._models_client(model).call, model, ModelService.load_checkpoint.__name__,
+                                    path=str(path / model))
 
 
 class _IOLoop:
@@ -383,11 +380,6 @@ class _IOLoop:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5.0)
-
-
-def rank_threads(threads: int, ranks: int) -> int:
-    """Each data-parallel rank's share of a process's threads (the ranks share the cores)."""
-    return max(threads // ranks, 1)
 
 
 def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -> tuple[ProcessDemand, ...]:

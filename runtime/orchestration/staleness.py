@@ -15,8 +15,8 @@ With eta = 0 this *is* synchronous RL: at version v at most (v+1)*B trajectories
 trainer's step v needs (v+1)*B accepted in total, so step v can only start when every
 admitted trajectory has finished, and every trajectory it trains was started at version v.
 
-The gate is shared by the generation loop (asyncio) and callbacks from worker threads, so
-every method is thread-safe, and `wait_for_capacity` wakes waiting coroutines from any thread.
+Every method is thread-safe (`on_submit` checks the bound and counts under one lock), and
+`wait_for_capacity` wakes waiting coroutines from any thread.
 """
 
 from __future__ import annotations
@@ -24,21 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass
-
 import torch
 
+from areal_graph.data.packed import token_seq_ids
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GateState:
-    version: int
-    running: int
-    accepted: int
-    rejected: int
-    capacity: int
-    bound: int  # (eta + v + 1) * B
 
 
 class StalenessGate:
@@ -53,7 +43,6 @@ class StalenessGate:
         self.max_staleness = max_staleness
         self.max_concurrent = max_concurrent
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._version = 0
         self._running = 0
         self._accepted = 0
@@ -73,11 +62,6 @@ class StalenessGate:
     def _capacity_locked(self) -> int:
         cap = min(self.max_concurrent - self._running, self.bound() - (self._accepted + self._running))
         return max(cap, 0)
-
-    def state(self) -> GateState:
-        with self._lock:
-            return GateState(self._version, self._running, self._accepted, self._rejected,
-                             self._capacity_locked(), self.bound())
 
     @property
     def version(self) -> int:
@@ -106,15 +90,6 @@ class StalenessGate:
                     f"running={self._running}, bound (eta+v+1)*B={self.bound()} at version {self._version}"
                 )
             self._running += n
-
-    def try_submit(self, n: int = 1) -> bool:
-        """Atomically check capacity (both limits) and submit; False if there is no room."""
-        self._check_n(n, "try_submit")
-        with self._lock:
-            if self._capacity_locked() < n:
-                return False
-            self._running += n
-            return True
 
     def on_accept(self, n: int = 1) -> None:
         """n running trajectories finished and were kept (they will be trained)."""
@@ -157,17 +132,11 @@ class StalenessGate:
     def _max_admissible(self) -> int:
         return min(self.max_concurrent, (self.max_staleness + 1) * self.batch_size)
 
-    def wait_for_capacity_sync(self, n: int = 1, timeout: float | None = None) -> bool:
-        """Block the calling thread until `n` can be submitted; False on timeout."""
-        self._check_wait(n)
-        with self._cond:
-            return self._cond.wait_for(lambda: self._capacity_locked() >= n, timeout)
-
     async def wait_for_capacity(self, n: int = 1) -> None:
         """Wait (without blocking the event loop) until `n` trajectories can be submitted.
 
         It only waits: call `on_submit(n)` right after, with no await in between, in the same
-        coroutine (a single event loop then cannot oversubscribe), or use `try_submit`.
+        coroutine (a single event loop then cannot oversubscribe).
         """
         self._check_wait(n)
         loop = asyncio.get_running_loop()
@@ -185,8 +154,7 @@ class StalenessGate:
                         self._async_waiters.remove((loop, event))
 
     def _notify(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        with self._lock:
             waiters, self._async_waiters = self._async_waiters, []
         for loop, event in waiters:
             try:
@@ -208,26 +176,19 @@ class StalenessGate:
             raise ValueError(f"{what}: n must be a non-negative integer, got {n!r}")
 
 
-def sample_staleness(
-    trained_version: int, versions: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor
-) -> torch.Tensor:
-    """Per-sequence staleness: trained version minus the oldest version among its generated
-    tokens (a trajectory spanning several versions counts from its oldest token).
-    Sequences without generated tokens get 0. Returns int64 of length num_seqs."""
-    cu = torch.as_tensor(cu_seqlens, dtype=torch.int64)
-    n = cu.numel() - 1
-    lens = cu[1:] - cu[:-1]
-    seq = torch.repeat_interleave(torch.arange(n), lens)
+def version_range(versions: torch.Tensor, loss_mask: torch.Tensor,
+                  cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence, the oldest and the newest policy version among its generated tokens
+    (int64; -1 and -1 for a sequence without generated tokens)."""
     mask = torch.as_tensor(loss_mask).bool()
-    if versions.numel() != seq.numel() or mask.numel() != seq.numel():
-        raise ValueError(
-            f"sample_staleness: versions ({versions.numel()}) and loss_mask ({mask.numel()}) must have "
-            f"cu_seqlens[-1] = {seq.numel()} entries"
-        )
+    n = cu_seqlens.numel() - 1
+    if versions.numel() != mask.numel() or mask.numel() != int(cu_seqlens[-1]):
+        raise ValueError(f"version_range: versions ({versions.numel()}) and loss_mask ({mask.numel()}) must have "
+                         f"cu_seqlens[-1] = {int(cu_seqlens[-1])} entries")
+    seq = token_seq_ids(cu_seqlens, mask.numel())[mask]
+    vers = versions[mask].to(torch.int64)
     big = torch.iinfo(torch.int64).max
-    vmin = torch.full((n,), big, dtype=torch.int64).scatter_reduce(
-        0, seq[mask], versions[mask].to(torch.int64), "amin"
-    )
-    out = trained_version - vmin
-    out[vmin == big] = 0
-    return out
+    vmin = torch.full((n,), big, dtype=torch.int64).scatter_reduce(0, seq, vers, "amin")
+    vmax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, seq, vers, "amax")
+    return torch.where(vmin == big, -1, vmin), vmax
+
