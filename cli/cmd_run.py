@@ -147,7 +147,7 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
         return 1
 
     from areal_graph.runtime.orchestration.controller import RunFailed
-    from areal_graph.runtime.orchestration.run import run_workflow
+    from areal_graph.runtime.orchestration.run import run_with_auto_resume
 
     if args.resume:
         run_dir = RunDir(args.resume)
@@ -173,32 +173,30 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     except ValueError as err:
         console.print(f"[red]{err}[/]", highlight=False)
         return 1
-    resumes = 0
+    def say_failed(err: Exception) -> None:
+        console.print(f"[red bold]run failed:[/] {type(err).__name__}: ", end="")
+        console.print(str(err), markup=False, highlight=False)
+
+    def say_resumed(err: RunFailed, checkpoint: Path, resumes: int) -> None:
+        say_failed(err)
+        console.print(f"[yellow]auto-resume {resumes} of at most {spec.runtime.auto_resume}: going on "
+                      f"from {checkpoint.name} in fresh processes[/]")
+
     with RunDisplay(console, spec.runtime.steps) as display:
-        while True:
-            try:
-                state = run_workflow(spec, run_dir, display=display, resume_from=ckpt)
-                break
-            except Exception as err:  # noqa: BLE001 - every failure ends as a message, not a traceback
-                if interrupted():  # a call failed because Ctrl-C is stopping its process: no failure, no resume
-                    raise KeyboardInterrupt from err
-                if not isinstance(err, RunFailed):
-                    log.debug("run failed", exc_info=True)
-                console.print(f"[red bold]run failed:[/] {type(err).__name__}: ", end="")
-                console.print(str(err), markup=False, highlight=False)
-                latest = run_dir.latest_checkpoint()
-                if isinstance(err, RunFailed) and err.resumable and resumes < spec.runtime.auto_resume and latest:
-                    resumes += 1
-                    ckpt = latest
-                    console.print(f"[yellow]auto-resume {resumes} of at most {spec.runtime.auto_resume}: going on "
-                                  f"from {ckpt.name} in fresh processes[/]")
-                    continue
-                if isinstance(err, RunFailed) and err.resumable:
-                    why = ("no complete checkpoint (runtime.save_every)" if latest is None
-                           else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {resumes} times")
-                    console.print(f"not resumed automatically: {why}")
-                console.print(f"process logs: {run_dir.logs_dir}; unfinished work: {run_dir.path / 'unfinished.json'}")
-                return 1
+        try:
+            state = run_with_auto_resume(spec, run_dir, display=display, resume_from=ckpt, on_resume=say_resumed)
+        except Exception as err:  # noqa: BLE001 - every failure ends as a message, not a traceback
+            if interrupted():  # a call failed because Ctrl-C is stopping its process: no failure, no resume
+                raise KeyboardInterrupt from err
+            if not isinstance(err, RunFailed):
+                log.debug("run failed", exc_info=True)
+            say_failed(err)
+            if isinstance(err, RunFailed) and err.resumable:
+                why = ("no complete checkpoint (runtime.save_every)" if run_dir.latest_checkpoint() is None
+                       else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {err.resumes} times")
+                console.print(f"not resumed automatically: {why}")
+            console.print(f"process logs: {run_dir.logs_dir}; unfinished work: {run_dir.path / 'unfinished.json'}")
+            return 1
     accs = [h["eval/accuracy"] for h in state.history]
     summary = f"done in {time.time() - t0:.0f}s: {state.step} steps, {state.trajectories_trained} trajectories trained"
     if accs:

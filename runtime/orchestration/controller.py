@@ -70,6 +70,7 @@ class RunFailed(RuntimeError):
     def __init__(self, message: str, resumable: bool = False) -> None:
         super().__init__(message)
         self.resumable = resumable
+        self.resumes = 0  # auto-resumes used before this failure (run_with_auto_resume sets it)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """One RL run from a validated workflow: plan it, start its processes, run the controller, clean up.
 
 The spec given here has local paths (`modelkit.builtin.resolve_builtin_paths` resolved any
-`builtin:` ones at the edge).
+`builtin:` ones at the edge). `run_with_auto_resume` is what `areal-graph run` calls, and what
+a Python caller should: it honours `runtime.auto_resume`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from areal_graph.data.datasets import load_run_prompts
 from areal_graph.graph.plan import build_plan
@@ -18,7 +19,7 @@ from areal_graph.graph.spec import WorkflowSpec
 from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import Tracer
-from areal_graph.runtime.orchestration.controller import Controller, RunState
+from areal_graph.runtime.orchestration.controller import Controller, RunFailed, RunState
 from areal_graph.runtime.orchestration.process_executor import ProcessExecutor
 
 log = logging.getLogger(__name__)
@@ -50,3 +51,25 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
             log.debug("collecting the last spans failed", exc_info=True)
         executor.shutdown()
         tracer.flush()
+
+
+def run_with_auto_resume(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
+                         resume_from: Path | None = None,
+                         on_resume: Callable[[RunFailed, Path, int], None] | None = None) -> RunState:
+    """`run_workflow`, continued in fresh processes from the latest complete checkpoint after a
+    resumable failure (a model worker died), at most `runtime.auto_resume` times; `on_resume`
+    (error, checkpoint, resume number) is told before each. Any other failure, one past the
+    limit or one with no checkpoint to go on from, is raised; so is anything after Ctrl-C."""
+    resumes = 0
+    while True:
+        try:
+            return run_workflow(spec, run_dir, display=display, resume_from=resume_from)
+        except RunFailed as err:
+            latest = run_dir.latest_checkpoint()
+            if interrupted() or not err.resumable or resumes >= spec.runtime.auto_resume or latest is None:
+                err.resumes = resumes
+                raise
+            resumes += 1
+            resume_from = latest
+            if on_resume is not None:
+                on_resume(err, latest, resumes)
