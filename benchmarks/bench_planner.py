@@ -11,7 +11,7 @@ For each batch size it compares:
 - lower bound: ceil(total tokens / budget).
 
 Reported: micro-batch count, padding (planner: the row padding the training engine really
-computes when it runs the plan, `plan_rows` with 256-token rows; fixed: each micro-batch
+computes when it runs the plan, `row_forwards` with 256-token rows; fixed: each micro-batch
 padded to its longest sequence, as a padded trainer runs it), share of micro-batches over the budget, token balance (max / mean tokens per
 micro-batch), planning time (wall, and CPU time of this process, steadier
 on a shared machine). Ratios are measured in one run on a shared machine.
@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
-from areal_graph.engines.training.train_engine import ROW_TOKENS, plan_rows
+from areal_graph.engines.training.train_engine import ROW_TOKENS, row_forwards
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -62,7 +62,7 @@ def engine_positions(mbs: list[list[int]], lens: np.ndarray, row_tokens: int = R
     computed = 0
     for mb in mbs:
         sub = lens[mb].tolist() if mb else []
-        for rows in plan_rows(sub, row_tokens):
+        for rows in row_forwards(sub, row_tokens):
             computed += len(rows) * max(sum(sub[j] for j in row) for row in rows)
     return computed
 

@@ -10,7 +10,7 @@ tokens, and tokens/s counts real tokens only.
   of at most `--budget` tokens; each micro-batch runs as one pass of the lean forward
   (engines/training/lean_train.py: a flat token stream, no padding outside attention);
 - packed (HF rows): the same engine with `lean=False`: each micro-batch runs as a few HF
-  forwards (`plan_rows`): short sequences share rows of <= 128 tokens (position_ids reset
+  forwards (`row_forwards`): short sequences share rows of <= 128 tokens (position_ids reset
   per sequence), long ones get a row each, grouped by width, their padding filled with short
   sequences;
 - padded: sequences in arrival order fill a micro-batch up to `--budget` real tokens; one

@@ -23,7 +23,7 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
-from areal_graph.engines.training.train_engine import TrainEngine, plan_rows
+from areal_graph.engines.training.train_engine import TrainEngine, row_forwards
 from areal_graph.runtime.launchers.local import free_port
 from conftest import build_random_qwen2
 
@@ -94,7 +94,7 @@ def single_process(budget: int, row_tokens: int) -> tuple[dict, TrainEngine]:
 
 def test_two_cpu_processes_step_like_one(tmp_path):
     lens = BATCHES[0].seqlens().tolist()
-    forwards = [sum(len(plan_rows([lens[i] for i in idx], ROW_TOKENS)) for idx in rank)
+    forwards = [sum(len(row_forwards([lens[i] for i in idx], ROW_TOKENS)) for idx in rank)
                 for rank in plan_microbatches(lens, BUDGET, dp_size=WORLD)]
     assert forwards[0] != forwards[1], forwards  # the idle padding of forwards is exercised
     ctx = mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=False,

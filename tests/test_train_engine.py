@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.engines.training.train_engine import ROW_TOKENS, TrainEngine, lr_factor, plan_rows, rows_logprobs
+from areal_graph.engines.training.train_engine import ROW_TOKENS, TrainEngine, lr_factor, row_forwards, rows_logprobs
 from conftest import build_random_qwen2
 
 
@@ -42,9 +42,9 @@ def naive_logprobs(model, batch: PackedBatch, temperature: float = 1.0, entropy:
 def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int = ROW_TOKENS,
                     with_entropy: bool = False, temperature: float = 1.0):
     """The HF path's scoring of a whole batch as TrainEngine runs it per micro-batch:
-    `rows_logprobs` over the forwards of `plan_rows`, each token written by exactly one."""
+    `rows_logprobs` over the forwards of `row_forwards`, each token written by exactly one."""
     parts = [rows_logprobs(model, batch, rows, with_entropy, temperature)
-             for rows in plan_rows(batch.seqlens().tolist(), row_tokens)]
+             for rows in row_forwards(batch.seqlens().tolist(), row_tokens)]
     if not parts:
         return rows_logprobs(model, batch, [], with_entropy, temperature)
     return sum(p[0] for p in parts), (sum(p[1] for p in parts) if with_entropy else None)
@@ -72,10 +72,10 @@ def test_entropy_and_temperature_match_the_loop_reference():
     assert float(ent.max()) > 1.0  # a random model's next-token distributions are broad
 
 
-def test_plan_rows_covers_every_sequence_once_in_few_forwards_of_similar_width():
+def test_row_forwards_cover_every_sequence_once_in_few_forwards_of_similar_width():
     rng = random.Random(2)
     lens = [max(0, int(rng.lognormvariate(4.5, 1.0))) for _ in range(500)] + [0, 1]
-    forwards = plan_rows(lens, 256)
+    forwards = row_forwards(lens, 256)
     placed = sorted(i for f in forwards for row in f for i in row)
     assert placed == [i for i, n in enumerate(lens) if n > 0]  # zero-length: nothing to score
     for f in forwards:
@@ -88,7 +88,7 @@ def test_plan_rows_covers_every_sequence_once_in_few_forwards_of_similar_width()
             assert min(longest) * 1.25 >= max(longest)
             assert all(sum(1 for i in row if lens[i] > 256) == 1 for row in f)
     assert len(forwards) <= 12
-    assert plan_rows(lens, 256) == forwards  # deterministic
+    assert row_forwards(lens, 256) == forwards  # deterministic
 
 
 def sum_logprob_loss(batch: PackedBatch):

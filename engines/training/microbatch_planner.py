@@ -49,7 +49,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-Plan = list[list[list[int]]]
+MicrobatchPlan = list[list[list[int]]]  # plan[rank][micro-batch] -> sequence indices
 
 # The tight-fit repair (see `_lpt_repair`) runs on rank shares up to this many sequences
 # (100k took ~0.9 s CPU in the worst case measured); beyond it best-fit-decreasing alone is used.
@@ -57,7 +57,7 @@ REPAIR_MAX_SEQS = 200_000
 
 
 @dataclass(frozen=True)
-class PlanStats:
+class MicrobatchPlanStats:
     """Summary of a plan, for logs and benchmarks."""
 
     num_microbatches: int  # per rank (the same on every rank)
@@ -76,7 +76,7 @@ def plan_microbatches(
     group_ids: Sequence[int] | None = None,
     equal_seq_counts: bool = False,
     oversize: str = "own",
-) -> Plan:
+) -> MicrobatchPlan:
     """Plan ranks and micro-batches for sequences of the given lengths (see module docstring)."""
     lens_np = _check_inputs(seqlens, max_tokens_per_mb, dp_size, group_ids, oversize)
     rank_members = split_across_ranks(lens_np, dp_size, group_ids, equal_seq_counts)
@@ -84,7 +84,7 @@ def plan_microbatches(
     budget = int(max_tokens_per_mb)
     per_rank = [_pack_rank(lens, idx, budget, k=None) for idx in rank_members]
     k = max(max(len(p) for p in per_rank), 1)
-    plan: Plan = []
+    plan: MicrobatchPlan = []
     for idx, packed in zip(rank_members, per_rank):
         if len(packed) < k:
             packed = _pack_rank(lens, idx, budget, k=k, fallback=packed)
@@ -92,7 +92,7 @@ def plan_microbatches(
     return plan
 
 
-def plan_stats(plan: Plan, seqlens: Sequence[int], max_tokens_per_mb: int) -> PlanStats:
+def plan_stats(plan: MicrobatchPlan, seqlens: Sequence[int], max_tokens_per_mb: int) -> MicrobatchPlanStats:
     lens = np.asarray(seqlens, dtype=np.int64)
     mb_tokens = [int(lens[mb].sum()) if mb else 0 for rank in plan for mb in rank]
     rank_tokens = tuple(int(sum(int(lens[mb].sum()) for mb in rank if mb)) for rank in plan)
@@ -100,7 +100,7 @@ def plan_stats(plan: Plan, seqlens: Sequence[int], max_tokens_per_mb: int) -> Pl
     lb = max([max(1, math.ceil(t / max_tokens_per_mb)) for t in rank_tokens] or [1])
     total = sum(rank_tokens)
     mean_rank = total / max(len(plan), 1)
-    return PlanStats(
+    return MicrobatchPlanStats(
         num_microbatches=k,
         lower_bound=lb,
         tokens_per_rank=rank_tokens,

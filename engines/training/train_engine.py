@@ -12,7 +12,7 @@ sequence and `use_cache=False`; transformers then keeps attention inside each se
 (tests/test_train_engine.py proves it against running each sequence alone). Short rows are
 padded at their *end*, which causal attention never lets real tokens see.
 
-Row layout (`plan_rows`): without a variable-length attention kernel (none on CPU) attention
+Row layout (`row_forwards`): without a variable-length attention kernel (none on CPU) attention
 over a row costs width^2 for every row, whatever it holds, and all rows of one forward are
 padded to the widest. So a micro-batch runs as a few forwards: short sequences share rows
 of at most `row_tokens` (128) tokens, longer ones get a row each, grouped by similar width,
@@ -80,7 +80,7 @@ Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows
 LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
 
-def plan_rows(seqlens: Sequence[int], row_tokens: int, slack: float = 0.25) -> list[list[list[int]]]:
+def row_forwards(seqlens: Sequence[int], row_tokens: int, slack: float = 0.25) -> list[list[list[int]]]:
     """Forward passes for sequences of these lengths: ``forwards[f][row] -> sequence indices``.
 
     Why several forwards: attention over a packed row costs (row width)^2 whatever its
@@ -378,7 +378,7 @@ class TrainEngine:
                 if lean and idx:  # one pass per micro-batch; "rows": every sequence alone
                     units.append((sorted(idx), [[k] for k in range(len(idx))]))
                     continue
-                for rows in plan_rows([lens[i] for i in idx], self.row_tokens):
+                for rows in row_forwards([lens[i] for i in idx], self.row_tokens):
                     seqs = sorted(idx[j] for row in rows for j in row)
                     local = {s: k for k, s in enumerate(seqs)}
                     units.append((seqs, [[local[idx[j]] for j in row] for row in rows]))

@@ -3,7 +3,7 @@
 The same host runs in the controller (`host: controller`, for cheap functions such as the
 advantage estimators) and in the `functions` worker process (`host: worker`). What a
 function may return is checked by the controller for every node alike
-(`runtime/orchestration/scheduler.py`): its declared writes, for the sequences it keeps.
+(`runtime/orchestration/phase_runner.py`): its declared writes, for the sequences it keeps.
 """
 
 from __future__ import annotations

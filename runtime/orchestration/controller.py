@@ -43,7 +43,7 @@ from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
-from areal_graph.runtime.orchestration.scheduler import NodeContractError, NodeResult, run_phase
+from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
 from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kind import RunInfo
 from areal_graph.graph.plan import ExecutionPlan
-from areal_graph.runtime.orchestration.scheduler import NodeResult
+from areal_graph.runtime.orchestration.phase_runner import NodeResult
 from areal_graph.runtime.rpc.worker_server import split_result
 
 

@@ -50,7 +50,7 @@ from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_thr
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
-from areal_graph.runtime.orchestration.scheduler import NodeResult
+from areal_graph.runtime.orchestration.phase_runner import NodeResult
 from areal_graph.runtime.rpc.worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
