@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
-from areal_graph.engines.training.train_engine import ROW_TOKENS, row_forwards
+from areal_graph.engines.training.packed_scoring import ROW_TOKENS, row_forwards
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

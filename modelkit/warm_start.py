@@ -170,7 +170,7 @@ def _lean_loss(lean: Any, batch: Sequence[Example]) -> Any:
     """HF's causal-LM loss of `batch` through the lean forward: label t of a sequence is
     predicted at position t - 1, so the scored tokens are exactly those with a label."""
     from areal_graph.data.packed import PackedBatch
-    from areal_graph.engines.training.train_engine import lean_logprobs
+    from areal_graph.engines.training.packed_scoring import lean_logprobs
 
     packed = PackedBatch.from_sequences({"input_ids": [ids for ids, _ in batch],
                                          "scored": [[y != IGNORE for y in labels] for _, labels in batch]})

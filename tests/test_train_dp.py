@@ -23,7 +23,8 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
-from areal_graph.engines.training.train_engine import TrainEngine, row_forwards
+from areal_graph.engines.training.packed_scoring import row_forwards
+from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.runtime.launchers.local import free_port
 from conftest import build_random_qwen2
 

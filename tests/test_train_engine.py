@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.engines.training.train_engine import ROW_TOKENS, TrainEngine, lr_factor, row_forwards, rows_logprobs
+from areal_graph.engines.training.packed_scoring import ROW_TOKENS, row_forwards, rows_logprobs
+from areal_graph.engines.training.train_engine import TrainEngine, lr_factor
 from conftest import build_random_qwen2
 
 

@@ -14,7 +14,8 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.lean_train import LeanTrainForward, stream_layout, unsupported_reason
-from areal_graph.engines.training.train_engine import TrainEngine, lean_logprobs, rows_logprobs
+from areal_graph.engines.training.packed_scoring import lean_logprobs, rows_logprobs
+from areal_graph.engines.training.train_engine import TrainEngine
 from conftest import build_random_qwen2
 from test_train_engine import naive_logprobs, packed_logprobs
 

@@ -35,7 +35,8 @@ import torch
 from transformers.modeling_outputs import TokenClassifierOutput
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.engines.training.train_engine import TrainEngine, read_safetensors_dir, row_layout
+from areal_graph.engines.training.packed_scoring import row_layout
+from areal_graph.engines.training.train_engine import TrainEngine, read_safetensors_dir
 
 log = logging.getLogger(__name__)
 
