@@ -87,7 +87,7 @@ def main() -> int:
                     help="torch threads for both sides (2 threads on a busy 2-core machine thrash)")
     args = ap.parse_args()
     torch.set_num_threads(min(args.threads, 2))
-    from areal_graph.engines.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.server_process import ServerProcess
 
     sizes = [(16, 64)] if args.quick else [(16, 128), (64, 128)]
     hidden, layers = (128, 2) if args.quick else (256, 4)

@@ -25,7 +25,7 @@ MAX_RUNNING = 4
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.engines.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.server_process import ServerProcess
 
     proc = ServerProcess(str(tiny_model_dir), extra_args=[
         "--threads", "1", "--max-running", str(MAX_RUNNING), "--max-queue", str(MAX_QUEUE), "--device", DEVICE])
@@ -369,7 +369,7 @@ def test_api_key_is_required_everywhere_but_the_liveness_probe(tiny_model_dir, m
 
     from areal_graph.api.sampling import SamplingParams
     from areal_graph.engines.inference.client import InferenceClient, RequestRejected
-    from areal_graph.engines.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.server_process import ServerProcess
 
     monkeypatch.setenv("AREAL_TEST_API_KEY", "k3y-for-test")
     with ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--api-key-env", "AREAL_TEST_API_KEY"]) as proc:

@@ -49,7 +49,7 @@ def tokenizer(model_dirs):
 
 @pytest.fixture(scope="module")
 def server(model_dirs):
-    from areal_graph.engines.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.server_process import ServerProcess
 
     proc = ServerProcess(str(model_dirs[0]), extra_args=["--threads", "1", "--max-running", "8"])
     proc.start()

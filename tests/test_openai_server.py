@@ -48,7 +48,7 @@ def tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    from areal_graph.engines.inference.http_server import ServerProcess
+    from areal_graph.engines.inference.server_process import ServerProcess
 
     proc = ServerProcess(str(model_dir), extra_args=["--threads", "1", "--max-running", "8",
                                                      "--api-key-env", "AREAL_TEST_OPENAI_KEY"],

@@ -47,167 +47,34 @@ import hmac
 import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any
 
 from aiohttp import web
 
+from areal_graph.engines.inference.native_requests import (
+    ABORT_FIELDS,
+    CONTINUE_FIELDS,
+    PAUSE_FIELDS,
+    PAUSE_MODES,
+    UPDATE_FIELDS,
+    BadRequest,
+    finish_reason_json,
+    is_int,
+    parse_generate_request,
+)
 from areal_graph.engines.inference.openai_routes import register_openai_routes
+from areal_graph.engines.inference.server_process import READY_LINE
 
 log = logging.getLogger(__name__)
-
-READY_LINE = "areal-graph inference server listening on"
-
-# SGLang sampling_params fields we honour; any other field is rejected (silently ignoring a
-# sampling knob would give the user a different distribution than the one they asked for).
-_SAMPLING_FIELDS = {
-    "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-    "ignore_eos", "sampling_seed", "seed", "greedy", "skip_special_tokens", "no_stop_trim",
-}
-_GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len"}
-_ABORT_FIELDS = {"rid", "abort_all"}
-_UPDATE_FIELDS = {"model_path", "load_format", "weight_version", "abort_all_requests", "flush_cache"}
-_PAUSE_FIELDS = {"mode"}
-_PAUSE_MODES = ("abort", "retract", "in_place")
-_CONTINUE_FIELDS = {"torch_empty_cache"}
-
-
-class BadRequest(ValueError):
-    """A request the server refuses with 400, naming what was wrong."""
-
 
 def error_response(status: int, message: str, kind: str) -> web.Response:
     """SGLang's error body (`_create_error_response`), so clients parse one format."""
     return web.json_response(
         {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status=status
     )
-
-
-# --------------------------------------------------------------------------- request parsing
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def parse_sampling_params(raw: Any, prompt_len: int, max_context: int | None):
-    """Turn SGLang `sampling_params` JSON into the engine's SamplingParams, or raise BadRequest.
-
-    SGLang means greedy by `temperature == 0`; we map that to `greedy=True`.
-    """
-    from areal_graph.engines.inference.sampling import SamplingParams
-
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise BadRequest(f"sampling_params must be an object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - _SAMPLING_FIELDS)
-    if unknown:
-        raise BadRequest(f"sampling_params has unknown field(s) {unknown}; supported: {sorted(_SAMPLING_FIELDS)}")
-    kw: dict[str, Any] = {}
-    if "max_new_tokens" in raw:
-        v = raw["max_new_tokens"]
-        if not _is_int(v) or v < 0:
-            raise BadRequest(f"sampling_params.max_new_tokens must be an integer >= 0, got {v!r}")
-        kw["max_new_tokens"] = v
-    if "temperature" in raw:
-        v = raw["temperature"]
-        if not _is_number(v) or v < 0:
-            raise BadRequest(f"sampling_params.temperature must be a number >= 0, got {v!r}")
-        if v == 0:
-            kw["greedy"] = True
-        else:
-            kw["temperature"] = float(v)
-    if "top_p" in raw:
-        v = raw["top_p"]
-        if not _is_number(v) or not 0 < v <= 1:
-            raise BadRequest(f"sampling_params.top_p must be a number in (0, 1], got {v!r}")
-        kw["top_p"] = float(v)
-    if "top_k" in raw:
-        v = raw["top_k"]
-        if not _is_int(v) or (v < 1 and v != -1):
-            raise BadRequest(f"sampling_params.top_k must be -1 (off) or an integer >= 1, got {v!r}")
-        kw["top_k"] = v
-    if "stop_token_ids" in raw and raw["stop_token_ids"] is not None:
-        v = raw["stop_token_ids"]
-        if not isinstance(v, list) or not all(_is_int(t) for t in v):
-            raise BadRequest(f"sampling_params.stop_token_ids must be a list of integers, got {v!r}")
-        kw["stop_token_ids"] = list(v)
-    if "stop" in raw and raw["stop"] is not None:
-        v = raw["stop"]
-        if isinstance(v, str):
-            v = [v]
-        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-            raise BadRequest(f"sampling_params.stop must be a string or a list of strings, got {v!r}")
-        kw["stop"] = list(v)
-    if "ignore_eos" in raw:
-        if not isinstance(raw["ignore_eos"], bool):
-            raise BadRequest(f"sampling_params.ignore_eos must be a boolean, got {raw['ignore_eos']!r}")
-        kw["ignore_eos"] = raw["ignore_eos"]
-    if "greedy" in raw:
-        if not isinstance(raw["greedy"], bool):
-            raise BadRequest(f"sampling_params.greedy must be a boolean, got {raw['greedy']!r}")
-        kw["greedy"] = raw["greedy"] or kw.get("greedy", False)
-    for key in ("sampling_seed", "seed"):
-        if key in raw and raw[key] is not None:
-            if not _is_int(raw[key]):
-                raise BadRequest(f"sampling_params.{key} must be an integer, got {raw[key]!r}")
-            kw["seed"] = raw[key]
-    params = SamplingParams(**kw)
-    problems = params.problems() if hasattr(params, "problems") else []
-    if problems:
-        raise BadRequest("sampling_params: " + "; ".join(problems))
-    if max_context is not None and prompt_len + params.max_new_tokens > max_context:
-        raise BadRequest(
-            f"prompt ({prompt_len} tokens) + sampling_params.max_new_tokens ({params.max_new_tokens}) "
-            f"exceeds the model context of {max_context} tokens"
-        )
-    return params
-
-
-def parse_generate_request(body: Any, max_context: int | None) -> tuple[list[int], Any, bool, str]:
-    """Validate a /generate body; return (input_ids, SamplingParams, return_logprob, rid)."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    if "text" in body:
-        raise BadRequest("this server takes token ids: send 'input_ids' instead of 'text'")
-    unknown = sorted(set(body) - _GENERATE_FIELDS)
-    if unknown:
-        raise BadRequest(f"unknown field(s) {unknown}; supported: {sorted(_GENERATE_FIELDS)}")
-    ids = body.get("input_ids")
-    if ids is None:
-        raise BadRequest("missing 'input_ids' (a non-empty list of token ids)")
-    if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
-        raise BadRequest("'input_ids' must be a flat list of integers (batched requests are not supported)")
-    if not ids:
-        raise BadRequest("'input_ids' is empty: a prompt needs at least one token")
-    if body.get("stream", False):
-        raise BadRequest("stream=true is not supported by this server; send stream=false")
-    ret_lp = body.get("return_logprob", False)
-    if not isinstance(ret_lp, bool):
-        raise BadRequest(f"'return_logprob' must be a boolean, got {ret_lp!r}")
-    rid = body.get("rid")
-    if rid is None:
-        rid = uuid.uuid4().hex
-    elif not isinstance(rid, str) or not rid:
-        raise BadRequest(f"'rid' must be a non-empty string, got {rid!r}")
-    params = parse_sampling_params(body.get("sampling_params"), len(ids), max_context)
-    return ids, params, ret_lp, rid
-
-
-def finish_reason_json(reason: str, num_output: int, last_token: int | None) -> dict[str, Any]:
-    """SGLang's finish_reason objects: {"type": "stop"|"length"|"abort", ...}."""
-    if reason == "stop":
-        return {"type": "stop", "matched": last_token}
-    if reason == "length":
-        return {"type": "length", "length": num_output}
-    return {"type": "abort", "message": "request aborted"}
 
 
 # --------------------------------------------------------------------------- the server
@@ -329,7 +196,7 @@ class InferenceHTTPServer:
 
     # ------------------------------------------------------------------ weights and control
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        body = await self._json(request, _UPDATE_FIELDS)
+        body = await self._json(request, UPDATE_FIELDS)
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise BadRequest("'model_path' (a directory with the new weights) is required")
@@ -370,7 +237,7 @@ class InferenceHTTPServer:
         if not isinstance(path, str) or not path or not isinstance(manifest, list):
             raise BadRequest("'path' (the shared weights file) and 'manifest' (a list of tensors) are required")
         version = body.get("weight_version")
-        if not _is_int(version):
+        if not is_int(version):
             raise BadRequest(f"'weight_version' must be an integer, got {version!r}")
         async with self._update_lock:
             try:
@@ -388,22 +255,22 @@ class InferenceHTTPServer:
     async def pause_generation(self, request: web.Request) -> web.Response:
         """SGLang's modes: "abort" (the default) returns in-flight requests as aborted; "in_place" and
         "retract" keep them (their KV is recomputed on resume if the weights changed meanwhile)."""
-        body = await self._json(request, _PAUSE_FIELDS)
+        body = await self._json(request, PAUSE_FIELDS)
         mode = body.get("mode", "abort")
-        if mode not in _PAUSE_MODES:
-            raise BadRequest(f"'mode' must be one of {list(_PAUSE_MODES)}, got {mode!r}")
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"'mode' must be one of {list(PAUSE_MODES)}, got {mode!r}")
         await asyncio.to_thread(self.engine.pause)
         aborted = await asyncio.to_thread(self.engine.abort_all) if mode == "abort" else 0
         return web.json_response({"message": "Generation paused successfully.", "status": "ok",
                                   "mode": mode, "num_aborted": aborted})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
-        await self._json(request, _CONTINUE_FIELDS)
+        await self._json(request, CONTINUE_FIELDS)
         await asyncio.to_thread(self.engine.resume)
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await self._json(request, _ABORT_FIELDS)
+        body = await self._json(request, ABORT_FIELDS)
         rid, abort_all = body.get("rid"), body.get("abort_all", False)
         if not isinstance(abort_all, bool):
             raise BadRequest(f"'abort_all' must be a boolean, got {abort_all!r}")
@@ -518,71 +385,6 @@ async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-class ServerProcess:
-    """This server in a subprocess (tests, local runs): start, learn its URL, stop.
-
-    Port 0 lets the OS pick a free port; the URL is read from the ready line on stdout, so
-    there is no race between choosing a port and binding it.
-    """
-
-    def __init__(self, model: str, *, port: int = 0, host: str = "127.0.0.1", extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
-        self.cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server", "--model", str(model),
-                    "--host", host, "--port", str(port), *extra_args]
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-        self.url: str | None = None
-        self._log: Any = None
-
-    def start(self, timeout: float = 120.0) -> str:
-        """Launch and block until the server accepts requests; return its URL."""
-        env = dict(os.environ, **(self.env or {}))
-        self._log = open(self.log_path, "ab") if self.log_path else None
-        stderr = self._log  # None inherits our stderr (pytest captures fd 2)
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
-        found: list[str] = []
-
-        def _read() -> None:
-            for line in self.proc.stdout:
-                if line.startswith(READY_LINE) and not found:
-                    found.append(line.split()[-1])
-            # keep draining so the child never blocks on a full pipe
-
-        reader = threading.Thread(target=_read, daemon=True)
-        reader.start()
-        deadline = time.monotonic() + timeout
-        while not found:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"inference server exited with code {self.proc.returncode}: {' '.join(self.cmd)}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"inference server did not start within {timeout:.0f}s")
-            time.sleep(0.05)
-        self.url = found[0]
-        return self.url
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (the server drains and stops its engine), SIGKILL after `timeout` s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> "ServerProcess":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from areal_graph.engines.inference import openai_format as fmt
+from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import (
     OpenAIRequestError,
     SamplingRequest,
@@ -57,7 +58,6 @@ def _openai_errors(handler: Callable[..., Awaitable[web.StreamResponse]]):
     """Every failure of a /v1 handler as an OpenAI error body (the server's own middleware speaks SGLang's)."""
     @functools.wraps(handler)
     async def wrapped(self: "OpenAIRoutes", request: web.Request) -> web.StreamResponse:
-        from areal_graph.engines.inference.http_server import BadRequest
         from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
 
         try:
