@@ -2,8 +2,8 @@
 
 Adding a backend is one file here (a subclass of `InferenceBackend`, see base.py), one line
 in `BACKENDS` and its name in `graph/spec.py`'s `InferenceSpec.backend` (tests/test_backends.py
-checks they agree; a backend without shared-memory weights also goes in graph/loader.py's
-`_check_runtime`, since the graph layer does not import backends). The client, the executor
+checks they agree; a backend without shared-memory weights also goes in
+graph/workflow_rules.py's `check_runtime`, since the graph layer does not import backends). The client, the executor
 and the launchers read everything else off the backend object.
 """
 

@@ -1,0 +1,171 @@
+"""The rules a workflow must keep beyond its schema: across fields and sections (runtime,
+launcher), across nodes (the graph: one writer per key, no cycles, phases, one policy), and
+on this machine (import paths resolve, functions take what they are given).
+
+Each check reports every problem it finds to the `Validator` (graph/typed_yaml.py) and
+raises nothing: graph/loader.py runs them after the schema and collects the lot.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import networkx as nx
+
+from areal_graph.api.imports import ImportPathError, import_object
+from areal_graph.graph import spec as S
+from areal_graph.graph.dag import graph_from_nodes, key_producers
+from areal_graph.graph.kind import ImportRef
+from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS, POLICY_LOSSES, ROLLOUT_WRITES, trains_policy
+from areal_graph.graph.plan import assign_phases
+from areal_graph.graph.problems import suggest
+from areal_graph.graph.registry import kind_of
+from areal_graph.graph.typed_yaml import Validator
+
+def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
+    """Relations between runtime fields and the source node: whole prompt groups, concurrency."""
+    if runtime_ok:
+        check_launcher(spec, v)
+    sources = [n for n in spec.nodes.values() if kind_of(n).source]
+    if not runtime_ok or not sources:
+        return
+    rt, src = spec.runtime, sources[0]
+    g = getattr(src.params, "group_size", 1)
+    if rt.batch_size % g:
+        v.report(("runtime", "batch_size"), f"must be a multiple of nodes.{src.name}.group_size "
+                                            f"({g}) so that whole prompt groups are trained, got {rt.batch_size}")
+    if rt.max_concurrent_rollouts < g:
+        v.report(("runtime", "max_concurrent_rollouts"),
+                 f"must be at least nodes.{src.name}.group_size ({g}): a prompt group is generated at once, "
+                 f"got {rt.max_concurrent_rollouts}")
+    if rt.weight_sync == "memory" and spec.inference.backend == "sglang":  # backends/: shared_memory_weights
+        v.report(("runtime", "weight_sync"), "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
+                                             "server loads weights from disk); use 'disk' or 'auto'")
+    python = spec.inference.python
+    if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        v.report(("inference", "python"), f"{python!r} is not an executable file (relative paths are from the "
+                                          f"directory the run starts in: {os.getcwd()})")
+
+
+def check_launcher(spec: S.WorkflowSpec, v: Validator) -> None:
+    """The launcher fields: ray is installed when named; its address only with it; Ray picks the GPU."""
+    import importlib.util
+
+    rt = spec.runtime
+    if rt.launcher != "ray":
+        if rt.ray_address is not None:
+            v.report(("runtime", "ray_address"), f"is used only with runtime.launcher 'ray' (it is '{rt.launcher}')")
+        return
+    if importlib.util.find_spec("ray") is None:
+        v.report(("runtime", "launcher"), "'ray' needs the ray package: pip install 'areal-graph[ray]'")
+    for name, model in spec.models.items():
+        if model.device.startswith("cuda:"):
+            v.report(("models", name, "device"), f"with runtime.launcher 'ray' write 'cuda', not '{model.device}': "
+                                                 "Ray assigns each process its GPUs (CUDA_VISIBLE_DEVICES)")
+        elif model.device == "cuda" and model.dp_size > 1:
+            v.report(("models", name, "dp_size"), "data-parallel ranks on CUDA under runtime.launcher 'ray' are not "
+                                                  "built yet (Ray shows each rank only its own GPU); use the local "
+                                                  "launcher, or dp_size 1")
+
+
+def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
+    """Rules that involve several nodes: keys, writers, cycles, phases, and each kind's own rules."""
+    nodes = spec.nodes
+    sources = [n for n in nodes.values() if kind_of(n).source]
+    if not sources:
+        v.report(("nodes",), "the workflow needs exactly one node of kind 'rollout' (it has none)")
+    for extra in sources[1:]:
+        v.report(("nodes", extra.name, "kind"), f"a second rollout node (the first is '{sources[0].name}'); "
+                                                f"a workflow has exactly one")
+    check_trained_models(spec, v)
+
+    producers = key_producers(nodes)
+    for key, writers in producers.items():
+        for dup in writers[1:]:
+            v.report(("nodes", dup, "writes"), f"key '{key}' is also written by node '{writers[0]}'; "
+                                               f"each key has exactly one writer")
+    available = sorted(producers)
+    if not sources:  # already reported; don't repeat it for every key the rollout would provide
+        available = sorted(set(available) | set(ROLLOUT_WRITES) | set(IMPLICIT_ROLLOUT_KEYS))
+    for node in nodes.values():
+        path = ("nodes", node.name)
+        for i, key in enumerate(node.reads):
+            if key not in available:
+                v.report(path + ("reads", i), f"reads key '{key}' which no node writes{suggest(key, available)}; "
+                                              f"available keys: {', '.join(available)}")
+        if models_ok or kind_of(node).model == "forbidden":
+            for issue in kind_of(node).rules(node, spec):
+                v.report(path + issue.where, issue.message)
+    graph = graph_from_nodes(nodes)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        if sources:
+            for name, issue in assign_phases(spec)[1]:
+                v.report(("nodes", name) + issue.where, issue.message)
+        return
+    names = [u for u, _ in cycle]
+    v.report(("nodes", names[0], "reads"), "dependency cycle: " + " -> ".join(names + [names[0]])
+             + " (weight updates back to the rollout are implicit; keys may not flow backwards)")
+
+
+def check_trained_models(spec: S.WorkflowSpec, v: Validator) -> None:
+    """One policy model (the one the inference servers serve); no model both policy and critic."""
+    policy = [n for n in spec.nodes.values() if trains_policy(n)]
+    if not policy:
+        v.report(("nodes",), "the workflow needs a 'train' node with a policy loss "
+                             f"({' or '.join(POLICY_LOSSES)}) to train the actor")
+    for extra in policy[1:]:
+        if extra.model != policy[0].model:
+            v.report(("nodes", extra.name, "model"), f"trains model '{extra.model}' with a policy loss, but node "
+                     f"'{policy[0].name}' trains '{policy[0].model}': the inference servers serve one policy")
+    roles: dict[str, dict[str, str]] = {}
+    for node in spec.nodes.values():
+        role = kind_of(node).model_role(node)
+        if node.model is not None and role is not None:
+            roles.setdefault(node.model, {}).setdefault(role, node.name)
+    for model, by_role in roles.items():
+        if len(by_role) > 1:
+            v.report(("nodes", by_role["critic"], "model"),
+                     f"model '{model}' is used as a critic here and as a policy by node '{by_role['policy']}': "
+                     "give the critic its own entry under `models:`")
+
+
+def check_import(ref: ImportRef) -> str | None:
+    """Import what a parameter names and check it is what the kind expects; None when fine."""
+    try:
+        obj = import_object(ref.path, what=ref.field)
+    except ImportPathError as err:
+        return str(err)
+    if ref.expect == "callable" and not callable(obj):
+        return f"{ref.path} is a {type(obj).__name__}, not a function"
+    if ref.expect == "class" and not isinstance(obj, type):
+        return f"{ref.path} is not a class"
+    if ref.expect == "rollout_class":
+        from areal_graph.api.rollout import Rollout
+
+        if not (isinstance(obj, type) and issubclass(obj, Rollout)):
+            return f"{ref.path} is not a subclass of areal_graph.api.rollout.Rollout"
+    problem = None if ref.kwargs is None else check_signature(obj, ref)
+    if problem is None and ref.expect == "rollout_class":
+        problem = obj.check_args(dict(ref.kwargs or {}))  # the class's own checks of its arguments
+    return problem
+
+
+def check_signature(obj: Any, ref: ImportRef) -> str | None:
+    """Can `obj` be called the way the engine will call it (positional inputs + configured kwargs)?"""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None  # builtins without a signature: nothing to check
+    kwargs = dict(ref.kwargs or {})
+    kwargs.update({k: None for k in ref.supplied if k in sig.parameters and k not in kwargs})
+    try:
+        sig.bind(*([None] * ref.positional), **kwargs)
+    except TypeError as err:
+        what = "constructor" if isinstance(obj, type) else "function"
+        given = ", ".join(kwargs) or "no keyword arguments"
+        return f"{ref.path}: its {what} {sig} cannot be called with {given}: {err}"
+    return None
