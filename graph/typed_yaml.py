@@ -112,9 +112,9 @@ class Validator:
             if not isinstance(value, dict):
                 raise BadValue(f"expected a mapping, got {described(value)}")
             return dict(value)
-        if tp is bool:
-            if not isinstance(value, bool):
-                raise BadValue(f"expected true/false, got {described(value)}")
+        if tp is bool or tp is str:
+            if not isinstance(value, tp):
+                raise BadValue(f"expected {type_name(tp)}, got {described(value)}")
             return value
         if tp is int:
             if isinstance(value, bool) or not isinstance(value, int):
@@ -130,10 +130,6 @@ class Validator:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise BadValue(f"expected a number, got {described(value)}")
             return float(value)
-        if tp is str:
-            if not isinstance(value, str):
-                raise BadValue(f"expected a string, got {described(value)}")
-            return value
         return value
 
     def build(self, cls: type, raw: Mapping[str, Any], path: Path_, inject: Mapping[str, Any] | None = None,
