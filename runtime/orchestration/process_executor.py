@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -58,6 +59,23 @@ log = logging.getLogger(__name__)
 DP_RANK_MODULE = "areal_graph.runtime.hosts.dp_model_host"  # ranks 1..N-1 of a model with dp_size > 1
 
 
+@dataclasses.dataclass(frozen=True)
+class _Started:
+    """The parts of a started executor (ProcessExecutor._started)."""
+
+    launcher: Launcher
+    io: "_IOLoop"
+    info: RunInfo
+
+
+def _worker_clock(client: WorkerClient) -> float:
+    return client.stats(drain_spans=False)["now"]
+
+
+def _server_clock(io: "_IOLoop", client: Any) -> float:
+    return io.run(client.server_clock(), timeout=10)
+
+
 class ProcessExecutor:
     """Runs the plan's nodes in worker processes its launcher starts (on this machine, or
     on others with Ray; see the module docstring)."""
@@ -83,6 +101,12 @@ class ProcessExecutor:
         self._info: RunInfo | None = None
         self._on_failure: Callable[..., None] = lambda message, resumable=False: None
         self.clocks = ProcessClocks()  # each process's clock offset, applied to its spans (clocks.py)
+
+    def _started(self) -> _Started:
+        """What start() set up; calling a process before it is an error that says so."""
+        if self.launcher is None or self._io is None or self._info is None:
+            raise RuntimeError("ProcessExecutor: start() has not run (or failed): no processes to call")
+        return _Started(self.launcher, self._io, self._info)
 
     # ------------------------------------------------------------------ start / stop
     def start(self, on_failure: Callable[..., None]) -> None:
@@ -114,7 +138,7 @@ class ProcessExecutor:
         for process, role in sorted(self.plan.processes().items()):
             self._roles[process] = role
             threads = train_threads if role == "model" else 1
-            worker_env = self._start_other_ranks(process, role, threads, env)
+            worker_env = self._start_other_ranks(self.launcher, process, role, threads, env)
             address = self.launcher.start_worker(process, threads=rank_threads(threads, self.plan.ranks(process)),
                                                  env=worker_env, token_env=RUN_TOKEN_ENV)
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
@@ -132,7 +156,8 @@ class ProcessExecutor:
         self._configure(info)
         self._probe_clocks()
 
-    def _start_other_ranks(self, process: str, role: str, threads: int, env: dict[str, str]) -> dict[str, str]:
+    def _start_other_ranks(self, launcher: Launcher, process: str, role: str, threads: int,
+                           env: dict[str, str]) -> dict[str, str]:
         """Ranks 1..N-1 of a data-parallel process (runtime/hosts/dp_model_host.py), as plain
         processes the watchdog watches like the worker; returns the environment of rank 0,
         the worker itself. One free loopback port is the group's rendezvous (MASTER_PORT)."""
@@ -143,9 +168,9 @@ class ProcessExecutor:
         for rank in range(1, ranks):
             name = f"{process}.rank{rank}"
             self._roles[name] = role
-            self.launcher.start_process(name, role=role, cmd=[sys.executable, "-m", DP_RANK_MODULE, "--name", name],
-                                        env={**env, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                        threads=rank_threads(threads, ranks))
+            launcher.start_process(
+                name, role=role, cmd=[sys.executable, "-m", DP_RANK_MODULE, "--name", name],
+                env={**env, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)}, threads=rank_threads(threads, ranks))
         return {**env, **group, "RANK": "0", "LOCAL_RANK": "0"}
 
     def _configure(self, info: RunInfo, only: str | None = None) -> None:
@@ -181,6 +206,8 @@ class ProcessExecutor:
         log.warning("%s; restarting it (%d of at most %d)", self._death_message(died).split("\n")[0], done + 1,
                     self.spec.runtime.max_restarts)
         try:
+            if self.launcher is None:
+                raise RuntimeError("no launcher")
             m = self.launcher.restart(died.name)
             if role == "inference":
                 self._restore_server(int(died.name.rsplit("-", 1)[1]))
@@ -188,7 +215,7 @@ class ProcessExecutor:
                 old = self.clients[died.name]
                 self.clients[died.name] = WorkerClient(m.address, timeout=3600, name=died.name, token=self._token)
                 old.close()
-                self._configure(self._info, only=died.name)
+                self._configure(self._started().info, only=died.name)
         except Exception as err:  # the restart itself failed: nothing left to try
             log.exception("restarting %s failed", died.name)
             self._on_failure(self._death_message(died) + f"\nrestarting it failed: {err}")
@@ -203,10 +230,11 @@ class ProcessExecutor:
             return  # no sync yet: the initial weights are the current ones
         client = self.servers.clients[index]
         kind, where, manifest, version = self._last_sync
+        io = self._started().io
         if kind == "memory":
-            self._io.submit(client.update_weights_from_shared_memory(where, manifest, version)).result(timeout=300)
+            io.submit(client.update_weights_from_shared_memory(where, manifest, version)).result(timeout=300)
         else:
-            self._io.submit(client.update_weights_from_disk(where, version)).result(timeout=300)
+            io.submit(client.update_weights_from_disk(where, version)).result(timeout=300)
 
     def _wait_ready(self, names: list[str], timeout: float = 600.0) -> None:
         for name in names:
@@ -274,7 +302,7 @@ class ProcessExecutor:
         """
         spans: list[dict] = []
         for name, client in list(self.clients.items()):
-            got = await self._spans_of([name], lambda c=client: asyncio.to_thread(c.stats, drain_spans=True))
+            got = await self._spans_of([name], functools.partial(asyncio.to_thread, client.stats, drain_spans=True))
             spans.extend((got or {}).get("spans", []))
         if self.servers is not None:
             spans.extend(await self._spans_of(self._servers_names(), lambda: self._servers(self.servers.spans())) or [])
@@ -286,11 +314,12 @@ class ProcessExecutor:
             return
         for name, client in self.clients.items():
             if only in (None, name):
-                self.clocks.probe(name, lambda c=client: c.stats(drain_spans=False)["now"])
+                self.clocks.probe(name, functools.partial(_worker_clock, client))
         if get_backend(self.spec.inference.backend).server_spans and self.servers is not None:
             for i, client in enumerate(self.servers.clients):
                 if only in (None, f"inference-{i}"):
-                    self.clocks.probe(f"inference-{i}", lambda c=client: self._io.run(c.server_clock(), timeout=10))
+                    io = self._started().io
+                    self.clocks.probe(f"inference-{i}", functools.partial(_server_clock, io, client))
 
     async def _spans_of(self, names: list[str], call: Callable[[], Any]) -> Any:
         if not all(self._ready[n].is_set() for n in names):
@@ -307,8 +336,7 @@ class ProcessExecutor:
     async def _servers(self, coro: Any) -> Any:
         """Run a call on the inference servers on the executor's own I/O loop: its HTTP sessions
         then live as long as the executor, whichever event loop the caller runs."""
-        assert self._io is not None
-        return await asyncio.wrap_future(self._io.submit(coro))
+        return await asyncio.wrap_future(self._started().io.submit(coro))
 
     # ------------------------------------------------------------------ weights and checkpoints
     def _models_client(self, model: str) -> WorkerClient:
@@ -396,7 +424,7 @@ def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -
     out = [ProcessDemand(f"inference-{i}", "inference", server_cpus, inference_gpus(spec.inference))
            for i in range(spec.inference.servers)]
     for process, role in sorted(plan.processes().items()):
-        models = {spec.nodes[n].model for n in plan.nodes_on(process)} - {None}
+        models = {m for n in plan.nodes_on(process) if (m := spec.nodes[n].model) is not None}
         gpus = int(any(spec.models[m].device.startswith("cuda") for m in models))
         ranks = plan.ranks(process)
         threads = rank_threads(train_threads if role == "model" else 1, ranks)
