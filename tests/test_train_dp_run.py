@@ -117,11 +117,11 @@ def test_the_executor_starts_ranks_beside_the_model_worker(tmp_path):
 
     plan = build_plan(load_workflow(ROOT / "workflows" / "ppo_kl.yaml", ["models.actor.dp_size=3"]))
     executor = ProcessExecutor(plan, RunDir(tmp_path / "run", tensorboard=False))
-    executor.launcher = Recorder()
+    launcher = Recorder()
     base = {"AREAL_RUN_TOKEN": "secret"}
-    assert executor._start_other_ranks("model-ref", "model", 2, base) == base
-    rank0 = executor._start_other_ranks("model-actor", "model", 2, base)
-    started = executor.launcher.started
+    assert executor._start_other_ranks(launcher, "model-ref", "model", 2, base) == base
+    rank0 = executor._start_other_ranks(launcher, "model-actor", "model", 2, base)
+    started = launcher.started
     assert [s[0] for s in started] == ["model-actor.rank1", "model-actor.rank2"]
     assert all(s[1] == "model" and s[2][1:3] == ["-m", DP_RANK_MODULE] and s[4] == 1 for s in started)
     envs = [rank0] + [s[3] for s in started]

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.spans import TRACE_ENV
@@ -279,20 +279,35 @@ class ProcessExecutor:
                                                      **{**call.args, **(extra or {})})
                 return NodeResult(out, stats)
             except Exception:
-                if not await self._died_meanwhile(deaths):
+                if not await self._died_meanwhile(deaths, needs):
                     raise
                 log.warning("node %r: a process it needs died during the call; redoing it once it is back", node)
 
     def _servers_names(self) -> list[str]:
         return [n for n, role in self._roles.items() if role == "inference"]
 
-    async def _died_meanwhile(self, deaths: int, notice_s: float = 2.0) -> bool:
-        """Whether a process died since `deaths` was read: a call to a dead process usually
-        fails before the watchdog (polling) notices, so give it `notice_s` to."""
+    async def _died_meanwhile(self, deaths: int, names: Sequence[str] = (), notice_s: float = 2.0,
+                              restart_s: float = 600.0) -> bool:
+        """Whether a process died since `deaths` was read. A call to a dead process usually
+        fails before the watchdog (polling) notices, so give it `notice_s` to. The watchdog
+        also restarts processes one at a time, on its own thread: a process among `names` that
+        is dead but not noticed yet (the watchdog is still bringing back one that died just
+        before) is waited for until it is, up to `restart_s`; retrying at once would only hit
+        it again (a fault-injection run lost two prompt groups that way)."""
         deadline = time.monotonic() + notice_s
         while self._deaths == deaths and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if self._deaths == deaths and self._any_dead(names):
+            deadline = time.monotonic() + restart_s
+            while self._deaths == deaths and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
         return self._deaths != deaths
+
+    def _any_dead(self, names: Sequence[str]) -> bool:
+        if self.launcher is None or not names:
+            return False
+        alive = self.launcher.alive()
+        return any(not alive.get(name, False) for name in names)
 
     async def collect_spans(self) -> list[dict]:
         """Spans the workers and inference servers recorded since the last call (for the run's trace).
@@ -328,7 +343,7 @@ class ProcessExecutor:
         try:
             return await call()
         except Exception:
-            if not await self._died_meanwhile(deaths):
+            if not await self._died_meanwhile(deaths):  # no waiting for restarts: spans are best effort
                 raise
             log.warning("spans of %s not yet collected were lost with a process that died", ", ".join(names))
             return None
@@ -355,7 +370,7 @@ class ProcessExecutor:
             try:
                 return await self._sync_weights_once(version)
             except Exception:
-                if not await self._died_meanwhile(deaths):
+                if not await self._died_meanwhile(deaths, self._servers_names()):
                     raise
                 log.warning("an inference server died during the weight sync to version %d; redoing it", version)
 
