@@ -33,6 +33,16 @@ def token_seq_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=num_tokens)
 
 
+def response_positions(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Each token's index among its sequence's `mask`ed (generated, trained) tokens: 0 for the
+    first one, counting only masked tokens."""
+    m = (mask != 0).to(torch.int64)
+    running = torch.cumsum(m, 0)
+    cu = cu_seqlens.to(torch.int64)
+    before = torch.cat([torch.zeros(1, dtype=torch.int64, device=m.device), running])[cu[:-1]]
+    return running - m - before[token_seq_ids(cu_seqlens, m.numel())]
+
+
 @dataclass
 class PackedBatch:
     cu_seqlens: torch.Tensor

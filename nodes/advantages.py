@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from areal_graph.data.packed import PackedBatch, token_seq_ids
+from areal_graph.data.packed import PackedBatch, response_positions, token_seq_ids
 from areal_graph.graph.node_kinds import AdvantageParams
 from areal_graph.nodes.ppo_loss import kl_penalty
 
@@ -123,11 +123,7 @@ def _generated_grid(loss_mask: torch.Tensor, cu_seqlens: torch.Tensor):
     n_seq = cu_seqlens.numel() - 1
     token_index = torch.nonzero(mask, as_tuple=False).flatten()
     row = token_seq_ids(cu_seqlens, loss_mask.numel())[token_index]
-    # rank within sequence = running count of generated tokens minus the count before the sequence
-    running = torch.cumsum(mask.to(torch.int64), 0)
-    running_before = torch.cat([torch.zeros(1, dtype=torch.int64), running])
-    before = running_before[cu_seqlens[:-1].to(torch.int64)]  # generated tokens before each sequence
-    col = running[token_index] - 1 - before[row]
+    col = response_positions(loss_mask, cu_seqlens)[token_index]
     width = int(col.max()) + 1 if col.numel() else 0
     return token_index, row, col, n_seq, width
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from areal_graph.api.corrections import DEFAULT_BOUNDS, ISCorrection
-from areal_graph.data.packed import token_seq_ids
+from areal_graph.data.packed import response_positions, token_seq_ids
 
 def behaviour_log_weight(prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log w = log pi_prox - log pi_behav where `mask`, 0 elsewhere (prompt log-probs are junk)."""
@@ -116,15 +116,6 @@ def staleness_groups(mask: torch.Tensor, versions: torch.Tensor | None,
         stale = (policy_version - versions.to(torch.int64)) > 0
         groups.update(fresh=keep & ~stale, stale=keep & stale)
     return groups
-
-
-def response_positions(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Each token's index among its sequence's trained tokens (0 for the first generated token)."""
-    m = (mask != 0).to(torch.int64)
-    running = torch.cumsum(m, 0)
-    cu = cu_seqlens.to(torch.int64)
-    before = torch.cat([torch.zeros(1, dtype=torch.int64, device=m.device), running])[cu[:-1]]
-    return running - m - before[token_seq_ids(cu_seqlens, m.numel())]
 
 
 def mismatch_groups(mask: torch.Tensor, cu_seqlens: torch.Tensor, versions: torch.Tensor | None,

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.api.corrections import DEFAULT_BOUNDS, CorrectionError, ISCorrection
-from areal_graph.data.packed import PackedBatch
+from areal_graph.data.packed import PackedBatch, response_positions
 from areal_graph.engines.training.step_stats import combine_pieces, mean_over_updates
 from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.nodes.off_policy import (
@@ -25,7 +25,6 @@ from areal_graph.nodes.off_policy import (
     finish_mismatch_stats,
     mismatch_groups,
     mismatch_stats,
-    response_positions,
 )
 from areal_graph.nodes.ppo_loss import cispo_loss, gspo_loss
 from areal_graph.nodes.train_loss import build_loss_fn, prepare_policy_batch

@@ -9,20 +9,26 @@ checker alone reads) and the executor that sends those names. Configuration: pyp
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 # the hosts and their Protocols, and the owner's side that calls them by name
 CHECKED = ["areal_graph.runtime.hosts", "areal_graph.runtime.orchestration.process_executor"]
 
 
+def need_mypy() -> None:
+    if importlib.util.find_spec("mypy") is None:
+        missing("mypy", "a dev dependency: pip install -e '.[dev]'")
+
+
 def run_mypy(tmp_path: Path, *targets: str) -> subprocess.CompletedProcess:
-    pytest.importorskip("mypy")
+    need_mypy()
     # the repository root is the package: mypy finds it as `areal_graph` through a link
     (tmp_path / "areal_graph").symlink_to(ROOT)
     args = [a for t in targets for a in ("-p", t)]
@@ -39,6 +45,7 @@ def test_the_hosts_and_their_callers_type_check(tmp_path):
 
 def test_a_host_that_drops_a_method_fails_the_check(tmp_path):
     """The check can fail: a copy of the package whose ModelHost misspells publish_weights."""
+    need_mypy()
     copy = tmp_path / "pkg"
     copy.mkdir()
     for part in ("runtime", "data", "graph", "api", "engines", "nodes", "tools", "workflows", "__init__.py"):

@@ -215,12 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 if TYPE_CHECKING:  # the type checker holds the class to what the owner calls on it (tests/test_types.py)
     from areal_graph.runtime.hosts.protocols import ModelService
 
     def _serves(host: DataParallelModelHost) -> ModelService:
         return host
+
+
+if __name__ == "__main__":
+    sys.exit(main())

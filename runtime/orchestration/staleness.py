@@ -46,7 +46,6 @@ class StalenessGate:
         self._version = 0
         self._running = 0
         self._accepted = 0
-        self._rejected = 0
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     # ------------------------------------------------------------------ queries
@@ -124,8 +123,6 @@ class StalenessGate:
             self._running -= n
             if accepted:
                 self._accepted += n
-            else:
-                self._rejected += n
         self._notify()
 
     # ------------------------------------------------------------------ waiting
