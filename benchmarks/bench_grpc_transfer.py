@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.wait_healthy(60)
         chunked = WorkerClient(address, name="bench", timeout=300)
         single = WorkerClient(address, name="bench", timeout=300, chunk_bytes=1 << 30)
-        chunked.configure("echo", "grpc_test_nodes:EchoNode", {})
+        chunked.configure("echo", "support.grpc_test_nodes:EchoNode", {})
         for mib in args.sizes:
             b = batch_of(mib)
             raw = b.tokens["x"].numpy()

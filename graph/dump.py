@@ -3,7 +3,7 @@
 Run directories store the workflow they ran this way (`config.yaml`): every default filled
 in, `builtin:` names kept, so `areal-graph run --resume RUN_DIR` continues from exactly what
 ran, and `areal-graph run RUN_DIR/config.yaml` repeats it. `load_workflow_text(dump(spec))`
-gives `spec` back (tests/test_graph_dump.py holds every shipped workflow to that).
+gives `spec` back (tests/graph/test_dump.py holds every shipped workflow to that).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ What is shipped is the kit's `model/` directory and its `kit.json`. Its data is 
 problems are generated from the recipe by Python's `random`, which is the same on every
 machine, and checked here against the hashes recorded when the kit was built. A kit is
 installed from the shipped files only when they were built from exactly the current recipe
-(same fingerprint); a changed recipe builds from the recipe, and `tests/test_shipped_kit.py`
+(same fingerprint); a changed recipe builds from the recipe, and `tests/modelkit/test_shipped_kit.py`
 fails until the shipped files are refreshed:
 
     python -m areal_graph.modelkit.shipped tiny-arith          # build from the recipe (2 threads) and ship it

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
+import subprocess
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "architecture.md"
+from support.paths import REPO
+
+DOC = REPO / "docs" / "architecture.md"
 SPAN = re.compile(r"`([^`\n]+)`")
 NAME = r"[A-Za-z_]\w*"
 REF = re.compile(rf"(?P<path>[\w-]+(?:/[\w.-]+)*(?:/|\.\w+))(?::(?P<symbol>{NAME}(?:\.{NAME})*))?")
@@ -60,7 +61,7 @@ def references(text: str) -> list[tuple[str, str | None]]:
 def problems(text: str) -> list[str]:
     found = []
     for path, symbol in references(text):
-        target = ROOT / path
+        target = REPO / path
         if not (target.is_dir() if path.endswith("/") else target.is_file()):
             found.append(f"`{path}` does not exist")
         elif symbol is not None and not (path.endswith(".py") and defines(ast.parse(target.read_text()), symbol)):
@@ -78,6 +79,26 @@ def test_the_architecture_page_names_only_files_and_symbols_that_exist():
 
 def test_the_design_page_names_only_files_that_exist():
     """docs/design.md is what modules cite for the algorithm facts: its pointers stay true too."""
-    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
     assert len(references(text)) >= 8
     assert not problems(text), "docs/design.md is stale:\n" + "\n".join(problems(text))
+
+
+TEST_PATH = re.compile(r"\btests/[\w/.-]*[\w/]")
+
+
+def test_every_test_file_the_repository_names_exists():
+    """Code comments, docs, the README, the Makefile and CI point readers at tests by path
+    (`tests/runtime/orchestration/test_controller.py`); moving a test must move the pointer."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    stale, checked = [], 0
+    for name in tracked:
+        path = REPO / name
+        if path.suffix not in {".py", ".md", ".yaml", ".toml", ""} or not path.is_file() or name.startswith("tests/fixtures/broken/"):
+            continue
+        for ref in set(TEST_PATH.findall(path.read_text(encoding="utf-8", errors="replace"))):
+            checked += 1
+            if not (REPO / ref).exists():
+                stale.append(f"{name}: {ref}")
+    assert checked >= 30, checked  # the pattern still finds the pointers
+    assert not stale, "pointers to tests that moved:\n" + "\n".join(sorted(stale))

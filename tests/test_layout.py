@@ -7,11 +7,11 @@ packages of areal_graph (api, data, graph, nodes, engines, runtime, ...).
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import networkx as nx
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import REPO
+
 PACKAGES = ["api", "cli", "data", "engines", "graph", "modelkit", "nodes", "protos", "runtime", "tools", "workflows"]
 
 
@@ -19,14 +19,14 @@ def package_graph() -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_nodes_from(PACKAGES)
     for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
+        for path in (REPO / pkg).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
                 for name in names:
                     parts = name.split(".")
                     if parts[0] == "areal_graph" and len(parts) > 1 and parts[1] in PACKAGES and parts[1] != pkg:
-                        graph.add_edge(pkg, parts[1], file=str(path.relative_to(ROOT)))
+                        graph.add_edge(pkg, parts[1], file=str(path.relative_to(REPO)))
     return graph
 
 
@@ -43,6 +43,36 @@ def test_the_layers_point_the_right_way():
     assert not graph.has_edge("engines", "graph") and not any(graph.has_edge("api", p) for p in PACKAGES)
     # graph/ and api/ import no torch and no grpc (validate runs without them)
     for pkg in ("graph", "api"):
-        for path in (ROOT / pkg).rglob("*.py"):
+        for path in (REPO / pkg).rglob("*.py"):
             text = path.read_text()
             assert "import torch" not in text and "import grpc" not in text, path
+
+
+TESTS = REPO / "tests"
+NOT_MIRRORS = {"support", "fixtures", "e2e", "__pycache__"}  # shared helpers, data files, whole runs
+
+
+def test_the_tests_mirror_the_package():
+    """A test of `runtime/orchestration/staleness.py` lives in `tests/runtime/orchestration/`:
+    every test folder (but the shared ones) is a folder of the package, and no test sits
+    loose at the top except the repository-wide checks."""
+    folders = [p.relative_to(TESTS) for p in TESTS.rglob("*") if p.is_dir()
+               and not NOT_MIRRORS & set(p.relative_to(TESTS).parts)]
+    assert len(folders) >= 10
+    strays = [str(f) for f in folders if not (REPO / f / "__init__.py").is_file()]
+    assert not strays, f"test folders with no package folder of that name: {strays}"
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert loose == ["test_architecture_doc.py", "test_layout.py", "test_types.py"], loose
+
+
+def test_tests_import_support_never_one_another():
+    """Shared fakes and helpers live in tests/support/; a test importing another test module
+    (or conftest) makes the second one's fixtures and helpers a hidden dependency."""
+    offenders = []
+    for path in TESTS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            offenders += [f"{path.relative_to(TESTS)}: {n}" for n in names
+                          if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"]
+    assert not offenders, offenders

@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import missing
+from support.ci import missing
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 # the hosts and their Protocols, and the owner's side that calls them by name
 CHECKED = ["areal_graph.runtime.hosts", "areal_graph.runtime.orchestration.process_executor"]
 
@@ -30,9 +30,9 @@ def need_mypy() -> None:
 def run_mypy(tmp_path: Path, *targets: str) -> subprocess.CompletedProcess:
     need_mypy()
     # the repository root is the package: mypy finds it as `areal_graph` through a link
-    (tmp_path / "areal_graph").symlink_to(ROOT)
+    (tmp_path / "areal_graph").symlink_to(REPO)
     args = [a for t in targets for a in ("-p", t)]
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                            "--cache-dir", str(tmp_path / "cache"), *args], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "MYPYPATH": str(tmp_path)}, timeout=300)
 
@@ -49,16 +49,16 @@ def test_a_host_that_drops_a_method_fails_the_check(tmp_path):
     copy = tmp_path / "pkg"
     copy.mkdir()
     for part in ("runtime", "data", "graph", "api", "engines", "nodes", "tools", "workflows", "__init__.py"):
-        (copy / part).symlink_to(ROOT / part)
+        (copy / part).symlink_to(REPO / part)
     (copy / "runtime").unlink()
     runtime = copy / "runtime"
     runtime.mkdir()
-    for entry in (ROOT / "runtime").iterdir():
+    for entry in (REPO / "runtime").iterdir():
         if entry.name != "hosts":
             (runtime / entry.name).symlink_to(entry)
     hosts = runtime / "hosts"
     hosts.mkdir()
-    for entry in (ROOT / "runtime" / "hosts").glob("*.py"):
+    for entry in (REPO / "runtime" / "hosts").glob("*.py"):
         text = entry.read_text()
         if entry.name == "model_host.py":
             assert "def publish_weights(self" in text
@@ -67,7 +67,7 @@ def test_a_host_that_drops_a_method_fails_the_check(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "areal_graph").symlink_to(copy)
-    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                            "--cache-dir", str(tmp_path / "cache"), "-p", "areal_graph.runtime.hosts"], cwd=work,
                           capture_output=True, text=True, env={**os.environ, "MYPYPATH": str(work)}, timeout=300)
     assert done.returncode == 1 and "publish_weights" in done.stdout, done.stdout[-3000:]

@@ -23,7 +23,7 @@ Savings on top of "no padding", all exact (see `StreamLayout`):
 It reads the HF model's own parameters on every call (no copy kept), so optimizer steps and
 `load_state_dict` are seen at once, and gradients land in the model's `.grad` as usual.
 Numerics follow HF's fp32 path op for op (RMSNorm in fp32, rotate-half rotary, scale
-1/sqrt(head_dim), the embedding module with its padding_idx); tests/test_train_step_lean.py
+1/sqrt(head_dim), the embedding module with its padding_idx); tests/engines/training/test_lean_train.py
 compares log-probs and gradients with the HF forward and a float64 loop. Anything outside
 the family (sliding windows, other activations, rope types whose frequencies depend on the
 length, non-Linear projections, training mode, i.e. dropout) is reported by

@@ -9,7 +9,7 @@ wrappers must see every forward) runs the HF forward over packed rows, as follow
 
 Sequences of a micro-batch are packed into rows, with `position_ids` restarting at every
 sequence and `use_cache=False`; transformers then keeps attention inside each sequence
-(tests/test_train_engine.py proves it against running each sequence alone). Short rows are
+(tests/engines/training/test_train_engine.py proves it against running each sequence alone). Short rows are
 padded at their *end*, which causal attention never lets real tokens see.
 
 The row layout and the scoring of packed sequences live in

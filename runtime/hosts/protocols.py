@@ -6,7 +6,7 @@ getattr. Nothing but these declarations ties the name the owner sends to the met
 defines, so the type checker (tests/test_types.py) checks every host class against its
 protocol, and the owner spells the names through them (`ModelService.publish_weights.__name__`):
 a renamed or misspelt method fails the test run, not a run twenty minutes in.
-tests/test_host_interfaces.py checks the other half: every node kind's `Call` names a method
+tests/runtime/hosts/test_host_interfaces.py checks the other half: every node kind's `Call` names a method
 of its host class that takes the call's arguments.
 """
 

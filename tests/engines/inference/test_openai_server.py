@@ -1,0 +1,307 @@
+"""The OpenAI-compatible routes, driven by the official `openai` package against a real server.
+
+One server per module (a subprocess with the real embedded engine) serving a tiny model that
+knows three conversations by heart (`openai_tool_model.py`): a tool call, the answer after
+the tool's result, a greeting. It runs with an API key, which the client sends as its
+`api_key`. The first section checks the pure conversions without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from support.openai_tool_model import (
+    ADD_ANSWER,
+    ADD_CALL,
+    ADD_QUESTION,
+    ADD_TOOL,
+    ADD_TURN1,
+    ADD_TURN2,
+    EOS,
+    HELLO_ANSWER,
+    HELLO_QUESTION,
+    HELLO_TURN,
+    build_tool_model,
+)
+
+KEY = "sk-test-0123456789"
+UNSEEN = "Tell me something new."  # a question the model never saw: its answers are spread out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tool_model(str(tmp_path_factory.getbasetemp() / "openai_tool_model"))[0]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    from areal_graph.engines.inference.server_process import ServerProcess
+
+    proc = ServerProcess(str(model_dir), extra_args=["--threads", "1", "--max-running", "8",
+                                                     "--api-key-env", "AREAL_TEST_OPENAI_KEY"],
+                         env={"AREAL_TEST_OPENAI_KEY": KEY})
+    proc.start()
+    yield proc.url
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0) as c:
+        yield c
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def user(content) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+# --------------------------------------------------------------------------- pure conversions
+def test_template_without_tools_gets_the_hermes_convention_written_in(tokenizer):
+    """A chat template that knows no tools: calls become <tool_call> text in the assistant's content,
+    the schemas a system message, tool results a `tool` turn."""
+    from areal_graph.engines.inference.openai_format import render_chat_prompt
+    from areal_graph.modelkit.tokenizer import CHAT_TEMPLATE
+
+    plain = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    plain.chat_template = CHAT_TEMPLATE
+    messages = [{"role": "user", "content": ADD_QUESTION},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    text = render_chat_prompt(plain, messages, [ADD_TOOL])
+    assert text.startswith("<|bos|><|im_start|>system\n# Tools\n")
+    assert json.dumps(ADD_TOOL) in text
+    assert text.endswith(f"<|im_start|>user\n{ADD_QUESTION}{EOS}\n<|im_start|>assistant\n{ADD_CALL}{EOS}\n"
+                         f"<|im_start|>tool\n5{EOS}\n<|im_start|>assistant\n")
+    # the tool kit's template renders the same conversation itself, identically (no schemas)
+    assert render_chat_prompt(tokenizer, messages, [ADD_TOOL]) == ADD_TURN2[0]
+
+
+def test_tool_call_parsing_keeps_malformed_calls_as_text():
+    from areal_graph.engines.inference.openai_format import split_tool_calls
+
+    content, calls = split_tool_calls("Let me add.\n" + ADD_CALL + "\n" + ADD_CALL.replace("2", "7"))
+    assert content == "Let me add."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("add", {"a": 2, "b": 3}), ("add", {"a": 7, "b": 3})]
+    assert len({c["id"] for c in calls}) == 2
+    assert split_tool_calls("<tool_call>\n{not json}\n</tool_call>") == ("<tool_call>\n{not json}\n</tool_call>", [])
+    assert split_tool_calls("no call here") == ("no call here", [])
+    assert len(split_tool_calls(ADD_CALL + ADD_CALL, parallel=False)[1]) == 1
+
+
+def test_stream_pieces_join_to_the_text_even_inside_multibyte_characters(tokenizer):
+    from areal_graph.engines.inference.openai_format import text_deltas, token_text_and_bytes
+
+    text = "héllo → ✓ 日本"
+    token_ids = ids(tokenizer, text)
+    pieces = text_deltas(tokenizer, token_ids, text)
+    assert "".join(p for p, _, _ in pieces) == text
+    assert [(a, b) for _, a, b in pieces] == list(zip([0] + [b for _, _, b in pieces[:-1]], [b for _, _, b in pieces]))
+    assert pieces[-1][2] == len(token_ids)
+    # byte-level tokens can split a character: their bytes still concatenate to the UTF-8 text
+    assert b"".join(bytes(token_text_and_bytes(tokenizer, t)[1]) for t in token_ids) == text.encode()
+
+
+# --------------------------------------------------------------------------- chat
+def test_tool_call_is_parsed_into_tool_calls(client, tokenizer):
+    r = client.chat.completions.create(model="tool-model", messages=user(ADD_QUESTION), tools=[ADD_TOOL],
+                                       temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None and choice.message.role == "assistant"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "add"
+    assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == "tool-model"
+    assert r.usage.prompt_tokens == len(ids(tokenizer, ADD_TURN1[0]))
+    assert r.usage.completion_tokens == len(ids(tokenizer, ADD_TURN1[1]))
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_tool_result_turn_renders_as_the_model_learned_it(client, tokenizer):
+    first = client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    messages = user(ADD_QUESTION) + [first.choices[0].message,
+                                     {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    r = client.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL], temperature=0,
+                                       extra_body={"return_token_ids": True})
+    assert r.choices[0].message.content == ADD_ANSWER
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
+    assert r.prompt_token_ids == ids(tokenizer, ADD_TURN2[0])
+    assert r.choices[0].token_ids == ids(tokenizer, ADD_TURN2[1])
+    assert r.choices[0].token_versions == [0] * len(r.choices[0].token_ids)
+
+
+def test_tool_choice_none_leaves_the_call_as_text(client):
+    r = client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], tool_choice="none",
+                                       temperature=0)
+    assert r.choices[0].message.content == ADD_CALL
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_are_the_engines_behaviour_logprobs(client, server, tokenizer):
+    """Same prompt, seed and weights: /v1/chat/completions and /generate sample the same tokens with
+    the same log-probs; top_logprobs are sorted, a distribution's top, and contain the greedy token."""
+    r = client.chat.completions.create(model="m", messages=user(UNSEEN), temperature=1.0, seed=7,
+                                       max_tokens=8, logprobs=True, top_logprobs=3,
+                                       extra_body={"return_token_ids": True, "ignore_eos": True})
+    entries = r.choices[0].logprobs.content
+    body = json.dumps({"input_ids": r.prompt_token_ids, "return_logprob": True,
+                       "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 7,
+                                           "ignore_eos": True}}).encode()
+    req = urllib.request.Request(server + "/generate", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        native = json.loads(resp.read())
+    pairs = native["meta_info"]["output_token_logprobs"]
+    assert r.choices[0].token_ids == native["output_ids"] and len(entries) == 8
+    assert [e.logprob for e in entries] == pytest.approx([p[0] for p in pairs], abs=1e-5)
+    assert [e.token for e in entries] == [tokenizer.decode([t]) for t in native["output_ids"]]
+    for e, tok in zip(entries, native["output_ids"]):
+        tops = [t.logprob for t in e.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert math.log(sum(math.exp(x) for x in tops)) <= 1e-6  # part of one distribution
+        assert e.logprob <= tops[0] + 1e-6
+        if tokenizer.decode([tok]) in [t.token for t in e.top_logprobs]:
+            assert e.logprob == pytest.approx(tops[[t.token for t in e.top_logprobs].index(e.token)], abs=1e-6)
+
+
+def test_n_choices_are_seeded_per_choice(client):
+    kw = dict(model="m", messages=user(UNSEEN), temperature=1.0, max_tokens=6,
+              extra_body={"return_token_ids": True, "ignore_eos": True})
+    r = client.chat.completions.create(n=3, seed=3, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 18 and all(c.finish_reason == "length" for c in r.choices)
+    alone = [client.chat.completions.create(seed=s, **kw).choices[0].token_ids for s in (3, 4, 5)]
+    assert [c.token_ids for c in r.choices] == alone
+    assert len({tuple(t) for t in alone}) > 1
+
+
+def test_stop_string_and_max_tokens(client):
+    r = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0, stop=[","])
+    assert r.choices[0].message.content == "Hello there" and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0,
+                                       max_completion_tokens=2)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
+    assert HELLO_ANSWER.startswith(r.choices[0].message.content)
+
+
+def test_streamed_chunks_assemble_to_the_unstreamed_answer(client):
+    kw = dict(model="m", messages=user(HELLO_QUESTION), temperature=0)
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                 logprobs=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content == HELLO_ANSWER
+    assert sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs) == \
+        whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert len({c.id for c in chunks}) == 1
+    # with tools: the call arrives as one tool_calls delta
+    streamed = list(client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL],
+                                                   temperature=0, stream=True))
+    calls = [tc for c in streamed for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+        (0, "add", {"a": 2, "b": 3})]
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
+
+# --------------------------------------------------------------------------- completions and models
+def test_completions_text_and_token_prompts(client, tokenizer):
+    prompt = HELLO_TURN[0]
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=20, temperature=0, logprobs=2)
+    choice = r.choices[0]
+    assert choice.text == HELLO_ANSWER and choice.finish_reason == "stop" and r.object == "text_completion"
+    n = r.usage.completion_tokens
+    assert n == len(ids(tokenizer, HELLO_TURN[1])) and r.usage.prompt_tokens == len(ids(tokenizer, prompt))
+    assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == len(choice.logprobs.top_logprobs) == n
+    assert all(len(alts) <= 3 and tok in alts for tok, alts in zip(choice.logprobs.tokens, choice.logprobs.top_logprobs))
+    assert choice.logprobs.text_offset[:2] == [0, len(choice.logprobs.tokens[0])]
+    by_ids = client.completions.create(model="m", prompt=ids(tokenizer, prompt), max_tokens=20, temperature=0)
+    assert by_ids.choices[0].text == HELLO_ANSWER
+    # a batch of prompts x n choices: indexes run prompt-major
+    batch = client.completions.create(model="m", prompt=[prompt, ADD_TURN2[0]], n=2, max_tokens=20, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert [c.text for c in batch.choices] == [HELLO_ANSWER] * 2 + [ADD_ANSWER] * 2
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="m", prompt=prompt, max_tokens=20, temperature=0, stream=True) if c.choices)
+    assert streamed == HELLO_ANSWER
+    assert client.completions.create(model="m", prompt=prompt, temperature=0).usage.completion_tokens == len(
+        ids(tokenizer, HELLO_TURN[1]))  # within OpenAI's default max_tokens of 16
+
+
+def test_models_list_and_retrieve(client, model_dir):
+    [model] = client.models.list().data
+    assert model.id == str(model_dir) and model.object == "model" and model.owned_by == "areal-graph"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4o")
+
+
+# --------------------------------------------------------------------------- auth and errors
+def test_api_key_is_the_bearer_token(server):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(server + "/v1/models", timeout=10)
+    assert err.value.code == 401
+    with urllib.request.urlopen(server + "/health", timeout=10) as resp:
+        assert resp.status == 200
+
+
+@pytest.mark.parametrize("kwargs, param, fragment", [
+    (dict(n=17), "n", "[1, 16]"),
+    (dict(messages=user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])),
+     "messages[0].content[0]", "text-only"),
+    (dict(logit_bias={"5": 10}), "logit_bias", "not supported"),
+    (dict(frequency_penalty=0.5), "frequency_penalty", "not supported"),
+    (dict(tools=[ADD_TOOL], tool_choice="required"), "tool_choice", "cannot force"),
+    (dict(tools=[{"type": "web_search"}]), "tools[0]", "function"),
+    (dict(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (dict(top_logprobs=2), "top_logprobs", "logprobs"),
+    (dict(temperature=3), "temperature", "[0, 2]"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+    (dict(max_tokens=100_000), "max_tokens", "context"),
+    (dict(messages=[]), "messages", "non-empty"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role", "one of"),
+    (dict(extra_body={"best_of": 2}), "best_of", "unsupported parameter"),
+    (dict(functions=[{"name": "f"}]), "functions", "unsupported parameter"),
+])
+def test_unsupported_requests_get_a_clear_400(client, kwargs, param, fragment):
+    args = {"model": "m", "messages": user(HELLO_QUESTION), **kwargs}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**args)
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == param and err.value.body["type"] == "invalid_request_error"
+    assert fragment in err.value.body["message"]
+
+
+def test_completions_errors_and_unknown_routes(client):
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        client.completions.create(model="m", prompt="hi", echo=True)
+    with pytest.raises(openai.BadRequestError, match="prompt"):
+        client.completions.create(model="m", prompt=[])
+    with pytest.raises(openai.NotFoundError, match="not implemented"):
+        client.embeddings.create(model="m", input="hi")
+    # the server still answers
+    assert client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0).choices[
+        0].message.content == HELLO_ANSWER

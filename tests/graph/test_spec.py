@@ -1,0 +1,199 @@
+"""Spec defaults, shipped workflows, and --set overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from areal_graph.graph import node_kinds as K
+from areal_graph.graph import spec as S
+from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text, parse_override
+from support.paths import FIXTURES, REPO
+
+WORKFLOWS = sorted((REPO / "workflows").glob("*.yaml"))
+MINIMAL = (FIXTURES / "minimal.yaml").read_text()
+
+
+def test_paper_defaults():
+    assert K.TrainParams().clip_eps == 0.2 and K.TrainParams().loss == "decoupled_ppo"
+    assert (K.AdvantageParams().gamma, K.AdvantageParams().lam) == (1.0, 1.0)
+    assert K.AdvantageParams().normalize is True
+    assert S.OptimConfig().lr == 2e-5 and S.OptimConfig().betas == (0.9, 0.999)
+    assert K.RolloutParams().rollout_class == "areal_graph.workflows.rollout.single_turn_math:SingleTurnMath"
+    assert K.SamplingParams().stop == [] and K.SamplingParams().stop is not K.SamplingParams().stop
+
+
+def test_spec_is_frozen():
+    spec = load_workflow_text(MINIMAL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.runtime.steps = 3  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.nodes["train"].params.clip_eps = 0.3  # type: ignore[misc]
+
+
+def test_graph_package_imports_neither_torch_nor_grpc():
+    import subprocess
+
+    code = ("import sys; import areal_graph.graph.loader, areal_graph.graph.render, areal_graph.graph.dag; "
+            "bad = [m for m in ('torch', 'grpc') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_unset_fields_take_dataclass_defaults():
+    spec = load_workflow_text(MINIMAL)
+    train = spec.nodes["train"].params
+    for f in dataclasses.fields(K.TrainParams):
+        if f.name != "clip_eps":
+            assert getattr(train, f.name) == f.default
+    assert spec.inference == S.InferenceSpec()
+    assert spec.nodes["rollout"].params.sampling == K.SamplingParams(max_new_tokens=32)
+    assert spec.models["ref"].train is None
+    assert spec.models["actor"].train == S.OptimConfig(lr=1e-5)
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_shipped_workflows_validate(path):
+    spec = load_workflow(path)
+    assert spec.name == path.stem
+    assert spec.source == str(path)
+    assert spec.inference.backend == "embedded"
+    # every shipped workflow runs from a fresh install: builtin kits and datasets only
+    from areal_graph.modelkit.builtin import BUILTIN_DATASETS, BUILTIN_KITS, SHIPPED_DATASETS
+
+    kits = {m.path.removeprefix("builtin:") for m in spec.models.values()}
+    assert all(m.path.startswith("builtin:") for m in spec.models.values()) and kits <= set(BUILTIN_KITS)
+    for data in filter(None, (spec.data.train, spec.data.eval)):
+        name = data.removeprefix("builtin:")
+        assert data.startswith("builtin:") and (name in SHIPPED_DATASETS or BUILTIN_DATASETS[name][0] in kits)
+    rollout = spec.nodes_of_kind("rollout")[0]
+    assert spec.runtime.batch_size % rollout.params.group_size == 0
+    assert rollout.params.sampling.max_new_tokens <= (320 if kits == {"tiny-arith-long"} else 128)
+
+
+def test_shipped_workflow_specifics():
+    names = {p.stem for p in WORKFLOWS}
+    assert {"ppo_async", "grpo_sync", "ppo_gae_critic"} <= names
+    a = load_workflow(REPO / "workflows/ppo_async.yaml")
+    s = load_workflow(REPO / "workflows/grpo_sync.yaml")
+    c = load_workflow(REPO / "workflows/ppo_gae_critic.yaml")
+    assert a.runtime.max_staleness == 4 and s.runtime.max_staleness == 0
+    for spec in (a, s):
+        assert spec.nodes["advantage"].params.estimator == "grpo"
+        assert spec.nodes["train"].params.loss == "decoupled_ppo"
+    # grpo_sync differs from ppo_async only in name and staleness
+    def lineless(spec):
+        return {k: dataclasses.replace(n, line=None) for k, n in spec.nodes.items()}
+
+    assert lineless(s) == lineless(a)
+    assert dataclasses.replace(s, name=a.name, source=a.source, nodes=a.nodes,
+                               runtime=dataclasses.replace(s.runtime, max_staleness=4)) == a
+    assert c.nodes["advantage"].params.estimator == "gae"
+    assert c.nodes["value"].model == "critic"
+    losses = {n.params.loss: n.model for n in c.nodes_of_kind("train")}
+    assert losses == {"decoupled_ppo": "actor", "value": "critic"}
+
+
+# ----------------------------------------------------------------------------- overrides
+def test_overrides_reach_every_section():
+    spec = load_workflow(REPO / "workflows/ppo_async.yaml", overrides=[
+        "runtime.steps=10", "nodes.train.clip_eps=0.1", "models.actor.train.lr=1e-5",
+        "nodes.rollout.sampling.temperature=0.5", "data.eval_size=8", "nodes.train.behav_imp_cap=null",
+    ])
+    assert spec.runtime.steps == 10
+    assert spec.nodes["train"].params.clip_eps == 0.1
+    assert spec.models["actor"].train.lr == 1e-5
+    assert spec.nodes["rollout"].params.sampling.temperature == 0.5
+    assert spec.data.eval_size == 8
+    assert spec.nodes["train"].params.behav_imp_cap is None
+    # an override may create a missing mapping: the `train` section of the frozen ref
+    spec = load_workflow(FIXTURES / "minimal.yaml", overrides=["models.ref.train.lr=3.0e-6"])
+    assert spec.models["ref"].train == S.OptimConfig(lr=3e-6)
+
+
+def test_override_values_are_yaml_scalars():
+    assert parse_override("a.b=3") == (["a", "b"], 3)
+    assert parse_override("a.b=3.5") == (["a", "b"], 3.5)
+    assert parse_override("a.b=true") == (["a", "b"], True)
+    assert parse_override("a.b=null") == (["a", "b"], None)
+    assert parse_override("a.b=[x, y]") == (["a", "b"], ["x", "y"])
+    assert parse_override("a.b=x=y") == (["a", "b"], "x=y")
+    for bad in ("no_equals", "a..b=1", ".a=1"):
+        with pytest.raises(ValueError):
+            parse_override(bad)
+
+
+@pytest.mark.parametrize("override,node,field,words", [
+    ("nodes.train.clp_eps=0.1", "train", "clp_eps", "did you mean 'clip_eps'"),
+    ("nodes.trian.clip_eps=0.1", "trian", "clip_eps", "no node 'trian' (did you mean 'train'?)"),
+    ("models.actr.train.lr=1", None, "models.actr.train.lr", "no model 'actr'"),
+    ("runtme.steps=3", None, "runtme", "did you mean 'runtime'"),
+    ("runtime.steps.deep=3", None, "runtime.steps.deep", "not a mapping"),
+    ("runtime.steps=-2", None, "runtime.steps", "must be > 0"),
+    ("runtime.steps=ten", None, "runtime.steps", "expected an integer"),
+    ("novalue", None, None, "must look like key.path=value"),
+])
+def test_bad_override_is_a_problem_like_any_other(override, node, field, words):
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(MINIMAL, overrides=[override], file="m.yaml")
+    (problem,) = info.value.problems
+    assert problem.node == node and problem.field == field, problem
+    assert words in problem.message
+    if "=" in override:
+        assert override in str(problem)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.integers(min_value=-10**6, max_value=10**6), eps=st.floats(-2, 2, allow_nan=False))
+def test_override_range_property(steps, eps):
+    """Any integer step count > 0 and clip eps > 0 is accepted as given; others are named."""
+    try:
+        spec = load_workflow_text(MINIMAL, overrides=[f"runtime.steps={steps}", f"nodes.train.clip_eps={eps!r}"])
+    except WorkflowError as err:
+        fields = {p.field for p in err.problems}
+        assert fields == ({"runtime.steps"} if steps <= 0 else set()) | ({"clip_eps"} if eps <= 0 else set())
+        return
+    assert steps > 0 and eps > 0
+    assert spec.runtime.steps == steps and spec.nodes["train"].params.clip_eps == eps
+
+
+@settings(max_examples=30, deadline=None)
+@given(g=st.integers(1, 16), b=st.integers(1, 128))
+def test_batch_size_must_hold_whole_groups(g, b):
+    overrides = [f"nodes.rollout.group_size={g}", f"runtime.batch_size={b}"]
+    if b % g == 0:
+        assert load_workflow_text(MINIMAL, overrides=overrides).runtime.batch_size == b
+    else:
+        with pytest.raises(WorkflowError) as info:
+            load_workflow_text(MINIMAL, overrides=overrides)
+        assert [p.field for p in info.value.problems] == ["runtime.batch_size"]
+
+
+def test_yaml_anchors_and_merge_keys():
+    """Users share settings with anchors; merged keys must validate like written ones."""
+    text = MINIMAL.replace("  ref_logp:\n    kind: logprob\n    model: ref\n",
+                           "  ref_logp: &lp\n    kind: logprob\n    model: ref\n")
+    text = text.replace("  prox_logp:\n    kind: logprob\n    model: actor\n    reads: [input_ids]\n",
+                        "  prox_logp:\n    <<: *lp\n    model: actor\n")
+    spec = load_workflow_text(text)
+    assert spec.nodes["prox_logp"].model == "actor"
+    assert spec.nodes["prox_logp"].reads == ("input_ids",)
+    assert spec.nodes["prox_logp"].writes == ("prox_logprobs",)
+
+
+def test_schema_reference_lists_every_field_with_its_default():
+    from areal_graph.graph.schema_doc import schema_markdown
+
+    doc = schema_markdown()
+    for cls in (S.OptimConfig, S.DataSpec, S.InferenceSpec, S.RuntimeSpec, K.SamplingParams,
+                *(info.params for info in K.BUILTIN_KINDS.values())):
+        for f in dataclasses.fields(cls):
+            row = next((line for line in doc.splitlines() if line.startswith(f"| {f.name} |")), None)
+            assert row is not None, f"{cls.__name__}.{f.name} missing"
+    assert "| clip_eps | float | 0.2 |" in doc
+    assert "| max_staleness | int | 4 |" in doc
+    assert "| estimator | grpo or rloo or gae or reinforce | 'grpo' |" in doc

@@ -1,0 +1,26 @@
+"""Tiny random models built from a config: tests never download weights."""
+
+from __future__ import annotations
+
+import torch
+
+
+def build_random_qwen2(vocab_size: int = 128, hidden: int = 64, layers: int = 2, seed: int = 0):
+    """A tiny randomly initialised Qwen2 CausalLM (fp32), the architecture of the real kit."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return Qwen2ForCausalLM(config).eval()
