@@ -63,3 +63,15 @@ class ISCorrection:
     def rejects(self) -> bool:
         """Whether the correction removes tokens from the loss before the step (see module docstring)."""
         return self.mode in REJECTING
+
+    def upper(self) -> float:
+        """The upper bound (every mode but `none` has one)."""
+        if self.high is None:
+            raise ValueError(f"is_correction {self.mode!r} has no upper bound")
+        return self.high
+
+    def bounds(self) -> tuple[float, float]:
+        """(low, high), for the modes with both (all but `none` and `tis`)."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"is_correction {self.mode!r} has no lower and upper bound")
+        return self.low, self.high

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import field
+from functools import partial
 from typing import Any, Callable, Optional
 
 # A check returns None when the value is fine, else a short description of what is expected.
@@ -72,7 +73,7 @@ def non_negative_ints(v: Any) -> str | None:
 def cfg(default: Any, check: Check | None = None, help: str = "") -> Any:
     """A dataclass field with a default, a range check and a one-line help text."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"check": check, "help": help})
+        return field(default_factory=partial(type(default), default), metadata={"check": check, "help": help})
     return field(default=default, metadata={"check": check, "help": help})
 
 

@@ -82,10 +82,13 @@ class Trajectory:
         if generated:
             if logprobs is None or versions is None or len(logprobs) != n or len(versions) != n:
                 raise ValueError("generated tokens need one log-prob and one version each")
+            behav, token_versions = [float(x) for x in logprobs], [int(v) for v in versions]
+        else:
+            behav, token_versions = [0.0] * n, [-1] * n
         self.input_ids.extend(int(t) for t in token_ids)
         self.loss_mask.extend([1 if generated else 0] * n)
-        self.behav_logprobs.extend([float(x) for x in logprobs] if generated else [0.0] * n)
-        self.versions.extend([int(v) for v in versions] if generated else [-1] * n)
+        self.behav_logprobs.extend(behav)
+        self.versions.extend(token_versions)
 
     @property
     def num_generated(self) -> int:

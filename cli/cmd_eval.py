@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import Progress
     from rich.table import Table
 
@@ -59,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True, soft_wrap=True)
     if args.k < 0 or (args.samples is not None and args.samples < max(args.k, 1)):
         err.print(f"[red]-k must be >= 0 and --samples >= k (got -k {args.k}, --samples {args.samples})[/]")
+        return 2
+    if args.samples is not None and args.k == 0:
+        err.print(f"[red]--samples {args.samples} without -k: samples are drawn for pass@k only (give -k)[/]")
+        return 2
+    if args.json_out is not None and args.json_out.is_dir():
+        err.print(f"[red]--json {args.json_out} is a directory: give a file path[/]")
         return 2
     if args.limit is not None and args.limit < 1:
         err.print(f"[red]--limit must be >= 1, got {args.limit}[/]")
@@ -113,9 +120,14 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     for p in result["per_prompt"][: args.show]:
         mark = "[green]✓[/]" if p["greedy_correct"] else "[red]✗[/]"
-        console.print(f"{mark} [dim]{p['id']} (answer {p['answer']}):[/] " + p["greedy"].replace("\n", " | "), highlight=False)
+        console.print(f"{mark} [dim]{escape(str(p['id']))} (answer {escape(str(p['answer']))}):[/] "
+                      + escape(p["greedy"].replace("\n", " | ")), highlight=False)  # model text is not markup
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:
+            err.print(f"cannot write {args.json_out}: {exc.strerror or exc}", style="red", markup=False)
+            return 1
         err.print(f"wrote {args.json_out}")
     return 0

@@ -9,6 +9,7 @@ import time
 from typing import Callable, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 
 
 @contextlib.contextmanager
@@ -18,7 +19,7 @@ def kit_progress(console: Console) -> Iterator[Callable[[str], None]]:
     with console.status("preparing the builtin kit ...") as status:
         def progress(msg: str) -> None:
             status.update(msg)
-            console.print(f"[dim]{time.strftime('%X')}[/] {msg}", highlight=False)
+            console.print(f"[dim]{time.strftime('%X')}[/] {escape(msg)}", highlight=False)  # paths may hold [...]
 
         yield progress
 

@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     from areal_graph.graph.dump import dump_workflow
     from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text
     from areal_graph.runtime.launchers.interrupt import interrupted
-    from areal_graph.runtime.observability.run_dir import RunDir
+    from areal_graph.runtime.observability.run_dir import CONFIG_FILENAME, RunDir
 
     console = Console(soft_wrap=True)  # log lines stay whole when output is a file or a pipe
     overrides = list(args.overrides)
@@ -126,7 +126,8 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     if args.resume is None and args.workflow is None:
         console.print("[red]give a WORKFLOW file (or --resume RUN_DIR)[/]")
         return 2
-    source = RunDir(args.resume).config_path if args.resume is not None else args.workflow
+    # a path, not a RunDir: that would create the folder a mistyped --resume names
+    source = Path(args.resume) / CONFIG_FILENAME if args.resume is not None else args.workflow
     try:
         if args.resume is not None:
             if not source.is_file():
@@ -146,9 +147,15 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
+    from areal_graph.modelkit.builtin import check_builtin_paths
     from areal_graph.runtime.orchestration.controller import RunFailed
     from areal_graph.runtime.orchestration.run import run_with_auto_resume
 
+    try:  # before the run folder exists: a typo in a builtin name leaves nothing behind
+        check_builtin_paths(spec)
+    except ValueError as err:
+        console.print(str(err), style="red", markup=False, highlight=False)
+        return 1
     if args.resume:
         run_dir = RunDir(args.resume)
         ckpt = run_dir.latest_checkpoint()

@@ -60,9 +60,11 @@ def run(args: argparse.Namespace) -> int:
     if args.port < 0 or args.port > 65535:
         console.print(f"[red]--port must be in 0..65535, got {args.port}[/]")
         return 2
-    if args.max_running < 1:
-        console.print(f"[red]--max-running must be >= 1, got {args.max_running}[/]")
-        return 2
+    for flag, value, least in (("--max-running", args.max_running, 1), ("--max-queue", args.max_queue, 0),
+                               ("--threads", args.threads, 1), ("--max-context", args.max_context, 2)):
+        if value is not None and value < least:
+            console.print(f"[red]{flag} must be >= {least}, got {value}[/]")
+            return 2
     if (problem := device_check(args.device)) is not None:
         console.print(f"[red]--device {problem}, got {args.device!r}[/]")
         return 2
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(max running {args.max_running}); Ctrl-C stops")
     argv = ["--model", model, "--host", args.host, "--port", str(args.port),
             "--max-running", str(args.max_running), "--max-queue", str(args.max_queue), "--seed", str(args.seed)]
-    if args.threads:
+    if args.threads is not None:
         argv += ["--threads", str(args.threads)]
     if args.max_context is not None:
         argv += ["--max-context", str(args.max_context)]

@@ -91,11 +91,17 @@ def run(args: argparse.Namespace) -> int:
     job = SlurmJob(workflow=str(args.workflow.resolve()), run_dir=str(run_dir), workdir=os.getcwd(),
                    areal_graph=shutil.which("areal-graph", path=str(bin_dir)) or str(bin_dir / "areal-graph"),
                    python=sys.executable, ray=str(bin_dir / "ray"), overrides=tuple(args.overrides),
-                   command_line="areal-graph slurm " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+                   command_line="areal-graph " + shlex.join(getattr(args, "argv", None) or
+                                                            ["slurm", str(args.workflow), *args.overrides]),
                    env={k: v for k, v in os.environ.items() if k in ("AREAL_GRAPH_CACHE", "PYTHONPATH")})
     out = (args.out or run_dir / "job.sbatch").resolve()
-    out.write_text(render_sbatch(layout, job))
-    out.chmod(0o755)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_sbatch(layout, job))
+        out.chmod(0o755)
+    except OSError as err:
+        console.print(f"cannot write the script to {out}: {err.strerror or err}", style="red", markup=False)
+        return 1
     print(out)
     if args.submit:
         return submit(out, console)
@@ -116,7 +122,7 @@ def gpu_problems(spec, layout) -> list[str]:
     else:
         have = {f"the {layout.n_inference} inference node(s)": (need_inference, layout.n_inference * g),
                 f"the {layout.n_train} training node(s)": (need_train, layout.n_train * g)}
-    return [f"{where} have {got} GPU(s) but the workflow's processes there ask {need} "
+    return [f"{where} {'has' if where == 'the node' else 'have'} {got} GPU(s) but the workflow's processes there ask {need} "
             f"(inference servers x GPUs each, model workers x dp_size on CUDA)"
             for where, (need, got) in have.items() if need > got]
 

@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for records (slurm's header)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

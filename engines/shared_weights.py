@@ -43,7 +43,10 @@ _readers: dict[str, _Mapping] = {}
 
 def publish(path: str, state: Mapping[str, torch.Tensor]) -> list[dict]:
     """Copy `state` into the shared file at `path` (created or grown as needed); return the manifest."""
-    manifest, todo, offset, seen = [], [], 0, {}
+    manifest: list[dict] = []
+    todo: list = []
+    seen: dict[tuple, dict] = {}
+    offset = 0
     for name, t in state.items():
         if t.dtype not in _DTYPES.values():
             raise TypeError(f"weight {name!r} has dtype {t.dtype}, which shared weights do not carry")

@@ -13,6 +13,7 @@ the file, applies overrides, and runs the two in order.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -49,6 +50,9 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
         v.report(("name",), f"expected a string, got {described(name)}")
+    elif isinstance(name, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        # it names files and folders (the run directory, `graph` outputs): no path of its own
+        v.report(("name",), f"must be letters, digits, '_', '.' and '-' (a file name), got {name!r}")
 
     def section(key: str, cls: type) -> Any:
         value = raw.get(key)

@@ -47,7 +47,7 @@ def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[lis
                                     f"'{parts[0]}'{suggest(parts[0], SECTIONS)} (sections: {', '.join(SECTIONS)})"))
             continue
         target: Any = raw
-        ok = True
+        ok: bool | None = True  # None: a problem is reported already
         for depth, part in enumerate(parts[:-1]):
             if not isinstance(target, dict):
                 ok = False

@@ -19,7 +19,7 @@ validate` prints exactly the plan a run executes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, cast
 
 import networkx as nx
 
@@ -78,7 +78,7 @@ class ExecutionPlan:
         for skipped, by in self.fused.items():
             lines.append(f"fused: '{skipped}' is not run; '{by}' takes its output from the training forward "
                          f"(one optimizer update per step: the same weights, an exact result)")
-        procs = {}
+        procs: dict[str, list[str]] = {}
         for name, h in self.hosting.items():
             if name not in self.fused:
                 procs.setdefault(h.process, []).append(name)
@@ -115,7 +115,7 @@ def assign_phases(spec: WorkflowSpec) -> tuple[dict[str, Phase], list[tuple[str,
                          if len(producers.get(k, [])) == 1 and phase.get(producers[k][0]) == "training"]
         if wanted == "auto":
             wanted = "training" if from_training else "generation"
-        phase[name] = wanted
+        phase[name] = cast(Phase, wanted)  # kinds and the `phase` parameter allow these two only
         if wanted == "generation":
             for i, key, writer in from_training:
                 hint = " or set `phase: training` on it" if kind.phase == "auto" else ""

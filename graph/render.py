@@ -138,7 +138,7 @@ def _layout(graph: nx.DiGraph) -> _Layout:
             row.sort(key=lambda it: (sum(x[p] for p in preds.get(it, [])) / max(len(preds.get(it, [])), 1),
                                      index[it]))
         place(row)
-    y = {item: MARGIN + i * LAYER_GAP for i, r in enumerate(rows) for item in r}
+    y = {item: float(MARGIN + i * LAYER_GAP) for i, r in enumerate(rows) for item in r}
     height = MARGIN + max(len(rows) - 1, 0) * LAYER_GAP + BOX_H
     return _Layout(x, y, w, chains, inner + 2 * MARGIN, height)
 

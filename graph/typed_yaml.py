@@ -39,7 +39,7 @@ def type_name(tp: Any) -> str:
 def described(value: Any) -> str:
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "a list", dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
-    shown = repr(value) if not isinstance(value, (list, dict)) or len(repr(value)) < 40 else ""
+    shown = "" if value is None else repr(value) if not isinstance(value, (list, dict)) or len(repr(value)) < 40 else ""
     return f"{kind} {shown}".strip()
 
 
@@ -85,7 +85,7 @@ class Validator:
             if value not in args:
                 raise BadValue(f"must be {type_name(tp)}, got {described(value)}{suggest(value, map(str, args))}")
             return value
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise BadValue(f"expected a mapping of {tp.__name__} fields, got {described(value)}")
             built = self.build(tp, value, path)

@@ -323,14 +323,33 @@ def machine_description(threads: int) -> str:
     return f"{cpu}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {threads} thread(s)"
 
 
-def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -> tuple[Kit, str] | None:
-    """(built kit, entry name) for a `builtin:` spec; None for any other path."""
+def _builtin_name(spec: str, known: dict, what: str) -> str | None:
+    """The entry name of a `builtin:` spec (ValueError naming the builtins if there is no such
+    entry); None for any other path."""
     if not str(spec).startswith(PREFIX):
         return None
     name = str(spec)[len(PREFIX):]
-    if name not in known:
+    if name not in known and not (what == "dataset" and name in SHIPPED_DATASETS):
         names = [*known, *(SHIPPED_DATASETS if what == "dataset" else ())]
         raise ValueError(f"unknown builtin {what} {spec!r}; builtin {what}s: " + ", ".join(PREFIX + n for n in names))
+    return name
+
+
+def check_builtin_paths(spec: Any) -> None:
+    """ValueError for the first `builtin:` model or dataset path of `spec` (a WorkflowSpec) that
+    names no builtin, without building anything: a run checks this before it makes its folder."""
+    for model in spec.models.values():
+        _builtin_name(model.path, BUILTIN_KITS, "model")
+    for data in (spec.data.train, spec.data.eval):
+        if data:
+            _builtin_name(data, BUILTIN_DATASETS, "dataset")
+
+
+def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -> tuple[Kit, str] | None:
+    """(built kit, entry name) for a `builtin:` spec; None for any other path."""
+    name = _builtin_name(spec, known, what)
+    if name is None:
+        return None
     kit_name = known[name][0] if what == "dataset" else name
     return ensure_kit(BUILTIN_KITS[kit_name], progress=progress), name
 

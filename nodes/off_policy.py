@@ -65,9 +65,9 @@ def accepted_tokens(corr: ISCorrection, log_w: torch.Tensor, mask: torch.Tensor,
     """Tokens of `mask` that a rejecting correction keeps (all of `mask` for the others)."""
     keep = mask != 0
     if corr.mode == "token_mask":
-        return keep & ~_outside(log_w, corr.low, corr.high)
+        return keep & ~_outside(log_w, *corr.bounds())
     if corr.mode == "seq_mask":
-        seq_out = _outside(seq_mean_log_weight(log_w, mask, cu_seqlens), corr.low, corr.high)
+        seq_out = _outside(seq_mean_log_weight(log_w, mask, cu_seqlens), *corr.bounds())
         return keep & ~seq_out[token_seq_ids(cu_seqlens, log_w.numel())]
     return keep
 
@@ -81,10 +81,11 @@ def corrected_weight(corr: ISCorrection, log_w: torch.Tensor, mask: torch.Tensor
     w = torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))
     affected = torch.zeros_like(keep)
     if corr.mode == "tis":
-        affected = keep & (log_w > math.log(corr.high))
-        w = torch.where(affected, torch.full_like(w, corr.high), w)
+        cap = corr.upper()
+        affected = keep & (log_w > math.log(cap))
+        w = torch.where(affected, torch.full_like(w, cap), w)
     elif corr.mode == "icepop":
-        affected = keep & _outside(log_w, corr.low, corr.high)
+        affected = keep & _outside(log_w, *corr.bounds())
         w = torch.where(affected, torch.zeros_like(w), w)
     return w, affected
 

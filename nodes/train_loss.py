@@ -15,13 +15,13 @@ separate forward pass would have given (the plan decides; graph/node_kinds.py
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.api.corrections import ISCorrection
 from areal_graph.graph.node_kinds import PROX_LOSSES, TRAIN_REQUIRED_READS, TrainParams
+from areal_graph.engines.training.protocol import LossFn
 from areal_graph.nodes.off_policy import (
     accepted_tokens,
     behaviour_log_weight,
@@ -30,8 +30,6 @@ from areal_graph.nodes.off_policy import (
     mismatch_stats,
 )
 from areal_graph.nodes.ppo_loss import aggregate, cispo_loss, decoupled_ppo_loss, gspo_loss, loss_normalizer, value_loss
-
-LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
 
 def required_keys(params: TrainParams, fused_prox: bool = False) -> tuple[str, ...]:

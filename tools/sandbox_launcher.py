@@ -136,6 +136,8 @@ def check_binds(binds: list[str]) -> None:
     binding /tmp whole would show every other file there, a bind below /proc would be hidden."""
     for path in binds:
         norm = os.path.normpath(path)
+        if norm.startswith("//"):  # POSIX keeps a leading "//" (it may mean something else); for us it is "/"
+            norm = "/" + norm.lstrip("/")
         if not os.path.isabs(norm) or norm == "/":
             raise PrivateRootError(f"bind {path!r} is not an absolute path below /")
         for own in OWN_DIRS:

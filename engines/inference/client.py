@@ -205,7 +205,7 @@ class InferenceClient:
             raise ValueError("abort needs a rid or abort_all=True")
         if abort_all:
             self._abort_all_epoch += 1
-        else:
+        elif rid is not None:  # always, after the check above
             self._user_aborted.add(rid)
         await self._call(self.api.abort_call(rid, abort_all), want_json=False)
 
@@ -393,7 +393,9 @@ class ServerPool:
         if abort_all:
             await asyncio.gather(*(c.abort(abort_all=True) for c in self.clients))
             return
-        owner = self._owner.get(rid) if rid else None
+        if rid is None:
+            raise ValueError("abort needs a rid or abort_all=True")
+        owner = self._owner.get(rid)
         targets = [owner] if owner is not None else self.clients
         await asyncio.gather(*(c.abort(rid) for c in targets))
         for c in self.clients:  # remember it everywhere: the rid may be resubmitted anywhere

@@ -97,6 +97,7 @@ class EmbeddedEngine:
         self.device = torch.device(device)
         self.dtype = dtype
         if model is None:
+            assert model_path is not None  # checked above
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)

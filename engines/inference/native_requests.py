@@ -8,7 +8,7 @@ into a 400 in SGLang's error shape (http_server.py); the OpenAI routes reuse `Ba
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, TypeGuard
 
 # SGLang sampling_params fields we honour; any other field is rejected (silently ignoring a
 # sampling knob would give the user a different distribution than the one they asked for).
@@ -28,7 +28,7 @@ class BadRequest(ValueError):
     """A request the server refuses with 400, naming what was wrong."""
 
 
-def is_int(x: Any) -> bool:
+def is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 

@@ -88,7 +88,7 @@ def evaluate_model(
     with RewardPool(fn=reward_fn, num_workers=1) as pool:
         scores = pool.score(texts, [prompts[i].answer for i, _ in requests])
     correct = [s.reward > 0.5 for s in scores]
-    per_prompt = [{"id": p.id, "answer": p.answer, "greedy": texts[i], "greedy_correct": correct[i],
+    per_prompt: list[dict[str, Any]] = [{"id": p.id, "answer": p.answer, "greedy": texts[i], "greedy_correct": correct[i],
                    "samples_correct": 0} for i, p in enumerate(prompts)]
     for (i, _), ok in zip(requests[len(prompts):], correct[len(prompts):]):
         per_prompt[i]["samples_correct"] += int(ok)

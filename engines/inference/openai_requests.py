@@ -102,10 +102,15 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _int(body: dict, key: str, lo: int, hi: int | None, default: int | None) -> int | None:
+def _int(body: dict, key: str, lo: int, hi: int | None, default: int) -> int:
+    value = _optional_int(body, key, lo, hi)
+    return default if value is None else value
+
+
+def _optional_int(body: dict, key: str, lo: int, hi: int | None) -> int | None:
     value = body.get(key)
     if value is None:
-        return default
+        return None
     if not _is_int(value) or value < lo or (hi is not None and value > hi):
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise OpenAIRequestError(f"'{key}' must be an integer {bound}, got {value!r}", key)
@@ -158,9 +163,9 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
     if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
         raise OpenAIRequestError(f"'top_k' must be -1 (off) or an integer >= 1, got {k!r}", "top_k")
     request.top_k = k
-    request.max_tokens = _int(body, "max_tokens", 1, None, None)
+    request.max_tokens = _optional_int(body, "max_tokens", 1, None)
     if max_tokens_key is not None and body.get(max_tokens_key) is not None:
-        request.max_tokens = _int(body, max_tokens_key, 1, None, None)  # the newer name wins
+        request.max_tokens = _optional_int(body, max_tokens_key, 1, None)  # the newer name wins
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -169,7 +174,7 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
     if stop is not None and len(stop) > MAX_STOP:
         raise OpenAIRequestError(f"'stop' takes at most {MAX_STOP} sequences, got {len(stop)}", "stop")
     request.stop = list(stop or [])
-    request.seed = _int(body, "seed", -(2 ** 63), 2 ** 64 - 1, None)
+    request.seed = _optional_int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
     request.ignore_eos = _bool(body, "ignore_eos")
 
 
@@ -314,7 +319,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     if len(request.prompts) * request.n > MAX_PROMPTS:
         raise OpenAIRequestError(f"{len(request.prompts)} prompts x n={request.n} choices is more than this "
                                  f"server takes in one request ({MAX_PROMPTS})", "prompt")
-    request.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
+    request.logprobs = _optional_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     if body.get("echo"):
         raise OpenAIRequestError("'echo' is not supported by this server", "echo")
     if body.get("suffix") is not None:

@@ -95,14 +95,15 @@ class OpenAIRoutes:
         return self.server.tokenizer
 
     # ------------------------------------------------------------------ generation
-    def _sampling(self, request: SamplingRequest, prompt_len: int):
-        """The engine's SamplingParams; max_tokens defaults to what the context leaves (OpenAI's rule)."""
+    def _sampling(self, request: SamplingRequest, prompt_len: int, prompt_field: str):
+        """The engine's SamplingParams; max_tokens defaults to what the context leaves (OpenAI's rule).
+        `prompt_field` is the request's field an over-long prompt is blamed on."""
         from areal_graph.engines.inference.sampling import SamplingParams
 
         context = int(self.server.engine.max_context)
         if prompt_len >= context:
             raise OpenAIRequestError(f"the prompt has {prompt_len} tokens; this model's context is {context}",
-                                     "messages", code="context_length_exceeded")
+                                     prompt_field, code="context_length_exceeded")
         max_new = request.max_tokens if request.max_tokens is not None else context - prompt_len
         if prompt_len + max_new > context:
             raise OpenAIRequestError(f"the prompt ({prompt_len} tokens) + max_tokens ({max_new}) exceeds this "
@@ -147,7 +148,7 @@ class OpenAIRoutes:
         chat = parse_chat_request(await self.server._json(request))
         tokenizer = self._tokenizer()
         prompt_ids = fmt.encode_text(tokenizer, fmt.render_chat_prompt(tokenizer, chat.messages, chat.tools))
-        params = self._sampling(chat, len(prompt_ids))
+        params = self._sampling(chat, len(prompt_ids), "messages")
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         choices = await self._generate(prompt_ids, params, chat.n, chat.top_logprobs if chat.logprobs else 0, cid)
         created = int(time.time())
@@ -168,7 +169,7 @@ class OpenAIRoutes:
         prompts = [p if isinstance(p, list) else fmt.encode_text(tokenizer, p) for p in req.prompts]
         if any(not p for p in prompts):
             raise OpenAIRequestError("a prompt encodes to no tokens", "prompt")
-        params = [self._sampling(req, len(p)) for p in prompts]
+        params = [self._sampling(req, len(p), "prompt") for p in prompts]
         groups = await asyncio.gather(*(
             self._generate(p, sp, req.n, req.logprobs or 0, cid, first_index=k * req.n)
             for k, (p, sp) in enumerate(zip(prompts, params))))

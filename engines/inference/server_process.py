@@ -39,11 +39,12 @@ class ServerProcess:
         env = dict(os.environ, **(self.env or {}))
         self._log = open(self.log_path, "ab") if self.log_path else None
         stderr = self._log  # None inherits our stderr (pytest captures fd 2)
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+        self.proc = proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
         found: list[str] = []
 
         def _read() -> None:
-            for line in self.proc.stdout:
+            assert proc.stdout is not None  # stdout=PIPE
+            for line in proc.stdout:
                 if line.startswith(READY_LINE) and not found:
                     found.append(line.split()[-1])
             # keep draining so the child never blocks on a full pipe

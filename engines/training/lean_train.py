@@ -134,8 +134,8 @@ def _stream_index(seqs: list[list[int]], share_prefixes: bool) -> tuple[list[lis
             while shared < limit and seq[shared] == other[shared]:
                 shared += 1
         n_new = len(seq) - shared
-        index[i] = index[prev][:shared] + list(range(next_pos, next_pos + n_new)) if shared else \
-            list(range(next_pos, next_pos + n_new))
+        own = list(range(next_pos, next_pos + n_new))
+        index[i] = index[prev][:shared] + own if shared and prev is not None else own
         shared_of[i] = shared
         next_pos += n_new
         prev = i
@@ -252,7 +252,7 @@ class LeanTrainForward:
                        _cat_bias(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)).view(-1, nh + 2 * nkv, d)
         qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
         q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        if q_norm is not None:  # Qwen3: RMSNorm of every head before the rotary embedding
+        if q_norm is not None and k_norm is not None:  # Qwen3: RMSNorm of every head before the rotary embedding
             qk = torch.cat([self._norm(qk[:, :nh], q_norm.weight, _eps(q_norm, self.eps)),
                             self._norm(qk[:, nh:], k_norm.weight, _eps(k_norm, self.eps))], 1)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)

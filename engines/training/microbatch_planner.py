@@ -113,24 +113,25 @@ def plan_stats(plan: MicrobatchPlan, seqlens: Sequence[int], max_tokens_per_mb: 
 
 # --------------------------------------------------------------------------- rank split
 def split_across_ranks(
-    lens: Sequence[int], dp_size: int, group_ids: Sequence[int] | None = None, equal_seq_counts: bool = False
+    seqlens: Sequence[int] | np.ndarray, dp_size: int, group_ids: Sequence[int] | None = None, equal_seq_counts: bool = False
 ) -> list[list[int]]:
     """Sequence indices of each rank, balanced by tokens, groups kept whole.
 
     Units (groups, or single sequences) go largest first to the least-loaded rank; with
     `equal_seq_counts`, to the least-loaded rank that still has room for the unit.
     """
-    lens = np.asarray(lens, dtype=np.int64)
+    lens = np.asarray(seqlens, dtype=np.int64)
     n = int(lens.shape[0])
     if dp_size == 1:
         return [list(range(n))]
     if group_ids is None and not equal_seq_counts:
         return _lpt_ranks(lens, dp_size)
     units = _units(n, group_ids)
+    unit_tokens: list[int]
     if group_ids is None:
         unit_tokens = lens.tolist()
     else:
-        unit_of = np.empty(n, dtype=np.int64)
+        unit_of: np.ndarray = np.empty(n, dtype=np.int64)
         for u, members_u in enumerate(units):
             unit_of[members_u] = u
         unit_tokens = np.bincount(unit_of, weights=lens, minlength=len(units)).astype(np.int64).tolist()
@@ -397,7 +398,7 @@ def _canonical(bins: list[list[int]], k: int) -> list[list[int]]:
     return out + [[] for _ in range(k - len(out))]
 
 
-def _descending(values: np.ndarray) -> list[int]:
+def _descending(values: Sequence[int] | np.ndarray) -> list[int]:
     """Indices by value, largest first, ties by index (deterministic)."""
     return np.argsort(-np.asarray(values, dtype=np.int64), kind="stable").tolist()
 

@@ -171,7 +171,7 @@ def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[in
     targets = layout.input_ids[pred_row, pred_col + 1]  # the token each prediction scores
     lp, ent = score_logits(logits[pred_row, pred_col], targets, with_entropy, temperature)
     out_lp = out_lp.index_put((dst,), lp)
-    if with_entropy:
+    if out_ent is not None:
         out_ent = out_ent.index_put((dst,), ent)
     return out_lp, out_ent
 
@@ -199,6 +199,6 @@ def lean_logprobs(lean: LeanTrainForward, batch: PackedBatch, with_entropy: bool
     logits = lean.logits(lean.hidden(layout, keep))
     lp, ent = score_logits(logits, batch["input_ids"].to(device)[dst], with_entropy, temperature, rows=inverse)
     out_lp = out_lp.index_put((dst,), lp)
-    if with_entropy:
+    if out_ent is not None:
         out_ent = out_ent.index_put((dst,), ent)
     return out_lp, out_ent

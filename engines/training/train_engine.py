@@ -49,7 +49,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -57,6 +57,7 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training import data_parallel as dp
 from areal_graph.engines.training.lean_train import LeanTrainForward, unsupported_reason
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.training.protocol import LossFn, TrainingEngine
 from areal_graph.engines.training.packed_scoring import (
     ROW_TOKENS,
     lean_logprobs,
@@ -70,7 +71,6 @@ log = logging.getLogger(__name__)
 
 Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows of positions in them)
 
-LossFn = Callable[[torch.Tensor, torch.Tensor, PackedBatch], "tuple[torch.Tensor, dict[str, float]]"]
 
 
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
@@ -161,7 +161,7 @@ class TrainEngine:
         elif self.parallel == "ddp":  # frozen: no gradients to reduce, but replicas must agree
             dp.broadcast_from_rank0(self.model)
         if trainable:
-            self.optimizer = _adamw(self.model, lr, tuple(betas), weight_decay, fused=self.parallel != "fsdp")
+            self.optimizer = _adamw(self.model, lr, (betas[0], betas[1]), weight_decay, fused=self.parallel != "fsdp")
         self._lean = self._make_lean() if lean and self.parallel == "none" else None
         self.share_prefixes = share_prefixes
         if self.parallel != "none":
@@ -175,10 +175,10 @@ class TrainEngine:
             return None
         return LeanTrainForward(self.model)
 
-    def _lean_on(self) -> bool:
-        """Whether forwards run through the lean path now (the model may have been put in
-        training mode since: dropout needs the HF modules)."""
-        return self._lean is not None and not self.model.training
+    def _lean_now(self) -> LeanTrainForward | None:
+        """The lean forward if forwards run through it now (the model may have been put in
+        training mode since: dropout needs the HF modules), else None."""
+        return self._lean if not self.model.training else None
 
     def _units(self, batch: PackedBatch, max_tokens_per_mb: int) -> tuple[list[Unit], int, int]:
         """This rank's forward passes, how many every rank must run, and its micro-batch count.
@@ -190,7 +190,7 @@ class TrainEngine:
         """
         lens = batch.seqlens().tolist()
         plan = plan_microbatches(lens, max_tokens_per_mb, dp_size=self.world_size)
-        lean = self._lean_on()
+        lean = self._lean_now() is not None
         counts = []
         mine: list[Unit] = []
         for rank, rank_plan in enumerate(plan):
@@ -223,9 +223,9 @@ class TrainEngine:
     def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0) -> torch.Tensor:
         """Per-token log-probs of the batch. Under data parallelism each rank computes its share
         and a sum over ranks assembles the whole (every token comes from exactly one rank)."""
-        if self._lean_on():
+        if (lean := self._lean_now()) is not None:
             return self._per_token(batch, max_tokens_per_mb,
-                                   lambda mb, rows: lean_logprobs(self._lean, mb, temperature=temperature,
+                                   lambda mb, rows: lean_logprobs(lean, mb, temperature=temperature,
                                                                   share_prefixes=self.share_prefixes)[0])
         return self._per_token(batch, max_tokens_per_mb,
                                lambda mb, rows: rows_logprobs(self.model, mb, rows, temperature=temperature)[0])
@@ -253,8 +253,8 @@ class TrainEngine:
         the live policy (a critic engine returns its values instead, and no entropy), computed
         only where `loss_mask` is set when the batch has one (0 elsewhere: nothing trains there)."""
         score = mb["loss_mask"] != 0 if "loss_mask" in mb else None
-        if self._lean_on():
-            return lean_logprobs(self._lean, mb, with_entropy=True, temperature=temperature, score=score,
+        if (lean := self._lean_now()) is not None:
+            return lean_logprobs(lean, mb, with_entropy=True, temperature=temperature, score=score,
                                  share_prefixes=self.share_prefixes)
         return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature, score=score)
 
@@ -307,7 +307,7 @@ class TrainEngine:
         if self.world_size > 1:
             totals = dp.sum_dicts(dp.all_gather_json(
                 {**totals, "loss": loss_sum, "n_microbatches": n_mb, "n_forwards": len(units)}, self.device))
-            loss_sum, n_mb, n_fwd = totals.pop("loss"), totals.pop("n_microbatches"), totals.pop("n_forwards")
+            loss_sum, n_mb, n_fwd = totals.pop("loss"), int(totals.pop("n_microbatches")), int(totals.pop("n_forwards"))
         else:
             n_fwd = len(units)
         elapsed = time.perf_counter() - t0
@@ -424,3 +424,8 @@ def _adamw(model: torch.nn.Module, lr: float, betas: tuple[float, float], weight
         except (RuntimeError, ValueError) as err:  # a device or dtype without the fused kernel
             log.debug("fused AdamW unavailable (%s): default implementation", err)
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+if TYPE_CHECKING:  # the type checker holds the engine to what a model host drives (tests/test_types.py)
+    def _implements(engine: TrainEngine) -> TrainingEngine:
+        return engine

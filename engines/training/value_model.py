@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.modeling_outputs import TokenClassifierOutput
@@ -157,3 +157,10 @@ class ValueEngine(TrainEngine):
 
     def _read_weights(self, model_dir: Path) -> dict[str, torch.Tensor]:
         return ValueModel.read_weights(model_dir)
+
+
+if TYPE_CHECKING:  # the type checker holds the critic to what a model host drives (tests/test_types.py)
+    from areal_graph.engines.training.protocol import ValueTrainingEngine
+
+    def _implements(engine: ValueEngine) -> ValueTrainingEngine:
+        return engine

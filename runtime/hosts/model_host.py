@@ -24,6 +24,7 @@ from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.engines.training.step_stats import mean_over_updates
 from areal_graph.nodes.off_policy import finish_mismatch_stats
 from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches, prepare_policy_batch
+from areal_graph.engines.training.protocol import TrainingEngine, ValueTrainingEngine
 from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine
 
@@ -48,8 +49,13 @@ class ModelHost:
         self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable,
                                  device=device)
         self.role: Role = role
-        engine_cls = ValueEngine if role == "critic" else TrainEngine
-        self.engine: TrainEngine = engine_cls(model_path, **self._engine_args)
+        # the host drives its engine through engines/training/protocol.py alone
+        self.critic: ValueTrainingEngine | None = None
+        self.engine: TrainingEngine
+        if role == "critic":
+            self.engine = self.critic = ValueEngine(model_path, **self._engine_args)
+        else:
+            self.engine = TrainEngine(model_path, **self._engine_args)
 
     def _use_as(self, role: Role) -> None:
         if role != self.role:
@@ -65,8 +71,8 @@ class ModelHost:
     def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
         """Per-token values V(tokens < t) at position t (0 at each sequence's first token), fp32."""
         self._use_as("critic")
-        assert isinstance(self.engine, ValueEngine)  # a critic's engine, by its role
-        values = self.engine.compute_values(batch, max_tokens_per_mb=max_tokens_per_mb)
+        assert self.critic is not None  # a critic's engine, by its role
+        values = self.critic.compute_values(batch, max_tokens_per_mb=max_tokens_per_mb)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
     def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,

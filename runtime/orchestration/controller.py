@@ -160,8 +160,8 @@ class Controller:
             while train in pending and stop in pending:  # generation finishing early ends nothing
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task is not stop and task.exception() is not None:
-                        raise task.exception()
+                    if task is not stop and (failure := task.exception()) is not None:
+                        raise failure
             if self._fatal is not None:
                 raise self._fatal
         except Exception as err:
@@ -357,6 +357,7 @@ class Controller:
         await self.span_pull.wait()  # the rest is collected once the run is over (run.py)
         with self.tracer.span("export_final_model", cat="controller"):
             await self.executor.export_model(self.run_dir.final_model_dir)
+        assert self._stop is not None  # run() creates it before this task starts
         self._stop.set()
 
     async def _next_batch(self, batch_size: int) -> PackedBatch:

@@ -77,7 +77,7 @@ def check_output(plan: ExecutionPlan, name: str, given: PackedBatch, out: Packed
         return
     if not plan.kind(name).may_drop:
         raise NodeContractError(f"node {name!r} returned {out.num_seqs} sequences for the {given.num_seqs} it was "
-                                f"given; a {plan.node(name).kind} node keeps every sequence")
+                                f"given; a node of kind {plan.node(name).kind} keeps every sequence")
     if "sample_id" not in out.seqs or "group_id" not in given.seqs:
         raise NodeContractError(f"node {name!r} dropped sequences but its output has no sample_id: return "
                                 "batch.select(kept_indices) with the writes added, so the kept ones are known")
@@ -131,8 +131,11 @@ async def run_phase(plan: ExecutionPlan, names: tuple[str, ...], batch: PackedBa
         given = node_inputs(plan, name, state)
         result = await call(name, given)
         check_output(plan, name, given, result.batch)
+        out = result.batch
+        if "sample_id" not in out.seqs:  # only its writes, for the sequences it was given (checked above):
+            out = out.update(given.select_keys([k for k in ID_KEYS if k in given]))  # a filter may cut them
         before = _groups(state)
-        state = _merge(state, result.batch)
+        state = _merge(state, out)
         if len(before) > len(_groups(state)):
             dropped[name] = len(before) - len(_groups(state))
         stats.update({f"{name}/{k}": v for k, v in result.stats.items()})

@@ -68,6 +68,8 @@ def encode_tensor(
     yield pb.BatchChunk(
         tensor=pb.TensorHeader(section=section, key=key, dtype=name, shape=list(t.shape), nbytes=nbytes)
     )
+    if raw is None:
+        return
     for start in range(0, nbytes, chunk_bytes):
         yield pb.BatchChunk(data=pb.TensorData(data=raw[start : start + chunk_bytes].tobytes()))
 

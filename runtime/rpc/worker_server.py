@@ -37,7 +37,7 @@ import time
 import traceback
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import grpc
 
@@ -88,6 +88,12 @@ def _short(text: str) -> str:
     return "...(truncated)...\n" + text[-MAX_ERROR_DETAILS:]
 
 
+
+def refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with `code`: grpc's `abort` raises, which its type stubs do not say."""
+    context.abort(code, message)
+    raise AssertionError("grpc's ServicerContext.abort returned")
+
 class WorkerService(pb_grpc.WorkerServicer):
     """The gRPC servicer: a registry of hosted implementations plus bookkeeping."""
 
@@ -110,13 +116,13 @@ class WorkerService(pb_grpc.WorkerServicer):
             return
         given = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY)
         if given is None or not hmac.compare_digest(str(given).encode(), self.token.encode()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"worker {self.name}: missing or wrong token")
+            refuse(context, grpc.StatusCode.UNAUTHENTICATED, f"worker {self.name}: missing or wrong token")
 
     def _impl(self, name: str, context: grpc.ServicerContext) -> Any:
         impl = self.impls.get(name)
         if impl is None:
-            context.abort(
-                grpc.StatusCode.NOT_FOUND,
+            refuse(
+                context, grpc.StatusCode.NOT_FOUND,
                 f"worker {self.name}: no implementation named {name!r}; configured: {sorted(self.impls)}",
             )
         return impl
@@ -124,8 +130,8 @@ class WorkerService(pb_grpc.WorkerServicer):
     def _method(self, impl_name: str, method: str, context: grpc.ServicerContext) -> Any:
         impl = self._impl(impl_name, context)
         if method.startswith("_") or not callable(getattr(impl, method, None)):
-            context.abort(
-                grpc.StatusCode.NOT_FOUND,
+            refuse(
+                context, grpc.StatusCode.NOT_FOUND,
                 f"worker {self.name}: implementation {impl_name!r} ({type(impl).__name__}) "
                 f"has no public method {method!r}",
             )
@@ -143,7 +149,7 @@ class WorkerService(pb_grpc.WorkerServicer):
     def _fail(self, context: grpc.ServicerContext, where: str) -> None:
         text = f"worker {self.name}: {where} raised\n{traceback.format_exc()}"
         log.error("%s", text)
-        context.abort(grpc.StatusCode.INTERNAL, _short(text))
+        refuse(context, grpc.StatusCode.INTERNAL, _short(text))
 
     # ------------------------------------------------------------------ RPCs
     def Configure(self, request: pb.ConfigureRequest, context: grpc.ServicerContext) -> pb.ConfigureReply:
@@ -176,13 +182,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._authorize(context)
         first = next(request_iterator, None)
         if first is None or not first.HasField("header"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Execute stream must start with an ExecuteHeader")
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "Execute stream must start with an ExecuteHeader")
         head = first.header
         fn = self._method(head.impl, head.method, context)
         try:
             args = json.loads(head.args_json or "{}")
         except json.JSONDecodeError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Execute args are not JSON: {e}")
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"Execute args are not JSON: {e}")
         dec = BatchDecoder()
         try:
             for chunk in request_iterator:
@@ -191,7 +197,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                     break
             batch = dec.finish()
         except MalformedStream as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker {self.name}: malformed batch: {e}")
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"worker {self.name}: malformed batch: {e}")
         start = time.time()
         where = f"{head.impl}.{head.method}"
         try:
@@ -214,7 +220,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         try:
             args = json.loads(request.args_json or "{}")
         except json.JSONDecodeError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Call args are not JSON: {e}")
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"Call args are not JSON: {e}")
         where = f"{request.impl}.{request.method}"
         start = time.time()
         try:

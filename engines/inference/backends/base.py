@@ -38,12 +38,13 @@ class HttpCall:
 class ParsedGeneration:
     """One generate response, in the backend-neutral form the client builds its result from.
 
-    `versions` is per output token, or None when the server reports one version for the whole
-    response (`response_version`, None when it reports none: the client's own then applies)."""
+    `versions` is per output token (None for a token whose weights the server did not label:
+    the version at submission applies), or None when the server reports one version for the
+    whole response (`response_version`, None when it reports none: the client's own applies)."""
 
     output_ids: list[int]
     output_logprobs: list[float]
-    versions: list[int] | None
+    versions: list[int | None] | None
     response_version: int | None
     finish_reason: str  # stop | length | abort
     prompt_len: int | None
@@ -156,6 +157,6 @@ def launch_flags(args: dict[str, Any]) -> list[str]:
         flag = "--" + str(key).replace("_", "-")
         if value is True:
             out.append(flag)
-        elif value not in (False, None):
+        elif value is not False and value is not None:  # 0 and 0.0 are values (0 == False)
             out += [flag, str(value)]
     return out

@@ -71,7 +71,9 @@ class SGLangBackend(InferenceBackend):
         return cmd + launch_flags(inference.args)
 
     def gpus(self, inference: Any) -> int:
-        return int(inference.args.get("tp_size", inference.args.get("tp", 1)))
+        """One server spans tp x dp GPUs (`--dp-size` runs dp replicas of a tp-way model)."""
+        args = inference.args
+        return int(args.get("tp_size", args.get("tp", 1))) * int(args.get("dp_size", args.get("dp", 1)))
 
     def cpus(self, gen_threads: int) -> int:
         return 1  # its work is on its GPUs

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +24,7 @@ from areal_graph.runtime.observability.trace_view.payload import PageOptions, ru
 
 log = logging.getLogger(__name__)
 ASSETS = Path(__file__).parent
+MARKER = re.compile(r"/\*@(?:CSS|JS)@\*/|@(?:TITLE|GRAPHS|SUMMARY|DATA)@")
 
 
 def build_page(runs: Sequence[RunMaterial], options: PageOptions | None = None,
@@ -38,15 +40,16 @@ def build_page(runs: Sequence[RunMaterial], options: PageOptions | None = None,
         p["notes"] = s["notes"] + _budget_notes(p)
     title = "timeline: " + " vs ".join(r.label for r in runs)
     data = json.dumps(payload, separators=(",", ":"), allow_nan=False, default=str).replace("</", "<\\/")
-    page = (ASSETS / "page.html").read_text(encoding="utf-8")
-    for marker, value in (("/*@CSS@*/", (ASSETS / "viewer.css").read_text(encoding="utf-8")),
-                          ("/*@JS@*/", (ASSETS / "viewer.js").read_text(encoding="utf-8")),
-                          ("@TITLE@", html.escape(title)), ("@TITLE@", html.escape(title)),
-                          ("@GRAPHS@", "".join(_graph_html(r, s) for r, s in zip(runs, summaries))),
-                          ("@SUMMARY@", "".join(_summary_html(s) for s in summaries)),
-                          ("@DATA@", data)):
-        page = page.replace(marker, value, 1)
-    return page
+    values = {"/*@CSS@*/": (ASSETS / "viewer.css").read_text(encoding="utf-8"),
+              "/*@JS@*/": (ASSETS / "viewer.js").read_text(encoding="utf-8"),
+              "@TITLE@": html.escape(title),
+              "@GRAPHS@": "".join(_graph_html(r, s) for r, s in zip(runs, summaries)),
+              "@SUMMARY@": "".join(_summary_html(s) for s in summaries),
+              "@DATA@": data}
+    # one pass over the template: what is filled in is never searched for markers (a run label
+    # or a file path holding "@DATA@" stays text)
+    template = (ASSETS / "page.html").read_text(encoding="utf-8")
+    return MARKER.sub(lambda m: values[m.group(0)], template)
 
 
 def write_page(path: str | Path, runs: Sequence[RunMaterial], options: PageOptions | None = None,

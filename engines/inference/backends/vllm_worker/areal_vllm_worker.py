@@ -6,13 +6,15 @@ on the server's PYTHONPATH and this file imports nothing of ours. Keep it standa
 Why it exists: vLLM 0.32's in-place `reload_weights` rebuilds the input embedding's parameter,
 and a model with tied word embeddings (Qwen2 0.5B-3B, our tiny kits) keeps decoding with the
 *old* output head: the tie is lost (and on CPU the head's GEMM keeps a packed copy of the old
-weight). `reload_weights_tied` reloads, then ties the head to the new embedding again. Found by tests/engines/inference/backends/test_vllm_backend.py: the log-probs after an update
-matched "new body, old head" to 2e-6 and the new model only to 3e-2.
+weight). `reload_weights_tied` reloads, then ties the head to the new embedding again. Found by
+tests/engines/inference/backends/test_vllm_backend.py: the log-probs after an update matched
+"new body, old head" to 2e-6 and the new model only to 3e-2.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +23,11 @@ log = logging.getLogger(__name__)
 
 class ArealWorkerExtension:
     """Mixed into vLLM's worker class; `self` is the worker (it has `reload_weights` and `model_runner`)."""
+
+    if TYPE_CHECKING:  # what vLLM's worker brings, for the type checker
+        model_runner: Any
+
+        def reload_weights(self, weights_path: str | None = None, weights_iterator: Any = None) -> None: ...
 
     def reload_weights_tied(self, weights_path: str) -> bool:
         """Load the safetensors in `weights_path` in place; restore a tied output head. True if it was tied."""
@@ -54,16 +61,18 @@ def retie_output_head(model: torch.nn.Module) -> bool:
     processing: on CPU that packs the weight for the GEMM kernel, so the head keeps computing
     with the old weights until it is redone."""
     config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    get_text_config = getattr(config, "get_text_config", None)
+    text_config = get_text_config() if callable(get_text_config) else config
     if not getattr(text_config, "tie_word_embeddings", False):
         return False
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if not isinstance(getattr(head, "weight", None), torch.nn.Parameter) or \
-            not isinstance(getattr(embed, "weight", None), torch.nn.Parameter) or head.weight.shape != embed.weight.shape:
+    head_weight, embed_weight = getattr(head, "weight", None), getattr(embed, "weight", None)
+    if head is None or not isinstance(head_weight, torch.nn.Parameter) or \
+            not isinstance(embed_weight, torch.nn.Parameter) or head_weight.shape != embed_weight.shape:
         log.warning("tied word embeddings, but no lm_head / model.embed_tokens pair of one shape to re-tie")
         return False
-    head.weight = embed.weight
+    head.weight = embed_weight
     method = getattr(head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(head)

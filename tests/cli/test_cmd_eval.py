@@ -1,0 +1,128 @@
+"""`areal-graph eval` (cli/cmd_eval.py) in-process: the argument checks that answer before any
+model is loaded (-k, --samples, --limit, an unknown builtin model), the messages for a model
+without a tokenizer and for a bad --rollout-class, and one small real evaluation of the test
+kit's random model (2 problems, 4 tokens, pass@2 from 3 samples) whose table, shown answers
+and --json file agree with each other. The trained-kit evaluation and the subprocess runs
+are in tests/modelkit/test_evaluation.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import areal_graph.modelkit.builtin as builtin
+from areal_graph.cli import cmd_eval
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="areal-graph")
+    cmd_eval.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["eval", *argv])
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path / "cache"))
+
+    def refuse(*a, **k):
+        raise AssertionError("a test of cmd_eval asked to build a builtin kit")
+
+    monkeypatch.setattr(builtin, "ensure_kit", refuse)
+
+
+def test_parser_defaults():
+    args = parse("m", "--data", "d.jsonl")
+    assert (args.model, args.data, args.limit, args.k, args.samples) == ("m", "d.jsonl", None, 0, None)
+    assert (args.temperature, args.max_new_tokens, args.reward, args.seed, args.show) == (1.0, 64, "math_verify", 0, 3)
+    assert (args.question_key, args.answer_key, args.json_out, args.rollout_class) == ("question", "answer", None, None)
+    assert args.func is cmd_eval.run
+    with pytest.raises(SystemExit):
+        parse("m")  # --data is required
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-k", "-1"], "-k must be >= 0 and --samples >= k (got -k -1, --samples None)"),
+    (["--samples", "0"], "-k must be >= 0 and --samples >= k (got -k 0, --samples 0)"),
+    (["-k", "3", "--samples", "2"], "(got -k 3, --samples 2)"),
+    (["--limit", "0"], "--limit must be >= 1, got 0"),
+])
+def test_bad_counts_are_usage_errors_before_loading(tmp_path, capsys, argv, message):
+    # the model does not exist: the checks answer before it is looked at
+    assert cmd_eval.run(parse(str(tmp_path / "no_model"), "--data", "x.jsonl", *argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_builtin_model_is_a_usage_error(capsys):
+    assert cmd_eval.run(parse("builtin:nope", "--data", "x.jsonl")) == 2
+    err = capsys.readouterr().err
+    assert "unknown builtin model 'builtin:nope'" in err and "builtin:tiny-calc" in err
+
+
+def test_model_without_tokenizer_is_exit_1(tiny_model_dir, kit, capsys):
+    assert cmd_eval.run(parse(str(tiny_model_dir), "--data", str(kit / "test.jsonl"))) == 1
+    err = capsys.readouterr().err
+    assert f"{tiny_model_dir} has no tokenizer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("path,message", [
+    ("no_such_module_xyz:Agent", "--rollout-class: "),
+    ("collections:OrderedDict", "--rollout-class: rollout class 'collections:OrderedDict' is not a subclass of "
+                                "areal_graph.api.rollout.Rollout"),
+])
+def test_bad_rollout_class_is_a_usage_error(tiny_model_dir, capsys, path, message):
+    assert cmd_eval.run(parse(str(tiny_model_dir), "--data", "x.jsonl", "--rollout-class", path)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    if path.startswith("no_such"):
+        assert "no_such_module_xyz" in err
+
+
+def test_small_real_eval_table_answers_and_json_agree(kit, tmp_path, capsys):
+    out = tmp_path / "deep" / "result.json"
+    args = parse(str(kit / "model"), "--data", str(kit / "test.jsonl"), "--limit", "2", "--max-new-tokens", "4",
+                 "-k", "2", "--samples", "3", "--temperature", "0.7", "--show", "1", "--json", str(out))
+    assert cmd_eval.run(args) == 0
+    captured = capsys.readouterr()
+    result = json.loads(out.read_text())
+    assert f"wrote {out}" in captured.err
+    assert result["model"] == str(kit / "model") and result["data"] == str(kit / "test.jsonl")
+    assert (result["prompts"], result["k"], result["n_samples"], result["temperature"]) == (2, 2, 3, 0.7)
+    per = result["per_prompt"]
+    assert len(per) == 2 and all(0 <= p["samples_correct"] <= 3 for p in per)
+    assert result["greedy_accuracy"] == sum(p["greedy_correct"] for p in per) / 2
+    assert result["sample_accuracy"] == pytest.approx(sum(p["samples_correct"] for p in per) / 6)
+    text = captured.out
+    assert re.search(r"│ problems\s+│\s+2 │", text)
+    assert re.search(rf"│ greedy accuracy\s+│\s+{result['greedy_accuracy']:.1%} │", text)
+    assert re.search(rf"│ pass@2 \(n=3, T=0\.7\)\s+│\s+{result['pass@2']:.1%} │", text)
+    assert re.search(rf"│ mean sample accuracy\s+│\s+{result['sample_accuracy']:.1%} │", text)
+    shown = [line for line in text.splitlines() if line[:1] in ("✓", "✗")]
+    assert len(shown) == 1  # --show 1
+    first = per[0]
+    assert shown[0].startswith(("✓" if first["greedy_correct"] else "✗") + f" {first['id']} (answer {first['answer']}):")
+
+
+def test_greedy_only_has_no_pass_at_k_rows(kit, capsys):
+    args = parse(str(kit / "model"), "--data", str(kit / "test.jsonl"), "--limit", "1", "--max-new-tokens", "2",
+                 "--show", "0")
+    assert cmd_eval.run(args) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"│ problems\s+│\s+1 │", text)
+    assert "pass@" not in text and "mean sample accuracy" not in text
+    assert not any(line[:1] in ("✓", "✗") for line in text.splitlines())
+
+
+def test_json_path_argument_is_a_path():
+    assert parse("m", "--data", "d", "--json", "a/b.json").json_out == Path("a/b.json")
+
+
+def test_samples_without_k_and_a_folder_as_json_are_usage_errors(tmp_path, capsys):
+    assert cmd_eval.run(parse("m", "--data", "d.jsonl", "--samples", "3")) == 2
+    assert "--samples 3 without -k" in capsys.readouterr().err
+    assert cmd_eval.run(parse("m", "--data", "d.jsonl", "--json", str(tmp_path))) == 2
+    assert f"--json {tmp_path} is a directory" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""`areal-graph validate` (cli/cmd_validate.py) called in-process through its own parser: every
+shipped workflow passes and its summary states the counts the graph has, the models/nodes
+tables say what is trained, frozen and fused, a missing file is a listed problem naming the
+file, and `print_problems` prints YAML-ish text verbatim. The subprocess runs and the broken
+fixtures are checked in tests/cli/test_graph_cli.py and tests/graph/test_validation.py."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from areal_graph.cli import cmd_validate
+from areal_graph.graph.dag import build_graph
+from areal_graph.graph.loader import load_workflow
+from areal_graph.graph.plan import build_plan
+from support.paths import FIXTURES, WORKFLOWS
+
+SHIPPED = sorted(WORKFLOWS.glob("*.yaml"))
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="areal-graph")
+    cmd_validate.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["validate", *argv])
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "240")  # table cells stay whole
+
+
+def rows(out: str) -> list[list[str]]:
+    """The cells of every table row in `out`."""
+    found = []
+    for line in out.splitlines():
+        if line.startswith("│"):
+            found.append([c.strip() for c in line.strip().strip("│").split("│")])
+    return found
+
+
+def row(out: str, first_cell: str) -> list[str]:
+    """The cells of the first table row whose first cell is `first_cell`."""
+    for cells in rows(out):
+        if cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in:\n{out}")
+
+
+def test_parser_defaults_and_repeatable_set():
+    args = parse("wf.yaml", "--set", "a=1", "--set", "b.c=2")
+    assert args.workflow == Path("wf.yaml") and args.overrides == ["a=1", "b.c=2"] and args.schema is False
+    assert args.func is cmd_validate.run
+    bare = parse()
+    assert bare.workflow is None and bare.overrides == []
+
+
+def test_shipped_workflows_exist():
+    assert len(SHIPPED) >= 5, SHIPPED
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_workflow_validates_with_its_counts(path, capsys):
+    assert cmd_validate.run(parse(str(path))) == 0
+    out = capsys.readouterr().out
+    spec = load_workflow(path)
+    graph = build_graph(spec)
+    assert out.splitlines()[0] == (f"OK {path}: workflow {spec.name}, {len(spec.nodes)} nodes, "
+                                   f"{graph.number_of_edges()} edges")
+    for name, node in spec.nodes.items():
+        assert row(out, name)[1] == node.kind
+    rt = spec.runtime
+    assert (f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
+            f"{rt.steps} steps, backend {spec.inference.backend}") in out
+
+
+def test_tables_show_trained_frozen_and_fused(capsys):
+    path = FIXTURES / "minimal.yaml"
+    assert cmd_validate.run(parse(str(path))) == 0
+    out = capsys.readouterr().out
+    assert row(out, "actor")[1:] == ["builtin:tiny-arith", "lr 1e-05"]
+    assert row(out, "ref")[1:] == ["builtin:tiny-arith", "frozen"]
+    plan = build_plan(load_workflow(path))
+    assert plan.fused == {"prox_logp": "train"}  # what the nodes table must say
+    prox = row(out, "prox_logp")
+    assert prox[1:4] == ["logprob", "actor", plan.phase["prox_logp"]] and prox[4] == "(fused into train)"
+    ref = row(out, "ref_logp")
+    assert ref[4] == plan.hosting["ref_logp"].process and ref[5:] == ["input_ids", "ref_logprobs"]
+    assert row(out, "train")[6] == "-"  # a train node writes nothing
+    edges = [r for r in rows(out) if len(r) == 3]
+    assert ["train", "rollout", "new weights (implicit, not a DAG edge)"] in edges
+    assert ["rollout", "reward", "input_ids, loss_mask"] in edges
+
+
+def test_overrides_reach_the_summary(capsys):
+    args = parse(str(FIXTURES / "minimal.yaml"), "--set", "runtime.batch_size=8", "--set", "runtime.steps=3",
+                 "--set", "models.actor.train.lr=0.5")
+    assert cmd_validate.run(args) == 0
+    out = capsys.readouterr().out
+    assert "runtime: batch 8 trajectories/step, max staleness 2, 3 steps, backend embedded" in out
+    assert row(out, "actor")[2] == "lr 0.5"
+
+
+def test_missing_file_is_a_problem_naming_it(tmp_path, capsys):
+    path = tmp_path / "nope.yaml"
+    assert cmd_validate.run(parse(str(path))) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"{path}: 1 problem(s)"
+    assert re.search(rf"- {re.escape(str(path))}.*cannot read workflow file: No such file or directory", out), out
+    assert "Traceback" not in out
+
+
+def test_print_problems_counts_and_prints_verbatim():
+    buf = io.StringIO()
+    console = Console(file=buf, width=200, color_system=None)
+    cmd_validate.print_problems(console, Path("wf.yaml"), ["field 'x': got [a, b]", "[bold]not markup[/]"])
+    assert buf.getvalue().splitlines() == ["wf.yaml: 2 problem(s)", "  - field 'x': got [a, b]",
+                                           "  - [bold]not markup[/]"]
