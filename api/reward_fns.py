@@ -21,7 +21,7 @@ BUILTIN_REWARD_FNS: dict[str, str] = {
 }
 
 
-def resolve_reward_fn(path: str) -> Callable[[str, str], float]:
+def resolve_reward_fn(path: str) -> Callable[..., float]:  # (completion, answer[, episode=])
     """A reward function from a builtin name (see BUILTIN_REWARD_FNS) or an import path "module:function"."""
     path = BUILTIN_REWARD_FNS.get(path, path)
     if ":" not in str(path):

@@ -34,7 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="generation length limit (default 64)")
     p.add_argument("--prompt-template", default=None, help="format string with {question} (default: the question)")
     p.add_argument("--question-key", default="question", help="question field of a row (default question)")
-    p.add_argument("--answer-key", default="answer", help="reference-answer field of a row (default answer)")
+    p.add_argument("--answer-key", default="answer", help="reference-answer field of a row (default answer); "
+                   "a dotted path reaches into nested fields (reward_model.ground_truth)")
+    p.add_argument("--layout", choices=("auto", "fields", "verl"), default="auto",
+                   help="verl: question from `prompt` (chat messages), answer from reward_model.ground_truth; "
+                        "auto (default): verl for rows without --question-key that have verl's fields")
+    p.add_argument("--source-key", default="data_source",
+                   help="field naming a row's source: accuracy is also shown per source (default data_source)")
     p.add_argument("--reward", default="math_verify", help="reward fn: math_verify or module:function")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--rollout-class", default=None, metavar="MODULE:CLASS",
@@ -95,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             result = evaluate_model(
                 model, data, limit=args.limit, k=args.k, n_samples=args.samples, temperature=args.temperature,
                 max_new_tokens=args.max_new_tokens, prompt_template=args.prompt_template,
-                question_key=args.question_key, answer_key=args.answer_key, reward_fn=args.reward, seed=args.seed,
+                question_key=args.question_key, answer_key=args.answer_key, layout=args.layout,
+                source_key=args.source_key, reward_fn=args.reward, seed=args.seed,
                 on_progress=lambda done, total: progress.update(task, completed=done, total=total),
                 rollout=rollout,
             )
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     if args.k:
         table.add_row(f"pass@{args.k} (n={result['n_samples']}, T={args.temperature:g})", f"{result[f'pass@{args.k}']:.1%}")
         table.add_row("mean sample accuracy", f"{result['sample_accuracy']:.1%}")
+    for source, row in result.get("by_source", {}).items():
+        table.add_row(escape(f"  {source} ({row['prompts']:.0f})"), f"{row['greedy_accuracy']:.1%}")
     if result["skipped_rows"]:
         table.add_row("rows skipped", str(result["skipped_rows"]))
     if result["reward_failures"]:

@@ -79,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         console.print(f"[red]layout: {err}[/]", highlight=False)
         return 2
-    problems = gpu_problems(spec, layout)
-    for problem in problems:
-        console.print(f"[red]{problem}[/]", highlight=False)
-    if problems:
+    shortfalls = gpu_problems(spec, layout)
+    for shortfall in shortfalls:
+        console.print(f"[red]{shortfall}[/]", highlight=False)
+    if shortfalls:
         return 1
     run_dir = (args.run_dir or Path(spec.runtime.run_dir.format(
         name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))).resolve()

@@ -232,7 +232,7 @@ def summarize(spans: list[dict[str, Any]], by: str, wall_s: float) -> list[dict[
     groups: dict[str, list[float]] = {}
     for s in spans:
         groups.setdefault(_key(s, by), []).append(float(s.get("dur", 0.0)) / 1e6)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key, durs in groups.items():
         durs.sort()
         total = math.fsum(durs)

@@ -1,32 +1,39 @@
-"""Prompt datasets: JSONL or parquet rows with a question and a reference answer.
+"""Prompt datasets: rows with a question (text or chat messages) and a reference answer.
 
-One loader serves the builtin arithmetic task and real datasets (GSM8K-style
+One loader serves the builtin arithmetic task and the datasets users have: GSM8K-style
 `{"question": ..., "answer": "... #### 72"}`, MATH-style `{"problem": ..., "solution": ...}`
-via `question_key` / `answer_key`). Rows that cannot be used are skipped and counted by
-reason, and the first few are named with their file and line, so a bad row never stops a run
-and never disappears silently.
+through `question_key` / `answer_key` (dotted paths reach into nested fields), and verl's
+layout read as it is: `prompt` a list of chat messages, the answer in
+`reward_model.ground_truth`, `data_source` naming where the row comes from (kept for
+per-source metrics). Files: JSONL, JSON, parquet, or a `datasets` save_to_disk folder
+(data/dataset_files.py). Rows that cannot be used are skipped and counted by reason, and the
+first few are named with their file and line, so a bad row never stops a run and never
+disappears silently.
 
-The prompt a model sees: `prompt_template.format(question=...)` (or the bare question) as
-the user turn of the tokenizer's chat template when it has one, else the raw text. The same
-function builds prompts for SFT, evaluation and RL, so they always agree.
+The prompt a model sees: for a text question, `prompt_template.format(question=...)` (or the
+bare question) as the user turn of the tokenizer's chat template when it has one, else the raw
+text; for chat messages, the messages through the chat template (the template, if any, applied
+to the last user turn). The same function builds prompts for SFT, evaluation and RL, so they
+always agree.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from areal_graph.data.dataset_files import DatasetError, LoadReport, iter_rows
+
+__all__ = ["DatasetError", "LoadReport", "Prompt", "format_prompt", "load_prompts", "load_run_prompts",
+           "reference_answer"]
 
 log = logging.getLogger(__name__)
 
-# Bounds on what one file may make us hold in memory: a JSONL row, and a whole .json array.
-MAX_ROW_BYTES = 1 << 20
-MAX_JSON_FILE_BYTES = 256 << 20
-# How many skipped rows are named individually in the log before only counting.
-_NAMED_SKIPS = 5
+LAYOUTS = ("auto", "fields", "verl")
+VERL_QUESTION, VERL_ANSWER = "prompt", "reward_model.ground_truth"
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -37,40 +44,20 @@ class Prompt:
     text: str
     input_ids: list[int]
     answer: str
+    source: str = ""  # the row's data source (verl's `data_source`), for per-source metrics
+    messages: tuple[dict[str, str], ...] | None = None  # a chat-message question, as given
 
 
-@dataclass
-class LoadReport:
-    """What happened to every row of a file: loaded, or skipped and why."""
-
-    path: str
-    loaded: int = 0
-    skipped: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)  # "line 7: missing 'answer'"
-
-    @property
-    def total_skipped(self) -> int:
-        return sum(self.skipped.values())
-
-    def skip(self, line: int, reason: str, detail: str = "") -> None:
-        self.skipped[reason] += 1
-        if len(self.examples) < _NAMED_SKIPS:
-            self.examples.append(f"line {line}: {reason}{': ' + detail if detail else ''}")
-
-    def __str__(self) -> str:
-        text = f"{self.path}: {self.loaded} rows loaded"
-        if self.total_skipped:
-            reasons = ", ".join(f"{n} {r}" for r, n in self.skipped.most_common())
-            text += f", {self.total_skipped} skipped ({reasons})"
-        return text
-
-
-class DatasetError(ValueError):
-    """The dataset as a whole cannot be read (missing file, unknown format)."""
-
-
-def format_prompt(tokenizer: Any, question: str, prompt_template: str | None = None) -> str:
-    """The text the model is prompted with for `question`."""
+def format_prompt(tokenizer: Any, question: str | list[dict[str, str]], prompt_template: str | None = None) -> str:
+    """The text the model is prompted with for `question` (text, or chat messages)."""
+    if isinstance(question, list):
+        messages = [dict(m) for m in question]
+        if prompt_template:
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last]["content"] = prompt_template.format(question=messages[last]["content"])
+        if not getattr(tokenizer, "chat_template", None):
+            raise DatasetError("a chat-message prompt needs a tokenizer with a chat template")
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     content = prompt_template.format(question=question) if prompt_template else question
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
@@ -87,83 +74,46 @@ def reference_answer(raw: Any) -> str:
     return text.replace(",", "") if text.replace(",", "").lstrip("-").isdigit() else text
 
 
-def iter_rows(path: str | Path, report: LoadReport) -> Iterator[tuple[int, Any]]:
-    """(line or row number, decoded row) for JSONL / JSON-array / parquet files.
-
-    Bounded, whatever the file holds: a JSONL line longer than `MAX_ROW_BYTES` is skipped
-    without being held in memory, as are lines that are not UTF-8, not JSON, or JSON nested
-    too deeply to decode; each is counted in `report`. A .json array is read whole, so it
-    must be under `MAX_JSON_FILE_BYTES` (JSONL streams any size)."""
-    path = Path(path)
-    if not path.exists():
-        raise DatasetError(f"dataset {path} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as err:
-            raise DatasetError(f"dataset {path}: reading parquet needs pyarrow (pip install 'areal-graph[parquet]')") from err
-        try:
-            table = pq.read_table(path)
-        except Exception as err:  # pyarrow raises its own error types for corrupt files
-            raise DatasetError(f"dataset {path}: not a readable parquet file ({err})") from err
-        for i, row in enumerate(table.to_pylist(), start=1):
-            yield i, row
-        return
-    if suffix == ".json":
-        yield from enumerate(_json_array(path), start=1)
-        return
-    if suffix not in (".jsonl", ".ndjson"):
-        raise DatasetError(f"dataset {path}: unknown format {suffix!r} (use .jsonl, .json or .parquet)")
-    with path.open("rb") as f:
-        i = 0
-        while True:
-            raw = f.readline(MAX_ROW_BYTES + 1)
-            if not raw:
-                return
-            i += 1
-            if len(raw) > MAX_ROW_BYTES and not raw.endswith(b"\n"):
-                while raw and not raw.endswith(b"\n"):  # drop the rest of the line, a chunk at a time
-                    raw = f.readline(MAX_ROW_BYTES)
-                report.skip(i, "row too long", f"over {MAX_ROW_BYTES:,} bytes")
-                continue
-            row = _decode_line(raw, i, report)
-            if row is not _SKIPPED:
-                yield i, row
+_MISSING = object()
 
 
-_SKIPPED = object()
+def field_value(row: dict, key: str) -> Any:
+    """`row[key]`, or for a dotted key the value down nested mappings (`reward_model.ground_truth`);
+    a key that is itself in the row wins over the path. `_MISSING` when there is none."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
 
 
-def _decode_line(raw: bytes, i: int, report: LoadReport) -> Any:
-    if not raw.strip():
-        return _SKIPPED
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        report.skip(i, "not UTF-8", f"byte 0x{raw[err.start]:02x} at column {err.start + 1}")
-    except json.JSONDecodeError as err:
-        report.skip(i, "invalid JSON", str(err))
-    except RecursionError:
-        report.skip(i, "nested too deeply")
-    return _SKIPPED
+def row_keys(row: dict, layout: str, question_key: str, answer_key: str) -> tuple[str, str]:
+    """The (question, answer) keys of a row: verl's under `layout: verl`, and under `auto` when the
+    row lacks the configured question key but has verl's fields."""
+    if layout == "verl" or (layout == "auto" and field_value(row, question_key) is _MISSING
+                            and isinstance(row.get(VERL_QUESTION), list)
+                            and field_value(row, VERL_ANSWER) is not _MISSING):
+        return VERL_QUESTION, VERL_ANSWER
+    return question_key, answer_key
 
 
-def _json_array(path: Path) -> list:
-    if path.stat().st_size > MAX_JSON_FILE_BYTES:
-        raise DatasetError(f"dataset {path}: a .json dataset is read whole and must be under "
-                           f"{MAX_JSON_FILE_BYTES >> 20} MiB; write it as JSONL (one row per line)")
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise DatasetError(f"dataset {path}: not UTF-8 text (byte offset {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise DatasetError(f"dataset {path}: not valid JSON ({err})") from None
-    except RecursionError:
-        raise DatasetError(f"dataset {path}: JSON nested too deeply to read") from None
-    if not isinstance(data, list):
-        raise DatasetError(f"dataset {path}: a .json dataset must hold a list of rows")
-    return data
+def chat_messages(value: Any) -> list[dict[str, str]] | str:
+    """`value` as chat messages, or the reason it is not a usable conversation."""
+    if not value:
+        return "an empty message list"
+    out = []
+    for m in value:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return "a message that is not {role: text, content: text}"
+        if m["role"] not in CHAT_ROLES:
+            return f"a message of role {m['role']!r} (roles: {', '.join(CHAT_ROLES)})"
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["role"] == "user" for m in out):
+        return "no user message"
+    return out
 
 
 def load_prompts(
@@ -173,38 +123,68 @@ def load_prompts(
     question_key: str = "question",
     answer_key: str = "answer",
     max_prompt_tokens: int | None = None,
+    layout: str = "auto",
+    source_key: str = "data_source",
 ) -> tuple[list[Prompt], LoadReport]:
     """Every usable row of `path` as a Prompt, and the report of what was skipped."""
     if prompt_template is not None and "{question}" not in prompt_template:
         raise DatasetError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+    if layout not in LAYOUTS:
+        raise DatasetError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     report = LoadReport(str(path))
     prompts: list[Prompt] = []
     for line, row in iter_rows(path, report):
-        if not isinstance(row, dict):
-            report.skip(line, "not an object", type(row).__name__)
-            continue
-        missing = [k for k in (question_key, answer_key) if k not in row or row[k] is None]
-        if missing:
-            report.skip(line, f"missing {missing[0]!r}")
-            continue
-        question, answer = row[question_key], row[answer_key]
-        if not isinstance(question, str) or not question.strip():
-            report.skip(line, f"empty or non-text {question_key!r}")
-            continue
-        answer = reference_answer(answer)
-        if not answer:
-            report.skip(line, f"empty {answer_key!r}")
-            continue
-        text = format_prompt(tokenizer, question, prompt_template)
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-            report.skip(line, "prompt too long", f"{len(ids)} > max_prompt_tokens {max_prompt_tokens}")
-            continue
-        prompts.append(Prompt(str(row.get("id", f"{Path(path).stem}:{line}")), text, ids, answer))
+        prompt = _row_prompt(row, line, report, tokenizer, prompt_template, max_prompt_tokens,
+                             row_keys(row, layout, question_key, answer_key) if isinstance(row, dict) else ("", ""),
+                             source_key, Path(path).stem)
+        if prompt is not None:
+            prompts.append(prompt)
     report.loaded = len(prompts)
     if report.total_skipped:
         log.warning("%s; first skipped: %s", report, "; ".join(report.examples))
     return prompts, report
+
+
+def _row_prompt(row: Any, line: int, report: LoadReport, tokenizer: Any, prompt_template: str | None,
+                max_prompt_tokens: int | None, keys: tuple[str, str], source_key: str, stem: str) -> Prompt | None:
+    """The row as a Prompt, or None after recording in `report` why it was skipped."""
+    if not isinstance(row, dict):
+        report.skip(line, "not an object", type(row).__name__)
+        return None
+    question_key, answer_key = keys
+    question, answer = field_value(row, question_key), field_value(row, answer_key)
+    for key, value in ((question_key, question), (answer_key, answer)):
+        if value is _MISSING or value is None:
+            report.skip(line, f"missing {key!r}")
+            return None
+    messages: list[dict[str, str]] | None = None
+    if isinstance(question, list):
+        conversation = chat_messages(question)
+        if isinstance(conversation, str):
+            report.skip(line, f"{question_key!r} is not a conversation", conversation)
+            return None
+        messages = conversation
+    elif not isinstance(question, str) or not question.strip():
+        report.skip(line, f"empty or non-text {question_key!r}")
+        return None
+    answer = reference_answer(answer)
+    if not answer:
+        report.skip(line, f"empty {answer_key!r}")
+        return None
+    try:
+        text = format_prompt(tokenizer, messages if messages is not None else question, prompt_template)
+    except DatasetError as err:
+        report.skip(line, str(err))
+        return None
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        report.skip(line, "prompt too long", f"{len(ids)} > max_prompt_tokens {max_prompt_tokens}")
+        return None
+    source = field_value(row, source_key)
+    row_id = row.get("id", field_value(row, "extra_info.index"))
+    return Prompt(str(row_id) if row_id not in (None, _MISSING) else f"{stem}:{line}", text, ids, answer,
+                  source=str(source) if source not in (None, _MISSING) else "",
+                  messages=tuple(messages) if messages is not None else None)
 
 
 def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Prompt], list[Prompt]]:
@@ -217,7 +197,8 @@ def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Pr
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     kwargs = dict(prompt_template=data.prompt_template, question_key=data.question_key,
-                  answer_key=data.answer_key, max_prompt_tokens=data.max_prompt_tokens)
+                  answer_key=data.answer_key, max_prompt_tokens=data.max_prompt_tokens, layout=data.layout,
+                  source_key=data.source_key)
     train, report = load_prompts(data.train, tok, **kwargs)
     if not train:
         raise DatasetError(f"data.train ({data.train}) has no usable rows: {report}")

@@ -150,6 +150,54 @@ REWARD = NodeKind(
 )
 
 
+# ============================================================================ reward model
+@dataclass(frozen=True)
+class RewardModelParams:
+    """A sequence-classification `model` scoring whole trajectories (runtime/hosts/reward_model_host.py)."""
+
+    output: Literal["auto", "logit", "sigmoid", "prob"] = cfg(
+        "auto", None, "auto: the logit of a one-label head, the probability of label 1 of a two-label one")
+    retokenize: Literal["auto", "always", "never"] = cfg(
+        "auto", None, "re-encode each trajectory's text with the reward model's tokenizer: auto when its "
+                      "vocabulary differs from the policy's")
+    max_tokens_per_microbatch: Optional[int] = cfg(None, positive, "padded tokens per forward (null: the "
+                                                                   "runtime's max_tokens_per_microbatch)")
+
+
+def _reward_model_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
+    issues = _writes_exactly_one(node, "reward_model") + _reads_missing(node, ("input_ids",), "a reward_model node")
+    model = spec.models.get(str(node.model))
+    if model is not None and model.train is not None:
+        issues.append(Issue(("model",), f"model '{model.name}' has `train` settings, but a reward model is frozen "
+                                        "(training it in the run is not built): remove them"))
+    if model is not None and model.dp_size != 1:
+        issues.append(Issue(("model",), f"model '{model.name}' has dp_size {model.dp_size}; a reward model runs in "
+                                        "one process (dp_size 1)"))
+    others = [n.name for n in spec.nodes.values() if n.model == node.model and n.name != node.name]
+    if others:
+        issues.append(Issue(("model",), f"model '{node.model}' is also used by {others}: a reward model needs its own "
+                                        "entry under `models:`"))
+    return issues
+
+
+REWARD_MODEL = NodeKind(
+    name="reward_model", params=RewardModelParams, model="required", phase="generation",
+    doc="scores whole trajectories with a sequence-classification `model` (any AutoModelForSequenceClassification "
+        "directory) in its own process; one value per sequence",
+    hosting=lambda node, spec: Hosting(f"rm-{node.name}", node.name, f"{HOSTS}.reward_model_host:RewardModelHost",
+                                       exclusive=True),
+    host_args=lambda node, spec, info: {"path": info.model_paths[str(node.model)],
+                                        "policy_tokenizer_path": info.model_paths[actor_model(spec) or ""],
+                                        "device": spec.models[str(node.model)].device,
+                                        "output": node.params.output, "retokenize": node.params.retokenize},
+    call=lambda node, spec: Call("score", {"out_key": node.writes[0], "max_tokens_per_mb":
+                                           node.params.max_tokens_per_microbatch
+                                           or spec.runtime.max_tokens_per_microbatch}),
+    rules=_reward_model_rules,
+    scores=True,
+)
+
+
 # ============================================================================ model nodes: logprob, value, train
 @dataclass(frozen=True)
 class LogprobParams:
@@ -369,4 +417,5 @@ FUNCTION = NodeKind(
     may_drop=True,
 )
 
-BUILTIN_KINDS: dict[str, NodeKind] = {k.name: k for k in (ROLLOUT, REWARD, LOGPROB, VALUE, ADVANTAGE, TRAIN, FUNCTION)}
+BUILTIN_KINDS: dict[str, NodeKind] = {k.name: k for k in (ROLLOUT, REWARD, REWARD_MODEL, LOGPROB, VALUE, ADVANTAGE, TRAIN,
+                                                           FUNCTION)}

@@ -48,8 +48,14 @@ class DataSpec:
     train: str = field(metadata={"check": None, "help": "dataset path (jsonl/parquet) or builtin:NAME"})
     eval: Optional[str] = _f(None)
     prompt_template: Optional[str] = _f(None, None, "format string with {question}")
-    question_key: str = _f("question")
-    answer_key: str = _f("answer")
+    question_key: str = _f("question", None, "the question's field: text, or a list of chat messages; "
+                                             "a dotted path reaches into nested fields")
+    answer_key: str = _f("answer", None, "the reference answer's field (a dotted path reaches into nested fields)")
+    layout: Literal["auto", "fields", "verl"] = _f(
+        "auto", None, "verl: the question is `prompt` (chat messages), the answer `reward_model.ground_truth`; "
+                      "fields: question_key / answer_key; auto: verl for a row without question_key that has verl's")
+    source_key: str = _f("data_source", None, "the field naming a row's source: reward and accuracy are also "
+                                             "reported per source (reward/by_source/..., eval/by_source/...)")
     eval_size: Optional[int] = _f(None, positive, "evaluate on the first N eval prompts (all when null)")
     max_prompt_tokens: Optional[int] = _f(None, positive)
 

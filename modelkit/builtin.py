@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from areal_graph.modelkit.reward_model import BUILTIN_REWARD_MODELS
 from areal_graph.modelkit.shipped import install_shipped
 from areal_graph.modelkit.tiny_model import TinyModelConfig
 from areal_graph.modelkit.warm_start import SFTConfig
@@ -339,7 +340,7 @@ def check_builtin_paths(spec: Any) -> None:
     """ValueError for the first `builtin:` model or dataset path of `spec` (a WorkflowSpec) that
     names no builtin, without building anything: a run checks this before it makes its folder."""
     for model in spec.models.values():
-        _builtin_name(model.path, BUILTIN_KITS, "model")
+        _builtin_name(model.path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model")
     for data in (spec.data.train, spec.data.eval):
         if data:
             _builtin_name(data, BUILTIN_DATASETS, "dataset")
@@ -355,7 +356,13 @@ def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -
 
 
 def resolve_model_path(path: str, progress: Progress | None = None) -> Path:
-    """`builtin:tiny-arith` -> the kit's model directory (built on first use); any other path unchanged."""
+    """`builtin:tiny-arith` -> the kit's model directory (built on first use); `builtin:tiny-arith-rm`
+    -> the reward model's (modelkit/reward_model.py); any other path unchanged."""
+    name = _builtin_name(path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model")
+    if name in BUILTIN_REWARD_MODELS:
+        from areal_graph.modelkit.reward_model import ensure_reward_model
+
+        return ensure_reward_model(BUILTIN_REWARD_MODELS[name], progress=progress)
     found = _builtin_kit(path, BUILTIN_KITS, "model", progress)
     return Path(path) if found is None else found[0].model_dir
 

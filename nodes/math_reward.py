@@ -46,9 +46,11 @@ def extract_final_answer(text: str) -> str | None:
 
     1. The content of the LAST closed `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed.
        An unclosed last box is skipped in favour of an earlier closed one.
-    2. Fallback when there is no closed box: the text after the last "answer is" / "answer:"
-       on its line (models asked to "state the answer" often write it that way), with
-       surrounding `$` and a final full stop stripped.
+    2. Without a closed box: the text after the last "####" on its line (GSM8K's marker, which
+       verl's GSM8K prompt asks for: "output the final answer after '####'").
+    3. Else the text after the last "answer is" / "answer:" on its line (models asked to
+       "state the answer" often write it that way).
+    2 and 3 strip surrounding `$` and a final full stop.
     There is deliberately no "last number in the text" fallback: it rewards answers the
     model never committed to (e.g. an intermediate result), which RL quickly learns to exploit.
     """
@@ -59,6 +61,10 @@ def extract_final_answer(text: str) -> str | None:
         if content is not None:
             content = content.strip()
             return content or None
+    marked = [line.rsplit("####", 1)[1] for line in text.splitlines() if "####" in line]
+    if marked:
+        answer = marked[-1].strip().strip("$").strip().rstrip(".").strip()
+        return answer or None
     last_line_hits = [m for line in text.splitlines() if (m := _ANSWER_IS.search(line.strip()))]
     if last_line_hits:
         answer = last_line_hits[-1].group(1).strip().rstrip(".").strip()

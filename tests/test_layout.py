@@ -117,3 +117,21 @@ def test_every_module_is_imported_by_a_test():
     untested = sorted(modules - imported_by_tests() - NOT_IMPORTABLE_HERE)
     assert not untested, f"modules no test imports: {untested}"
     assert NOT_IMPORTABLE_HERE <= modules, NOT_IMPORTABLE_HERE - modules
+
+
+def test_no_assertion_is_about_constants_alone():
+    """`assert sum([5, 4, 3]) <= 12` checks the test's own arithmetic, not the code: every assert
+    must read something the test computed (a name, an attribute, a call on one)."""
+    import builtins
+
+    known = set(dir(builtins))
+
+    def constant(expr: ast.expr) -> bool:
+        return not any(isinstance(n, (ast.Attribute, ast.Subscript, ast.Await, ast.Lambda, ast.NamedExpr))
+                       or (isinstance(n, ast.Name) and n.id not in known) for n in ast.walk(expr))
+
+    found = [f"{path.relative_to(TESTS)}:{node.lineno}: assert {ast.unparse(node.test)}"
+             for path in TESTS.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Assert) and constant(node.test)]
+    assert not found, found
+    assert constant(ast.parse("sum([5, 4, 3]) <= 12", mode="eval").body)  # the check itself can fire

@@ -18,7 +18,7 @@ import ast
 import math
 import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 __all__ = ["CalculatorError", "CalculatorLimits", "evaluate_expression", "calculate", "format_number"]
 
@@ -99,7 +99,7 @@ def _evaluate(node: ast.AST, limits: CalculatorLimits) -> Number:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body, limits)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return _check_size(node.value, limits)
+        return _check_size(cast(Number, node.value), limits)
     if isinstance(node, ast.BinOp):
         left = _evaluate(node.left, limits)
         right = _evaluate(node.right, limits)

@@ -39,7 +39,7 @@ class RewardResult:
     detail: str = ""
 
 
-_worker_fns: dict[str, Callable[[str, str], float]] = {}
+_worker_fns: dict[str, Callable[..., float]] = {}
 
 
 def _worker_score(fn_path: str, completion: str, answer: str,

@@ -39,7 +39,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,8 @@ async def _supervise(proc: asyncio.subprocess.Process, status_fd: int, limits: S
     finished = asyncio.ensure_future(asyncio.gather(*readers, status_task, proc.wait()))
     stopper = asyncio.ensure_future(overflow.wait())
     try:
-        await asyncio.wait({finished, stopper}, timeout=limits.wall_s, return_when=asyncio.FIRST_COMPLETED)
+        either: list[asyncio.Future[Any]] = [finished, stopper]
+        await asyncio.wait(either, timeout=limits.wall_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         killed = not finished.done()  # wall time, output cap, or the caller was cancelled: no orphans
         if killed:
@@ -312,7 +313,7 @@ async def _drain(stream: asyncio.StreamReader) -> None:
         pass
 
 
-async def _after_kill(proc: asyncio.subprocess.Process, readers: list[asyncio.Future],
+async def _after_kill(proc: asyncio.subprocess.Process, readers: Sequence[asyncio.Future],
                       status_task: asyncio.Future) -> None:
     """Collect what the killed run left. asyncio's `Process.wait()` returns only once every pipe
     has seen EOF, and a reader that stopped at the cap no longer reads: drain both pipes (in

@@ -32,6 +32,7 @@ import os
 import resource
 import signal
 import sys
+from typing import NoReturn
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
@@ -325,7 +326,7 @@ def run_init(spec: dict, mode: str, warnings: list[str], status: Status) -> None
         warnings.append("user namespace: the program is uid 0 there without capabilities; "
                         "RLIMIT_NPROC counts the caller's processes, so it is not set")
     try:
-        os.sethostname("sandbox")
+        os.sethostname("sandbox")  # type: ignore[attr-defined]  # Linux only, absent from the stubs
     except (OSError, AttributeError):
         pass
     child = os.fork()
@@ -351,7 +352,7 @@ def _prepare_host_dir(spec: dict, drop_uid: bool) -> None:
         os.chown(work, spec["uid"], spec["uid"])
 
 
-def run_without_namespaces(spec: dict, warnings: list[str], status: Status) -> None:
+def run_without_namespaces(spec: dict, warnings: list[str], status: Status) -> NoReturn:
     """Degraded: rlimits, and as root a uid drop when the interpreter is reachable by others."""
     root = os.geteuid() == 0 and world_executable(spec["python"])
     _prepare_host_dir(spec, root)

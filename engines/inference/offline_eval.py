@@ -28,6 +28,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def accuracy_by_source(sources: list[str], correct: list[bool]) -> dict[str, dict[str, float]]:
+    """{source: {"prompts": n, "greedy_accuracy": share correct}} ("" counts as "(none)")."""
+    out: dict[str, dict[str, float]] = {}
+    for source, ok in zip(sources, correct):
+        row = out.setdefault(source or "(none)", {"prompts": 0, "greedy_accuracy": 0.0})
+        row["prompts"] += 1
+        row["greedy_accuracy"] += float(ok)
+    for row in out.values():
+        row["greedy_accuracy"] /= row["prompts"]
+    return dict(sorted(out.items()))
+
+
 def evaluate_model(
     model_dir: str | Path,
     data: str | Path,
@@ -40,6 +52,8 @@ def evaluate_model(
     prompt_template: str | None = None,
     question_key: str = "question",
     answer_key: str = "answer",
+    layout: str = "auto",
+    source_key: str = "data_source",
     reward_fn: str = "math_verify",
     seed: int = 0,
     max_running: int = 128,
@@ -52,7 +66,8 @@ def evaluate_model(
     an episode, as during RL (engines/inference/rollout_eval.py): `max_new_tokens` is then per
     turn and the scored text is the policy's own tokens; with trajectories that count tool
     calls the result also has `greedy_tool_call_rate` (and `sample_tool_call_rate`).
-    Returns a JSON-ready dict; `per_prompt` lists each prompt's greedy completion and counts.
+    Returns a JSON-ready dict; `per_prompt` lists each prompt's greedy completion and counts;
+    `by_source` the greedy accuracy per data source when the rows name one (`source_key`).
     """
     from areal_graph.data.datasets import load_prompts
     from areal_graph.tools.reward_pool import RewardPool
@@ -67,7 +82,8 @@ def evaluate_model(
     if tok is None:
         raise ValueError(f"{model_dir} has no tokenizer (save it next to the model with save_pretrained)")
     prompts, report = load_prompts(data, tok, prompt_template=prompt_template, question_key=question_key,
-                                   answer_key=answer_key, max_prompt_tokens=engine.max_context - max_new_tokens)
+                                   answer_key=answer_key, max_prompt_tokens=engine.max_context - max_new_tokens,
+                                   layout=layout, source_key=source_key)
     if limit is not None:
         prompts = prompts[:limit]
     if not prompts:
@@ -89,7 +105,7 @@ def evaluate_model(
         scores = pool.score(texts, [prompts[i].answer for i, _ in requests])
     correct = [s.reward > 0.5 for s in scores]
     per_prompt: list[dict[str, Any]] = [{"id": p.id, "answer": p.answer, "greedy": texts[i], "greedy_correct": correct[i],
-                   "samples_correct": 0} for i, p in enumerate(prompts)]
+                   "samples_correct": 0, **({"source": p.source} if p.source else {})} for i, p in enumerate(prompts)]
     for (i, _), ok in zip(requests[len(prompts):], correct[len(prompts):]):
         per_prompt[i]["samples_correct"] += int(ok)
     out: dict[str, Any] = {
@@ -115,6 +131,8 @@ def evaluate_model(
             f"pass@{k}": sum(pass_at_k(n, p["samples_correct"], k) for p in per_prompt) / len(prompts),
             "sample_accuracy": sum(p["samples_correct"] for p in per_prompt) / (n * len(prompts)),
         })
+    if any(p.source for p in prompts):
+        out["by_source"] = accuracy_by_source([p.source for p in prompts], correct[: len(prompts)])
     out["per_prompt"] = per_prompt
     return out
 

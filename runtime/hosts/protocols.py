@@ -54,6 +54,13 @@ class RewardService(Protocol):
     def score(self, batch: PackedBatch, out_key: str = "rewards") -> tuple[PackedBatch, dict[str, float]]: ...
 
 
+class RewardModelService(Protocol):
+    """A `reward_model` node's worker object: a sequence classifier scoring whole trajectories."""
+
+    def score(self, batch: PackedBatch, out_key: str = "rm_reward",
+              max_tokens_per_mb: int = 4096) -> tuple[PackedBatch, dict[str, float]]: ...
+
+
 class FunctionService(Protocol):
     """A user function node's object, in the controller or the functions worker."""
 

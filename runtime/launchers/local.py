@@ -34,7 +34,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import IO, Callable, Sequence
 
 from areal_graph.api.process import PDEATHSIG_ENV, arm_parent_death_signal
 from areal_graph.runtime.launchers import interrupt
@@ -61,12 +61,12 @@ class _Managed:
     role: str
     popen: subprocess.Popen
     log_path: Path
-    log_file: object
+    log_file: IO[bytes]
     address: str | None = None  # "host:port" for workers
     health_url: str | None = None
     token: str | None = None
     reported: bool = field(default=False)
-    restart: Callable[[], None] | None = None  # starts it again as it was first started
+    restart: Callable[[], object] | None = None  # starts it again as it was first started
     restarts: int = 0
 
 

@@ -258,7 +258,8 @@ class RayLauncher:
         proc.health_url, proc.start = health_url, start
         start()
         self._ensure_watchdog()
-        return int(proc.pid)
+        assert proc.pid is not None  # start() set it
+        return proc.pid
 
     def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
                      host: str | None = None, token_env: str | None = None, role: str = "worker",
@@ -443,7 +444,7 @@ def connect(address: str | None, demands: Sequence[ProcessDemand]) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
     if address:
         ray.init(address=address, **quiet)
         log.info("joined the Ray cluster at %s: %s", address, ray.cluster_resources())

@@ -149,7 +149,7 @@ def _preamble(layout: SlurmLayout, job: SlurmJob) -> str:
              f"AREAL_GRAPH=${{AREAL_GRAPH:-{q(job.areal_graph)}}}",
              f"WORKFLOW={q(job.workflow)}",
              f"RUN_DIR={q(job.run_dir)}",
-             f"mkdir -p \"$RUN_DIR\"",
+             "mkdir -p \"$RUN_DIR\"",
              f"cd {q(job.workdir)}"]
     if layout.uses_ray:
         port = str(layout.ray_port) if layout.ray_port else "$((20000 + SLURM_JOB_ID % 20000))"

@@ -107,7 +107,7 @@ def packing_efficiency(metrics: list[dict[str, Any]], budget: int | None, ranks:
         missing.append(f"metrics.jsonl has no '{TOKENS}' and '{MICROBATCHES}'")
     if not budget:
         missing.append("the micro-batch token budget is unknown (no loadable config.yaml)")
-    if missing:
+    if missing or budget is None:
         return {"available": False, "missing": "; ".join(missing)}
     fills = [t / (n * budget) for t, n in rows]
     bounds = [ranks * math.ceil(t / (ranks * budget)) for t, _ in rows]

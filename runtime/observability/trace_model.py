@@ -298,7 +298,7 @@ def _notes(tl: Timeline) -> list[str]:
     errors = [s for s in tl.spans if "error" in s["args"]]
     if errors:
         t0, kinds = tl.start_us, Counter(str(s["args"]["error"]) for s in errors)
-        firsts = {}
+        firsts: dict[str, dict[str, Any]] = {}
         for s in errors:
             firsts.setdefault(str(s["args"]["error"]), s)
         shown = "; ".join(f"{kind} x{n} (first: {firsts[kind]['name']} on {firsts[kind]['process']} at "

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any, Iterable
 
 from areal_graph.runtime.observability.step_split import is_compute, union_seconds
@@ -137,7 +137,7 @@ def step_bounds(tl: Timeline, generation: Iterable[str], training: Iterable[str]
                   if s["ts"] + s["dur"] <= hi + 1]
         seconds = _walk_back(inside, lo, hi, gen_calls, gen_ends)
         wall = step["dur"] / 1e6
-        bound = max(seconds, key=seconds.get) if seconds else OVERHEAD
+        bound = max(seconds, key=lambda label: seconds[label]) if seconds else OVERHEAD
         rows.append({"step": step["args"].get("step"), "ts_us": lo, "wall_s": wall, "seconds": seconds, "bound_by": bound,
                      "bound_share": seconds.get(bound, 0.0) / wall if wall > 0 else 0.0})
     return rows
@@ -150,7 +150,7 @@ def _recorded_by_controller(s: dict[str, Any]) -> bool:
 def _walk_back(inside: list[dict[str, Any]], lo: float, hi: float, gen_calls: list[dict[str, Any]],
                gen_ends: list[float]) -> dict[str, float]:
     """Seconds per label along the critical path of one step."""
-    seconds: Counter = Counter()
+    seconds: dict[str, float] = defaultdict(float)
     t = hi
     while t > lo:
         cands = [s for s in inside if s["ts"] + s["dur"] <= t + 1 and s["ts"] < t]

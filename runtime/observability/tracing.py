@@ -66,7 +66,7 @@ class Tracer(SpanRecorder):
         self._last_flush = time.perf_counter()
         self._flusher: threading.Thread | None = None  # a flush that fell due, running off the caller's thread
         self.spans_written = 0
-        if append and self.enabled and self.path.exists():
+        if append and self.path is not None and self.enabled and self.path.exists():
             self._continue_file()
 
     def span(self, name: str, cat: str = "", worker: str | None = None, node: str | None = None,

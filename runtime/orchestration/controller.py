@@ -39,6 +39,7 @@ from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
 from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.executor import NodeExecutor
@@ -291,6 +292,16 @@ class Controller:
         self.ledger.record(event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step,
                            self.state.version)
 
+    def _source_of(self, gid: int) -> str:
+        """The data source of a group's prompt ("" when the dataset names none); eval groups
+        have ids -len(eval_prompts)..-1."""
+        if gid < 0:
+            prompt = self.eval_prompts[gid + len(self.eval_prompts)] if -gid <= len(self.eval_prompts) else None
+        else:
+            pos = self._untrained.get(gid, -1)
+            prompt = self.prompts[pos % len(self.prompts)] if pos >= 0 else None
+        return str(getattr(prompt, "source", "") or "")
+
     def _settle(self, gid: int, prompt: Any, event: str) -> None:
         """A group's last event: it will never be trained (or just was)."""
         self._record(gid, prompt, event)
@@ -404,6 +415,9 @@ class Controller:
             out["response_len/mean"] = float(resp_len.mean())
         if "rewards" in batch:
             out["reward/mean"] = float(batch["rewards"].float().mean())
+            if "group_id" in batch:
+                out.update(means_by_source("reward", "mean", batch["rewards"].float().tolist(),
+                                           [self._source_of(g) for g in batch["group_id"].tolist()]))
         if "seq_no_eos" in batch:
             out["no_eos/frac"] = float(batch["seq_no_eos"].float().mean())
         out.update(tool_call_stats(batch, "rollout"))
@@ -417,7 +431,8 @@ class Controller:
     async def _evaluate(self) -> dict[str, float]:
         """Greedy answers to the eval prompts, scored by the plan's scoring nodes.
 
-        `eval/accuracy` is the share of answers the first scoring node scores above 0.5;
+        `eval/accuracy` is the share of answers the first `reward` node (else the first scoring
+        node) scores above 0.5;
         `eval/<key>` is the mean of every scoring node's key."""
         scorers = self.plan.scorers()
         if not self.eval_prompts or not scorers:
@@ -432,9 +447,14 @@ class Controller:
         if outcome.batch is None:
             return {}
         out = {f"eval/{k}": float(outcome.batch[k].float().mean()) for n in scorers for k in self.plan.node(n).writes}
-        first = self.plan.node(scorers[0]).writes[0]
+        # accuracy is a verifier's verdict: a rule reward's when there is one (not a reward model's score)
+        judge = next((n for n in scorers if self.plan.kind(n).name == "reward"), scorers[0])
+        first = self.plan.node(judge).writes[0]
         acc = float((outcome.batch[first].float() > 0.5).float().mean())
         out["eval/accuracy"] = acc
+        if "group_id" in outcome.batch:
+            out.update(means_by_source("eval", "accuracy", (outcome.batch[first].float() > 0.5).float().tolist(),
+                                       [self._source_of(g) for g in outcome.batch["group_id"].tolist()]))
         out.update(tool_call_stats(outcome.batch, "eval"))
         self.state.history.append({"step": self.state.step, "version": self.state.version, "eval/accuracy": acc})
         log.info("eval at step %d: greedy accuracy %.3f on %d prompts", self.state.step, acc, outcome.batch.num_seqs)

@@ -7,7 +7,6 @@ are in tests/modelkit/test_evaluation.py."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -16,12 +15,10 @@ import pytest
 
 import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_eval
+from support.cli import parser_of
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_eval.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["eval", *argv])
+parse = parser_of(cmd_eval, "eval")
 
 
 @pytest.fixture(autouse=True)
@@ -126,3 +123,22 @@ def test_samples_without_k_and_a_folder_as_json_are_usage_errors(tmp_path, capsy
     assert "--samples 3 without -k" in capsys.readouterr().err
     assert cmd_eval.run(parse("m", "--data", "d.jsonl", "--json", str(tmp_path))) == 2
     assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
+
+
+def test_a_verl_parquet_file_is_evaluated_with_accuracy_per_source(kit, tmp_path, capsys):
+    from support.e2e import VERL_SOURCES, write_verl_parquet
+
+    _, test = write_verl_parquet(kit, tmp_path)
+    out = tmp_path / "r.json"
+    args = parse(str(kit / "model"), "--data", str(test), "--limit", "4", "--max-new-tokens", "4", "--show", "0",
+                 "--json", str(out))
+    assert cmd_eval.run(args) == 0
+    result = json.loads(out.read_text())
+    assert [p["source"] for p in result["per_prompt"]] == [VERL_SOURCES[i % 2] for i in range(4)]
+    assert set(result["by_source"]) == set(VERL_SOURCES)
+    for source, row in result["by_source"].items():
+        mine = [p["greedy_correct"] for p in result["per_prompt"] if p["source"] == source]
+        assert row == {"prompts": 2, "greedy_accuracy": sum(mine) / 2}
+    text = capsys.readouterr().out
+    for source, row in result["by_source"].items():
+        assert re.search(rf"│\s+{re.escape(source)} \(2\)\s+│\s+{row['greedy_accuracy']:.1%} │", text)

@@ -6,7 +6,6 @@ unknown kit name listing the known ones; and the stage lines `kit_progress` prin
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import re
@@ -16,12 +15,10 @@ from rich.console import Console
 
 import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_init_model
+from support.cli import parser_of
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_init_model.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["init-model", *argv])
+parse = parser_of(cmd_init_model, "init-model")
 
 
 @pytest.fixture(autouse=True)

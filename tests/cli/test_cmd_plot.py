@@ -6,7 +6,6 @@ missing. The shipped-workflow plot and a broken workflow are in tests/cli/test_g
 
 from __future__ import annotations
 
-import argparse
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -16,14 +15,12 @@ from areal_graph.cli import cmd_plot
 from areal_graph.graph.dag import build_graph
 from areal_graph.graph.loader import load_workflow
 from support.paths import FIXTURES
+from support.cli import parser_of
 
 RUN_CONFIGS = sorted((FIXTURES / "trace_runs").glob("*/config.yaml"))
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_plot.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["plot", *argv])
+parse = parser_of(cmd_plot, "plot")
 
 
 @pytest.fixture(autouse=True)

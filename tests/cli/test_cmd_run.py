@@ -9,7 +9,6 @@ runs are in tests/e2e/ and tests/runtime/."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from pathlib import Path
@@ -26,14 +25,12 @@ from areal_graph.graph.loader import load_workflow, load_workflow_text
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.controller import RunFailed, RunState
 from support.paths import FIXTURES, WORKFLOWS
+from support.cli import parser_of
 
 TRACE_RUN = FIXTURES / "trace_runs" / "async"
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_run.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["run", *argv])
+parse = parser_of(cmd_run, "run")
 
 
 def local_paths(text: str, root: Path) -> str:

@@ -7,7 +7,6 @@ which also covers a missing MODEL_DIR, --max-running 0, 0.0.0.0 without a key an
 
 from __future__ import annotations
 
-import argparse
 
 import pytest
 import torch
@@ -15,14 +14,12 @@ import torch
 import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_serve
 from areal_graph.engines.inference import http_server
+from support.cli import parser_of
 
 KEY_VAR = "AREAL_TEST_SERVE_KEY"
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_serve.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["serve", *argv])
+parse = parser_of(cmd_serve, "serve")
 
 
 @pytest.fixture

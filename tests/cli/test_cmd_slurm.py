@@ -8,7 +8,6 @@ in tests/runtime/launchers/test_slurm.py."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
 import stat
@@ -22,15 +21,13 @@ from areal_graph.cli import cmd_slurm
 from areal_graph.graph.loader import load_workflow
 from areal_graph.runtime.launchers.slurm import SlurmLayout
 from support.paths import FIXTURES, REPO, WORKFLOWS
+from support.cli import parser_of
 
 WORKFLOW = WORKFLOWS / "grpo_sync.yaml"
 CUDA = ["inference.args.device=cuda", "models.actor.device=cuda"]
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_slurm.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["slurm", *argv])
+parse = parser_of(cmd_slurm, "slurm")
 
 
 def sbatch_lines(script: str) -> list[str]:

@@ -6,7 +6,6 @@ fixtures are checked in tests/cli/test_graph_cli.py and tests/graph/test_validat
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
 from pathlib import Path
@@ -19,14 +18,12 @@ from areal_graph.graph.dag import build_graph
 from areal_graph.graph.loader import load_workflow
 from areal_graph.graph.plan import build_plan
 from support.paths import FIXTURES, WORKFLOWS
+from support.cli import parser_of
 
 SHIPPED = sorted(WORKFLOWS.glob("*.yaml"))
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="areal-graph")
-    cmd_validate.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["validate", *argv])
+parse = parser_of(cmd_validate, "validate")
 
 
 @pytest.fixture(autouse=True)

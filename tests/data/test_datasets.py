@@ -103,9 +103,9 @@ def test_hostile_rows_are_skipped_in_bounded_memory(tok, tmp_path, monkeypatch):
     """Non-UTF-8 bytes, JSON nested 20k deep and a row far over the row limit are skipped and
     counted; the rows around them load. The long row is never held whole (the limit is set
     to 64 KiB here and the row is 8 MiB)."""
-    from areal_graph.data import datasets
+    from areal_graph.data import dataset_files
 
-    monkeypatch.setattr(datasets, "MAX_ROW_BYTES", 64 << 10)
+    monkeypatch.setattr(dataset_files, "MAX_ROW_BYTES", 64 << 10)
     good = json.dumps({"question": "What is 1 + 2?", "answer": "3"}).encode()
     lines = [good,
              b'{"question": "caf\xe9", "answer": "1"}',
@@ -120,7 +120,7 @@ def test_hostile_rows_are_skipped_in_bounded_memory(tok, tmp_path, monkeypatch):
 
 
 def test_hostile_json_array_files_are_clear_errors(tok, tmp_path, monkeypatch):
-    from areal_graph.data import datasets
+    from areal_graph.data import dataset_files
 
     (tmp_path / "latin1.json").write_bytes(b'[{"question": "caf\xe9", "answer": "1"}]')
     with pytest.raises(DatasetError, match="latin1.json: not UTF-8"):
@@ -128,7 +128,7 @@ def test_hostile_json_array_files_are_clear_errors(tok, tmp_path, monkeypatch):
     (tmp_path / "deep.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(DatasetError, match="deep.json: JSON nested too deeply"):
         load_prompts(tmp_path / "deep.json", tok)
-    monkeypatch.setattr(datasets, "MAX_JSON_FILE_BYTES", 1000)
+    monkeypatch.setattr(dataset_files, "MAX_JSON_FILE_BYTES", 1000)
     (tmp_path / "big.json").write_text(json.dumps([{"question": "What is 1 + 2?", "answer": "3"}] * 100))
     with pytest.raises(DatasetError, match="big.json: a .json dataset is read whole.*write it as JSONL"):
         load_prompts(tmp_path / "big.json", tok)

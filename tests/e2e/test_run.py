@@ -16,20 +16,34 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.e2e import SMALL, kill_during_run, read_metrics, run_cli, write_workflow
+from support.e2e import SMALL, VERL_SOURCES, kill_during_run, read_metrics, run_cli, write_verl_parquet, write_workflow
 from support.paths import FIXTURES, REPO, child_env
+from support.tiny_models import save_random_classifier
 
 
 
 # eta 2 by default (the async path; Ray's test runs grpo_sync); eta 0 with `make test-slow`
 @pytest.mark.parametrize("eta", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
+    """The data in verl's parquet layout (chat-message prompts, reward_model.ground_truth,
+    two data sources), read with no data settings: reward and accuracy are also logged per source."""
     wf = write_workflow(kit, tmp_path)
+    train, test = write_verl_parquet(kit, tmp_path)
     run_dir = tmp_path / "run"
-    proc = run_cli(wf, run_dir, *SMALL, f"runtime.max_staleness={eta}")
+    proc = run_cli(wf, run_dir, *SMALL, f"runtime.max_staleness={eta}", f"data.train={train}", f"data.eval={test}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    steps = [m for m in read_metrics(run_dir) if "time/step" in m]
+    metrics = read_metrics(run_dir)
+    steps = [m for m in metrics if "time/step" in m]
     assert [m["version"] for m in steps] == [1, 2, 3]
+    tags = [t.replace("/", "_") for t in VERL_SOURCES]
+    for m in steps:  # 8 trajectories: 2 groups of 4, from either source or both
+        by_source = [m[f"reward/by_source/{t}/mean"] for t in tags if f"reward/by_source/{t}/mean" in m]
+        assert by_source and all(0.0 <= r <= 1.0 for r in by_source)
+        assert min(by_source) <= m["reward/mean"] <= max(by_source)
+    evals = [m for m in metrics if "eval/accuracy" in m]
+    assert evals and all(f"eval/by_source/{t}/accuracy" in m for m in evals for t in tags)
+    for m in evals:  # eval_size 4: two prompts of each source, so the accuracy is their mean
+        assert m["eval/accuracy"] == pytest.approx(sum(m[f"eval/by_source/{t}/accuracy"] for t in tags) / 2)
     for m in steps:
         # staleness of trained samples never exceeds the bound; eta = 0 is synchronous
         assert 0 <= m["staleness/max"] <= eta
@@ -268,3 +282,26 @@ def test_dapo_workflow_drops_uniform_groups_and_trains(kit, tmp_path):
     assert steps[-1]["groups/dropped"] == unfinished["groups_dropped"] == dropped
     assert unfinished["trajectories_trained"] == 4 * 8
     assert "eval/accuracy" in metrics[0] and "eval/correct" in metrics[0]
+
+
+def test_a_reward_model_scores_beside_the_rule_reward(kit, tmp_path):
+    """workflows/ppo_reward_model.yaml with a random classifier as the reward model: it runs in
+    its own process, its sigmoid score reaches the eval metrics, accuracy stays the verifier's."""
+    from transformers import AutoTokenizer
+
+    rm = save_random_classifier(tmp_path / "rm", AutoTokenizer.from_pretrained(kit / "model"))
+    wf = write_workflow(kit, tmp_path, "ppo_reward_model.yaml")
+    wf.write_text(wf.read_text().replace(f"{kit / 'model'}-rm", str(rm)))  # write_workflow made builtin:tiny-arith ...-rm
+    run_dir = tmp_path / "run"
+    proc = run_cli(wf, run_dir, *[o for o in SMALL if not o.startswith("nodes.reward")],
+                   "nodes.rule.fn=support.e2e_rewards:length_parity")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    steps = [m for m in metrics if "time/step" in m]
+    assert len(steps) == 3 and all(0.0 <= m["reward/mean"] <= 1.5 for m in steps)  # rule + 0.5 x sigmoid
+    evals = [m for m in metrics if "eval/accuracy" in m]
+    assert evals and all(0.0 < m["eval/rm_reward"] < 1.0 for m in evals)
+    assert all(m["eval/accuracy"] == m["eval/rule_reward"] for m in evals)  # the verifier's 0/1, not the model's
+    trace = json.loads((run_dir / "trace.json").read_text())
+    events = trace if isinstance(trace, list) else trace["traceEvents"]
+    assert any(e.get("name") == "rm_score" for e in events if e.get("ph") == "X")

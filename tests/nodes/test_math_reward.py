@@ -75,6 +75,10 @@ def test_table_is_big_and_balanced():
         ("the answer is: 17\nbut wait", "17"),
         ("I think the answer is $-4$.", "-4"),
         ("nothing", None),
+        ("48 / 2 = 24 clips in May\n#### 72", "72"),  # GSM8K's marker (verl's GSM8K prompt asks for it)
+        ("#### 5\nno, #### 7.", "7"),
+        ("#### 3\n\\boxed{4}", "4"),  # a closed box wins
+        ("####", None),
     ],
 )
 def test_extract_final_answer(text, expected):

@@ -78,3 +78,24 @@ def kill_during_run(proc: subprocess.Popen, run_dir: Path, victim_name: str, aft
                     return child.pid
         time.sleep(0.05)
     raise AssertionError(f"the run never reached step {after_step}")
+
+
+VERL_SOURCES = ("arith/a", "arith/b")
+
+
+def write_verl_parquet(kit: Path, out: Path) -> tuple[Path, Path]:
+    """The kit's train and test JSONL rewritten in verl's layout as parquet files in `out`:
+    `prompt` a list of chat messages, `reward_model.ground_truth`, `data_source` alternating
+    between VERL_SOURCES, `extra_info.index`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for split in ("train", "test"):
+        rows = [json.loads(line) for line in (kit / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+        verl = [{"data_source": VERL_SOURCES[i % 2], "prompt": [{"role": "user", "content": r["question"]}],
+                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(r["answer"])},
+                 "extra_info": {"split": split, "index": i}} for i, r in enumerate(rows)]
+        paths.append(out / f"{split}.parquet")
+        pq.write_table(pa.Table.from_pylist(verl), paths[-1])
+    return paths[0], paths[1]

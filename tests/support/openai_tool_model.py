@@ -13,9 +13,16 @@ call), the model would not recognise it and the tests that continue a conversati
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import openai
+
+    from areal_graph.workflows.rollout.openai_agent import AgentPrompt
 
 BOS, EOS = "<|bos|>", "<|im_end|>"
 ADD_QUESTION = "What is 2 plus 3? Use the add tool."
@@ -127,3 +134,16 @@ def build_tool_model(root: str) -> tuple[Path, Path]:
 def ids(tokenizer, text: str) -> list[int]:
     """Token ids of `text` alone (no special tokens), as the conversations are written."""
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+async def add_agent(client: "openai.AsyncOpenAI", prompt: "AgentPrompt") -> float:
+    """An ordinary tool-calling agent for the official client: ask, run the calls, ask again."""
+    messages = list(prompt.messages)
+    reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
+    message = reply.choices[0].message
+    messages.append(message)
+    for call in message.tool_calls or []:
+        args = json.loads(call.function.arguments)
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
+    final = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
+    return 1.0 if final.choices[0].message.content == ADD_ANSWER else 0.0

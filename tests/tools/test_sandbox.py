@@ -9,6 +9,7 @@ import time
 import pytest
 
 from areal_graph.tools.sandbox import SandboxLimits, bind_paths, run_python
+from support.paths import REPO
 
 AS_ROOT = os.geteuid() == 0
 
@@ -282,7 +283,7 @@ def _run_with_engine_in_tmp(venv: str, code: str, isolation: str = "auto") -> di
     import json
     import subprocess
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = str(REPO)
     done = subprocess.run([os.path.join(venv, "bin", "python"), "-c", ENGINE_IN_TMP, repo, isolation], input=code,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

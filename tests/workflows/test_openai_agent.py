@@ -29,6 +29,7 @@ from support.openai_tool_model import (
     ADD_TURN2,
     HELLO_ANSWER,
     HELLO_QUESTION,
+    add_agent,
     ids,
 )
 
@@ -46,19 +47,6 @@ def with_client(url: str, body):
         finally:
             await client.close()
     return asyncio.run(run())
-
-
-async def add_agent(client: openai.AsyncOpenAI, prompt: AgentPrompt) -> float:
-    """An ordinary tool-calling agent for the official client: ask, run the calls, ask again."""
-    messages = list(prompt.messages)
-    reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
-    message = reply.choices[0].message
-    messages.append(message)
-    for call in message.tool_calls or []:
-        args = json.loads(call.function.arguments)
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
-    final = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
-    return 1.0 if final.choices[0].message.content == ADD_ANSWER else 0.0
 
 
 def add_prompt(tokenizer) -> AgentPrompt:
@@ -221,7 +209,7 @@ def test_openai_agent_rollout_runs_an_unchanged_agent(server, tokenizer, model_d
         id, text, answer = "row-7", "", "5"
         input_ids = ids(tokenizer, ADD_TURN1[0])
 
-    rollout = OpenAIAgentRollout(str(model_dirs[0]), agent="test_openai_agent:add_agent", turn_discount=0.5)
+    rollout = OpenAIAgentRollout(str(model_dirs[0]), agent="support.openai_tool_model:add_agent", turn_discount=0.5)
     trajs = with_client(server, lambda inference: rollout.run(Row(), inference, 3, GREEDY))
     assert [t.sample_id for t in trajs] == [0, 1, 2]
     for t in trajs:

@@ -411,7 +411,7 @@ class OpenAIAgentRollout(Rollout):
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.agent_fn: AgentFn | None = import_object(agent, what="agent") if agent else None
         self.turn_discount = turn_discount
-        self.client_args = dict(max_total_tokens=max_total_tokens, honor_agent_sampling=honor_agent_sampling,
+        self.client_args: dict[str, Any] = dict(max_total_tokens=max_total_tokens, honor_agent_sampling=honor_agent_sampling,
                                 max_interruptions=max_interruptions, model=model)
 
     @classmethod

@@ -182,7 +182,7 @@ class CompletionLog:
             recs = [r for r in self.records if r.turn == t]
             for r in recs:
                 r.discounted_reward = (r.reward or 0.0) + (turn_discount * later if later is not None else 0.0)
-            later = sum(r.discounted_reward for r in recs) / len(recs)
+            later = sum(r.discounted_reward or 0.0 for r in recs) / len(recs)  # all set just above
 
     # ------------------------------------------------------------------ export
     def chains(self) -> list[list[RecordedCompletion]]:

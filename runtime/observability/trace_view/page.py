@@ -34,10 +34,10 @@ def build_page(runs: Sequence[RunMaterial], options: PageOptions | None = None,
         raise ValueError("build_page: no runs to draw")
     options = options or PageOptions()
     summaries = list(summaries) if summaries is not None else [summarize_run(r) for r in runs]
-    payload = {"runs": [run_payload(r, s, options) for r, s in zip(runs, summaries)],
-               "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
-    for p, s in zip(payload["runs"], summaries):
+    run_payloads = [run_payload(r, s, options) for r, s in zip(runs, summaries)]
+    for p, s in zip(run_payloads, summaries):
         p["notes"] = s["notes"] + _budget_notes(p)
+    payload = {"runs": run_payloads, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
     title = "timeline: " + " vs ".join(r.label for r in runs)
     data = json.dumps(payload, separators=(",", ":"), allow_nan=False, default=str).replace("</", "<\\/")
     values = {"/*@CSS@*/": (ASSETS / "viewer.css").read_text(encoding="utf-8"),

@@ -296,8 +296,7 @@ def _flows(run: RunMaterial, row_of: dict[tuple, int], merged_from: dict[int, in
     tl = run.timeline
     segments: list[list[float]] = []
     for flow in tl.flows:
-        ends = [_flow_end(p, tl, row_of, merged_from, t0) for p in flow.points]
-        ends = [e for e in ends if e is not None]
+        ends = [e for p in flow.points if (e := _flow_end(p, tl, row_of, merged_from, t0)) is not None]
         for a, b in zip(ends, ends[1:]):
             segments.append([a[0], a[1], b[0], b[1], a[2], b[2]])
     total = len(segments)

@@ -41,6 +41,7 @@ class _Prompt:
     id: str
     input_ids: list[int]
     answer: str
+    source: str = ""
 
 
 def workflow(eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0) -> str:
@@ -217,3 +218,28 @@ def test_resume_trains_every_prompt_once_and_never_repeats_a_step(tmp_path, eta)
     requeued = {e["pos"] for e in ledger[cut:] if e["event"] == "requeued"}
     assert requeued == set(saved["requeue"]) and requeued <= {e["pos"] for e in after}
     assert {e["pos"] for e in before}.isdisjoint(saved["requeue"])
+
+
+def test_reward_is_also_reported_per_data_source(tmp_path):
+    """Prompts from two sources ("even" / "odd" positions); the reward is 1 for even group ids
+    (= prompt positions: nothing is requeued here), so per source it is exactly 1 and 0."""
+    plan = build_plan(load_workflow_text(workflow(reward="group_parity_reward")))
+    executor = InProcessExecutor(plan)
+    prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i), source=("even", "odd/x")[i % 2]) for i in range(50)]
+    controller = Controller(plan, executor, prompts, [], RunDir(tmp_path / "run", tensorboard=False), NullTracer())
+    fake_kinds.HOSTS.clear()
+    executor.start(controller.on_failure)
+    try:
+        controller.run()
+    finally:
+        executor.shutdown()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "reward/mean" in m]
+    assert len(steps) == 6
+    for m in steps:
+        by_source = {k: v for k, v in m.items() if "/by_source/" in k}
+        assert set(by_source) <= {"reward/by_source/even/mean", "reward/by_source/odd_x/mean"}, by_source
+        assert by_source.get("reward/by_source/even/mean", 1.0) == 1.0
+        assert by_source.get("reward/by_source/odd_x/mean", 0.0) == 0.0
+    assert any(len([k for k in m if "/by_source/" in k]) == 2 for m in steps)
+
