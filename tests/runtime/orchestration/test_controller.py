@@ -50,34 +50,29 @@ def workflow(eta=0, steps=6, reward="parity_reward", extra="", train_reads="", f
             .replace("DELAY", str(delay)))
 
 
-def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0):
-    text = workflow(eta, steps, reward, extra, train_reads, fail, delay)
+def prompts(n: int = 50, sources: tuple[str, ...] = ("",)) -> list[_Prompt]:
+    return [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i), source=sources[i % len(sources)]) for i in range(n)]
+
+
+def _run_text(tmp_path, text, resume_from=None, data=None):
+    """Run the workflow `text` in one process (fresh fake hosts), optionally resuming; the final
+    state and the (shut down) executor."""
     plan = build_plan(load_workflow_text(text))
     executor = InProcessExecutor(plan)
-    prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i)) for i in range(50)]
-    controller = Controller(plan, executor, prompts, [], RunDir(tmp_path / "run", tensorboard=False), NullTracer())
+    controller = Controller(plan, executor, data or prompts(), [], RunDir(tmp_path / "run", tensorboard=False),
+                            NullTracer())
     fake_kinds.HOSTS.clear()
     executor.start(controller.on_failure)
     try:
-        state = controller.run()
+        return controller.run(resume_from=resume_from), executor
     finally:
         executor.shutdown()
+
+
+def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0):
+    state, executor = _run_text(tmp_path, workflow(eta, steps, reward, extra, train_reads, fail, delay))
     unfinished = json.loads((tmp_path / "run" / "unfinished.json").read_text())
     return state, fake_kinds.HOSTS, unfinished, executor
-
-
-def _run_text(tmp_path, text, resume_from=None):
-    """Run the workflow `text` in one process (fresh fake hosts), optionally resuming."""
-    plan = build_plan(load_workflow_text(text))
-    executor = InProcessExecutor(plan)
-    prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i)) for i in range(50)]
-    controller = Controller(plan, executor, prompts, [], RunDir(tmp_path / "run", tensorboard=False), NullTracer())
-    fake_kinds.HOSTS.clear()
-    executor.start(controller.on_failure)
-    try:
-        return controller.run(resume_from=resume_from)
-    finally:
-        executor.shutdown()
 
 
 def metrics(tmp_path) -> list[dict]:
@@ -200,7 +195,7 @@ def test_resume_trains_every_prompt_once_and_never_repeats_a_step(tmp_path, eta)
         (run_dir.checkpoint_dir(later) / "COMPLETE").unlink(missing_ok=True)
     assert run_dir.latest_checkpoint() == ckpt
 
-    state = _run_text(tmp_path, text, resume_from=ckpt)
+    state, _ = _run_text(tmp_path, text, resume_from=ckpt)
     assert state.step == 6
     steps = [m for m in metrics(tmp_path) if "time/step" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
@@ -223,16 +218,7 @@ def test_resume_trains_every_prompt_once_and_never_repeats_a_step(tmp_path, eta)
 def test_reward_is_also_reported_per_data_source(tmp_path):
     """Prompts from two sources ("even" / "odd" positions); the reward is 1 for even group ids
     (= prompt positions: nothing is requeued here), so per source it is exactly 1 and 0."""
-    plan = build_plan(load_workflow_text(workflow(reward="group_parity_reward")))
-    executor = InProcessExecutor(plan)
-    prompts = [_Prompt(f"p{i}", [1, 2, 3 + i % 5], str(i), source=("even", "odd/x")[i % 2]) for i in range(50)]
-    controller = Controller(plan, executor, prompts, [], RunDir(tmp_path / "run", tensorboard=False), NullTracer())
-    fake_kinds.HOSTS.clear()
-    executor.start(controller.on_failure)
-    try:
-        controller.run()
-    finally:
-        executor.shutdown()
+    _run_text(tmp_path, workflow(reward="group_parity_reward"), data=prompts(sources=("even", "odd/x")))
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "reward/mean" in m]
     assert len(steps) == 6
