@@ -29,6 +29,9 @@ from areal_graph.api.fields import (
     unit_interval,
 )
 from areal_graph.api.corrections import REJECTING, CorrectionError, ISCorrection
+from areal_graph.api.judge import DEFAULT_TEMPLATE as DEFAULT_JUDGE_TEMPLATE
+from areal_graph.api.judge import pattern_problem as judge_pattern_problem
+from areal_graph.api.judge import template_problem as judge_template_problem
 from areal_graph.api.reward_fns import BUILTIN_REWARD_FNS
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.graph.kind import CONTROLLER, Call, Hosting, ImportRef, Issue, NodeKind, RunInfo
@@ -194,6 +197,65 @@ REWARD_MODEL = NodeKind(
                                            node.params.max_tokens_per_microbatch
                                            or spec.runtime.max_tokens_per_microbatch}),
     rules=_reward_model_rules,
+    scores=True,
+)
+
+
+# ============================================================================ judge
+@dataclass(frozen=True)
+class JudgeParams:
+    """A generative verifier: a served model asked about each answer (api/judge.py, runtime/hosts/judge_host.py)."""
+
+    url: Optional[str] = cfg(None, None, "an OpenAI-compatible endpoint (…/v1); null: the run's first inference server")
+    api_key_env: Optional[str] = cfg(None, None, "environment variable holding the endpoint's key (with `url`)")
+    model: str = cfg("judge", None, "the model name sent to the endpoint")
+    template: str = cfg(DEFAULT_JUDGE_TEMPLATE, None, "the question put to the judge: {prompt}, {response}, {answer}")
+    system: Optional[str] = cfg(None, None, "a system message before it")
+    verdict: Literal["yes_no", "score"] = cfg("yes_no", None, "yes_no: yes 1, no 0; score: a number / score_max")
+    pattern: Optional[str] = cfg(None, None, "a regex with one group that finds the verdict (null: the rule's default)")
+    score_max: float = cfg(10.0, positive, "the top of the judge's score scale (verdict: score)")
+    max_tokens: int = cfg(32, positive, "the judge's reply limit")
+    temperature: float = cfg(0.0, non_negative, "the judge's sampling temperature")
+    max_concurrency: int = cfg(8, positive, "requests in flight at once")
+    timeout_s: float = cfg(60.0, positive, "per request; a request past it counts as failed")
+    on_failure: float = cfg(0.0, None, "the reward of a failed request or an unparsable reply (both are counted)")
+
+
+def _judge_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
+    p: JudgeParams = node.params
+    issues = _writes_exactly_one(node, "judge") + _reads_missing(node, ("input_ids", "loss_mask"),
+                                                                 "a judge node (it shows the judge the answer)")
+    if (problem := judge_template_problem(p.template)) is not None:
+        issues.append(Issue(("template",), problem))
+    if p.pattern is not None and (problem := judge_pattern_problem(p.pattern)) is not None:
+        issues.append(Issue(("pattern",), problem))
+    if p.api_key_env is not None and p.url is None:
+        issues.append(Issue(("api_key_env",), "is for an endpoint given by `url`; the run's own servers take the "
+                                              "run's token"))
+    return issues
+
+
+def _judge_host_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[str, Any]:
+    """The key never travels in these arguments: the host reads it from its own environment."""
+    p: JudgeParams = node.params
+    if p.url is None and not info.server_urls:
+        raise ValueError(f"judge node '{node.name}': the run has no inference server to ask")
+    base_url = p.url if p.url is not None else info.server_urls[0].rstrip("/") + "/v1"
+    return {"policy_tokenizer_path": info.model_paths[actor_model(spec) or ""], "base_url": base_url,
+            "api_key_env": p.api_key_env, "use_run_token": p.url is None,
+            "model": p.model, "template": p.template, "system": p.system, "verdict": p.verdict, "pattern": p.pattern,
+            "score_max": p.score_max, "max_tokens": p.max_tokens, "temperature": p.temperature,
+            "max_concurrency": p.max_concurrency, "timeout_s": p.timeout_s, "on_failure": p.on_failure}
+
+
+JUDGE = NodeKind(
+    name="judge", params=JudgeParams, model="forbidden", phase="generation",
+    doc="asks a served model (the run's inference server or any OpenAI-compatible endpoint) about each answer "
+        "with a template and parses its verdict into a reward",
+    hosting=lambda node, spec: Hosting(f"judge-{node.name}", node.name, f"{HOSTS}.judge_host:JudgeHost"),
+    host_args=_judge_host_args,
+    call=lambda node, spec: Call("score", {"out_key": node.writes[0]}),
+    rules=_judge_rules,
     scores=True,
 )
 
@@ -417,5 +479,5 @@ FUNCTION = NodeKind(
     may_drop=True,
 )
 
-BUILTIN_KINDS: dict[str, NodeKind] = {k.name: k for k in (ROLLOUT, REWARD, REWARD_MODEL, LOGPROB, VALUE, ADVANTAGE, TRAIN,
-                                                           FUNCTION)}
+BUILTIN_KINDS: dict[str, NodeKind] = {k.name: k for k in (ROLLOUT, REWARD, REWARD_MODEL, JUDGE, LOGPROB, VALUE, ADVANTAGE,
+                                                           TRAIN, FUNCTION)}

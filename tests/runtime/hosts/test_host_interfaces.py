@@ -15,12 +15,19 @@ import pytest
 from areal_graph.api.imports import import_object
 from areal_graph.graph.loader import load_workflow
 from areal_graph.graph.plan import build_plan
-from areal_graph.runtime.hosts.protocols import FunctionService, ModelService, RewardService, RolloutService
+from areal_graph.runtime.hosts.protocols import (
+    FunctionService,
+    ModelService,
+    RewardModelService,
+    RewardService,
+    RolloutService,
+)
 from support.paths import REPO
 
 WORKFLOWS = sorted((REPO / "workflows").glob("*.yaml"))
 PROTOCOL_OF = {"ModelHost": ModelService, "DataParallelModelHost": ModelService, "RolloutHost": RolloutService,
-               "RewardHost": RewardService, "FunctionHost": FunctionService}
+               "RewardHost": RewardService, "FunctionHost": FunctionService, "RewardModelHost": RewardModelService,
+               "JudgeHost": RewardService}
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=[w.stem for w in WORKFLOWS])
