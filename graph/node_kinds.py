@@ -317,7 +317,8 @@ def _model_host_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[
     model = spec.models[str(node.model)]
     return {"model_path": info.model_paths[model.name], "optim": asdict(model.train) if model.train else None,
             "total_steps": spec.runtime.steps, "seed": spec.runtime.seed, "threads": info.train_threads,
-            "role": model_role(spec, model.name), "device": model.device}
+            "role": model_role(spec, model.name), "device": model.device,
+            **({"lora": asdict(model.lora)} if model.lora is not None else {})}
 
 
 def _mb_args(spec: WorkflowSpec) -> dict[str, Any]:

@@ -33,10 +33,25 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """Low-rank adapters (peft's LoRA): the optimizer trains the adapters only, the base stays frozen."""
+
+    r: int = _f(8, positive, "the adapters' rank")
+    alpha: int = _f(16, positive, "scaling: the update is (alpha / r) B A")
+    dropout: float = _f(0.0, non_negative, "dropout on the adapters' input while training")
+    target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], None,
+                                   "module names (their last part) that get an adapter")
+    sync: Literal["adapter", "merged"] = _f(
+        "adapter", None, "what each weight sync moves: the adapters alone (the inference side merges them into "
+                         "its frozen base), or the merged weights")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     path: str = field(metadata={"check": None, "help": "HF directory or builtin:NAME"})
     train: Optional[OptimConfig] = _f(None, None, "optimiser; omit for a frozen model (e.g. ref)")
+    lora: Optional[LoraSpec] = _f(None, None, "train low-rank adapters instead of every weight (needs `train`)")
     device: str = _f("cpu", device_check, "where its logprob/value/train nodes run: cpu, cuda or cuda:N")
     dp_size: int = _f(1, positive, "data-parallel ranks (processes) its logprob/value/train nodes are spread over: "
                                    "each runs a token-balanced share of every batch and gradients are summed, so a "

@@ -80,6 +80,7 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
         v.report(("nodes", extra.name, "kind"), f"a second rollout node (the first is '{sources[0].name}'); "
                                                 f"a workflow has exactly one")
     check_trained_models(spec, v)
+    check_lora(spec, v)
 
     producers = key_producers(nodes)
     for key, writers in producers.items():
@@ -109,6 +110,26 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
     names = [u for u, _ in cycle]
     v.report(("nodes", names[0], "reads"), "dependency cycle: " + " -> ".join(names + [names[0]])
              + " (weight updates back to the rollout are implicit; keys may not flow backwards)")
+
+
+def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
+    """LoRA where it is built: a trained policy, one rank, adapter sync to the embedded engine."""
+    from areal_graph.graph.node_kinds import actor_model
+
+    for name, model in spec.models.items():
+        if model.lora is None:
+            continue
+        where = ("models", name, "lora")
+        if model.train is None:
+            v.report(where, "adapters are trained: give the model `train` settings too")
+        elif name != actor_model(spec):
+            v.report(where, "LoRA is built for the policy model only (a critic or reference with adapters is not "
+                            "built yet)")
+        if model.dp_size != 1:
+            v.report(("models", name, "dp_size"), "LoRA with data parallelism (dp_size > 1) is not built yet")
+        if model.lora.sync == "adapter" and spec.inference.backend != "embedded":
+            v.report(where + ("sync",), f"adapter-only sync to the {spec.inference.backend} backend is not built yet "
+                                        "(the embedded engine takes adapters): use `sync: merged`")
 
 
 def check_trained_models(spec: S.WorkflowSpec, v: Validator) -> None:

@@ -49,6 +49,7 @@ from areal_graph.engines.inference.model_runner import ModelRunner
 from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError, validate_request
 from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens
+from areal_graph.engines.lora_weights import apply_adapter, is_adapter
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class EmbeddedEngine:
         self._running: list[_Request] = []  # rows of self._cache, in order
         self._pending: list[_Request] = []  # admitted, need a (re-)prefill before decoding
         self._cache = BatchedKVCache(row_capacity=max_running)
+        self._lora_base: dict[str, torch.Tensor] = {}  # LoRA: the base weights adapters apply to
         self._paused = False
         self._waiters = 0  # threads waiting for a step boundary (abort, weight swap): the scheduler yields
         self._stopping = False
@@ -296,11 +298,18 @@ class EmbeddedEngine:
         return self._version
 
     def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Swap weights at a step boundary and invalidate every KV cache built with the old ones."""
+        """Swap weights at a step boundary and invalidate every KV cache built with the old ones.
+
+        A LoRA adapter (engines/lora_weights.py: `lora.scaling` among the keys) is merged into
+        the base weights this engine had before its first adapter: W0 + scaling * (B @ A)."""
         requested = time.perf_counter()
         with self._at_step_boundary():
             start, before = time.perf_counter(), self._version
-            load_state_dict_checked(self.model, state_dict)
+            if is_adapter(state_dict):
+                apply_adapter(self.model, self._lora_base, state_dict)
+            else:
+                load_state_dict_checked(self.model, state_dict)
+                self._lora_base.clear()  # full weights: a later adapter applies to these
             self._runner.rebind()
             self._version = int(version)
             # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.

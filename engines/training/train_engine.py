@@ -49,7 +49,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -57,6 +57,7 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training import data_parallel as dp
 from areal_graph.engines.training.lean_train import LeanTrainForward, unsupported_reason
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.lora_weights import adapter_tensors, attach_lora, merged_tensors
 from areal_graph.engines.training.protocol import LossFn, TrainingEngine
 from areal_graph.engines.training.packed_scoring import (
     ROW_TOKENS,
@@ -67,6 +68,8 @@ from areal_graph.engines.training.packed_scoring import (
 from areal_graph.engines.training.step_stats import add_stats
 
 log = logging.getLogger(__name__)
+
+LORA_ADAPTER_DIR = "adapter"  # inside an exported model: peft's adapter_config.json + adapter_model.safetensors
 
 
 Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows of positions in them)
@@ -127,7 +130,7 @@ class TrainEngine:
                  lr_schedule: str = "constant", total_steps: int = 1, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, row_tokens: int = ROW_TOKENS, trainable: bool = True,
                  parallel: str = "auto", mixed_precision: torch.dtype | None | str = "auto",
-                 lean: bool = True, share_prefixes: bool = True) -> None:
+                 lean: bool = True, share_prefixes: bool = True, lora: dict[str, Any] | None = None) -> None:
         self.parallel = dp.resolve_mode(parallel, torch.device(device))
         self.rank, self.world_size = dp.world() if self.parallel != "none" else (0, 1)
         self.device = dp.local_device(device, self.parallel)
@@ -136,6 +139,14 @@ class TrainEngine:
 
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
         self.model = model.to(self.device)
+        # LoRA (engines/lora_weights.py): peft wraps the model; the optimizer sees the adapters only
+        self.lora_sync: str | None = None
+        if lora is not None:
+            if self.parallel != "none":
+                raise ValueError("LoRA with data parallelism (dp_size > 1) is not built yet")
+            self.lora_sync = str(lora.get("sync", "adapter"))
+            self.model = attach_lora(self.model, int(lora["r"]), int(lora["alpha"]), float(lora.get("dropout", 0.0)),
+                                     list(lora["target_modules"]))
         self.row_tokens = row_tokens
         self.grad_clip = grad_clip
         self.base_lr = lr
@@ -162,7 +173,7 @@ class TrainEngine:
             dp.broadcast_from_rank0(self.model)
         if trainable:
             self.optimizer = _adamw(self.model, lr, (betas[0], betas[1]), weight_decay, fused=self.parallel != "fsdp")
-        self._lean = self._make_lean() if lean and self.parallel == "none" else None
+        self._lean = self._make_lean() if lean and self.parallel == "none" and lora is None else None
         self.share_prefixes = share_prefixes
         if self.parallel != "none":
             log.info("rank %d/%d: %s data parallelism on %s%s", self.rank, self.world_size, self.parallel,
@@ -318,11 +329,15 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ weights and checkpoints
     def state_dict_for_sync(self, copy: bool = True) -> dict[str, torch.Tensor]:
-        """The full weights (a CPU copy, or with `copy=False` the live tensors, for a caller that
-        copies them out at once). Under FSDP a collective that leaves them on rank 0 only (the
-        rank that pushes weights to inference); other ranks get {}."""
+        """What a weight sync moves: the full weights (a CPU copy, or with `copy=False` the live
+        tensors, for a caller that copies them out at once); with LoRA the adapters alone
+        (`lora.sync: adapter`) or the merged weights. Under FSDP a collective that leaves them
+        on rank 0 only (the rank that pushes weights to inference); other ranks get {}."""
         if self.parallel == "fsdp":
             return dp.fsdp_full_model_state(self.model)
+        if self.lora_sync is not None:
+            state = adapter_tensors(self.model) if self.lora_sync == "adapter" else merged_tensors(self.model)
+            return {k: v.detach().to("cpu", copy=True) for k, v in state.items()} if copy else state
         if not copy:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -336,7 +351,12 @@ class TrainEngine:
         if self.rank == 0:
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
-            self.model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+            if self.lora_sync is not None:  # the merged model, and the adapters beside it (peft's layout)
+                self.model.get_base_model().save_pretrained(tmp, safe_serialization=True,
+                                                            state_dict=merged_tensors(self.model))
+                self.model.save_pretrained(tmp / LORA_ADAPTER_DIR)
+            else:
+                self.model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
             if path.exists():
                 shutil.rmtree(path)
             tmp.rename(path)
@@ -369,13 +389,16 @@ class TrainEngine:
     def load_checkpoint(self, path: str | Path) -> None:
         """Every rank reads the checkpoint (it must be on a filesystem they all see)."""
         path = Path(path)
-        weights = self._read_weights(path / "model")
-        if self.parallel == "fsdp":
+        if self.lora_sync is not None:
+            self._load_adapter(path / "model" / LORA_ADAPTER_DIR)
+        elif self.parallel == "fsdp":
+            weights = self._read_weights(path / "model")
             unknown = set(weights) - set(self.model.state_dict())
             if unknown:
                 raise ValueError(f"checkpoint {path} does not match the model: unexpected {sorted(unknown)}")
             dp.fsdp_load_model_state(self.model, weights)
         else:
+            weights = self._read_weights(path / "model")
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
             if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
                 raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
@@ -388,6 +411,16 @@ class TrainEngine:
                 dp.fsdp_load_optim_state(self.model, self.optimizer, named)
             else:
                 self.optimizer.load_state_dict(state["optimizer"])
+
+    def _load_adapter(self, adapter_dir: Path) -> None:
+        """LoRA: the adapters come back; the base stays as it was loaded (frozen, never saved apart)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        result = set_peft_model_state_dict(self.model, load_file(str(adapter_dir / "adapter_model.safetensors")))
+        unexpected = getattr(result, "unexpected_keys", None)
+        if unexpected:
+            raise ValueError(f"{adapter_dir}: adapters that do not fit the model: {unexpected}")
 
     def _read_weights(self, model_dir: Path) -> dict[str, torch.Tensor]:
         """The full state dict `export_hf` wrote into `model_dir` (keys as in `self.model`)."""
@@ -417,7 +450,7 @@ def _adamw(model: torch.nn.Module, lr: float, betas: tuple[float, float], weight
     """AdamW, fused where torch has the kernel (CPU and CUDA): one pass over all parameters
     instead of a dozen small ops per tensor (~4x faster on the 1.7M-parameter kit model, same
     values to ~3e-8). FSDP's sharded parameters keep the default implementation."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
     if fused:
         try:
             return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)

@@ -35,7 +35,8 @@ Role = Literal["policy", "critic"]
 
 class ModelHost:
     def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
-                 seed: int = 1, threads: int | None = None, role: Role = "policy", device: str = "cpu") -> None:
+                 seed: int = 1, threads: int | None = None, role: Role = "policy", device: str = "cpu",
+                 lora: dict[str, Any] | None = None) -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model {model_path} is configured with device {device!r}, but this machine has no "
                                "CUDA device (or torch is a CPU build): set the model's `device: cpu`")
@@ -47,7 +48,7 @@ class ModelHost:
         self.model_path = model_path
         self.trainable = optim is not None
         self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable,
-                                 device=device)
+                                 device=device, **({"lora": lora} if lora else {}))
         self.role: Role = role
         # the host drives its engine through engines/training/protocol.py alone
         self.critic: ValueTrainingEngine | None = None

@@ -380,15 +380,17 @@ class ProcessExecutor:
             manifest = await asyncio.to_thread(client.call, self.plan.actor, ModelService.publish_weights.__name__, path=self._shm_path)
             await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
             self._last_sync = ("memory", self._shm_path, manifest, version)
-            return {}
+            # what crossed: each tensor once (tied weights share an entry's bytes); LoRA: the adapters
+            return {"weight_sync/bytes": float(sum({e["offset"]: e["nbytes"] for e in manifest}.values()))}
         path = self.run_dir.weights_dir(version)
         await asyncio.to_thread(client.call, self.plan.actor, ModelService.export_weights.__name__, path=str(path))
         await self._servers(self.servers.update_weights_from_disk(str(path), version))
         self._last_sync = ("disk", str(path), None, version)
+        written = float(sum(f.stat().st_size for f in path.glob("*.safetensors")))
         old = self.run_dir.weights_dir(version - 2)
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
-        return {}
+        return {"weight_sync/bytes": written}
 
     async def export_model(self, path: Path) -> None:
         await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from support.e2e import SMALL, VERL_SOURCES, kill_during_run, read_metrics, run_cli, write_verl_parquet, write_workflow
 from support.paths import FIXTURES, REPO, child_env
@@ -305,3 +306,26 @@ def test_a_reward_model_scores_beside_the_rule_reward(kit, tmp_path):
     trace = json.loads((run_dir / "trace.json").read_text())
     events = trace if isinstance(trace, list) else trace["traceEvents"]
     assert any(e.get("name") == "rm_score" for e in events if e.get("ph") == "X")
+
+
+def test_lora_trains_adapters_and_syncs_only_them(kit, tmp_path):
+    """ppo_async with `models.actor.lora`: each sync moves the adapters alone (into the server's
+    frozen base), fresh tokens still match the trainer's log-probs, and the final model is the
+    merged one with peft's adapter folder beside it."""
+    wf = write_workflow(kit, tmp_path)
+    run_dir = tmp_path / "run"
+    proc = run_cli(wf, run_dir, *SMALL, "models.actor.lora.r=4", "models.actor.train.lr=1e-2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir) if "time/step" in m]
+    full = (kit / "model" / "model.safetensors").stat().st_size
+    assert len(steps) == 3 and all(0 < m["weight_sync/bytes"] < full / 5 for m in steps), \
+        ([m["weight_sync/bytes"] for m in steps], full)
+    assert all(m["train/mismatch/fresh/abs_max"] < 1e-4 for m in steps)
+    from safetensors.torch import load_file
+
+    final, init = load_file(str(run_dir / "final_model" / "model.safetensors")), load_file(
+        str(kit / "model" / "model.safetensors"))
+    changed = {k for k in init if not torch.equal(final[k], init[k])}
+    assert changed and all(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))
+                           for k in changed)  # only the adapted weights moved
+    assert (run_dir / "final_model" / "adapter" / "adapter_config.json").exists()
