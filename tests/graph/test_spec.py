@@ -63,10 +63,11 @@ def test_shipped_workflows_validate(path):
     assert spec.source == str(path)
     assert spec.inference.backend == "embedded"
     # every shipped workflow runs from a fresh install: builtin kits and datasets only
-    from areal_graph.modelkit.builtin import BUILTIN_DATASETS, BUILTIN_KITS, SHIPPED_DATASETS
+    from areal_graph.modelkit.builtin import BUILTIN_DATASETS, BUILTIN_KITS, BUILTIN_REWARD_MODELS, SHIPPED_DATASETS
 
     kits = {m.path.removeprefix("builtin:") for m in spec.models.values()}
-    assert all(m.path.startswith("builtin:") for m in spec.models.values()) and kits <= set(BUILTIN_KITS)
+    assert all(m.path.startswith("builtin:") for m in spec.models.values())
+    assert kits <= set(BUILTIN_KITS) | set(BUILTIN_REWARD_MODELS)
     for data in filter(None, (spec.data.train, spec.data.eval)):
         name = data.removeprefix("builtin:")
         assert data.startswith("builtin:") and (name in SHIPPED_DATASETS or BUILTIN_DATASETS[name][0] in kits)
