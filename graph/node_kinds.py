@@ -208,7 +208,8 @@ class JudgeParams:
 
     url: Optional[str] = cfg(None, None, "an OpenAI-compatible endpoint (…/v1); null: the run's first inference server")
     api_key_env: Optional[str] = cfg(None, None, "environment variable holding the endpoint's key (with `url`)")
-    model: str = cfg("judge", None, "the model name sent to the endpoint")
+    model_name: str = cfg("judge", None, "the model name sent to the endpoint (the node's `model` key is for "
+                                         "models of the workflow; a judge has none)")
     template: str = cfg(DEFAULT_JUDGE_TEMPLATE, None, "the question put to the judge: {prompt}, {response}, {answer}")
     system: Optional[str] = cfg(None, None, "a system message before it")
     verdict: Literal["yes_no", "score"] = cfg("yes_no", None, "yes_no: yes 1, no 0; score: a number / score_max")
@@ -243,7 +244,7 @@ def _judge_host_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[
     base_url = p.url if p.url is not None else info.server_urls[0].rstrip("/") + "/v1"
     return {"policy_tokenizer_path": info.model_paths[actor_model(spec) or ""], "base_url": base_url,
             "api_key_env": p.api_key_env, "use_run_token": p.url is None,
-            "model": p.model, "template": p.template, "system": p.system, "verdict": p.verdict, "pattern": p.pattern,
+            "model": p.model_name, "template": p.template, "system": p.system, "verdict": p.verdict, "pattern": p.pattern,
             "score_max": p.score_max, "max_tokens": p.max_tokens, "temperature": p.temperature,
             "max_concurrency": p.max_concurrency, "timeout_s": p.timeout_s, "on_failure": p.on_failure}
 

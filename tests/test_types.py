@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.ci import missing
 from support.paths import REPO
 
@@ -75,6 +77,7 @@ def shadow_package(root: Path, changes: dict[str, tuple[str, str]]) -> Path:
     return root
 
 
+@pytest.mark.slow  # ~20 s of a second mypy run; the check itself runs on every `make test`
 def test_an_implementation_that_drops_a_method_fails_the_check(tmp_path):
     """The check can fail: a copy of the package in which a host misspells a method the owner
     calls by name, and the training engine lacks one the model host drives."""

@@ -254,6 +254,8 @@ def _node_spans(run_dir: Path) -> dict[str, list[tuple[float, float, int]]]:
     return out
 
 
+@pytest.mark.slow  # ~30 s; independent nodes running together is checked in one process by
+# tests/runtime/orchestration/test_phase_runner.py on every run
 def test_reference_and_proximal_logprobs_overlap_on_their_processes(kit, tmp_path):
     wf = write_workflow(kit, tmp_path, "ppo_kl.yaml")
     run_dir = tmp_path / "run"
@@ -285,6 +287,8 @@ def test_dapo_workflow_drops_uniform_groups_and_trains(kit, tmp_path):
     assert "eval/accuracy" in metrics[0] and "eval/correct" in metrics[0]
 
 
+@pytest.mark.slow  # ~30 s; the host (exact scores) and its planning are checked on every run:
+# tests/runtime/hosts/test_reward_model_host.py, tests/graph/test_reward_model_kind.py
 def test_a_reward_model_scores_beside_the_rule_reward(kit, tmp_path):
     """workflows/ppo_reward_model.yaml with a random classifier as the reward model: it runs in
     its own process, its sigmoid score reaches the eval metrics, accuracy stays the verifier's."""

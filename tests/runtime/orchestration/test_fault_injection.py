@@ -171,6 +171,8 @@ def _table(seed: int, plan: list[Kill]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow  # ~65 s; a kill of the rollout worker mid-run is checked on every `make test`
+# (tests/e2e/test_run.py), random kills of every kind of process with `make test-slow`
 def test_random_kills_of_every_kind_of_process_lose_nothing(kit, tmp_path):
     seed = int(os.environ.get("AREAL_FAULT_SEED", "11"))
     plan, out = run_kill_plan(kit, tmp_path, seed)
