@@ -103,8 +103,8 @@ class JudgeHost:
             rewards.append(self.on_failure if value is None else value)
         if failures or unparsable:
             kinds = sorted({type(r).__name__ for r in replies if isinstance(r, BaseException)})
-            log.warning("judge: %d of %d requests failed %s, %d replies unparsable; scored %s", failures,
-                        len(replies), kinds or "", unparsable, self.on_failure)
+            log.warning("judge: %d of %d requests failed%s, %d replies unparsable; scored %s", failures,
+                        len(replies), f" ({', '.join(kinds)})" if kinds else "", unparsable, self.on_failure)
         out = PackedBatch(batch.cu_seqlens.clone(), seqs={out_key: torch.tensor(rewards, dtype=torch.float32)})
         return out, {"failures": float(failures), "unparsable": float(unparsable),
                      "seconds": time.perf_counter() - t0}
