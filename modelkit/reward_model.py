@@ -25,7 +25,7 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-RM_FORMAT = 1
+RM_FORMAT = 2  # 2: wrong answers are the warm start's own (one operation short)
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,18 @@ BUILTIN_REWARD_MODELS: dict[str, RewardModelRecipe] = {"tiny-arith-rm": TINY_ARI
 
 def labelled_answers(rows: list[dict], n: int, seed: int) -> list[tuple[str, str, float]]:
     """(question, answer text, label): worked right (1), worked with a wrong final answer (0),
-    hasty right (1) and hasty wrong (0), a quarter each, from the kit's rows."""
+    hasty right (1) and hasty wrong (0), a quarter each, from the kit's rows. A wrong answer
+    is the warm start's own mistake where it is one: the value one operation short
+    (data/arith.py:hasty_answer), else a small offset."""
+    from areal_graph.data.arith import hasty_answer
+
     rng = random.Random(seed)
     out = []
     for i in range(n):
         row = rows[rng.randrange(len(rows))]
         answer = str(row["answer"])
-        wrong = str(int(answer) + rng.choice([d for d in range(-9, 10) if d])) if answer.lstrip("-").isdigit() \
-            else answer + "1"
+        short = hasty_answer(row)[len("The answer is \\boxed{"):-2]
+        wrong = short if short != answer else str(int(answer) + rng.choice([d for d in range(-9, 10) if d]))
         kind = i % 4
         if kind == 0:
             out.append((row["question"], row["solution"], 1.0))
