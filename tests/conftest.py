@@ -22,3 +22,15 @@ def kit(tmp_path_factory):
     """The e2e kit (support/e2e.py:build_kit): a random tiny Qwen2 with a trained tokenizer
     and train/test JSONL, built once for every whole-run test."""
     return build_kit(tmp_path_factory.mktemp("kit"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matmuls: one thread is faster than two fighting over a shared machine's cores.
+    Use per module: `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

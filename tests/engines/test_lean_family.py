@@ -33,13 +33,7 @@ COMMON = dict(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_la
 FAMILY = sorted(SUPPORTED)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread is faster than two fighting over a shared machine's cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def build(model_cls, config_cls, **overrides):
