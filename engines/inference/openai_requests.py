@@ -18,8 +18,11 @@ would give the caller a different distribution than the one asked for.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OpenAIRequestError", "ChatRequest", "CompletionRequest", "parse_chat_request",
            "parse_completion_request", "normalize_messages", "MAX_N", "MAX_STOP"]
@@ -36,6 +39,41 @@ _COMMON = {"model", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                          "parallel_tool_calls", "response_format"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
+
+# Fields that cannot change what this server generates: accepted, ignored, noted once in the log.
+# (Storage, billing, caching and abuse-tracking hints of OpenAI's service, and `verbosity`, a
+# length hint to reasoning models that this server has no way to honour or to break.)
+IGNORED_FIELDS = {"store": "nothing is stored", "service_tier": "one tier",
+                  "prompt_cache_key": "prefix caching needs no key here",
+                  "safety_identifier": "no abuse tracking", "verbosity": "a hint this server does not take",
+                  "prediction": "predicted outputs only speed up a server that has them",
+                  "web_search_options": None, "audio": None, "modalities": None, "reasoning_effort": None}
+# Fields that would change the output, accepted only at the value that does not.
+NEUTRAL_VALUES = {"min_p": (0, 0.0), "repetition_penalty": (1, 1.0)}
+_noted: set[str] = set()
+
+
+def _ignore_harmless(body: dict) -> None:
+    """Drop the fields that cannot change the output (see IGNORED_FIELDS) and neutral values;
+    refuse the ones that would (audio output, web search, reasoning effort on a model without it)."""
+    for key in [k for k in body if k in IGNORED_FIELDS]:
+        value = body[key]
+        if key == "modalities":
+            if value not in (None, ["text"]):
+                raise OpenAIRequestError(f"'modalities' {value!r}: this server outputs text only", key)
+        elif key in ("audio", "web_search_options", "reasoning_effort"):
+            if value is not None:
+                raise OpenAIRequestError(f"'{key}' is not supported by this server (it would change the output)",
+                                         key)
+        elif key not in _noted:
+            _noted.add(key)
+            log.info("OpenAI field %r accepted and ignored: %s", key, IGNORED_FIELDS[key])
+        del body[key]
+    for key, neutral in NEUTRAL_VALUES.items():
+        if key in body:
+            if body[key] is not None and body[key] not in neutral:
+                raise OpenAIRequestError(f"'{key}' is not supported by this server (only {neutral[-1]})", key)
+            del body[key]
 
 
 class OpenAIRequestError(ValueError):
@@ -129,6 +167,8 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
 def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
     if not isinstance(body, dict):
         raise OpenAIRequestError("the request body must be a JSON object")
+    body = dict(body)
+    _ignore_harmless(body)
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise OpenAIRequestError(
@@ -185,8 +225,9 @@ def _stream(body: dict) -> tuple[bool, bool]:
         return stream, False
     if not stream:
         raise OpenAIRequestError("'stream_options' is only allowed with stream: true", "stream_options")
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise OpenAIRequestError("'stream_options' supports only {\"include_usage\": bool}", "stream_options")
+    if not isinstance(options, dict):
+        raise OpenAIRequestError("'stream_options' must be an object", "stream_options")
+    # other keys (include_obfuscation, ...) shape the stream's framing, never the text: ignored
     return stream, _bool(options, "include_usage")
 
 
@@ -254,7 +295,7 @@ def _content(content: Any, where: str) -> str | None:
     texts = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
+        if kind in ("text", "input_text") and isinstance(part.get("text"), str):  # input_text: Responses-API style
             texts.append(part["text"])
         elif kind in ("image_url", "input_image", "input_audio", "file", "audio"):
             raise OpenAIRequestError(f"{where}[{k}]: content of type {kind!r} is not supported: this server "
@@ -295,6 +336,10 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise OpenAIRequestError(f"tools[{k}].function needs a 'name'", f"tools[{k}].function")
+        if fn.get("strict"):
+            raise OpenAIRequestError(f"tools[{k}].function.strict: this server cannot hold a call's arguments to "
+                                     "the schema (no constrained decoding yet): leave strict out or false",
+                                     f"tools[{k}].function.strict")
     return tools
 
 

@@ -1,0 +1,69 @@
+"""What the OpenAI request parser accepts because it cannot change the output, and what it
+still refuses because it would (engines/inference/openai_requests.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from areal_graph.engines.inference.openai_requests import (
+    OpenAIRequestError,
+    parse_chat_request,
+    parse_completion_request,
+)
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("extra", [
+    {"store": True}, {"service_tier": "auto"}, {"prompt_cache_key": "k"}, {"safety_identifier": "u1"},
+    {"verbosity": "low"}, {"modalities": ["text"]}, {"min_p": 0}, {"min_p": 0.0}, {"repetition_penalty": 1},
+    {"repetition_penalty": 1.0}, {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+])
+def test_fields_that_cannot_change_the_output_are_accepted(extra):
+    plain = parse_chat_request(dict(CHAT))
+    got = parse_chat_request({**CHAT, **extra})
+    assert (got.temperature, got.top_p, got.max_tokens, got.messages) == \
+        (plain.temperature, plain.top_p, plain.max_tokens, plain.messages)
+    assert got.include_usage == bool(extra.get("stream_options", {}).get("include_usage"))
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {"voice": "x"}}, "audio"),
+    ({"min_p": 0.1}, "min_p"), ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"web_search_options": {}}, "web_search_options"), ({"reasoning_effort": "high"}, "reasoning_effort"),
+    ({"made_up_field": 1}, "made_up_field"),
+])
+def test_fields_that_would_change_it_are_still_refused(extra, param):
+    with pytest.raises(OpenAIRequestError) as err:
+        parse_chat_request({**CHAT, **extra})
+    assert err.value.param == param
+
+
+def test_an_ignored_field_is_noted_once_and_the_callers_body_is_untouched(caplog):
+    body = {**CHAT, "store": True}
+    with caplog.at_level(logging.INFO, "areal_graph.engines.inference.openai_requests"):
+        parse_chat_request(body)
+        parse_chat_request(body)
+    assert body["store"] is True  # the parser works on a copy
+    assert caplog.text.count("'store' accepted and ignored") <= 1
+
+
+def test_input_text_parts_are_text_and_strict_tools_are_refused():
+    got = parse_chat_request({**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert got.messages[0]["content"] == "ab"
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    with pytest.raises(OpenAIRequestError, match="cannot hold a call's arguments to the schema") as err:
+        parse_chat_request({**CHAT, "tools": [strict]})
+    assert err.value.param == "tools[0].function.strict"
+    assert parse_chat_request({**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": False}}]}).tools
+
+
+def test_completions_take_echo_false_and_the_same_harmless_fields():
+    got = parse_completion_request({"model": "m", "prompt": "2+2=", "echo": False, "store": False, "min_p": 0})
+    assert got.prompts == ["2+2="]
+    with pytest.raises(OpenAIRequestError, match="'echo' is not supported"):
+        parse_completion_request({"model": "m", "prompt": "2+2=", "echo": True})
