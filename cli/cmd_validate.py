@@ -65,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     except WorkflowError as err:
         print_problems(console, args.workflow, err.problems)
         return 1
+    from areal_graph.modelkit.builtin import check_builtin_paths
+
+    try:  # a builtin name no kit has fails here, not minutes into `run`
+        check_builtin_paths(spec)
+    except ValueError as err:
+        console.print(f"{args.workflow}: {err}", style="red", markup=False, highlight=False)
+        return 1
     graph = build_graph(spec)
     console.print(f"[bold green]OK[/] {args.workflow}: workflow [bold]{spec.name}[/], "
                   f"{len(spec.nodes)} nodes, {graph.number_of_edges()} edges")

@@ -70,10 +70,11 @@ class RewardModelHost:
         return [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
 
     @torch.no_grad()
-    def logits(self, seqs: list[list[int]], max_tokens_per_mb: int) -> torch.Tensor:
-        """The head's output per sequence ([n, num_labels], fp32), in `seqs` order."""
+    def logits(self, seqs: list[list[int]], max_tokens_per_mb: int) -> tuple[torch.Tensor, int]:
+        """The head's output per sequence ([n, num_labels], fp32), in `seqs` order, and the forwards it took."""
         out = torch.zeros(len(seqs), int(self.model.config.num_labels))
-        for group in length_groups([len(s) for s in seqs], max_tokens_per_mb if self.pad_id is not None else 0):
+        groups = length_groups([len(s) for s in seqs], max_tokens_per_mb if self.pad_id is not None else 0)
+        for group in groups:
             width = max(len(seqs[i]) for i in group)
             ids = torch.full((len(group), width), self.pad_id if self.pad_id is not None else 0, dtype=torch.long)
             mask = torch.zeros((len(group), width), dtype=torch.long)
@@ -82,20 +83,19 @@ class RewardModelHost:
                 mask[row, :len(seqs[i])] = 1
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             out[group] = logits.float().cpu()
-        return out
+        return out, len(groups)
 
     def score(self, batch: PackedBatch, out_key: str = "rm_reward",
               max_tokens_per_mb: int = 4096) -> tuple[PackedBatch, dict[str, float]]:
         """`out_key` per sequence; stats: the forwards it took and the mean score."""
         seqs = self.sequences(batch)
-        logits = self.logits(seqs, max_tokens_per_mb)
+        logits, forwards = self.logits(seqs, max_tokens_per_mb)
         if self.output == "prob":
             scores = torch.softmax(logits, -1)[:, 1]
         elif self.output == "sigmoid":
             scores = torch.sigmoid(logits[:, 0])
         else:
             scores = logits[:, 0]
-        forwards = len(length_groups([len(s) for s in seqs], max_tokens_per_mb if self.pad_id is not None else 0))
         return (PackedBatch(batch.cu_seqlens.clone(), seqs={out_key: scores.float()}),
                 {"forwards": float(forwards), "mean": float(scores.mean()) if len(seqs) else 0.0})
 

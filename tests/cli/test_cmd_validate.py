@@ -117,3 +117,11 @@ def test_print_problems_counts_and_prints_verbatim():
     cmd_validate.print_problems(console, Path("wf.yaml"), ["field 'x': got [a, b]", "[bold]not markup[/]"])
     assert buf.getvalue().splitlines() == ["wf.yaml: 2 problem(s)", "  - field 'x': got [a, b]",
                                            "  - [bold]not markup[/]"]
+
+
+def test_an_unknown_builtin_model_fails_validation(capsys):
+    from areal_graph.cli import cmd_validate as cv
+
+    args = parse(str(WORKFLOWS / "ppo_async.yaml"), "--set", "models.actor.path=builtin:nope")
+    assert cv.run(args) == 1
+    assert "unknown builtin model 'builtin:nope'" in capsys.readouterr().out
