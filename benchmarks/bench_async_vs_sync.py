@@ -8,6 +8,9 @@ long-tailed because sampling is at temperature 1 with a generous max_new_tokens.
 
     python benchmarks/bench_async_vs_sync.py            # sync vs async (eta=4)
     python benchmarks/bench_async_vs_sync.py --quick    # a few steps, to check it works
+    python benchmarks/bench_async_vs_sync.py --steps 100 --set models.actor.device=cuda \
+        --set inference.args.device=cuda --out gpu_async_vs_sync.json   # one GPU, time-shared
+    python benchmarks/bench_async_vs_sync.py --workflow workflows/ppo_async_longtail.yaml  # long-tailed
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def run_config(label: str, overrides: list[str], workdir: Path) -> dict:
+def run_config(label: str, overrides: list[str], workdir: Path,
+               workflow: Path = ROOT / "workflows" / "ppo_async.yaml") -> dict:
     run_dir = workdir / label
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(ROOT / "workflows" / "ppo_async.yaml"),
-           *overrides, "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(workflow), *overrides, "--run-dir", str(run_dir)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -54,9 +57,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4 steps per configuration")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--workflow", type=Path, default=ROOT / "workflows" / "ppo_async.yaml")
+    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for both runs, e.g. models.actor.device=cuda (repeatable)")
+    ap.add_argument("--eval-size", type=int, default=500, help="greedy-evaluated test problems at start and end")
+    ap.add_argument("--out", default="async_vs_sync.json", help="JSON name under benchmarks/results/, or a path")
     args = ap.parse_args()
     steps = 4 if args.quick else args.steps
-    common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}", "data.eval_size=500", "runtime.save_every=0"]
+    common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}", f"data.eval_size={args.eval_size}",
+              "runtime.save_every=0", *args.extra]
 
     configs = [("sync", common + ["runtime.max_staleness=0"]), ("async", common + ["runtime.max_staleness=4"])]
 
@@ -65,9 +74,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
         for label, overrides in configs:
             console.print(f"running {label} ...")
-            rows.append(run_config(label, overrides, Path(tmp)))
+            rows.append(run_config(label, overrides, Path(tmp), args.workflow))
     base = rows[0]
-    table = Table(title="async vs sync RL (same workload; ratios are from this one run)")
+    table = Table(title=f"async vs sync RL, {args.workflow.name} (same workload; ratios are from this one run)")
     for col in ("config", "wall s", "speedup vs sync", "acc start -> end", "reward (last 10)", "mean staleness"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -77,8 +86,10 @@ def main() -> int:
                       f"{r['mean_reward_last10']:.3f}", f"{r['mean_staleness']:.2f}")
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "async_vs_sync.json"
-    out.write_text(json.dumps({"steps": steps, "results": rows}, indent=2))
+    out = Path(args.out) if "/" in args.out else RESULTS / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"steps": steps, "workflow": args.workflow.name, "overrides": args.extra,
+                               "results": rows}, indent=2))
     console.print(f"wrote {out}")
     return 0
 

@@ -56,6 +56,13 @@ class ModelSpec:
     dp_size: int = _f(1, positive, "data-parallel ranks (processes) its logprob/value/train nodes are spread over: "
                                    "each runs a token-balanced share of every batch and gradients are summed, so a "
                                    "step equals the one-rank step; on CUDA rank r uses cuda:r")
+    precision: Literal["fp32", "bf16"] = _f(
+        "fp32", None, "training compute: fp32, or bf16 mixed precision (fp32 master weights and optimizer state, "
+                      "bf16 matrix products; FSDP2's MixedPrecisionPolicy under dp_size > 1 on CUDA, autocast "
+                      "otherwise). Log-probs for logprob nodes are computed in the same precision")
+    backend: Literal["torch", "megatron"] = _f(
+        "torch", None, "the training engine: torch (HF model, lean forward, DDP/FSDP2) or megatron "
+                       "(Megatron-Core GPTModel on CUDA, engines/training/megatron/; one GPU)")
 
 
 @dataclass(frozen=True)

@@ -34,3 +34,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: on a machine without it (CI, a laptop) they are skipped, with the
+    reason in the summary, rather than failing on the first `.cuda()` (`make test-gpu`)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -68,6 +68,9 @@ from areal_graph.engines.inference.native_requests import (
 from areal_graph.engines.inference.openai_routes import register_openai_routes
 from areal_graph.engines.inference.server_process import READY_LINE
 
+# --dtype: torch's names for the weight and compute types the engine takes
+DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
 log = logging.getLogger(__name__)
 
 def error_response(status: int, message: str, kind: str) -> web.Response:
@@ -362,6 +365,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="weights and compute (bfloat16 on a GPU: half the memory traffic per decoded token)")
     p.add_argument("--name", default="inference", help="the process name in trace spans")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="require the API key held in environment variable VAR (Authorization: Bearer KEY)")
@@ -407,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model_path = args.model
-    engine = EmbeddedEngine(model_path, device=args.device, max_running=args.max_running,
+    engine = EmbeddedEngine(model_path, device=args.device, dtype=getattr(torch, DTYPES[args.dtype]),
+                            max_running=args.max_running,
                             max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version,
                             seed=args.seed)
     tokenizer = getattr(engine, "tokenizer", None)

@@ -106,13 +106,13 @@ def truncate_logits(logits: torch.Tensor, top_k: Sequence[int], top_p: Sequence[
     """
     n, v = logits.shape
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    ranks = torch.arange(v).unsqueeze(0)
-    k = torch.tensor([kk if kk > 0 else v for kk in top_k]).unsqueeze(1)
+    ranks = torch.arange(v, device=logits.device).unsqueeze(0)
+    k = torch.tensor([kk if kk > 0 else v for kk in top_k], device=logits.device).unsqueeze(1)
     keep = ranks < k
     sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
-    p = torch.tensor(list(top_p), dtype=probs.dtype).unsqueeze(1)
+    p = torch.tensor(list(top_p), dtype=probs.dtype, device=probs.device).unsqueeze(1)
     keep = keep & (before < p)
     keep[:, 0] = True
     out = torch.full_like(logits, float("-inf"))

@@ -110,8 +110,11 @@ def local_device(device: str | torch.device, mode: str) -> torch.device:
     """A bare "cuda" becomes this process's GPU (LOCAL_RANK) under data parallelism, or the
     only GPU it sees when its launcher gave it one (Ray sets CUDA_VISIBLE_DEVICES per process)."""
     device = torch.device(device)
-    if mode != "none" and device.type == "cuda" and device.index is None:
-        index = 0 if torch.cuda.device_count() == 1 else int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda" and device.index is None:  # set_device needs an index: it refuses a bare "cuda"
+        if mode != "none" and torch.cuda.device_count() > 1:
+            index = int(os.environ.get("LOCAL_RANK", "0"))
+        else:
+            index = torch.cuda.current_device()
         device = torch.device("cuda", index)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -43,6 +43,8 @@ yields (`_train_forward`) and how checkpointed weights are read (`_read_weights`
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import math
 import os
@@ -163,8 +165,11 @@ class TrainEngine:
         self._forward: torch.nn.Module = self.model
         if mixed_precision == "auto":
             mixed_precision = torch.bfloat16 if self.parallel == "fsdp" and self.device.type == "cuda" else None
-        if mixed_precision is not None and self.parallel != "fsdp":
-            raise ValueError("mixed_precision is supported with parallel='fsdp' only")
+        if isinstance(mixed_precision, str):
+            raise ValueError(f"mixed_precision must be 'auto', a torch dtype or None, got {mixed_precision!r}")
+        # one process (or DDP): the weights stay fp32 and matrix products run in the compute
+        # dtype under autocast; FSDP2 does the same through its MixedPrecisionPolicy
+        self._autocast_dtype = mixed_precision if self.parallel != "fsdp" else None
         if self.parallel == "fsdp":
             dp.shard_fsdp(self.model, mixed_precision)
         elif self.parallel == "ddp" and trainable:
@@ -185,6 +190,13 @@ class TrainEngine:
             log.debug("lean training forward off: %s", reason)
             return None
         return LeanTrainForward(self.model)
+
+    def _compute_precision(self) -> contextlib.AbstractContextManager:
+        """Autocast to the mixed-precision compute dtype (bf16 products, fp32 master weights,
+        fp32 log-softmax), or nothing when training runs in fp32 or FSDP2 does the casting."""
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._autocast_dtype)
 
     def _lean_now(self) -> LeanTrainForward | None:
         """The lean forward if forwards run through it now (the model may have been put in
@@ -253,7 +265,9 @@ class TrainEngine:
                     self._idle_pass(backward=False)
                 continue
             seqs, rows = units[u]
-            out[_token_index(batch, seqs)] = score(batch.select(seqs), rows).float().cpu()
+            with self._compute_precision():
+                scored = score(batch.select(seqs), rows)
+            out[_token_index(batch, seqs)] = scored.float().cpu()
         if self.world_size > 1:
             out = dp.all_reduce_sum_(out.to(self.device)).cpu()
         return out
@@ -264,10 +278,11 @@ class TrainEngine:
         the live policy (a critic engine returns its values instead, and no entropy), computed
         only where `loss_mask` is set when the batch has one (0 elsewhere: nothing trains there)."""
         score = mb["loss_mask"] != 0 if "loss_mask" in mb else None
-        if (lean := self._lean_now()) is not None:
-            return lean_logprobs(lean, mb, with_entropy=True, temperature=temperature, score=score,
-                                 share_prefixes=self.share_prefixes)
-        return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature, score=score)
+        with self._compute_precision():
+            if (lean := self._lean_now()) is not None:
+                return lean_logprobs(lean, mb, with_entropy=True, temperature=temperature, score=score,
+                                     share_prefixes=self.share_prefixes)
+            return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature, score=score)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,

@@ -241,3 +241,21 @@ def test_rank_0s_parameters_and_buffers_reach_every_rank(two_ranks):
         for k, v in expected.items():
             assert torch.allclose(torch.tensor(r["broadcast"][k]), torch.tensor(v)), k
 
+
+
+@pytest.mark.parametrize("mode,gpus,local_rank,expected", [
+    ("none", 1, None, 0), ("none", 4, "2", 3), ("fsdp", 1, "0", 0), ("fsdp", 4, "2", 2), ("ddp", 2, "1", 1)])
+def test_local_device_gives_a_bare_cuda_an_index(monkeypatch, mode, gpus, local_rank, expected):
+    """torch.cuda.set_device refuses a bare "cuda" (no index): a model with `device: cuda` on one
+    process takes the current GPU (3 here), a data-parallel rank its LOCAL_RANK's."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0 if gpus == 1 else 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(d))
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    device = dp.local_device("cuda", mode)
+    assert device == torch.device("cuda", expected) and chosen == [device]
+    assert dp.local_device("cuda:1", mode) == torch.device("cuda", 1)

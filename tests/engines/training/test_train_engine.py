@@ -168,3 +168,31 @@ def test_model_worker_on_cuda_without_a_gpu_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="no CUDA device.*device: cpu"):
         ModelHost("/nonexistent/model", device="cuda")
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_bf16_mixed_precision_keeps_fp32_master_weights_and_tracks_the_fp32_step(lean):
+    """mixed_precision=bf16 without FSDP: autocast computes in bf16, the weights, their
+    gradients and Adam's moments stay fp32, and the step stays near the fp32 one."""
+    batch = random_batch(n=8, seed=5)
+    torch.manual_seed(0)
+    fp32 = TrainEngine(build_random_qwen2(), lr=1e-3, lean=lean)
+    torch.manual_seed(0)
+    bf16 = TrainEngine(build_random_qwen2(), lr=1e-3, lean=lean, mixed_precision=torch.bfloat16)
+    lp32 = fp32.compute_logprobs(batch)
+    lp16 = bf16.compute_logprobs(batch)
+    assert lp16.dtype == torch.float32
+    gap = float((lp16 - lp32).abs().max())
+    assert 0 < gap < 0.05, gap  # bf16 products (8 mantissa bits) differ, but not by much
+    s32 = fp32.train_step(batch, sum_logprob_loss(batch))
+    s16 = bf16.train_step(batch, sum_logprob_loss(batch))
+    assert abs(s16["loss"] - s32["loss"]) / abs(s32["loss"]) < 1e-2
+    assert abs(s16["grad_norm"] - s32["grad_norm"]) / s32["grad_norm"] < 5e-2
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    moments = [v for st in bf16.optimizer.state.values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+
+
+def test_mixed_precision_refuses_a_dtype_name():
+    with pytest.raises(ValueError, match="mixed_precision"):
+        TrainEngine(build_random_qwen2(), mixed_precision="bf16")

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU checks in one command (issue 23), run from a copy of the repository on a machine
+# whose python3 has CUDA torch. It installs nothing from the network: wheels the machine
+# lacks travel in .whl/ (`make gpu-wheels` downloads them here), go into /tmp/areal-site, and
+# come first on PYTHONPATH. Results (logs and JSON, at most 8 files) land in OUT_DIR.
+#
+#   benchmarks/run_gpu_checks.sh OUT_DIR [tests,bench,rl,rl-longtail]   # default: tests,bench,rl
+#
+# Each part has its own time limit, so one that hangs cannot take the others' results with it.
+set -u -o pipefail
+OUT=${1:-benchmarks/results/gpu}
+PARTS=${2:-tests,bench,rl}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 AREAL_GRAPH_CACHE=${AREAL_GRAPH_CACHE:-/tmp/areal-kits}
+
+if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/areal-site \
+    "$ROOT"/.whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/areal-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# the repository root is the package `areal_graph`
+mkdir -p /tmp/areal-pkg && ln -sfn "$ROOT" /tmp/areal-pkg/areal_graph
+export PYTHONPATH=/tmp/areal-pkg:$PYTHONPATH
+cd "$ROOT"
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"transformers", transformers.__version__, "gpu", torch.cuda.get_device_name())'
+  nproc; free -g | head -2; df -hT . /tmp | tail -2; } 2>&1 | tee "$OUT/machine.txt"
+
+status=0
+has() { case ",$PARTS," in *",$1,"*) return 0;; *) return 1;; esac; }
+
+if has tests; then
+  # the CPU suites that take a device (AREAL_TEST_DEVICE), then every test marked gpu
+  AREAL_TEST_DEVICE=cuda timeout 240 $PY -m pytest -q -p no:cacheprovider \
+    tests/engines/inference/test_engine.py tests/engines/inference/test_interruptible.py \
+    tests/engines/inference/test_http_server.py 2>&1 | tee "$OUT/tests_on_cuda.log" | tail -15 || status=1
+  timeout 240 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests \
+    2>&1 | tee "$OUT/tests_gpu.log" | grep -v "^[0-9.]*s " | tail -40 || status=1
+fi
+if has bench; then
+  timeout 300 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee "$OUT/bench_gpu.log" | tail -60 || status=1
+fi
+if has rl; then  # one GPU time-shared: the engine and the trainer both on cuda:0
+  timeout 420 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
+    --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_short.json" \
+    2>&1 | tee "$OUT/rl_short.log" | tail -20 || status=1
+fi
+if has rl-longtail; then
+  timeout 540 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
+    --workflow workflows/ppo_async_longtail.yaml \
+    --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_longtail.json" \
+    2>&1 | tee "$OUT/rl_longtail.log" | tail -20 || status=1
+fi
+exit $status
