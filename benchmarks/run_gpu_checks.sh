@@ -35,17 +35,17 @@ has() { case ",$PARTS," in *",$1,"*) return 0;; *) return 1;; esac; }
 
 if has tests; then
   # the CPU suites that take a device (AREAL_TEST_DEVICE), then every test marked gpu
-  AREAL_TEST_DEVICE=cuda timeout 240 $PY -m pytest -q -p no:cacheprovider \
+  AREAL_TEST_DEVICE=cuda timeout 150 $PY -m pytest -q -p no:cacheprovider \
     tests/engines/inference/test_engine.py tests/engines/inference/test_interruptible.py \
     tests/engines/inference/test_http_server.py 2>&1 | tee "$OUT/tests_on_cuda.log" | tail -15 || status=1
-  timeout 240 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests \
+  timeout 150 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests \
     2>&1 | tee "$OUT/tests_gpu.log" | grep -v "^[0-9.]*s " | tail -40 || status=1
 fi
 if has bench; then
-  timeout 300 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee "$OUT/bench_gpu.log" | tail -60 || status=1
+  timeout 200 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee "$OUT/bench_gpu.log" | tail -60 || status=1
 fi
 if has rl; then  # one GPU time-shared: the engine and the trainer both on cuda:0
-  timeout 420 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
+  timeout 300 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
     --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_short.json" \
     2>&1 | tee "$OUT/rl_short.log" | tail -20 || status=1
 fi
