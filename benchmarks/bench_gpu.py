@@ -3,7 +3,8 @@
 Three parts, each a table and a section of the JSON (issue 23, items 2, 3 and 6):
 
 - decode: tokens/s of the embedded engine at batch 1, 64 and 256 (bf16, greedy, prompts of
-  128 tokens, 128 new tokens, ignore_eos), against HF `generate` on the same model and the
+  128 tokens, 128 new tokens, ignore_eos), with CUDA graphs (engines/inference/cuda_graphs.py)
+  and without, against HF `generate` on the same model and the
   bound the GPU's memory bandwidth sets. A decode step must read every weight once and each
   row's KV cache, so tokens/s <= B * bandwidth / (weight bytes + B * KV bytes per row); the
   bandwidth is measured here (a device-to-device copy). Decode time is the difference of
@@ -131,46 +132,58 @@ def bench_decode(shape: dict, device: str, batches: list[int], prompt_len: int, 
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # bytes, bf16
     bandwidth = copy_bandwidth(device)
     g = torch.Generator().manual_seed(0)
-    rows = []
-    eng = EmbeddedEngine(model=model, device=device, dtype=torch.bfloat16, max_running=max(batches),
-                         max_queue=4 * max(batches), max_context=prompt_len + new + 8, prefill_token_budget=8192,
-                         prefix_sharing=False)
-    eng.start()
-    try:
-        engine_decode(eng, [[5] * 16] * 4, 4)  # warm-up: kernels, allocator
-        for b in batches:
-            prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)]
-            t_short = engine_decode(eng, prompts, 2)
-            t_long = engine_decode(eng, prompts, new)
-            decode_s = max(t_long - t_short, 1e-9)
-            tok_s = b * (new - 2) / decode_s
-            step_s = decode_s / (new - 2)
-            ctx = prompt_len + new / 2
-            bound_step_s = (weight_bytes + b * ctx * kv_per_token) / bandwidth
-            kernel_s = kernel_time_per_step(eng, prompts, new) if device == "cuda" else None
-            row = {"batch": b, "engine_tok_s": tok_s, "engine_step_ms": step_s * 1e3,
-                   "bound_tok_s": b / bound_step_s, "share_of_bound": bound_step_s / step_s,
-                   "gpu_kernel_ms_per_step": None if kernel_s is None else kernel_s * 1e3}
-            if with_hf:
-                hf_long, hf_short = hf_decode(model, prompts, new), hf_decode(model, prompts, 2)
-                row["hf_tok_s"] = b * (new - 2) / max(hf_long - hf_short, 1e-9)
-            rows.append(row)
-            console.print(row)
-    finally:
-        eng.stop()
-    del eng, model
+    prompts = {b: [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)]
+               for b in batches}
+    rows: list[dict] = [{"batch": b} for b in batches]
+    for label, graphs in (("graphs", True), ("eager", False)):
+        eng = EmbeddedEngine(model=model, device=device, dtype=torch.bfloat16, max_running=max(batches),
+                             max_queue=4 * max(batches), max_context=prompt_len + new + 8,
+                             prefill_token_budget=8192, prefix_sharing=False, cuda_graphs=graphs)
+        eng.start()
+        try:
+            engine_decode(eng, [[5] * 16] * 4, 4)  # warm-up: kernels, allocator
+            for row in rows:
+                b = row["batch"]
+                t_short = engine_decode(eng, prompts[b], 2)
+                t_long = engine_decode(eng, prompts[b], new)
+                decode_s = max(t_long - t_short, 1e-9)
+                row[f"{label}_tok_s"] = b * (new - 2) / decode_s
+                row[f"{label}_step_ms"] = decode_s / (new - 2) * 1e3
+                ctx = prompt_len + new / 2
+                bound_step_s = (weight_bytes + b * ctx * kv_per_token) / bandwidth
+                row["bound_tok_s"] = b / bound_step_s
+                row[f"{label}_share_of_bound"] = bound_step_s / (decode_s / (new - 2))
+                if device == "cuda" and graphs:
+                    kernel_s = kernel_time_per_step(eng, prompts[b], new)
+                    row["gpu_kernel_ms_per_step"] = None if kernel_s is None else kernel_s * 1e3
+                console.print({label: row})
+            if graphs:
+                runner_graphs = eng._runner.graphs
+                captured = None if runner_graphs is None else runner_graphs.captures
+        finally:
+            eng.stop()
+        del eng
+    if with_hf:
+        for row in rows:
+            b = row["batch"]
+            hf_long, hf_short = hf_decode(model, prompts[b], new), hf_decode(model, prompts[b], 2)
+            row["hf_tok_s"] = b * (new - 2) / max(hf_long - hf_short, 1e-9)
+    del model
     torch.cuda.empty_cache() if device == "cuda" else None
     table = Table(title=f"decode, {n_params / 1e6:.0f}M params bf16, prompt {prompt_len}, {new} new tokens")
-    for col in ("batch", "engine tok/s", "HF generate tok/s", "bandwidth bound tok/s", "share of bound",
-                "step ms", "GPU kernels ms/step"):
+    for col in ("batch", "engine + CUDA graphs tok/s", "engine eager tok/s", "HF generate tok/s",
+                "bandwidth bound tok/s", "graphs: share of bound", "graphs step ms", "GPU kernels ms/step"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["batch"]), f"{r['engine_tok_s']:.0f}", f"{r.get('hf_tok_s', float('nan')):.0f}",
-                      f"{r['bound_tok_s']:.0f}", f"{r['share_of_bound']:.1%}", f"{r['engine_step_ms']:.2f}",
-                      "-" if r["gpu_kernel_ms_per_step"] is None else f"{r['gpu_kernel_ms_per_step']:.2f}")
+        kernel = r.get("gpu_kernel_ms_per_step")
+        table.add_row(str(r["batch"]), f"{r['graphs_tok_s']:.0f}", f"{r['eager_tok_s']:.0f}",
+                      f"{r.get('hf_tok_s', float('nan')):.0f}", f"{r['bound_tok_s']:.0f}",
+                      f"{r['graphs_share_of_bound']:.1%}", f"{r['graphs_step_ms']:.2f}",
+                      "-" if kernel is None else f"{kernel:.2f}")
     console.print(table)
     return {"params": n_params, "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
-            "copy_bandwidth_bytes_s": bandwidth, "prompt_len": prompt_len, "new_tokens": new, "rows": rows}
+            "copy_bandwidth_bytes_s": bandwidth, "prompt_len": prompt_len, "new_tokens": new,
+            "graphs_captured": captured, "rows": rows}
 
 
 # ------------------------------------------------------------------------------------- train

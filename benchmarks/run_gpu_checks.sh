@@ -38,7 +38,7 @@ if has tests; then
   AREAL_TEST_DEVICE=cuda timeout 150 $PY -m pytest -q -p no:cacheprovider \
     tests/engines/inference/test_engine.py tests/engines/inference/test_interruptible.py \
     tests/engines/inference/test_http_server.py 2>&1 | tee "$OUT/tests_on_cuda.log" | tail -15 || status=1
-  timeout 150 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests \
+  timeout 150 $PY -m pytest -q -s -p no:cacheprovider --continue-on-collection-errors -m gpu tests \
     2>&1 | tee "$OUT/tests_gpu.log" | grep -v "^[0-9.]*s " | tail -40 || status=1
 fi
 if has bench; then
@@ -50,7 +50,7 @@ if has rl; then  # one GPU time-shared: the engine and the trainer both on cuda:
     2>&1 | tee "$OUT/rl_short.log" | tail -20 || status=1
 fi
 if has rl-longtail; then
-  timeout 540 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
+  timeout 400 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
     --workflow workflows/ppo_async_longtail.yaml \
     --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_longtail.json" \
     2>&1 | tee "$OUT/rl_longtail.log" | tail -20 || status=1

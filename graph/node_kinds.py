@@ -319,7 +319,10 @@ def _model_host_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[
     return {"model_path": info.model_paths[model.name], "optim": asdict(model.train) if model.train else None,
             "total_steps": spec.runtime.steps, "seed": spec.runtime.seed, "threads": info.train_threads,
             "role": model_role(spec, model.name), "device": model.device,
-            **({"lora": asdict(model.lora)} if model.lora is not None else {})}
+            **({"lora": asdict(model.lora)} if model.lora is not None else {}),
+            # only when not the defaults, so that the host args of existing workflows stay as they were
+            **({"backend": model.backend} if model.backend != "torch" else {}),
+            **({"precision": model.precision} if model.precision != "fp32" else {})}
 
 
 def _mb_args(spec: WorkflowSpec) -> dict[str, Any]:

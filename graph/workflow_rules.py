@@ -81,6 +81,7 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
                                                 f"a workflow has exactly one")
     check_trained_models(spec, v)
     check_lora(spec, v)
+    check_megatron(spec, v)
 
     producers = key_producers(nodes)
     for key, writers in producers.items():
@@ -130,6 +131,27 @@ def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
         if model.lora.sync == "adapter" and spec.inference.backend != "embedded":
             v.report(where + ("sync",), f"adapter-only sync to the {spec.inference.backend} backend is not built yet "
                                         "(the embedded engine takes adapters): use `sync: merged`")
+
+
+def check_megatron(spec: S.WorkflowSpec, v: Validator) -> None:
+    """`backend: megatron` where it is built (engines/training/megatron/): a policy model (trained
+    or a frozen reference) on one CUDA device, without LoRA. Whether this machine has CUDA is
+    checked when the model host starts, not here: a workflow may be validated elsewhere."""
+    from areal_graph.graph.node_kinds import model_role
+
+    for name, model in spec.models.items():
+        if model.backend != "megatron":
+            continue
+        where = ("models", name)
+        if not model.device.startswith("cuda"):
+            v.report(where + ("device",), f"backend megatron needs a CUDA device (cuda or cuda:N), got '{model.device}'")
+        if model.dp_size != 1:
+            v.report(where + ("dp_size",), "data parallelism with backend megatron is not built yet (dp_size 1)")
+        if model.lora is not None:
+            v.report(where + ("lora",), "LoRA with backend megatron is not built yet")
+        if model_role(spec, name) == "critic":
+            v.report(where + ("backend",), "backend megatron is built for policy models; a critic with backend "
+                                           "megatron is not built yet")
 
 
 def check_trained_models(spec: S.WorkflowSpec, v: Validator) -> None:

@@ -82,6 +82,7 @@ class EmbeddedEngine:
         lean_forward: bool = True,
         prefix_sharing: bool = True,
         admit_wait_s: float = 0.002,
+        cuda_graphs: bool = True,
     ) -> None:
         """Load or take the model; nothing runs until `start()`.
 
@@ -90,6 +91,8 @@ class EmbeddedEngine:
         requests waiting for prefill with identical tokens (the G answers of one prompt)
         are prefilled once. admit_wait_s: when idle, how long the scheduler lets a burst of
         submissions finish arriving before its first prefill (so the burst shares one).
+        cuda_graphs: on a GPU, replay the lean forward's decode steps from CUDA graphs
+        (`cuda_graphs.py`: there a step's kernel launches cost more than its kernels).
         """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
@@ -119,7 +122,8 @@ class EmbeddedEngine:
         self._version = int(version)
         self.prefix_sharing = prefix_sharing
         self.admit_wait_s = admit_wait_s
-        self._runner = ModelRunner(self.model, self.device, lean=lean_forward)
+        self._runner = ModelRunner(self.model, self.device, lean=lean_forward, cuda_graphs=cuda_graphs,
+                                   max_rows=max_running, max_positions=self.max_context + 1)
         self._rng = random.Random(seed)
 
         self._cv = threading.Condition()

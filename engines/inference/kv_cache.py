@@ -71,9 +71,14 @@ class BatchedKVCache:
         self.clear()
 
     def clear(self) -> None:
-        """Drop every row (e.g. after a weight swap: the cached keys came from old weights)."""
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        """Drop every row (e.g. after a weight swap: the cached keys came from old weights).
+
+        The buffers stay allocated for the next rows: nothing is reallocated per weight swap,
+        and CUDA graphs captured over them (cuda_graphs.py) stay valid. Their stale values
+        are finite and outside every new row's columns, so masks keep them out."""
+        if not hasattr(self, "keys"):
+            self.keys: list[torch.Tensor] = []
+            self.values: list[torch.Tensor] = []
         self.lens: list[int] = []
         self.end = 0
 

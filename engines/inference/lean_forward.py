@@ -110,7 +110,8 @@ class LeanForward:
                 gate=_lin(m.gate_proj), up=_lin(m.up_proj), down=_lin(m.down_proj),
                 q_norm=qn.weight if qn is not None else None, k_norm=kn.weight if kn is not None else None,
             ))
-        self._cos = self._sin = torch.empty(0)  # device or dtype may have changed
+        if self._cos.device != self.embed.device or self._cos.dtype != self.embed.dtype:
+            self._cos = self._sin = torch.empty(0)  # rebuilt on demand; weight loads alone keep it
 
     # ---------------------------------------------------------------- rotary
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,3 +215,38 @@ class LeanForward:
             a = F.scaled_dot_product_attention(q, kbuf[:b, :, window], vbuf[:b, :, window], attn_mask=mask)
             x = self._mlp_block(layer, x, a.reshape(b, 1, -1))
         return self._logits(x[:, -1])
+
+    def decode_static(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lo: torch.Tensor, col: torch.Tensor,
+        kbufs: list[torch.Tensor], vbufs: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """`decode` with every shape fixed, for CUDA-graph capture (`cuda_graphs.py`).
+
+        Rows [0, B) of the buffers take part, B = tokens.shape[0]; the new key/value goes
+        into column `col` [1] (a device tensor, not a Python int: a captured graph replays
+        with new values) and row r attends over columns [lo[r], col] of the whole buffer,
+        masked, instead of a window sliced to this step's width. Nothing here reads a value
+        back to the host, so the step can be captured. The rotary table must already cover
+        every position (`ensure_rope`).
+        """
+        b = tokens.shape[0]
+        cols = torch.arange(kbufs[0].shape[2], device=tokens.device)
+        mask = ((cols >= lo.view(b, 1)) & (cols <= col)).view(b, 1, 1, -1)
+        cos, sin = self._cos[positions].view(b, 1, 1, -1), self._sin[positions].view(b, 1, 1, -1)
+        x = F.embedding(tokens.view(b, 1), self.embed)
+        for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            keys, values = kbuf[:b], vbuf[:b]
+            keys.index_copy_(2, col, k.transpose(1, 2))
+            values.index_copy_(2, col, v.transpose(1, 2))
+            q = q.view(b, self.n_kv, self.group, self.head_dim)
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            x = self._mlp_block(layer, x, a.reshape(b, 1, -1))
+        return self._logits(x[:, -1])
+
+    def ensure_rope(self, positions: int) -> None:
+        """Build the rotary table for positions [0, positions) now (a captured step cannot grow it)."""
+        if self._cos.shape[0] < positions or self._cos.device != self.embed.device:
+            self._rope(torch.tensor([max(positions - 1, 0)], device=self.embed.device))
+

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from areal_graph.engines.inference.cuda_graphs import GraphedDecode
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
 from areal_graph.engines.inference.lean_forward import LeanForward, unsupported_reason
 
@@ -24,7 +25,8 @@ __all__ = ["ModelRunner"]
 class ModelRunner:
     """Prefill and decode for `model` on `device` (see module docstring)."""
 
-    def __init__(self, model: Any, device: torch.device, lean: bool = True) -> None:
+    def __init__(self, model: Any, device: torch.device, lean: bool = True, cuda_graphs: bool = True,
+                 max_rows: int = 64, max_positions: int = 2048) -> None:
         self.model = model
         self.device = device
         self.lean: LeanForward | None = None
@@ -34,6 +36,10 @@ class ModelRunner:
                 self.lean = LeanForward(model)
             else:
                 log.info("embedded engine uses the HF forward: %s", reason)
+        # decode steps from CUDA graphs: on a GPU only, over the lean forward (cuda_graphs.py)
+        self.graphs: GraphedDecode | None = None
+        if cuda_graphs and self.lean is not None and device.type == "cuda":
+            self.graphs = GraphedDecode(self.lean, max_rows, max_positions)
         self._logits_to_keep = True
 
     def rebind(self) -> None:
@@ -76,6 +82,12 @@ class ModelRunner:
 
     def decode(self, last_tokens: list[int], cache: BatchedKVCache) -> torch.Tensor:
         """One token for each of the cache's rows: write its keys and values, advance; return logits [B, V]."""
+        if self.graphs is not None:
+            try:
+                return self.graphs.decode(last_tokens, cache)
+            except RuntimeError:  # a capture the driver refused: the eager step from here on
+                log.warning("CUDA graph capture failed; decoding without graphs", exc_info=True)
+                self.graphs = None
         tokens = torch.tensor(last_tokens, dtype=torch.long, device=self.device)
         positions = torch.tensor(cache.lens, dtype=torch.long, device=self.device)
         if self.lean is not None:

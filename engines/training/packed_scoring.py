@@ -95,7 +95,7 @@ def row_layout(batch: PackedBatch, rows: list[list[int]], device: torch.device) 
     rows = [row for row in rows if row]
     if not rows:
         return None
-    cu = batch.cu_seqlens.to(torch.int64)
+    cu = batch.cu_seqlens.to("cpu", torch.int64)  # the layout is built on the host, then moved (a CUDA batch too)
     order = torch.tensor([i for row in rows for i in row], dtype=torch.int64)
     seq_row = torch.tensor([r for r, row in enumerate(rows) for _ in row], dtype=torch.int64)
     lens = (cu[1:] - cu[:-1])[order]

@@ -117,7 +117,9 @@ class TrainEngine:
     DDP otherwise; see engines/training/data_parallel.py). Under data parallelism every rank must call
     `train_step`, `compute_logprobs` and the weight/checkpoint methods together, with the
     same whole batch. `mixed_precision` (default: bf16 under FSDP on CUDA, else off) is the
-    compute dtype FSDP casts parameters to; master weights and gradient reduction stay fp32.
+    compute dtype: FSDP's MixedPrecisionPolicy casts parameters to it, one process or DDP
+    autocasts to it; master weights, optimizer state and gradient reduction stay fp32.
+    `precision` ("fp32"/"bf16", the workflow's field) overrides it when given.
 
     `lean` (default on) runs forwards of a supported architecture (Qwen2/Qwen3/Llama, see
     engines/training/lean_train.py) without HF's module stack and without padding, each
@@ -132,7 +134,8 @@ class TrainEngine:
                  lr_schedule: str = "constant", total_steps: int = 1, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, row_tokens: int = ROW_TOKENS, trainable: bool = True,
                  parallel: str = "auto", mixed_precision: torch.dtype | None | str = "auto",
-                 lean: bool = True, share_prefixes: bool = True, lora: dict[str, Any] | None = None) -> None:
+                 lean: bool = True, share_prefixes: bool = True, lora: dict[str, Any] | None = None,
+                 precision: str | None = None) -> None:
         self.parallel = dp.resolve_mode(parallel, torch.device(device))
         self.rank, self.world_size = dp.world() if self.parallel != "none" else (0, 1)
         self.device = dp.local_device(device, self.parallel)
@@ -163,6 +166,10 @@ class TrainEngine:
             self.model.requires_grad_(False)
         # `_forward` is what micro-batches run through (the DDP wrapper, or the model itself)
         self._forward: torch.nn.Module = self.model
+        if precision is not None:  # the workflow's `models.<name>.precision` wins over the default
+            if precision not in ("fp32", "bf16"):
+                raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+            mixed_precision = torch.bfloat16 if precision == "bf16" else None
         if mixed_precision == "auto":
             mixed_precision = torch.bfloat16 if self.parallel == "fsdp" and self.device.type == "cuda" else None
         if isinstance(mixed_precision, str):

@@ -9,6 +9,11 @@ with a value head). `role` says which: the train node's kind sets it from the wo
 (`model_role` in graph/node_kinds.py) and the executor's Configure call passes it. A call of
 the other role (`values` on a policy, `logprob` on a critic, a checkpoint of the other kind)
 is an error, not a silent mix: give the critic its own entry under `models:`.
+
+`backend` picks the policy's training engine: "torch" (`TrainEngine`) or "megatron"
+(`MegatronTrainEngine`, engines/training/megatron/: one GPU, a policy without LoRA; validation
+reports the rest, graph/workflow_rules.py `check_megatron`). `precision` ("fp32", "bf16") goes
+to the engine as it is: fp32 means fp32 under FSDP too (the engines' own default there is bf16).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from areal_graph.graph.node_kinds import TrainParams
 from areal_graph.engines.training.step_stats import mean_over_updates
 from areal_graph.nodes.off_policy import finish_mismatch_stats
 from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches, prepare_policy_batch
+from areal_graph.engines.training.megatron.engine import MegatronTrainEngine
 from areal_graph.engines.training.protocol import TrainingEngine, ValueTrainingEngine
 from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine
@@ -36,7 +42,7 @@ Role = Literal["policy", "critic"]
 class ModelHost:
     def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
                  seed: int = 1, threads: int | None = None, role: Role = "policy", device: str = "cpu",
-                 lora: dict[str, Any] | None = None) -> None:
+                 lora: dict[str, Any] | None = None, backend: str = "torch", precision: str = "fp32") -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model {model_path} is configured with device {device!r}, but this machine has no "
                                "CUDA device (or torch is a CPU build): set the model's `device: cpu`")
@@ -48,12 +54,20 @@ class ModelHost:
         self.model_path = model_path
         self.trainable = optim is not None
         self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable,
-                                 device=device, **({"lora": lora} if lora else {}))
+                                 device=device, **({"lora": lora} if lora else {}),
+                                 precision=precision)
         self.role: Role = role
         # the host drives its engine through engines/training/protocol.py alone
         self.critic: ValueTrainingEngine | None = None
         self.engine: TrainingEngine
-        if role == "critic":
+        if backend not in ("torch", "megatron"):
+            raise ValueError(f"backend must be torch or megatron, got {backend!r}")
+        if backend == "megatron":
+            if role == "critic" or lora:
+                raise ValueError(f"model {model_path}: backend megatron for a {'critic' if role == 'critic' else 'LoRA'} "
+                                 "model is not built yet")
+            self.engine = MegatronTrainEngine(model_path, **self._engine_args, seed=seed)
+        elif role == "critic":
             self.engine = self.critic = ValueEngine(model_path, **self._engine_args)
         else:
             self.engine = TrainEngine(model_path, **self._engine_args)

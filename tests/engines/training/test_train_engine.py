@@ -196,3 +196,10 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights_and_tracks_the_fp32_step
 def test_mixed_precision_refuses_a_dtype_name():
     with pytest.raises(ValueError, match="mixed_precision"):
         TrainEngine(build_random_qwen2(), mixed_precision="bf16")
+
+
+def test_precision_names_the_compute_dtype():
+    assert TrainEngine(build_random_qwen2(), precision="bf16")._autocast_dtype == torch.bfloat16
+    assert TrainEngine(build_random_qwen2(), precision="fp32", mixed_precision=torch.bfloat16)._autocast_dtype is None
+    with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
+        TrainEngine(build_random_qwen2(), precision="fp16")
