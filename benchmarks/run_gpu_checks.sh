@@ -4,7 +4,7 @@
 # lacks travel in .whl/ (`make gpu-wheels` downloads them here), go into /tmp/areal-site, and
 # come first on PYTHONPATH. Results (logs and JSON, at most 8 files) land in OUT_DIR.
 #
-#   benchmarks/run_gpu_checks.sh OUT_DIR [tests,bench,rl,rl-longtail]   # default: tests,bench,rl
+#   benchmarks/run_gpu_checks.sh OUT_DIR [tests,bench,rl,megatron-run,rl-longtail]   # default: tests,bench,rl
 #
 # Each part has its own time limit, so one that hangs cannot take the others' results with it.
 set -u -o pipefail
@@ -31,28 +31,43 @@ cd "$ROOT"
   nproc; free -g | head -2; df -hT . /tmp | tail -2; } 2>&1 | tee "$OUT/machine.txt"
 
 status=0
+LOG="$OUT/run.log"  # every part's output, in order (the device tool brings back 8 files at most)
 has() { case ",$PARTS," in *",$1,"*) return 0;; *) return 1;; esac; }
+part() { echo "=== $1 ($(date +%T))" | tee -a "$LOG"; }
 
 if has tests; then
   # the CPU suites that take a device (AREAL_TEST_DEVICE), then every test marked gpu
+  part "tests on cuda"
   AREAL_TEST_DEVICE=cuda timeout 150 $PY -m pytest -q -p no:cacheprovider \
     tests/engines/inference/test_engine.py tests/engines/inference/test_interruptible.py \
-    tests/engines/inference/test_http_server.py 2>&1 | tee "$OUT/tests_on_cuda.log" | tail -15 || status=1
-  timeout 150 $PY -m pytest -q -s -p no:cacheprovider --continue-on-collection-errors -m gpu tests \
-    2>&1 | tee "$OUT/tests_gpu.log" | grep -v "^[0-9.]*s " | tail -40 || status=1
+    tests/engines/inference/test_http_server.py 2>&1 | tee -a "$LOG" | tail -3 || status=1
+  part "tests marked gpu"
+  timeout 200 $PY -m pytest -q -s -p no:cacheprovider --continue-on-collection-errors -m gpu tests \
+    2>&1 | tee -a "$LOG" | grep -v "^[0-9.]*s " | tail -30 || status=1
 fi
 if has bench; then
-  timeout 200 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee "$OUT/bench_gpu.log" | tail -60 || status=1
+  part "bench_gpu"
+  timeout 200 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee -a "$LOG" | grep -v "^ \|^{\|^}" | tail -60 || status=1
 fi
 if has rl; then  # one GPU time-shared: the engine and the trainer both on cuda:0
+  part "rl short"
   timeout 300 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
     --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_short.json" \
-    2>&1 | tee "$OUT/rl_short.log" | tail -20 || status=1
+    2>&1 | tee -a "$LOG" | tail -12 || status=1
+fi
+if has megatron-run; then  # the Megatron-Core backend behind the same train/logprob nodes, a short run
+  part "megatron run"
+  timeout 150 $PY -m areal_graph.cli.main run workflows/ppo_async.yaml runtime.steps=20 runtime.eval_every=20 \
+    data.eval_size=200 runtime.save_every=0 models.actor.backend=megatron models.actor.device=cuda \
+    inference.args.device=cuda --run-dir /tmp/areal-megatron-run 2>&1 | tee -a "$LOG" | tail -8 || status=1
+  cp /tmp/areal-megatron-run/metrics.jsonl "$OUT/megatron_metrics.jsonl" 2>/dev/null
 fi
 if has rl-longtail; then
+  part "rl long-tailed"
   timeout 400 $PY benchmarks/bench_async_vs_sync.py --steps 100 --eval-size 200 \
     --workflow workflows/ppo_async_longtail.yaml \
     --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_longtail.json" \
-    2>&1 | tee "$OUT/rl_longtail.log" | tail -20 || status=1
+    2>&1 | tee -a "$LOG" | tail -12 || status=1
 fi
+part "done, status $status"
 exit $status

@@ -119,7 +119,7 @@ class GraphedDecode:
             run()  # warm-up outside the graph (kernel selection, workspace); writes the same KV values
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may use CUDA meanwhile
             logits = run()
         graph.replay()
         self.captures += 1
