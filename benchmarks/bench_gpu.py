@@ -144,6 +144,9 @@ def bench_decode(shape: dict, device: str, batches: list[int], prompt_len: int, 
             engine_decode(eng, [[5] * 16] * 4, 4)  # warm-up: kernels, allocator
             for row in rows:
                 b = row["batch"]
+                # untimed first: it captures this batch's graph (a capture costs hundreds of
+                # milliseconds, which inside the timed short run would be subtracted from the long one)
+                engine_decode(eng, prompts[b], 4)
                 t_short = engine_decode(eng, prompts[b], 2)
                 t_long = engine_decode(eng, prompts[b], new)
                 decode_s = max(t_long - t_short, 1e-9)
@@ -292,14 +295,10 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
                     timed(lambda: eng.update_weights_from_state_dict(trainer.state_dict_for_sync(copy=False),
                                                                      version))[0])
             Path(shm).unlink(missing_ok=True)
-        # the engine now holds the trainer's weights: its greedy tokens equal a bf16 copy's
-        probe = [[7, 8, 9, 10]]
-        got = eng.submit(probe[0], SamplingParams(max_new_tokens=8, greedy=True, ignore_eos=True)).result().output_ids
-        ref_model = build_model(shape, torch.bfloat16, device)
-        ref_model.load_state_dict({k: v.to(torch.bfloat16) for k, v in trainer.state_dict_for_sync().items()})
-        with torch.inference_mode():
-            ref = ref_model.generate(torch.tensor(probe, device=device), max_new_tokens=8, min_new_tokens=8,
-                                     do_sample=False, pad_token_id=0)[0, 4:].tolist()
+        # the engine now holds exactly the trainer's weights, rounded to bf16 (greedy tokens would
+        # not tell: a random model's logits are near-uniform and bf16 kernels break ties differently)
+        theirs = trainer.state_dict_for_sync(copy=False)
+        exact = all(torch.equal(t, theirs[k].to(t.dtype)) for k, t in eng.model.state_dict().items() if k in theirs)
     finally:
         eng.stop()
     nbytes = sum(t.numel() * t.element_size() for t in trainer.state_dict_for_sync(copy=False).values())
@@ -314,7 +313,7 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
                   f"{med['shm_publish_s'] + med['shm_load_s']:.3f}")
     table.add_row("CUDA -> CUDA, one process", "0", f"{med['cuda_direct_s']:.3f}", f"{med['cuda_direct_s']:.3f}")
     console.print(table)
-    return {"bytes_fp32": nbytes, "median_s": med, "all_s": out, "tokens_after_sync_equal_reference": got == ref}
+    return {"bytes_fp32": nbytes, "median_s": med, "all_s": out, "engine_weights_equal_trainer_bf16": exact}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,12 @@ def test_bf16_autocast_step_tracks_fp32_with_fp32_master_weights():
 
 @pytest.fixture()
 def one_rank_group():
+    """A one-rank process group; one already made in this process (the Megatron tests make one
+    and keep it, as Megatron's parallel state needs) is used as it is."""
+    if dist.is_initialized():
+        assert dist.get_world_size() == 1
+        yield
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
