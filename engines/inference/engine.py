@@ -301,6 +301,23 @@ class EmbeddedEngine:
     def version(self) -> int:
         return self._version
 
+    def score_prompt(self, input_ids: Sequence[int], top_n: int = 0
+                     ) -> tuple[list[float | None], list[list[tuple[int, float]]] | None]:
+        """Each prompt token's log-prob given the tokens before it (None for the first: nothing
+        predicts it) and, with `top_n`, the most likely tokens at each position (None first).
+
+        What `echo` + `logprobs` on /v1/completions returns (log-likelihood and multiple-choice
+        evaluations). One forward of the prompt, run between two scheduler steps with the
+        weights generation uses (ModelRunner.prompt_logprobs)."""
+        ids = self._validate(input_ids, SamplingParams(max_new_tokens=0))
+        with self._at_step_boundary():
+            lps, top_ids, top_lps = self._runner.prompt_logprobs(ids, top_n)
+        logprobs: list[float | None] = [None, *lps.tolist()]
+        if top_ids is None or top_lps is None:
+            return logprobs, None
+        tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_lps.tolist())]
+        return logprobs, [[], *tops]
+
     def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Swap weights at a step boundary and invalidate every KV cache built with the old ones.
 

@@ -65,7 +65,7 @@ from areal_graph.engines.inference.native_requests import (
     is_int,
     parse_generate_request,
 )
-from areal_graph.engines.inference.openai_routes import register_openai_routes
+from areal_graph.engines.inference.openai_routes import default_served_name, register_openai_routes
 from areal_graph.engines.inference.server_process import READY_LINE
 
 # --dtype: torch's names for the weight and compute types the engine takes
@@ -85,12 +85,15 @@ class InferenceHTTPServer:
     """Owns one engine and the aiohttp application that exposes it."""
 
     def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference",
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, served_model_name: str | None = None,
+                 max_prompt_chars: int | None = None) -> None:
         from areal_graph.api.spans import SpanRecorder
 
         self.engine = engine
         self.api_key = api_key
         self.model_path = model_path
+        self.served_model_name = served_model_name or default_served_name(model_path)  # the /v1 model id
+        self.max_prompt_chars = max_prompt_chars  # None: openai_routes.CHARS_PER_TOKEN_LIMIT per token of context
         self.tokenizer = tokenizer
         self.spans = SpanRecorder(name)  # off when the run turned tracing off (AREAL_GRAPH_TRACE=0)
         if hasattr(engine, "trace_into"):  # per-request and weight-swap spans (engine_spans.py)
@@ -368,6 +371,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                    help="weights and compute (bfloat16 on a GPU: half the memory traffic per decoded token)")
     p.add_argument("--name", default="inference", help="the process name in trace spans")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="/v1 prompts longer than this are refused before tokenizing (default: 32 per token of context)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model's id on /v1 (default: the model directory's name, not its path)")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="require the API key held in environment variable VAR (Authorization: Bearer KEY)")
     return p
@@ -418,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                             seed=args.seed)
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()
-    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name, api_key=api_key)
+    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name, api_key=api_key,
+                                 served_model_name=args.served_model_name, max_prompt_chars=args.max_prompt_chars)
 
     async def _run() -> None:
         stop = asyncio.Event()

@@ -159,14 +159,16 @@ class LeanForward:
 
     # ---------------------------------------------------------------- entry points
     def prefill(
-        self, ids: torch.Tensor, lens: torch.Tensor
+        self, ids: torch.Tensor, lens: torch.Tensor, hidden: bool = False
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Forward left-padded `ids` [n, L] (row j's real tokens are its last lens[j]).
 
         Returns the last position's logits [n, V] and each layer's keys and values
         [n, kv_heads, L, D] (padding columns hold finite garbage: callers mask or zero them).
         Positions count from each row's first real token, as HF's do with
-        `position_ids = attention_mask.cumsum(-1) - 1`.
+        `position_ids = attention_mask.cumsum(-1) - 1`. With `hidden`, the first result is
+        every position's final hidden state [n, L, hidden] instead (for `logits()` in chunks:
+        scoring a whole prompt, where [L, V] logits at once could take gigabytes).
         """
         n, width = ids.shape
         dev = ids.device
@@ -188,7 +190,11 @@ class LeanForward:
             values.append(v)
             a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=self.group > 1)
             x = self._mlp_block(layer, x, a.transpose(1, 2).reshape(n, width, -1))
-        return self._logits(x[:, -1]), keys, values
+        return (x if hidden else self._logits(x[:, -1])), keys, values
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of final hidden states `x` [..., hidden] (the last norm and the lm_head)."""
+        return self._logits(x)
 
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,

@@ -80,6 +80,34 @@ class ModelRunner:
                 kw["past_key_values"] = DynamicCache()
         return self.model(**kw)
 
+    @torch.inference_mode()
+    def prompt_logprobs(self, ids: list[int], top_n: int = 0, chunk: int = 1024
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs of ids[1:] given what precedes each, [L - 1] float32 (raw distribution, no
+        temperature, as vLLM's prompt log-probs), and with `top_n` the `top_n` most likely ids
+        and their log-probs at each of those positions, [L - 1, top_n]. The same forward as a
+        prefill, so the numbers agree with what generation would report; logits are taken
+        `chunk` positions at a time, so memory stays bounded for long prompts."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        if self.lean is not None:
+            hidden = self.lean.prefill(x, torch.tensor([len(ids)], device=self.device), hidden=True)[0][0, :-1]
+            logits_of: Any = self.lean.logits
+        else:
+            hidden = self.model(input_ids=x, use_cache=False).logits[0, :-1]
+            logits_of = lambda h: h  # noqa: E731 - the HF forward gives logits already
+        targets = x[0, 1:]
+        lps, top_ids, top_lps = [], [], []
+        for a in range(0, targets.numel(), chunk):
+            logp = torch.log_softmax(logits_of(hidden[a:a + chunk]).float(), dim=-1)
+            lps.append(logp.gather(1, targets[a:a + chunk].view(-1, 1)).squeeze(1))
+            if top_n:
+                values, index = torch.topk(logp, min(top_n, logp.shape[-1]), dim=-1)
+                top_ids.append(index)
+                top_lps.append(values)
+        cat = lambda xs: torch.cat(xs).cpu() if xs else None  # noqa: E731
+        out = cat(lps)
+        return (out if out is not None else torch.zeros(0)), cat(top_ids), cat(top_lps)
+
     def decode(self, last_tokens: list[int], cache: BatchedKVCache) -> torch.Tensor:
         """One token for each of the cache's rows: write its keys and values, advance; return logits [B, V]."""
         if self.graphs is not None:

@@ -324,14 +324,55 @@ def _legacy_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: i
             "text_offset": offsets}
 
 
-def completion_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any) -> dict[str, Any]:
-    """One choice of a text_completion (request: openai_requests.CompletionRequest)."""
+@dataclass
+class PromptScores:
+    """A prompt echoed back (`echo`): its ids, each token's log-prob given those before it
+    (None for the first) and, when asked, the most likely ids at each position ([] first)."""
+
+    ids: list[int]
+    logprobs: list[float | None] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+
+
+def _echoed_logprobs(tokenizer: Any, prompt: PromptScores, top_n: int) -> dict[str, Any]:
+    """The legacy log-prob lists for the prompt's tokens: the first token's entries are null."""
+    assert prompt.logprobs is not None  # scored when log-probs were asked for
+    tokens: list[str] = []
+    offsets: list[int] = []
+    tops: list[dict[str, float] | None] = []
+    pos = 0
+    for j, tid in enumerate(prompt.ids):
+        text, _ = token_text_and_bytes(tokenizer, tid)
+        tokens.append(text)
+        offsets.append(pos)
+        pos += len(text)
+        if j == 0:
+            tops.append(None)
+            continue
+        alts: dict[str, float] = {}
+        for alt, lp in (prompt.top[j] if prompt.top is not None else [])[:top_n]:
+            alts.setdefault(token_text_and_bytes(tokenizer, alt)[0], _finite(lp))
+        own = prompt.logprobs[j]
+        alts.setdefault(text, _finite(own if own is not None else -math.inf))  # the prompt's own token, always listed
+        tops.append(alts)
+    lps = [None if lp is None else _finite(lp) for lp in prompt.logprobs]
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any,
+                           prompt: PromptScores | None = None) -> dict[str, Any]:
+    """One choice of a text_completion (request: openai_requests.CompletionRequest). With
+    `prompt` (echo) the text and the log-prob lists start with the prompt's."""
     text = choice_text(tokenizer, choice.output_ids, choice.finish_reason, request.stop)
+    prefix = tokenizer.decode(prompt.ids, skip_special_tokens=False) if prompt is not None else ""
+    logprobs = None
+    if request.logprobs is not None:
+        logprobs = _legacy_logprobs(tokenizer, choice, 0, len(choice.output_ids), request.logprobs, len(prefix))
+        if prompt is not None:
+            head = _echoed_logprobs(tokenizer, prompt, request.logprobs)
+            logprobs = {k: head[k] + (logprobs[k] or [None] * len(choice.output_ids)) for k in head}
     out: dict[str, Any] = {
-        "index": choice.index, "text": text,
-        "logprobs": (_legacy_logprobs(tokenizer, choice, 0, len(choice.output_ids), request.logprobs, 0)
-                     if request.logprobs is not None else None),
-        "finish_reason": choice.finish_reason,
+        "index": choice.index, "text": prefix + text, "logprobs": logprobs, "finish_reason": choice.finish_reason,
     }
     if request.return_token_ids:
         out["token_ids"] = list(choice.output_ids)

@@ -7,7 +7,7 @@ the server would refuse it. Everything here is pure: no aiohttp, no torch, no `o
 
 What is honoured: `model` (any name: one model is served), `messages` (text content only),
 `prompt`, `n`, `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop`,
-`seed`, `logprobs` / `top_logprobs`, `tools` (functions) with `tool_choice` "auto" or "none",
+`seed`, `logprobs` / `top_logprobs`, `echo` (prompt log-probs), `tools` (functions) with `tool_choice` "auto" or "none",
 `parallel_tool_calls`, `stream` with `stream_options.include_usage`, `user` and `metadata`
 (recorded nowhere, change nothing). Extensions as in SGLang / vLLM: `top_k`, `ignore_eos`,
 `return_token_ids` (the prompt's and each choice's token ids, plus our per-token policy
@@ -126,6 +126,7 @@ class CompletionRequest(SamplingRequest):
     model: str = ""
     prompts: list[str | list[int]] = field(default_factory=list)  # text, or token ids
     logprobs: int | None = None  # the legacy field: None = none, k = the k most likely per token
+    echo: bool = False  # the prompt comes back before the completion, with its tokens' log-probs
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
@@ -357,7 +358,12 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     """Check a /v1/completions body; raise OpenAIRequestError naming what is not supported."""
     body = _check_fields(body, COMPLETION_FIELDS, "/v1/completions")
     request = CompletionRequest(model=body["model"])
-    _sampling(body, request)
+    request.echo = _bool(body, "echo")
+    # echo with max_tokens 0 scores the prompt alone (log-likelihood evaluations)
+    score_only = request.echo and body.get("max_tokens") == 0
+    _sampling({k: v for k, v in body.items() if k != "max_tokens"} if score_only else body, request)
+    if score_only:
+        request.max_tokens = 0
     if request.max_tokens is None:
         request.max_tokens = 16  # OpenAI's default for this endpoint
     request.prompts = _prompts(body.get("prompt"))
@@ -365,14 +371,14 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise OpenAIRequestError(f"{len(request.prompts)} prompts x n={request.n} choices is more than this "
                                  f"server takes in one request ({MAX_PROMPTS})", "prompt")
     request.logprobs = _optional_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    if body.get("echo"):
-        raise OpenAIRequestError("'echo' is not supported by this server", "echo")
     if body.get("suffix") is not None:
         raise OpenAIRequestError("'suffix' (insertion) is not supported by this server", "suffix")
     best_of = body.get("best_of")
     if best_of is not None and best_of not in (1, request.n):
         raise OpenAIRequestError("'best_of' other than n is not supported by this server", "best_of")
     request.stream, request.include_usage = _stream(body)
+    if request.echo and request.stream:
+        raise OpenAIRequestError("'echo' with 'stream' is not built yet: ask without streaming", "echo")
     request.return_token_ids = _bool(body, "return_token_ids")
     return request
 

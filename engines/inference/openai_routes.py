@@ -15,6 +15,10 @@ What they answer (parameters: `openai_requests.py`; conversions: `openai_format.
   engine hands a request back whole, so the events are sent once the answer is complete:
   the wire format is OpenAI's, the latency is not incremental;
 - each engine request is traced by the engine itself (request spans), as /generate's are;
+- nothing heavy runs on the event loop: templates, tokenization and prompt scoring run in
+  threads, and a prompt longer than `max_prompt_chars` characters (default 32 per token of
+  context, `--max-prompt-chars`) is refused before it is tokenized, so one huge prompt cannot
+  stall /health and every other request while its 400 is worked out;
 - errors are OpenAI's shape `{"error": {message, type, param, code}}`: 400 for what is not
   supported (named), 503 when the queue is full, 500 for a bug. Authentication is the
   server's (`Authorization: Bearer KEY`, which is what an OpenAI client sends as `api_key`).
@@ -31,6 +35,7 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -47,6 +52,9 @@ from areal_graph.engines.inference.openai_requests import (
 log = logging.getLogger(__name__)
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# A prompt of more characters than this per token of context is refused untokenized: text
+# averages 3-5 characters a token, and a token of more than 32 is rare in any vocabulary.
+CHARS_PER_TOKEN_LIMIT = 32
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
@@ -85,8 +93,25 @@ class OpenAIRoutes:
 
     @property
     def model_id(self) -> str:
-        """The served model's name in /v1/models: its path, as vLLM names a model served without a name."""
-        return self.server.model_path or "areal-graph-embedded"
+        """The served model's name in /v1/models (`--served-model-name`, see `default_served_name`)."""
+        return str(self.server.served_model_name)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        limit = getattr(self.server, "max_prompt_chars", None)
+        return int(limit) if limit else CHARS_PER_TOKEN_LIMIT * int(self.server.engine.max_context)
+
+    def _check_chars(self, n_chars: int, field: str) -> None:
+        """Refuse a prompt whose text alone shows it cannot fit, without tokenizing it."""
+        if n_chars > self.max_prompt_chars:
+            raise OpenAIRequestError(
+                f"the prompt has {n_chars} characters, more than this server tokenizes ({self.max_prompt_chars}: "
+                f"{CHARS_PER_TOKEN_LIMIT} per token of its {int(self.server.engine.max_context)}-token context; "
+                "--max-prompt-chars)", field, code="context_length_exceeded")
+
+    async def _encode(self, text: str, field: str) -> list[int]:
+        self._check_chars(len(text), field)
+        return await asyncio.to_thread(fmt.encode_text, self._tokenizer(), text)
 
     def _tokenizer(self) -> Any:
         if self.server.tokenizer is None:
@@ -147,7 +172,9 @@ class OpenAIRoutes:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         chat = parse_chat_request(await self.server._json(request))
         tokenizer = self._tokenizer()
-        prompt_ids = fmt.encode_text(tokenizer, fmt.render_chat_prompt(tokenizer, chat.messages, chat.tools))
+        self._check_chars(sum(_chars(m.get("content")) for m in chat.messages), "messages")
+        text = await asyncio.to_thread(fmt.render_chat_prompt, tokenizer, chat.messages, chat.tools)
+        prompt_ids = await self._encode(text, "messages")
         params = self._sampling(chat, len(prompt_ids), "messages")
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         choices = await self._generate(prompt_ids, params, chat.n, chat.top_logprobs if chat.logprobs else 0, cid)
@@ -166,7 +193,7 @@ class OpenAIRoutes:
         req = parse_completion_request(await self.server._json(request))
         tokenizer = self._tokenizer()
         cid = f"cmpl-{uuid.uuid4().hex}"
-        prompts = [p if isinstance(p, list) else fmt.encode_text(tokenizer, p) for p in req.prompts]
+        prompts = [p if isinstance(p, list) else await self._encode(p, "prompt") for p in req.prompts]
         if any(not p for p in prompts):
             raise OpenAIRequestError("a prompt encodes to no tokens", "prompt")
         params = [self._sampling(req, len(p), "prompt") for p in prompts]
@@ -179,8 +206,15 @@ class OpenAIRoutes:
         if req.stream:
             return await _send_events(request, fmt.completion_chunks(tokenizer, cid, created, req.model, choices,
                                                                      req, prompt_tokens))
+        echoed: list[fmt.PromptScores | None] = [None] * len(prompts)
+        if req.echo:  # a scoring forward per prompt, off the event loop (engine.score_prompt)
+            top_n = req.logprobs or 0
+            scores = await asyncio.gather(*(asyncio.to_thread(self.server.engine.score_prompt, p, top_n)
+                                            for p in prompts)) if req.logprobs is not None else [(None, None)] * len(prompts)
+            echoed = [fmt.PromptScores(p, lps, top) for p, (lps, top) in zip(prompts, scores)]
         body = fmt.completion_json(cid, created, req.model,
-                                   [fmt.completion_choice_json(tokenizer, c, req) for c in choices],
+                                   [fmt.completion_choice_json(tokenizer, c, req, echoed[c.index // req.n])
+                                    for c in choices],
                                    prompt_tokens, out_tokens)
         if req.return_token_ids:
             body["prompt_token_ids"] = prompts if len(prompts) > 1 else prompts[0]
@@ -221,6 +255,19 @@ async def _send_events(request: web.Request, chunks: list[dict]) -> web.StreamRe
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+def _chars(content: Any) -> int:
+    """Characters of a message's content: its text, or the JSON of anything else."""
+    return len(content) if isinstance(content, str) else len(json.dumps(content)) if content else 0
+
+
+def default_served_name(model_path: str | None) -> str:
+    """The model's name when the server is given none: its directory's name. Not the path (vLLM's
+    default), which would tell every client where the model lives and end up in evaluation
+    harnesses' output names."""
+    name = Path(model_path).name if model_path else ""
+    return name or "areal-graph-embedded"
 
 
 def register_openai_routes(server: Any) -> OpenAIRoutes:

@@ -65,5 +65,15 @@ def test_input_text_parts_are_text_and_strict_tools_are_refused():
 def test_completions_take_echo_false_and_the_same_harmless_fields():
     got = parse_completion_request({"model": "m", "prompt": "2+2=", "echo": False, "store": False, "min_p": 0})
     assert got.prompts == ["2+2="]
-    with pytest.raises(OpenAIRequestError, match="'echo' is not supported"):
-        parse_completion_request({"model": "m", "prompt": "2+2=", "echo": True})
+    assert got.echo is False and got.max_tokens == 16
+
+
+def test_echo_may_score_the_prompt_alone_but_not_stream():
+    got = parse_completion_request({"model": "m", "prompt": [5, 6, 7], "echo": True, "max_tokens": 0, "logprobs": 1})
+    assert got.echo and got.max_tokens == 0 and got.logprobs == 1
+    with pytest.raises(OpenAIRequestError, match="'max_tokens' must be") as err:
+        parse_completion_request({"model": "m", "prompt": "2+2=", "max_tokens": 0})  # without echo: nothing asked
+    assert err.value.param == "max_tokens"
+    with pytest.raises(OpenAIRequestError, match="'echo' with 'stream' is not built yet") as err:
+        parse_completion_request({"model": "m", "prompt": "2+2=", "echo": True, "stream": True})
+    assert err.value.param == "echo"

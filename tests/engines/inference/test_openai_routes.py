@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError, SamplingRequest
-from areal_graph.engines.inference.openai_routes import ROUTES, OpenAIRoutes, register_openai_routes
+from areal_graph.engines.inference.openai_routes import default_served_name, ROUTES, OpenAIRoutes, register_openai_routes
 from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 
@@ -65,9 +65,11 @@ class StubEngine:
 class StubServer:
     """What the routes use of `InferenceHTTPServer`: app, engine, tokenizer, model_path and `_json`."""
 
-    def __init__(self, engine, tokenizer, model_path: str | None = "org/tiny-model") -> None:
+    def __init__(self, engine, tokenizer, model_path: str | None = "/models/tiny-model",
+                 served_model_name: str | None = None) -> None:
         self.app = web.Application()
         self.engine, self.tokenizer, self.model_path = engine, tokenizer, model_path
+        self.served_model_name = served_model_name or default_served_name(model_path)
 
     async def _json(self, request):
         try:
@@ -80,10 +82,11 @@ def answer_ids(tokenizer) -> list[int]:
     return tokenizer(" hello world", add_special_tokens=False).input_ids
 
 
-def serve(tokenizer, *requests, model_path="org/tiny-model", with_tokenizer=True, setup=None):
+def serve(tokenizer, *requests, model_path="/models/tiny-model", served_model_name="org/tiny-model",
+          with_tokenizer=True, setup=None):
     """Mount the routes, send `requests` ((method, path, json body or raw bytes)); (engine, routes, [(status, body)])."""
     engine = StubEngine(answer_ids(tokenizer))
-    server = StubServer(engine, tokenizer if with_tokenizer else None, model_path)
+    server = StubServer(engine, tokenizer if with_tokenizer else None, model_path, served_model_name)
     routes = register_openai_routes(server)
     if setup is not None:
         setup(engine)
@@ -130,8 +133,15 @@ def test_models_list_and_a_model_id_with_slashes(tokenizer):
 
 
 def test_a_server_without_a_model_path_has_a_default_id(tokenizer):
-    _, _, [(status, listing)] = serve(tokenizer, ("GET", "/v1/models", None), model_path=None)
+    _, _, [(status, listing)] = serve(tokenizer, ("GET", "/v1/models", None), model_path=None, served_model_name=None)
     assert status == 200 and listing["data"][0]["id"] == "areal-graph-embedded"
+
+
+def test_the_default_id_is_the_directory_name_never_the_path(tokenizer):
+    _, _, [(_, listing)] = serve(tokenizer, ("GET", "/v1/models", None), model_path="/home/me/ckpt/qwen-rl/",
+                                 served_model_name=None)
+    assert listing["data"][0]["id"] == "qwen-rl"
+    assert default_served_name("") == default_served_name(None) == "areal-graph-embedded"
 
 
 def test_wrong_methods_get_405_and_unknown_routes_404(tokenizer):

@@ -12,6 +12,7 @@ import json
 import math
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -252,7 +253,8 @@ def test_completions_text_and_token_prompts(client, tokenizer):
 
 def test_models_list_and_retrieve(client, model_dir):
     [model] = client.models.list().data
-    assert model.id == str(model_dir) and model.object == "model" and model.owned_by == "areal-graph"
+    assert model.id == Path(model_dir).name and model.object == "model" and model.owned_by == "areal-graph"
+    assert str(model_dir) not in json.dumps(model.model_dump())  # the path stays on the server
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("gpt-4o")
 
@@ -295,9 +297,52 @@ def test_unsupported_requests_get_a_clear_400(client, kwargs, param, fragment):
     assert fragment in err.value.body["message"]
 
 
+def reference_logprobs(model_dir, token_ids: list[int]):
+    """log p(token_t | tokens < t) in float64 with transformers alone: the independent reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([token_ids])).logits[0], -1)
+    return logp
+
+
+def test_echo_returns_the_prompts_log_probs_in_the_shape_lm_eval_reads(client, model_dir, tokenizer):
+    """(The token texts are the server's own spelling, `token_text_and_bytes`; the numbers are
+    what is checked.) lm-eval's log-likelihood request: token ids, echo, logprobs 1, max_tokens 1 (it reads
+    token_logprobs[ctxlen:-1]); and max_tokens 0, the prompt alone."""
+    from areal_graph.engines.inference.openai_format import token_text_and_bytes
+
+    prompt = ids(tokenizer, HELLO_TURN[0] + HELLO_TURN[1])  # a conversation the model knows by heart
+    ref = reference_logprobs(model_dir, prompt)
+    for max_tokens in (1, 0):
+        out = client.completions.create(model="m", prompt=prompt, echo=True, logprobs=2, max_tokens=max_tokens,
+                                        temperature=0)
+        lp = out.choices[0].logprobs
+        assert len(lp.token_logprobs) == len(prompt) + max_tokens
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        gaps = [abs(lp.token_logprobs[t] - float(ref[t - 1, prompt[t]])) for t in range(1, len(prompt))]
+        assert max(gaps) <= 1e-4, max(gaps)
+        for t in range(1, len(prompt)):  # the 2 most likely, and the prompt's own token
+            best = [token_text_and_bytes(tokenizer, int(i))[0] for i in ref[t - 1].topk(2).indices]
+            assert set(best) <= set(lp.top_logprobs[t]) and len(lp.top_logprobs[t]) <= 3
+        assert out.choices[0].text.startswith(tokenizer.decode(prompt))
+        assert lp.text_offset == sorted(lp.text_offset)
+    # the known conversation scores high, a shuffled one low: the numbers mean something
+    shuffled = prompt[:2] + prompt[2:][::-1]
+    low = client.completions.create(model="m", prompt=shuffled, echo=True, logprobs=0, max_tokens=0).choices[0]
+    assert sum(lp.token_logprobs[1:]) > sum(low.logprobs.token_logprobs[1:]) + 5
+
+
+def test_echo_without_logprobs_gives_the_prompt_text_back(client):
+    out = client.completions.create(model="m", prompt=HELLO_QUESTION, echo=True, max_tokens=2, temperature=0)
+    assert out.choices[0].text.startswith(HELLO_QUESTION) and out.choices[0].logprobs is None
+
+
 def test_completions_errors_and_unknown_routes(client):
     with pytest.raises(openai.BadRequestError, match="echo"):
-        client.completions.create(model="m", prompt="hi", echo=True)
+        client.completions.create(model="m", prompt="hi", echo=True, stream=True)
     with pytest.raises(openai.BadRequestError, match="prompt"):
         client.completions.create(model="m", prompt=[])
     with pytest.raises(openai.NotFoundError, match="not implemented"):
@@ -305,3 +350,35 @@ def test_completions_errors_and_unknown_routes(client):
     # the server still answers
     assert client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0).choices[
         0].message.content == HELLO_ANSWER
+
+
+def test_a_2mb_prompt_is_refused_untokenized_while_health_answers_within_100ms(server, client):
+    """The character limit (32 per token of the 512-token context) refuses it before the
+    tokenizer sees it; the JSON body is the only work on the event loop."""
+    import threading
+    import time
+
+    big = "two words " * 200_000  # 2 MB
+    refused: list = []
+
+    def send() -> None:
+        for prompt in (big, [{"role": "user", "content": big}]):
+            try:
+                if isinstance(prompt, str):
+                    client.completions.create(model="m", prompt=prompt, max_tokens=1)
+                else:
+                    client.chat.completions.create(model="m", messages=prompt, max_tokens=1)
+            except openai.BadRequestError as err:
+                refused.append(err.body)
+
+    sender = threading.Thread(target=send)
+    latencies = []
+    sender.start()
+    while sender.is_alive():
+        t0 = time.perf_counter()
+        urllib.request.urlopen(server + "/health", timeout=5).read()
+        latencies.append(time.perf_counter() - t0)
+    sender.join()
+    assert [b["param"] for b in refused] == ["prompt", "messages"]
+    assert all("2000000 characters" in b["message"] and b["code"] == "context_length_exceeded" for b in refused)
+    assert latencies and max(latencies) < 0.1, max(latencies)
