@@ -11,6 +11,8 @@ Endpoints (names and fields as in SGLang's `http_server.py`):
                                     -> {text, output_ids, meta_info: {id, finish_reason,
                                         prompt_tokens, completion_tokens, weight_version,
                                         output_token_logprobs: [[logprob, token_id, null], ...],
+                                        input_token_logprobs (logprob_start_len >= 0): the same for the prompt,
+                                        null for its first token,
                                         output_token_versions: [int, ...]}}
     POST /update_weights_from_disk  {model_path, weight_version?, load_format?, abort_all_requests?}
     POST /update_weights_from_shared_memory  {path, manifest, weight_version}   (ours: same machine)
@@ -64,6 +66,7 @@ from areal_graph.engines.inference.native_requests import (
     finish_reason_json,
     is_int,
     parse_generate_request,
+    parse_logprob_start_len,
 )
 from areal_graph.engines.inference.openai_routes import default_served_name, register_openai_routes
 from areal_graph.engines.inference.server_process import READY_LINE
@@ -170,13 +173,19 @@ class InferenceHTTPServer:
     async def generate(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         ids, params, ret_lp, rid = parse_generate_request(body, self.engine.max_context)
+        start = parse_logprob_start_len(body, len(ids))
         try:
             result = await self.engine.generate(ids, params, rid=rid)
         except asyncio.CancelledError:  # the client went away: free the slot (as SGLang does)
             self.engine.abort(rid)
             raise
         # the request's spans (queued, prefill, decode, interrupted, ...) are the engine's: engine_spans.py
-        return web.json_response(self.result_json(result, ret_lp))
+        out = self.result_json(result, ret_lp)
+        if start is not None:  # the prompt's log-probs, from a scoring forward (EmbeddedEngine.score_prompt)
+            prompt_lps, _ = await asyncio.to_thread(self.engine.score_prompt, ids)
+            out["meta_info"]["input_token_logprobs"] = [[lp, int(t), None] for lp, t in
+                                                        zip(prompt_lps[start:], ids[start:])]
+        return web.json_response(out)
 
     def result_json(self, result: Any, return_logprob: bool) -> dict[str, Any]:
         out_ids = list(result.output_ids)

@@ -141,6 +141,18 @@ def parse_generate_request(body: Any, max_context: int | None) -> tuple[list[int
     return ids, params, ret_lp, rid
 
 
+def parse_logprob_start_len(body: dict, prompt_len: int) -> int | None:
+    """SGLang's `logprob_start_len`: with `return_logprob`, the prompt position from which
+    `input_token_logprobs` are returned (-1, the default: none). SGLang refuses a start at or
+    past the prompt's end, and so do we, naming the field."""
+    start = body.get("logprob_start_len", -1)
+    if not is_int(start) or start < -1:
+        raise BadRequest(f"'logprob_start_len' must be an integer >= -1, got {start!r}")
+    if start >= prompt_len:
+        raise BadRequest(f"'logprob_start_len' ({start}) must be less than the prompt's {prompt_len} tokens")
+    return start if start >= 0 and body.get("return_logprob") is True else None
+
+
 def finish_reason_json(reason: str, num_output: int, last_token: int | None) -> dict[str, Any]:
     """SGLang's finish_reason objects: {"type": "stop"|"length"|"abort", ...}."""
     if reason == "stop":

@@ -95,6 +95,30 @@ def test_generate_returns_sglang_shape_and_greedy_tokens(server, tiny_model_dir)
     assert [p[0] for p in pairs] == pytest.approx(ref_lps, abs=1e-3)
 
 
+def test_logprob_start_len_returns_the_prompts_log_probs(server, tiny_model_dir):
+    """SGLang's input_token_logprobs: [logprob, id, null] from logprob_start_len on, null for the
+    prompt's first token; against a float64 forward with transformers alone."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = [1, 17, 23, 5, 9, 44, 3]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+    ref = [None] + [float(logp[t - 1, prompt[t]]) for t in range(1, len(prompt))]
+    for start in (0, 3):
+        status, body = post(server, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2},
+                                                  "return_logprob": True, "logprob_start_len": start})
+        assert status == 200, body
+        pairs = body["meta_info"]["input_token_logprobs"]
+        assert [p[1] for p in pairs] == prompt[start:] and all(p[2] is None for p in pairs)
+        for got, want in zip([p[0] for p in pairs], ref[start:]):
+            assert (got is None) == (want is None) and (want is None or abs(got - want) <= 1e-4)
+    status, body = post(server, "/generate", {"input_ids": prompt, "return_logprob": True})
+    assert "input_token_logprobs" not in body["meta_info"]  # the default, -1: output log-probs only
+    status, err = post(server, "/generate", {"input_ids": prompt, "return_logprob": True, "logprob_start_len": 7})
+    assert status == 400 and "logprob_start_len" in err["message"]
+
+
 def test_client_matches_engine_in_process(server, tiny_model_dir):
     from areal_graph.engines.inference.client import InferenceClient
     from areal_graph.engines.inference.engine import EmbeddedEngine
