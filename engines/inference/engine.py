@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import torch
 
@@ -190,6 +190,46 @@ class EmbeddedEngine:
         Raises InvalidRequestError for a request that can never be served and
         QueueFullError when `max_queue` requests already wait.
         """
+        return self._submit(input_ids, params, rid, top_logprobs)[1]
+
+    async def stream(
+        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None = None, top_logprobs: int = 0
+    ) -> AsyncIterator[GenerationResult]:
+        """`generate`, token by token: yields the tokens decoded since the last yield (as a
+        GenerationResult of those tokens, finish_reason "" until the last one, which carries the
+        request's). Cancelling the iteration (a client that went away) aborts the request."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        def notify() -> None:  # in the scheduler's thread: it must never raise there
+            with contextlib.suppress(RuntimeError):  # the loop closed (the server is shutting down)
+                loop.call_soon_threadsafe(wake.set)
+
+        req, fut = self._submit(input_ids, params, rid, top_logprobs, on_token=notify)
+        sent = 0
+        try:
+            while True:
+                done = fut.done()
+                if done and fut.exception() is not None:
+                    raise fut.exception()  # type: ignore[misc]
+                # the scheduler appends ids, log-probs, versions (and alternatives) in that order
+                n = min(len(req.output_ids), len(req.logprobs), len(req.versions),
+                        len(req.top) if req.top_logprobs else len(req.versions))
+                if n > sent or done:
+                    yield GenerationResult(
+                        rid=req.rid, output_ids=req.output_ids[sent:n], output_logprobs=req.logprobs[sent:n],
+                        output_versions=req.versions[sent:n], finish_reason=(req.finish_reason or "abort") if done else "",
+                        prompt_len=len(req.prompt), output_top_logprobs=req.top[sent:n] if req.top_logprobs else None)
+                    sent = n
+                if done:
+                    return
+                await wake.wait()
+                wake.clear()
+        finally:
+            if not fut.done():
+                self.abort(req.rid)
+
+    def _submit(self, input_ids: Sequence[int], params: SamplingParams, rid: str | None, top_logprobs: int,
+                on_token: Callable[[], None] | None = None) -> tuple[_Request, concurrent.futures.Future]:
         ids = self._validate(input_ids, params)
         rid = rid if rid is not None else uuid.uuid4().hex
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -199,7 +239,8 @@ class EmbeddedEngine:
         if not params.ignore_eos:
             stop_ids |= set(self.eos_token_ids)
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        req = _Request(rid, ids, params, fut, gen, frozenset(stop_ids), top_logprobs=max(0, int(top_logprobs)))
+        req = _Request(rid, ids, params, fut, gen, frozenset(stop_ids), top_logprobs=max(0, int(top_logprobs)),
+                       on_token=on_token)
         with self._cv:
             if self._stopping:
                 raise RuntimeError("engine is stopped; start() it again before submitting")
@@ -208,7 +249,7 @@ class EmbeddedEngine:
             if params.max_new_tokens == 0:
                 req.finish_reason = "length"
                 fut.set_result(req.result())
-                return fut
+                return req, fut
             if len(self._queue) >= self.max_queue:
                 raise QueueFullError(
                     f"engine queue is full ({len(self._queue)} waiting, max_queue={self.max_queue}); retry later"
@@ -218,7 +259,7 @@ class EmbeddedEngine:
             self._queue.append(req)
             self._active[rid] = req
             self._cv.notify_all()
-        return fut
+        return req, fut
 
     async def generate(
         self, input_ids: Sequence[int], params: SamplingParams, rid: str | None = None, top_logprobs: int = 0
@@ -226,6 +267,7 @@ class EmbeddedEngine:
         """`submit` for asyncio callers."""
         return await asyncio.wrap_future(self.submit(input_ids, params, rid, top_logprobs))
 
+    @torch.inference_mode()  # removing running rows moves KV rows in place: inference tensors
     def abort(self, rid: str) -> bool:
         """Finish request `rid` now with "abort" and the tokens so far. False if it is unknown or done."""
         with self._at_step_boundary():
@@ -236,6 +278,7 @@ class EmbeddedEngine:
                 self._abort_locked([req])
             return True
 
+    @torch.inference_mode()
     def abort_all(self) -> int:
         """Abort every queued and running request; return how many."""
         with self._at_step_boundary():
@@ -439,6 +482,8 @@ class EmbeddedEngine:
                     self._trace.finished(r, reason="error")
                 if not r.future.done():
                     r.future.set_exception(err)
+                if r.on_token is not None:
+                    r.on_token()
 
     @torch.inference_mode()
     def _step(self) -> None:
@@ -545,6 +590,8 @@ class EmbeddedEngine:
             if r.finish_reason is not None:
                 done.add(j)
                 finished.append(r)
+            elif r.on_token is not None:
+                r.on_token()
         with self._cv:  # count before resolving: a caller reading stats() after its result sees its tokens
             self._tokens_total += len(reqs)
             now = time.monotonic()
@@ -571,6 +618,8 @@ class EmbeddedEngine:
             self._trace.finished(r)
         if not r.future.done():
             r.future.set_result(r.result())
+        if r.on_token is not None:
+            r.on_token()
 
 
 def _append_top_logprobs(reqs: list[_Request], logits: torch.Tensor) -> None:

@@ -262,6 +262,73 @@ def text_deltas(tokenizer: Any, ids: Sequence[int], final_text: str) -> list[tup
     return out
 
 
+class StreamedText:
+    """A choice's text while it is being decoded: deltas that join to `choice_text`'s final text.
+
+    Text that may still change is held back: a half UTF-8 character at the end, and a tail that
+    could be the start of a stop string (the answer is cut before a stop string, so its first
+    characters must not have been sent)."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.emitted, self.tokens = "", 0  # text sent, and the tokens it covers
+
+    def delta(self, ids: Sequence[int]) -> tuple[str, int, int]:
+        """(new text, first token, end token) for the tokens so far; "" while nothing is safe."""
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        safe = len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            found = text.find(s)
+            if found >= 0:
+                safe = min(safe, found)
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    safe = min(safe, len(text) - k)
+                    break
+        if safe <= len(self.emitted) or not text.startswith(self.emitted):
+            return "", self.tokens, self.tokens
+        out, start = text[len(self.emitted):safe], self.tokens
+        self.emitted, self.tokens = text[:safe], len(ids)
+        return out, start, len(ids)
+
+    def final(self, ids: Sequence[int], finish: str) -> tuple[str, int, int]:
+        """The rest of the final text (cut before a stop string, as the unstreamed answer is)."""
+        text = choice_text(self.tokenizer, ids, finish, self.stop)
+        out = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        start, self.emitted, self.tokens = self.tokens, text, len(ids)
+        return out, start, len(ids)
+
+
+def chat_chunk(completion_id: str, created: int, model: str, request: Any, index: int, delta: dict,
+               logprobs: Any = None, finish: str | None = None) -> dict:
+    """One chat.completion.chunk with one choice."""
+    body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": None,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+    if request.include_usage:
+        body["usage"] = None
+    return body
+
+
+def chat_content_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any) -> Any:
+    return ({"content": _logprob_entries(tokenizer, choice, start, end, request.top_logprobs), "refusal": None}
+            if request.logprobs else None)
+
+
+def completion_chunk(completion_id: str, created: int, model: str, index: int, text: str, logprobs: Any = None,
+                     finish: str | None = None) -> dict:
+    """One streamed text_completion object with one choice."""
+    return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": None,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+def completion_delta_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any,
+                              offset: int) -> Any:
+    return _legacy_logprobs(tokenizer, choice, start, end, request.logprobs, offset) \
+        if request.logprobs is not None else None
+
+
 def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, choices: list[GeneratedChoice],
                 request: Any, prompt_tokens: int) -> list[dict]:
     """The chat.completion.chunk objects of a streamed answer (one role chunk, content deltas with

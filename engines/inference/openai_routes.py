@@ -11,9 +11,11 @@ What they answer (parameters: `openai_requests.py`; conversions: `openai_format.
 - temperature 0 is greedy; the log-probs are the engine's behaviour log-probs (the same
   numbers /generate returns for the same prompt, seed and weights), `top_logprobs` under the
   same distribution;
-- `stream: true` sends Server-Sent Events (`data: {chunk}` ... `data: [DONE]`). The embedded
-  engine hands a request back whole, so the events are sent once the answer is complete:
-  the wire format is OpenAI's, the latency is not incremental;
+- `stream: true` sends Server-Sent Events (`data: {chunk}` ... `data: [DONE]`) as the engine
+  decodes: the first text goes out with the first tokens, then every `STREAM_INTERVAL_S`;
+  text that may still change (half a character, the start of a stop string) waits. A chat
+  whose tool calls are parsed streams once the answer is whole (calls are parsed from all of
+  it). A client that disconnects aborts its requests;
 - each engine request is traced by the engine itself (request spans), as /generate's are;
 - nothing heavy runs on the event loop: templates, tokenization and prompt scoring run in
   threads, and a prompt longer than `max_prompt_chars` characters (default 32 per token of
@@ -52,6 +54,9 @@ from areal_graph.engines.inference.openai_requests import (
 log = logging.getLogger(__name__)
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# Streaming: a choice's text goes out as it is decoded, at most this often (the first at once),
+# so a long answer costs tens of cumulative decodes a second, not one per token.
+STREAM_INTERVAL_S = 0.05
 # A prompt of more characters than this per token of context is refused untokenized: text
 # averages 3-5 characters a token, and a token of more than 32 is rare in any vocabulary.
 CHARS_PER_TOKEN_LIMIT = 32
@@ -177,6 +182,8 @@ class OpenAIRoutes:
         prompt_ids = await self._encode(text, "messages")
         params = self._sampling(chat, len(prompt_ids), "messages")
         cid = f"chatcmpl-{uuid.uuid4().hex}"
+        if chat.stream and not chat.parse_tools:  # tool calls are parsed from the whole answer
+            return await self._stream(request, [prompt_ids], [params], chat, cid, chat=True)
         choices = await self._generate(prompt_ids, params, chat.n, chat.top_logprobs if chat.logprobs else 0, cid)
         created = int(time.time())
         out_tokens = sum(len(c.output_ids) for c in choices)
@@ -197,6 +204,8 @@ class OpenAIRoutes:
         if any(not p for p in prompts):
             raise OpenAIRequestError("a prompt encodes to no tokens", "prompt")
         params = [self._sampling(req, len(p), "prompt") for p in prompts]
+        if req.stream:
+            return await self._stream(request, prompts, params, req, cid, chat=False)
         groups = await asyncio.gather(*(
             self._generate(p, sp, req.n, req.logprobs or 0, cid, first_index=k * req.n)
             for k, (p, sp) in enumerate(zip(prompts, params))))
@@ -219,6 +228,103 @@ class OpenAIRoutes:
         if req.return_token_ids:
             body["prompt_token_ids"] = prompts if len(prompts) > 1 else prompts[0]
         return web.json_response(body)
+
+    # ------------------------------------------------------------------ streaming
+    async def _stream(self, request: web.Request, prompts: list[list[int]], params: list[Any], req: Any,
+                      cid: str, chat: bool) -> web.StreamResponse:
+        """Server-Sent Events as the engine decodes (`EmbeddedEngine.stream`): every choice of
+        every prompt is pumped by a task of its own into one queue the response drains. A client
+        that goes away ends the response; the pumps are cancelled and abort their requests."""
+        created, model = int(time.time()), req.model
+        top_n = (req.top_logprobs if req.logprobs else 0) if chat else (req.logprobs or 0)
+        queue: asyncio.Queue = asyncio.Queue()
+        pumps = []
+        for k, (prompt, sp) in enumerate(zip(prompts, params)):
+            for i in range(req.n):
+                choice_sp = sp if sp.seed is None else dataclasses.replace(sp, seed=sp.seed + i)
+                pumps.append(asyncio.create_task(self._pump(queue, prompt, choice_sp, req, cid, created, model,
+                                                            k * req.n + i, top_n, chat)))
+        response: web.StreamResponse | None = None
+        out_tokens, running = 0, len(pumps)
+        try:
+            while running:
+                item = await queue.get()
+                if isinstance(item, int):  # a pump is done: its token count
+                    out_tokens, running = out_tokens + item, running - 1
+                    continue
+                if isinstance(item, BaseException) and response is None:
+                    raise item  # nothing sent yet: an HTTP error (400 for a request the engine refuses, 503 ...)
+                if response is None:  # headers go out with the first chunk
+                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                           "Cache-Control": "no-cache"})
+                    await response.prepare(request)
+                if isinstance(item, BaseException):  # the headers are out: the error is an event
+                    log.error("a streamed choice failed", exc_info=item)
+                    error = {"message": f"{type(item).__name__}: {item}", "type": "server_error", "param": None,
+                             "code": None}
+                    await response.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+                    break
+                await response.write(f"data: {json.dumps(item)}\n\n".encode())
+            else:
+                if req.include_usage:
+                    usage = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion",
+                             "created": created, "model": model, "system_fingerprint": None, "choices": [],
+                             "usage": fmt.usage_json(sum(len(p) for p in prompts), out_tokens)}
+                    await response.write(f"data: {json.dumps(usage)}\n\n".encode())  # type: ignore[union-attr]
+            assert response is not None  # every pump sends a finish chunk before its count
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        finally:
+            for t in pumps:
+                t.cancel()
+        return response
+
+    async def _pump(self, queue: asyncio.Queue, prompt: list[int], params: Any, req: Any, cid: str, created: int,
+                    model: str, index: int, top_n: int, chat: bool) -> None:
+        """One choice: chunks into `queue` as its tokens arrive (at most every `STREAM_INTERVAL_S`,
+        the first at once), then its finish chunk and its token count."""
+        acc = fmt.GeneratedChoice(index, [], [], [], "", [] if top_n else None)
+        text = fmt.StreamedText(self._tokenizer(), req.stop)
+        offset, last = 0, 0.0
+        try:
+            if chat:
+                queue.put_nowait(fmt.chat_chunk(cid, created, model, req, index, {"role": "assistant", "content": ""}))
+            async for part in self.server.engine.stream(prompt, params, rid=f"{cid}-{index}", top_logprobs=top_n):
+                acc.output_ids += part.output_ids
+                acc.output_logprobs += part.output_logprobs
+                acc.output_versions += part.output_versions
+                if acc.top_logprobs is not None and part.output_top_logprobs:
+                    acc.top_logprobs += part.output_top_logprobs
+                now = time.monotonic()
+                if part.finish_reason:
+                    delta, a, b = text.final(acc.output_ids, part.finish_reason)
+                elif last and now - last < STREAM_INTERVAL_S:
+                    continue
+                else:
+                    delta, a, b = text.delta(acc.output_ids)
+                if delta or (part.finish_reason and b > a and top_n):
+                    last = now
+                    if chat:
+                        lp = fmt.chat_content_logprobs(self._tokenizer(), acc, a, b, req)
+                        queue.put_nowait(fmt.chat_chunk(cid, created, model, req, index, {"content": delta}, lp))
+                    else:
+                        lp = fmt.completion_delta_logprobs(self._tokenizer(), acc, a, b, req, offset)
+                        queue.put_nowait(fmt.completion_chunk(cid, created, model, index, delta, lp))
+                    offset += len(delta)
+                if part.finish_reason:
+                    if chat:
+                        last_chunk = fmt.chat_chunk(cid, created, model, req, index, {}, None, part.finish_reason)
+                        if req.return_token_ids:
+                            last_chunk["choices"][0]["token_ids"] = list(acc.output_ids)
+                            last_chunk["choices"][0]["token_versions"] = list(acc.output_versions)
+                    else:
+                        last_chunk = fmt.completion_chunk(cid, created, model, index, "", None, part.finish_reason)
+                    queue.put_nowait(last_chunk)
+            queue.put_nowait(len(acc.output_ids))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # the response reports it (an engine failure mid-stream)
+            queue.put_nowait(err)
 
     def _model_json(self) -> dict[str, Any]:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "areal-graph",

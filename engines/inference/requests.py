@@ -41,6 +41,7 @@ class Request:
     timeline: Any = None  # its phases so far, while traced (engine_spans.RequestTimeline)
     top_logprobs: int = 0  # how many most likely alternatives to report per token (0: none)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    on_token: Any = None  # called in the scheduler's thread after each new token and when done (streaming)
 
     def all_tokens(self) -> list[int]:
         return self.prompt + self.output_ids

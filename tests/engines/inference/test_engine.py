@@ -524,3 +524,64 @@ def test_sampler_draws_follow_the_truncated_tempered_distribution():
         # reported log-prob: tempered, untruncated (see sampling.py)
         full = torch.log_softmax(logits / temp, -1)
         assert torch.allclose(lps, full[tokens], atol=1e-6)
+
+
+def test_stream_yields_tokens_as_decoded_and_adds_up_to_generate(model_a):
+    """Chunks arrive while the request runs (the first long before the last), their tokens,
+    log-probs and versions concatenate to what `generate` returns for the same seed, and
+    leaving the iteration early aborts the request."""
+    eng = make_engine(model=model_a)
+    eng.start()
+    try:
+        p = prompts(1, seed=9)[0]
+        params = SamplingParams(max_new_tokens=60, temperature=1.0, seed=5, ignore_eos=True)
+        whole = eng.submit(p, params).result(timeout=30)
+
+        async def collect():
+            chunks, times = [], []
+            async for chunk in eng.stream(p, params):
+                chunks.append(chunk)
+                times.append(time.perf_counter())
+            return chunks, times
+
+        chunks, times = asyncio.run(collect())
+        assert len(chunks) >= 5 and times[-1] - times[0] > 0  # incremental, not one block at the end
+        assert [t for c in chunks for t in c.output_ids] == whole.output_ids
+        assert [x for c in chunks for x in c.output_logprobs] == pytest.approx(whole.output_logprobs, abs=1e-6)
+        assert [v for c in chunks for v in c.output_versions] == whole.output_versions
+        assert all(c.finish_reason == "" for c in chunks[:-1]) and chunks[-1].finish_reason == "length"
+
+        async def leave_early():
+            agen = eng.stream(p, SamplingParams(max_new_tokens=400, greedy=True, ignore_eos=True), rid="leaver")
+            async for chunk in agen:
+                if chunk.output_ids:
+                    break
+            await agen.aclose()
+
+        asyncio.run(leave_early())
+        wait_until = time.monotonic() + 5
+        while eng.stats()["running"] and time.monotonic() < wait_until:
+            time.sleep(0.01)
+        assert eng.stats()["running"] == 0  # the request was aborted, not left decoding
+    finally:
+        eng.stop()
+
+
+def test_aborting_a_running_row_that_other_rows_fill_works_outside_inference_mode(model_a):
+    """Removing row 0 of four moves the last row's KV into it, an in-place write to inference
+    tensors: abort() must do it in inference mode whatever thread calls it (an HTTP handler, a
+    streaming client that went away), or it raises and the request runs on."""
+    eng = make_engine(model=model_a, max_running=8)
+    eng.start()
+    try:
+        futs = [eng.submit(p, SamplingParams(max_new_tokens=300, greedy=True, ignore_eos=True), rid=f"r{i}")
+                for i, p in enumerate(prompts(4, seed=11))]
+        wait_tokens(eng, 40)
+        assert not torch.is_inference_mode_enabled()
+        assert eng.abort("r0") is True
+        aborted = futs[0].result(timeout=10)
+        assert aborted.finish_reason == "abort" and 0 < len(aborted.output_ids) < 300
+        rest = [f.result(timeout=60) for f in futs[1:]]
+        assert all(r.finish_reason == "length" and len(r.output_ids) == 300 for r in rest)
+    finally:
+        eng.stop()

@@ -58,6 +58,17 @@ class StubEngine:
         return GenerationResult(rid=rid, output_ids=out, output_logprobs=[-0.5] * len(out),
                                 output_versions=[7] * len(out), finish_reason=finish, prompt_len=len(prompt_ids))
 
+    async def stream(self, prompt_ids, params, rid=None, top_logprobs=0):
+        """`generate`, one token at a time (as EmbeddedEngine.stream yields them)."""
+        whole = await self.generate(prompt_ids, params, rid=rid, top_logprobs=top_logprobs)
+        for j, tok in enumerate(whole.output_ids):
+            last = j == len(whole.output_ids) - 1
+            yield GenerationResult(rid=rid, output_ids=[tok], output_logprobs=[whole.output_logprobs[j]],
+                                   output_versions=[whole.output_versions[j]],
+                                   finish_reason=whole.finish_reason if last else "", prompt_len=len(prompt_ids))
+        if not whole.output_ids:
+            yield whole
+
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)
 
@@ -275,6 +286,33 @@ def test_streamed_completion_is_server_sent_events_ending_in_done(tokenizer):
     streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert streamed == tokenizer.decode(answer_ids(tokenizer)[:3], skip_special_tokens=True)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(tokenizer):
+    """Before the first chunk a failure is an HTTP error; after it, the headers are out, so the
+    stream carries an error event and ends."""
+    def setup(engine):
+        plain = engine.stream
+
+        async def breaks_after_one(*args, **kw):
+            async for part in plain(*args, **kw):
+                yield part
+                raise RuntimeError("the engine broke")
+
+        engine.stream = breaks_after_one
+
+    body = {"model": "m", "prompt": [3, 4], "max_tokens": 3, "stream": True}
+    _, _, [(status, (ctype, text))] = serve(tokenizer, ("POST", "/v1/completions", body), setup=setup)
+    events = [e for e in text.split("\n\n") if e]
+    assert status == 200 and events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: "):])["error"]
+    assert error["type"] == "server_error" and "the engine broke" in error["message"]
+
+    def refuse(engine):
+        engine.fail["*"] = InvalidRequestError("no such token")
+
+    _, _, [(status, err)] = serve(tokenizer, ("POST", "/v1/completions", body), setup=refuse)
+    assert status == 400 and "no such token" in err["error"]["message"]
 
 
 def test_a_failing_choice_aborts_the_ones_still_running(tokenizer):

@@ -227,6 +227,41 @@ def test_streamed_chunks_assemble_to_the_unstreamed_answer(client):
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_long_stream_arrives_as_it_is_decoded_and_a_closed_stream_aborts(client, server):
+    """300 tokens of a question the model never saw: the first text long before the last, the
+    pieces join to the answer; a client that reads two chunks and closes frees the engine."""
+    import time
+
+    kw = dict(model="m", messages=user(UNSEEN), temperature=1.0, seed=3, max_tokens=300,
+              extra_body={"ignore_eos": True})
+    t0 = time.perf_counter()
+    arrivals, text = [], ""
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.perf_counter() - t0)
+            text += chunk.choices[0].delta.content
+    whole = client.chat.completions.create(**kw)
+    assert text == whole.choices[0].message.content and whole.usage.completion_tokens == 300
+    assert len(arrivals) >= 5 and arrivals[0] < 0.5 * arrivals[-1], arrivals[:3] + arrivals[-1:]
+
+    for completion in (False, True):  # 4 x 450 tokens: seconds of decoding left when the client leaves
+        stream = (client.completions.create(model="m", prompt=UNSEEN, stream=True, max_tokens=450, n=4,
+                                            extra_body={"ignore_eos": True}) if completion
+                  else client.chat.completions.create(stream=True, **{**kw, "max_tokens": 450, "n": 4}))
+        for k, _ in enumerate(stream):
+            if k == 2:
+                break
+        stream.close()
+        deadline = time.monotonic() + 0.5  # an abort frees the rows at the next step boundary
+        while time.monotonic() < deadline:
+            ask = urllib.request.Request(server + "/get_server_info", headers={"Authorization": f"Bearer {KEY}"})
+            info = json.loads(urllib.request.urlopen(ask, timeout=5).read())
+            if info["internal_states"][0]["running"] == 0:
+                break
+            time.sleep(0.05)
+        assert info["internal_states"][0]["running"] == 0, info  # aborted, not decoding to 400 tokens
+
+
 # --------------------------------------------------------------------------- completions and models
 def test_completions_text_and_token_prompts(client, tokenizer):
     prompt = HELLO_TURN[0]
