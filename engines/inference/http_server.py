@@ -7,7 +7,7 @@ differences the client hides: see `client.py`).
 
 Endpoints (names and fields as in SGLang's `http_server.py`):
 
-    POST /generate                  {input_ids, sampling_params, return_logprob, rid, stream=false}
+    POST /generate                  {input_ids, sampling_params, return_logprob, rid, stream?, logprob_start_len?}
                                     -> {text, output_ids, meta_info: {id, finish_reason,
                                         prompt_tokens, completion_tokens, weight_version,
                                         output_token_logprobs: [[logprob, token_id, null], ...],
@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import json
 import logging
 import os
 import signal
@@ -68,7 +69,7 @@ from areal_graph.engines.inference.native_requests import (
     parse_generate_request,
     parse_logprob_start_len,
 )
-from areal_graph.engines.inference.openai_routes import default_served_name, register_openai_routes
+from areal_graph.engines.inference.openai_routes import STREAM_INTERVAL_S, default_served_name, register_openai_routes
 from areal_graph.engines.inference.server_process import READY_LINE
 
 # --dtype: torch's names for the weight and compute types the engine takes
@@ -174,6 +175,8 @@ class InferenceHTTPServer:
         body = await self._json(request)
         ids, params, ret_lp, rid = parse_generate_request(body, self.engine.max_context)
         start = parse_logprob_start_len(body, len(ids))
+        if body.get("stream") is True:
+            return await self._generate_stream(request, ids, params, ret_lp, rid)
         try:
             result = await self.engine.generate(ids, params, rid=rid)
         except asyncio.CancelledError:  # the client went away: free the slot (as SGLang does)
@@ -186,6 +189,40 @@ class InferenceHTTPServer:
             out["meta_info"]["input_token_logprobs"] = [[lp, int(t), None] for lp, t in
                                                         zip(prompt_lps[start:], ids[start:])]
         return web.json_response(out)
+
+    async def _generate_stream(self, request: web.Request, ids: list[int], params: Any, ret_lp: bool,
+                               rid: str) -> web.StreamResponse:
+        """SGLang's streamed /generate: Server-Sent Events as the engine decodes, each the answer so
+        far (text, output_ids and meta_info cumulative, finish_reason null until the last), then
+        `data: [DONE]`. Leaving early (the client went away) aborts the request."""
+        from areal_graph.engines.inference.sampling import GenerationResult
+
+        response: web.StreamResponse | None = None
+        so_far = GenerationResult(rid=rid, output_ids=[], output_logprobs=[], output_versions=[], finish_reason="",
+                                  prompt_len=len(ids))
+        last = 0.0
+        async for part in self.engine.stream(ids, params, rid=rid):
+            so_far.output_ids += part.output_ids
+            so_far.output_logprobs += part.output_logprobs
+            so_far.output_versions += part.output_versions
+            now = time.monotonic()
+            if not part.finish_reason and last and now - last < STREAM_INTERVAL_S:
+                continue
+            last = now
+            body = self.result_json(so_far, ret_lp)
+            if part.finish_reason:
+                body["meta_info"]["finish_reason"] = finish_reason_json(
+                    part.finish_reason, len(so_far.output_ids), so_far.output_ids[-1] if so_far.output_ids else None)
+            else:
+                body["meta_info"]["finish_reason"] = None
+            if response is None:  # headers with the first event: an engine refusal before it is a plain 400
+                response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                await response.prepare(request)
+            await response.write(f"data: {json.dumps(body)}\n\n".encode())
+        assert response is not None  # the last part always comes
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     def result_json(self, result: Any, return_logprob: bool) -> dict[str, Any]:
         out_ids = list(result.output_ids)

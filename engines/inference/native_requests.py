@@ -127,8 +127,8 @@ def parse_generate_request(body: Any, max_context: int | None) -> tuple[list[int
         raise BadRequest("'input_ids' must be a flat list of integers (batched requests are not supported)")
     if not ids:
         raise BadRequest("'input_ids' is empty: a prompt needs at least one token")
-    if body.get("stream", False):
-        raise BadRequest("stream=true is not supported by this server; send stream=false")
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequest(f"'stream' must be a boolean, got {body.get('stream')!r}")
     ret_lp = body.get("return_logprob", False)
     if not isinstance(ret_lp, bool):
         raise BadRequest(f"'return_logprob' must be a boolean, got {ret_lp!r}")

@@ -119,6 +119,31 @@ def test_logprob_start_len_returns_the_prompts_log_probs(server, tiny_model_dir)
     assert status == 400 and "logprob_start_len" in err["message"]
 
 
+def test_streamed_generate_sends_the_answer_so_far_then_done(server):
+    """SGLang's stream: cumulative output_ids / log-probs / versions, finish_reason null until the
+    last event, which equals the unstreamed answer."""
+    body = {"input_ids": [1, 17, 23, 5], "sampling_params": {"max_new_tokens": 40, "temperature": 0,
+                                                              "ignore_eos": True}, "return_logprob": True}
+    status, whole = post(server, "/generate", body)
+    req = urllib.request.Request(server + "/generate", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = [e for e in resp.read().decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert len(chunks) >= 2
+    lengths = [len(c["output_ids"]) for c in chunks]
+    assert lengths == sorted(lengths) and all(c["output_ids"] == chunks[-1]["output_ids"][:len(c["output_ids"])]
+                                              for c in chunks)
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last["output_ids"] == whole["output_ids"] and last["meta_info"]["finish_reason"] == {"type": "length",
+                                                                                                 "length": 40}
+    assert [p[0] for p in last["meta_info"]["output_token_logprobs"]] == pytest.approx(
+        [p[0] for p in whole["meta_info"]["output_token_logprobs"]], abs=1e-5)
+
+
 def test_client_matches_engine_in_process(server, tiny_model_dir):
     from areal_graph.engines.inference.client import InferenceClient
     from areal_graph.engines.inference.engine import EmbeddedEngine
@@ -174,7 +199,7 @@ def test_eos_stops_with_stop_reason(server):
     ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "top_p"),
     ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}}, "context"),
     ({"input_ids": [1, 2], "return_logprob": "yes"}, "return_logprob"),
-    ({"input_ids": [1, 2], "stream": True}, "stream"),
+    ({"input_ids": [1, 2], "stream": 1}, "stream"),
     ({"text": "hello"}, "input_ids"),
     ([1, 2, 3], "object"),
 ])

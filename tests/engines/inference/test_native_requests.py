@@ -148,7 +148,7 @@ def test_a_missing_rid_gets_a_fresh_one_and_logprobs_default_off():
     ({"input_ids": [1, True]}, "flat list of integers"),
     ({"input_ids": (1, 2)}, "flat list of integers"),
     ({"input_ids": []}, "'input_ids' is empty"),
-    ({"input_ids": [1], "stream": True}, "stream=true is not supported"),
+    ({"input_ids": [1], "stream": "yes"}, "'stream' must be a boolean"),
     ({"input_ids": [1], "return_logprob": 1}, "'return_logprob' must be a boolean"),
     ({"input_ids": [1], "rid": ""}, "'rid' must be a non-empty string"),
     ({"input_ids": [1], "rid": 7}, "'rid' must be a non-empty string"),
