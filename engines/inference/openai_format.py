@@ -334,12 +334,7 @@ def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, ch
     """The chat.completion.chunk objects of a streamed answer (one role chunk, content deltas with
     their tokens' log-probs or one tool_calls delta, one finish chunk per choice; then usage)."""
     def chunk(index: int, delta: dict, logprobs: Any = None, finish: str | None = None) -> dict:
-        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": None,
-                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
-        if request.include_usage:
-            body["usage"] = None
-        return body
+        return chat_chunk(completion_id, created, model, request, index, delta, logprobs, finish)
 
     out = []
     for c in choices:
@@ -354,9 +349,7 @@ def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, ch
             for text, a, b in text_deltas(tokenizer, c.output_ids, full["message"]["content"] or ""):
                 if not text and not request.logprobs:
                     continue  # an end-of-turn token: no text, and no log-prob asked for
-                lp = ({"content": _logprob_entries(tokenizer, c, a, b, request.top_logprobs), "refusal": None}
-                      if request.logprobs else None)
-                out.append(chunk(c.index, {"content": text}, lp))
+                out.append(chunk(c.index, {"content": text}, chat_content_logprobs(tokenizer, c, a, b, request)))
         last = chunk(c.index, {}, None, full["finish_reason"])
         if request.return_token_ids:
             last["choices"][0]["token_ids"] = list(c.output_ids)
@@ -457,9 +450,7 @@ def completion_chunks(tokenizer: Any, completion_id: str, created: int, model: s
                       choices: list[GeneratedChoice], request: Any, prompt_tokens: int) -> list[dict]:
     """The streamed text_completion objects: text deltas, then a finish chunk per choice; then usage."""
     def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
-        return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": None,
-                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+        return completion_chunk(completion_id, created, model, index, text, logprobs, finish)
 
     out = []
     for c in choices:

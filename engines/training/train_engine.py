@@ -95,6 +95,28 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def start_step(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    """Set this step's learning rate and clear the gradients; returns the rate."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    return lr
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, version: int,
+                  local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """Clip the gradients' global norm to `grad_clip` (0: no clipping) and step, unless the norm
+    is not finite (then the step is skipped and said so: one bad batch must not poison the
+    weights). `local` turns a sharded norm (FSDP's DTensor) into a plain tensor. Returns the norm."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = local(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf")))
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        log.warning("non-finite grad norm %s at version %d: step skipped", grad_norm, version)
+    return grad_norm
+
+
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
     """Multiplier of the base lr at optimizer step `step` (0-based)."""
     if warmup_steps and step < warmup_steps:
@@ -306,10 +328,8 @@ class TrainEngine:
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False")
         t0 = time.perf_counter()
-        lr = self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps, self.lr_schedule)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
+        lr = start_step(self.optimizer, self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps,
+                                                                 self.lr_schedule))
         units, n_units, n_mb = self._units(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
@@ -329,13 +349,7 @@ class TrainEngine:
                     (loss * self.world_size if self.world_size > 1 else loss).backward()
             loss_sum += float(loss.detach())
             add_stats(totals, stats)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip else float("inf"))
-        grad_norm = dp.as_local_scalar(grad_norm)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            log.warning("non-finite grad norm %s at version %d: step skipped", grad_norm, self.version)
+        grad_norm = clip_and_step(self.model, self.optimizer, self.grad_clip, self.version, dp.as_local_scalar)
         self.version += 1
         if self.world_size > 1:
             totals = dp.sum_dicts(dp.all_gather_json(

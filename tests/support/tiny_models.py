@@ -26,6 +26,18 @@ def build_random_qwen2(vocab_size: int = 128, hidden: int = 64, layers: int = 2,
     return Qwen2ForCausalLM(config).eval()
 
 
+def build_spiky_qwen2(seed: int, vocab_size: int = 128, hidden: int = 64, layers: int = 2):
+    """A random tiny Qwen2 with its weights re-drawn at std 0.15 (norms kept): the default init
+    gives near-uniform logits, so greedy decoding would repeat one id; this one does not."""
+    model = build_random_qwen2(vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
+    return model.eval()
+
+
 def save_random_classifier(path, tokenizer, labels: int = 1, seed: int = 0, pad: bool = True):
     """A tiny random Qwen2ForSequenceClassification with `tokenizer`, saved in `path` (a reward
     model's directory); `pad=False` leaves it without a pad token."""

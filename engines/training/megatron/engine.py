@@ -40,7 +40,7 @@ from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.packed_scoring import score_logits
 from areal_graph.engines.training.protocol import LossFn, TrainingEngine
 from areal_graph.engines.training.step_stats import add_stats
-from areal_graph.engines.training.train_engine import lr_factor, read_safetensors_dir
+from areal_graph.engines.training.train_engine import clip_and_step, lr_factor, read_safetensors_dir, start_step
 
 log = logging.getLogger(__name__)
 
@@ -202,10 +202,8 @@ class MegatronTrainEngine:
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False")
         t0 = time.perf_counter()
-        lr = self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps, self.lr_schedule)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
+        lr = start_step(self.optimizer, self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps,
+                                                                 self.lr_schedule))
         mbs = self._microbatches(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
@@ -220,12 +218,7 @@ class MegatronTrainEngine:
                 loss.backward()
             loss_sum += float(loss.detach())
             add_stats(totals, stats)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip else float("inf"))
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            log.warning("non-finite grad norm %s at version %d: step skipped", grad_norm, self.version)
+        grad_norm = clip_and_step(self.model, self.optimizer, self.grad_clip, self.version)
         self.version += 1
         elapsed = time.perf_counter() - t0
         totals.update({"loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr, "tokens": float(batch.num_tokens),

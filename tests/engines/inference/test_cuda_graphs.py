@@ -15,19 +15,13 @@ import torch
 from areal_graph.engines.inference.cuda_graphs import GraphedDecode, buckets_for
 from areal_graph.engines.inference.engine import EmbeddedEngine
 from areal_graph.engines.inference.sampling import SamplingParams
-from support.tiny_models import build_random_qwen2
+from support.tiny_models import build_spiky_qwen2
 
 VOCAB = 128
 
 
 def spiky_model(seed: int):
-    model = build_random_qwen2(vocab_size=VOCAB, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
-    return model.eval()
+    return build_spiky_qwen2(seed, vocab_size=VOCAB)
 
 
 def workload(n: int, seed: int) -> list[tuple[list[int], int]]:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from areal_graph.engines.inference.engine import EmbeddedEngine, InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.sampling import SamplingParams, truncate_logits
-from support.tiny_models import build_random_qwen2
+from support.tiny_models import build_spiky_qwen2
 
 VOCAB = 128
 DEVICE = os.environ.get("AREAL_TEST_DEVICE", "cpu")
@@ -35,13 +35,7 @@ def make_engine(model=None, model_path=None, **kw) -> EmbeddedEngine:
 
 
 def spiky_model(seed: int):
-    model = build_random_qwen2(vocab_size=VOCAB, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
-    return model.eval()
+    return build_spiky_qwen2(seed, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -14,21 +14,14 @@ import torch
 
 from areal_graph.engines.inference.engine import EmbeddedEngine
 from areal_graph.engines.inference.sampling import SamplingParams, sample_tokens
-from support.tiny_models import build_random_qwen2
+from support.tiny_models import build_spiky_qwen2
 
 pytestmark = pytest.mark.gpu
 VOCAB = 512
 
 
 def spiky_model(seed: int):
-    """Weights at std 0.15 so greedy decoding is not one repeated token (as test_engine.py)."""
-    model = build_random_qwen2(vocab_size=VOCAB, hidden=128, layers=4, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
-    return model.eval()
+    return build_spiky_qwen2(seed, vocab_size=VOCAB, hidden=128, layers=4)
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
