@@ -147,12 +147,12 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
-    from areal_graph.modelkit.builtin import check_builtin_paths
+    from areal_graph.cli.preflight import preflight
     from areal_graph.runtime.orchestration.controller import RunFailed
     from areal_graph.runtime.orchestration.run import run_with_auto_resume
 
-    try:  # before the run folder exists: a typo in a builtin name leaves nothing behind
-        check_builtin_paths(spec)
+    try:  # before the run folder exists: a typo (a builtin name, inference.args) leaves nothing behind
+        preflight(spec)
     except ValueError as err:
         console.print(str(err), style="red", markup=False, highlight=False)
         return 1

@@ -65,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
     except WorkflowError as err:
         print_problems(console, args.workflow, err.problems)
         return 1
-    from areal_graph.modelkit.builtin import check_builtin_paths
+    from areal_graph.cli.preflight import preflight
 
-    try:  # a builtin name no kit has fails here, not minutes into `run`
-        check_builtin_paths(spec)
+    try:  # a builtin name no kit has, or bad inference.args, fails here, not minutes into `run`
+        preflight(spec)
     except ValueError as err:
         console.print(f"{args.workflow}: {err}", style="red", markup=False, highlight=False)
         return 1

@@ -68,6 +68,8 @@ class BatchedKVCache:
     def __init__(self, row_capacity: int = 0) -> None:
         self.row_capacity = row_capacity  # rows allocated up front (the engine's max_running)
         self.repacks = 0  # full copies so far (tests and stats)
+        self.keys: list[torch.Tensor] = []  # per layer, allocated by the first append and kept
+        self.values: list[torch.Tensor] = []
         self.clear()
 
     def clear(self) -> None:
@@ -76,9 +78,6 @@ class BatchedKVCache:
         The buffers stay allocated for the next rows: nothing is reallocated per weight swap,
         and CUDA graphs captured over them (cuda_graphs.py) stay valid. Their stale values
         are finite and outside every new row's columns, so masks keep them out."""
-        if not hasattr(self, "keys"):
-            self.keys: list[torch.Tensor] = []
-            self.values: list[torch.Tensor] = []
         self.lens: list[int] = []
         self.end = 0
 

@@ -66,6 +66,11 @@ class InferenceBackend:
         """Why this backend cannot start here (None: it can). `python`: inference.python."""
         return None
 
+    def args_problem(self, inference: Any) -> str | None:
+        """What is wrong with `inference.args` for this backend's server (None: nothing known),
+        checked before a run starts rather than when its servers refuse to start."""
+        return None
+
     def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
                 api_key: str | None, host: str) -> list[str]:
         raise NotImplementedError

@@ -37,6 +37,22 @@ class EmbeddedBackend(SGLangBackend):
             cmd += ["--api-key-env", RUN_TOKEN_ENV]
         return cmd + launch_flags(inference.args)
 
+    def args_problem(self, inference: Any) -> str | None:
+        """Our server's own argument parser reads the flags `inference.args` becomes."""
+        import contextlib
+        import io
+
+        from areal_graph.engines.inference.http_server import build_arg_parser
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                build_arg_parser().parse_args(["--model", "-"] + launch_flags(inference.args))
+            except SystemExit:
+                reason = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "bad arguments"
+                return reason.split("error: ", 1)[-1]
+        return None
+
     def shared_memory_update_calls(self, path: str, manifest: list[dict], version: int) -> list[HttpCall]:
         return [HttpCall("POST", "/update_weights_from_shared_memory",
                          {"path": path, "manifest": manifest, "weight_version": int(version)})]

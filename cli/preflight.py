@@ -1,0 +1,28 @@
+"""What `validate` and `run` check about this machine before anything starts.
+
+The workflow itself is checked by graph/ (no torch, no engines: it validates anywhere). What
+depends on what is installed here is checked once more at the command line, so a typo or a
+missing package is an error that names the field before a run folder exists, not a server or
+a worker that dies minutes in: builtin model and dataset names, the inference backend's own
+arguments (`inference.args`), and the packages a model's training backend needs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+
+def preflight(spec: Any) -> None:
+    """ValueError naming the first field this machine cannot honour (spec: a WorkflowSpec)."""
+    from areal_graph.engines.inference.backends import get_backend
+    from areal_graph.modelkit.builtin import check_builtin_paths
+
+    check_builtin_paths(spec)
+    problem = get_backend(spec.inference.backend).args_problem(spec.inference)
+    if problem is not None:
+        raise ValueError(f"inference.args: {problem}")
+    for model in spec.models.values():
+        if model.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+            raise ValueError(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
+                             "installed here (pip install 'areal-graph[megatron]')")

@@ -1,0 +1,43 @@
+"""What validate and run check about this machine before a run starts (cli/preflight.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from areal_graph.cli.preflight import preflight
+from areal_graph.graph.loader import load_workflow
+from support.paths import WORKFLOWS
+
+PPO = WORKFLOWS / "ppo_async.yaml"
+
+
+def test_a_shipped_workflow_passes_with_its_server_arguments():
+    preflight(load_workflow(PPO, overrides=["inference.args.device=cpu", "inference.args.dtype=bfloat16",
+                                            "inference.args.served_model_name=actor"]))
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("inference.args.dtype=bf16", "argument --dtype: invalid choice: 'bf16'"),
+    ("inference.args.devize=cuda", "unrecognized arguments: --devize cuda"),
+    ("inference.args.max_prompt_chars=many", "argument --max-prompt-chars: invalid int value: 'many'"),
+])
+def test_bad_inference_args_name_the_field_and_the_flag(override, fragment):
+    with pytest.raises(ValueError) as err:
+        preflight(load_workflow(PPO, overrides=[override]))
+    assert str(err.value).startswith("inference.args: ") and fragment in str(err.value)
+
+
+def test_a_builtin_typo_is_still_caught():
+    with pytest.raises(ValueError, match="nope"):
+        preflight(load_workflow(PPO, overrides=["models.actor.path=builtin:nope"]))
+
+
+def test_megatron_without_its_package_says_how_to_install_it(monkeypatch):
+    spec = load_workflow(PPO, overrides=["models.actor.backend=megatron", "models.actor.device=cuda"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "megatron" else real(name, *a))
+    with pytest.raises(ValueError, match=r"models.actor.backend: megatron needs the megatron-core package.*"
+                                         r"areal-graph\[megatron\]"):
+        preflight(spec)
