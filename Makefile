@@ -59,7 +59,8 @@ test-gpu: install
 # (pure Python, Python 3.12), copy the repository there, run `make gpu-check` (no venv: it
 # uses that machine's python3 and its CUDA torch). Results in benchmarks/results/gpu/.
 GPU_WHEELS = transformers==5.23.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
-             antlr4-python3-runtime==4.13.2 megatron-core==0.16.1 grpcio==1.85.1 protobuf==7.36.2
+             antlr4-python3-runtime==4.13.2 megatron-core==0.16.1 grpcio==1.85.1 protobuf==7.36.2 \
+             llguidance==1.9.1
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \

@@ -46,10 +46,20 @@ class SamplingParams:
     stop: list[str] = cfg([], non_empty_strings, "strings that end an answer besides EOS")
     seed: int | None = cfg(None, None, "per-request seed: same seed + same weights -> same tokens")
     ignore_eos: bool = cfg(False, None, "keep generating past EOS (benchmarks)")
+    json_schema: str | None = cfg(None, None, "served requests only (SGLang's field): the answer is JSON valid "
+                                              "against this JSON Schema (a string), by constrained decoding")
+    grammar: str | None = cfg(None, None, "served requests only: the answer matches this Lark grammar "
+                                          "(llguidance's dialect; may embed %json {...})")
 
     @property
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
+
+    @property
+    def is_constrained(self) -> bool:
+        """Whether the answer is held to a schema or grammar: its tokens are then drawn from a
+        masked distribution, not the policy's, and must not be trained as sampled."""
+        return self.json_schema is not None or self.grammar is not None
 
     def for_answer(self, answer: int, turn: int = 0) -> "SamplingParams":
         """These settings for answer `answer` of a group (and turn `turn` of a multi-turn
@@ -74,6 +84,14 @@ class SamplingParams:
             out.append(f"top_k must be an integer, got {self.top_k!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             out.append(f"seed must be an integer or None, got {self.seed!r}")
+        for name in ("json_schema", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                out.append(f"{name} must be a string or None, got {type(value).__name__}")
+        if self.json_schema is not None and self.grammar is not None:
+            out.append("give json_schema or grammar, not both")
+        if self.is_constrained and self.ignore_eos:
+            out.append("ignore_eos cannot be combined with json_schema or grammar (a complete answer ends with EOS)")
         if out:  # the range checks below assume the right types
             return out
         return field_problems(self)

@@ -105,14 +105,25 @@ def _rollout_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[str
             "sampling": asdict(p.sampling), "tokenizer_path": info.model_paths[actor_model(spec) or ""]}
 
 
+def _rollout_rules(node: NodeSpec) -> list[Issue]:
+    out = []
+    if node.reads:
+        out.append(Issue(("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'"))
+    for name in ("json_schema", "grammar"):
+        if getattr(node.params.sampling, name) is not None:
+            out.append(Issue(("sampling", name), "constrained decoding is for served requests (response_format, "
+                             "forced tool calls): a rollout's tokens must be drawn from the policy itself to be "
+                             "trained, so a workflow cannot constrain them"))
+    return out
+
+
 ROLLOUT = NodeKind(
     name="rollout", params=RolloutParams, model="optional", phase="generation", source=True,
     doc="generates a group of trajectories per prompt on the inference servers",
     hosting=lambda node, spec: Hosting("rollout", node.name, f"{HOSTS}.rollout_host:RolloutHost", role="rollout"),
     host_args=_rollout_args,
     call=lambda node, spec: Call("run"),
-    rules=lambda node, spec: [Issue(("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'")]
-    if node.reads else [],
+    rules=lambda node, spec: _rollout_rules(node),
     imports=lambda node: [ImportRef("rollout_class", node.params.rollout_class, "rollout_class",
                                     kwargs=node.params.rollout_args, supplied=("tokenizer_path",))],
     default_writes=ROLLOUT_WRITES,

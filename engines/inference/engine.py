@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import torch
 
+from areal_graph.engines.inference.constrained import ConstraintCompiler, ConstraintError, apply_masks
 from areal_graph.engines.inference.engine_spans import BusyIntervals, EngineSpans
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
 from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_checked, read_checkpoint, try_load_tokenizer
@@ -125,6 +126,12 @@ class EmbeddedEngine:
         self._runner = ModelRunner(self.model, self.device, lean=lean_forward, cuda_graphs=cuda_graphs,
                                    max_rows=max_running, max_positions=self.max_context + 1)
         self._rng = random.Random(seed)
+        # a tokenizer may know more ids than the embedding has rows (never produced; masks are cut to the logits)
+        try:
+            tokenizer_ids = len(tokenizer) if tokenizer is not None else 0
+        except TypeError:  # a minimal tokenizer object (tests) that cannot say its size
+            tokenizer_ids = 0
+        self._constraints = ConstraintCompiler(tokenizer, max(self.vocab_size, tokenizer_ids), self.eos_token_ids)
 
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
@@ -241,6 +248,11 @@ class EmbeddedEngine:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         req = _Request(rid, ids, params, fut, gen, frozenset(stop_ids), top_logprobs=max(0, int(top_logprobs)),
                        on_token=on_token)
+        if params.is_constrained:
+            try:  # compiled in the caller's thread: a big schema never holds up the scheduler's steps
+                req.constraint = self._constraints.compile(params.json_schema, params.grammar)
+            except ConstraintError as err:
+                raise InvalidRequestError(str(err)) from None
         with self._cv:
             if self._stopping:
                 raise RuntimeError("engine is stopped; start() it again before submitting")
@@ -418,6 +430,16 @@ class EmbeddedEngine:
             }
 
     # ------------------------------------------------------------------ validation
+    def check_constraint(self, params: SamplingParams) -> str | None:
+        """Why `params`' json_schema or grammar cannot be served, or None (compiles it once)."""
+        if not params.is_constrained:
+            return None
+        try:
+            self._constraints.compile(params.json_schema, params.grammar)
+        except ConstraintError as err:
+            return str(err)
+        return None
+
     def _validate(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
         return validate_request(input_ids, params, self.vocab_size, self.max_context, self.tokenizer is not None)
 
@@ -567,6 +589,7 @@ class EmbeddedEngine:
     def _take_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> set[int]:
         """Sample a token per request, append it; resolve and return the indices that finished."""
         params = [r.params for r in reqs]
+        logits = apply_masks(logits, [r.constraint for r in reqs])
         uniforms = torch.tensor([0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)],
                                 dtype=torch.float64)
         # sampled where the logits are: on a GPU only B tokens and B log-probs cross to the host,
@@ -580,11 +603,15 @@ class EmbeddedEngine:
         version = self._version
         for j, r in enumerate(reqs):
             t = tokens[j]
+            if r.constraint is not None and t not in r.stop_ids:
+                r.constraint.advance(t)
             r.output_ids.append(t)
             r.logprobs.append(logprobs[j])
             r.versions.append(version)
             if t in r.stop_ids or (r.params.stop and self._hits_stop_string(r)):
                 r.finish_reason = "stop"
+            elif r.constraint is not None and r.constraint.finished:
+                r.finish_reason = "stop"  # the grammar is complete and nothing but EOS may follow
             elif len(r.output_ids) >= r.params.max_new_tokens:
                 r.finish_reason = "length"
             if r.finish_reason is not None:

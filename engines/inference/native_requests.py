@@ -15,6 +15,7 @@ from typing import Any, TypeGuard
 SAMPLING_FIELDS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
     "ignore_eos", "sampling_seed", "seed", "greedy", "skip_special_tokens", "no_stop_trim",
+    "json_schema", "grammar",  # constrained decoding: SGLang's JSON Schema string; our Lark grammar
 }
 GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len"}
 ABORT_FIELDS = {"rid", "abort_all"}
@@ -99,6 +100,11 @@ def parse_sampling_params(raw: Any, prompt_len: int, max_context: int | None):
             if not is_int(raw[key]):
                 raise BadRequest(f"sampling_params.{key} must be an integer, got {raw[key]!r}")
             kw["seed"] = raw[key]
+    for key in ("json_schema", "grammar"):
+        if raw.get(key) is not None:
+            if not isinstance(raw[key], str):
+                raise BadRequest(f"sampling_params.{key} must be a string, got {type(raw[key]).__name__}")
+            kw[key] = raw[key]
     params = SamplingParams(**kw)
     problems = params.problems() if hasattr(params, "problems") else []
     if problems:

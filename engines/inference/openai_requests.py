@@ -7,12 +7,14 @@ the server would refuse it. Everything here is pure: no aiohttp, no torch, no `o
 
 What is honoured: `model` (any name: one model is served), `messages` (text content only),
 `prompt`, `n`, `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop`,
-`seed`, `logprobs` / `top_logprobs`, `echo` (prompt log-probs), `tools` (functions) with `tool_choice` "auto" or "none",
-`parallel_tool_calls`, `stream` with `stream_options.include_usage`, `user` and `metadata`
+`seed`, `logprobs` / `top_logprobs`, `echo` (prompt log-probs), `tools` (functions, `strict`
+enforced) with any `tool_choice` ("auto", "none", "required", a named function),
+`response_format` (text, json_object, json_schema: by constrained decoding, see
+`structured_output.py`), `parallel_tool_calls`, `stream` with `stream_options.include_usage`, `user` and `metadata`
 (recorded nowhere, change nothing). Extensions as in SGLang / vLLM: `top_k`, `ignore_eos`,
 `return_token_ids` (the prompt's and each choice's token ids, plus our per-token policy
 versions). Anything else, and neutral-only knobs set to a non-neutral value (penalties,
-`logit_bias`, `response_format`), is a 400 naming the parameter: silently ignoring a knob
+`logit_bias`), is a 400 naming the parameter: silently ignoring a knob
 would give the caller a different distribution than the one asked for.
 """
 
@@ -107,8 +109,9 @@ class ChatRequest(SamplingRequest):
     model: str = ""
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"  # "auto" | "none" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None  # None for text
     logprobs: bool = False
     top_logprobs: int = 0
     stream: bool = False
@@ -240,16 +243,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     _sampling(body, request, "max_completion_tokens")
     request.messages = normalize_messages(body.get("messages"))
     request.tools = _tools(body.get("tools"))
-    request.tool_choice = _tool_choice(body.get("tool_choice"))
+    request.tool_choice = _tool_choice(body.get("tool_choice"), request.tools)
     request.parallel_tool_calls = _bool(body, "parallel_tool_calls", True)
     request.logprobs = _bool(body, "logprobs")
     request.top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
     if request.top_logprobs and not request.logprobs:
         raise OpenAIRequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise OpenAIRequestError("'response_format' other than {\"type\": \"text\"} is not supported "
-                                 "(no constrained decoding here)", "response_format")
+    request.response_format = _response_format(body.get("response_format"))
+    _check_strict(request)
     request.stream, request.include_usage = _stream(body)
     request.return_token_ids = _bool(body, "return_token_ids")
     return request
@@ -337,20 +338,74 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise OpenAIRequestError(f"tools[{k}].function needs a 'name'", f"tools[{k}].function")
-        if fn.get("strict"):
-            raise OpenAIRequestError(f"tools[{k}].function.strict: this server cannot hold a call's arguments to "
-                                     "the schema (no constrained decoding yet): leave strict out or false",
-                                     f"tools[{k}].function.strict")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise OpenAIRequestError(f"tools[{k}].function.parameters must be a JSON Schema object",
+                                     f"tools[{k}].function.parameters")
+        if not isinstance(fn.get("strict", False), (bool, type(None))):
+            raise OpenAIRequestError(f"tools[{k}].function.strict must be a boolean", f"tools[{k}].function.strict")
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise OpenAIRequestError(f"tools: function names must be unique, got {names}", "tools")
     return tools
 
 
-def _tool_choice(choice: Any) -> str:
+def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+    """"auto" | "none" | "required" | {"type": "function", "function": {"name": N}} with N in `tools`."""
     if choice is None:
         return "auto"
     if choice in ("auto", "none"):
         return choice
-    raise OpenAIRequestError(f"'tool_choice' {choice!r} is not supported: this server cannot force a tool call "
-                             "(no constrained decoding); use 'auto' or 'none'", "tool_choice")
+    names = [t["function"]["name"] for t in tools]
+    if choice == "required":
+        if not tools:
+            raise OpenAIRequestError("'tool_choice' 'required' needs 'tools'", "tool_choice")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise OpenAIRequestError(f"'tool_choice' names function {name!r}, which is not in 'tools' {names}",
+                                     "tool_choice")
+        return {"type": "function", "function": {"name": name}}
+    raise OpenAIRequestError(f"'tool_choice' must be 'auto', 'none', 'required' or "
+                             f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {choice!r}",
+                             "tool_choice")
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """None (text), {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise OpenAIRequestError("response_format.json_schema must be an object with a 'schema'",
+                                     "response_format.json_schema")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (dict, bool)):
+            raise OpenAIRequestError("response_format.json_schema.schema must be a JSON Schema object",
+                                     "response_format.json_schema.schema")
+        return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
+    raise OpenAIRequestError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                             "response_format")
+
+
+def _check_strict(request: ChatRequest) -> None:
+    """A strict tool's arguments are enforced whenever a grammar holds the turn (forced calls, or
+    response_format); with "auto" and free text around the calls nothing could enforce them."""
+    if request.tool_choice != "auto" or request.response_format is not None:
+        return
+    for k, tool in enumerate(request.tools):
+        if tool["function"].get("strict"):
+            raise OpenAIRequestError(
+                f"tools[{k}].function.strict: with tool_choice 'auto' and free-text answers this server cannot "
+                "hold a call's arguments to the schema; use tool_choice 'required' or a named function (the "
+                "arguments are then enforced), or leave strict out", f"tools[{k}].function.strict")
 
 
 # --------------------------------------------------------------------------- completions

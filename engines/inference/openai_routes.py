@@ -45,11 +45,13 @@ from aiohttp import web
 from areal_graph.engines.inference import openai_format as fmt
 from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import (
+    ChatRequest,
     OpenAIRequestError,
     SamplingRequest,
     parse_chat_request,
     parse_completion_request,
 )
+from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +149,23 @@ class OpenAIRoutes:
             stop=list(request.stop), seed=request.seed, ignore_eos=request.ignore_eos,
         )
 
+    async def _constrained(self, chat: ChatRequest, params: Any) -> Any:
+        """`params` holding the answer to what `response_format` / `tool_choice` require
+        (`structured_output.py`); a schema the engine cannot compile is a 400 naming the field."""
+        wanted = output_constraint(chat.tools, chat.tool_choice, chat.parallel_tool_calls, chat.response_format,
+                                   added_token_texts(self._tokenizer()))
+        if wanted is None:
+            return params
+        params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
+        check = getattr(self.server.engine, "check_constraint", None)
+        if check is not None:
+            problem = await asyncio.to_thread(check, params)
+            if problem is not None:
+                field = "response_format" if chat.response_format is not None and chat.tool_choice == "auto" \
+                    else "tools"
+                raise OpenAIRequestError(f"{field}: {problem}", field)
+        return params
+
     async def _generate(self, prompt_ids: list[int], params: Any, n: int, top_logprobs: int,
                         rid: str, first_index: int = 0) -> list[fmt.GeneratedChoice]:
         """`n` engine requests for one prompt; a client that goes away aborts all of them."""
@@ -180,7 +199,7 @@ class OpenAIRoutes:
         self._check_chars(sum(_chars(m.get("content")) for m in chat.messages), "messages")
         text = await asyncio.to_thread(fmt.render_chat_prompt, tokenizer, chat.messages, chat.tools)
         prompt_ids = await self._encode(text, "messages")
-        params = self._sampling(chat, len(prompt_ids), "messages")
+        params = await self._constrained(chat, self._sampling(chat, len(prompt_ids), "messages"))
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         if chat.stream and not chat.parse_tools:  # tool calls are parsed from the whole answer
             return await self._stream(request, [prompt_ids], [params], chat, cid, chat=True)

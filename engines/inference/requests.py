@@ -42,6 +42,7 @@ class Request:
     top_logprobs: int = 0  # how many most likely alternatives to report per token (0: none)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     on_token: Any = None  # called in the scheduler's thread after each new token and when done (streaming)
+    constraint: Any = None  # its grammar state (constrained.TokenConstraint) when params.is_constrained
 
     def all_tokens(self) -> list[int]:
         return self.prompt + self.output_ids

@@ -232,3 +232,13 @@ def test_check_signature_binds_positional_inputs_configured_and_supplied_argumen
 
 def test_objects_without_a_signature_are_not_checked():
     assert check_signature(dict, ImportRef("fn", "builtins:dict", kwargs={"nonsense": 1}, positional=5)) is None
+
+
+@pytest.mark.parametrize("field", ["json_schema", "grammar"])
+def test_a_rollout_cannot_constrain_its_sampling(field):
+    """Constrained tokens come from a masked distribution: a rollout's must be the policy's own."""
+    from areal_graph.graph.problems import WorkflowError
+
+    with pytest.raises(WorkflowError, match=f"field 'sampling.{field}'") as info:
+        load_workflow(FIXTURES / "minimal.yaml", overrides=[f"nodes.rollout.sampling.{field}='{{}}'"])
+    assert "drawn from the policy itself" in str(info.value)

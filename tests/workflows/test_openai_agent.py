@@ -84,6 +84,33 @@ def test_two_turn_tool_episode_is_one_trajectory(server, tokenizer):
     assert traj.info["completion_ids"] == [r.completion_id for r in records]
 
 
+def test_a_forced_tool_call_is_recorded_as_context_never_trained(server, tokenizer):
+    """tool_choice naming the function: the call is drawn under a grammar (a masked distribution,
+    not the policy's), so its tokens are in the trajectory with loss mask 0; the free answer after
+    the tool's result is trained as usual."""
+    async def episode(inference):
+        recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
+        messages = [{"role": "user", "content": ADD_QUESTION}]
+        first = await recorder.chat.completions.create(
+            model="m", messages=messages, tools=[ADD_TOOL],
+            tool_choice={"type": "function", "function": {"name": "add"}})
+        call = first.choices[0].message.tool_calls[0]
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        second = await recorder.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
+        return first, second, recorder.export_trajectories(), recorder.completions_recorded
+
+    first, second, [traj], records = with_client(server, episode)
+    assert json.loads(first.choices[0].message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
+    assert second.choices[0].message.content == ADD_ANSWER
+    assert [r.constrained for r in records] == [True, False]
+    p1, a2 = ids(tokenizer, ADD_TURN1[0]), ids(tokenizer, ADD_TURN2[1])
+    trained = [t for t, m in zip(traj.input_ids, traj.loss_mask) if m]
+    assert trained == a2 and traj.input_ids[-len(a2):] == a2  # only the free answer
+    assert traj.input_ids[len(p1):len(p1) + len(records[0].output_ids)] == records[0].output_ids
+    assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask) if not m)
+
+
 def test_rewritten_history_gives_separate_trajectories_with_discounted_rewards(server, tokenizer):
     async def episode(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
@@ -172,7 +199,7 @@ def test_streaming_text_completions_and_refusals_look_like_openai(server, tokeni
         chunks = [c async for c in stream]
         text = await recorder.completions.create(model="m", prompt=ADD_TURN2[0], max_tokens=20)
         refused = []
-        for kwargs in (dict(n=99), dict(logprobs=True, top_logprobs=2), dict(tool_choice="required", tools=[ADD_TOOL])):
+        for kwargs in (dict(n=99), dict(logprobs=True, top_logprobs=2), dict(tool_choice="required")):
             try:
                 await recorder.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], **kwargs)
             except openai.BadRequestError as err:

@@ -55,6 +55,7 @@ from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference import openai_format as fmt
 from areal_graph.engines.inference.interruptible import generate_interruptible
+from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
 from areal_graph.engines.inference.openai_requests import (
     OpenAIRequestError,
     SamplingRequest,
@@ -289,6 +290,10 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         turn = next(self._turns)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         params = self._params(request, len(prompt_ids), turn)
+        wanted = output_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
+                                   request.response_format, added_token_texts(self.tokenizer))
+        if wanted is not None:  # its tokens are recorded as context, never trained (see openai_recording.py)
+            params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
         request.stop = list(params.stop)  # the workflow's stop strings are cut from the text too
         generated = await self._generate(prompt_ids, params, request.n, cid)
         choices = [c for c, _ in generated]
@@ -299,7 +304,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
                 cid, c.index, turn, list(prompt_ids), c.output_ids, c.output_logprobs, c.output_versions,
                 c.finish_reason, messages=request.messages, tools=list(request.tools), message=message,
                 text=cj["message"]["content"] or "", tool_calls=len(message.get("tool_calls") or []),
-                interruptions=interruptions))
+                interruptions=interruptions, constrained=params.is_constrained))
         created = int(time.time())
         if request.stream:
             chunks = fmt.chat_chunks(self.tokenizer, cid, created, request.model, choices, request, len(prompt_ids))

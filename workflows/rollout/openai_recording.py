@@ -8,7 +8,9 @@ Trajectories (`export_trajectories`). A conversation in which each call's prompt
 earlier call's prompt + output, token for token, is ONE trajectory: the earlier call's
 tokens, then the new prompt's extra tokens (tool results, the next user message, the chat
 template's turn markers: loss_mask 0, behaviour log-prob 0, version -1), then the new
-output (loss_mask 1). The recording client builds such prompts itself when an agent sends
+output (loss_mask 1). An output drawn under a schema or grammar (`response_format`, a forced
+tool call: `constrained`) came from a masked distribution, not the policy's, so it is kept as
+context (loss_mask 0) and never trained as if sampled. The recording client builds such prompts itself when an agent sends
 back the conversation with its answer appended (see `continuation_ids`), so an ordinary
 agent loop produces one trajectory per episode. A prompt that extends nothing (a new
 conversation, or history the agent rewrote) starts a trajectory of its own; so does a second
@@ -56,6 +58,9 @@ class RecordedCompletion:
     text: str = ""  # the text returned
     tool_calls: int = 0
     interruptions: int = 0
+    # drawn under a schema or grammar (response_format, a forced tool call): from a masked
+    # distribution, not the policy's, so the tokens go into the trajectory as context only
+    constrained: bool = False
     reward: float | None = None  # as set by the workflow
     discounted_reward: float | None = None  # after apply_reward_discount
 
@@ -214,11 +219,13 @@ class CompletionLog:
 
 def _trajectory(chain: list[RecordedCompletion]) -> Trajectory:
     first = chain[0]
-    traj = Trajectory.from_generation(first.prompt_ids, first.output_ids, first.output_logprobs,
-                                      first.output_versions, first.finish_reason)
-    for r in chain[1:]:
+    traj = Trajectory.from_generation(first.prompt_ids, [], [], [], first.finish_reason)
+    for r in chain:
         traj.append(r.prompt_ids[len(traj.input_ids):], generated=False)
-        traj.append(r.output_ids, generated=True, logprobs=r.output_logprobs, versions=r.output_versions)
+        if r.constrained:  # sampled from a masked distribution: trained as if sampled, pi/mu would be wrong
+            traj.append(r.output_ids, generated=False)
+        else:
+            traj.append(r.output_ids, generated=True, logprobs=r.output_logprobs, versions=r.output_versions)
     traj.finish_reason = chain[-1].finish_reason
     traj.info = {
         "turns": len(chain),

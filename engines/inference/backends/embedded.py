@@ -23,6 +23,7 @@ class EmbeddedBackend(SGLangBackend):
     startup_timeout_s = 180.0
     pause_around_update = False
     pause_mode = "in_place"
+    lark_grammars = True
 
     def unavailable(self, python: str | None) -> str | None:
         return None

@@ -45,6 +45,10 @@ def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
         sp["stop"] = list(sampling.stop)
     if sampling.seed is not None:
         sp["sampling_seed"] = int(sampling.seed)
+    if sampling.json_schema is not None:
+        sp["json_schema"] = sampling.json_schema  # SGLang's field, a JSON Schema as a string
+    if sampling.grammar is not None:
+        sp["grammar"] = sampling.grammar  # ours (a Lark grammar): the embedded server's only
     return sp
 
 
@@ -53,6 +57,7 @@ class SGLangBackend(InferenceBackend):
     startup_timeout_s = 900.0  # SGLang loads CUDA kernels and captures graphs before /health: minutes
     pause_around_update = True
     pause_mode = "abort"
+    lark_grammars = False  # SamplingParams.grammar (llguidance Lark): only our embedded server takes it
 
     def unavailable(self, python: str | None) -> str | None:
         if python is None and importlib.util.find_spec("sglang") is None:
@@ -80,6 +85,9 @@ class SGLangBackend(InferenceBackend):
 
     # ------------------------------------------------------------------ wire
     def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+        if sampling.grammar is not None and not self.lark_grammars:
+            raise ValueError(f"SamplingParams.grammar (a Lark grammar: forced tool calls, JSON answers beside "
+                             f"tools) is not built for inference.backend '{self.name}' yet; json_schema is")
         return HttpCall("POST", "/generate", {"input_ids": [int(t) for t in input_ids],
                                               "sampling_params": sampling_to_json(sampling),
                                               "return_logprob": True, "rid": rid, "stream": False})

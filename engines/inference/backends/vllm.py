@@ -142,6 +142,9 @@ class VLLMBackend(InferenceBackend):
 
     # ------------------------------------------------------------------ wire
     def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+        if sampling.is_constrained:
+            raise ValueError("constrained decoding (SamplingParams.json_schema / grammar: response_format, forced "
+                             "tool calls) is not built for inference.backend 'vllm' yet; use 'embedded' or 'sglang'")
         return HttpCall("POST", "/inference/v1/generate", {"token_ids": [int(t) for t in input_ids],
                                                            "sampling_params": sampling_to_vllm(sampling),
                                                            "request_id": rid})

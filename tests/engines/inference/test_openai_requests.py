@@ -51,7 +51,7 @@ def test_an_ignored_field_is_noted_once_and_the_callers_body_is_untouched(caplog
     assert caplog.text.count("'store' accepted and ignored") <= 1
 
 
-def test_input_text_parts_are_text_and_strict_tools_are_refused():
+def test_input_text_parts_are_text_and_strict_tools_are_refused_where_nothing_enforces_them():
     got = parse_chat_request({**CHAT, "messages": [{"role": "user", "content": [
         {"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]}]})
     assert got.messages[0]["content"] == "ab"
@@ -60,6 +60,50 @@ def test_input_text_parts_are_text_and_strict_tools_are_refused():
         parse_chat_request({**CHAT, "tools": [strict]})
     assert err.value.param == "tools[0].function.strict"
     assert parse_chat_request({**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": False}}]}).tools
+    # a grammar holds the turn: forced calls, or response_format beside the tools
+    assert parse_chat_request({**CHAT, "tools": [strict], "tool_choice": "required"}).tool_choice == "required"
+    assert parse_chat_request({**CHAT, "tools": [strict],
+                               "response_format": {"type": "json_object"}}).response_format == {"type": "json_object"}
+
+
+@pytest.mark.parametrize("choice, param_fragment", [
+    ("required", None),
+    ({"type": "function", "function": {"name": TOOL["function"]["name"]}}, None),
+    ({"type": "function", "function": {"name": "nope"}}, "not in 'tools'"),
+    ({"type": "function"}, "must be 'auto'"),
+    ("sometimes", "must be 'auto'"),
+])
+def test_tool_choice_forms(choice, param_fragment):
+    body = {**CHAT, "tools": [TOOL], "tool_choice": choice}
+    if param_fragment is None:
+        got = parse_chat_request(body).tool_choice
+        assert got == choice
+    else:
+        with pytest.raises(OpenAIRequestError, match=param_fragment) as err:
+            parse_chat_request(body)
+        assert err.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("fmt, expect", [
+    ({"type": "text"}, None),
+    ({"type": "json_object"}, {"type": "json_object"}),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}},
+     {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}),
+    ({"type": "json_schema", "json_schema": {"name": "a"}},
+     {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": [1]}}, "response_format.json_schema.schema"),
+    ({"type": "xml"}, "response_format"),
+    ("json", "response_format"),
+])
+def test_response_format_forms(fmt, expect):
+    body = {**CHAT, "response_format": fmt}
+    if isinstance(expect, str):
+        with pytest.raises(OpenAIRequestError) as err:
+            parse_chat_request(body)
+        assert err.value.param == expect
+    else:
+        assert parse_chat_request(body).response_format == expect
 
 
 def test_completions_take_echo_false_and_the_same_harmless_fields():
