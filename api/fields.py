@@ -65,9 +65,23 @@ def non_empty_strings(v: Any) -> str | None:
     return None if all(isinstance(s, str) and s for s in v) else "must be non-empty strings"
 
 
+def non_empty_string(v: Any) -> str | None:
+    return None if isinstance(v, str) and v.strip() else "must be a non-empty string"
+
+
 def non_negative_ints(v: Any) -> str | None:
     return None if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v) else (
         "must be non-negative integers")
+
+
+def loggers_check(v: Any) -> str | None:
+    """runtime.loggers: metrics.jsonl is required (`areal-graph trace` and `--resume` read it), and
+    a name twice would log every step twice."""
+    names = list(v)
+    if "jsonl" not in names:
+        return "must include 'jsonl' (metrics.jsonl is what `areal-graph trace` and `run --resume` read)"
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    return f"names {', '.join(map(repr, repeated))} more than once" if repeated else None
 
 
 def cfg(default: Any, check: Check | None = None, help: str = "") -> Any:

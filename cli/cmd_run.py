@@ -203,6 +203,7 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
                        else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {err.resumes} times")
                 console.print(f"not resumed automatically: {why}")
             console.print(f"process logs: {run_dir.logs_dir}; unfinished work: {run_dir.path / 'unfinished.json'}")
+            _say_trackers(console, spec, run_dir)
             return 1
     accs = [h["eval/accuracy"] for h in state.history]
     summary = f"done in {time.time() - t0:.0f}s: {state.step} steps, {state.trajectories_trained} trajectories trained"
@@ -210,7 +211,23 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
         summary += f"; greedy test accuracy {accs[0]:.3f} -> {accs[-1]:.3f}"
     console.print(f"[green]{summary}[/]")
     console.print(f"run directory: {run_dir.path}  (trace: areal-graph trace {run_dir.path})")
+    _say_trackers(console, spec, run_dir)
     return 0
+
+
+def _say_trackers(console: Console, spec, run_dir: RunDir) -> None:
+    """How to look at what the experiment trackers wrote (runtime.loggers): W&B runs offline and
+    is uploaded later; MLflow's default store is a folder in the run directory."""
+    from areal_graph.runtime.observability.trackers import TrackerSettings, is_file_store
+
+    loggers = spec.runtime.loggers
+    if "wandb" in loggers:
+        console.print(f"W&B (offline): wandb sync {run_dir.path / 'wandb'}/offline-run-*", highlight=False)
+    if "mlflow" in loggers:
+        uri = TrackerSettings.for_run(spec, run_dir.path).mlflow_uri
+        env = "MLFLOW_ALLOW_FILE_STORE=true " if is_file_store(uri) else ""  # MLflow 3 asks for it
+        console.print(f"MLflow: {env}mlflow ui --backend-store-uri {uri}  (the UI needs: pip install mlflow)",
+                      highlight=False)
 
 
 def _resolve_builtins(spec, console: Console):

@@ -4,7 +4,8 @@ The workflow itself is checked by graph/ (no torch, no engines: it validates any
 depends on what is installed here is checked once more at the command line, so a typo or a
 missing package is an error that names the field before a run folder exists, not a server or
 a worker that dies minutes in: builtin model and dataset names, the inference backend's own
-arguments (`inference.args`), and the packages a model's training backend needs.
+arguments (`inference.args`), the packages a model's training backend needs, and those of the
+experiment trackers `runtime.loggers` names (wandb, mlflow).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def preflight(spec: Any) -> None:
     """ValueError naming the first field this machine cannot honour (spec: a WorkflowSpec)."""
     from areal_graph.engines.inference.backends import get_backend
     from areal_graph.modelkit.builtin import check_builtin_paths
+    from areal_graph.runtime.observability.trackers import missing_packages
 
     check_builtin_paths(spec)
     problem = get_backend(spec.inference.backend).args_problem(spec.inference)
@@ -26,3 +28,6 @@ def preflight(spec: Any) -> None:
         if model.backend == "megatron" and importlib.util.find_spec("megatron") is None:
             raise ValueError(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
                              "installed here (pip install 'areal-graph[megatron]')")
+    missing = missing_packages(spec.runtime.loggers)
+    if missing:
+        raise ValueError("; ".join(missing))

@@ -23,6 +23,8 @@ def _type_text(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return " or ".join(_type_text(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
+    if origin is list and args and typing.get_origin(args[0]) is typing.Literal:
+        return "list of " + ", ".join(str(a) for a in typing.get_args(args[0]))
     if origin in (list, tuple):
         return "list"
     if origin is dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from areal_graph.api.fields import betas_check, device_check, non_negative, positive
+from areal_graph.api.fields import betas_check, device_check, loggers_check, non_empty_string, non_negative, positive
 from areal_graph.api.fields import cfg as _f
 
 
@@ -125,6 +125,21 @@ class RuntimeSpec:
                        "(each in a Ray actor, all in one placement group; see docs/scaling.md)")
     ray_address: Optional[str] = _f(None, None, "with launcher ray: the cluster to join ('auto', 'HOST:6379'); "
                                                 "null: $RAY_ADDRESS, else a Ray instance started on this machine")
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = _f(
+        ["jsonl", "tensorboard"], loggers_check,
+        "where each step's metrics go: jsonl (metrics.jsonl; required: `areal-graph trace` and `run --resume` read "
+        "it), tensorboard (tb/), wandb (W&B in offline mode: <run_dir>/wandb/offline-run-*/, uploaded later with "
+        "`wandb sync`), mlflow (the store at runtime.mlflow_tracking_uri). wandb and mlflow also get the workflow "
+        "as config at the start and the paths of trace.json, checkpoints/ and final_model/ at the end; they need "
+        "their packages: pip install 'areal-graph[trackers]'")
+    wandb_project: str = _f("areal-graph", non_empty_string,
+                            "with loggers wandb: the W&B project `wandb sync` uploads the run to")
+    mlflow_tracking_uri: Optional[str] = _f(
+        None, non_empty_string,
+        "with loggers mlflow: the tracking store (a URI MLflow takes: file:/path, sqlite:///mlflow.db, "
+        "http://host:5000); null: file:<run_dir>/mlruns, a local file store (MLFLOW_ALLOW_FILE_STORE is set for it)")
+    mlflow_experiment: Optional[str] = _f(None, non_empty_string,
+                                          "with loggers mlflow: the experiment; null: the workflow's name")
 
 
 @dataclass(frozen=True)

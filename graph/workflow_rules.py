@@ -28,6 +28,7 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
     """Relations between runtime fields and the source node: whole prompt groups, concurrency."""
     if runtime_ok:
         check_launcher(spec, v)
+        check_loggers(spec, v)
     sources = [n for n in spec.nodes.values() if kind_of(n).source]
     if not runtime_ok or not sources:
         return
@@ -68,6 +69,19 @@ def check_launcher(spec: S.WorkflowSpec, v: Validator) -> None:
             v.report(("models", name, "dp_size"), "data-parallel ranks on CUDA under runtime.launcher 'ray' are not "
                                                   "built yet (Ray shows each rank only its own GPU); use the local "
                                                   "launcher, or dp_size 1")
+
+
+def check_loggers(spec: S.WorkflowSpec, v: Validator) -> None:
+    """A tracker's settings without the tracker in runtime.loggers: set for nothing, most likely
+    because the logger was forgotten (whether its package is installed is cli/preflight.py's)."""
+    rt = spec.runtime
+    unused = [("wandb_project", "wandb", rt.wandb_project != S.RuntimeSpec.wandb_project),
+              ("mlflow_tracking_uri", "mlflow", rt.mlflow_tracking_uri is not None),
+              ("mlflow_experiment", "mlflow", rt.mlflow_experiment is not None)]
+    for name, logger, is_set in unused:
+        if is_set and logger not in rt.loggers:
+            v.report(("runtime", name), f"is used only with '{logger}' in runtime.loggers (it is "
+                                        f"[{', '.join(rt.loggers)}])")
 
 
 def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:

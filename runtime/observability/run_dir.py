@@ -3,7 +3,9 @@
     <root>/
       config.yaml            the workflow as it ran (after overrides)
       metrics.jsonl          one JSON object per training step
-      tb/                    TensorBoard scalars (when tensorboard is installed)
+      tb/                    TensorBoard scalars (runtime.loggers: tensorboard, when it is installed)
+      wandb/offline-run-*/   W&B offline runs (runtime.loggers: wandb; `wandb sync` uploads them)
+      mlruns/                MLflow's file store (runtime.loggers: mlflow, default tracking URI)
       trace.json             Chrome trace (areal-graph trace <root>)
       checkpoints/step_00000010/ ... COMPLETE   a checkpoint is usable only once COMPLETE exists
       weights/v000003/       weights exported for the inference servers
@@ -13,6 +15,10 @@
 Why a marker file: a checkpoint is several files written by several processes; a crash
 half-way leaves a directory that looks like a checkpoint. The marker is written last (and
 fsynced), so `latest_checkpoint()` only ever returns one that was finished.
+
+Metrics are written in one place, `log_metrics`: a line of metrics.jsonl, then the numbers to
+TensorBoard and to the experiment trackers the run opened (trackers.py), so every logger sees
+the same steps and values.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+from areal_graph.runtime.observability.trackers import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,7 @@ class RunDir:
         self._tb: Any = None
         self._tb_purge_step: int | None = None  # set on resume: TensorBoard hides events from this step on
         self._tb_checked = False
+        self.trackers: list[Tracker] = []  # experiment trackers (set_loggers): W&B, MLflow
 
     # ------------------------------------------------------------------ fixed paths
     @property
@@ -109,21 +118,57 @@ class RunDir:
         _atomic_write(path, json.dumps(_plain(obj), indent=2) + "\n")
         return path
 
+    @property
+    def links(self) -> dict[str, str]:
+        """Absolute paths of what a tracker's run should point at: the run directory, and the
+        trace, metrics, checkpoints and final model that exist."""
+        out = {"run_dir": str(self.path.resolve())}
+        for name, path in (("trace", self.trace_path), ("metrics", self.metrics_path),
+                           ("checkpoints", self.checkpoints_root), ("final_model", self.final_model_dir)):
+            if path.exists():
+                out[name] = str(path.resolve())
+        return out
+
     # ------------------------------------------------------------------ metrics
+    def set_loggers(self, tensorboard: bool, trackers: Sequence[Tracker] = ()) -> None:
+        """Where metrics go besides metrics.jsonl (runtime.loggers): TensorBoard, and trackers
+        already opened with their config (trackers.py: `open_trackers`). Call before the first
+        step; `close` ends them."""
+        if self._tb is None:
+            self._want_tb, self._tb_checked = tensorboard, False
+        self.trackers = list(trackers)
+
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one JSONL line {"step", "time", **metrics}; mirror numbers to TensorBoard."""
+        """Append one JSONL line {"step", "time", **metrics}; mirror the numbers (not bools,
+        not strings) to TensorBoard and the trackers."""
         record = {"step": int(step), "time": time.time()}
         # floats stay floats (NaN included: json writes NaN, Python and pandas read it back)
         record.update({str(k): v if isinstance(v, float) else _plain(v) for k, v in metrics.items() if k != "step"})
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record, allow_nan=True) + "\n")
+        numbers = {k: float(v) for k, v in record.items()
+                   if k not in ("step", "time") and not isinstance(v, bool) and isinstance(v, (int, float))}
         writer = self._tensorboard()
         if writer is not None:
-            for k, v in record.items():
-                if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, (int, float)):
-                    continue
+            for k, v in numbers.items():
                 writer.add_scalar(k, v, int(step))
             writer.flush()
+        for tracker in list(self.trackers):
+            self._forward(tracker, int(step), numbers)
+
+    def _forward(self, tracker: Tracker, step: int, numbers: Mapping[str, float]) -> None:
+        """A tracker that fails mid-run is reported and dropped: the run goes on, and
+        metrics.jsonl (written first) still has every step."""
+        try:
+            tracker.log_metrics(step, numbers)
+        except Exception:  # noqa: BLE001 - a tracker's disk or service must not stop training
+            log.error("experiment tracker %s failed in log_metrics; it gets no more metrics (metrics.jsonl has "
+                      "them all)", type(tracker).__name__, exc_info=True)
+            self.trackers.remove(tracker)
+            try:
+                tracker.close(failed=True)
+            except Exception:  # noqa: BLE001
+                log.debug("closing the failed tracker %s", type(tracker).__name__, exc_info=True)
 
     def truncate_metrics(self, last_step: int) -> int:
         """Drop the metrics lines of steps after `last_step` (logged after the checkpoint a run
@@ -174,10 +219,26 @@ class RunDir:
         self._tb = SummaryWriter(log_dir=str(self.path / "tb"), purge_step=self._tb_purge_step)
         return self._tb
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """End the run's loggers: each tracker gets the links (trace, checkpoints, final model)
+        and is closed, as failed when `failed`; TensorBoard's file is closed. A later
+        `log_metrics` opens TensorBoard again (the trackers are gone)."""
+        trackers, self.trackers = self.trackers, []
+        links = self.links if trackers else {}
+        for tracker in trackers:
+            try:
+                tracker.log_links(links)
+            except Exception as err:  # noqa: BLE001 - still close it, and the others
+                _tracker_failed(tracker, "record the run's paths", err)
+            try:
+                tracker.close(failed=failed)
+            except Exception as err:  # noqa: BLE001
+                # (after Ctrl-C the tracker's own service process may be gone already)
+                _tracker_failed(tracker, "close", err)
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+            self._tb_checked = False
 
     # ------------------------------------------------------------------ checkpoints and resume
     def mark_checkpoint_complete(self, ckpt_dir: str | os.PathLike, info: Mapping[str, Any] | None = None) -> None:
@@ -214,6 +275,11 @@ class RunDir:
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
+
+
+def _tracker_failed(tracker: Tracker, what: str, err: Exception) -> None:
+    log.warning("experiment tracker %s failed to %s: %s: %s", type(tracker).__name__, what, type(err).__name__, err)
+    log.debug("the tracker's error", exc_info=True)
 
 
 def _as_mapping(config: Any) -> Any:

@@ -2,7 +2,9 @@
 
 The spec given here has local paths (`modelkit.builtin.resolve_builtin_paths` resolved any
 `builtin:` ones at the edge). `run_with_auto_resume` is what `areal-graph run` calls, and what
-a Python caller should: it honours `runtime.auto_resume`.
+a Python caller should: it honours `runtime.auto_resume`, and it opens the run's loggers
+(`runtime.loggers`: TensorBoard, W&B, MLflow) once for the whole run, auto-resumes included,
+and closes them at its end, failed or not.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from areal_graph.data.datasets import load_run_prompts
+from areal_graph.graph.dump import workflow_mapping
 from areal_graph.graph.plan import build_plan
 from areal_graph.graph.spec import WorkflowSpec
 from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.observability.trackers import TrackerSettings, open_trackers
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.controller import Controller, RunFailed, RunState
 from areal_graph.runtime.orchestration.process_executor import ProcessExecutor
@@ -60,6 +64,29 @@ def run_with_auto_resume(spec: WorkflowSpec, run_dir: RunDir, display: Any | Non
     resumable failure (a model worker died), at most `runtime.auto_resume` times; `on_resume`
     (error, checkpoint, resume number) is told before each. Any other failure, one past the
     limit or one with no checkpoint to go on from, is raised; so is anything after Ctrl-C."""
+    start_loggers(spec, run_dir)
+    failed = True
+    try:
+        state = _run_resuming(spec, run_dir, display, resume_from, on_resume)
+        failed = False
+        return state
+    finally:
+        run_dir.close(failed=failed)
+
+
+def start_loggers(spec: WorkflowSpec, run_dir: RunDir) -> None:
+    """TensorBoard on or off and the experiment trackers of `runtime.loggers`, started with the
+    workflow as it ran: the run directory's config.yaml when there is one (what `areal-graph run`
+    wrote, and what repeats the run), else `spec` as a workflow mapping. Raises
+    TrackerUnavailable (a ValueError naming runtime.loggers) when a tracker's package is missing."""
+    loggers = spec.runtime.loggers
+    config = run_dir.read_config() if run_dir.config_path.is_file() else workflow_mapping(spec)
+    trackers = open_trackers(loggers, TrackerSettings.for_run(spec, run_dir.path), config)
+    run_dir.set_loggers(tensorboard="tensorboard" in loggers, trackers=trackers)
+
+
+def _run_resuming(spec: WorkflowSpec, run_dir: RunDir, display: Any | None, resume_from: Path | None,
+                  on_resume: Callable[[RunFailed, Path, int], None] | None) -> RunState:
     resumes = 0
     while True:
         try:

@@ -41,3 +41,21 @@ def test_megatron_without_its_package_says_how_to_install_it(monkeypatch):
     with pytest.raises(ValueError, match=r"models.actor.backend: megatron needs the megatron-core package.*"
                                          r"areal-graph\[megatron\]"):
         preflight(spec)
+
+
+def test_a_tracker_without_its_package_says_how_to_install_it(monkeypatch):
+    """runtime.loggers naming wandb / mlflow where they are not installed: caught by validate and
+    before `run` makes its folder, never a run that silently tracks nothing."""
+    spec = load_workflow(PPO, overrides=["runtime.loggers=[jsonl,tensorboard,wandb,mlflow]"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("wandb", "mlflow") else real(name, *a))
+    with pytest.raises(ValueError) as err:
+        preflight(spec)
+    assert str(err.value) == ("runtime.loggers: 'wandb' needs the wandb package, which is not installed here: "
+                              "pip install 'areal-graph[trackers]' (or: pip install wandb); "
+                              "runtime.loggers: 'mlflow' needs the mlflow package, which is not installed here: "
+                              "pip install 'areal-graph[trackers]' (or: pip install mlflow-skinny)")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    if real("wandb") and real("mlflow"):  # installed (requirements-cpu.txt): nothing to say
+        preflight(spec)

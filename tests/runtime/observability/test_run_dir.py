@@ -121,3 +121,65 @@ def test_a_resume_hides_the_superseded_steps_from_tensorboard(tmp_path):
     acc.Reload()
     seen = [(e.step, e.value) for e in acc.Scalars("loss")]
     assert seen == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
+class _Recorder:
+    """A tracker (runtime/observability/trackers.py: Tracker) that records what it is told."""
+
+    def __init__(self, fail_on: str = "") -> None:
+        self.calls: list[tuple] = []
+        self.fail_on = fail_on
+
+    def _record(self, *call) -> None:
+        self.calls.append(call)
+        if call[0] == self.fail_on:
+            raise OSError(f"{self.fail_on}: disk full")
+
+    def log_config(self, config):
+        self._record("config", dict(config))
+
+    def log_metrics(self, step, metrics):
+        self._record("metrics", step, dict(metrics))
+
+    def log_links(self, links):
+        self._record("links", dict(links))
+
+    def close(self, failed=False):
+        self._record("close", failed)
+
+
+def test_trackers_get_every_step_as_numbers_then_the_links_and_the_close(tmp_path):
+    rd = RunDir(tmp_path / "run", tensorboard=True)
+    tracker = _Recorder()
+    rd.set_loggers(tensorboard=False, trackers=[tracker])
+    rd.log_metrics(1, {"loss": 0.5, "reward/mean": torch.tensor(0.25), "n": 3, "note": "hi", "flag": True,
+                       "bad": float("nan"), "step": 99})
+    rd.log_metrics(2, {"loss": 0.25})
+    rd.trace_path.write_text("[]")
+    rd.close(failed=True)
+    assert not (tmp_path / "run" / "tb").exists()  # runtime.loggers without tensorboard
+    (metrics1,), (metrics2,) = [c[2:] for c in tracker.calls[:2]]
+    assert [c[:2] for c in tracker.calls[:2]] == [("metrics", 1), ("metrics", 2)]
+    assert set(metrics1) == {"loss", "reward/mean", "n", "bad"} and metrics1["n"] == 3.0
+    assert metrics1["reward/mean"] == 0.25 and math.isnan(metrics1["bad"]) and metrics2 == {"loss": 0.25}
+    root = str((tmp_path / "run").resolve())
+    assert tracker.calls[2:] == [("links", {"run_dir": root, "trace": f"{root}/trace.json",
+                                            "metrics": f"{root}/metrics.jsonl"}), ("close", True)]
+    assert rd.trackers == []
+    rd.log_metrics(3, {"loss": 0.1})  # after the close: metrics.jsonl only
+    assert len(tracker.calls) == 4 and [m["step"] for m in rd.read_metrics()] == [1, 2, 3]
+
+
+def test_a_tracker_that_fails_mid_run_is_dropped_and_the_run_goes_on(tmp_path, caplog):
+    rd = RunDir(tmp_path, tensorboard=False)
+    broken, fine = _Recorder(fail_on="metrics"), _Recorder()
+    rd.set_loggers(tensorboard=False, trackers=[broken, fine])
+    with caplog.at_level(logging.ERROR):
+        rd.log_metrics(1, {"loss": 0.5})
+        rd.log_metrics(2, {"loss": 0.25})
+    assert broken.calls == [("metrics", 1, {"loss": 0.5}), ("close", True)]
+    assert [c[1] for c in fine.calls] == [1, 2] and rd.trackers == [fine]
+    assert any("_Recorder failed in log_metrics" in r.getMessage() for r in caplog.records)
+    assert [m["step"] for m in rd.read_metrics()] == [1, 2]
+    rd.close()
+    assert fine.calls[-1] == ("close", False)
