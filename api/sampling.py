@@ -110,3 +110,6 @@ class GenerationResult:
     # per output token, its `top_logprobs` most likely (token id, log-prob) pairs under the same
     # distribution as `output_logprobs`; None unless the request asked (OpenAI `top_logprobs`)
     output_top_logprobs: list[list[tuple[int, float]]] | None = None
+    # per output token, whether a schema or grammar left it the only choice (constrained decoding):
+    # not a choice of the policy, so never trained as one; None for an unconstrained request
+    output_forced: list[bool] | None = None

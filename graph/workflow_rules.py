@@ -127,8 +127,13 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
              + " (weight updates back to the rollout are implicit; keys may not flow backwards)")
 
 
+VLLM_MAX_LORA_RANK = 512  # vLLM 0.32's MaxLoRARanks (backends/vllm.py rounds a rank up to one it serves)
+
+
 def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
-    """LoRA where it is built: a trained policy, one rank, adapter sync to the embedded engine."""
+    """LoRA where it is built: a trained policy, one rank; adapter-only sync to every backend
+    (the embedded engine merges the tensors it receives, vLLM and SGLang load each version's
+    peft directory through their LoRA API)."""
     from areal_graph.graph.node_kinds import actor_model
 
     for name, model in spec.models.items():
@@ -143,8 +148,12 @@ def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
         if model.dp_size != 1:
             v.report(("models", name, "dp_size"), "LoRA with data parallelism (dp_size > 1) is not built yet")
         if model.lora.sync == "adapter" and spec.inference.backend != "embedded":
-            v.report(where + ("sync",), f"adapter-only sync to the {spec.inference.backend} backend is not built yet "
-                                        "(the embedded engine takes adapters): use `sync: merged`")
+            # vLLM and SGLang load each version's peft directory through their LoRA API: from disk
+            if spec.runtime.weight_sync == "memory":
+                v.report(("runtime", "weight_sync"), f"the {spec.inference.backend} backend loads LoRA adapters "
+                         "from a directory (lora.sync: adapter): use weight_sync auto or disk, or lora.sync: merged")
+            if spec.inference.backend == "vllm" and model.lora.r > VLLM_MAX_LORA_RANK:
+                v.report(where + ("r",), f"vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}")
 
 
 def check_megatron(spec: S.WorkflowSpec, v: Validator) -> None:

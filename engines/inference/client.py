@@ -29,6 +29,7 @@ import aiohttp
 
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.backends import BACKEND_NAMES, HttpCall, get_backend, sampling_to_json
+from areal_graph.engines.inference.backends.base import adapter_name
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,12 @@ class InferenceClient:
 
     def __init__(self, base_url: str, backend: str = "embedded", timeout: float = 600.0, retries: int = 5,
                  backoff_s: float = 0.2, max_connections: int = 512, version: int = 0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, lora_adapters: bool = False) -> None:
+        """`lora_adapters`: the policy is a LoRA adapter this server loads per version (`lora.sync:
+        adapter` on a backend that serves adapters itself, vLLM or SGLang): requests name the
+        newest adapter this client knows, and its tokens carry that adapter's version."""
         self.api = get_backend(backend)  # paths, payloads and response shapes of this server
+        self.adapters = bool(lora_adapters and self.api.lora_adapters)
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.base_url = base_url.rstrip("/")
@@ -151,6 +156,8 @@ class InferenceClient:
         raise ServerUnavailable(f"{method} {url} failed after {attempts} attempt(s): {last}") from last
 
     async def _call(self, call: HttpCall, **kw: Any) -> Any:
+        if call.text_reply:
+            kw["want_json"] = False
         return await self._request(call.method, call.path, call.payload, **kw)
 
     # ------------------------------------------------------------------ generation
@@ -159,7 +166,6 @@ class InferenceClient:
         """Generate one continuation. Returns behaviour log-probs and per-token versions."""
         ids = [int(t) for t in input_ids]
         rid = rid or uuid.uuid4().hex
-        call = self.api.generate_call(ids, sampling, rid)
         version_at_submit = self.version
         self.outstanding += 1
         self.stats.requests += 1
@@ -168,7 +174,15 @@ class InferenceClient:
             # A server that drops the connection has died: retrying could reach its restarted
             # self before it has the current weights again (samples from stale weights, past
             # the staleness bound). Fail, and the run redoes the call once the server is restored.
-            body = await self._call(call, retry_connection=False)
+            try:
+                body = await self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter()),
+                                        retry_connection=False)
+            except RequestRejected:
+                if not self.adapters or not await self._newer_adapter(version_at_submit):
+                    raise
+                version_at_submit = self.version  # ours was unloaded (we lagged): the newest one
+                body = await self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter()),
+                                        retry_connection=False)
         finally:
             self.outstanding -= 1
         self.stats.latency_s.append(time.perf_counter() - t0)
@@ -176,12 +190,33 @@ class InferenceClient:
             del self.stats.latency_s[:2048]
         return self._result(body, rid, len(ids), version_at_submit)
 
+    def _adapter(self) -> str | None:
+        return adapter_name(self.version) if self.adapters else None
+
+    async def _newer_adapter(self, named: int) -> bool:
+        """After a refusal: whether the server has moved past the adapter we named (then retry)."""
+        try:
+            await self.model_info()
+        except InferenceError:
+            return False
+        return self.version > named
+
     def _result(self, body: Any, rid: str, prompt_len: int, version_at_submit: int) -> GenerationResult:
         try:
             parsed = self.api.parse_generate(body)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise InferenceError(f"{self.base_url}: unreadable generate response: {err}") from None
         n = len(parsed.output_ids)
+        if self.adapters:
+            # every token came from the adapter the request named; the server's labels say which
+            # adapter is newest, so the next request names that one
+            seen = [v for v in (parsed.versions or []) if v is not None] + \
+                ([parsed.response_version] if parsed.response_version is not None else [])
+            self.version = max([self.version, *seen])
+            return GenerationResult(
+                rid=rid, output_ids=parsed.output_ids, output_logprobs=parsed.output_logprobs,
+                output_versions=[version_at_submit] * n, finish_reason=parsed.finish_reason,
+                prompt_len=parsed.prompt_len if parsed.prompt_len is not None else prompt_len, output_forced=parsed.forced)
         if parsed.versions is not None:
             # Unlabelled tokens came from the weights the server had when the request was sent.
             versions = [version_at_submit if v is None else v for v in parsed.versions]
@@ -196,6 +231,7 @@ class InferenceClient:
             rid=rid, output_ids=parsed.output_ids, output_logprobs=parsed.output_logprobs, output_versions=versions,
             finish_reason=parsed.finish_reason,
             prompt_len=parsed.prompt_len if parsed.prompt_len is not None else prompt_len,
+            output_forced=parsed.forced,
         )
 
     # ------------------------------------------------------------------ aborts
@@ -247,6 +283,18 @@ class InferenceClient:
         """Load new weights from `path` and label them `version` (in-flight requests survive)."""
         calls = self.api.disk_update_calls(str(path), int(version))
         await self._update_weights(calls, version)
+
+    async def load_adapter(self, path: str, version: int, unload: int | None = None) -> None:
+        """Load the peft adapter directory `path` as the policy at `version` (backends that serve
+        adapters: vLLM, SGLang); then unload the adapter of version `unload`, if given and loaded."""
+        if not self.api.lora_adapters:
+            raise InferenceError(f"{self.base_url}: a {self.backend} server does not load LoRA adapters")
+        await self._update_weights(self.api.adapter_load_calls(str(path), int(version)), version)
+        if unload is not None and unload >= 0:
+            try:
+                await self._call(self.api.adapter_unload_call(int(unload)), retry=False)
+            except RequestRejected:  # never loaded here (a server restarted since): nothing to unload
+                log.debug("%s: adapter of version %d was not loaded", self.base_url, unload)
 
     async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None:
         """Load weights a trainer on this machine published into shared memory (embedded and vLLM servers)."""
@@ -426,6 +474,9 @@ class ServerPool:
 
     async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None:
         await self._broadcast(lambda c: c.update_weights_from_shared_memory(path, manifest, version))
+
+    async def load_adapter(self, path: str, version: int, unload: int | None = None) -> None:
+        await self._broadcast(lambda c: c.load_adapter(path, version, unload))
 
     async def _broadcast(self, update) -> None:
         results = await asyncio.gather(*(update(c) for c in self.clients), return_exceptions=True)

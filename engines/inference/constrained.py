@@ -15,10 +15,12 @@ really drawn with (the masked, temperature-scaled distribution), then feeds the 
 constraint. Where the grammar may end or go on, end-of-sequence is one of the allowed tokens;
 where it must end, the request finishes at once (finish reason "stop", no EOS token appended).
 
-Training: a constrained token was not drawn from the policy's own distribution, so it must
-never be trained as if it had been (the importance weight pi/mu would compare the unmasked
-policy with the masked sampler). The recording client keeps such tokens in the trajectory as
-context (loss mask 0); a rollout's `sampling` refuses the fields.
+Training: a token the grammar left as the only choice (`<tool_call>`, a key name, a closing
+brace) was forced, not chosen by the policy, so it is flagged (`GenerationResult.output_forced`)
+and the recording client keeps it in the trajectory as context (loss mask 0). A token drawn
+from several allowed ones is trained, with the masked distribution's log-prob as its
+behaviour log-prob: the decoupled-PPO weight pi / mu then corrects for the mask. A rollout's
+`sampling` refuses the fields.
 """
 
 from __future__ import annotations
@@ -121,12 +123,15 @@ class ConstraintCompiler:
         return TokenConstraint(matcher, self.n_vocab)
 
 
-def apply_masks(logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> torch.Tensor:
+def apply_masks(logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]
+                ) -> tuple[torch.Tensor, list[bool | None]]:
     """`logits` [B, V] with every token a row's constraint forbids set to -inf (rows without one
-    unchanged). Returns a new tensor when any row is constrained, else `logits` itself."""
+    unchanged: a new tensor when any row is constrained, else `logits` itself), and per row
+    whether its constraint left a single token (forced; None for an unconstrained row)."""
+    forced: list[bool | None] = [None] * len(constraints)
     rows = [j for j, c in enumerate(constraints) if c is not None]
     if not rows:
-        return logits
+        return logits, forced
     width = logits.shape[1]
     masks = []
     for j in rows:
@@ -134,8 +139,10 @@ def apply_masks(logits: torch.Tensor, constraints: Sequence[TokenConstraint | No
         if allowed.shape[0] < width:  # padded vocabulary rows the tokenizer never produces
             allowed = torch.cat([allowed, allowed.new_zeros(width - allowed.shape[0])])
         masks.append(allowed[:width])
+    allowed = torch.stack(masks)
+    for j, n in zip(rows, allowed.sum(dim=1).tolist()):
+        forced[j] = n == 1
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    allowed_rows = torch.stack(masks).to(logits.device)
     out = logits.clone()
-    out[index] = out.index_select(0, index).masked_fill(~allowed_rows, float("-inf"))
-    return out
+    out[index] = out.index_select(0, index).masked_fill(~allowed.to(logits.device), float("-inf"))
+    return out, forced

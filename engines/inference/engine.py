@@ -589,7 +589,7 @@ class EmbeddedEngine:
     def _take_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> set[int]:
         """Sample a token per request, append it; resolve and return the indices that finished."""
         params = [r.params for r in reqs]
-        logits = apply_masks(logits, [r.constraint for r in reqs])
+        logits, forced = apply_masks(logits, [r.constraint for r in reqs])
         uniforms = torch.tensor([0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)],
                                 dtype=torch.float64)
         # sampled where the logits are: on a GPU only B tokens and B log-probs cross to the host,
@@ -606,6 +606,8 @@ class EmbeddedEngine:
             if r.constraint is not None and t not in r.stop_ids:
                 r.constraint.advance(t)
             r.output_ids.append(t)
+            if forced[j] is not None:
+                r.forced.append(bool(forced[j]))
             r.logprobs.append(logprobs[j])
             r.versions.append(version)
             if t in r.stop_ids or (r.params.stop and self._hits_stop_string(r)):

@@ -244,6 +244,8 @@ class InferenceHTTPServer:
         }
         if return_logprob:
             meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(result.output_logprobs, out_ids)]
+        if result.output_forced is not None:  # ours: tokens a schema or grammar forced (constrained.py)
+            meta["output_token_forced"] = [bool(f) for f in result.output_forced]
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     # ------------------------------------------------------------------ weights and control

@@ -38,6 +38,7 @@ class Chunk:
     output_logprobs: list[float]
     output_versions: list[int]
     finish_reason: str
+    output_forced: list[bool] | None = None  # constrained decoding: the grammar's only choice
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ChunkedGeneration:
     output_versions: list[int] = field(default_factory=list)
     finish_reason: str = "abort"
     chunks: list[Chunk] = field(default_factory=list)
+    output_forced: list[bool] = field(default_factory=list)  # per token; False where no grammar forced it
 
     @property
     def num_interruptions(self) -> int:
@@ -71,6 +73,7 @@ class ChunkedGeneration:
         self.output_ids.extend(chunk.output_ids)
         self.output_logprobs.extend(chunk.output_logprobs)
         self.output_versions.extend(chunk.output_versions)
+        self.output_forced.extend(chunk.output_forced or [False] * len(chunk.output_ids))
         self.finish_reason = chunk.finish_reason
 
 
@@ -112,12 +115,16 @@ async def generate_interruptible(
             params = dataclasses.replace(params, seed=sampling.seed + k)
         res = await client.generate(prompt + gen.output_ids, params, rid=rid)
         gen.add(Chunk(rid, list(res.output_ids), list(res.output_logprobs),
-                      list(res.output_versions), res.finish_reason))
+                      list(res.output_versions), res.finish_reason, getattr(res, "output_forced", None)))
         if res.finish_reason != "abort":
             return gen
         if client.was_aborted_by_user(rid, epoch):
             return gen
         interruptions += 1
+        if sampling.is_constrained:
+            raise TooManyInterruptions(
+                f"request {rid} holds a schema or grammar and was interrupted by an abort-style weight update "
+                "(SGLang's pause): resuming its grammar from the tokens so far is not built yet")
         if interruptions > max_interruptions:
             raise TooManyInterruptions(
                 f"request {rid} was interrupted {interruptions} times ({len(gen.output_ids)} tokens so far)"

@@ -250,7 +250,6 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if request.top_logprobs and not request.logprobs:
         raise OpenAIRequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     request.response_format = _response_format(body.get("response_format"))
-    _check_strict(request)
     request.stream, request.include_usage = _stream(body)
     request.return_token_ids = _bool(body, "return_token_ids")
     return request
@@ -393,19 +392,6 @@ def _response_format(value: Any) -> dict[str, Any] | None:
         return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
     raise OpenAIRequestError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                              "response_format")
-
-
-def _check_strict(request: ChatRequest) -> None:
-    """A strict tool's arguments are enforced whenever a grammar holds the turn (forced calls, or
-    response_format); with "auto" and free text around the calls nothing could enforce them."""
-    if request.tool_choice != "auto" or request.response_format is not None:
-        return
-    for k, tool in enumerate(request.tools):
-        if tool["function"].get("strict"):
-            raise OpenAIRequestError(
-                f"tools[{k}].function.strict: with tool_choice 'auto' and free-text answers this server cannot "
-                "hold a call's arguments to the schema; use tool_choice 'required' or a named function (the "
-                "arguments are then enforced), or leave strict out", f"tools[{k}].function.strict")
 
 
 # --------------------------------------------------------------------------- completions

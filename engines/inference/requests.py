@@ -43,6 +43,7 @@ class Request:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     on_token: Any = None  # called in the scheduler's thread after each new token and when done (streaming)
     constraint: Any = None  # its grammar state (constrained.TokenConstraint) when params.is_constrained
+    forced: list[bool] = field(default_factory=list)  # constrained: per token, the grammar's only choice
 
     def all_tokens(self) -> list[int]:
         return self.prompt + self.output_ids
@@ -63,6 +64,7 @@ class Request:
             rid=self.rid, output_ids=list(self.output_ids), output_logprobs=list(self.logprobs),
             output_versions=list(self.versions), finish_reason=self.finish_reason or "abort",
             prompt_len=len(self.prompt), output_top_logprobs=list(self.top) if self.top_logprobs else None,
+            output_forced=list(self.forced) if self.constraint is not None else None,
         )
 
 

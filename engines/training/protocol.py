@@ -54,6 +54,10 @@ class TrainingEngine(Protocol):
         """A directory `from_pretrained` loads (the final model)."""
         ...
 
+    def export_adapter(self, path: str | Path) -> Path:
+        """LoRA: the adapters alone in peft's layout (servers that load adapters per version)."""
+        ...
+
     def save_checkpoint(self, path: str | Path) -> Path:
         """Weights, optimizer state and version: what `load_checkpoint` resumes from exactly."""
         ...

@@ -399,6 +399,22 @@ class TrainEngine:
         self._barrier()
         return path
 
+    def export_adapter(self, path: str | Path) -> Path:
+        """LoRA: the adapters alone, in peft's layout (adapter_config.json + adapter_model.safetensors),
+        atomically: what a vLLM or SGLang server loads per version (`lora.sync: adapter`)."""
+        if self.lora_sync is None:
+            raise ValueError("export_adapter: this model has no LoRA adapters (models.<name>.lora)")
+        path = Path(path)
+        if self.rank == 0:
+            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.model.save_pretrained(tmp)
+            if path.exists():
+                shutil.rmtree(path)
+            tmp.rename(path)
+        self._barrier()
+        return path
+
     def save_checkpoint(self, path: str | Path) -> Path:
         """Weights (HF safetensors) and optimizer state; under data parallelism rank 0 writes.
 

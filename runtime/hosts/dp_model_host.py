@@ -156,6 +156,9 @@ class DataParallelModelHost:
     def export_weights(self, path: str, with_tokenizer: bool = False) -> str:
         return self._all("export_weights", path=path, with_tokenizer=with_tokenizer)
 
+    def export_adapter(self, path: str) -> str:
+        return self._all("export_adapter", path=path)
+
     def save_checkpoint(self, path: str) -> str:
         return self._all("save_checkpoint", path=path)
 

@@ -137,6 +137,11 @@ class ModelHost:
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
         return path
 
+    def export_adapter(self, path: str) -> str:
+        """LoRA: the adapters alone in peft's layout, for servers that load adapters (vLLM, SGLang)."""
+        self.engine.export_adapter(Path(path))
+        return path
+
     def save_checkpoint(self, path: str) -> str:
         self.engine.save_checkpoint(Path(path))
         return path

@@ -42,7 +42,8 @@ class RolloutHost:
 
     def __init__(self, server_urls: list[str], backend: str, rollout_class: str, group_size: int,
                  sampling: dict[str, Any], rollout_args: dict[str, Any] | None = None,
-                 tokenizer_path: str | None = None, request_timeout_s: float = 600.0) -> None:
+                 tokenizer_path: str | None = None, request_timeout_s: float = 600.0,
+                 lora_adapters: bool = False) -> None:
         self.group_size = group_size
         self.sampling = sampling
         cls = load_rollout_class(rollout_class)
@@ -54,8 +55,8 @@ class RolloutHost:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
-        clients = [InferenceClient(url, backend=backend, timeout=request_timeout_s, api_key=run_token())
-                   for url in server_urls]
+        clients = [InferenceClient(url, backend=backend, timeout=request_timeout_s, api_key=run_token(),
+                                   lora_adapters=lora_adapters) for url in server_urls]
         self.pool = ServerPool(clients)
 
     def _sampling(self, overrides: dict[str, Any] | None) -> SamplingParams:

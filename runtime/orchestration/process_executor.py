@@ -97,6 +97,13 @@ class ProcessExecutor:
         self._deaths = 0  # restartable deaths so far (calls compare it before and after)
         self.restarts: dict[str, int] = {}  # process name -> times restarted
         self._last_sync: tuple[str, str, Any, int] | None = None
+        # lora.sync: adapter on a backend that serves adapters (vLLM, SGLang): each sync loads the
+        # trainer's adapter directory under its version's name; requests name the newest they know
+        actor = self.spec.models[plan.actor]
+        self.adapter_sync = (actor.lora is not None and actor.lora.sync == "adapter"
+                             and get_backend(self.spec.inference.backend).lora_adapters)
+        # adapters a server keeps loaded: one per version a request in flight may still name
+        self.adapters_kept = self.spec.runtime.max_staleness + 2
         self._token: str | None = None
         self._info: RunInfo | None = None
         self._on_failure: Callable[..., None] = lambda message, resumable=False: None
@@ -130,9 +137,14 @@ class ProcessExecutor:
             cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i,
                                            name=f"inference-{i}", api_key=token, host=host)
             backend = get_backend(spec.inference.backend)
-            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd,
-                                        env={**env, **backend.environment(token)}, health_url=f"{url}/health",
-                                        threads=backend.thread_cap(gen_threads))
+            server_env = {**env, **backend.environment(token)}
+            if self.adapter_sync:
+                lora = spec.models[self.plan.actor].lora
+                assert lora is not None  # adapter_sync says so
+                cmd += backend.lora_launch_flags(lora.r, lora.target_modules, self.adapters_kept)
+                server_env.update(backend.lora_environment())
+            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd, env=server_env,
+                                        health_url=f"{url}/health", threads=backend.thread_cap(gen_threads))
             self.server_urls.append(url)
             self._roles[f"inference-{i}"] = "inference"
         for process, role in sorted(self.plan.processes().items()):
@@ -143,8 +155,8 @@ class ProcessExecutor:
                                                  env=worker_env, token_env=RUN_TOKEN_ENV)
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
         self.launcher.wait_healthy(timeout=get_backend(spec.inference.backend).startup_timeout_s)
-        self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token)
-                                   for u in self.server_urls])
+        self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token,
+                                                   lora_adapters=self.adapter_sync) for u in self.server_urls])
         self._io = _IOLoop()
         info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
                        train_threads=train_threads, run_dir=str(self.run_dir.path))
@@ -155,6 +167,8 @@ class ProcessExecutor:
             event.set()
         self._configure(info)
         self._probe_clocks()
+        if self.adapter_sync:  # requests name an adapter from the first one: version 0 is the untrained one
+            self._io.run(self.sync_weights(0), timeout=600)
 
     def _start_other_ranks(self, launcher: Launcher, process: str, role: str, threads: int,
                            env: dict[str, str]) -> dict[str, str]:
@@ -233,6 +247,8 @@ class ProcessExecutor:
         io = self._started().io
         if kind == "memory":
             io.submit(client.update_weights_from_shared_memory(where, manifest, version)).result(timeout=300)
+        elif kind == "adapter":
+            io.submit(client.load_adapter(where, version)).result(timeout=300)
         else:
             io.submit(client.update_weights_from_disk(where, version)).result(timeout=300)
 
@@ -376,6 +392,8 @@ class ProcessExecutor:
 
     async def _sync_weights_once(self, version: int) -> dict[str, float]:
         client = self._models_client(self.plan.actor)
+        if self.adapter_sync:
+            return await self._sync_adapter(client, version)
         if self.weight_sync == "memory":
             manifest = await asyncio.to_thread(client.call, self.plan.actor, ModelService.publish_weights.__name__, path=self._shm_path)
             await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
@@ -391,6 +409,18 @@ class ProcessExecutor:
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
         return {"weight_sync/bytes": written}
+
+    async def _sync_adapter(self, client: WorkerClient, version: int) -> dict[str, float]:
+        """LoRA on vLLM / SGLang: the adapter directory (megabytes) to every server under its
+        version's name; the one `adapters_kept` versions back is unloaded and deleted."""
+        path = self.run_dir.weights_dir(version)
+        await asyncio.to_thread(client.call, self.plan.actor, ModelService.export_adapter.__name__, path=str(path))
+        unload = version - self.adapters_kept
+        await self._servers(self.servers.load_adapter(str(path), version, unload if unload >= 0 else None))
+        self._last_sync = ("adapter", str(path), None, version)
+        if unload >= 0:  # a server may re-read an evicted adapter from its directory: keep those still named
+            shutil.rmtree(self.run_dir.weights_dir(unload), ignore_errors=True)
+        return {"weight_sync/bytes": float(sum(f.stat().st_size for f in path.glob("*.safetensors")))}
 
     async def export_model(self, path: Path) -> None:
         await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor,

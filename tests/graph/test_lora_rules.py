@@ -1,5 +1,5 @@
 """`models.<name>.lora`: typed with defaults, and an error naming the field wherever it is not
-built (no `train`, a critic or reference, dp_size > 1, adapter sync to another backend)."""
+built (no `train`, a critic or reference, dp_size > 1, an adapter vLLM cannot serve)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ def test_defaults_and_what_the_model_host_gets():
 @pytest.mark.parametrize("workflow, overrides, words", [
     ("ppo_async.yaml", ["models.actor.lora.r=4", "models.actor.dp_size=2"],
      "field 'models.actor.dp_size': LoRA with data parallelism (dp_size > 1) is not built yet"),
-    ("ppo_async.yaml", ["models.actor.lora.r=4", "inference.backend=vllm"],
-     "field 'models.actor.lora.sync': adapter-only sync to the vllm backend is not built yet"),
+    ("ppo_async.yaml", ["models.actor.lora.r=4", "inference.backend=vllm", "runtime.weight_sync=memory"],
+     "field 'runtime.weight_sync': the vllm backend loads LoRA adapters from a directory"),
+    ("ppo_async.yaml", ["models.actor.lora.r=1024", "inference.backend=vllm"],
+     "field 'models.actor.lora.r': vLLM serves LoRA ranks up to 512"),
     ("ppo_kl.yaml", ["models.ref.lora.r=4"], "field 'models.ref.lora': adapters are trained"),
     ("ppo_gae_critic.yaml", ["models.critic.lora.r=4"],
      "field 'models.critic.lora': LoRA is built for the policy model only"),
@@ -36,3 +38,14 @@ def test_what_is_not_built_is_an_error_naming_the_field(workflow, overrides, wor
         load_workflow(WORKFLOWS / workflow, overrides)
     found = [str(p) for p in err.value.problems]
     assert any(words in p for p in found), found
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_adapter_sync_to_servers_that_load_adapters_is_accepted_and_the_rollout_names_it(backend):
+    from areal_graph.graph.node_kinds import _rollout_args
+
+    spec = load_workflow(WORKFLOWS / "ppo_async.yaml", ["models.actor.lora.r=4", f"inference.backend={backend}"])
+    info = RunInfo(model_paths={"actor": "/a"}, server_urls=("http://x",))
+    assert _rollout_args(spec.nodes["rollout"], spec, info)["lora_adapters"] is True
+    merged = load_workflow(WORKFLOWS / "ppo_async.yaml", ["models.actor.lora.r=4", "models.actor.lora.sync=merged"])
+    assert _rollout_args(merged.nodes["rollout"], merged, info)["lora_adapters"] is False

@@ -84,10 +84,11 @@ def test_two_turn_tool_episode_is_one_trajectory(server, tokenizer):
     assert traj.info["completion_ids"] == [r.completion_id for r in records]
 
 
-def test_a_forced_tool_call_is_recorded_as_context_never_trained(server, tokenizer):
-    """tool_choice naming the function: the call is drawn under a grammar (a masked distribution,
-    not the policy's), so its tokens are in the trajectory with loss mask 0; the free answer after
-    the tool's result is trained as usual."""
+def test_a_forced_tool_calls_forced_tokens_are_context_and_its_chosen_ones_trained(server, tokenizer):
+    """tool_choice naming the function: the call is drawn under a grammar. The tokens it left as
+    the only choice (the tags, the name, the keys) are context (loss mask 0); the arguments the
+    model chose are trained with their masked-distribution log-probs; so is the free answer after
+    the tool's result."""
     async def episode(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
         messages = [{"role": "user", "content": ADD_QUESTION}]
@@ -103,11 +104,16 @@ def test_a_forced_tool_call_is_recorded_as_context_never_trained(server, tokeniz
     first, second, [traj], records = with_client(server, episode)
     assert json.loads(first.choices[0].message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
     assert second.choices[0].message.content == ADD_ANSWER
-    assert [r.constrained for r in records] == [True, False]
+    call, forced = records[0].output_ids, records[0].forced
+    assert len(forced) == len(call) and any(forced) and not all(forced) and not any(records[1].forced)
+    chosen = [t for t, f in zip(call, forced) if not f]
+    chosen_text, forced_text = tokenizer.decode(chosen), tokenizer.decode([t for t, f in zip(call, forced) if f])
+    assert "2" in chosen_text and "3" in chosen_text  # the argument values were the model's choice
+    assert "<tool_call>" in forced_text and "add" in forced_text and "add" not in chosen_text
     p1, a2 = ids(tokenizer, ADD_TURN1[0]), ids(tokenizer, ADD_TURN2[1])
     trained = [t for t, m in zip(traj.input_ids, traj.loss_mask) if m]
-    assert trained == a2 and traj.input_ids[-len(a2):] == a2  # only the free answer
-    assert traj.input_ids[len(p1):len(p1) + len(records[0].output_ids)] == records[0].output_ids
+    assert trained == chosen + a2 and traj.input_ids[-len(a2):] == a2
+    assert traj.input_ids[len(p1):len(p1) + len(call)] == call
     assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask) if not m)
 
 

@@ -245,7 +245,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         return dataclasses.replace(params, seed=request.seed)
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int,
-                        rid: str) -> list[tuple[fmt.GeneratedChoice, int]]:
+                        rid: str) -> list[tuple[fmt.GeneratedChoice, int, list[bool]]]:
         from areal_graph.engines.inference.client import RequestRejected
 
         # the agent's own seed: choice i gets seed + i, as on the server; the workflow's seeds already
@@ -264,7 +264,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         except RequestRejected as err:
             raise _bad_request(f"the inference server refused the request: {err}") from err
         return [(fmt.GeneratedChoice(i, g.output_ids, g.output_logprobs, g.output_versions, g.finish_reason),
-                 g.num_interruptions) for i, g in enumerate(gens)]
+                 g.num_interruptions, list(g.output_forced)) for i, g in enumerate(gens)]
 
     def _chat_prompt_ids(self, messages: list[dict], tools: list[dict]) -> list[int]:
         parent = self.log.chat_parent(messages, tools)
@@ -296,15 +296,15 @@ class RecordingOpenAI(openai.AsyncOpenAI):
             params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
         request.stop = list(params.stop)  # the workflow's stop strings are cut from the text too
         generated = await self._generate(prompt_ids, params, request.n, cid)
-        choices = [c for c, _ in generated]
+        choices = [c for c, _, _ in generated]
         choice_json = [fmt.chat_choice_json(self.tokenizer, c, request) for c in choices]
-        for (c, interruptions), cj in zip(generated, choice_json):
+        for (c, interruptions, forced), cj in zip(generated, choice_json):
             message = {k: v for k, v in cj["message"].items() if k in ("role", "content", "tool_calls")}
             self.log.add(RecordedCompletion(
                 cid, c.index, turn, list(prompt_ids), c.output_ids, c.output_logprobs, c.output_versions,
                 c.finish_reason, messages=request.messages, tools=list(request.tools), message=message,
                 text=cj["message"]["content"] or "", tool_calls=len(message.get("tool_calls") or []),
-                interruptions=interruptions, constrained=params.is_constrained))
+                interruptions=interruptions, forced=forced))
         created = int(time.time())
         if request.stream:
             chunks = fmt.chat_chunks(self.tokenizer, cid, created, request.model, choices, request, len(prompt_ids))
@@ -343,7 +343,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
             turn = next(self._turns)
             params = self._params(request, len(ids), turn)
             request.stop = list(params.stop)  # the workflow's stop strings are cut from the text too
-            for c, interruptions in await self._generate(ids, params, request.n, f"{cid}-p{k}"):
+            for c, interruptions, _ in await self._generate(ids, params, request.n, f"{cid}-p{k}"):
                 c.index = k * request.n + c.index
                 cj = fmt.completion_choice_json(self.tokenizer, c, request)
                 choices.append(c)

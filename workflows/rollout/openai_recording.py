@@ -8,9 +8,10 @@ Trajectories (`export_trajectories`). A conversation in which each call's prompt
 earlier call's prompt + output, token for token, is ONE trajectory: the earlier call's
 tokens, then the new prompt's extra tokens (tool results, the next user message, the chat
 template's turn markers: loss_mask 0, behaviour log-prob 0, version -1), then the new
-output (loss_mask 1). An output drawn under a schema or grammar (`response_format`, a forced
-tool call: `constrained`) came from a masked distribution, not the policy's, so it is kept as
-context (loss_mask 0) and never trained as if sampled. The recording client builds such prompts itself when an agent sends
+output (loss_mask 1). Under a schema or grammar (`response_format`, forced or strict tool
+calls) a token the grammar left as the only choice (`forced`) is context (loss_mask 0), never
+trained as the policy's choice; the others are trained with the masked distribution's log-prob
+as their behaviour log-prob, which the decoupled-PPO weight corrects for. The recording client builds such prompts itself when an agent sends
 back the conversation with its answer appended (see `continuation_ids`), so an ordinary
 agent loop produces one trajectory per episode. A prompt that extends nothing (a new
 conversation, or history the agent rewrote) starts a trajectory of its own; so does a second
@@ -58,9 +59,9 @@ class RecordedCompletion:
     text: str = ""  # the text returned
     tool_calls: int = 0
     interruptions: int = 0
-    # drawn under a schema or grammar (response_format, a forced tool call): from a masked
-    # distribution, not the policy's, so the tokens go into the trajectory as context only
-    constrained: bool = False
+    # per output token, whether a schema or grammar (response_format, a forced or strict tool
+    # call) left it the only choice: not the policy's choice, so context in the trajectory
+    forced: list[bool] = field(default_factory=list)
     reward: float | None = None  # as set by the workflow
     discounted_reward: float | None = None  # after apply_reward_discount
 
@@ -222,10 +223,7 @@ def _trajectory(chain: list[RecordedCompletion]) -> Trajectory:
     traj = Trajectory.from_generation(first.prompt_ids, [], [], [], first.finish_reason)
     for r in chain:
         traj.append(r.prompt_ids[len(traj.input_ids):], generated=False)
-        if r.constrained:  # sampled from a masked distribution: trained as if sampled, pi/mu would be wrong
-            traj.append(r.output_ids, generated=False)
-        else:
-            traj.append(r.output_ids, generated=True, logprobs=r.output_logprobs, versions=r.output_versions)
+        _append_output(traj, r)
     traj.finish_reason = chain[-1].finish_reason
     traj.info = {
         "turns": len(chain),
@@ -236,3 +234,19 @@ def _trajectory(chain: list[RecordedCompletion]) -> Trajectory:
         "interruptions": sum(r.interruptions for r in chain),
     }
     return traj
+
+
+def _append_output(traj: Trajectory, r: RecordedCompletion) -> None:
+    """`r`'s output: runs of chosen tokens trained, runs of forced ones as context."""
+    forced = r.forced or [False] * len(r.output_ids)
+    start = 0
+    while start < len(r.output_ids):
+        end = start
+        while end < len(r.output_ids) and forced[end] == forced[start]:
+            end += 1
+        if forced[start]:
+            traj.append(r.output_ids[start:end], generated=False)
+        else:
+            traj.append(r.output_ids[start:end], generated=True, logprobs=r.output_logprobs[start:end],
+                        versions=r.output_versions[start:end])
+        start = end

@@ -32,6 +32,7 @@ class HttpCall:
     method: str
     path: str
     payload: Any = None
+    text_reply: bool = False  # the server answers plain text, not JSON (vLLM's LoRA endpoints)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ParsedGeneration:
     response_version: int | None
     finish_reason: str  # stop | length | abort
     prompt_len: int | None
+    forced: list[bool] | None = None  # constrained decoding: per token, the grammar's only choice
 
 
 class InferenceBackend:
@@ -97,7 +99,9 @@ class InferenceBackend:
         return os.path.abspath(inference.python) if inference.python else sys.executable
 
     # ------------------------------------------------------------------ wire
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                      adapter: str | None = None) -> HttpCall:
+        """`adapter`: the served adapter to generate with (backends with `lora_adapters`), else the base."""
         raise NotImplementedError
 
     def parse_generate(self, body: Any) -> ParsedGeneration:
@@ -125,11 +129,40 @@ class InferenceBackend:
     # Wrap the update calls in pause_call ... resume_call (the server does not pause itself).
     pause_around_update: bool = False
 
+    # ------------------------------------------------------------------ LoRA adapters (lora.sync: adapter)
+    # Serves LoRA adapters itself (vLLM, SGLang): each weight sync loads the trainer's adapter
+    # directory under a name of its own version, and requests name the adapter they want
+    # (`adapter_name`). The embedded engine merges adapters into its weights instead (False).
+    lora_adapters: bool = False
+
+    def lora_launch_flags(self, rank: int, target_modules: Sequence[str], keep: int) -> list[str]:
+        """Server flags for serving adapters of rank `rank` on `target_modules`, `keep` at once."""
+        raise NotImplementedError(f"adapter-only LoRA sync to the {self.name} backend is not built")
+
+    def lora_environment(self) -> dict[str, str]:
+        """Extra environment of a server that loads adapters at run time."""
+        return {}
+
+    def adapter_load_calls(self, path: str, version: int) -> list[HttpCall]:
+        """Load the peft adapter directory `path` as `adapter_name(version)` and label the server `version`."""
+        raise NotImplementedError(f"adapter-only LoRA sync to the {self.name} backend is not built")
+
+    def adapter_unload_call(self, version: int) -> HttpCall:
+        raise NotImplementedError(f"adapter-only LoRA sync to the {self.name} backend is not built")
+
     def model_info_call(self) -> HttpCall:
         raise NotImplementedError
 
     def parse_model_info_version(self, body: Any) -> int | None:
         return parse_version(body.get("weight_version")) if isinstance(body, dict) else None
+
+
+ADAPTER_PREFIX = "policy-lora-v"
+
+
+def adapter_name(version: int) -> str:
+    """The served name of the policy's adapter at `version` (requests select it by this name)."""
+    return f"{ADAPTER_PREFIX}{int(version)}"
 
 
 def parse_version(x: Any) -> int | None:

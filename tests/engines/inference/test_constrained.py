@@ -84,12 +84,15 @@ def test_the_mask_allows_only_tokens_the_grammar_accepts_and_every_token_of_a_va
 def test_apply_masks_sets_forbidden_logits_to_minus_inf_and_leaves_other_rows(engine):
     c = engine._constraints.compile(json_schema=compact({"type": "boolean"}))
     logits = torch.randn(3, engine.vocab_size)
-    out = apply_masks(logits, [None, c, None])
+    out, forced = apply_masks(logits, [None, c, None])
     allowed = c.allowed()[: engine.vocab_size]
+    assert forced == [None, False, None]
     assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
     assert torch.equal(out[1][allowed], logits[1][allowed])
     assert torch.isinf(out[1][~allowed]).all() and int(allowed.sum()) >= 2  # "t..." and "f..."
-    assert apply_masks(logits, [None, None, None]) is logits
+    assert apply_masks(logits, [None, None, None]) == (logits, [None, None, None])
+    one = engine._constraints.compile(json_schema=compact({"const": "x"}))
+    assert apply_masks(logits, [one, None, None])[1] == [True, None, None]  # '"x"' has one split: forced
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -120,6 +123,7 @@ def test_reported_logprobs_are_those_of_the_masked_distribution(engine, model_di
         ref = torch.log_softmax(logits[k].masked_fill(~allowed, float("-inf")) / temp, -1)[t]
         assert abs(res.output_logprobs[k] - float(ref)) < 1e-4, k
         forced += int(allowed.sum()) == 1
+        assert res.output_forced[k] == (int(allowed.sum()) == 1), k
         if t not in engine.eos_token_ids:
             replay.advance(t)
     assert forced >= 3  # '{"word": "' is forced: those tokens report log-prob 0

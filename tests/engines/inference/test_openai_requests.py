@@ -51,13 +51,14 @@ def test_an_ignored_field_is_noted_once_and_the_callers_body_is_untouched(caplog
     assert caplog.text.count("'store' accepted and ignored") <= 1
 
 
-def test_input_text_parts_are_text_and_strict_tools_are_refused_where_nothing_enforces_them():
+def test_input_text_parts_are_text_and_strict_tools_are_taken_with_every_tool_choice():
     got = parse_chat_request({**CHAT, "messages": [{"role": "user", "content": [
         {"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]}]})
     assert got.messages[0]["content"] == "ab"
     strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
-    with pytest.raises(OpenAIRequestError, match="cannot hold a call's arguments to the schema") as err:
-        parse_chat_request({**CHAT, "tools": [strict]})
+    assert parse_chat_request({**CHAT, "tools": [strict]}).tool_choice == "auto"  # enforced by a grammar
+    with pytest.raises(OpenAIRequestError) as err:
+        parse_chat_request({**CHAT, "tools": [{"type": "function", "function": {**TOOL["function"], "strict": 1}}]})
     assert err.value.param == "tools[0].function.strict"
     assert parse_chat_request({**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": False}}]}).tools
     # a grammar holds the turn: forced calls, or response_format beside the tools
