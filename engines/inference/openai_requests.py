@@ -69,7 +69,7 @@ def _ignore_harmless(body: dict) -> None:
                                          key)
         elif key not in _noted:
             _noted.add(key)
-            log.info("OpenAI field %r accepted and ignored: %s", key, IGNORED_FIELDS[key])
+            log.warning("OpenAI field %r accepted and ignored (noted once): %s", key, IGNORED_FIELDS[key])
         del body[key]
     for key, neutral in NEUTRAL_VALUES.items():
         if key in body:
