@@ -346,6 +346,19 @@ def check_builtin_paths(spec: Any) -> None:
             _builtin_name(data, BUILTIN_DATASETS, "dataset")
 
 
+def model_head_dim(path: str) -> int | None:
+    """The attention head width of the model at `path` (a `builtin:` kit, whose recipe says it
+    without building it, or a directory with config.json); None when it cannot be read."""
+    if str(path).startswith(PREFIX):
+        kit = BUILTIN_KITS.get(str(path)[len(PREFIX):])
+        return kit.model.hidden_size // kit.model.num_heads if kit is not None else None
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+        return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
 def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -> tuple[Kit, str] | None:
     """(built kit, entry name) for a `builtin:` spec; None for any other path."""
     name = _builtin_name(spec, known, what)

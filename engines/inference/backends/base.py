@@ -68,6 +68,10 @@ class InferenceBackend:
         """Why this backend cannot start here (None: it can). `python`: inference.python."""
         return None
 
+    def model_problem(self, head_dim: int | None) -> str | None:
+        """Why this backend cannot serve a model of this attention head width here (None: it can)."""
+        return None
+
     def args_problem(self, inference: Any) -> str | None:
         """What is wrong with `inference.args` for this backend's server (None: nothing known),
         checked before a run starts rather than when its servers refuse to start."""

