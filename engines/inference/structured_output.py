@@ -12,10 +12,10 @@ OpenAI's meaning, and what each becomes:
 - `tool_choice: {"type": "function", "function": {"name": N}}`: exactly one call of N.
 - `response_format` with tools and `tool_choice: "auto"`: the turn is either tool calls or the
   JSON answer (as with OpenAI, the model may still call tools before it answers).
-- `tools[i].function.strict` with `tool_choice: "auto"`: the turn is either free text that
-  never writes a call itself, or calls held to their schemas (text before calls in one turn
-  is not allowed then: no grammar here splits the two). With the forcing choices above the
-  arguments are held to the schemas anyway.
+- `tools[i].function.strict` with `tool_choice: "auto"`: the turn is free text that never
+  writes a call itself, calls held to their schemas, or, where the tokenizer holds the open
+  tag as one token (Qwen2.5's), text then calls. With the forcing choices above the arguments
+  are held to the schemas anyway.
 
 Tool calls are written as `api/tool_calls.py` renders them (`<tool_call>\\n{json}\\n</tool_call>`,
 blocks joined by a newline), so the server's own parser reads them back. JSON is compact with
@@ -91,6 +91,14 @@ def _regex_escape(text: str) -> str:
     return "".join("\\" + ch if ch in ".^$*+?()[]{}|\\/" else ch for ch in text)
 
 
+def _text_or_calls(token_texts: Mapping[str, int]) -> str:
+    """Strict tools, free answers: text that never writes a call itself, calls held to their
+    schemas, or (where the open tag is one token of its own, as in Qwen2.5) text then calls.
+    Spelled in bytes, the tag could also end a text lexeme, and llguidance's lexemes are greedy:
+    text and calls cannot share a turn there."""
+    return "start: TEXT | TEXT? calls" if TOOL_CALL_OPEN in token_texts else "start: TEXT | calls"
+
+
 def _calls_rule(functions: Sequence[dict[str, Any]], parallel: bool, token_texts: Mapping[str, int]) -> list[str]:
     call = (f"call: {_tag(TOOL_CALL_OPEN, token_texts)} \"\\n\" %json {json.dumps(_call_schema(functions))} "
             f"\"\\n\" {_tag(TOOL_CALL_CLOSE, token_texts)}")
@@ -128,10 +136,8 @@ def output_constraint(tools: Sequence[dict[str, Any]], tool_choice: str | dict[s
         return OutputConstraint(grammar="\n".join(["start: calls",
                                                    *_calls_rule(functions, parallel_tool_calls, token_texts)]))
     if functions and tool_choice == "auto" and answer is None and any(fn.get("strict") for fn in functions):
-        # strict tools, free answers: either text (which never writes a call itself) or calls
-        # held to their schemas; not both in one turn, since no grammar here splits the two
-        return OutputConstraint(grammar="\n".join(["start: TEXT | calls", *_calls_rule(functions, parallel_tool_calls,
-                                                                                      token_texts),
+        return OutputConstraint(grammar="\n".join([_text_or_calls(token_texts),
+                                                   *_calls_rule(functions, parallel_tool_calls, token_texts),
                                                    f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{_regex_escape(TOOL_CALL_OPEN)}(.|\\n)*/"]))
     if functions and tool_choice == "auto" and answer is not None:
         return OutputConstraint(grammar="\n".join(["start: answer | calls", f"answer: %json {json.dumps(answer)}",

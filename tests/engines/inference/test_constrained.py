@@ -207,3 +207,25 @@ def test_a_constraint_survives_a_weight_swap_mid_answer(model_dir, tmp_path):
 def test_a_tokenizerless_engine_cannot_constrain():
     with pytest.raises(ConstraintError, match="no tokenizer"):
         ConstraintCompiler(None, 10, [0]).compile(json_schema="{}")
+
+
+@pytest.mark.parametrize("tag_is_a_token", [True, False])
+def test_strict_tools_with_auto_take_text_or_valid_calls_and_text_then_calls_where_the_tag_is_a_token(
+        engine, tag_is_a_token):
+    """The OpenAI Agents SDK's default (strict function tools, tool_choice auto). Text before a
+    call fits one grammar only where the open tag is a token of its own (the tool model's, like
+    Qwen2.5's); spelled in bytes (the arithmetic kit's tokenizer) it is text or calls."""
+    from transformers import AutoTokenizer
+
+    from areal_graph.modelkit.builtin import resolve_model_path
+
+    tok = engine.tokenizer if tag_is_a_token else AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-arith"))
+    strict = {"type": "function", "function": {**ADD_CLOSED["function"], "strict": True}}
+    grammar = output_constraint([strict], "auto", True, None, added_token_texts(tok)).grammar
+    compiler = ConstraintCompiler(tok, len(tok), [tok.eos_token_id])
+    good, bad = render_tool_call("add", {"a": 2, "b": 3}), render_tool_call("add", {"a": "x", "b": 3})
+    for text, ok in [("Hello there", True), (good, True), (bad, False), ("Sure. " + good, tag_is_a_token),
+                     ("Sure. " + bad, False), (good + " and more", False)]:
+        matcher = compiler.compile(grammar=grammar)._matcher
+        token_ids = ids(tok, text)
+        assert (matcher.try_consume_tokens(token_ids) == len(token_ids) and matcher.is_accepting()) == ok, text
