@@ -25,6 +25,7 @@ behaviour log-prob: the decoupled-PPO weight pi / mu then corrects for the mask.
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 from typing import Any, Sequence
@@ -69,7 +70,13 @@ class TokenConstraint:
 
 class ConstraintCompiler:
     """Compiles requests' schemas and grammars against one tokenizer (built once: ~10 ms for a
-    small vocabulary, longer for a 150k one, so never per request)."""
+    small vocabulary, longer for a 150k one, so never per request).
+
+    Compiled grammars are kept (the `CACHED` most recent): an agent sends the same tools every
+    turn, a chat's `n` choices share one, and the server checks a request's grammar before
+    submitting it. Each request gets a copy of the untouched matcher (`deep_copy`)."""
+
+    CACHED = 64
 
     def __init__(self, tokenizer: Any, n_vocab: int, eos_ids: Sequence[int]) -> None:
         self.n_vocab = int(n_vocab)
@@ -77,6 +84,7 @@ class ConstraintCompiler:
         self._eos = [int(t) for t in eos_ids]
         self._lltok: Any = None
         self._lock = threading.Lock()
+        self._compiled: collections.OrderedDict[tuple[str | None, str | None], Any] = collections.OrderedDict()
 
     def _ll_tokenizer(self) -> Any:
         with self._lock:
@@ -98,6 +106,21 @@ class ConstraintCompiler:
 
     def compile(self, json_schema: str | None = None, grammar: str | None = None) -> TokenConstraint:
         """The constraint for a request's `json_schema` or `grammar` (exactly one is given)."""
+        key = (json_schema, grammar)
+        with self._lock:
+            pristine = self._compiled.get(key)
+            if pristine is not None:
+                self._compiled.move_to_end(key)
+        if pristine is None:
+            pristine = self._matcher(json_schema, grammar)
+            with self._lock:
+                self._compiled[key] = pristine
+                while len(self._compiled) > self.CACHED:
+                    self._compiled.popitem(last=False)
+        return TokenConstraint(pristine.deep_copy(), self.n_vocab)
+
+    def _matcher(self, json_schema: str | None, grammar: str | None) -> Any:
+        """A fresh llguidance matcher at the grammar's start, or ConstraintError saying why not."""
         import llguidance
 
         if (json_schema is None) == (grammar is None):
@@ -120,7 +143,7 @@ class ConstraintCompiler:
         if matcher.is_error():
             what = "json_schema" if json_schema is not None else "grammar"
             raise ConstraintError(f"{what} cannot be used: {matcher.get_error()}")
-        return TokenConstraint(matcher, self.n_vocab)
+        return matcher
 
 
 def apply_masks(logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]

@@ -120,6 +120,11 @@ class OpenAIRoutes:
         self._check_chars(len(text), field)
         return await asyncio.to_thread(fmt.encode_text, self._tokenizer(), text)
 
+    @functools.cached_property
+    def _token_texts(self) -> dict[str, int]:
+        """The served tokenizer's single added tokens (structured_output.added_token_texts), once."""
+        return added_token_texts(self._tokenizer())
+
     def _tokenizer(self) -> Any:
         if self.server.tokenizer is None:
             raise OpenAIRequestError("this server has no tokenizer, so it cannot serve text; send token ids to "
@@ -153,7 +158,7 @@ class OpenAIRoutes:
         """`params` holding the answer to what `response_format` / `tool_choice` require
         (`structured_output.py`); a schema the engine cannot compile is a 400 naming the field."""
         wanted = output_constraint(chat.tools, chat.tool_choice, chat.parallel_tool_calls, chat.response_format,
-                                   added_token_texts(self._tokenizer()))
+                                   self._token_texts)
         if wanted is None:
             return params
         params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)

@@ -167,8 +167,8 @@ class RunDir:
             self.trackers.remove(tracker)
             try:
                 tracker.close(failed=True)
-            except Exception:  # noqa: BLE001
-                log.debug("closing the failed tracker %s", type(tracker).__name__, exc_info=True)
+            except Exception as err:  # noqa: BLE001
+                _tracker_failed(tracker, "close", err)
 
     def truncate_metrics(self, last_step: int) -> int:
         """Drop the metrics lines of steps after `last_step` (logged after the checkpoint a run

@@ -215,6 +215,11 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         return self.log.ordered()
 
     # ------------------------------------------------------------------ generation
+    @cached_property
+    def _token_texts(self) -> dict[str, int]:
+        """The policy tokenizer's single added tokens (structured_output.added_token_texts), once."""
+        return added_token_texts(self.tokenizer)
+
     def _params(self, request: SamplingRequest, prompt_len: int, turn: int) -> SamplingParams:
         """The workflow's sampling, with what the agent may change (see the module docstring)."""
         base = self.sampling
@@ -291,7 +296,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         params = self._params(request, len(prompt_ids), turn)
         wanted = output_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
-                                   request.response_format, added_token_texts(self.tokenizer))
+                                   request.response_format, self._token_texts)
         if wanted is not None:  # its tokens are recorded as context, never trained (see openai_recording.py)
             params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
         request.stop = list(params.stop)  # the workflow's stop strings are cut from the text too
