@@ -63,7 +63,7 @@ GPU_WHEELS = transformers==5.23.0 math-verify==0.9.0 latex2sympy2_extended==1.11
              llguidance==1.9.1
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
+	  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
 	  -d .whl $(GPU_WHEELS)
 
 gpu-check:

@@ -46,6 +46,26 @@ def pattern_problem(pattern: str) -> str | None:
     return None if groups == 1 else f"must have exactly one group (the verdict), has {groups}"
 
 
+def choose_model(served: list[str], adapter_prefix: str, own_server: bool) -> str:
+    """The model a judge with no `model_name` asks, from the endpoint's /v1/models ids.
+
+    Why: the run's own server answers to its served name only (vLLM 404s any other), and under
+    LoRA adapter sync the policy is base + its newest adapter, listed as `<prefix><version>`. So:
+    the newest adapter when one is listed, else the one model served. An outside endpoint with
+    several models is ambiguous: the judge must be named.
+    """
+    adapters = [(int(m[len(adapter_prefix):]), m) for m in served
+                if m.startswith(adapter_prefix) and m[len(adapter_prefix):].isdigit()]
+    if adapters:
+        return max(adapters)[1]
+    if len(served) == 1 or (served and own_server):
+        return served[0]
+    if not served:
+        raise ValueError("the endpoint's /v1/models lists no model: set the judge's model_name")
+    raise ValueError(f"the endpoint serves {len(served)} models ({', '.join(served[:8])}"
+                     f"{', ...' if len(served) > 8 else ''}): set the judge's model_name to one of them")
+
+
 def render(template: str, prompt: str, response: str, answer: str) -> str:
     return template.format(prompt=prompt, response=response, answer=answer)
 

@@ -226,8 +226,9 @@ class JudgeParams:
 
     url: Optional[str] = cfg(None, None, "an OpenAI-compatible endpoint (…/v1); null: the run's first inference server")
     api_key_env: Optional[str] = cfg(None, None, "environment variable holding the endpoint's key (with `url`)")
-    model_name: str = cfg("judge", None, "the model name sent to the endpoint (the node's `model` key is for "
-                                         "models of the workflow; a judge has none)")
+    model_name: Optional[str] = cfg(None, None, "the model name sent to the endpoint (the node's `model` key is "
+                                    "for models of the workflow; a judge has none); null: the one the endpoint "
+                                    "lists on /v1/models (the run's own server: its newest LoRA adapter, if any)")
     template: str = cfg(DEFAULT_JUDGE_TEMPLATE, None, "the question put to the judge: {prompt}, {response}, {answer}")
     system: Optional[str] = cfg(None, None, "a system message before it")
     verdict: Literal["yes_no", "score"] = cfg("yes_no", None, "yes_no: yes 1, no 0; score: a number / score_max")

@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.api.judge import parse_verdict, render
+from areal_graph.api.judge import choose_model, parse_verdict, render
+from areal_graph.engines.inference.backends.base import ADAPTER_PREFIX
 
 log = logging.getLogger(__name__)
 
 
 class JudgeHost:
     def __init__(self, policy_tokenizer_path: str, base_url: str, api_key_env: str | None = None,
-                 use_run_token: bool = False, model: str = "judge",
+                 use_run_token: bool = False, model: str | None = None,
                  template: str = "", system: str | None = None, verdict: str = "yes_no", pattern: str | None = None,
                  score_max: float = 10.0, max_tokens: int = 32, temperature: float = 0.0, max_concurrency: int = 8,
                  timeout_s: float = 60.0, on_failure: float = 0.0) -> None:
@@ -49,6 +50,7 @@ class JudgeHost:
 
         self.tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_path)
         self.model, self.template, self.system = model, template, system
+        self.own_server = use_run_token
         self.verdict, self.pattern, self.score_max = verdict, pattern, score_max
         self.max_tokens, self.temperature, self.on_failure = max_tokens, temperature, on_failure
         self.loop = asyncio.new_event_loop()
@@ -74,16 +76,30 @@ class JudgeHost:
                         self.tokenizer.decode(ids[a:b][m].tolist(), skip_special_tokens=True)))
         return out
 
-    async def _ask(self, content: str) -> str:
+    async def _served_model(self) -> str:
+        """`model`, or (none given) the one the endpoint lists, asked per batch: under LoRA adapter
+        sync the run's server lists a newer adapter after every sync."""
+        if self.model is not None:
+            return self.model
+        listed = [m.id async for m in self.client.models.list()]
+        return choose_model(listed, ADAPTER_PREFIX, self.own_server)
+
+    async def _ask(self, content: str, model: str) -> str:
         messages: list[Any] = ([{"role": "system", "content": self.system}] if self.system else []) + \
             [{"role": "user", "content": content}]
         async with self._gate:
             reply = await self.client.chat.completions.create(
-                model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature)
+                model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature)
         return reply.choices[0].message.content or ""
 
     async def _ask_all(self, contents: list[str]) -> list[Any]:
-        return await asyncio.gather(*(self._ask(c) for c in contents), return_exceptions=True)
+        import openai
+
+        try:
+            model = await self._served_model()
+        except openai.OpenAIError as err:  # the endpoint is down: every request of the batch failed
+            return [err] * len(contents)
+        return await asyncio.gather(*(self._ask(c, model) for c in contents), return_exceptions=True)
 
     def score(self, batch: PackedBatch, out_key: str = "judge_reward") -> tuple[PackedBatch, dict[str, float]]:
         """`out_key` per sequence; stats: failures, unparsable replies, seconds waited."""

@@ -40,3 +40,16 @@ def test_patterns_need_exactly_one_group():
 def test_verdicts(reply, verdict, pattern, expected):
     score_max = 5.0 if pattern and "score" in pattern else 10.0
     assert parse_verdict(reply, verdict, pattern, score_max) == expected
+
+
+def test_choose_model_prefers_the_newest_adapter_then_the_one_served():
+    from areal_graph.api.judge import choose_model
+
+    p = "policy-lora-v"
+    assert choose_model(["base", f"{p}2", f"{p}10", f"{p}9", f"{p}x"], p, own_server=True) == f"{p}10"
+    assert choose_model(["inference-0"], p, own_server=False) == "inference-0"
+    assert choose_model(["inference-0", "other"], p, own_server=True) == "inference-0"
+    with pytest.raises(ValueError, match="serves 2 models"):
+        choose_model(["a", "b"], p, own_server=False)
+    with pytest.raises(ValueError, match="lists no model"):
+        choose_model([], p, own_server=True)

@@ -27,9 +27,11 @@ TEMPLATE = "Reference: {answer}\nStudent: {response}\nCorrect? yes or no."
 class FakeJudge:
     def __init__(self, delay_s: float = 0.2) -> None:
         self.delay_s, self.in_flight, self.peak, self.requests = delay_s, 0, 0, 0
+        self.served, self.asked = ["judge-7b"], []  # what /v1/models lists; the model of each request
         self.loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -38,8 +40,13 @@ class FakeJudge:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "created": 0,
+                                                              "owned_by": "x"} for m in self.served]})
+
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.asked.append(body["model"])
         text = body["messages"][-1]["content"]
         reference, student = re.search(r"Reference: (.*)\nStudent: (.*)\n", text).groups()
         self.requests += 1
@@ -57,8 +64,11 @@ class FakeJudge:
             self.in_flight -= 1
 
     def close(self) -> None:
+        if not self.loop.is_running():
+            return
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
 
 
 @pytest.fixture
@@ -109,6 +119,36 @@ def test_requests_run_concurrently_and_never_more_than_the_bound(kit, tokenizer,
     assert out["r"].tolist() == [1.0] * 9 and stats["failures"] == 0
     assert fake.peak == 3 and fake.requests == 9
     assert wall >= 3 * fake.delay_s  # three waves of three, not nine one after another or all at once
+
+
+def test_with_no_model_name_it_asks_the_one_served_or_the_newest_adapter(kit, tokenizer, fake):
+    """vLLM answers only to its served names; under LoRA sync the policy is the newest adapter, and a
+    newer one is listed after each sync, so the choice is made per batch."""
+    host = JudgeHost(str(kit / "model"), fake.url, template=TEMPLATE)
+    named = JudgeHost(str(kit / "model"), fake.url, template=TEMPLATE, model="judge-7b")
+    try:
+        host.score(batch_of(tokenizer, ["5"], ["5"]), "r")
+        fake.served = ["inference-0", "policy-lora-v2", "policy-lora-v10", "policy-lora-v9"]
+        out, stats = host.score(batch_of(tokenizer, ["5", "6"], ["5", "5"]), "r")
+        fake.served = ["a", "b"]
+        named.score(batch_of(tokenizer, ["5"], ["5"]), "r")
+        with pytest.raises(ValueError, match="serves 2 models .a, b.: set the judge's model_name"):
+            host.score(batch_of(tokenizer, ["5"], ["5"]), "r")
+    finally:
+        host.close()
+        named.close()
+    assert fake.asked == ["judge-7b", "policy-lora-v10", "policy-lora-v10", "judge-7b"]
+    assert out["r"].tolist() == [1.0, 0.0] and stats["failures"] == 0
+
+
+def test_an_endpoint_that_cannot_list_its_models_fails_the_batch_counted(kit, tokenizer, fake):
+    fake.close()  # nothing listens any more
+    host = JudgeHost(str(kit / "model"), fake.url, template=TEMPLATE, timeout_s=2.0, on_failure=-1.0)
+    try:
+        out, stats = host.score(batch_of(tokenizer, ["5", "6"], ["5", "5"]), "r")
+    finally:
+        host.close()
+    assert out["r"].tolist() == [-1.0, -1.0] and stats["failures"] == 2.0
 
 
 def test_a_missing_key_is_an_error_naming_the_variable(kit, fake, monkeypatch):

@@ -116,3 +116,35 @@ def test_a_lora_rl_run_on_vllm_syncs_adapters_only(tmp_path):
         assert r["weight_sync/bytes"] < 200_000  # the adapter (r 8 on q/k/v/o of the kit), not the model
     print(f"vLLM LoRA run: 4 steps in {time.monotonic() - t0:.0f} s, "
           f"{steps[-1]['weight_sync/bytes'] / 1e3:.0f} kB per sync")
+
+
+def test_a_judge_with_no_model_name_asks_the_newest_adapter(lora_server, tmp_path, monkeypatch):
+    """vLLM answers only to the names it serves: a judge left at a made-up name fails every request
+    (counted), one with no name asks what /v1/models lists, under adapter sync the newest adapter."""
+    from areal_graph.data.packed import PackedBatch
+    from areal_graph.runtime.hosts.judge_host import JudgeHost
+
+    url, model = lora_server
+    v7 = adapter_dir(model, tmp_path / "v7", seed=3)
+
+    async def load() -> None:
+        client = InferenceClient(url, backend="vllm", api_key=KEY, lora_adapters=True)
+        await client.load_adapter(str(v7), 7)
+        await client.close()
+
+    asyncio.run(load())
+    monkeypatch.setenv("JUDGE_TEST_KEY", KEY)
+    batch = PackedBatch.from_sequences({"input_ids": [PROMPT + [5, 6], PROMPT + [7]],
+                                        "loss_mask": [[0] * len(PROMPT) + [1, 1], [0] * len(PROMPT) + [1]]},
+                                       meta={"answer": ["5", "7"]})
+    results = {}
+    for name in (None, "judge"):
+        host = JudgeHost(str(model), url + "/v1", api_key_env="JUDGE_TEST_KEY", model=name, max_tokens=4,
+                         template="{response} ok? yes or no", timeout_s=60.0)
+        try:
+            asked = asyncio.run_coroutine_threadsafe(host._served_model(), host.loop).result()
+            results[name] = asked, host.score(batch, "r")[1]
+        finally:
+            host.close()
+    assert results[None][0] == adapter_name(7) and results[None][1]["failures"] == 0
+    assert results["judge"][1]["failures"] == 2  # 404: the name the judge used to send by default
