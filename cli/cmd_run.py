@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from areal_graph.graph.spec import WorkflowSpec
     from areal_graph.runtime.observability.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -113,12 +114,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
-    from areal_graph.graph.dump import dump_workflow
-    from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text
-    from areal_graph.runtime.launchers.interrupt import interrupted
-    from areal_graph.runtime.observability.run_dir import CONFIG_FILENAME, RunDir
+    """Load and check the workflow, open the run directory, train; each stage answers a user's
+    mistake with a message and an exit code, never a traceback."""
+    from areal_graph.cli.preflight import preflight
 
     console = Console(soft_wrap=True)  # log lines stay whole when output is a file or a pipe
+    loaded = _load_spec(args, console)
+    if isinstance(loaded, int):
+        return loaded
+    spec, overrides = loaded
+    try:  # before the run folder exists: a typo (a builtin name, inference.args) leaves nothing behind
+        preflight(spec)
+    except ValueError as err:
+        console.print(str(err), style="red", markup=False, highlight=False)
+        return 1
+    opened = _open_run_dir(args, spec, overrides, console)
+    if isinstance(opened, int):
+        return opened
+    run_dir, ckpt = opened
+    started.append(run_dir)
+    console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
+                  f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
+    t0 = time.time()
+    try:
+        spec = _resolve_builtins(spec, console)
+    except ValueError as err:
+        console.print(f"[red]{err}[/]", highlight=False)
+        return 1
+    return _train(spec, run_dir, ckpt, console, t0)
+
+
+def _load_spec(args: argparse.Namespace, console: Console) -> tuple[WorkflowSpec, list[str]] | int:
+    """The workflow to run (the named file, or the resumed run's own config.yaml) with the
+    overrides applied, or an exit code after saying what is wrong."""
+    from areal_graph.graph.dump import dump_workflow
+    from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text
+    from areal_graph.runtime.observability.run_dir import CONFIG_FILENAME
+
     overrides = list(args.overrides)
     if args.resume is not None and args.workflow is not None and "=" in str(args.workflow):
         overrides.insert(0, str(args.workflow))  # `run --resume DIR runtime.steps=20`: no workflow given
@@ -129,33 +161,32 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     # a path, not a RunDir: that would create the folder a mistyped --resume names
     source = Path(args.resume) / CONFIG_FILENAME if args.resume is not None else args.workflow
     try:
-        if args.resume is not None:
-            if not source.is_file():
-                console.print(f"[red]{args.resume}: not a run directory (no config.yaml)[/]")
-                return 1
-            spec = load_workflow_text(source.read_text(encoding="utf-8"), overrides, file=str(source))
-            if args.workflow is not None and dump_workflow(load_workflow(args.workflow, overrides)) != dump_workflow(spec):
-                console.print(f"[red]--resume continues the workflow {args.resume} ran ({source}), and "
-                              f"{args.workflow} differs from it: drop {args.workflow} (KEY=VALUE overrides, "
-                              f"e.g. runtime.steps=N, still apply)[/]")
-                return 2
-        else:
-            spec = load_workflow(args.workflow, overrides=overrides)
+        if args.resume is None:
+            return load_workflow(args.workflow, overrides=overrides), overrides
+        if not source.is_file():
+            console.print(f"[red]{args.resume}: not a run directory (no config.yaml)[/]")
+            return 1
+        spec = load_workflow_text(source.read_text(encoding="utf-8"), overrides, file=str(source))
+        if args.workflow is not None and dump_workflow(load_workflow(args.workflow, overrides)) != dump_workflow(spec):
+            console.print(f"[red]--resume continues the workflow {args.resume} ran ({source}), and "
+                          f"{args.workflow} differs from it: drop {args.workflow} (KEY=VALUE overrides, "
+                          f"e.g. runtime.steps=N, still apply)[/]")
+            return 2
+        return spec, overrides
     except WorkflowError as err:
         console.print(f"[red]{source}: the workflow has {len(err.problems)} problem(s):[/]")
         for problem in err.problems:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
 
-    from areal_graph.cli.preflight import preflight
-    from areal_graph.runtime.orchestration.controller import RunFailed
-    from areal_graph.runtime.orchestration.run import run_with_auto_resume
 
-    try:  # before the run folder exists: a typo (a builtin name, inference.args) leaves nothing behind
-        preflight(spec)
-    except ValueError as err:
-        console.print(str(err), style="red", markup=False, highlight=False)
-        return 1
+def _open_run_dir(args: argparse.Namespace, spec: WorkflowSpec, overrides: list[str],
+                  console: Console) -> tuple[RunDir, Path | None] | int:
+    """A new run directory with the workflow as run in its config.yaml, or (--resume) the old one
+    and its latest complete checkpoint; an exit code when there is nothing to resume."""
+    from areal_graph.graph.dump import dump_workflow
+    from areal_graph.runtime.observability.run_dir import RunDir
+
     if args.resume:
         run_dir = RunDir(args.resume)
         ckpt = run_dir.latest_checkpoint()
@@ -164,22 +195,22 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
             return 1
         if overrides:  # the run continues under them: config.yaml says so
             run_dir.write_text("config.yaml", dump_workflow(spec, header=f"resumed with {' '.join(overrides)}"))
-    else:
-        root = args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
-        run_dir = RunDir(root)
-        ckpt = None
-        run_dir.write_text("config.yaml", dump_workflow(
-            spec, header=f"the workflow this run ran: {args.workflow}" + (f" with {' '.join(overrides)}" if overrides else "")
-            + "\nrepeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>"))
-    started.append(run_dir)
-    console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
-                  f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
-    t0 = time.time()
-    try:
-        spec = _resolve_builtins(spec, console)
-    except ValueError as err:
-        console.print(f"[red]{err}[/]", highlight=False)
-        return 1
+        return run_dir, ckpt
+    root = args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
+    run_dir = RunDir(root)
+    run_dir.write_text("config.yaml", dump_workflow(
+        spec, header=f"the workflow this run ran: {args.workflow}" + (f" with {' '.join(overrides)}" if overrides else "")
+        + "\nrepeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>"))
+    return run_dir, None
+
+
+def _train(spec: WorkflowSpec, run_dir: RunDir, ckpt: Path | None, console: Console, t0: float) -> int:
+    """The RL loop with its live display (auto-resuming as the workflow allows); a failure ends as
+    a message naming the process logs and the unfinished work, success as a one-line summary."""
+    from areal_graph.runtime.launchers.interrupt import interrupted
+    from areal_graph.runtime.orchestration.controller import RunFailed
+    from areal_graph.runtime.orchestration.run import run_with_auto_resume
+
     def say_failed(err: Exception) -> None:
         console.print(f"[red bold]run failed:[/] {type(err).__name__}: ", end="")
         console.print(str(err), markup=False, highlight=False)
