@@ -50,6 +50,9 @@ from areal_graph.runtime.orchestration.staleness import StalenessGate, version_r
 log = logging.getLogger(__name__)
 
 GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted as failed
+# this many prompt groups failing in a row (none generated or dropped between them) stop the
+# run: a node that always fails (a user function's bug) would otherwise fail every prompt forever
+FAILED_GROUPS_IN_A_ROW = 8
 SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (not every step: RPCs)
 
 
@@ -60,6 +63,15 @@ def tool_call_stats(batch: PackedBatch, prefix: str) -> dict[str, float]:
         return {}
     calls = batch["tool_calls"].float()
     return {f"{prefix}/tool_call_rate": float((calls > 0).float().mean()), f"{prefix}/tool_calls_mean": float(calls.mean())}
+
+
+class NodeFailed(RuntimeError):
+    """A generation-side node call failed: the message names the node (and its kind), which the
+    raw exception (a user function's ValueError, a worker's remote traceback) may not."""
+
+    def __init__(self, node: str, kind: str, cause: BaseException) -> None:
+        super().__init__(f"node {node!r} ({kind}): {type(cause).__name__}: {cause}")
+        self.node = node
 
 
 class RunFailed(RuntimeError):
@@ -121,6 +133,7 @@ class Controller:
         self._earlier_restarts: Counter = Counter()  # restarts in the parts of the run before a resume
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
         self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
+        self._failed_in_a_row = 0  # prompt groups failed since one was last generated or dropped
         self.ledger = SampleLedger(run_dir.path / "ledger.jsonl" if run_dir is not None else None)
         self.flows = GroupFlows.for_plan(plan, enabled=tracer.enabled)  # trace arrows: generation -> train step
 
@@ -257,15 +270,11 @@ class Controller:
                     raise
                 except Exception as exc:  # a failed group is retried, then reported: never lost silently
                     if attempt + 1 == GROUP_ATTEMPTS or self._fatal is not None:
-                        self.gate.on_reject(G)
-                        self.state.groups_failed += 1
-                        self._settle(gid, prompt, "failed")
-                        self._settled.set()
-                        log.error("prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
-                                  gid, prompt.id, GROUP_ATTEMPTS, exc)
+                        self._group_failed(gid, prompt, exc)
                         return
                     self.state.groups_retried += 1
                     log.warning("prompt group %d failed (%s); retrying (attempt %d)", gid, exc, attempt + 2)
+            self._failed_in_a_row = 0
             for name, n in outcome.groups_dropped.items():
                 self._dropped_by[name] = self._dropped_by.get(name, 0) + n
             for k, v in outcome.stats.items():
@@ -287,6 +296,19 @@ class Controller:
         finally:
             if self._inflight.get(gid) is asyncio.current_task():
                 del self._inflight[gid]
+
+    def _group_failed(self, gid: int, prompt: Any, exc: Exception) -> None:
+        """Count the group as failed (never lost silently); stop the run when groups keep failing."""
+        self.gate.on_reject(self.group_size)
+        self.state.groups_failed += 1
+        self._settle(gid, prompt, "failed")
+        self._settled.set()
+        log.error("prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
+                  gid, prompt.id, GROUP_ATTEMPTS, exc)
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row == FAILED_GROUPS_IN_A_ROW:
+            self.on_failure(f"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried {GROUP_ATTEMPTS} "
+                            f"times; the last: {exc}")
 
     def _record(self, gid: int, prompt: Any, event: str) -> None:
         self.ledger.record(event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step,
@@ -328,9 +350,18 @@ class Controller:
         return {"sampling": {"seed": (self.rt.seed % (1 << 20)) * (1 << 40) + pos * (1 << 16)}}
 
     async def _generate_group(self, gid: int, prompt: Any):
-        batch = (await self._call(self.plan.source, self._prompt_batch([prompt], [gid]),
-                                  extra=self._group_seed(gid))).batch
-        return await run_phase(self.plan, self.plan.generation, batch, self._call)
+        batch = (await self._generation_call(self.plan.source, self._prompt_batch([prompt], [gid]),
+                                             extra=self._group_seed(gid))).batch
+        return await run_phase(self.plan, self.plan.generation, batch, self._generation_call)
+
+    async def _generation_call(self, name: str, batch: PackedBatch, extra: dict[str, Any] | None = None) -> NodeResult:
+        try:
+            return await self._call(name, batch, extra)
+        except (asyncio.CancelledError, NodeContractError):
+            raise
+        except Exception as exc:
+            fn = getattr(self.plan.node(name).params, "fn", None)  # a function or reward node's code
+            raise NodeFailed(name, self.plan.kind(name).name + (f" {fn}" if isinstance(fn, str) else ""), exc) from exc
 
     # ------------------------------------------------------------------ training side
     async def _training_loop(self) -> None:

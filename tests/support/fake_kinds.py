@@ -176,5 +176,9 @@ def forgets_its_write(batch: PackedBatch, out_key: str) -> PackedBatch:
     return PackedBatch(batch.cu_seqlens.clone())
 
 
+def always_raises(batch: PackedBatch, out_key: str) -> PackedBatch:
+    raise ValueError("a bug in the user's reward")
+
+
 def drops_half_a_group(batch: PackedBatch) -> PackedBatch:
     return batch.select([0]).select_keys(["group_id", "sample_id"])

@@ -150,6 +150,21 @@ def test_a_node_that_does_not_write_its_declared_key_stops_the_run_by_name(tmp_p
         run(tmp_path, reward="forgets_its_write")
 
 
+def test_a_node_that_always_fails_stops_the_run_naming_it(tmp_path):
+    """Retrying each group and taking the next prompt would go on forever: after
+    FAILED_GROUPS_IN_A_ROW failed groups the run stops with the node, its code and the error."""
+    from areal_graph.runtime.orchestration.controller import FAILED_GROUPS_IN_A_ROW, GROUP_ATTEMPTS
+
+    with pytest.raises(RunFailed, match=rf"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried "
+                                        rf"{GROUP_ATTEMPTS} times; the last: node 'reward' \(function "
+                                        r"support.fake_kinds:always_raises\): ValueError: a bug in the user's reward"):
+        run(tmp_path, reward="always_raises")
+    unfinished = json.loads((tmp_path / "run" / "unfinished.json").read_text())
+    # the groups in flight when the limit was hit may fail too; none was trained, all are counted
+    assert FAILED_GROUPS_IN_A_ROW <= unfinished["groups_failed"] <= FAILED_GROUPS_IN_A_ROW + 16 // 4
+    assert unfinished["step"] == 0 and unfinished["groups_finished"] == 0
+
+
 def test_dropping_part_of_a_group_is_an_error(tmp_path):
     extra = 'half: {kind: function, fn: "support.fake_kinds:drops_half_a_group", reads: [rewards]}'
     with pytest.raises(RunFailed, match="dropped part of prompt group"):
