@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def cell_overrides(eta: int, method: str, seed: int, steps: int, eval_size: int,
 
 
 def run_cell(workflow: Path, overrides: list[str], run_dir: Path) -> dict:
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier invocation's cell (a cell not in --out is rerun)
     cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(workflow), *overrides, "--run-dir", str(run_dir)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -60,6 +60,7 @@ if has rl; then  # one GPU time-shared: the engine and the trainer both on cuda:
 fi
 if has megatron-run; then  # the Megatron-Core backend behind the same train/logprob nodes, a short run
   part "megatron run"
+  rm -rf /tmp/areal-megatron-run  # a run directory that already holds a run is refused
   timeout 150 $PY -m areal_graph.cli.main run workflows/ppo_async.yaml runtime.steps=20 runtime.eval_every=20 \
     data.eval_size=200 runtime.save_every=0 models.actor.backend=megatron models.actor.device=cuda \
     inference.args.device=cuda --run-dir /tmp/areal-megatron-run 2>&1 | tee -a "$LOG" | tail -8 || status=1

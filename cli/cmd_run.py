@@ -185,7 +185,7 @@ def _open_run_dir(args: argparse.Namespace, spec: WorkflowSpec, overrides: list[
     """A new run directory with the workflow as run in its config.yaml, or (--resume) the old one
     and its latest complete checkpoint; an exit code when there is nothing to resume."""
     from areal_graph.graph.dump import dump_workflow
-    from areal_graph.runtime.observability.run_dir import RunDir
+    from areal_graph.runtime.observability.run_dir import CONFIG_FILENAME, RunDir
 
     if args.resume:
         run_dir = RunDir(args.resume)
@@ -197,6 +197,11 @@ def _open_run_dir(args: argparse.Namespace, spec: WorkflowSpec, overrides: list[
             run_dir.write_text("config.yaml", dump_workflow(spec, header=f"resumed with {' '.join(overrides)}"))
         return run_dir, ckpt
     root = args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
+    held = [name for name in (CONFIG_FILENAME, "metrics.jsonl", "checkpoints") if (Path(root) / name).exists()]
+    if held:  # two runs in one folder: metrics appended, an old checkpoint resumed under a new config
+        console.print(f"[red]{root} already holds a run ({', '.join(held)}): continue it with "
+                      f"`areal-graph run --resume {root}`, or give another --run-dir[/]", highlight=False)
+        return 2
     run_dir = RunDir(root)
     run_dir.write_text("config.yaml", dump_workflow(
         spec, header=f"the workflow this run ran: {args.workflow}" + (f" with {' '.join(overrides)}" if overrides else "")

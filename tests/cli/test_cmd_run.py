@@ -168,6 +168,25 @@ def test_unrecognized_option_after_an_option_is_refused(runner, workflow, tmp_pa
     assert runner.calls == []
 
 
+@pytest.mark.parametrize("held", ["config.yaml", "metrics.jsonl", "checkpoints"])
+def test_a_run_dir_that_holds_a_run_is_refused(runner, workflow, tmp_path, capsys, held):
+    """Two runs in one folder would append metrics (steps 1..5 then 1 again) and let --resume pick
+    the old run's checkpoint under the new config."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / held).mkdir() if held == "checkpoints" else (run_dir / held).write_text("x")
+    assert cmd_run.run(parse(str(workflow), "--run-dir", str(run_dir))) == 2
+    out = capsys.readouterr().out
+    assert f"{run_dir} already holds a run ({held})" in out and f"areal-graph run --resume {run_dir}" in out
+    assert runner.calls == [] and sorted(p.name for p in run_dir.iterdir()) == [held]
+
+
+def test_an_empty_run_dir_is_used(runner, workflow, tmp_path):
+    (tmp_path / "run").mkdir()
+    assert cmd_run.run(parse(str(workflow), "--run-dir", str(tmp_path / "run"))) == 0
+    assert (tmp_path / "run" / "config.yaml").is_file()
+
+
 def test_default_run_dir_comes_from_runtime_run_dir(runner, workflow, tmp_path):
     pattern = str(tmp_path / "runs" / "{name}-x")
     assert cmd_run.run(parse(str(workflow), f"runtime.run_dir={pattern}")) == 0
@@ -224,12 +243,15 @@ def test_resumable_failure_without_checkpoint_says_why_it_was_not_resumed(monkey
 
 
 def test_resumable_failure_past_the_limit_says_how_often_it_resumed(monkeypatch, workflow, tmp_path, capsys):
-    run_dir = RunDir(tmp_path / "r")
-    run_dir.mark_checkpoint_complete(run_dir.checkpoint_dir(4))
     err = RunFailed("model worker died again", resumable=True)
     err.resumes = 2
-    monkeypatch.setattr(orchestration_run, "run_with_auto_resume", FakeRunner(error=err))
-    assert cmd_run.run(parse(str(workflow), "runtime.auto_resume=2", "--run-dir", str(run_dir.path))) == 1
+
+    def checkpoint_then_fail(spec, run_dir, **kwargs):
+        run_dir.mark_checkpoint_complete(run_dir.checkpoint_dir(4))
+        raise err
+
+    monkeypatch.setattr(orchestration_run, "run_with_auto_resume", checkpoint_then_fail)
+    assert cmd_run.run(parse(str(workflow), "runtime.auto_resume=2", "--run-dir", str(tmp_path / "r"))) == 1
     assert "not resumed automatically: runtime.auto_resume is 2 and was used 2 times" in capsys.readouterr().out
 
 
