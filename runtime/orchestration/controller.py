@@ -42,6 +42,7 @@ from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.runtime.orchestration.generation_stats import GenerationStats
 from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
@@ -128,7 +129,7 @@ class Controller:
         self._stop: asyncio.Event | None = None  # created inside the event loop
         self._inflight: dict[int, asyncio.Task] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._gen_stats: dict[str, float] = {}  # generation-side node stats since the last step
+        self._gen_stats = GenerationStats()  # generation-side node stats since the last step
         self._dropped_by: dict[str, int] = {}
         self._earlier_restarts: Counter = Counter()  # restarts in the parts of the run before a resume
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
@@ -277,8 +278,7 @@ class Controller:
             self._failed_in_a_row = 0
             for name, n in outcome.groups_dropped.items():
                 self._dropped_by[name] = self._dropped_by.get(name, 0) + n
-            for k, v in outcome.stats.items():
-                self._gen_stats[k] = self._gen_stats.get(k, 0.0) + v
+            self._gen_stats.add(outcome.stats)
             if outcome.batch is None:
                 self.gate.on_reject(G)
                 self.state.groups_dropped += 1
@@ -529,8 +529,7 @@ class Controller:
 
     def _log_step(self, stats: dict[str, float], dropped_in_training: int) -> None:
         stats = {k: float(v) for k, v in stats.items()}
-        gen, self._gen_stats = self._gen_stats, {}
-        stats.update(gen)  # generation-side node stats (e.g. reward/failures), summed since the last step
+        stats.update(self._gen_stats.take())  # e.g. reward/failures summed, rm_score/mean averaged, since the last step
         stats.update({
             "step": self.state.step, "version": self.state.version,
             "buffer/size": float(self.buffer.size()), "rollout/groups_in_flight": float(len(self._inflight)),

@@ -304,6 +304,8 @@ def test_a_reward_model_scores_beside_the_rule_reward(kit, tmp_path):
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "time/step" in m]
     assert len(steps) == 3 and all(0.0 <= m["reward/mean"] <= 1.5 for m in steps)  # rule + 0.5 x sigmoid
+    # the node's per-call mean is averaged over the step's groups (it was summed: 6.9 for a sigmoid)
+    assert all(0.0 < m["rm_score/mean"] < 1.0 and m["rm_score/forwards"] >= 1 for m in steps)
     evals = [m for m in metrics if "eval/accuracy" in m]
     assert evals and all(0.0 < m["eval/rm_reward"] < 1.0 for m in evals)
     assert all(m["eval/accuracy"] == m["eval/rule_reward"] for m in evals)  # the verifier's 0/1, not the model's
