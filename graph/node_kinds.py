@@ -249,6 +249,9 @@ def _judge_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
         issues.append(Issue(("template",), problem))
     if p.pattern is not None and (problem := judge_pattern_problem(p.pattern)) is not None:
         issues.append(Issue(("pattern",), problem))
+    if p.url is not None and not p.url.startswith(("http://", "https://")):
+        issues.append(Issue(("url",), f"must start with http:// or https:// (e.g. http://{p.url.split('://')[-1]}), "
+                                      f"got {p.url!r}"))
     if p.api_key_env is not None and p.url is None:
         issues.append(Issue(("api_key_env",), "is for an endpoint given by `url`; the run's own servers take the "
                                               "run's token"))

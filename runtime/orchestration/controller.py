@@ -539,8 +539,19 @@ class Controller:
             **{f"{name}/groups_dropped_total": float(n) for name, n in self._dropped_by.items()},
         })
         self.run_dir.log_metrics(self.state.step, stats)
+        self._say_failures(stats)
         if self.display is not None:
             self.display.on_step(self.state.step, stats)
+
+    def _say_failures(self, stats: dict[str, float]) -> None:
+        """A node's failed calls (a judge's requests, a verifier's timeouts) on the run's console,
+        not only in its own process's log: they were scored `on_failure`, and a judge that is down
+        would otherwise train the whole run on that score unseen."""
+        for key, n in stats.items():
+            node = key[: -len("/failures")]
+            if key.endswith("/failures") and n > 0 and node in self.plan.hosting:
+                log.warning("step %d: node %r: %d request(s) failed and got the failure reward (why: %s)",
+                            self.state.step, node, n, self.run_dir.logs_dir / f"{self.plan.hosting[node].process}.log")
 
 
 def earlier_restarts(run_dir: RunDir) -> Counter:

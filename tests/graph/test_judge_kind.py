@@ -42,6 +42,8 @@ def test_the_shipped_workflow_plans_the_judge_on_the_generation_side():
     (("nodes.judge.pattern=\\d+",), "field 'pattern': must have exactly one group"),
     (("nodes.judge.api_key_env=KEY",), "field 'api_key_env': is for an endpoint given by `url`"),
     (("nodes.judge.verdict=stars",), "field 'verdict': must be"),
+    (("nodes.judge.url=localhost:30001/v1",), "field 'url': must start with http:// or https:// "
+                                              "(e.g. http://localhost:30001/v1)"),
     (("nodes.judge.reads=[input_ids]",), "a judge node (it shows the judge the answer) must read loss_mask"),
 ])
 def test_rules_name_the_node_and_field(overrides, words):

@@ -176,6 +176,12 @@ def forgets_its_write(batch: PackedBatch, out_key: str) -> PackedBatch:
     return PackedBatch(batch.cu_seqlens.clone())
 
 
+def judge_like_reward(batch: PackedBatch, out_key: str) -> tuple[PackedBatch, dict[str, float]]:
+    """parity_reward, plus a judge's stats: one failed request in odd groups, a per-call mean."""
+    odd = float(int(batch["group_id"][0]) % 2)
+    return parity_reward(batch, out_key), {"failures": odd, "score_mean": odd}
+
+
 def always_raises(batch: PackedBatch, out_key: str) -> PackedBatch:
     raise ValueError("a bug in the user's reward")
 

@@ -165,6 +165,19 @@ def test_a_node_that_always_fails_stops_the_run_naming_it(tmp_path):
     assert unfinished["step"] == 0 and unfinished["groups_finished"] == 0
 
 
+def test_node_stats_per_step_failures_summed_and_said_means_averaged(tmp_path, caplog):
+    """Two groups a step (B 8 / G 4), one odd: a judge's failed requests add up and are said on
+    the run's console, not only in the node's process log; a per-call mean stays a mean."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="areal_graph.runtime.orchestration.controller"):
+        run(tmp_path, eta=0, steps=3, reward="judge_like_reward")
+    steps = [m for m in metrics(tmp_path) if "reward/failures" in m]
+    assert [m["reward/failures"] for m in steps] == [1.0] * 3 and [m["reward/score_mean"] for m in steps] == [0.5] * 3
+    said = [r.getMessage() for r in caplog.records if "failed and got the failure reward" in r.getMessage()]
+    assert len(said) == 3 and said[0].startswith("step 1: node 'reward': 1 request(s) failed"), said
+
+
 def test_dropping_part_of_a_group_is_an_error(tmp_path):
     extra = 'half: {kind: function, fn: "support.fake_kinds:drops_half_a_group", reads: [rewards]}'
     with pytest.raises(RunFailed, match="dropped part of prompt group"):
