@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     try:  # a builtin name no kit has, or bad inference.args, fails here, not minutes into `run`
         preflight(spec)
     except ValueError as err:
-        console.print(f"{args.workflow}: {err}", style="red", markup=False, highlight=False)
+        for line in str(err).splitlines():
+            console.print(f"{args.workflow}: {line}", style="red", markup=False, highlight=False)
         return 1
     graph = build_graph(spec)
     console.print(f"[bold green]OK[/] {args.workflow}: workflow [bold]{spec.name}[/], "

@@ -12,30 +12,55 @@ experiment trackers `runtime.loggers` names (wandb, mlflow).
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 
 def preflight(spec: Any) -> None:
-    """ValueError naming the first field this machine cannot honour (spec: a WorkflowSpec)."""
+    """ValueError listing, a line each, every field this machine cannot honour (spec: a WorkflowSpec)."""
+    problems = preflight_problems(spec)
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def preflight_problems(spec: Any) -> list[str]:
     from areal_graph.engines.inference.backends import get_backend
     from areal_graph.graph.node_kinds import actor_model
-    from areal_graph.modelkit.builtin import check_builtin_paths, model_head_dim
+    from areal_graph.modelkit.builtin import builtin_path_problems, model_head_dim
     from areal_graph.runtime.observability.trackers import missing_packages
 
-    check_builtin_paths(spec)
+    problems = builtin_path_problems(spec) + local_path_problems(spec)
     backend = get_backend(spec.inference.backend)
     problem = backend.args_problem(spec.inference)
     if problem is not None:
-        raise ValueError(f"inference.args: {problem}")
+        problems.append(f"inference.args: {problem}")
     actor = spec.models.get(actor_model(spec) or "")
     if actor is not None:
         problem = backend.model_problem(model_head_dim(actor.path))
         if problem is not None:
-            raise ValueError(f"inference.backend: {problem} (models.{actor.name}.path {actor.path})")
+            problems.append(f"inference.backend: {problem} (models.{actor.name}.path {actor.path})")
     for model in spec.models.values():
         if model.backend == "megatron" and importlib.util.find_spec("megatron") is None:
-            raise ValueError(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
-                             "installed here (pip install 'areal-graph[megatron]')")
+            problems.append(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
+                            "installed here (pip install 'areal-graph[megatron]')")
     missing = missing_packages(spec.runtime.loggers)
     if missing:
-        raise ValueError("; ".join(missing))
+        problems.append("; ".join(missing))
+    return problems
+
+
+def local_path_problems(spec: Any) -> list[str]:
+    """Model and dataset paths that name nothing on this machine. A model path of the form
+    `org/name` that is not a folder here is taken for a Hugging Face hub id (from the local
+    cache: nothing is downloaded) and left to the loader."""
+    fields = [(f"models.{m.name}.path", m.path, True) for m in spec.models.values()]
+    fields += [(f"data.{k}", v, False) for k, v in (("train", spec.data.train), ("eval", spec.data.eval)) if v]
+    problems = []
+    for field, path, is_model in fields:
+        text = str(path)
+        if text.startswith("builtin:") or Path(text).expanduser().exists():
+            continue
+        hub_id = is_model and not text.startswith((".", "/", "~")) and text.count("/") == 1
+        if not hub_id:
+            problems.append(f"{field}: {text} does not exist")
+    return problems

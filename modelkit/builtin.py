@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import fcntl
 import hashlib
 import json
@@ -336,14 +337,23 @@ def _builtin_name(spec: str, known: dict, what: str) -> str | None:
     return name
 
 
-def check_builtin_paths(spec: Any) -> None:
-    """ValueError for the first `builtin:` model or dataset path of `spec` (a WorkflowSpec) that
-    names no builtin, without building anything: a run checks this before it makes its folder."""
-    for model in spec.models.values():
-        _builtin_name(model.path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model")
-    for data in (spec.data.train, spec.data.eval):
-        if data:
-            _builtin_name(data, BUILTIN_DATASETS, "dataset")
+def builtin_path_problems(spec: Any) -> list[str]:
+    """Every `builtin:` model or dataset path of `spec` (a WorkflowSpec) that names no builtin,
+    with its field and the nearest name, without building anything: a run checks this before
+    it makes its folder."""
+    fields = [(f"models.{m.name}.path", m.path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model")
+              for m in spec.models.values()]
+    fields += [(f"data.{k}", v, BUILTIN_DATASETS, "dataset") for k, v in (("train", spec.data.train),
+                                                                         ("eval", spec.data.eval)) if v]
+    problems = []
+    for field, path, known, what in fields:
+        try:
+            _builtin_name(path, known, what)
+        except ValueError as err:
+            names = [PREFIX + n for n in (*known, *(SHIPPED_DATASETS if what == "dataset" else ()))]
+            near = difflib.get_close_matches(str(path), names, n=1)
+            problems.append(f"{field}: {err}" + (f" (did you mean {near[0]}?)" if near else ""))
+    return problems
 
 
 def model_head_dim(path: str) -> int | None:

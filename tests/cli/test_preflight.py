@@ -74,3 +74,26 @@ def test_vllm_on_a_cpu_refuses_the_kits_16_wide_heads_and_takes_64(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2, "head_dim": 24}))
     with pytest.raises(ValueError, match="this model's are 24"):
         preflight(load_workflow(PPO, overrides=["inference.backend=vllm", f"models.actor.path={tmp_path}"]))
+
+
+def test_every_path_problem_at_once_with_its_field(tmp_path):
+    """A typo in two builtin names and a model folder that is not there: one message, a line a
+    field, the nearest builtin name (validate used to stop at the first, and a missing folder
+    passed it to fail in `run` with Hugging Face's "Repo id must be in the form ...")."""
+    with pytest.raises(ValueError) as err:
+        preflight(load_workflow(PPO, overrides=["models.actor.path=builtin:tiny-arth", "data.train=builtin:arith/tran",
+                                                f"data.eval={tmp_path / 'test.jsonl'}"]))
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("models.actor.path: unknown builtin model 'builtin:tiny-arth'")
+    assert lines[0].endswith("(did you mean builtin:tiny-arith?)")
+    assert lines[1].startswith("data.train: unknown builtin dataset") and "did you mean builtin:arith/train?" in lines[1]
+    assert lines[2] == f"data.eval: {tmp_path / 'test.jsonl'} does not exist"
+
+
+def test_a_missing_model_folder_is_named_and_a_hub_id_is_left_to_the_loader(tmp_path):
+    with pytest.raises(ValueError, match=rf"^models.actor.path: {tmp_path / 'nope'} does not exist$"):
+        preflight(load_workflow(PPO, overrides=[f"models.actor.path={tmp_path / 'nope'}"]))
+    preflight(load_workflow(PPO, overrides=["models.actor.path=Qwen/Qwen2.5-0.5B"]))  # org/name: the HF cache's
+    (tmp_path / "m").mkdir()
+    preflight(load_workflow(PPO, overrides=[f"models.actor.path={tmp_path / 'm'}"]))
