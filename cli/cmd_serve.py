@@ -40,6 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="torch device for the model, e.g. cpu or cuda (default cpu)")
     p.add_argument("--max-context", type=int, default=None,
                    help="prompt + generation token limit (default: the model's max_position_embeddings)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and compute dtype (default float32; bfloat16 on a GPU)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model's id on /v1/models (default: the builtin's name, or the model directory's)")
+    p.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
+                   help="prompts longer than this many characters are refused before tokenizing "
+                        "(default: 32 per token of context)")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="require the API key held in environment variable VAR: every request but GET /health "
                         "must send 'Authorization: Bearer KEY' (an OpenAI client's api_key). Default: no key, "
@@ -61,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]--port must be in 0..65535, got {args.port}[/]")
         return 2
     for flag, value, least in (("--max-running", args.max_running, 1), ("--max-queue", args.max_queue, 0),
-                               ("--threads", args.threads, 1), ("--max-context", args.max_context, 2)):
+                               ("--threads", args.threads, 1), ("--max-context", args.max_context, 2),
+                               ("--max-prompt-chars", args.max_prompt_chars, 1)):
         if value is not None and value < least:
             console.print(f"[red]{flag} must be >= {least}, got {value}[/]")
             return 2
@@ -96,7 +104,12 @@ def run(args: argparse.Namespace) -> int:
         argv += ["--threads", str(args.threads)]
     if args.max_context is not None:
         argv += ["--max-context", str(args.max_context)]
-    argv += ["--device", args.device]
+    argv += ["--device", args.device, "--dtype", args.dtype]
+    if args.max_prompt_chars is not None:
+        argv += ["--max-prompt-chars", str(args.max_prompt_chars)]
+    name = args.served_model_name or (args.model.split(":", 1)[1] if args.model.startswith("builtin:") else None)
+    if name:
+        argv += ["--served-model-name", name]
     if args.api_key_env:
         argv += ["--api-key-env", args.api_key_env]
     return http_server.main(argv)

@@ -43,7 +43,8 @@ def test_parser_defaults():
 def test_defaults_become_the_server_argv(server_main, tmp_path, capsys):
     assert cmd_serve.run(parse(str(tmp_path))) == 7  # the server's exit code is the command's
     assert server_main == [["--model", str(tmp_path), "--host", "127.0.0.1", "--port", "30000",
-                            "--max-running", "64", "--max-queue", "1024", "--seed", "0", "--device", "cpu"]]
+                            "--max-running", "64", "--max-queue", "1024", "--seed", "0", "--device", "cpu",
+                            "--dtype", "float32"]]
     err = capsys.readouterr().err
     assert f"areal-graph serve {tmp_path} on http://127.0.0.1:30000 (max running 64); Ctrl-C stops" in err
 
@@ -51,13 +52,15 @@ def test_defaults_become_the_server_argv(server_main, tmp_path, capsys):
 def test_every_option_reaches_the_server_and_reads_back_the_same(server_main, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VAR, "s3cret")
     args = parse(str(tmp_path), "--host", "0.0.0.0", "--port", "0", "--max-running", "8", "--max-queue", "5",
-                 "--threads", "2", "--seed", "3", "--max-context", "256", "--api-key-env", KEY_VAR)
+                 "--threads", "2", "--seed", "3", "--max-context", "256", "--api-key-env", KEY_VAR,
+                 "--dtype", "bfloat16", "--served-model-name", "policy", "--max-prompt-chars", "999")
     assert cmd_serve.run(args) == 7
     [argv] = server_main
     assert argv[-2:] == ["--api-key-env", KEY_VAR] and "s3cret" not in argv  # the key's name, never the key
     got = http_server.build_arg_parser().parse_args(argv)
     assert (got.model, got.host, got.port, got.max_running, got.max_queue) == (str(tmp_path), "0.0.0.0", 0, 8, 5)
     assert (got.threads, got.seed, got.max_context, got.device, got.api_key_env) == (2, 3, 256, "cpu", KEY_VAR)
+    assert (got.dtype, got.served_model_name, got.max_prompt_chars) == ("bfloat16", "policy", 999)
 
 
 @pytest.mark.parametrize("host", ["localhost", "::1"])
@@ -75,7 +78,7 @@ def test_port_out_of_range_is_a_usage_error(server_main, tmp_path, capsys, port)
 
 @pytest.mark.parametrize("flag, value, least", [("--max-running", "0", 1), ("--max-queue", "-1", 0),
                                                ("--threads", "0", 1), ("--threads", "-1", 1),
-                                               ("--max-context", "1", 2)])
+                                               ("--max-context", "1", 2), ("--max-prompt-chars", "0", 1)])
 def test_counts_out_of_range_are_usage_errors_before_loading(server_main, tmp_path, capsys, flag, value, least):
     assert cmd_serve.run(parse(str(tmp_path), flag, value)) == 2
     assert f"{flag} must be >= {least}, got {value}" in capsys.readouterr().err
@@ -109,6 +112,7 @@ def test_builtin_model_is_served_from_its_kit_dir(server_main, tmp_path, monkeyp
     monkeypatch.setattr(builtin, "resolve_model_path", lambda path, progress=None: kit_model)
     assert cmd_serve.run(parse("builtin:tiny-arith", "--device", "cpu")) == 7
     assert server_main[0][:2] == ["--model", str(kit_model)]
+    assert server_main[0][-2:] == ["--served-model-name", "tiny-arith"]  # not the cache folder's "model"
 
 
 def test_a_file_is_not_a_model_dir(server_main, tmp_path, capsys):
