@@ -238,7 +238,11 @@ def _train(spec: WorkflowSpec, run_dir: RunDir, ckpt: Path | None, console: Cons
                 why = ("no complete checkpoint (runtime.save_every)" if run_dir.latest_checkpoint() is None
                        else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {err.resumes} times")
                 console.print(f"not resumed automatically: {why}")
-            console.print(f"process logs: {run_dir.logs_dir}; unfinished work: {run_dir.path / 'unfinished.json'}")
+            where = [f"{what}: {path}" for what, path in (("process logs", run_dir.logs_dir),
+                                                          ("unfinished work", run_dir.path / "unfinished.json"))
+                     if path.exists()]  # a run that failed before its processes started has neither
+            if where:
+                console.print("; ".join(where))
             _say_trackers(console, spec, run_dir)
             return 1
     accs = [h["eval/accuracy"] for h in state.history]

@@ -190,7 +190,8 @@ def _row_prompt(row: Any, line: int, report: LoadReport, tokenizer: Any, prompt_
 def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Prompt], list[Prompt]]:
     """A run's training prompts (shuffled with `seed`) and evaluation prompts (the first
     `data.eval_size`), tokenised with the policy's tokenizer; `data` is a workflow's DataSpec
-    with local paths. Raises DatasetError when no training row is usable."""
+    with local paths. Raises DatasetError when no training row, or (an eval file given) no
+    evaluation row, is usable."""
     import random
 
     from transformers import AutoTokenizer
@@ -206,6 +207,9 @@ def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Pr
     eval_prompts: list[Prompt] = []
     if data.eval:
         eval_prompts, report = load_prompts(data.eval, tok, **kwargs)
+        if not eval_prompts:  # evaluation would silently be off
+            raise DatasetError(f"data.eval ({data.eval}) has no usable rows: {report}; fix it, or set data.eval: null "
+                               "to train without evaluating")
         log.info("eval prompts: %s", report)
         eval_prompts = eval_prompts[: data.eval_size] if data.eval_size else eval_prompts
     random.Random(seed).shuffle(train)

@@ -228,13 +228,25 @@ def test_resolve_builtins_leaves_local_paths_alone_and_resolves_builtin_ones(mon
 
 
 def test_a_failure_is_a_message_and_exit_1(monkeypatch, workflow, tmp_path, capsys):
-    monkeypatch.setattr(orchestration_run, "run_with_auto_resume", FakeRunner(error=RuntimeError("boom [x]")))
+    def fail_after_starting(spec, run_dir, **kwargs):
+        run_dir.logs_dir.mkdir()
+        run_dir.write_json("unfinished.json", {})
+        raise RuntimeError("boom [x]")
+
+    monkeypatch.setattr(orchestration_run, "run_with_auto_resume", fail_after_starting)
     run_dir = tmp_path / "r"
     assert cmd_run.run(parse(str(workflow), "--run-dir", str(run_dir))) == 1
     out = capsys.readouterr().out
     assert "run failed: RuntimeError: boom [x]" in out  # printed verbatim, not as markup
     assert f"process logs: {run_dir / 'logs'}; unfinished work: {run_dir / 'unfinished.json'}" in out
     assert "not resumed automatically" not in out  # not a resumable failure
+
+
+def test_a_failure_before_any_process_names_no_files_it_never_wrote(monkeypatch, workflow, tmp_path, capsys):
+    monkeypatch.setattr(orchestration_run, "run_with_auto_resume", FakeRunner(error=RuntimeError("no tokenizer")))
+    assert cmd_run.run(parse(str(workflow), "--run-dir", str(tmp_path / "r"))) == 1
+    out = capsys.readouterr().out
+    assert "run failed: RuntimeError: no tokenizer" in out and "process logs" not in out and "unfinished" not in out
 
 
 def test_resumable_failure_without_checkpoint_says_why_it_was_not_resumed(monkeypatch, workflow, tmp_path, capsys):

@@ -132,3 +132,20 @@ def test_hostile_json_array_files_are_clear_errors(tok, tmp_path, monkeypatch):
     (tmp_path / "big.json").write_text(json.dumps([{"question": "What is 1 + 2?", "answer": "3"}] * 100))
     with pytest.raises(DatasetError, match="big.json: a .json dataset is read whole.*write it as JSONL"):
         load_prompts(tmp_path / "big.json", tok)
+
+
+def test_an_eval_file_without_usable_rows_is_an_error_not_evaluation_off(tok, tmp_path):
+    """An empty or all-bad data.eval used to turn evaluation off without a word."""
+    from areal_graph.data.datasets import load_run_prompts
+    from areal_graph.graph.spec import DataSpec
+
+    tok.save_pretrained(tmp_path / "tok")
+    train = write(tmp_path / "train.jsonl", [json.dumps({"question": "What is 1 + 2?", "answer": "3"})])
+    (tmp_path / "empty.jsonl").write_text("")
+    bad = write(tmp_path / "bad.jsonl", [json.dumps({"problem": "What is 1 + 2?", "answer": "3"})])
+    for path in (tmp_path / "empty.jsonl", bad):
+        with pytest.raises(DatasetError, match=rf"data.eval \({path}\) has no usable rows: .*set data.eval: null"):
+            load_run_prompts(DataSpec(train=str(train), eval=str(path)), str(tmp_path / "tok"), seed=0)
+    prompts, evals = load_run_prompts(DataSpec(train=str(train), eval=str(train)), str(tmp_path / "tok"), seed=0)
+    assert len(prompts) == len(evals) == 1
+    assert load_run_prompts(DataSpec(train=str(train)), str(tmp_path / "tok"), seed=0)[1] == []
