@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built yet
             raise
         module.register(sub)
+    for command in sub.choices.values():  # main() reports a stray argument with its command's usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(getattr(args, "overrides", None), list) and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides.extend(extra)
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            hint = ""
+            if isinstance(getattr(args, "overrides", None), list) and any(e.startswith("--") for e in extra):
+                hint = " (a workflow field is set as KEY=VALUE, e.g. runtime.steps=3, not as an option)"
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
         level=level, format="%(message)s", datefmt="[%X]",

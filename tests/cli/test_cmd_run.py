@@ -191,6 +191,14 @@ def test_an_empty_run_dir_is_used(runner, workflow, tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file()
 
 
+def test_an_option_for_a_workflow_field_gets_the_run_usage_and_the_key_value_hint(runner, workflow, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(workflow), "--steps", "3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("usage: areal-graph run")
+    assert "unrecognized arguments: --steps 3 (a workflow field is set as KEY=VALUE, e.g. runtime.steps=3" in err
+
+
 def test_default_run_dir_comes_from_runtime_run_dir(runner, workflow, tmp_path):
     pattern = str(tmp_path / "runs" / "{name}-x")
     assert cmd_run.run(parse(str(workflow), f"runtime.run_dir={pattern}")) == 0
