@@ -213,10 +213,11 @@ def _step_table(s: dict[str, Any]):
     """The median training step: compute per process, their union, and what is left (overhead)."""
     from rich.table import Table
 
-    t = Table(title=f"the median training step ({s['steps']} steps; compute = engine busy time, model "
-                    "forward/backward, rewards, controller nodes)", title_justify="left")
+    which = f"step {s['step']}, " if s.get("step") is not None else ""
+    t = Table(title=f"the median training step ({which}median wall of {s['steps']} steps; compute = engine busy "
+                    "time, model forward/backward, rewards, controller nodes)", title_justify="left")
     t.add_column("part")
-    t.add_column("median", justify="right")
+    t.add_column("time", justify="right")
     t.add_column("% of step", justify="right")
     t.add_row("step (wall)", _fmt(s["wall_s"]), "100.0")
     for proc, sec in s["by_process_s"].items():

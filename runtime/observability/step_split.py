@@ -18,7 +18,6 @@ its own and the union once. Pure functions over the spans of a Chrome trace
 from __future__ import annotations
 
 import bisect
-import statistics
 from typing import Any, Iterable
 
 Interval = tuple[float, float]
@@ -80,16 +79,26 @@ def step_split(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize_steps(rows: list[dict[str, Any]], skip_first: int = 3) -> dict[str, Any]:
-    """Medians over the steps (the first few, which include warm-up, skipped when there are more)."""
-    use = rows[skip_first:] if len(rows) > 2 * skip_first else rows
+    """The median step: the step of median wall time (the lower one of an even count), whole,
+    so its parts add up (a median per part would not: 100% compute beside 3% overhead). The
+    first few steps (warm-up) are skipped when there are enough; a step redone after a resume
+    counts once, as its last run. `overhead_share_all_steps` is the overhead of all those
+    steps over their wall time."""
+    latest: dict[Any, dict[str, Any]] = {}
+    for i, row in enumerate(rows):
+        latest[row["step"] if row.get("step") is not None else ("row", i)] = row
+    kept = list(latest.values())
+    use = kept[skip_first:] if len(kept) > 2 * skip_first else kept
     if not use:
         return {}
-    procs = sorted({p for r in use for p in r["by_process"]})
+    median = sorted(use, key=lambda r: r["wall_s"])[(len(use) - 1) // 2]
     return {
         "steps": len(use),
-        "wall_s": statistics.median(r["wall_s"] for r in use),
-        "compute_s": statistics.median(r["compute_s"] for r in use),
-        "overhead_s": statistics.median(r["overhead_s"] for r in use),
-        "overhead_share": sum(r["overhead_s"] for r in use) / max(sum(r["wall_s"] for r in use), 1e-12),
-        "by_process_s": {p: statistics.median(r["by_process"].get(p, 0.0) for r in use) for p in procs},
+        "step": median.get("step"),
+        "wall_s": median["wall_s"],
+        "compute_s": median["compute_s"],
+        "overhead_s": median["overhead_s"],
+        "overhead_share": median["overhead_s"] / median["wall_s"] if median["wall_s"] > 0 else 0.0,
+        "by_process_s": dict(sorted(median["by_process"].items())),
+        "overhead_share_all_steps": sum(r["overhead_s"] for r in use) / max(sum(r["wall_s"] for r in use), 1e-12),
     }

@@ -87,21 +87,28 @@ def test_steps_come_out_in_time_order_and_a_zero_length_step_has_no_share():
     assert step_split([]) == []
 
 
-def _row(wall, compute, **by):
-    return {"wall_s": wall, "compute_s": compute, "overhead_s": wall - compute, "by_process": by}
+def _row(wall, compute, step=None, **by):
+    return {"step": step, "wall_s": wall, "compute_s": compute, "overhead_s": wall - compute, "by_process": by}
 
 
-def test_summarize_steps_takes_medians_and_skips_warm_up_when_there_are_enough_steps():
+def test_summarize_steps_is_the_median_step_whole_and_skips_warm_up_when_there_are_enough_steps():
     assert summarize_steps([]) == {}
     few = [_row(10.0, 1.0, a=1.0), _row(2.0, 1.0, a=1.0, b=0.5), _row(4.0, 3.0, b=3.0)]
-    got = summarize_steps(few)  # 3 rows: none skipped
-    assert got["steps"] == 3 and got["wall_s"] == 4.0 and got["compute_s"] == 1.0 and got["overhead_s"] == 1.0
-    assert got["overhead_share"] == pytest.approx((9 + 1 + 1) / 16)  # totals, not a median of shares
-    assert got["by_process_s"] == {"a": 1.0, "b": 0.5}  # a step without the process counts as 0 for it
+    got = summarize_steps(few)  # 3 rows: none skipped; the median wall is the 4 s step, taken whole
+    assert got["steps"] == 3 and got["wall_s"] == 4.0 and got["compute_s"] == 3.0 and got["overhead_s"] == 1.0
+    assert got["compute_s"] + got["overhead_s"] == got["wall_s"] and got["overhead_share"] == 0.25
+    assert got["by_process_s"] == {"b": 3.0}
+    assert got["overhead_share_all_steps"] == pytest.approx((9 + 1 + 1) / 16)
     many = [_row(100.0, 0.0)] * 3 + [_row(float(w), 1.0, a=1.0) for w in (2, 3, 4, 5)]
-    got = summarize_steps(many)  # 7 rows > 2 * 3: the first 3 skipped
-    assert got["steps"] == 4 and got["wall_s"] == 3.5 and got["by_process_s"] == {"a": 1.0}
+    got = summarize_steps(many)  # 7 rows > 2 * 3: the first 3 skipped; of 4, the lower median
+    assert got["steps"] == 4 and got["wall_s"] == 3.0 and got["by_process_s"] == {"a": 1.0}
     assert summarize_steps(many, skip_first=0)["steps"] == 7
+
+
+def test_a_step_redone_after_a_resume_counts_once_as_its_last_run():
+    rows = [_row(1.0, 0.5, step=1), _row(9.0, 0.5, step=2), _row(2.0, 0.5, step=2), _row(3.0, 0.5, step=3)]
+    got = summarize_steps(rows)
+    assert got["steps"] == 3 and got["wall_s"] == 2.0 and got["step"] == 2
 
 
 def _brute_force(spans):
