@@ -57,12 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from areal_graph.cli.console import output_console
+
     from areal_graph.cli.cmd_init_model import kit_progress
     from areal_graph.data.datasets import DatasetError
     from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
     from areal_graph.engines.inference.offline_eval import evaluate_model
 
-    console = Console()
+    console = output_console()
     err = Console(stderr=True, soft_wrap=True)
     if args.k < 0 or (args.samples is not None and args.samples < max(args.k, 1)):
         err.print(f"[red]-k must be >= 0 and --samples >= k (got -k {args.k}, --samples {args.samples})[/]")

@@ -61,10 +61,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from areal_graph.cli.console import output_console
+
     from areal_graph.runtime.observability.trace_run import load_run
     from areal_graph.runtime.observability.trace_summary import summarize_run
 
-    console, err = Console(), Console(stderr=True)
+    console, err = output_console(), Console(stderr=True)
     if args.label and len(args.label) != len(args.runs):
         err.print(f"[red]--label was given {len(args.label)} time(s) for {len(args.runs)} run(s): "
                   "give one per RUN, in order[/]")

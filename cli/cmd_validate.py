@@ -13,6 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from areal_graph.cli.console import output_console
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_graph.graph.loader import WorkflowError, load_workflow
     from areal_graph.graph.plan import build_plan
 
-    console = Console()
+    console = output_console()
     if args.schema:
         from rich.markdown import Markdown
 
