@@ -341,8 +341,8 @@ def builtin_path_problems(spec: Any) -> list[str]:
     """Every `builtin:` model or dataset path of `spec` (a WorkflowSpec) that names no builtin,
     with its field and the nearest name, without building anything: a run checks this before
     it makes its folder."""
-    fields = [(f"models.{m.name}.path", m.path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model")
-              for m in spec.models.values()]
+    fields: list[tuple[str, Any, dict[str, Any], str]] = [
+        (f"models.{m.name}.path", m.path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model") for m in spec.models.values()]
     fields += [(f"data.{k}", v, BUILTIN_DATASETS, "dataset") for k, v in (("train", spec.data.train),
                                                                          ("eval", spec.data.eval)) if v]
     problems = []
