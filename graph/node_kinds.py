@@ -16,6 +16,7 @@ This module must stay free of torch and gRPC: the CLI validates workflows withou
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
 
@@ -149,9 +150,10 @@ class RewardParams:
 def _reward_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
     issues = _writes_exactly_one(node, "reward")
     if node.params.fn not in BUILTIN_REWARD_FNS and import_path_check(node.params.fn):
+        near = difflib.get_close_matches(node.params.fn, sorted(BUILTIN_REWARD_FNS), n=1)
         issues.append(Issue(("fn",), f"must be a builtin reward {sorted(BUILTIN_REWARD_FNS)} or an import path "
-                                     f"'package.module:function', "
-                                     f"got {node.params.fn!r}"))
+                                     f"'package.module:function', got {node.params.fn!r}"
+                                     + (f" (did you mean {near[0]!r}?)" if near else "")))
     return issues + _reads_missing(node, ("input_ids", "loss_mask"), "a reward node (it scores the generated text)")
 
 
@@ -166,7 +168,8 @@ REWARD = NodeKind(
     call=lambda node, spec: Call("score", {"out_key": node.writes[0]}),
     rules=_reward_rules,
     scores=True,
-    imports=lambda node: [] if node.params.fn in BUILTIN_REWARD_FNS else [
+    # a malformed path is the rule's to report (with the builtins and the nearest one), not the importer's
+    imports=lambda node: [] if node.params.fn in BUILTIN_REWARD_FNS or import_path_check(node.params.fn) else [
         ImportRef("fn", node.params.fn, "callable", kwargs={}, positional=2, supplied=("episode",))],
 )
 

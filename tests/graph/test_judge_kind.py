@@ -49,3 +49,4 @@ def test_the_shipped_workflow_plans_the_judge_on_the_generation_side():
 def test_rules_name_the_node_and_field(overrides, words):
     found = problems(*overrides)
     assert any(words in p and "node 'judge'" in p for p in found), found
+
