@@ -176,12 +176,13 @@ def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise OpenAIRequestError(
-            f"unsupported parameter(s) {unknown} for {endpoint}; this server supports {sorted(allowed)}", unknown[0])
+            f"unsupported parameter(s) {unknown} for {endpoint}; this server takes {sorted(allowed)} "
+            "(frequency_penalty and presence_penalty at 0 only, logit_bias empty only)", unknown[0])
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key) not in (None, 0, 0.0):
             raise OpenAIRequestError(f"'{key}' is not supported by this server (only 0)", key)
     if body.get("logit_bias"):
-        raise OpenAIRequestError("'logit_bias' is not supported by this server", "logit_bias")
+        raise OpenAIRequestError("'logit_bias' is not supported by this server (only empty)", "logit_bias")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise OpenAIRequestError("'metadata' must be an object", "metadata")
     if body.get("user") is not None and not isinstance(body["user"], str):
