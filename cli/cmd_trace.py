@@ -67,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
     from areal_graph.runtime.observability.trace_summary import summarize_run
 
     console, err = output_console(), Console(stderr=True)
+    if args.html is not None:  # before the tables: a bad option is said first, not after seconds of output
+        from areal_graph.runtime.observability.trace_view import PageOptions
+
+        try:
+            args.page_options = PageOptions(span_budget=args.span_budget)
+        except ValueError:
+            err.print(f"[red]--span-budget must be an integer >= 100 (spans drawn on the page), got "
+                      f"{args.span_budget}[/]")
+            return 2
     if args.label and len(args.label) != len(args.runs):
         err.print(f"[red]--label was given {len(args.label)} time(s) for {len(args.runs)} run(s): "
                   "give one per RUN, in order[/]")
@@ -128,15 +137,11 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
 
 def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]],
                 args: argparse.Namespace) -> int:
-    from areal_graph.runtime.observability.trace_view import PageOptions, write_page
+    from areal_graph.runtime.observability.trace_view import write_page
 
     try:
-        options = PageOptions(span_budget=args.span_budget)
         t0 = time.perf_counter()
-        path = write_page(args.html, runs, options, summaries)
-    except ValueError as exc:
-        err.print(f"[red]--span-budget: {exc}[/]")
-        return 2
+        path = write_page(args.html, runs, args.page_options, summaries)
     except OSError as exc:
         err.print(f"[red]cannot write {args.html}: {exc.strerror or exc}[/]")
         return 1

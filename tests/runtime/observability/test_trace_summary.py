@@ -310,6 +310,11 @@ def test_cli_json_text_and_errors(tmp_path, capsys):
     assert "one per RUN" in capsys.readouterr().err
     assert _cli(str(tmp_path)) == 1
     assert "no trace.json" in capsys.readouterr().err
+    # a bad page option is said before any table, and nothing is written
+    assert _cli(str(FIXTURES / "async"), "--html", str(tmp_path / "x.html"), "--span-budget", "0") == 2
+    said = capsys.readouterr()
+    assert said.out == "" and "--span-budget must be an integer >= 100 (spans drawn on the page), got 0" in said.err
+    assert not (tmp_path / "x.html").exists()
 
 
 def test_cli_png_writes_both_pictures(tmp_path, capsys):
