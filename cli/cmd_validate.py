@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schema", action="store_true",
                    help="print a reference of every workflow field (type, default, meaning) and exit")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field before validating, e.g. --set nodes.train.clip_eps=0.1 (repeatable)")
+                   help="override a field before validating, e.g. --set nodes.train.clip_eps=0.1 (repeatable; "
+                        "KEY=VALUE after WORKFLOW works too, as for `run`)")
     p.set_defaults(func=run)
 
 
