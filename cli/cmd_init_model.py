@@ -50,12 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_graph.modelkit.builtin import BUILTIN_KITS, ensure_kit, load_kit
+    from areal_graph.modelkit.builtin import BUILTIN_KITS, BUILTIN_REWARD_MODELS, ensure_kit, load_kit
 
     console = Console(stderr=True, soft_wrap=True)
     name = args.name.removeprefix("builtin:")
+    if name in BUILTIN_REWARD_MODELS:
+        return _reward_model(name, args, console)
     if name not in BUILTIN_KITS:
-        console.print(f"[red]unknown builtin kit {args.name!r}; choose one of {', '.join(BUILTIN_KITS)}[/]")
+        console.print(f"[red]unknown builtin kit {args.name!r}; choose one of "
+                      f"{', '.join([*BUILTIN_KITS, *BUILTIN_REWARD_MODELS])}[/]")
         return 2
     rebuild = args.rebuild or args.from_recipe
     made = rebuild or load_kit(BUILTIN_KITS[name]) is None
@@ -76,4 +79,25 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"  warm start: greedy accuracy {info['warm_start_greedy_accuracy']:.1%} on "
                   f"{info['eval_prompts']} test problems; built in {info['timings']['total_s']:.0f} s on "
                   f"{info.get('built_on', 'an unrecorded machine')}", highlight=False)
+    return 0
+
+
+def _reward_model(name: str, args: argparse.Namespace, console: Console) -> int:
+    """A builtin reward model (e.g. tiny-arith-rm, which workflows, `eval` and `serve` accept):
+    built from its policy kit on first use like a kit, cached, its path shown."""
+    from areal_graph.modelkit.builtin import BUILTIN_REWARD_MODELS
+    from areal_graph.modelkit.reward_model import ensure_reward_model
+
+    if args.rebuild or args.from_recipe:
+        console.print(f"[red]--rebuild / --from-recipe are for policy kits; {name} is a reward model, rebuilt "
+                      "when its recipe changes (delete its cache folder to force it)[/]")
+        return 2
+    t0 = time.perf_counter()
+    with kit_progress(console) as progress:
+        path = ensure_reward_model(BUILTIN_REWARD_MODELS[name], progress=progress)
+    if args.json:
+        Console().print_json((path / "reward_model.json").read_text())
+        return 0
+    console.print(f"[bold green]{name}[/] (reward model) ready in {time.perf_counter() - t0:.1f} s at {path}",
+                  highlight=False)
     return 0

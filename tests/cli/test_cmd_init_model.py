@@ -36,7 +36,31 @@ def test_parser_defaults():
 
 def test_unknown_kit_lists_the_known_ones(capsys):
     assert cmd_init_model.run(parse("builtin:nope")) == 2
-    assert f"unknown builtin kit 'builtin:nope'; choose one of {', '.join(builtin.BUILTIN_KITS)}" in capsys.readouterr().err
+    known = [*builtin.BUILTIN_KITS, *builtin.BUILTIN_REWARD_MODELS]
+    assert f"unknown builtin kit 'builtin:nope'; choose one of {', '.join(known)}" in capsys.readouterr().err
+
+
+def test_a_builtin_reward_model_is_built_like_a_kit(tmp_path, capsys, monkeypatch):
+    """tiny-arith-rm, which workflows, eval and serve accept, was an "unknown builtin kit" here;
+    its build (~20 s) is a stand-in: tests/modelkit/test_reward_model.py builds one."""
+    import areal_graph.modelkit.reward_model as reward_model
+
+    asked = []
+
+    def fake_ensure(recipe, root=None, progress=None):
+        asked.append(recipe.name)
+        (tmp_path / "rm").mkdir(exist_ok=True)
+        (tmp_path / "rm" / "reward_model.json").write_text(json.dumps({"name": recipe.name}))
+        return tmp_path / "rm"
+
+    monkeypatch.setattr(reward_model, "ensure_reward_model", fake_ensure)
+    assert cmd_init_model.run(parse("builtin:tiny-arith-rm")) == 0
+    assert re.search(rf"^tiny-arith-rm \(reward model\) ready in \d+\.\d s at {re.escape(str(tmp_path / 'rm'))}$",
+                     capsys.readouterr().err, re.M)
+    assert cmd_init_model.run(parse("tiny-arith-rm", "--json")) == 0
+    assert json.loads(capsys.readouterr().out) == {"name": "tiny-arith-rm"} and asked == ["tiny-arith-rm"] * 2
+    assert cmd_init_model.run(parse("tiny-arith-rm", "--rebuild")) == 2
+    assert "--rebuild / --from-recipe are for policy kits" in capsys.readouterr().err
 
 
 def test_shipped_kit_installs_then_is_cached_then_prints_json(tmp_path, capsys):
