@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from areal_graph.api.fields import device_check
     from areal_graph.engines.inference import http_server
-    from areal_graph.modelkit.builtin import resolve_model_path
+    from areal_graph.modelkit.builtin import PREFIX, resolve_model_path
 
     console = Console(stderr=True)
     if args.port < 0 or args.port > 65535:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     argv += ["--device", args.device, "--dtype", args.dtype]
     if args.max_prompt_chars is not None:
         argv += ["--max-prompt-chars", str(args.max_prompt_chars)]
-    name = args.served_model_name or (args.model.split(":", 1)[1] if args.model.startswith("builtin:") else None)
+    name = args.served_model_name or (args.model.removeprefix(PREFIX) if args.model.startswith(PREFIX) else None)
     if name:
         argv += ["--served-model-name", name]
     if args.api_key_env:

@@ -67,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
     from areal_graph.runtime.observability.trace_summary import summarize_run
 
     console, err = output_console(), Console(stderr=True)
+    options = None
     if args.html is not None:  # before the tables: a bad option is said first, not after seconds of output
         from areal_graph.runtime.observability.trace_view import PageOptions
 
         try:
-            args.page_options = PageOptions(span_budget=args.span_budget)
+            options = PageOptions(span_budget=args.span_budget)
         except ValueError:
             err.print(f"[red]--span-budget must be an integer >= 100 (spans drawn on the page), got "
                       f"{args.span_budget}[/]")
@@ -96,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
             _print_report(console, rep, summary, args)
     rc = 0
     said = err if args.json else console  # with --json, stdout holds the JSON alone
-    if args.html is not None:
-        rc |= _write_html(said, err, runs, summaries, args)
+    if options is not None:
+        rc |= _write_html(said, err, runs, summaries, args.html, options)
     if args.png is not None:
         rc |= _write_pngs(said, err, runs, args.png)
     return rc
@@ -135,15 +136,15 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
         console.print(part, highlight=False)
 
 
-def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]],
-                args: argparse.Namespace) -> int:
+def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]], html: Any,
+                options: Any) -> int:
     from areal_graph.runtime.observability.trace_view import write_page
 
     try:
         t0 = time.perf_counter()
-        path = write_page(args.html, runs, args.page_options, summaries)
+        path = write_page(html, runs, options, summaries)
     except OSError as exc:
-        err.print(f"[red]cannot write {args.html}: {exc.strerror or exc}[/]")
+        err.print(f"[red]cannot write {html}: {exc.strerror or exc}[/]")
         return 1
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.2f} s); "
                   "open it in any browser, no network needed", highlight=False)

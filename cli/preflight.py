@@ -53,14 +53,13 @@ def local_path_problems(spec: Any) -> list[str]:
     """Model and dataset paths that name nothing on this machine. A model path of the form
     `org/name` that is not a folder here is taken for a Hugging Face hub id (from the local
     cache: nothing is downloaded) and left to the loader."""
-    fields = [(f"models.{m.name}.path", m.path, True) for m in spec.models.values()]
-    fields += [(f"data.{k}", v, False) for k, v in (("train", spec.data.train), ("eval", spec.data.eval)) if v]
+    from areal_graph.modelkit.builtin import PREFIX, path_fields
+
     problems = []
-    for field, path, is_model in fields:
-        text = str(path)
-        if text.startswith("builtin:") or Path(text).expanduser().exists():
+    for field, path, what in path_fields(spec):
+        if path.startswith(PREFIX) or Path(path).expanduser().exists():
             continue
-        hub_id = is_model and not text.startswith((".", "/", "~")) and text.count("/") == 1
+        hub_id = what == "model" and not path.startswith((".", "/", "~")) and path.count("/") == 1
         if not hub_id:
-            problems.append(f"{field}: {text} does not exist")
+            problems.append(f"{field}: {path} does not exist")
     return problems

@@ -332,27 +332,32 @@ def _builtin_name(spec: str, known: dict, what: str) -> str | None:
         return None
     name = str(spec)[len(PREFIX):]
     if name not in known and not (what == "dataset" and name in SHIPPED_DATASETS):
-        names = [*known, *(SHIPPED_DATASETS if what == "dataset" else ())]
-        raise ValueError(f"unknown builtin {what} {spec!r}; builtin {what}s: " + ", ".join(PREFIX + n for n in names))
+        names = [PREFIX + n for n in (*known, *(SHIPPED_DATASETS if what == "dataset" else ()))]
+        near = difflib.get_close_matches(str(spec), names, n=1)
+        raise ValueError(f"unknown builtin {what} {spec!r}; builtin {what}s: " + ", ".join(names)
+                         + (f" (did you mean {near[0]}?)" if near else ""))
     return name
+
+
+def path_fields(spec: Any) -> list[tuple[str, str, str]]:
+    """(field, path, "model" or "dataset") for every model and dataset path `spec` (a
+    WorkflowSpec) names."""
+    fields = [(f"models.{m.name}.path", str(m.path), "model") for m in spec.models.values()]
+    return fields + [(f"data.{k}", str(v), "dataset") for k, v in (("train", spec.data.train),
+                                                                  ("eval", spec.data.eval)) if v]
 
 
 def builtin_path_problems(spec: Any) -> list[str]:
     """Every `builtin:` model or dataset path of `spec` (a WorkflowSpec) that names no builtin,
-    with its field and the nearest name, without building anything: a run checks this before
+    with its field (and the nearest name), without building anything: a run checks this before
     it makes its folder."""
-    fields: list[tuple[str, Any, dict[str, Any], str]] = [
-        (f"models.{m.name}.path", m.path, {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "model") for m in spec.models.values()]
-    fields += [(f"data.{k}", v, BUILTIN_DATASETS, "dataset") for k, v in (("train", spec.data.train),
-                                                                         ("eval", spec.data.eval)) if v]
+    known: dict[str, dict[str, Any]] = {"model": {**BUILTIN_KITS, **BUILTIN_REWARD_MODELS}, "dataset": BUILTIN_DATASETS}
     problems = []
-    for field, path, known, what in fields:
+    for field, path, what in path_fields(spec):
         try:
-            _builtin_name(path, known, what)
+            _builtin_name(path, known[what], what)
         except ValueError as err:
-            names = [PREFIX + n for n in (*known, *(SHIPPED_DATASETS if what == "dataset" else ()))]
-            near = difflib.get_close_matches(str(path), names, n=1)
-            problems.append(f"{field}: {err}" + (f" (did you mean {near[0]}?)" if near else ""))
+            problems.append(f"{field}: {err}")
     return problems
 
 

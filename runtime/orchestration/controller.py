@@ -548,8 +548,8 @@ class Controller:
         not only in its own process's log: they were scored `on_failure`, and a judge that is down
         would otherwise train the whole run on that score unseen."""
         for key, n in stats.items():
-            node = key[: -len("/failures")]
-            if key.endswith("/failures") and n > 0 and node in self.plan.hosting:
+            node, _, leaf = key.rpartition("/")
+            if leaf == "failures" and n > 0 and node in self.plan.hosting:
                 log.warning("step %d: node %r: %d request(s) failed and got the failure reward (why: %s)",
                             self.state.step, node, n, self.run_dir.logs_dir / f"{self.plan.hosting[node].process}.log")
 
