@@ -104,10 +104,10 @@ def _rollout_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[str
     return {"server_urls": list(info.server_urls), "backend": spec.inference.backend,
             "rollout_class": p.rollout_class, "rollout_args": dict(p.rollout_args), "group_size": p.group_size,
             "sampling": asdict(p.sampling), "tokenizer_path": info.model_paths[actor_model(spec) or ""],
-            "lora_adapters": _adapter_sync(spec)}
+            "lora_adapters": adapter_sync(spec)}
 
 
-def _adapter_sync(spec: WorkflowSpec) -> bool:
+def adapter_sync(spec: WorkflowSpec) -> bool:
     """The policy syncs as a LoRA adapter (the client names it where the backend serves adapters)."""
     actor = spec.models.get(actor_model(spec) or "")
     return actor is not None and actor.lora is not None and actor.lora.sync == "adapter"

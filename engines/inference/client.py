@@ -174,15 +174,17 @@ class InferenceClient:
             # A server that drops the connection has died: retrying could reach its restarted
             # self before it has the current weights again (samples from stale weights, past
             # the staleness bound). Fail, and the run redoes the call once the server is restored.
+            def send() -> Any:  # names the adapter of self.version at the time of sending
+                return self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter()),
+                                  retry_connection=False)
+
             try:
-                body = await self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter()),
-                                        retry_connection=False)
+                body = await send()
             except RequestRejected:
                 if not self.adapters or not await self._newer_adapter(version_at_submit):
                     raise
                 version_at_submit = self.version  # ours was unloaded (we lagged): the newest one
-                body = await self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter()),
-                                        retry_connection=False)
+                body = await send()
         finally:
             self.outstanding -= 1
         self.stats.latency_s.append(time.perf_counter() - t0)
@@ -213,11 +215,8 @@ class InferenceClient:
             seen = [v for v in (parsed.versions or []) if v is not None] + \
                 ([parsed.response_version] if parsed.response_version is not None else [])
             self.version = max([self.version, *seen])
-            return GenerationResult(
-                rid=rid, output_ids=parsed.output_ids, output_logprobs=parsed.output_logprobs,
-                output_versions=[version_at_submit] * n, finish_reason=parsed.finish_reason,
-                prompt_len=parsed.prompt_len if parsed.prompt_len is not None else prompt_len, output_forced=parsed.forced)
-        if parsed.versions is not None:
+            versions = [version_at_submit] * n
+        elif parsed.versions is not None:
             # Unlabelled tokens came from the weights the server had when the request was sent.
             versions = [version_at_submit if v is None else v for v in parsed.versions]
         else:

@@ -42,6 +42,7 @@ from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.spans import TRACE_ENV
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kind import CONTROLLER, RunInfo
+from areal_graph.graph.node_kinds import adapter_sync
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
@@ -99,9 +100,7 @@ class ProcessExecutor:
         self._last_sync: tuple[str, str, Any, int] | None = None
         # lora.sync: adapter on a backend that serves adapters (vLLM, SGLang): each sync loads the
         # trainer's adapter directory under its version's name; requests name the newest they know
-        actor = self.spec.models[plan.actor]
-        self.adapter_sync = (actor.lora is not None and actor.lora.sync == "adapter"
-                             and get_backend(self.spec.inference.backend).lora_adapters)
+        self.adapter_sync = adapter_sync(self.spec) and get_backend(self.spec.inference.backend).lora_adapters
         # adapters a server keeps loaded: one per version a request in flight may still name
         self.adapters_kept = self.spec.runtime.max_staleness + 2
         self._token: str | None = None
