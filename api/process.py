@@ -19,6 +19,28 @@ PDEATHSIG_ENV = "AREAL_DIE_WITH_PARENT"
 # workers (a rollout's inference client) send it. An environment variable, never an argument:
 # `ps` shows arguments to every local user.
 RUN_TOKEN_ENV = "AREAL_RUN_TOKEN"
+# The cores a process is pinned to ("0,1"), from the workflow's `resources` section: the launcher
+# pins the process as soon as it exists and our entry points pin themselves again at start.
+CORES_ENV = "AREAL_CPU_CORES"
+
+
+def cores_from_env() -> tuple[int, ...] | None:
+    """The cores `CORES_ENV` names (None when unset or unreadable)."""
+    raw = os.environ.get(CORES_ENV, "").strip()
+    try:
+        return tuple(int(c) for c in raw.split(",")) if raw else None
+    except ValueError:
+        return None
+
+
+def pin_to_cores(pid: int = 0, cores: tuple[int, ...] | None = None) -> bool:
+    """Pin process `pid` (0: this one) to `cores` (default: `CORES_ENV`); False when there is
+    nothing to pin or this OS cannot (no sched_setaffinity)."""
+    cores = cores if cores is not None else cores_from_env()
+    if cores is None or not hasattr(os, "sched_setaffinity"):
+        return False
+    os.sched_setaffinity(pid, cores)
+    return True
 
 
 def run_token() -> str | None:

@@ -43,6 +43,7 @@ def preflight_problems(spec: Any) -> list[str]:
         if model.backend == "megatron" and importlib.util.find_spec("megatron") is None:
             problems.append(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
                             "installed here (pip install 'areal-graph[megatron]')")
+    problems += placement_problems(spec)
     missing = missing_packages(spec.runtime.loggers)
     if missing:
         problems.append("; ".join(missing))
@@ -63,3 +64,47 @@ def local_path_problems(spec: Any) -> list[str]:
         if not hub_id:
             problems.append(f"{field}: {path} does not exist")
     return problems
+
+
+def placement_problems(spec: Any) -> list[str]:
+    """`resources` this machine cannot honour: a core it lacks (or this process may not use),
+    a GPU index past the ones it has."""
+    import os
+
+    problems = []
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    gpus: int | None = None
+    for side in ("inference", "training", "other"):
+        placement = getattr(spec.resources, side)
+        missing = [c for c in placement.cores or () if c not in usable]
+        if missing:
+            problems.append(f"resources.{side}.cores: core(s) {', '.join(map(str, missing))} not on this machine "
+                            f"(this process may use cores {_ranges(usable)})")
+        if placement.gpus is not None:
+            if gpus is None:
+                gpus = _cuda_devices()
+            past = [g for g in placement.gpus if g >= gpus]
+            if past:
+                problems.append(f"resources.{side}.gpus: GPU(s) {', '.join(map(str, past))} not on this machine "
+                                f"({gpus} CUDA device(s){' : torch sees no CUDA' if gpus == 0 else ''})")
+    return problems
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch or a broken driver: no GPU to place on
+        return 0
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out: list[str] = []
+    for i in ids:
+        if out and int(out[-1].split("-")[-1]) == i - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)

@@ -47,7 +47,8 @@ def workflow_mapping(spec: WorkflowSpec) -> dict[str, Any]:
         entry["writes"] = list(n.writes)
         nodes[name] = entry
     return {"name": spec.name, "models": models, "data": _plain(spec.data), "inference": _plain(spec.inference),
-            "nodes": nodes, "runtime": _plain(spec.runtime)}
+            "nodes": nodes, "runtime": _plain(spec.runtime),
+            **({"resources": _plain(spec.resources)} if spec.resources.pinned else {})}
 
 
 def dump_workflow(spec: WorkflowSpec, header: str = "") -> str:

@@ -24,7 +24,7 @@ from areal_graph.graph.overrides import apply_overrides, parse_override  # noqa:
 from areal_graph.graph.problems import Problem, WorkflowError, suggest
 from areal_graph.graph.spec import REQUIRED_SECTIONS, SECTIONS
 from areal_graph.graph.typed_yaml import Validator, described
-from areal_graph.graph.workflow_rules import check_graph, check_import, check_runtime
+from areal_graph.graph.workflow_rules import check_graph, check_import, check_resources, check_runtime
 from areal_graph.graph.yaml_lines import MAX_FILE_BYTES, Path_, compose_with_lines, decode_text
 
 __all__ = ["Problem", "WorkflowError", "load_workflow", "load_workflow_text", "parse_override"]
@@ -66,6 +66,7 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
     data = section("data", S.DataSpec)
     inference = section("inference", S.InferenceSpec)
     runtime = section("runtime", S.RuntimeSpec)
+    resources = section("resources", S.ResourcesSpec)
     models = _models(raw.get("models"), v)
     declared = list(raw["models"]) if isinstance(raw.get("models"), dict) else None
     nodes, complete = _nodes(raw.get("nodes"), declared, v)
@@ -73,10 +74,13 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
     # run against defaults for sections that had problems of their own (already reported).
     draft = S.WorkflowSpec(name=name if isinstance(name, str) else "?", models=models or {},
                            data=data or S.DataSpec(train="?"), inference=inference or S.InferenceSpec(),
-                           nodes=nodes, runtime=runtime or S.RuntimeSpec(), source=v.file)
+                           nodes=nodes, runtime=runtime or S.RuntimeSpec(), resources=resources or S.ResourcesSpec(),
+                           source=v.file)
     if complete:
         check_graph(draft, models is not None, v)
     check_runtime(draft, runtime is not None, v)
+    if resources is not None:
+        check_resources(draft, v)
     if v.problems:
         return None
     return draft

@@ -16,7 +16,7 @@ from areal_graph.api.fields import cfg as _f
 
 
 # Top-level keys of a workflow file; `inference` and `runtime` may be omitted (all defaults).
-SECTIONS: tuple[str, ...] = ("name", "models", "data", "inference", "nodes", "runtime")
+SECTIONS: tuple[str, ...] = ("name", "models", "data", "inference", "nodes", "runtime", "resources")
 REQUIRED_SECTIONS: tuple[str, ...] = ("name", "models", "data", "nodes")
 
 
@@ -142,6 +142,44 @@ class RuntimeSpec:
                                           "with loggers mlflow: the experiment; null: the workflow's name")
 
 
+def _index_list(v: Any) -> Optional[str]:
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+        return "must be a list of non-negative integers"
+    if not v:
+        return "must list at least one index (leave the field out, or null, for no pinning)"
+    twice = sorted({i for i in v if list(v).count(i) > 1})
+    return f"lists {', '.join(map(str, twice))} twice" if twice else None
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """What one side of the run computes on: CPU cores (pinned with sched_setaffinity, torch and
+    BLAS threads set to match) and CUDA devices (CUDA_VISIBLE_DEVICES). null: no pinning."""
+
+    cores: Optional[tuple[int, ...]] = _f(None, _index_list, "CPU cores (as numbered by the OS, e.g. [0, 1]); "
+                                                             "null: every core, shared")
+    gpus: Optional[tuple[int, ...]] = _f(None, _index_list, "CUDA device indices; null: as the models' `device` "
+                                                            "and inference.args say (time-shared)")
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    """Placement: which cores and GPUs each side of the run gets (runtime/orchestration/placement.py).
+
+    The default pins nothing: every process shares every core, as before this section existed."""
+
+    inference: PlacementSpec = _f(PlacementSpec(), None, "the inference servers: split evenly among "
+                                                         "inference.servers (each server its own cores and GPUs)")
+    training: PlacementSpec = _f(PlacementSpec(), None, "the model workers (logprob, value and train nodes), "
+                                                        "every model and every data-parallel rank")
+    other: PlacementSpec = _f(PlacementSpec(), None, "everything else: the controller, rollout, reward, "
+                                                     "function, judge and reward-model workers")
+
+    @property
+    def pinned(self) -> bool:
+        return any(p.cores is not None or p.gpus is not None for p in (self.inference, self.training, self.other))
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One node of the graph. `params` is the kind's dataclass (see node_kinds.NODE_KINDS)."""
@@ -163,6 +201,7 @@ class WorkflowSpec:
     inference: InferenceSpec
     nodes: dict[str, NodeSpec]
     runtime: RuntimeSpec
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     source: str = field(default="<memory>")
 
     def nodes_of_kind(self, kind: str) -> list[NodeSpec]:

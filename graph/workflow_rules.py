@@ -235,3 +235,52 @@ def check_signature(obj: Any, ref: ImportRef) -> str | None:
         given = ", ".join(kwargs) or "no keyword arguments"
         return f"{ref.path}: its {what} {sig} cannot be called with {given}: {err}"
     return None
+
+
+def check_resources(spec: S.WorkflowSpec, v: Validator) -> None:
+    """The placement section against itself and the rest of the workflow (machine-side checks, a
+    core or a GPU this machine lacks, are cli/preflight.py's): sides that would share a core or a
+    GPU, fewer cores or GPUs than the processes that need one, devices the models do not use."""
+    res, servers = spec.resources, spec.inference.servers
+    inf, train = res.inference, res.training
+    for what in ("cores", "gpus"):
+        a, b = getattr(inf, what), getattr(train, what)
+        shared = sorted(set(a or ()) & set(b or ()))
+        if shared:
+            v.report(("resources", "training", what),
+                     f"shares {', '.join(map(str, shared))} with resources.inference.{what}: generation and training "
+                     f"each need their own (leave both out for the default, where every process shares everything)")
+    if inf.cores is not None and len(inf.cores) < servers:
+        v.report(("resources", "inference", "cores"), f"lists {len(inf.cores)} core(s) for {servers} inference servers: "
+                                                      "each server needs at least one")
+    if inf.cores is not None and spec.inference.threads and spec.inference.threads > len(inf.cores) // servers:
+        v.report(("inference", "threads"), f"{spec.inference.threads} threads per server is more than the "
+                                           f"{len(inf.cores) // servers} core(s) each gets from resources.inference.cores")
+    if inf.gpus is not None:
+        if len(inf.gpus) % servers:
+            v.report(("resources", "inference", "gpus"), f"{len(inf.gpus)} GPU(s) do not split evenly among "
+                                                         f"{servers} inference servers")
+        if spec.inference.backend == "embedded" and not str(spec.inference.args.get("device", "cpu")).startswith("cuda"):
+            v.report(("resources", "inference", "gpus"), "the embedded servers run on the CPU: set "
+                                                         "inference.args.device: cuda to use these GPUs")
+    cuda_models = {n: m for n, m in spec.models.items() if m.device.startswith("cuda")}
+    for name, model in spec.models.items():
+        if train.cores is not None and model.dp_size > len(train.cores):
+            v.report(("models", name, "dp_size"), f"{model.dp_size} ranks but resources.training.cores lists "
+                                                  f"{len(train.cores)} core(s): each rank needs one")
+        if train.gpus is None or name not in cuda_models:
+            continue
+        if model.device != "cuda":
+            v.report(("models", name, "device"), f"with resources.training.gpus write 'cuda', not '{model.device}': "
+                                                 "rank r uses the r-th GPU of that list")
+        elif model.dp_size > len(train.gpus):
+            v.report(("models", name, "dp_size"), f"{model.dp_size} ranks on CUDA but resources.training.gpus lists "
+                                                  f"{len(train.gpus)} GPU(s): one rank a GPU")
+    if train.gpus is not None and not cuda_models:
+        v.report(("resources", "training", "gpus"), "no model is on CUDA: set models.<name>.device: cuda to use "
+                                                    "these GPUs")
+    if spec.runtime.launcher == "ray":
+        for side in ("inference", "training", "other"):
+            if getattr(res, side).gpus is not None:
+                v.report(("resources", side, "gpus"), "is not built for runtime.launcher 'ray' (Ray assigns each "
+                                                      "process its GPUs); use the local launcher, or leave it out")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 
-from areal_graph.api.process import die_with_parent
+from areal_graph.api.process import die_with_parent, pin_to_cores
 
 
 def prepare_worker_process(name: str) -> None:
-    """Die with the parent, log with `name` in each line, and take the torch thread count the
-    launcher chose (AREAL_TORCH_THREADS)."""
+    """Die with the parent, log with `name` in each line, and take the cores (AREAL_CPU_CORES) and
+    the torch thread count (AREAL_TORCH_THREADS) the launcher chose."""
     die_with_parent()
+    pin_to_cores()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s")
     threads = os.environ.get("AREAL_TORCH_THREADS")
     if threads:

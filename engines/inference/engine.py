@@ -43,7 +43,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 import torch
 
 from areal_graph.engines.inference.constrained import ConstraintCompiler, ConstraintError, apply_masks
-from areal_graph.engines.inference.engine_spans import BusyIntervals, EngineSpans
+from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL, BusyIntervals, EngineSpans, StepLog
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
 from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_checked, read_checkpoint, try_load_tokenizer
 from areal_graph.engines.inference.model_runner import ModelRunner
@@ -150,6 +150,7 @@ class EmbeddedEngine:
         self._steps = 0
         self._rate_window: collections.deque[tuple[float, int]] = collections.deque()
         self._busy = BusyIntervals()  # when the engine computed (the trace's compute spans)
+        self._steps_log = StepLog()  # every forward's size and time (the cost model's material)
         self._trace: EngineSpans | None = None  # per-request spans, once `trace_into` gave a recorder
 
     # ------------------------------------------------------------------ lifecycle
@@ -184,6 +185,7 @@ class EmbeddedEngine:
         enabled = bool(getattr(recorder, "enabled", True))
         self._trace = EngineSpans(recorder) if enabled else None
         self._busy.enabled = enabled
+        self._steps_log.enabled = enabled
 
     # ------------------------------------------------------------------ requests
     def submit(
@@ -473,6 +475,10 @@ class EmbeddedEngine:
         last call: what the trace counts as the inference side's model compute."""
         return self._busy.take()
 
+    def take_step_log(self) -> list[tuple[float, float, int, int, int, int, int]]:
+        """Every forward since the last call (engine_spans.StepLog), perf_counter times."""
+        return self._steps_log.take()
+
     def _await_burst(self) -> None:
         """Holding `_cv`, idle, with requests queued: wait until submissions pause (at most `admit_wait_s`).
 
@@ -556,9 +562,12 @@ class EmbeddedEngine:
     def _prefill_chunk(self, groups: list[list[_Request]]) -> None:
         """One prefill forward over the distinct sequences of `groups`; fan results out to every member."""
         reqs = [r for g in groups for r in g]
+        t0 = time.perf_counter()
         if self._trace is not None:
-            self._trace.prefill_started(reqs, time.perf_counter())
+            self._trace.prefill_started(reqs, t0)
         logits, keys, values, lens = self._runner.prefill([g[0].all_tokens() for g in groups], self.pad_token_id)
+        self._steps_log.note(t0, time.perf_counter(), STEP_PREFILL, len(groups), sum(lens), len(lens) * max(lens),
+                             max(lens))
         src = [j for j, g in enumerate(groups) for _ in g]  # request -> its row in the prefill batch
         if len(reqs) > len(groups):
             logits = logits.index_select(0, torch.tensor(src, dtype=torch.long, device=logits.device))
@@ -579,8 +588,12 @@ class EmbeddedEngine:
     def _decode(self) -> int:
         """One token for every running request, in one forward over the batched cache."""
         rows = self._running
+        t0, width = time.perf_counter(), self._cache.width
         logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
         done = self._take_tokens(rows, logits)
+        if self._steps_log.enabled:
+            self._steps_log.note(t0, time.perf_counter(), STEP_DECODE, len(rows), len(rows),
+                                 sum(len(r.prompt) + len(r.output_ids) for r in rows), width)
         if done:
             order = self._cache.remove(done)
             self._running = [rows[i] for i in order]

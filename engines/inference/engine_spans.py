@@ -66,6 +66,42 @@ class BusyIntervals:
         return out
 
 
+STEP_COLUMNS = ("t_us", "dur_us", "kind", "rows", "tokens", "ctx", "width")  # one engine forward each
+STEP_PREFILL, STEP_DECODE = 0, 1
+_STEPS_KEEP = 500_000  # forwards kept when nobody collects them
+
+
+class StepLog:
+    """Every forward the engine ran: a prefill chunk or a decode step, when, for how long, and how
+    big (rows = sequences in the forward; tokens = real tokens computed; ctx = prefill: padded
+    tokens, decode: context tokens attended over all rows; width = the padded attention window).
+
+    Why every step and not a histogram: the cost model (perfmodel/costs.py) fits step time against
+    batch and context, and separates steps that ran while the trainer computed from those that
+    did not, which needs each step's time. A row is seven numbers (~35 bytes in the trace)."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self._rows: list[tuple[float, float, int, int, int, int, int]] = []
+
+    def note(self, start: float, end: float, kind: int, rows: int, tokens: int, ctx: int, width: int) -> None:
+        if self.enabled:
+            self._rows.append((start, end, kind, rows, tokens, ctx, width))  # atomic under the GIL
+            if len(self._rows) > _STEPS_KEEP:
+                del self._rows[: len(self._rows) - _STEPS_KEEP]
+
+    def take(self) -> list[tuple[float, float, int, int, int, int, int]]:
+        out, self._rows = self._rows, []
+        return out
+
+
+def step_span_args(rows: Sequence[tuple[float, float, int, int, int, int, int]]) -> tuple[float, float, dict[str, Any]]:
+    """(start, end, args) of the one `engine_steps` span that carries `rows` (times relative to its start, in µs)."""
+    t0 = rows[0][0]
+    data = [[round((a - t0) * 1e6), round((b - a) * 1e6), k, r, tok, ctx, w] for a, b, k, r, tok, ctx, w in rows]
+    return t0, rows[-1][1], {"columns": list(STEP_COLUMNS), "steps": data}
+
+
 class RequestTimeline:
     """One request's phases so far: the closed ones, and the phase it is in since when."""
 

@@ -57,6 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal_graph.engines.inference.engine_spans import step_span_args
 from areal_graph.engines.inference.native_requests import (
     ABORT_FIELDS,
     CONTINUE_FIELDS,
@@ -378,6 +379,11 @@ class InferenceHTTPServer:
         take = getattr(self.engine, "take_busy_spans", None)
         for start, end in (take() if callable(take) else []):
             self.spans.record("engine", start, end, cat="compute", node="engine")
+        steps = getattr(self.engine, "take_step_log", None)
+        rows = steps() if callable(steps) else []
+        if rows:
+            start, end, args = step_span_args(rows)
+            self.spans.record("engine_steps", start, end, cat="profile", node="engine", **args)
         return web.json_response({"spans": self.spans.take()})
 
     async def get_clock(self, request: web.Request) -> web.Response:
@@ -455,9 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         if not api_key:
             sys.stderr.write(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty\n")
             return 2
-    from areal_graph.api.process import die_with_parent
+    from areal_graph.api.process import die_with_parent, pin_to_cores
 
     die_with_parent()
+    pin_to_cores()  # resources.inference.cores (the launcher pinned it already; threads started since inherit)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
-from areal_graph.api.process import PDEATHSIG_ENV, arm_parent_death_signal
+from areal_graph.api.process import CORES_ENV, PDEATHSIG_ENV, arm_parent_death_signal, pin_to_cores
 from areal_graph.runtime.launchers import interrupt
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,11 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S.*")
+
+
+def _cpu_seconds(proc: object) -> float:
+    t = proc.cpu_times()  # type: ignore[attr-defined]
+    return float(t.user + t.system)
 
 
 def kill_group(pgid: int) -> None:
@@ -248,6 +253,8 @@ class LocalLauncher:
                 preexec_fn=arm_parent_death_signal if self.die_with_parent and not ours else None,
             )
             m = _Managed(name, role, popen, log_path, log_file)
+            if full_env.get(CORES_ENV):  # pinned from birth: threads it starts inherit the mask
+                pin_to_cores(popen.pid, tuple(int(c) for c in full_env[CORES_ENV].split(",")))
             with self._lock:
                 self.procs[name] = m
         except BaseException:
@@ -376,6 +383,26 @@ class LocalLauncher:
 
     def alive(self) -> dict[str, bool]:
         return {n: m.popen.poll() is None for n, m in self.procs.items()}
+
+    def cpu_report(self) -> dict[str, dict[str, object]]:
+        """Each running process's CPU seconds so far (its own and its live descendants': a reward
+        pool's processes count for the reward worker), its pid and the cores it may run on."""
+        import psutil
+
+        out: dict[str, dict[str, object]] = {}
+        for name, m in list(self.procs.items()):
+            try:
+                proc = psutil.Process(m.popen.pid)
+                seconds = _cpu_seconds(proc)
+                for child in proc.children(recursive=True):
+                    try:
+                        seconds += _cpu_seconds(child)
+                    except psutil.Error:
+                        continue
+                out[name] = {"cpu_s": round(seconds, 3), "pid": proc.pid, "cores": sorted(proc.cpu_affinity())}
+            except psutil.Error:  # it exited meanwhile: its seconds are in the last report
+                continue
+        return out
 
     def address(self, name: str) -> str:
         addr = self.procs[name].address

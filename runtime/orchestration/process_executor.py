@@ -52,6 +52,8 @@ from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_thr
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
+from areal_graph.runtime.orchestration.placement import ProcessPlacement, plan_placement
+from areal_graph.runtime.orchestration.placement import thread_split as placement_thread_split
 from areal_graph.runtime.orchestration.phase_runner import NodeResult
 from areal_graph.runtime.rpc.worker_client import WorkerClient
 
@@ -107,6 +109,7 @@ class ProcessExecutor:
         self._info: RunInfo | None = None
         self._on_failure: Callable[..., None] = lambda message, resumable=False: None
         self.clocks = ProcessClocks()  # each process's clock offset, applied to its spans (clocks.py)
+        self.placement: dict[str, ProcessPlacement] = {}  # process name -> cores, threads, GPUs (start())
 
     def _started(self) -> _Started:
         """What start() set up; calling a process before it is an error that says so."""
@@ -120,8 +123,10 @@ class ProcessExecutor:
 
         spec, rt = self.spec, self.spec.runtime
         actor_path = spec.models[self.plan.actor].path
-        gen_threads, train_threads = thread_split(rt)
-        gen_threads = spec.inference.threads or (1 if model_parameters(actor_path) < SMALL_MODEL_PARAMS else gen_threads)
+        self.placement = plan_placement(spec, self.plan, model_parameters(actor_path) < SMALL_MODEL_PARAMS)
+        gen_threads = self.placement["inference-0"].threads
+        train_threads = max((p.threads * self.plan.ranks(n) for n, p in self.placement.items()
+                             if p.side == "training" and n in self.plan.processes()), default=thread_split(rt)[1])
         self._on_failure = on_failure
         self.launcher = make_launcher(LaunchRequest(
             self.run_dir.path / "logs", self._on_death, process_demands(self.plan, gen_threads, train_threads), rt,
@@ -130,29 +135,32 @@ class ProcessExecutor:
         # (vLLM's dev endpoints excepted: vLLM guards only /v1 and /inference, backends/vllm.py).
         token = self._token = secrets.token_urlsafe(32)
         env = {RUN_TOKEN_ENV: token, **({} if rt.trace else {TRACE_ENV: "0"})}  # runtime.trace: off everywhere
+        backend = get_backend(spec.inference.backend)
         for i in range(spec.inference.servers):
-            host, port = self.launcher.server_endpoint(f"inference-{i}")
+            name = f"inference-{i}"
+            place = self.placement[name]
+            host, port = self.launcher.server_endpoint(name)
             url = f"http://{host}:{port}"
-            cmd = inference_server_command(spec.inference, actor_path, port, gen_threads, rt.seed + i,
-                                           name=f"inference-{i}", api_key=token, host=host)
-            backend = get_backend(spec.inference.backend)
-            server_env = {**env, **backend.environment(token)}
+            cmd = inference_server_command(spec.inference, actor_path, port, place.threads, rt.seed + i,
+                                           name=name, api_key=token, host=host)
+            server_env = {**env, **backend.environment(token), **placed_env(place, backend.thread_cap(place.threads))}
             if self.adapter_sync:
                 lora = spec.models[self.plan.actor].lora
                 assert lora is not None  # adapter_sync says so
                 cmd += backend.lora_launch_flags(lora.r, lora.target_modules, self.adapters_kept)
                 server_env.update(backend.lora_environment())
-            self.launcher.start_process(f"inference-{i}", role="inference", cmd=cmd, env=server_env,
-                                        health_url=f"{url}/health", threads=backend.thread_cap(gen_threads))
+            self.launcher.start_process(name, role="inference", cmd=cmd, env=server_env,
+                                        health_url=f"{url}/health", threads=backend.thread_cap(place.threads))
             self.server_urls.append(url)
-            self._roles[f"inference-{i}"] = "inference"
+            self._roles[name] = "inference"
         for process, role in sorted(self.plan.processes().items()):
             self._roles[process] = role
-            threads = train_threads if role == "model" else 1
-            worker_env = self._start_other_ranks(self.launcher, process, role, threads, env)
-            address = self.launcher.start_worker(process, threads=rank_threads(threads, self.plan.ranks(process)),
-                                                 env=worker_env, token_env=RUN_TOKEN_ENV)
+            place = self.placement[process]
+            worker_env = self._start_other_ranks(self.launcher, process, role, env)
+            address = self.launcher.start_worker(process, threads=place.threads, env={**worker_env, **placed_env(place)},
+                                                 token_env=RUN_TOKEN_ENV)
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
+        pin_this_process(self.placement["controller"])
         self.launcher.wait_healthy(timeout=get_backend(spec.inference.backend).startup_timeout_s)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token,
                                                    lora_adapters=self.adapter_sync) for u in self.server_urls])
@@ -169,7 +177,7 @@ class ProcessExecutor:
         if self.adapter_sync:  # requests name an adapter from the first one: version 0 is the untrained one
             self._io.run(self.sync_weights(0), timeout=600)
 
-    def _start_other_ranks(self, launcher: Launcher, process: str, role: str, threads: int,
+    def _start_other_ranks(self, launcher: Launcher, process: str, role: str,
                            env: dict[str, str]) -> dict[str, str]:
         """Ranks 1..N-1 of a data-parallel process (runtime/hosts/dp_model_host.py), as plain
         processes the watchdog watches like the worker; returns the environment of rank 0,
@@ -181,9 +189,11 @@ class ProcessExecutor:
         for rank in range(1, ranks):
             name = f"{process}.rank{rank}"
             self._roles[name] = role
+            place = self.placement[name]
             launcher.start_process(
                 name, role=role, cmd=[sys.executable, "-m", DP_RANK_MODULE, "--name", name],
-                env={**env, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)}, threads=rank_threads(threads, ranks))
+                env={**env, **group, "RANK": str(rank), "LOCAL_RANK": str(rank), **placed_env(place)},
+                threads=place.threads)
         return {**env, **group, "RANK": "0", "LOCAL_RANK": "0"}
 
     def _configure(self, info: RunInfo, only: str | None = None) -> None:
@@ -336,7 +346,32 @@ class ProcessExecutor:
             spans.extend((got or {}).get("spans", []))
         if self.servers is not None:
             spans.extend(await self._spans_of(self._servers_names(), lambda: self._servers(self.servers.spans())) or [])
-        return self.clocks.align(spans)  # in the controller's clock
+        return self.clocks.align(spans) + self.cpu_span()  # in the controller's clock
+
+    def cpu_span(self) -> list[dict]:
+        """CPU seconds each process used so far (and the controller's own), as one zero-length
+        span the cost model reads (perfmodel/costs.py): what the processes the trace shows no
+        compute spans for (the controller, the rollout and reward workers) cost the machine."""
+        report = getattr(self.launcher, "cpu_report", None)
+        if not callable(report):
+            return []
+        import psutil
+
+        procs = report()
+        own = psutil.Process()
+        times = own.cpu_times()
+        procs["controller"] = {"cpu_s": round(times.user + times.system, 3), "pid": own.pid,
+                               "cores": sorted(own.cpu_affinity())}
+        now = time.time()
+        return [{"name": "cpu_time", "cat": "profile", "process": "controller", "start": now, "end": now,
+                 "args": {"processes": procs}}]
+
+    def placement_args(self) -> dict[str, dict]:
+        """Each process's placement (resources), with the cores the OS reports it may use, for the trace."""
+        report = getattr(self.launcher, "cpu_report", None)
+        seen = report() if callable(report) else {}
+        return {name: {**p.as_dict(), **({"affinity": seen[name]["cores"]} if name in seen else {})}
+                for name, p in self.placement.items()}
 
     def _probe_clocks(self, only: str | None = None) -> None:
         """Each process's clock offset against ours, measured as we connect to it (clocks.py)."""
@@ -538,13 +573,21 @@ def model_parameters(model_dir: str) -> int:
 
 
 def thread_split(rt: Any) -> tuple[int, int]:
-    """Torch threads for generation and for training.
+    """Torch threads for generation and for training when nothing is pinned (placement.thread_split)."""
+    return placement_thread_split(rt.max_staleness)
 
-    Synchronous RL alternates generation and training, so each may use every core; the
-    asynchronous run overlaps them, so the cores are split to avoid oversubscription.
-    """
-    cores = os.cpu_count() or 2
-    if rt.max_staleness == 0:
-        return cores, cores
-    half = max(cores // 2, 1)
-    return half, max(cores - half, 1)
+
+def placed_env(place: ProcessPlacement, threads: int | None = None) -> dict[str, str]:
+    """A process's placement as launcher environment; `threads` overrides its thread count (a
+    backend that caps a server's threads)."""
+    env = place.env()
+    if threads is not None and threads != place.threads:
+        env.update(dataclasses.replace(place, threads=threads).env())
+    return env
+
+
+def pin_this_process(place: ProcessPlacement) -> None:
+    """The controller's own placement (the `other` side), once every process it starts was pinned
+    explicitly (children inherit the mask of the process that forks them)."""
+    if place.cores is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, place.cores)

@@ -45,6 +45,9 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
         controller = Controller(plan, executor, prompts, eval_prompts, run_dir, tracer, display)
         with tracer.span("startup", cat="controller"):
             executor.start(on_failure=controller.on_failure)
+        now = time.perf_counter()
+        tracer.record("placement", now, now, cat="controller", processes=executor.placement_args(),
+                      pinned=spec.resources.pinned)
         return controller.run(resume_from)
     finally:
         try:  # the last spans of the workers and servers, when they are still there to ask
