@@ -106,9 +106,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(run: Any, summary: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The JSON report of one run: the span tables and the median step, then the summary's sections."""
+    from areal_graph.runtime.observability.trace_stats import training_window
+
     spans = run.timeline.spans
     wall = run.timeline.wall_s
+    window = training_window(run.timeline)
     return {"trace": ", ".join(summary["files"]), "label": run.label, "wall_s": wall, "spans": len(spans),
+            # what `areal-graph simulate --json` predicts: first step's start to last step's end
+            "steps_window_s": (window[1] - window[0]) if window else None,
             "by": {by: summarize(spans, by, wall) for by in args.by},
             "per_step": summary["median_step"],
             **{k: summary[k] for k in ("notes", "processes", "critical_path", "staleness", "packing", "nodes",
@@ -117,7 +122,8 @@ def _report(run: Any, summary: dict[str, Any], args: argparse.Namespace) -> dict
 
 def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], args: argparse.Namespace) -> None:
     console.print(f"[bold]{rep['label']}[/] ({rep['trace']}): {rep['spans']} spans over {rep['wall_s']:.2f} s "
-                  "of wall time", highlight=False)
+                  "of wall time" + (f"; steps window {rep['steps_window_s']:.2f} s (first step's start to last "
+                                    "step's end)" if rep.get("steps_window_s") else ""), highlight=False)
     for note in rep["notes"]:
         console.print(f"  [yellow]note:[/] {note}", highlight=False)
     if not rep["spans"]:

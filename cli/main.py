@@ -20,7 +20,7 @@ from rich.logging import RichHandler
 from areal_graph import __version__
 
 # Order is the order shown in --help.
-SUBCOMMANDS = ["run", "validate", "plot", "init_model", "eval", "serve", "trace", "slurm"]
+SUBCOMMANDS = ["run", "validate", "plot", "init_model", "eval", "serve", "trace", "costs", "simulate", "tune", "slurm"]
 
 
 def build_parser() -> argparse.ArgumentParser:

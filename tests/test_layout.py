@@ -12,7 +12,8 @@ import networkx as nx
 
 from support.paths import REPO
 
-PACKAGES = ["api", "cli", "data", "engines", "graph", "modelkit", "nodes", "protos", "runtime", "tools", "workflows"]
+PACKAGES = ["api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel", "protos", "runtime", "tools",
+            "workflows"]
 
 
 def package_graph() -> nx.DiGraph:

@@ -1,0 +1,543 @@
+"""What each part of a run costs, read off the run's own trace and metrics.
+
+`fit_costs(run)` turns one finished run (runtime/observability/trace_run.py `RunMaterial`)
+into a `CostModel`: every engine forward (prefill chunks and decode steps, against batch and
+context), each training-side call (train, log-prob passes, against tokens), the weight sync,
+the generation-side nodes (reward), the rollout's own overhead, the controller's per-step
+overhead, the background CPU of the processes that show no compute spans (controller,
+rollout and reward workers, the servers' HTTP handling), and the output-length
+distribution by policy version (`LengthModel`: it drifts as the policy learns).
+
+Each measured time is divided by the CPU slowdown it ran under (perfmodel/cpu.py: who else
+was computing on its cores at that moment), so the fitted costs are what the work takes alone
+on its placement; the simulator multiplies them back for the placement and moment it
+simulates. Every fit keeps its error on the run it came from, and `describe_costs` prints them.
+
+What the trace must hold (recorded since placement and the engine's step log existed): the
+`engine_steps` spans of the inference servers, and ideally `cpu_time` and `placement`. A run
+without engine steps (older, or vLLM/SGLang servers, which record no steps) is an error that
+says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from areal_graph.perfmodel.cpu import Demand, slowdown
+from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
+from areal_graph.runtime.observability.trace_stats import training_window
+
+MIN_STEPS = 10  # a calibration run needs at least this many training steps
+LENGTH_WINDOW = 6  # policy versions per window of the output-length distribution
+MIN_POOL = 12  # prompt groups a length sample is drawn from at least
+DECODE_TERMS = ["1", "rows", "rows_x_width_k"]
+PREFILL_TERMS = ["1", "tokens_k", "padded_k", "padded_x_width_m"]
+CALL_TERMS = ["1", "tokens_k", "seqs"]
+
+
+class CalibrationError(ValueError):
+    """The run cannot calibrate the model (no trace, too few steps, no engine step log)."""
+
+
+@dataclass
+class SidePlacement:
+    """Where a side ran: its cores (None: unpinned) and threads per process."""
+
+    cores: list[int] | None = None
+    threads: int = 1
+
+    def demand(self, amount: float | None = None) -> Demand:
+        return Demand(self.threads if amount is None else amount, frozenset(self.cores) if self.cores else None)
+
+
+@dataclass
+class LengthModel:
+    """The output lengths of the run's prompt groups, by the policy version that generated them.
+
+    Groups are kept whole (prompt length and every answer's length): the answers of one prompt
+    are alike, and a group's longest answer is what a synchronous step waits for."""
+
+    window: int = LENGTH_WINDOW
+    max_new_tokens: int = 0
+    groups: list[list[Any]] = field(default_factory=list)  # [version, prompt_tokens, [lengths]]
+
+    def versions(self) -> tuple[int, int]:
+        vs = [g[0] for g in self.groups]
+        return (min(vs), max(vs)) if vs else (0, 0)
+
+    def pool(self, version: int) -> list[list[Any]]:
+        """The groups generated within half a window of `version` (at least `MIN_POOL` of them,
+        widening until there are); past the last version: the last window's groups."""
+        if not self.groups:
+            raise ValueError("the length model holds no groups")
+        vs = [g[0] for g in self.groups]  # sorted by version (fit_costs sorts them)
+        lo_v, hi_v = vs[0], vs[-1]
+        v = min(max(version, lo_v + self.window // 2), hi_v - self.window // 2) if hi_v - lo_v >= self.window else \
+            (lo_v + hi_v) // 2
+        half = self.window / 2
+        while True:
+            a, b = bisect.bisect_left(vs, v - half), bisect.bisect_right(vs, v + half)
+            if b - a >= MIN_POOL or (a == 0 and b == len(vs)):
+                return self.groups[a:b]
+            half *= 1.5
+
+    def extrapolates(self, version: int) -> bool:
+        """Whether `version` lies past the versions the lengths were measured at."""
+        return bool(self.groups) and version > self.groups[-1][0] + self.window
+
+    def sample(self, rng: random.Random, version: int, group_size: int,
+               max_new_tokens: int | None = None) -> tuple[int, list[int]]:
+        """(prompt tokens, output lengths) of one group generated at `version`."""
+        pool = self.pool(version)
+        g = rng.choice(pool)
+        lens = list(g[2])
+        if len(lens) != group_size:  # another group size: answers drawn from the window's answers
+            answers = [n for h in pool for n in h[2]]
+            lens = [rng.choice(answers) for _ in range(group_size)]
+        cap = max_new_tokens or self.max_new_tokens
+        return int(g[1]), [max(1, min(int(n), cap)) if cap else max(1, int(n)) for n in lens]
+
+    def _by_window(self) -> dict[int, list[list[Any]]]:
+        out: dict[int, list[list[Any]]] = defaultdict(list)
+        for g in self.groups:
+            out[g[0] // self.window].append(g)
+        return dict(out)
+
+    def drift(self) -> list[dict[str, float]]:
+        """Per window: versions, groups, mean / p90 / max output length."""
+        out = []
+        for key, groups in sorted(self._by_window().items()):
+            lens = np.array([n for g in groups for n in g[2]], dtype=float)
+            out.append({"versions": f"{key * self.window}-{key * self.window + self.window - 1}",
+                        "groups": len(groups), "mean": float(lens.mean()), "p90": float(np.percentile(lens, 90)),
+                        "max": float(lens.max())})
+        return out
+
+
+@dataclass
+class CostModel:
+    """Every cost of a run (see module docstring). Times in seconds unless a fit says ms."""
+
+    source: str = ""
+    machine_cores: list[int] = field(default_factory=list)
+    calibrated: dict[str, Any] = field(default_factory=dict)  # the calibration run's settings
+    inference: SidePlacement = field(default_factory=SidePlacement)
+    training: SidePlacement = field(default_factory=SidePlacement)
+    other: SidePlacement = field(default_factory=SidePlacement)
+    decode_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
+    prefill_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
+    swap_s: float = 0.0
+    # of the tokens in flight at a weight update, the share prefilled again: answers of one prompt
+    # that are still identical (the same first tokens) share one row (engine.py prefix sharing)
+    reprefill_keep: float = 1.0
+    model_calls: dict[str, LinearFit] = field(default_factory=dict)  # training-side node on a model worker
+    call_overhead_s: dict[str, float] = field(default_factory=dict)  # its RPC and (de)serialisation
+    controller_nodes_s: dict[str, float] = field(default_factory=dict)  # training-side nodes in the controller
+    generation_nodes_s: dict[str, float] = field(default_factory=dict)  # per prompt group (reward, ...)
+    dispatch_s: float = 0.0  # rollout call start -> its first request reaches the server
+    collect_s: float = 0.0  # the group's last answer -> the rollout call returns
+    sync_s: float = 0.0  # weight sync apart from the server's swap and its wait for a step boundary
+    step_overhead_s: float = 0.0  # controller bookkeeping inside a training step's span
+    step_gap_s: float = 0.0  # from one step's end to the next one's start (metrics, logging; no evaluation)
+    background_cpu: dict[str, dict[str, Any]] = field(default_factory=dict)  # process -> cpu_s_per_request, side
+    lengths: LengthModel = field(default_factory=LengthModel)
+    measured: dict[str, Any] = field(default_factory=dict)  # the calibration run's own outcome
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        raw = json.loads(text)
+        fits = {k: LinearFit(**raw[k]) for k in ("decode_ms", "prefill_ms")}
+        sides = {k: SidePlacement(**raw[k]) for k in ("inference", "training", "other")}
+        return cls(**{**raw, **fits, **sides, "model_calls": {k: LinearFit(**v) for k, v in raw["model_calls"].items()},
+                      "lengths": LengthModel(**raw["lengths"])})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+# ============================================================================ reading the run
+@dataclass
+class _Material:
+    """What the fit reads off a timeline, in seconds."""
+
+    window: tuple[float, float]
+    steps: dict[str, np.ndarray]  # server -> rows [t, dur, kind, rows, tokens, ctx, width]
+    busy: dict[str, list[tuple[float, float]]]  # process -> compute intervals
+    placement: dict[str, dict[str, Any]]
+    cpu: list[tuple[float, dict[str, float]]]
+
+
+def _material(tl: Any) -> _Material:
+    window = training_window(tl)
+    if window is None:
+        raise CalibrationError("the run has no training steps in its trace: it cannot calibrate the model")
+    steps: dict[str, list[list[float]]] = defaultdict(list)
+    busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    placement: dict[str, dict[str, Any]] = {}
+    cpu: list[tuple[float, dict[str, float]]] = []
+    for s in tl.spans:
+        name, proc = s["name"], s["process"]
+        if name == "engine_steps":
+            t0 = s["ts"] / 1e6
+            steps[proc].extend([t0 + r[0] / 1e6, r[1] / 1e6, *r[2:]] for r in s["args"].get("steps", []))
+        elif name == "placement" and isinstance(s["args"].get("processes"), dict):
+            placement = s["args"]["processes"]
+        elif name == "cpu_time" and isinstance(s["args"].get("processes"), dict):
+            cpu.append((s["ts"] / 1e6, {p: float(v.get("cpu_s", 0.0)) for p, v in s["args"]["processes"].items()}))
+        elif s["cat"] == "compute" and s["dur"] > 0 and proc.startswith("model-"):
+            busy[proc].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
+    if not steps:
+        raise CalibrationError("the trace has no engine step log (engine_steps spans): it comes from a run older "
+                               "than the cost model, or from vLLM/SGLang servers, which record none; run the "
+                               "workflow again with the embedded engine")
+    arrays = {p: np.array(sorted(rows), dtype=float) for p, rows in steps.items()}
+    for p, a in arrays.items():
+        busy[p] = [(float(t), float(t + d)) for t, d in a[:, :2]]
+    return _Material(window, arrays, {p: sorted(v) for p, v in busy.items()}, placement, sorted(cpu))
+
+
+def _overlap(intervals: list[tuple[float, float]], a: float, b: float) -> float:
+    """Seconds of [a, b] covered by sorted, non-overlapping-or-not `intervals`."""
+    if b <= a or not intervals:
+        return 0.0
+    i = max(bisect.bisect_left(intervals, (a,)) - 1, 0)
+    total = 0.0
+    for x, y in intervals[i:]:
+        if x >= b:
+            break
+        total += max(0.0, min(b, y) - max(a, x))
+    return min(total, b - a)
+
+
+def _side(placement: dict[str, dict[str, Any]], process: str, threads: int) -> SidePlacement:
+    p = placement.get(process) or {}
+    return SidePlacement(list(p["cores"]) if p.get("cores") else None, int(p.get("threads") or threads))
+
+
+# ============================================================================ the fit
+def fit_costs(run: Any) -> CostModel:
+    """The cost model of one run (`RunMaterial`); raises CalibrationError when it cannot."""
+    spec = run.spec
+    if spec is None:
+        raise CalibrationError(f"{run.path}: no readable config.yaml beside the trace: the cost model needs the "
+                               "workflow that ran")
+    m = _material(run.timeline)
+    steps = [s for s in run.timeline.spans if s["cat"] == "step"]
+    if len(steps) < MIN_STEPS:
+        raise CalibrationError(f"{run.path}: {len(steps)} training step(s) in the trace; calibrating needs at "
+                               f"least {MIN_STEPS} (30 give fits within a few percent)")
+    from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
+
+    gen_t, train_t = thread_split(spec.runtime.max_staleness)
+    model = CostModel(source=str(run.path))
+    cores = sorted({c for p in m.placement.values() for c in (p.get("affinity") or p.get("cores") or ())})
+    model.machine_cores = cores or list(usable_cores())
+    model.inference = _side(m.placement, "inference-0", 1)
+    model.training = _side(m.placement, f"model-{run.plan.actor}", train_t)
+    model.other = _side(m.placement, "controller", 1)
+    model.calibrated = calibration_settings(spec)
+    bg = _background(run, m, model)
+    model.background_cpu = bg
+    _fit_engine(run, m, model)
+    _fit_model_calls(run, m, model)
+    _fit_controller(run, m, model)
+    model.lengths = _lengths(run, spec)
+    model.measured = _measured(run, m)
+    return model
+
+
+def calibration_settings(spec: Any) -> dict[str, Any]:
+    """The settings of a workflow the simulator varies (and the cost model was fitted under)."""
+    from areal_graph.graph.node_kinds import actor_model
+
+    src = next(n for n in spec.nodes.values() if n.kind == "rollout")
+    rt = spec.runtime
+    return {"batch_size": rt.batch_size, "max_staleness": rt.max_staleness, "group_size": src.params.group_size,
+            "max_concurrent_rollouts": rt.max_concurrent_rollouts, "max_running_requests": spec.inference.max_running_requests,
+            "servers": spec.inference.servers, "max_new_tokens": src.params.sampling.max_new_tokens,
+            "max_tokens_per_microbatch": rt.max_tokens_per_microbatch, "steps": rt.steps,
+            "actor": actor_model(spec), "model_path": spec.models[actor_model(spec) or ""].path,
+            "backend": spec.inference.backend}
+
+
+def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str, Any]]:
+    """CPU each process used beyond its compute spans, per request finished, from the cpu_time
+    samples that bracket the training window."""
+    lo, hi = m.window
+    inside = [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0]
+    if len(inside) < 2:
+        model.notes.append("fewer than two CPU samples in the training window: background CPU (controller, "
+                           "rollout, reward) is not modelled; a run of at least ~10 s of steps records them")
+        return {}
+    (ta, ca), (tb, cb) = inside[0], inside[-1]
+    finished = max(_requests_between(run.timeline, ta, tb), 1)
+    out: dict[str, dict[str, Any]] = {}
+    for proc in sorted(set(ca) & set(cb)):
+        used = cb[proc] - ca[proc]
+        threads = (m.placement.get(proc) or {}).get("threads") or 1
+        computed = _overlap(m.busy.get(proc, []), ta, tb) * threads
+        extra = max(used - computed, 0.0)
+        side = (m.placement.get(proc) or {}).get("side") or ("inference" if proc.startswith("inference-") else
+                                                             "training" if proc.startswith("model-") else "other")
+        out[proc] = {"cpu_s_per_request": extra / finished, "side": side, "rate_cores": extra / (tb - ta)}
+    return out
+
+
+def _requests_between(tl: Any, a: float, b: float) -> int:
+    return sum(1 for s in tl.spans if s["name"] == "finished" and a * 1e6 <= s["ts"] < b * 1e6)
+
+
+def _background_demands(model: CostModel, rate_scale: float = 1.0) -> list[Demand]:
+    sides = {"inference": model.inference, "training": model.training, "other": model.other}
+    return [Demand(v["rate_cores"] * rate_scale, frozenset(sides[v["side"]].cores) if sides[v["side"]].cores else None)
+            for v in model.background_cpu.values() if v.get("rate_cores", 0) > 0]
+
+
+def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
+    bg = _background_demands(model)
+    cores = model.machine_cores
+    trainer = [iv for p, v in m.busy.items() if p.startswith("model-") for iv in v]
+    trainer.sort()
+    engine = model.inference.demand()
+    slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
+    slow_alone = slowdown(engine, bg, cores)
+    dec_x, dec_y, dec_s, pre_x, pre_y, pre_s = [], [], [], [], [], []
+    for rows in m.steps.values():
+        for t, dur, kind, n, tokens, ctx, width in rows:
+            share = _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0
+            s = slow_alone + share * (slow_with - slow_alone)
+            if kind == 1:
+                dec_x.append({"rows": n, "rows_x_width_k": n * width / 1e3})
+                dec_y.append(dur * 1e3 / s)
+                dec_s.append(s)
+            else:
+                pre_x.append({"tokens_k": tokens / 1e3, "padded_k": ctx / 1e3, "padded_x_width_m": ctx * width / 1e6})
+                pre_y.append(dur * 1e3 / s)
+                pre_s.append(s)
+    model.decode_ms = _with_measured_error(fit_linear(dec_x, dec_y, DECODE_TERMS), dec_x, dec_y, dec_s)
+    model.prefill_ms = _with_measured_error(fit_linear(pre_x, pre_y, PREFILL_TERMS), pre_x, pre_y, pre_s)
+    swaps = [s for s in run.timeline.spans if s["name"] == "weight_swap"]
+    model.swap_s = median([s["dur"] / 1e6 for s in swaps])
+    resumed = sum(int(s["args"].get("prefill_tokens") or 0) for s in run.timeline.spans if s["name"] == "resumed")
+    if resumed:
+        real = sum(float(r[4]) for rows in m.steps.values() for r in rows if r[2] == 0)
+        fresh = sum(int(s["args"].get("prompt_tokens") or 0) for s in run.timeline.spans
+                    if s["name"] == "request" and str(s["args"].get("rid", "")).endswith("-0"))
+        model.reprefill_keep = float(min(max((real - fresh) / resumed, 0.05), 1.0))
+
+
+def _with_measured_error(fit: LinearFit, xs: list[dict[str, float]], ys: list[float], slows: list[float]) -> LinearFit:
+    """The fit's errors against what was measured (its normalised prediction times the slowdown)."""
+    if not ys:
+        return fit
+    pred = np.array([fit.predict(**x) for x in xs]) * np.array(slows)
+    meas = np.array(ys) * np.array(slows)
+    fit.median_rel_err = float(np.median(np.abs(pred - meas) / meas))
+    fit.total_rel_err = float((pred.sum() - meas.sum()) / meas.sum())
+    return fit
+
+
+def _fit_model_calls(run: Any, m: _Material, model: CostModel) -> None:
+    """Training-side calls on model workers: compute time against tokens and sequences."""
+    spans = run.timeline.spans
+    nodes = [s for s in spans if s["cat"] == "node" and s["process"].startswith("model-")]
+    computes = [s for s in spans if s["cat"] == "compute" and s["process"].startswith("model-") and s["dur"] > 0]
+    by_proc: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in computes:
+        by_proc[c["process"]].append(c)
+    engines = sorted(iv for p, v in m.busy.items() if p.startswith("inference-") for iv in v)
+    bg = _background_demands(model)
+    cores = model.machine_cores
+    samples: dict[str, tuple[list[dict[str, float]], list[float], list[float]]] = defaultdict(lambda: ([], [], []))
+    overheads: dict[str, list[float]] = defaultdict(list)
+    for node in nodes:
+        a, b = node["ts"], node["ts"] + node["dur"]
+        inner = [c for c in by_proc[node["process"]] if c["ts"] >= a and c["ts"] + c["dur"] <= b]
+        if not inner:
+            continue
+        c = max(inner, key=lambda s: s["dur"])
+        name = node["args"].get("node") or node["name"]
+        ca, cb = c["ts"] / 1e6, (c["ts"] + c["dur"]) / 1e6
+        busy = _overlap(engines, ca, cb) / (cb - ca)
+        s = slowdown(model.training.demand(), [model.inference.demand(busy * model.inference.threads), *bg], cores)
+        xs, ys, ss = samples[name]
+        xs.append({"tokens_k": float(c["args"].get("tokens", 0)) / 1e3, "seqs": float(c["args"].get("seqs", 0))})
+        ys.append((cb - ca) / s)
+        ss.append(s)
+        overheads[name].append((node["dur"] - c["dur"]) / 1e6)
+    for name, (xs, ys, ss) in samples.items():
+        model.model_calls[name] = _with_measured_error(fit_linear(xs, ys, CALL_TERMS), xs, ys, ss)
+        model.call_overhead_s[name] = median(overheads[name])
+
+
+def _fit_controller(run: Any, m: _Material, model: CostModel) -> None:
+    """Nodes the controller runs, the generation side's nodes, the rollout's own overhead, the
+    weight sync and what the controller spends per step around them."""
+    spans = run.timeline.spans
+    plan = run.plan
+    gen_nodes = set(plan.generation)
+    per_node: dict[str, list[float]] = defaultdict(list)
+    for s in spans:
+        if s["cat"] != "node":
+            continue
+        node = s["args"].get("node") or s["name"]
+        if node in gen_nodes or (node in plan.training and s["process"] == "controller"):
+            per_node[node].append(s["dur"] / 1e6)
+    model.generation_nodes_s = {n: median(v) for n, v in per_node.items() if n in gen_nodes}
+    model.controller_nodes_s = {n: median(v) for n, v in per_node.items() if n not in gen_nodes}
+    model.dispatch_s, model.collect_s = _rollout_overhead(run)
+    swaps = [s for s in spans if s["name"] == "weight_swap"]
+    waited = median([float(s["args"].get("waited_s") or 0.0) for s in swaps])
+    syncs = [s["dur"] / 1e6 for s in spans if s["name"] == "weight_sync" and s["cat"] == "weights"]
+    model.sync_s = max(median(syncs) - model.swap_s - waited, 0.0)
+    model.step_overhead_s = _step_overhead(spans)
+    steps = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if s["cat"] == "step")
+    evals = _merged([(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == "eval"])
+    gaps = [(b[0] - a[1]) / 1e6 for a, b in zip(steps, steps[1:]) if _overlap(evals, a[1], b[0]) == 0]
+    model.step_gap_s = max(median(gaps), 0.0)
+
+
+def _rollout_overhead(run: Any) -> tuple[float, float]:
+    """Median time from a rollout call's start to its group's first request, and from the
+    group's last answer to the call's end (HTTP, tokenisation, packing)."""
+    spans = run.timeline.spans
+    calls = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans
+                   if s["cat"] == "node" and (s["args"].get("node") or s["name"]) == run.plan.source)
+    groups: dict[str, list[float]] = {}
+    for s in spans:
+        if s["name"] == "request" and s["cat"] == "request":
+            base = str(s["args"].get("rid", "")).rsplit("-", 1)[0]
+            g = groups.setdefault(base, [math.inf, -math.inf])
+            g[0], g[1] = min(g[0], s["ts"]), max(g[1], s["ts"] + s["dur"])
+    firsts = sorted(groups.values())
+    dispatch, collect = [], []
+    used = [False] * len(firsts)
+    starts = [g[0] for g in firsts]
+    for a, b in calls:
+        i = bisect.bisect_left(starts, a)
+        while i < len(firsts) and (used[i] or firsts[i][1] > b):
+            i += 1
+        if i < len(firsts) and firsts[i][0] <= b:
+            used[i] = True
+            dispatch.append((firsts[i][0] - a) / 1e6)
+            collect.append((b - firsts[i][1]) / 1e6)
+    return max(median(dispatch), 0.0), max(median(collect), 0.0)
+
+
+def _step_overhead(spans: list[dict[str, Any]]) -> float:
+    """Per step: the step's wall time not covered by waiting for the batch, training-side node
+    calls or the weight sync (the controller's own bookkeeping: metrics, checks)."""
+    steps = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if s["cat"] == "step")
+    chain = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if s["process"] == "controller"
+                   and s["cat"] in ("controller", "weights") and s["name"] in ("wait_batch", "weight_sync")
+                   or (s["cat"] == "node" and s["args"].get("worker") is not None
+                       and s["name"] != "rollout" and s["dur"] > 0))
+    out = []
+    for a, b in steps:
+        covered = _overlap(_merged([iv for iv in chain if iv[1] > a and iv[0] < b]), a, b)
+        out.append(max((b - a) - covered, 0.0) / 1e6)
+    return median(out)
+
+
+def _merged(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _lengths(run: Any, spec: Any) -> LengthModel:
+    """Whole prompt groups: (version, prompt tokens, answer lengths), evaluation requests left out."""
+    spans = run.timeline.spans
+    evals = _merged([(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == "eval"])
+    groups: dict[str, list[Any]] = {}
+    for s in spans:
+        if s["name"] != "request" or s["cat"] != "request":
+            continue
+        a = s["args"]
+        base = str(a.get("rid", "")).rsplit("-", 1)[0]
+        g = groups.setdefault(base, [math.inf, 0, [], s["ts"]])
+        v = a.get("version_first")
+        g[0] = min(g[0], v if isinstance(v, int) else 0)
+        g[1] = int(a.get("prompt_tokens") or 0)
+        g[2].append(int(a.get("output_tokens") or 0))
+        g[3] = min(g[3], s["ts"])
+    src = next(n for n in spec.nodes.values() if n.kind == "rollout")
+    G = src.params.group_size
+    kept = [[int(g[0]) if g[0] != math.inf else 0, g[1], g[2]] for g in groups.values()
+            if not (len(g[2]) == 1 and G > 1) and not (len(g[2]) == 1 and _overlap(evals, g[3], g[3] + 1) > 0)]
+    kept.sort(key=lambda g: g[0])
+    return LengthModel(LENGTH_WINDOW, src.params.sampling.max_new_tokens, kept)
+
+
+def _measured(run: Any, m: _Material) -> dict[str, Any]:
+    """The calibration run's own outcome, for the simulator to be checked against."""
+    lo, hi = m.window
+    steps = sorted(s["dur"] / 1e6 for s in run.timeline.spans if s["cat"] == "step")
+    stale = [r["staleness/mean"] for r in run.metrics if "staleness/mean" in r]
+    return {"steps_window_s": hi - lo, "step_s_median": median(steps), "steps": len(steps),
+            "staleness_mean": float(np.mean(stale)) if stale else None,
+            "requests_per_s": _requests_between(run.timeline, lo, hi) / max(hi - lo, 1e-9)}
+
+
+# ============================================================================ printing
+def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
+    """Rows (cost, value, fit error on the calibration run) for `areal-graph costs`."""
+    rows: list[tuple[str, str, str]] = []
+
+    def fit_row(name: str, fit: LinearFit, unit: str, scale: float = 1.0) -> None:
+        terms = " + ".join(f"{c * scale:.4g}" + ("" if t == "1" else f" x {t}") for t, c in zip(fit.terms, fit.coef) if c)
+        rows.append((name, f"{terms or '0'} {unit}",
+                     f"median {fit.median_rel_err:.0%} per item, total {fit.total_rel_err:+.1%} (n={fit.n})"))
+
+    fit_row("decode step", model.decode_ms, "ms")
+    fit_row("prefill chunk", model.prefill_ms, "ms")
+    dec = model.decode_ms
+    for b in (1, 16, 64):
+        w = 100
+        ms = dec.predict(rows=b, rows_x_width_k=b * w / 1e3)
+        rows.append((f"  decode at batch {b}, context {w}", f"{ms:.2f} ms/step, {b / ms * 1e3:,.0f} tokens/s alone", ""))
+    rows.append(("weight swap (server)", f"{model.swap_s * 1e3:.1f} ms; {model.reprefill_keep:.0%} of the tokens "
+                 "in flight prefilled again (the rest shared with an identical answer)", ""))
+    rows.append(("weight sync (rest)", f"{model.sync_s * 1e3:.1f} ms", ""))
+    for name, fit in model.model_calls.items():
+        fit_row(f"{name} (model worker)", fit, "s")
+        rows.append((f"  {name} call overhead", f"{model.call_overhead_s.get(name, 0) * 1e3:.1f} ms", ""))
+    for name, s in model.controller_nodes_s.items():
+        rows.append((f"{name} (controller)", f"{s * 1e3:.1f} ms per step", ""))
+    for name, s in model.generation_nodes_s.items():
+        rows.append((f"{name} (per prompt group)", f"{s * 1e3:.1f} ms", ""))
+    rows.append(("rollout dispatch / collect", f"{model.dispatch_s * 1e3:.1f} / {model.collect_s * 1e3:.1f} ms", ""))
+    rows.append(("controller overhead per step", f"{model.step_overhead_s * 1e3:.1f} ms in the step, "
+                 f"{model.step_gap_s * 1e3:.1f} ms between steps", ""))
+    for proc, v in model.background_cpu.items():
+        rows.append((f"background CPU: {proc}", f"{v['cpu_s_per_request'] * 1e3:.2f} ms CPU per request "
+                     f"({v['rate_cores']:.2f} cores in the run)", ""))
+    for w in model.lengths.drift():
+        rows.append((f"output length, versions {w['versions']}", f"mean {w['mean']:.1f}, p90 {w['p90']:.0f}, "
+                     f"max {w['max']:.0f} ({w['groups']} groups)", ""))
+    return rows
+
+
+def costs_summary(model: CostModel) -> dict[str, Any]:
+    """`areal-graph costs --json`: the model, and its rows as printed."""
+    return {"model": json.loads(model.to_json()),
+            "rows": [{"cost": a, "value": b, "fit_error": c} for a, b, c in describe_costs(model)]}
+

@@ -1,0 +1,546 @@
+"""A discrete-event simulation of a run: the controller as it is, driven by a cost model.
+
+What it reproduces, each as the code does it (file: what):
+- runtime/orchestration/staleness.py: the gate admits a prompt group of G while
+  accepted + running + G <= (eta + v + 1) B and running + G <= max_concurrent_rollouts;
+- runtime/orchestration/controller.py: the generation loop submits groups as soon as the gate
+  allows; a group is its rollout call (dispatch, G requests, collect), then the generation-side
+  nodes (reward); the trainer takes the B/G oldest-submitted groups (`_next_batch`), runs the
+  training side, syncs the weights to every server, bumps the version;
+- engines/inference/engine.py: per server, continuous batching: each step admits queued
+  requests up to `max_running_requests`, prefills the pending ones in chunks of at most the
+  prefill budget of padded tokens (the G answers of a fresh prompt share one prefill), then
+  decodes one token for every running request; a weight update waits for the step boundary,
+  swaps, and (interruptible generation) sends every request in flight back to be prefilled
+  again from prompt + tokens so far;
+- the CPU: every step and call takes its cost-model time times the slowdown of who else
+  computes on its cores at that moment (perfmodel/cpu.py), with the background CPU of the
+  controller, rollout and reward workers scaled to the simulated request rate.
+
+What it leaves out: network latency beyond the measured per-call overheads, the trace's own
+cost, memory limits (a KV cache that would not fit), evaluation answers' own lengths (an eval
+uses the training lengths, greedy). `SimResult.notes` says where a run extrapolates.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from areal_graph.perfmodel.costs import CostModel, SidePlacement
+from areal_graph.perfmodel.cpu import Demand, slowdown
+
+ADMIT_WAIT_S = 0.002  # engine.py admit_wait_s: an idle engine lets a burst of submissions arrive
+PREFILL_BUDGET = 2048  # engine.py prefill_token_budget
+
+
+@dataclass
+class SimConfig:
+    """The settings of one simulated run (`config_from_spec` reads them off a workflow)."""
+
+    steps: int = 100
+    batch_size: int = 32
+    group_size: int = 8
+    max_staleness: int = 4
+    max_concurrent: int = 64
+    max_running: int = 64
+    servers: int = 1
+    max_new_tokens: int = 0  # 0: as calibrated
+    prefill_budget: int = PREFILL_BUDGET
+    machine_cores: list[int] = field(default_factory=lambda: [0, 1])
+    inference: SidePlacement = field(default_factory=SidePlacement)
+    training: SidePlacement = field(default_factory=SidePlacement)
+    other: SidePlacement = field(default_factory=SidePlacement)
+    kv_on_update: str = "recompute"  # "recompute" (AReaL) or "keep" (the KV cache survives a weight update)
+    batch_order: str = "submission"  # "submission" (the controller today) or "completion"
+    eval_every: int = 0
+    eval_size: int = 0
+    seed: int = 1
+    label: str = ""
+
+
+@dataclass
+class SimResult:
+    steps_window_s: float
+    step_s_median: float
+    staleness_mean: float
+    staleness_max: int
+    busy: dict[str, float]  # process -> busy share of the steps window
+    step_bound: dict[str, int]  # what each step waited for: generation or training
+    tokens_per_s: float
+    requests: int
+    reprefill_tokens: int
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps_window_s": self.steps_window_s, "step_s_median": self.step_s_median,
+                "staleness_mean": self.staleness_mean, "staleness_max": self.staleness_max, "busy": self.busy,
+                "step_bound": self.step_bound, "tokens_per_s": self.tokens_per_s, "requests": self.requests,
+                "reprefill_tokens": self.reprefill_tokens, "notes": self.notes}
+
+
+# ============================================================================ the pieces
+@dataclass
+class _Request:
+    group: "_Group"
+    prompt: int
+    target: int
+    made: int = 0
+    server: int = -1
+
+    @property
+    def context(self) -> int:
+        return self.prompt + self.made
+
+
+@dataclass
+class _Group:
+    gid: int
+    version: int
+    prompt: int
+    lengths: list[int]
+    left: int = 0
+    accepted_at: float = math.inf
+    eval: bool = False
+
+
+class _Server:
+    """One inference server's engine (see module docstring)."""
+
+    def __init__(self, sim: "Simulation", index: int) -> None:
+        self.sim, self.index = sim, index
+        self.queue: list[_Request] = []
+        self.pending: list[_Request] = []
+        self.running: list[_Request] = []
+        self.stepping = False
+        self.update: tuple[int, Callable[[], None]] | None = None  # (version, done) waiting for a boundary
+        self.swapping = False
+        self.busy_s = 0.0
+        self.outstanding = 0
+
+    def submit(self, req: _Request) -> None:
+        req.server = self.index
+        self.outstanding += 1
+        self.queue.append(req)
+        if not self.stepping and not self.swapping:
+            self.stepping = True
+            self.sim.at(ADMIT_WAIT_S if not (self.running or self.pending) else 0.0, self._step)
+
+    def request_update(self, version: int, done: Callable[[], None]) -> None:
+        self.update = (version, done)
+        if not self.stepping and not self.swapping:
+            self._swap()
+
+    def _step(self) -> None:
+        if self.update is not None:
+            self.stepping = False
+            self._swap()
+            return
+        room = self.sim.cfg.max_running - len(self.running) - len(self.pending)
+        while room > 0 and self.queue:
+            self.pending.append(self.queue.pop(0))
+            room -= 1
+        if not (self.pending or self.running):
+            self.stepping = False
+            return
+        costs = self.sim.costs
+        ms = 0.0
+        if self.pending:
+            ms += self._prefill_cost(self.pending)
+            for r in self.pending:
+                r.made += 1
+            self.running.extend(self.pending)
+            self.pending = []
+        width = max(r.context for r in self.running)
+        b = len(self.running)
+        ms += costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3)
+        for r in self.running:
+            r.made += 1
+        dur = ms / 1e3 * self.sim.engine_slowdown(self.index)
+        self.busy_s += self.sim.clip_to_window(dur)
+        self.sim.tokens += b
+        self.sim.engine_active[self.index] = True
+        self.sim.at(dur, self._step_done)
+
+    def _prefill_cost(self, reqs: list[_Request]) -> float:
+        """engine.py _prefill: identical token sequences (a fresh group's answers) share one row;
+        rows sorted by length go into chunks of at most the budget of padded tokens."""
+        rows: dict[Any, int] = {}
+        keep = self.sim.costs.reprefill_keep
+        for r in reqs:
+            if r.made and keep < 1.0 and self.sim.share_rng.random() > keep:
+                continue  # identical to a group mate's answer so far: shares its row
+            key = ("g", r.group.gid) if r.made == 0 else ("r", id(r))
+            rows[key] = r.context
+            if r.made:
+                self.sim.reprefill_tokens += r.context
+        lens = sorted(rows.values())
+        budget = self.sim.cfg.prefill_budget
+        ms, chunk = 0.0, []
+        for n in lens:
+            if chunk and n * (len(chunk) + 1) > budget:
+                ms += self._chunk_ms(chunk)
+                chunk = []
+            chunk.append(n)
+        if chunk:
+            ms += self._chunk_ms(chunk)
+        return ms
+
+    def _chunk_ms(self, lens: list[int]) -> float:
+        width = max(lens)
+        padded = width * len(lens)
+        return self.sim.costs.prefill_ms.predict(tokens_k=sum(lens) / 1e3, padded_k=padded / 1e3,
+                                                 padded_x_width_m=padded * width / 1e6)
+
+    def _step_done(self) -> None:
+        self.sim.engine_active[self.index] = False
+        done = [r for r in self.running if r.made >= r.target]
+        if done:
+            self.running = [r for r in self.running if r.made < r.target]
+            for r in done:
+                self.outstanding -= 1
+                self.sim.request_done(r)
+        if self.update is not None:
+            self.stepping = False
+            self._swap()
+            return
+        self._step()
+
+    def _swap(self) -> None:
+        version, done = self.update  # type: ignore[misc]
+        self.update = None
+        self.swapping = True
+
+        def finished() -> None:
+            self.swapping = False
+            if self.sim.cfg.kv_on_update == "recompute":
+                self.pending = self.running + self.pending
+                self.running = []
+            done()
+            if (self.queue or self.pending or self.running) and not self.stepping:
+                self.stepping = True
+                self._step()
+
+        self.busy_s += self.sim.clip_to_window(self.sim.costs.swap_s)
+        self.sim.at(self.sim.costs.swap_s, finished)
+
+
+class Simulation:
+    """One simulated run (see module docstring); `run()` returns its `SimResult`."""
+
+    def __init__(self, cfg: SimConfig, costs: CostModel, background_scale: float = 1.0,
+                 plan_nodes: dict[str, Any] | None = None) -> None:
+        self.cfg, self.costs = cfg, costs
+        self.rng = random.Random(cfg.seed)
+        self.share_rng = random.Random(cfg.seed + 7919)  # apart: lengths drawn stay the same whatever is shared
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.servers = [_Server(self, i) for i in range(cfg.servers)]
+        self.engine_active = [False] * cfg.servers
+        self.training_busy = False
+        self.version = 0
+        self.step = 0
+        self.accepted = 0
+        self.running = 0
+        self.gid = 0
+        self.untrained: list[_Group] = []  # submitted, not yet trained, in submission order
+        self.buffer: list[_Group] = []
+        self.tokens = 0
+        self.reprefill_tokens = 0
+        self.requests = 0
+        self.staleness: list[int] = []
+        self.step_spans: list[tuple[float, float, str]] = []
+        self.window: tuple[float, float] = (0.0, math.inf)
+        self.trainer_busy_s = 0.0
+        self.reward_busy_s = 0.0
+        self.background = self._background(background_scale)
+        self.plan_nodes = plan_nodes or {}
+        self.notes: list[str] = []
+        self._trainer_waiting: Callable[[], None] | None = None  # a batch is due: called on every accept
+        self._eval_waiting: Callable[[], None] | None = None  # an evaluation's answers: called when all are in
+        self._eval_left = 0
+        self._done = False
+
+    # ------------------------------------------------------------------ clock
+    def at(self, delay: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (self.now + max(delay, 0.0), next(self._seq), fn))
+
+    def clip_to_window(self, dur: float) -> float:
+        """How much of [now, now + dur] lies inside the steps window (busy shares count only that)."""
+        lo, hi = self.window
+        return max(0.0, min(self.now + dur, hi) - max(self.now, lo))
+
+    # ------------------------------------------------------------------ CPU
+    def _background(self, scale: float) -> list[Demand]:
+        sides = {"inference": self.cfg.inference, "training": self.cfg.training, "other": self.cfg.other}
+        return [Demand(v.get("rate_cores", 0.0) * scale, _cores(sides.get(v.get("side", "other"), self.cfg.other)))
+                for v in self.costs.background_cpu.values() if v.get("rate_cores", 0.0) > 0]
+
+    def engine_slowdown(self, index: int) -> float:
+        others = [_demand(self.cfg.inference) for i, a in enumerate(self.engine_active) if a and i != index]
+        if self.training_busy:
+            others.append(_demand(self.cfg.training))
+        return slowdown(_demand(self.cfg.inference), others + self.background, self.cfg.machine_cores)
+
+    def training_slowdown(self) -> float:
+        busy = sum(self.engine_active) or (1 if any(s.running or s.pending for s in self.servers) else 0)
+        others = [_demand(self.cfg.inference)] * busy
+        return slowdown(_demand(self.cfg.training), others + self.background, self.cfg.machine_cores)
+
+    # ------------------------------------------------------------------ generation side
+    def capacity(self) -> int:
+        cfg = self.cfg
+        bound = (cfg.max_staleness + self.version + 1) * cfg.batch_size
+        return max(min(cfg.max_concurrent - self.running, bound - (self.accepted + self.running)), 0)
+
+    def try_submit(self) -> None:
+        G = self.cfg.group_size
+        while not self._done and self.step < self.cfg.steps and self.capacity() >= G:
+            self.running += G
+            prompt, lengths = self.costs.lengths.sample(self.rng, self.version, G, self.cfg.max_new_tokens or None)
+            group = _Group(self.gid, self.version, prompt, lengths, left=G)
+            self.gid += 1
+            self.untrained.append(group)
+            self.at(self.costs.dispatch_s, lambda g=group: self._dispatch(g))
+
+    def _dispatch(self, group: _Group) -> None:
+        for n in group.lengths:
+            server = min(self.servers, key=lambda s: (s.outstanding, s.index))
+            server.submit(_Request(group, group.prompt, max(int(n), 1)))
+
+    def request_done(self, req: _Request) -> None:
+        self.requests += 1
+        group = req.group
+        group.left -= 1
+        if group.left:
+            return
+        if group.eval:
+            self._eval_left -= 1
+            if self._eval_left == 0 and self._eval_waiting is not None:
+                fn, self._eval_waiting = self._eval_waiting, None
+                self.at(self.costs.collect_s + sum(self.costs.generation_nodes_s.values()), fn)
+            return
+        latency = self.costs.collect_s + sum(self.costs.generation_nodes_s.values())
+        self.reward_busy_s += self.clip_to_window(sum(self.costs.generation_nodes_s.values()))
+        self.at(latency, lambda: self._accept(group))
+
+    def _accept(self, group: _Group) -> None:
+        G = self.cfg.group_size
+        self.running -= G
+        self.accepted += G
+        group.accepted_at = self.now
+        self.buffer.append(group)
+        self.try_submit()
+        if self._trainer_waiting is not None:
+            fn, self._trainer_waiting = self._trainer_waiting, None
+            fn()
+
+    # ------------------------------------------------------------------ training side
+    def _next_batch(self) -> list[_Group] | None:
+        wanted = self.cfg.batch_size // self.cfg.group_size
+        if self.cfg.batch_order == "completion":
+            fresh = [g for g in self.buffer if self.version - g.version <= self.cfg.max_staleness]
+            for g in [g for g in self.buffer if g not in fresh]:  # too stale: dropped, its slots back
+                self.buffer.remove(g)
+                self.untrained.remove(g)
+                self.accepted -= self.cfg.group_size
+            if len(fresh) < wanted:
+                if len(self.buffer) != len(fresh):
+                    self.try_submit()
+                return None
+            take = sorted(fresh, key=lambda g: g.accepted_at)[:wanted]
+        else:
+            due = self.untrained[:wanted]
+            if len(due) < wanted or any(g.accepted_at == math.inf for g in due):
+                return None
+            take = due
+        for g in take:
+            self.buffer.remove(g)
+            self.untrained.remove(g)
+        return take
+
+    def _train_loop(self) -> None:
+        if self.step >= self.cfg.steps:
+            self._done = True
+            return
+        if self.cfg.eval_every and self.step == 0 and not self.step_spans:
+            self._evaluate(self._begin_step)
+            return
+        self._begin_step()
+
+    def _begin_step(self) -> None:
+        start = self.now
+        if self.step == 0:
+            self.window = (start, math.inf)
+        waited = {"flag": False}
+
+        def attempt() -> None:
+            batch = self._next_batch()
+            if batch is None:
+                waited["flag"] = True
+                self._trainer_waiting = attempt
+                return
+            self._train(batch, start, waited["flag"])
+
+        attempt()
+
+    def _train(self, batch: list[_Group], start: float, waited: bool) -> None:
+        for g in batch:
+            self.staleness.append(self.version - g.version)
+        tokens = sum(g.prompt * len(g.lengths) + sum(g.lengths) for g in batch)
+        seqs = sum(len(g.lengths) for g in batch)
+        compute, wall = self._training_side(tokens, seqs)
+        self.training_busy = True
+        self.trainer_busy_s += self.clip_to_window(compute)
+
+        def trained() -> None:
+            self.training_busy = False
+            self.at(self.costs.sync_s, lambda: self._sync(start, waited))
+
+        self.at(wall, trained)
+
+    def _training_side(self, tokens: int, seqs: int) -> tuple[float, float]:
+        """(compute seconds on model workers, wall seconds) of the training-side nodes: model
+        calls at their fitted cost times the slowdown, plus call overheads and controller nodes.
+        Calls on one model worker take turns; the rest of the DAG is summed (a safe bound: the
+        shipped workflows' training sides are chains)."""
+        s = self.training_slowdown()
+        compute = 0.0
+        wall = 0.0
+        for name, fit in self.costs.model_calls.items():
+            t = fit.predict(tokens_k=tokens / 1e3, seqs=seqs) * s
+            compute += t
+            wall += t + self.costs.call_overhead_s.get(name, 0.0)
+        wall += sum(self.costs.controller_nodes_s.values())
+        return compute, wall
+
+    def _sync(self, start: float, waited: bool) -> None:
+        left = {"n": len(self.servers)}
+        version = self.version + 1
+
+        def one_done() -> None:
+            left["n"] -= 1
+            if left["n"] == 0:
+                self._stepped(start, waited, version)
+
+        for server in self.servers:
+            server.request_update(version, one_done)
+
+    def _stepped(self, start: float, waited: bool, version: int) -> None:
+        """The servers have the new weights: the version moves on (the gate opens B more slots),
+        the step span ends after the controller's own overhead, the next starts after the gap
+        between steps (metrics, logging) or an evaluation."""
+        self.version = version
+        self.step += 1
+        end = self.now + self.costs.step_overhead_s
+        self.step_spans.append((start, end, "generation" if waited else "training"))
+        self.try_submit()
+        if self.step >= self.cfg.steps:
+            self.window = (self.window[0], end)
+            self._done = True
+            return
+        gap = self.costs.step_overhead_s + self.costs.step_gap_s
+        if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+            self.at(gap, lambda: self._evaluate(self._train_loop))
+        else:
+            self.at(gap, self._train_loop)
+
+    def _evaluate(self, then: Callable[[], None]) -> None:
+        """Greedy answers to eval_size prompts on the servers (training lengths stand in)."""
+        n = self.cfg.eval_size
+        if n <= 0:
+            then()
+            return
+        self._eval_left = n
+        self._eval_waiting = then
+        for i in range(n):
+            prompt, lengths = self.costs.lengths.sample(self.rng, self.version, 1, self.cfg.max_new_tokens or None)
+            group = _Group(-1 - i, self.version, prompt, lengths, left=1, eval=True)
+            self.at(self.costs.dispatch_s, lambda g=group: self._dispatch(g))
+
+    # ------------------------------------------------------------------ the run
+    def run(self, max_events: int = 20_000_000) -> SimResult:
+        self.try_submit()
+        self._train_loop()
+        n = 0
+        while self._events and not self._done:
+            t, _, fn = heapq.heappop(self._events)
+            self.now = t
+            fn()
+            n += 1
+            if n > max_events:
+                raise RuntimeError(f"the simulation did not finish within {max_events} events")
+        if not self._done:
+            raise RuntimeError(f"the simulation stalled at step {self.step} of {self.cfg.steps} (no event left): "
+                               "the settings can never fill a batch")
+        return self._result()
+
+    def _result(self) -> SimResult:
+        lo, hi = self.window
+        span = max(hi - lo, 1e-9)
+        durs = [b - a for a, b, _ in self.step_spans]
+        busy = {f"inference-{s.index}": min(s.busy_s / span, 1.0) for s in self.servers}
+        busy["trainer"] = min(self.trainer_busy_s / span, 1.0)
+        busy["reward"] = min(self.reward_busy_s / span, 1.0)
+        bound = {"generation": sum(1 for *_, w in self.step_spans if w == "generation"),
+                 "training": sum(1 for *_, w in self.step_spans if w == "training")}
+        return SimResult(span, float(np.median(durs)) if durs else 0.0,
+                         float(np.mean(self.staleness)) if self.staleness else 0.0,
+                         max(self.staleness, default=0), busy, bound, self.tokens / span, self.requests,
+                         self.reprefill_tokens, list(self.notes))
+
+
+def _cores(side: SidePlacement) -> frozenset[int] | None:
+    return frozenset(side.cores) if side.cores else None
+
+
+def _demand(side: SidePlacement) -> Demand:
+    return Demand(side.threads, _cores(side))
+
+
+def simulate(cfg: SimConfig, costs: CostModel, passes: int = 2) -> SimResult:
+    """Simulate `cfg`; background CPU (controller, rollout, reward) scales with the simulated
+    request rate, found by running it `passes` times (the first at the calibration's rate)."""
+    scale = 1.0
+    result: SimResult | None = None
+    calibrated_rate = float(costs.measured.get("requests_per_s") or 0.0)
+    for _ in range(max(passes, 1)):
+        result = Simulation(cfg, costs, background_scale=scale).run()
+        if calibrated_rate <= 0:
+            break
+        scale = (result.requests / result.steps_window_s) / calibrated_rate
+    assert result is not None
+    result.notes.extend(extrapolation_notes(cfg, costs))
+    return result
+
+
+def extrapolation_notes(cfg: SimConfig, costs: CostModel) -> list[str]:
+    """Where `cfg` leaves what the cost model was fitted on (the prediction extrapolates)."""
+    cal = costs.calibrated
+    notes = []
+    if costs.lengths.extrapolates(cfg.steps + cfg.max_staleness):
+        lo, hi = costs.lengths.versions()
+        notes.append(f"output lengths were measured for policy versions {lo}-{hi}; later versions reuse the last "
+                     "ones (the length drift after that is not known)")
+    widest = cfg.max_running
+    out = costs.decode_ms.outside(rows=widest)
+    if out:
+        notes.append("decode steps of up to " + ", ".join(out) + " rows: the step-time fit extrapolates")
+    if cfg.group_size != cal.get("group_size"):
+        notes.append(f"group size {cfg.group_size} (calibrated at {cal.get('group_size')}): answers are drawn "
+                     "one by one, so how alike a group's answers are is not kept")
+    if cfg.inference.threads != costs.inference.threads or cfg.training.threads != costs.training.threads:
+        notes.append(f"threads {cfg.inference.threads} (inference) and {cfg.training.threads} (training), calibrated "
+                     f"at {costs.inference.threads} and {costs.training.threads}: compute times are taken as they "
+                     "were (the model does not know how they scale with threads)")
+    if cal.get("max_new_tokens") and cfg.max_new_tokens and cfg.max_new_tokens > cal["max_new_tokens"]:
+        notes.append(f"max_new_tokens {cfg.max_new_tokens} is above the calibration's {cal['max_new_tokens']}: "
+                     "answers cut there are not known to be longer")
+    return notes

@@ -1,0 +1,80 @@
+"""perfmodel/costs.py on a real run's trace (tests/fixtures/calibration_run: 12 steps of
+ppo_async.yaml recorded on a 2-core machine): every cost is fitted, the fits report their error,
+the model round-trips through JSON, and the simulator driven by it predicts the run it came
+from. Bad calibration input is an error that says what is wrong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from areal_graph.graph.loader import load_workflow_text
+from areal_graph.perfmodel.calibration import load_costs
+from areal_graph.perfmodel.costs import CalibrationError, CostModel, costs_summary, describe_costs
+from areal_graph.perfmodel.simulator import simulate
+from areal_graph.perfmodel.workflow_config import config_from_spec
+from support.calibration import unpack_calibration_run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return unpack_calibration_run(tmp_path_factory.mktemp("calibration_run"))
+
+
+@pytest.fixture(scope="module")
+def costs(run_dir):
+    return load_costs(run_dir)
+
+
+def test_every_cost_is_fitted_with_its_error(costs):
+    assert costs.decode_ms.n > 100 and costs.prefill_ms.n > 5
+    assert abs(costs.decode_ms.total_rel_err) < 0.05 and costs.decode_ms.median_rel_err < 0.6
+    assert 0 < costs.decode_ms.predict(rows=1, rows_x_width_k=0.05) < costs.decode_ms.predict(rows=64, rows_x_width_k=5)
+    assert set(costs.model_calls) == {"train"} and costs.model_calls["train"].predict(tokens_k=2, seqs=32) > 0
+    assert set(costs.generation_nodes_s) == {"reward"} and set(costs.controller_nodes_s) == {"advantage"}
+    assert costs.sync_s >= 0 and costs.swap_s > 0 and 0 < costs.reprefill_keep <= 1
+    assert costs.background_cpu and all(v["cpu_s_per_request"] >= 0 for v in costs.background_cpu.values())
+    assert len(costs.lengths.groups) >= 40 and costs.lengths.max_new_tokens == 64
+    assert costs.measured["steps"] == 12 and costs.calibrated["max_staleness"] == 4
+    rows = describe_costs(costs)
+    assert rows[0][0] == "decode step" and "per item" in rows[0][2]
+    assert json.dumps(costs_summary(costs))
+
+
+def test_the_model_round_trips_through_json(costs, tmp_path):
+    path = tmp_path / "costs.json"
+    costs.save(path)
+    again = load_costs(path)
+    assert again == CostModel.from_json(costs.to_json()) and again.decode_ms == costs.decode_ms
+    assert again.lengths.groups == costs.lengths.groups
+
+
+def test_the_simulation_predicts_the_run_it_was_fitted_on(costs, run_dir):
+    spec = load_workflow_text((run_dir / "config.yaml").read_text())
+    predicted = simulate(config_from_spec(spec, costs, machine_cores=costs.machine_cores), costs)
+    measured = costs.measured["steps_window_s"]
+    assert predicted.steps_window_s == pytest.approx(measured, rel=0.25)
+    assert predicted.staleness_max <= 4
+
+
+def test_bad_calibration_input_says_what_is_wrong(run_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such run directory"):
+        load_costs(tmp_path / "nope")
+    with pytest.raises(CalibrationError, match="not a run directory with a trace.json"):
+        load_costs(tmp_path)
+    short = tmp_path / "short"
+    short.mkdir()
+    shutil.copy(run_dir / "config.yaml", short / "config.yaml")
+    events = json.loads((run_dir / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    steps = [e for e in events if e.get("cat") == "step"]
+    cut = sorted(steps, key=lambda e: e["ts"])[3]["ts"]
+    (short / "trace.json").write_text(json.dumps([e for e in events if e.get("ts", 0) < cut]))
+    with pytest.raises(CalibrationError, match="3 training step"):
+        load_costs(short)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(CalibrationError, match="not a cost model"):
+        load_costs(bad)

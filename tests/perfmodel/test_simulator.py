@@ -1,0 +1,82 @@
+"""perfmodel/simulator.py against a step computed by hand, and the controller's invariants
+(the staleness bound, synchronous RL at eta 0, concurrency) over many settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from areal_graph.perfmodel.costs import CostModel, LengthModel, SidePlacement
+from areal_graph.perfmodel.fits import LinearFit
+from areal_graph.perfmodel.simulator import ADMIT_WAIT_S, SimConfig, simulate
+
+
+def _costs(length: int = 10, prompt: int = 20, decode_ms: float = 2.0, prefill_ms: float = 5.0,
+           train_s: float = 0.1, spread: bool = False) -> CostModel:
+    groups = [[v, prompt, [length + (7 * j if spread and j == 3 else 0) for j in range(4)]] for v in range(40)]
+    return CostModel(
+        machine_cores=[0, 1], inference=SidePlacement(None, 1), training=SidePlacement(None, 1),
+        decode_ms=LinearFit.constant(decode_ms), prefill_ms=LinearFit.constant(prefill_ms),
+        model_calls={"train": LinearFit.constant(train_s)}, sync_s=0.01,
+        lengths=LengthModel(6, 64, groups))
+
+
+def _cfg(**kw) -> SimConfig:
+    base = dict(steps=10, batch_size=4, group_size=4, max_staleness=0, max_concurrent=64, max_running=64)
+    return SimConfig(**{**base, **kw})
+
+
+def test_a_synchronous_step_adds_up_as_worked_out_by_hand():
+    """One group of 4 answers of 10 tokens: the burst wait, one prefill (shared by the group)
+    giving the first token and the first decode in the same step (2 tokens), then 8 more decode
+    steps; then training and the weight sync; nothing else costs."""
+    r = simulate(_cfg(), _costs(), passes=1)
+    generation = ADMIT_WAIT_S + (5.0 + 2.0) / 1e3 + 8 * 2.0 / 1e3
+    step = generation + 0.1 + 0.01
+    assert r.step_s_median == pytest.approx(step, rel=1e-9)
+    assert r.steps_window_s == pytest.approx(10 * step, rel=1e-9)
+    assert r.staleness_mean == 0 and r.step_bound == {"generation": 10, "training": 0}
+
+
+def test_asynchrony_hides_training_behind_generation():
+    sync = simulate(_cfg(), _costs(), passes=1)
+    async_ = simulate(_cfg(max_staleness=2), _costs(), passes=1)
+    gen = ADMIT_WAIT_S + 7e-3 + 16e-3
+    # generation (~25 ms a batch) is shorter than training (100 ms): async is bound by training
+    assert async_.steps_window_s == pytest.approx(10 * 0.11, rel=0.1)
+    assert sync.steps_window_s == pytest.approx(10 * (gen + 0.11), rel=1e-6)
+    assert async_.step_bound["training"] >= 8 and 0 < async_.staleness_mean <= 2
+
+
+def test_recomputing_the_kv_cache_at_each_update_costs_prefills_and_keeping_it_does_not():
+    costs = _costs(length=60, train_s=0.02)
+    recompute = simulate(_cfg(max_staleness=2, batch_size=8), costs, passes=1)
+    keep = simulate(dataclasses.replace(_cfg(max_staleness=2, batch_size=8), kv_on_update="keep"), costs, passes=1)
+    assert recompute.reprefill_tokens > 0 and keep.reprefill_tokens == 0
+    assert keep.steps_window_s < recompute.steps_window_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(eta=st.integers(0, 6), groups_per_step=st.integers(1, 4), concurrency=st.integers(1, 6),
+       running=st.integers(1, 64), spread=st.booleans(), order=st.sampled_from(["submission", "completion"]))
+def test_staleness_never_exceeds_eta_and_eta_zero_is_synchronous(eta, groups_per_step, concurrency, running,
+                                                                 spread, order):
+    G = 4
+    cfg = _cfg(steps=8, batch_size=G * groups_per_step, max_staleness=eta, max_concurrent=G * concurrency,
+               max_running=running, batch_order=order)
+    r = simulate(cfg, _costs(spread=spread, train_s=0.01), passes=1)
+    assert r.staleness_max <= eta
+    if eta == 0:
+        assert r.staleness_max == 0 and r.step_bound["generation"] == 8
+    assert r.requests >= 8 * cfg.batch_size
+
+
+def test_pinning_the_trainer_onto_the_engines_core_slows_both():
+    costs = _costs(length=40, train_s=0.05)
+    spread_out = _cfg(max_staleness=2, inference=SidePlacement([0], 1), training=SidePlacement([1], 1))
+    crowded = _cfg(max_staleness=2, inference=SidePlacement([0], 1), training=SidePlacement([0], 1))
+    a, b = simulate(spread_out, costs, passes=1), simulate(crowded, costs, passes=1)
+    assert b.steps_window_s > a.steps_window_s * 1.2
