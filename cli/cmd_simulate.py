@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "`areal-graph trace RUN --json` reports as steps_window_s), the median step, staleness and each "
             "process's busy share, and says where the prediction extrapolates."),
         epilog=("Example: areal-graph simulate workflows/ppo_async_longtail.yaml runtime.max_staleness=8 "
-                "--calibrate runs/calibration"),
+                "--calibrate runs/calibration  (inference.kv_on_update=keep prices keeping the KV cache at "
+                "updates)"),
     )
     p.add_argument("workflow", type=Path, help="workflow YAML file")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="workflow overrides, as for `run`")
@@ -40,9 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a finished run whose trace gives the costs (10 steps at least; 30 recommended), or a "
                         "cost model JSON from `areal-graph costs --save`")
     p.add_argument("--seeds", type=int, default=3, help="simulations with different length draws, averaged (default 3)")
-    p.add_argument("--kv-on-update", choices=["recompute", "keep"], default="recompute",
-                   help="what a weight update does to requests in flight: recompute their KV cache with the new "
-                        "weights (the engine today, AReaL's interruptible generation) or keep it (priced only)")
     p.add_argument("--batch-order", choices=["submission", "completion"], default="submission",
                    help="which groups a step trains: the oldest submitted (the controller today) or the first "
                         "finished, dropping those past max_staleness (priced only)")
@@ -70,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         err.print(f"[red]--calibrate: {exc}[/]", soft_wrap=True, highlight=False)
         return 1
-    out = predict(spec, costs, args.seeds, kv_on_update=args.kv_on_update, batch_order=args.batch_order)
+    out = predict(spec, costs, args.seeds, batch_order=args.batch_order)
     if args.json:
         console.print_json(json.dumps(out))
         return 0

@@ -93,6 +93,12 @@ class InferenceSpec:
     python: Optional[str] = _f(None, None, "the Python that runs the inference servers, e.g. a separate venv that "
                                            "has vllm (.venv-vllm/bin/python after `make install-vllm`); null: "
                                            "the controller's own")
+    kv_on_update: Literal["recompute", "keep"] = _f(
+        "recompute", None, "what a weight update does to the requests in flight: recompute their KV cache from the "
+                           "tokens so far with the new weights (AReaL's interruptible generation), or keep the cache "
+                           "built by the old weights and decode on with the new ones (PipelineRL's in-flight update: "
+                           "no re-prefill; the behaviour log-probs stay exact, the prefix's keys and values are a "
+                           "version older). Embedded engine only")
     threads: Optional[int] = _f(None, positive, "torch threads per embedded server; null: 1 for models under "
                                                  "50M parameters (faster on CPU), else the run's thread split")
 
@@ -104,6 +110,11 @@ class RuntimeSpec:
     steps: int = _f(60, positive)
     max_tokens_per_microbatch: int = _f(4096, positive)
     max_concurrent_rollouts: int = _f(64, positive, "trajectories generating at once")
+    autopilot: bool = _f(False, None, "adjust max_concurrent_rollouts during the run, within the staleness bound, "
+                                      "from the trainer's measured idle share: one prompt group more while steps wait "
+                                      "for generation, one fewer while a batch is always buffered; a change that "
+                                      "lowers throughput is undone (runtime/orchestration/autopilot.py; logged as "
+                                      "autopilot/max_concurrent)")
     seed: int = _f(1)
     eval_every: int = _f(0, non_negative, "steps between evaluations; 0 disables")
     save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")

@@ -44,6 +44,10 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
     if rt.weight_sync == "memory" and spec.inference.backend == "sglang":  # backends/: shared_memory_weights
         v.report(("runtime", "weight_sync"), "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
                                              "server loads weights from disk); use 'disk' or 'auto'")
+    if spec.inference.kv_on_update == "keep" and spec.inference.backend != "embedded":
+        v.report(("inference", "kv_on_update"), f"'keep' is built for the embedded engine only; the "
+                                                 f"{spec.inference.backend} backend recomputes the KV cache of requests "
+                                                 "in flight at a weight update")
     python = spec.inference.python
     if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
         v.report(("inference", "python"), f"{python!r} is not an executable file (relative paths are from the "

@@ -42,7 +42,7 @@ LENGTH_WINDOW = 6  # policy versions per window of the output-length distributio
 MIN_POOL = 12  # prompt groups a length sample is drawn from at least
 DECODE_TERMS = ["1", "rows", "rows_x_width_k"]
 PREFILL_TERMS = ["1", "tokens_k", "padded_k", "padded_x_width_m"]
-CALL_TERMS = ["1", "tokens_k", "seqs"]
+CALL_TERMS = ["1", "tokens_k", "seqs", "microbatches"]
 
 
 class CalibrationError(ValueError):
@@ -137,6 +137,12 @@ class CostModel:
     decode_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
     prefill_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
     swap_s: float = 0.0
+    engine_step_overhead_ms: float = 0.0  # the engine's scheduling around its forwards, per decode step
+    interference: float = 0.0  # how much slower a forward runs while the trainer computes elsewhere (0.3 = 30%)
+    # the calibration's forwards replayed alone (perfmodel/replay.py): alone / in the run, decode and prefill;
+    # a synchronous run's generation has the machine to itself and is priced so
+    alone_decode: float = 1.0
+    alone_prefill: float = 1.0
     # of the tokens in flight at a weight update, the share prefilled again: answers of one prompt
     # that are still identical (the same first tokens) share one row (engine.py prefix sharing)
     reprefill_keep: float = 1.0
@@ -179,6 +185,7 @@ class _Material:
     busy: dict[str, list[tuple[float, float]]]  # process -> compute intervals
     placement: dict[str, dict[str, Any]]
     cpu: list[tuple[float, dict[str, float]]]
+    cpu_threads: dict[float, dict[str, float]] = field(default_factory=dict)  # sample time -> busiest thread's CPU s
 
 
 def _material(tl: Any) -> _Material:
@@ -189,6 +196,7 @@ def _material(tl: Any) -> _Material:
     busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
     placement: dict[str, dict[str, Any]] = {}
     cpu: list[tuple[float, dict[str, float]]] = []
+    threads: dict[float, dict[str, float]] = {}
     for s in tl.spans:
         name, proc = s["name"], s["process"]
         if name == "engine_steps":
@@ -197,7 +205,9 @@ def _material(tl: Any) -> _Material:
         elif name == "placement" and isinstance(s["args"].get("processes"), dict):
             placement = s["args"]["processes"]
         elif name == "cpu_time" and isinstance(s["args"].get("processes"), dict):
-            cpu.append((s["ts"] / 1e6, {p: float(v.get("cpu_s", 0.0)) for p, v in s["args"]["processes"].items()}))
+            procs = s["args"]["processes"]
+            cpu.append((s["ts"] / 1e6, {p: float(v.get("cpu_s", 0.0)) for p, v in procs.items()}))
+            threads[s["ts"] / 1e6] = {p: float(v["busiest_thread_s"]) for p, v in procs.items() if "busiest_thread_s" in v}
         elif s["cat"] == "compute" and s["dur"] > 0 and proc.startswith("model-"):
             busy[proc].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
     if not steps:
@@ -207,7 +217,7 @@ def _material(tl: Any) -> _Material:
     arrays = {p: np.array(sorted(rows), dtype=float) for p, rows in steps.items()}
     for p, a in arrays.items():
         busy[p] = [(float(t), float(t + d)) for t, d in a[:, :2]]
-    return _Material(window, arrays, {p: sorted(v) for p, v in busy.items()}, placement, sorted(cpu))
+    return _Material(window, arrays, {p: sorted(v) for p, v in busy.items()}, placement, sorted(cpu), threads)
 
 
 def _overlap(intervals: list[tuple[float, float]], a: float, b: float) -> float:
@@ -229,8 +239,11 @@ def _side(placement: dict[str, dict[str, Any]], process: str, threads: int) -> S
 
 
 # ============================================================================ the fit
-def fit_costs(run: Any) -> CostModel:
-    """The cost model of one run (`RunMaterial`); raises CalibrationError when it cannot."""
+def fit_costs(run: Any, replay: bool = True) -> CostModel:
+    """The cost model of one run (`RunMaterial`); raises CalibrationError when it cannot.
+
+    replay: run a sample of its forwards again alone on its model (perfmodel/replay.py, a few
+    seconds), when the run was recorded on this machine and its model is here."""
     spec = run.spec
     if spec is None:
         raise CalibrationError(f"{run.path}: no readable config.yaml beside the trace: the cost model needs the "
@@ -253,6 +266,8 @@ def fit_costs(run: Any) -> CostModel:
     bg = _background(run, m, model)
     model.background_cpu = bg
     _fit_engine(run, m, model)
+    if replay:
+        _replay(run, m, model)
     _fit_model_calls(run, m, model)
     _fit_controller(run, m, model)
     model.lengths = _lengths(run, spec)
@@ -286,11 +301,17 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
     (ta, ca), (tb, cb) = inside[0], inside[-1]
     finished = max(_requests_between(run.timeline, ta, tb), 1)
     out: dict[str, dict[str, Any]] = {}
+    threads_a, threads_b = dict(m.cpu_threads.get(ta, {})), dict(m.cpu_threads.get(tb, {}))
     for proc in sorted(set(ca) & set(cb)):
         used = cb[proc] - ca[proc]
         threads = (m.placement.get(proc) or {}).get("threads") or 1
-        computed = _overlap(m.busy.get(proc, []), ta, tb) * threads
-        extra = max(used - computed, 0.0)
+        if proc in threads_a and proc in threads_b and (proc.startswith("inference-") or proc.startswith("model-")):
+            # what the process used beyond its busiest thread (the engine's or the trainer's): HTTP and gRPC
+            # handling, (de)serialisation; it competes with the compute when both are pinned to one core
+            extra = max(used - (threads_b[proc] - threads_a[proc]), 0.0)
+        else:
+            computed = _overlap(m.busy.get(proc, []), ta, tb) * threads
+            extra = max(used - computed, 0.0)
         side = (m.placement.get(proc) or {}).get("side") or ("inference" if proc.startswith("inference-") else
                                                              "training" if proc.startswith("model-") else "other")
         out[proc] = {"cpu_s_per_request": extra / finished, "side": side, "rate_cores": extra / (tb - ta)}
@@ -308,28 +329,56 @@ def _background_demands(model: CostModel, rate_scale: float = 1.0) -> list[Deman
 
 
 def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
+    """Decode and prefill costs alone, the interference of a computing trainer, and the engine's
+    own scheduling between forwards.
+
+    Interference: two torch workloads on different cores still slow each other (shared caches
+    and memory bandwidth: a matmul loop on the other core made a decode step ~40% slower on
+    this project's 2-core machines), which the CPU model (cores asked for vs cores there) does
+    not see. Its size is read off the run: steps decoded while the trainer computed against
+    steps decoded while it did not, at the same batch and context."""
     bg = _background_demands(model)
     cores = model.machine_cores
-    trainer = [iv for p, v in m.busy.items() if p.startswith("model-") for iv in v]
-    trainer.sort()
+    trainer = sorted(iv for p, v in m.busy.items() if p.startswith("model-") for iv in v)
     engine = model.inference.demand()
     slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
     slow_alone = slowdown(engine, bg, cores)
-    dec_x, dec_y, dec_s, pre_x, pre_y, pre_s = [], [], [], [], [], []
-    for rows in m.steps.values():
-        for t, dur, kind, n, tokens, ctx, width in rows:
-            share = _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0
-            s = slow_alone + share * (slow_with - slow_alone)
-            if kind == 1:
-                dec_x.append({"rows": n, "rows_x_width_k": n * width / 1e3})
-                dec_y.append(dur * 1e3 / s)
-                dec_s.append(s)
-            else:
-                pre_x.append({"tokens_k": tokens / 1e3, "padded_k": ctx / 1e3, "padded_x_width_m": ctx * width / 1e6})
-                pre_y.append(dur * 1e3 / s)
-                pre_s.append(s)
-    model.decode_ms = _with_measured_error(fit_linear(dec_x, dec_y, DECODE_TERMS), dec_x, dec_y, dec_s)
-    model.prefill_ms = _with_measured_error(fit_linear(pre_x, pre_y, PREFILL_TERMS), pre_x, pre_y, pre_s)
+    steps = [(kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
+             for rows in m.steps.values() for t, dur, kind, n, tokens, ctx, width in rows]
+
+    def x_of(kind: int, n: float, tokens: float, ctx: float, width: float) -> dict[str, float]:
+        if kind == 1:
+            return {"rows": n, "rows_x_width_k": n * width / 1e3}
+        return {"tokens_k": tokens / 1e3, "padded_k": ctx / 1e3, "padded_x_width_m": ctx * width / 1e6}
+
+    def fit(kind: int, interference: float, only_alone: bool = False) -> tuple[LinearFit, list, list, list]:
+        xs, ys, ss = [], [], []
+        for k, n, tokens, ctx, width, dur, share in steps:
+            if k != kind or (only_alone and share > 0.1):
+                continue
+            sl = (slow_alone + share * (slow_with - slow_alone)) * (1.0 + interference * share)
+            xs.append(x_of(k, n, tokens, ctx, width))
+            ys.append(dur * 1e3 / sl)
+            ss.append(sl)
+        terms = DECODE_TERMS if kind == 1 else PREFILL_TERMS
+        return fit_linear(xs, ys, terms), xs, ys, ss
+
+    alone, *_ = fit(1, 0.0, only_alone=True)
+    together = [(dur * 1e3, alone.predict(**x_of(k, n, tokens, ctx, width)) * (slow_with if share > 0.9 else 1.0))
+                for k, n, tokens, ctx, width, dur, share in steps if k == 1 and share > 0.9]
+    if alone.n >= 30 and len(together) >= 30:
+        model.interference = float(min(max(sum(a for a, _ in together) / sum(b for _, b in together) - 1.0, 0.0), 1.0))
+    else:
+        model.notes.append("too few decode steps with and without the trainer computing to measure how much they "
+                           "slow each other: taken as none")
+    decode, dx, dy, ds = fit(1, model.interference)
+    prefill, px, py, ps = fit(0, model.interference)
+    model.decode_ms = _with_measured_error(decode, dx, dy, ds)
+    model.prefill_ms = _with_measured_error(prefill, px, py, ps)
+    busy = sum(b - a for p, v in m.busy.items() if p.startswith("inference-") for a, b in _merged(v))
+    engine_spans = sum(s["dur"] / 1e6 for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute")
+    decodes = sum(1 for k, *_ in steps if k == 1)
+    model.engine_step_overhead_ms = max((engine_spans - busy) / max(decodes, 1) * 1e3, 0.0) if engine_spans else 0.0
     swaps = [s for s in run.timeline.spans if s["name"] == "weight_swap"]
     model.swap_s = median([s["dur"] / 1e6 for s in swaps])
     resumed = sum(int(s["args"].get("prefill_tokens") or 0) for s in run.timeline.spans if s["name"] == "resumed")
@@ -338,6 +387,33 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
         fresh = sum(int(s["args"].get("prompt_tokens") or 0) for s in run.timeline.spans
                     if s["name"] == "request" and str(s["args"].get("rid", "")).endswith("-0"))
         model.reprefill_keep = float(min(max((real - fresh) / resumed, 0.05), 1.0))
+
+
+def _replay(run: Any, m: _Material, model: CostModel) -> None:
+    """How much faster the run's forwards go alone (perfmodel/replay.py)."""
+    import platform
+
+    host = next((s["args"].get("host") for s in run.timeline.spans if s["name"] == "placement"), None)
+    if host != platform.node():
+        model.notes.append("recorded on another machine (or before runs named theirs): its forwards were not "
+                           "replayed here, so a synchronous run's generation is priced as the asynchronous one's")
+        return
+    if run.spec.runtime.max_staleness == 0:
+        return  # a synchronous run's forwards already ran alone
+    try:
+        from areal_graph.modelkit.builtin import resolve_model_path
+
+        model_dir = str(resolve_model_path(model.calibrated["model_path"]))
+    except Exception as exc:  # noqa: BLE001 - no model here: the replay is an extra, not a requirement
+        model.notes.append(f"the run's model is not available here ({exc}): its forwards were not replayed")
+        return
+    from areal_graph.perfmodel.replay import replay_ratio
+
+    lo, hi = m.window
+    rows = [r for a in m.steps.values() for r in a.tolist() if lo <= r[0] <= hi]
+    got = replay_ratio(model_dir, rows, threads=model.inference.threads)
+    if got is not None:
+        model.alone_decode, model.alone_prefill = (min(max(v, 0.2), 1.5) for v in got)
 
 
 def _with_measured_error(fit: LinearFit, xs: list[dict[str, float]], ys: list[float], slows: list[float]) -> LinearFit:
@@ -360,6 +436,7 @@ def _fit_model_calls(run: Any, m: _Material, model: CostModel) -> None:
     for c in computes:
         by_proc[c["process"]].append(c)
     engines = sorted(iv for p, v in m.busy.items() if p.startswith("inference-") for iv in v)
+    budget = run.spec.runtime.max_tokens_per_microbatch
     bg = _background_demands(model)
     cores = model.machine_cores
     samples: dict[str, tuple[list[dict[str, float]], list[float], list[float]]] = defaultdict(lambda: ([], [], []))
@@ -374,8 +451,12 @@ def _fit_model_calls(run: Any, m: _Material, model: CostModel) -> None:
         ca, cb = c["ts"] / 1e6, (c["ts"] + c["dur"]) / 1e6
         busy = _overlap(engines, ca, cb) / (cb - ca)
         s = slowdown(model.training.demand(), [model.inference.demand(busy * model.inference.threads), *bg], cores)
+        s *= 1.0 + model.interference * busy  # the same interference, the other way round
         xs, ys, ss = samples[name]
-        xs.append({"tokens_k": float(c["args"].get("tokens", 0)) / 1e3, "seqs": float(c["args"].get("seqs", 0))})
+        tokens = float(c["args"].get("tokens", 0))
+        # the planner packs at the lower bound of micro-batches (`areal-graph trace` shows it does)
+        xs.append({"tokens_k": tokens / 1e3, "seqs": float(c["args"].get("seqs", 0)),
+                   "microbatches": float(math.ceil(tokens / budget)) if tokens else 1.0})
         ys.append((cb - ca) / s)
         ss.append(s)
         overheads[name].append((node["dur"] - c["dur"]) / 1e6)
@@ -513,7 +594,12 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
     for b in (1, 16, 64):
         w = 100
         ms = dec.predict(rows=b, rows_x_width_k=b * w / 1e3)
-        rows.append((f"  decode at batch {b}, context {w}", f"{ms:.2f} ms/step, {b / ms * 1e3:,.0f} tokens/s alone", ""))
+        rows.append((f"  decode at batch {b}, context {w}", f"{ms:.2f} ms/step, {b / ms * 1e3:,.0f} tokens/s (the fit, nothing slowing it)", ""))
+    rows.append(("the same forwards alone (replayed)", f"decode x{model.alone_decode:.2f}, prefill "
+                 f"x{model.alone_prefill:.2f} of their time in the run", ""))
+    rows.append(("engine scheduling between forwards", f"{model.engine_step_overhead_ms:.2f} ms per decode step", ""))
+    rows.append(("interference of a computing trainer", f"forwards {model.interference:.0%} slower while it computes "
+                 "(and it as much slower while they run)", ""))
     rows.append(("weight swap (server)", f"{model.swap_s * 1e3:.1f} ms; {model.reprefill_keep:.0%} of the tokens "
                  "in flight prefilled again (the rest shared with an identical answer)", ""))
     rows.append(("weight sync (rest)", f"{model.sync_s * 1e3:.1f} ms", ""))

@@ -24,6 +24,7 @@ uses the training lengths, greedy). `SimResult.notes` says where a run extrapola
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -53,6 +54,7 @@ class SimConfig:
     servers: int = 1
     max_new_tokens: int = 0  # 0: as calibrated
     prefill_budget: int = PREFILL_BUDGET
+    max_tokens_per_microbatch: int = 4096
     machine_cores: list[int] = field(default_factory=lambda: [0, 1])
     inference: SidePlacement = field(default_factory=SidePlacement)
     training: SidePlacement = field(default_factory=SidePlacement)
@@ -61,6 +63,7 @@ class SimConfig:
     batch_order: str = "submission"  # "submission" (the controller today) or "completion"
     eval_every: int = 0
     eval_size: int = 0
+    autopilot: bool = False  # runtime.autopilot: the controller's concurrency rule, run on the simulated steps
     seed: int = 1
     label: str = ""
 
@@ -152,16 +155,17 @@ class _Server:
         costs = self.sim.costs
         ms = 0.0
         if self.pending:
-            ms += self._prefill_cost(self.pending)
+            ms += self._prefill_cost(self.pending) * self.sim.alone_prefill
             for r in self.pending:
                 r.made += 1
             self.running.extend(self.pending)
             self.pending = []
         width = max(r.context for r in self.running)
         b = len(self.running)
-        ms += costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3)
+        ms += costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3) * self.sim.alone_decode
         for r in self.running:
             r.made += 1
+        ms += costs.engine_step_overhead_ms
         dur = ms / 1e3 * self.sim.engine_slowdown(self.index)
         self.busy_s += self.sim.clip_to_window(dur)
         self.sim.tokens += b
@@ -262,11 +266,24 @@ class Simulation:
         self.reward_busy_s = 0.0
         self.background = self._background(background_scale)
         self.plan_nodes = plan_nodes or {}
+        # a synchronous run's generation has the machine to itself: its forwards are priced as the
+        # calibration's were when replayed alone (costs.alone_decode); an asynchronous one's as measured
+        sync = cfg.max_staleness == 0 and costs.calibrated.get("max_staleness", 0) > 0
+        self.alone_decode = costs.alone_decode if sync else 1.0
+        self.alone_prefill = costs.alone_prefill if sync else 1.0
         self.notes: list[str] = []
         self._trainer_waiting: Callable[[], None] | None = None  # a batch is due: called on every accept
         self._eval_waiting: Callable[[], None] | None = None  # an evaluation's answers: called when all are in
         self._eval_left = 0
         self._done = False
+        self.autopilot = None
+        if cfg.autopilot:
+            from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
+
+            self.autopilot = ConcurrencyAutopilot(cfg.batch_size, cfg.group_size, cfg.max_staleness, cfg.max_concurrent,
+                                                  cfg.max_running * cfg.servers)
+        self._buffered_at_start = 0
+        self._batch_at = 0.0
 
     # ------------------------------------------------------------------ clock
     def at(self, delay: float, fn: Callable[[], None]) -> None:
@@ -284,15 +301,28 @@ class Simulation:
                 for v in self.costs.background_cpu.values() if v.get("rate_cores", 0.0) > 0]
 
     def engine_slowdown(self, index: int) -> float:
-        others = [_demand(self.cfg.inference) for i, a in enumerate(self.engine_active) if a and i != index]
+        """Cores asked for vs cores there (cpu.py), times the interference of a computing trainer."""
+        others = [self._engine_demand() for i, a in enumerate(self.engine_active) if a and i != index]
         if self.training_busy:
-            others.append(_demand(self.cfg.training))
-        return slowdown(_demand(self.cfg.inference), others + self.background, self.cfg.machine_cores)
+            others.append(self._trainer_demand())
+        cpu = slowdown(self._engine_demand(), others + self.background, self.cfg.machine_cores)
+        return cpu * (1.0 + self.costs.interference * self.training_busy)
 
     def training_slowdown(self) -> float:
         busy = sum(self.engine_active) or (1 if any(s.running or s.pending for s in self.servers) else 0)
-        others = [_demand(self.cfg.inference)] * busy
-        return slowdown(_demand(self.cfg.training), others + self.background, self.cfg.machine_cores)
+        others = [self._engine_demand()] * busy
+        cpu = slowdown(self._trainer_demand(), others + self.background, self.cfg.machine_cores)
+        return cpu * (1.0 + self.costs.interference * min(busy, 1))
+
+    def _engine_demand(self) -> Demand:
+        """The engine's threads, at most as many as it was calibrated with: the model does not know
+        how its time scales with threads, so more are taken to give and to cost nothing."""
+        side = self.cfg.inference
+        return Demand(min(side.threads, self.costs.inference.threads), _cores(side))
+
+    def _trainer_demand(self) -> Demand:
+        side = self.cfg.training
+        return Demand(min(side.threads, self.costs.training.threads), _cores(side))
 
     # ------------------------------------------------------------------ generation side
     def capacity(self) -> int:
@@ -377,6 +407,7 @@ class Simulation:
 
     def _begin_step(self) -> None:
         start = self.now
+        self._buffered_at_start = sum(len(g.lengths) for g in self.buffer)
         if self.step == 0:
             self.window = (start, math.inf)
         waited = {"flag": False}
@@ -392,6 +423,7 @@ class Simulation:
         attempt()
 
     def _train(self, batch: list[_Group], start: float, waited: bool) -> None:
+        self._batch_at = self.now
         for g in batch:
             self.staleness.append(self.version - g.version)
         tokens = sum(g.prompt * len(g.lengths) + sum(g.lengths) for g in batch)
@@ -415,7 +447,8 @@ class Simulation:
         compute = 0.0
         wall = 0.0
         for name, fit in self.costs.model_calls.items():
-            t = fit.predict(tokens_k=tokens / 1e3, seqs=seqs) * s
+            microbatches = max(math.ceil(tokens / self.cfg.max_tokens_per_microbatch), 1)
+            t = fit.predict(tokens_k=tokens / 1e3, seqs=seqs, microbatches=microbatches) * s
             compute += t
             wall += t + self.costs.call_overhead_s.get(name, 0.0)
         wall += sum(self.costs.controller_nodes_s.values())
@@ -441,6 +474,12 @@ class Simulation:
         self.step += 1
         end = self.now + self.costs.step_overhead_s
         self.step_spans.append((start, end, "generation" if waited else "training"))
+        if self.autopilot is not None:
+            limit = self.autopilot.observe(self.step, self._batch_at - start, end - self._batch_at,
+                                           self.cfg.batch_size, self._buffered_at_start)
+            if limit is not None:
+                self.cfg = dataclasses.replace(self.cfg, max_concurrent=limit)
+                self.notes.append(f"autopilot at step {self.step}: max concurrent rollouts {limit}")
         self.try_submit()
         if self.step >= self.cfg.steps:
             self.window = (self.window[0], end)
@@ -529,10 +568,13 @@ def extrapolation_notes(cfg: SimConfig, costs: CostModel) -> list[str]:
         lo, hi = costs.lengths.versions()
         notes.append(f"output lengths were measured for policy versions {lo}-{hi}; later versions reuse the last "
                      "ones (the length drift after that is not known)")
-    widest = cfg.max_running
-    out = costs.decode_ms.outside(rows=widest)
+    out = costs.decode_ms.outside(rows=min(cfg.max_running, cfg.max_concurrent))
     if out:
         notes.append("decode steps of up to " + ", ".join(out) + " rows: the step-time fit extrapolates")
+    budget = cal.get("max_tokens_per_microbatch")
+    if budget and cfg.max_tokens_per_microbatch != budget:
+        notes.append(f"max_tokens_per_microbatch {cfg.max_tokens_per_microbatch} (calibrated at {budget}): a step's "
+                     "training time follows the fitted cost per micro-batch; memory is not modelled")
     if cfg.group_size != cal.get("group_size"):
         notes.append(f"group size {cfg.group_size} (calibrated at {cal.get('group_size')}): answers are drawn "
                      "one by one, so how alike a group's answers are is not kept")

@@ -84,6 +84,7 @@ class EmbeddedEngine:
         prefix_sharing: bool = True,
         admit_wait_s: float = 0.002,
         cuda_graphs: bool = True,
+        kv_on_update: str = "recompute",
     ) -> None:
         """Load or take the model; nothing runs until `start()`.
 
@@ -94,11 +95,19 @@ class EmbeddedEngine:
         submissions finish arriving before its first prefill (so the burst shares one).
         cuda_graphs: on a GPU, replay the lean forward's decode steps from CUDA graphs
         (`cuda_graphs.py`: there a step's kernel launches cost more than its kernels).
+        kv_on_update: "recompute" (a weight update sends every request in flight back to be
+        prefilled from its tokens so far with the new weights: AReaL's interruptible generation)
+        or "keep" (the cache built by the old weights stays and decoding goes on with the new
+        ones: no re-prefill, as PipelineRL's in-flight updates; each token's log-prob is still
+        the one it was sampled with, and its version the weights that sampled it).
         """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
         if max_running < 1 or max_queue < 0:
             raise ValueError(f"max_running must be >= 1 and max_queue >= 0, got {max_running}, {max_queue}")
+        if kv_on_update not in ("recompute", "keep"):
+            raise ValueError(f"kv_on_update must be 'recompute' or 'keep', got {kv_on_update!r}")
+        self.kv_on_update = kv_on_update
         self.device = torch.device(device)
         self.dtype = dtype
         if model is None:
@@ -390,16 +399,19 @@ class EmbeddedEngine:
                 self._lora_base.clear()  # full weights: a later adapter applies to these
             self._runner.rebind()
             self._version = int(version)
-            # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.
-            self._pending = self._running + self._pending
-            self._running = []
-            self._cache.clear()
+            in_flight = sum(1 for r in self._running + self._pending if r.output_ids)
+            if self.kv_on_update == "recompute":
+                # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.
+                self._pending = self._running + self._pending
+                self._running = []
+                self._cache.clear()
             if self._trace is not None:
                 end = time.perf_counter()
-                self._trace.interrupted(self._pending, start, before, self._version)
-                self._trace.weight_swap(requested, start, end, before, self._version,
-                                        sum(1 for r in self._pending if r.output_ids))
-        log.info("weights updated to version %d (%d requests will be re-prefilled)", version, len(self._pending))
+                if self.kv_on_update == "recompute":
+                    self._trace.interrupted(self._pending, start, before, self._version)
+                self._trace.weight_swap(requested, start, end, before, self._version, in_flight)
+        log.info("weights updated to version %d (%d requests in flight, KV cache %s)", version, in_flight,
+                 "recomputed" if self.kv_on_update == "recompute" else "kept")
 
     def update_weights_from_disk(self, path: str | Path, version: int | None = None) -> None:
         """Load a `save_pretrained` checkpoint (safetensors) and swap it in; version defaults to current + 1.

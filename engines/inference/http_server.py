@@ -419,6 +419,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond which /generate answers 503")
     p.add_argument("--max-context", type=int, default=None, help="prompt + generation token limit (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--kv-on-update", default="recompute", choices=["recompute", "keep"],
+                   help="at a weight update, recompute the KV cache of requests in flight (default) or keep it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
     p.add_argument("--device", default="cpu")
@@ -465,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
 
     die_with_parent()
     pin_to_cores()  # resources.inference.cores (the launcher pinned it already; threads started since inherit)
+    if os.environ.get("AREAL_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["AREAL_SWITCH_INTERVAL"]))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
@@ -477,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = EmbeddedEngine(model_path, device=args.device, dtype=getattr(torch, DTYPES[args.dtype]),
                             max_running=args.max_running,
                             max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version,
-                            seed=args.seed)
+                            seed=args.seed, kv_on_update=args.kv_on_update)
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()
     server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name, api_key=api_key,

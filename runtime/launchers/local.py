@@ -399,7 +399,9 @@ class LocalLauncher:
                         seconds += _cpu_seconds(child)
                     except psutil.Error:
                         continue
-                out[name] = {"cpu_s": round(seconds, 3), "pid": proc.pid, "cores": sorted(proc.cpu_affinity())}
+                busiest = max((t.user_time + t.system_time for t in proc.threads()), default=0.0)
+                out[name] = {"cpu_s": round(seconds, 3), "busiest_thread_s": round(busiest, 3), "pid": proc.pid,
+                             "cores": sorted(proc.cpu_affinity())}
             except psutil.Error:  # it exited meanwhile: its seconds are in the last report
                 continue
         return out

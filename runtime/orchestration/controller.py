@@ -42,6 +42,7 @@ from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
 from areal_graph.runtime.orchestration.generation_stats import GenerationStats
 from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
@@ -123,6 +124,11 @@ class Controller:
             raise ValueError("the controller needs at least one training prompt")
         self.state = RunState()
         self.gate = StalenessGate(self.rt.batch_size, self.rt.max_staleness, self.rt.max_concurrent_rollouts)
+        inference = plan.spec.inference
+        self.autopilot = ConcurrencyAutopilot(self.rt.batch_size, self.group_size, self.rt.max_staleness,
+                                              self.rt.max_concurrent_rollouts,
+                                              inference.max_running_requests * inference.servers
+                                              ) if self.rt.autopilot else None
         self.buffer = SampleBuffer()
         self._fatal: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -370,6 +376,7 @@ class Controller:
             self.run_dir.log_metrics(0, await self._evaluate())
         while self.state.step < self.rt.steps:
             t_wait = time.perf_counter()
+            buffered = self.buffer.stats().buffered_trajectories
             with self.tracer.span("wait_batch", cat="controller", step=self.state.step):
                 batch = await self._next_batch(B)
             t0 = time.perf_counter()
@@ -394,6 +401,8 @@ class Controller:
                 stats.update(await self._evaluate())
             if self.rt.save_every and self.state.step % self.rt.save_every == 0:
                 await self._checkpoint()
+            if self.autopilot is not None:
+                self._steer(stats, trained, buffered)
             self._log_step(stats, dropped_in_training=sum(outcome.groups_dropped.values()))
             self.span_pull.maybe_start()
         await self.span_pull.wait()  # the rest is collected once the run is over (run.py)
@@ -401,6 +410,21 @@ class Controller:
             await self.executor.export_model(self.run_dir.final_model_dir)
         assert self._stop is not None  # run() creates it before this task starts
         self._stop.set()
+
+    def _steer(self, stats: dict[str, float], trained: int, buffered: int) -> None:
+        """runtime.autopilot: feed this step to the concurrency autopilot; apply what it decides."""
+        assert self.autopilot is not None
+        limit = self.autopilot.observe(self.state.step, stats.get("time/wait_batch", 0.0), stats.get("time/step", 0.0),
+                                       trained, buffered)
+        if limit is not None:
+            decision = self.autopilot.decisions[-1]
+            self.gate.set_max_concurrent(limit)
+            now = time.perf_counter()
+            self.tracer.record("autopilot", now, now, cat="controller", step=self.state.step,
+                               max_concurrent_before=decision.before, max_concurrent=limit, why=decision.why)
+            log.info("autopilot at step %d: max concurrent rollouts %d -> %d (%s)", self.state.step,
+                     decision.before, limit, decision.why)
+        stats["autopilot/max_concurrent"] = float(self.autopilot.limit)
 
     async def _next_batch(self, batch_size: int) -> PackedBatch:
         """The next B trajectories: the oldest-submitted untrained groups, waiting for them.

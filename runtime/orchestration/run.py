@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import platform
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -47,7 +49,7 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
             executor.start(on_failure=controller.on_failure)
         now = time.perf_counter()
         tracer.record("placement", now, now, cat="controller", processes=executor.placement_args(),
-                      pinned=spec.resources.pinned)
+                      pinned=spec.resources.pinned, host=platform.node(), cores=os.cpu_count())
         return controller.run(resume_from)
     finally:
         try:  # the last spans of the workers and servers, when they are still there to ask

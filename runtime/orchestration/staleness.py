@@ -98,6 +98,14 @@ class StalenessGate:
         """n running trajectories finished but were dropped: their slots are free again."""
         self._finish(n, accepted=False)
 
+    def set_max_concurrent(self, n: int) -> None:
+        """A new concurrency limit (the autopilot's): a higher one lets waiting submissions go now."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"StalenessGate: max_concurrent must be an integer >= 1, got {n!r}")
+        with self._lock:
+            self.max_concurrent = n
+        self._notify()
+
     def set_version(self, version: int) -> None:
         """The trainer published weights of `version`: capacity grows by B per version."""
         with self._lock:

@@ -53,6 +53,8 @@ def test_a_pinned_workflow_round_trips_through_config_yaml():
     ("ppo_async.yaml", ["resources.other.gpus=[0]", "runtime.launcher=ray"],
      "field 'resources.other.gpus': is not built for runtime.launcher 'ray'"),
     ("ppo_async.yaml", ["resources.inferance.cores=[0]"], "unknown field 'inferance' (did you mean 'inference'?)"),
+    ("ppo_async.yaml", ["inference.kv_on_update=keep", "inference.backend=vllm"],
+     "field 'inference.kv_on_update': 'keep' is built for the embedded engine only"),
 ])
 def test_placements_that_cannot_work_name_the_field(workflow, overrides, words):
     with pytest.raises(WorkflowError) as err:

@@ -52,6 +52,8 @@ class EmbeddedBackend(SGLangBackend):
                "--threads", str(threads), "--seed", str(seed), "--name", name]
         if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
             cmd += ["--api-key-env", RUN_TOKEN_ENV]
+        if getattr(inference, "kv_on_update", "recompute") != "recompute":
+            cmd += ["--kv-on-update", inference.kv_on_update]
         return cmd + launch_flags(inference.args)
 
     def args_problem(self, inference: Any) -> str | None:

@@ -283,6 +283,51 @@ def test_weight_swap_midway_continues_with_new_model(model_a, model_b):
         assert max(abs(x - y) for x, y in zip(r.output_logprobs, lp_a + lp_b)) <= 1e-4
 
 
+def _mixed_cache_greedy(model_old, model_new, prompt: list[int], made: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and log-probs after a swap that keeps the KV cache, independently: the keys
+    and values of `prompt + made[:-1]` come from `model_old` (float64 HF forward), and every
+    position from the last token made on is computed by `model_new` on top of that cache."""
+    old, new = _double(model_old), _double(model_new)
+    with torch.no_grad():
+        past = old(torch.tensor([prompt + made[:-1]]), use_cache=True).past_key_values
+        token, ids, lps = made[-1], [], []
+        for _ in range(n):
+            out = new(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            lp = torch.log_softmax(out.logits[0, -1].double(), -1)
+            token = int(lp.argmax())
+            ids.append(token)
+            lps.append(float(lp[token]))
+    return ids, lps
+
+
+def test_a_swap_that_keeps_the_kv_cache_decodes_on_without_prefilling_again(model_a, model_b):
+    """kv_on_update="keep": nothing is prefilled again at the update (the step log shows no
+    prefill after it), tokens after it carry the new version, and each is what model_b gives on
+    top of the keys and values model_a computed for the prefix."""
+    ps = prompts(3, seed=21)
+    n = 20
+    with make_engine(model=spiky_model(0), version=0, kv_on_update="keep") as eng:
+        futs = [eng.submit(p, greedy(n)) for p in ps]
+        wait_tokens(eng, 3 * 5)
+        eng.pause()
+        eng.take_step_log()
+        eng.update_weights_from_state_dict(model_b.state_dict(), version=1)
+        eng.resume()
+        results = [f.result(timeout=60) for f in futs]
+        after = eng.take_step_log()
+    assert after and all(kind == 1 for _, _, kind, *_ in after)  # decode steps only: no re-prefill
+    for p, r in zip(ps, results):
+        k = r.output_versions.index(1)
+        assert 0 < k < n and r.output_versions == [0] * k + [1] * (n - k)
+        assert r.output_ids[:k] == reference_greedy(model_a, p, k)
+        ids, lps = _mixed_cache_greedy(model_a, model_b, p, r.output_ids[:k], n - k)
+        assert r.output_ids[k:] == ids
+        assert max(abs(x - y) for x, y in zip(r.output_logprobs[k:], lps)) <= 1e-4
+    with pytest.raises(ValueError, match="kv_on_update"):
+        make_engine(model=model_a, kv_on_update="drop")
+
+
 def test_update_weights_from_disk(model_b, tmp_path):
     model_b.save_pretrained(tmp_path / "ckpt")
     p = prompts(1, seed=13)[0]

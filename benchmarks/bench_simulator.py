@@ -1,0 +1,167 @@
+"""Is the simulator right? Calibrate on one short run, predict other configurations, measure them.
+
+    python benchmarks/bench_simulator.py                 # both kits, 30-step calibration, 60-step runs
+    python benchmarks/bench_simulator.py --kits longtail --steps 40
+    python benchmarks/bench_simulator.py --quick         # 12-step calibration, 2 short runs: checks it works
+
+For each kit (the long-tailed `ppo_async_longtail.yaml` and the shipped `ppo_async.yaml`):
+1. one calibration run: the workflow as shipped (eta 4, nothing pinned), `--cal-steps` steps,
+   no evaluation; `perfmodel.costs.fit_costs` reads its trace;
+2. for every configuration below: `areal-graph simulate`'s prediction (3 length draws,
+   averaged) from that calibration alone, then the real run (`areal-graph run`, `--steps`
+   steps, no evaluation), whose steps window (first step's start to last step's end) comes
+   from its trace exactly as `areal-graph trace RUN --json` reports it;
+3. the error (predicted - measured) / measured.
+
+The configurations vary what the issue names: max staleness 0, 1, 4, 8; max concurrent
+rollouts; batch size; two placements (`resources`); and the two kits. A run is measured once
+(`--rounds` repeats every run and takes the median: the machine is shared and noisy).
+
+Output: a table (configuration, predicted, measured, error, predicted / measured staleness and
+engine busy share), the median and worst |error|, and benchmarks/results/simulator_validation.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PIN_TRAIN_CORE = ["resources.inference.cores=[0]", "resources.training.cores=[1]", "resources.other.cores=[1]"]
+PIN_ENGINE_CORE = ["resources.inference.cores=[0]", "resources.training.cores=[1]", "resources.other.cores=[0]"]
+KITS: dict[str, dict[str, Any]] = {
+    "longtail": {"workflow": "workflows/ppo_async_longtail.yaml", "configs": [
+        ("eta 4 (as calibrated)", []),
+        ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
+        ("eta 1", ["runtime.max_staleness=1"]),
+        ("eta 8", ["runtime.max_staleness=8"]),
+        ("eta 4, 32 concurrent rollouts", ["runtime.max_concurrent_rollouts=32"]),
+        ("eta 8, 128 concurrent, 128 running", ["runtime.max_staleness=8", "runtime.max_concurrent_rollouts=128",
+                                                "inference.max_running_requests=128"]),
+        ("eta 4, batch 64", ["runtime.batch_size=64"]),
+        ("eta 4, pinned: engine core 0, trainer + rest core 1", PIN_TRAIN_CORE),
+        ("eta 4, pinned: engine + rest core 0, trainer core 1", PIN_ENGINE_CORE),
+    ]},
+    "shipped": {"workflow": "workflows/ppo_async.yaml", "configs": [
+        ("eta 4 (as calibrated)", []),
+        ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
+        ("eta 8", ["runtime.max_staleness=8"]),
+        ("eta 4, batch 64", ["runtime.batch_size=64"]),
+    ]},
+}
+COMMON = ["runtime.eval_every=0", "runtime.save_every=0"]
+
+
+def run_workflow(workflow: str, overrides: list[str], run_dir: Path, log: Path) -> float:
+    """Run it; the measured steps window from its trace (what `trace --json` reports)."""
+    from areal_graph.runtime.observability.trace_model import load_timeline
+    from areal_graph.runtime.observability.trace_stats import training_window
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", workflow, *overrides, "--run-dir", str(run_dir)]
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}); log {log}")
+    window = training_window(load_timeline(run_dir))
+    assert window is not None
+    return window[1] - window[0]
+
+
+def measured_extras(run_dir: Path) -> dict[str, float]:
+    from areal_graph.runtime.observability.trace_run import load_run
+    from areal_graph.runtime.observability.trace_summary import summarize_run
+
+    summary = summarize_run(load_run(run_dir))
+    busy = {p["process"]: p.get("busy_share_steps") for p in summary["processes"]}
+    return {"staleness_mean": summary["staleness"].get("mean"), "engine_busy": busy.get("inference-0")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kits", default="longtail,shipped", help="comma-separated: longtail, shipped")
+    ap.add_argument("--cal-steps", type=int, default=30, help="steps of the calibration run")
+    ap.add_argument("--steps", type=int, default=60, help="steps of every measured run")
+    ap.add_argument("--rounds", type=int, default=1, help="measure each run this often (median)")
+    ap.add_argument("--seeds", type=int, default=3, help="simulations per prediction (length draws)")
+    ap.add_argument("--quick", action="store_true", help="12-step calibration, two 12-step runs per kit")
+    ap.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temp dir)")
+    args = ap.parse_args()
+    if args.quick:
+        args.cal_steps, args.steps = 12, 12
+    from areal_graph.cli.cmd_simulate import predict
+    from areal_graph.graph.loader import load_workflow
+    from areal_graph.perfmodel.calibration import load_costs
+
+    console = Console()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-simulator-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for kit in args.kits.split(","):
+        spec_of = KITS[kit]
+        wf = spec_of["workflow"]
+        cal_dir = work / f"{kit}-calibration"
+        t0 = time.perf_counter()
+        cal_window = run_workflow(wf, [f"runtime.steps={args.cal_steps}", *COMMON], cal_dir, work / f"{kit}-cal.log")
+        costs = load_costs(cal_dir)
+        console.print(f"[bold]{kit}[/]: calibrated on {args.cal_steps} steps ({cal_window:.1f} s window, "
+                      f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}")
+        configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
+        for label, overrides in configs:
+            full = [f"runtime.steps={args.steps}", *COMMON, *overrides]
+            pred = predict(load_workflow(ROOT / wf, full), costs, args.seeds)
+            windows = []
+            extras: dict[str, Any] = {}
+            for k in range(args.rounds):
+                run_dir = work / f"{kit}-{len(rows)}-{k}"
+                windows.append(run_workflow(wf, full, run_dir, work / f"{kit}-{len(rows)}-{k}.log"))
+                extras = measured_extras(run_dir)
+            measured = statistics.median(windows)
+            err = (pred["steps_window_s"] - measured) / measured
+            row = {"kit": kit, "config": label, "overrides": overrides, "steps": args.steps,
+                   "predicted_s": pred["steps_window_s"], "measured_s": measured, "measured_rounds": windows,
+                   "error": err, "predicted_staleness": pred["staleness_mean"],
+                   "measured_staleness": extras.get("staleness_mean"),
+                   "predicted_engine_busy": pred["busy"].get("inference-0"),
+                   "measured_engine_busy": extras.get("engine_busy"), "extrapolates": pred["extrapolates"],
+                   "calibration": str(cal_dir)}
+            rows.append(row)
+            console.print(f"  {label:52s} predicted {pred['steps_window_s']:6.1f} s  measured {measured:6.1f} s  "
+                          f"error {err:+.1%}", highlight=False)
+    errors = [abs(r["error"]) for r in rows]
+    table = Table(title=f"simulator vs measurement ({args.steps} steps a run, calibrated on {args.cal_steps})")
+    for col in ("kit", "configuration", "predicted s", "measured s", "error", "staleness pred / meas",
+                "engine busy pred / meas"):
+        table.add_column(col, justify="right" if col not in ("kit", "configuration") else "left")
+    for r in rows:
+        ms = r["measured_staleness"]
+        mb = r["measured_engine_busy"]
+        table.add_row(r["kit"], r["config"], f"{r['predicted_s']:.1f}", f"{r['measured_s']:.1f}", f"{r['error']:+.1%}",
+                      f"{r['predicted_staleness']:.2f} / {ms:.2f}" if ms is not None else f"{r['predicted_staleness']:.2f} / -",
+                      f"{r['predicted_engine_busy']:.0%} / {mb:.0%}" if mb is not None else "-")
+    console.print(table)
+    summary = {"median_abs_error": statistics.median(errors), "worst_abs_error": max(errors), "runs": len(rows)}
+    console.print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%} "
+                  f"over {len(rows)} configurations")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / ("simulator_validation_quick.json" if args.quick else "simulator_validation.json")
+    out.write_text(json.dumps({"summary": summary, "rows": rows, "cal_steps": args.cal_steps, "steps": args.steps,
+                               "date": time.strftime("%Y-%m-%d")}, indent=1))
+    console.print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""`areal-graph tune WORKFLOW.yaml [KEY=VALUE ...] [--calibrate RUN_DIR] [--verify]`: the autopilot.
+
+Searches placement, max staleness (up to the workflow's own), max concurrent rollouts and the
+micro-batch budget with the simulator (perfmodel/tune.py), driven by the costs of a calibration
+run (a short run of the workflow itself when none is given), and prints the best configurations
+with their predicted steps windows and the overrides that give them. `--verify` then runs the
+best one and the workflow as given and prints both, predicted and measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from areal_graph.cli.console import output_console
+
+CALIBRATION_STEPS = 30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="search placement, staleness, concurrency and micro-batch budget with the simulator",
+        description=(
+            "Find the settings the simulator predicts to finish WORKFLOW's steps soonest on this machine: "
+            "placement of the inference servers, the trainer and the rest on its cores (resources), max "
+            "staleness (from 0 up to the workflow's runtime.max_staleness, never above it unless "
+            "--max-staleness says so), max concurrent rollouts and the micro-batch token budget. Costs come "
+            f"from --calibrate RUN_DIR, or from a {CALIBRATION_STEPS}-step run of the workflow made first. "
+            "Prints the best configurations, their predicted windows and the KEY=VALUE overrides to use; "
+            "--verify runs the best and the workflow as given and prints both measured."),
+        epilog="Example: areal-graph tune workflows/ppo_async_longtail.yaml --verify",
+    )
+    p.add_argument("workflow", type=Path, help="workflow YAML file")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="workflow overrides, as for `run`")
+    p.add_argument("--calibrate", metavar="RUN_DIR", help="a finished run of this workflow (or a cost model JSON); "
+                   f"default: run {CALIBRATION_STEPS} steps of it first")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="ETA",
+                   help="search max staleness up to ETA (default: the workflow's own runtime.max_staleness)")
+    p.add_argument("--top", type=int, default=5, help="configurations to print (default 5)")
+    p.add_argument("--seeds", type=int, default=3, help="length draws per finalist (default 3)")
+    p.add_argument("--verify", action="store_true", help="run the best configuration and the workflow as given")
+    p.add_argument("--verify-steps", type=int, default=None, metavar="N",
+                   help="steps of each --verify run (default: the workflow's, at most 100)")
+    p.add_argument("--work-dir", type=Path, default=None, metavar="DIR",
+                   help="where calibration and --verify runs go (default runs/tune-<name>-<time>)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_graph.graph.loader import WorkflowError, load_workflow
+    from areal_graph.perfmodel.calibration import load_costs
+    from areal_graph.perfmodel.tune import search
+    from areal_graph.perfmodel.workflow_config import config_from_spec
+
+    console, err = output_console(), Console(stderr=True)
+    say = err if args.json else console
+    try:
+        spec = load_workflow(args.workflow, overrides=args.overrides)
+    except WorkflowError as exc:
+        from areal_graph.cli.cmd_validate import print_problems
+
+        print_problems(err, args.workflow, exc.problems)
+        return 1
+    eta = spec.runtime.max_staleness if args.max_staleness is None else args.max_staleness
+    if eta < 0 or args.top < 1 or args.seeds < 1:
+        err.print("[red]--max-staleness must be >= 0, --top and --seeds >= 1[/]")
+        return 2
+    work = args.work_dir or Path("runs") / f"tune-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    source = args.calibrate
+    if source is None:
+        source = str(work / "calibration")
+        say.print(f"calibrating: {CALIBRATION_STEPS} steps of {args.workflow} into {source} ...")
+        rc = _run_workflow(args.workflow, [*args.overrides, f"runtime.steps={CALIBRATION_STEPS}", "runtime.eval_every=0",
+                                           "runtime.save_every=0"], Path(source), work / "calibration.log")
+        if rc != 0:
+            err.print(f"[red]the calibration run failed (exit {rc}); its log: {work / 'calibration.log'}[/]")
+            return 1
+    try:
+        costs = load_costs(source)
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]--calibrate: {exc}[/]", soft_wrap=True, highlight=False)
+        return 1
+    base = config_from_spec(spec, costs)
+    with say.status("simulating ...") as status:
+        result = search(base, costs, eta, top=args.top, seeds=args.seeds,
+                        progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."))
+    out: dict[str, Any] = _as_json(spec, result, costs, eta)
+    if args.verify:
+        out["verify"] = _verify(args, spec, result, costs, work, say)
+    if args.json:
+        console.print_json(json.dumps(out))
+    else:
+        _print(console, args, out)
+    return 0
+
+
+def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
+    def one(c: Any) -> dict[str, Any]:
+        return {"overrides": c.overrides, "steps_window_s": c.window_s, "staleness_mean": c.staleness,
+                "busy": c.busy, "speedup_vs_given": result.given.window_s / c.window_s if c.window_s else None,
+                "extrapolates": c.notes}
+    return {"workflow": spec.name, "steps": spec.runtime.steps, "calibrated_on": costs.source,
+            "max_staleness_searched": eta, "simulations": result.simulated, "given": one(result.given),
+            "best": [one(c) for c in result.ranked]}
+
+
+def _run_workflow(workflow: Path, overrides: list[str], run_dir: Path, log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(workflow), *overrides, "--run-dir", str(run_dir)]
+    with open(log, "w") as f:
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: Path, say: Any) -> list[dict[str, Any]]:
+    """Run the best configuration and the workflow as given; their windows, predicted and measured."""
+    from areal_graph.perfmodel.simulator import simulate
+    from areal_graph.runtime.observability.trace_model import load_timeline
+    from areal_graph.runtime.observability.trace_stats import training_window
+
+    steps = args.verify_steps or min(spec.runtime.steps, 100)
+    rows = []
+    for label, cand in (("best", result.ranked[0]), ("as given", result.given)):
+        run_dir = work / f"verify-{label.replace(' ', '-')}"
+        overrides = [*args.overrides, *cand.overrides, f"runtime.steps={steps}", "runtime.eval_every=0",
+                     "runtime.save_every=0"]
+        say.print(f"verifying {label}: {steps} steps with {' '.join(cand.overrides) or 'no overrides'} ...")
+        rc = _run_workflow(args.workflow, overrides, run_dir, work / f"verify-{label.replace(' ', '-')}.log")
+        window = training_window(load_timeline(run_dir)) if rc == 0 else None
+        cfg = dataclasses.replace(cand.cfg, steps=steps)
+        predicted = sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s
+                        for k in range(args.seeds)) / args.seeds
+        rows.append({"label": label, "overrides": cand.overrides, "steps": steps, "predicted_s": predicted,
+                     "measured_s": (window[1] - window[0]) if window else None, "run_dir": str(run_dir), "exit": rc})
+    return rows
+
+
+def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    console.print(f"[bold]{out['workflow']}[/]: {out['steps']} steps, {out['simulations']} simulations from the costs "
+                  f"of {out['calibrated_on']} (max staleness searched 0-{out['max_staleness_searched']})",
+                  highlight=False)
+    table = Table(title="the best configurations, predicted", title_justify="left")
+    for col in ("rank", "steps window", "vs as given", "staleness", "engine busy", "trainer busy", "overrides"):
+        table.add_column(col, justify="left" if col == "overrides" else "right")
+    given = out["given"]
+    table.add_row("given", f"{given['steps_window_s']:.1f} s", "1.00x", f"{given['staleness_mean']:.2f}",
+                  f"{given['busy'].get('inference-0', 0):.0%}", f"{given['busy'].get('trainer', 0):.0%}", "(none)")
+    for i, c in enumerate(out["best"], 1):
+        table.add_row(str(i), f"{c['steps_window_s']:.1f} s", f"{c['speedup_vs_given']:.2f}x", f"{c['staleness_mean']:.2f}",
+                      f"{c['busy'].get('inference-0', 0):.0%}", f"{c['busy'].get('trainer', 0):.0%}",
+                      " ".join(c["overrides"]) or "(the workflow as given)")
+    console.print(table)
+    best = out["best"][0]
+    console.print(f"use: areal-graph run {args.workflow} {' '.join([*args.overrides, *best['overrides']])}".rstrip(),
+                  highlight=False, soft_wrap=True)
+    for note in best["extrapolates"]:
+        console.print(f"[yellow]extrapolates:[/] {note}", highlight=False)
+    for row in out.get("verify", []):
+        measured = f"{row['measured_s']:.1f} s" if row["measured_s"] is not None else f"failed (exit {row['exit']})"
+        console.print(f"verified {row['label']}: {row['steps']} steps, predicted {row['predicted_s']:.1f} s, measured "
+                      f"{measured} ({row['run_dir']})", highlight=False)
+    verified = {r["label"]: r for r in out.get("verify", [])}
+    if {"best", "as given"} <= set(verified) and all(r["measured_s"] for r in verified.values()):
+        console.print(f"measured speed-up of the best over the workflow as given: "
+                      f"{verified['as given']['measured_s'] / verified['best']['measured_s']:.2f}x", highlight=False)

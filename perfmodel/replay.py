@@ -1,0 +1,90 @@
+"""The calibration run's own forwards, replayed alone: how much its environment slowed them.
+
+Why: an asynchronous run's forwards run beside the trainer and the Python processes around
+the engine, and on this project's 2-core machines they took 1.2-1.4x what the same shapes
+take alone (replayed here), while a synchronous run's generation ran as fast as alone
+(0.9-1.0x; the engine has the machine to itself while the trainer waits). The CPU model
+(cpu.py) explains part of that; the rest we could not pin on one cause (it is not CPU time:
+the other processes use ~0.3 cores). So the cost model keeps the measured ratio, and the
+simulator applies it where the regime differs: a synchronous run's forwards are priced alone.
+
+The replay needs the run's model on this machine and is only meaningful when the run ran on
+this kind of machine; `replay_ratio` returns None (and the model keeps 1.0) otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+SAMPLES = 120  # decode steps replayed (prefill chunks: a quarter of that)
+
+
+def replay_ratio(model_dir: str, steps: Sequence[Sequence[float]], threads: int = 1,
+                 seed: int = 0) -> tuple[float, float] | None:
+    """(isolated / measured) for decode steps and for prefill chunks: each sampled forward's
+    shape (rows, tokens, padded tokens, width; engine_spans.StepLog) run again alone on the
+    run's model with the engine's forward, best of three, summed against what it took in the run."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from areal_graph.engines.inference.kv_cache import BatchedKVCache
+        from areal_graph.engines.inference.model_runner import ModelRunner
+        from areal_graph.engines.inference.sampling import SamplingParams, sample_tokens
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    rng = random.Random(seed)
+    decodes = [s for s in steps if int(s[2]) == 1]
+    prefills = [s for s in steps if int(s[2]) == 0]
+    decodes = rng.sample(decodes, min(SAMPLES, len(decodes)))
+    prefills = rng.sample(prefills, min(SAMPLES // 4, len(prefills)))
+    if len(decodes) < 20:
+        return None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would land in whatever prints around this
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(int(threads), 1))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        width_cap = int(getattr(model.config, "max_position_embeddings", 2048))
+        runner = ModelRunner(model, torch.device("cpu"), cuda_graphs=False, max_rows=256, max_positions=width_cap + 1)
+        measured_d = replayed_d = measured_p = replayed_p = 0.0
+        with torch.inference_mode():
+            for _, dur, _, rows, _, ctx, width in decodes:
+                rows, width = int(rows), min(int(width), width_cap - 1)
+                rest = max(1, int((ctx - width) // max(rows - 1, 1))) if rows > 1 else width
+                lens = [width] + [min(rest, width)] * (rows - 1)
+                cache = BatchedKVCache(row_capacity=max(rows, 1))
+                _, keys, values, got = runner.prefill([[3] * n for n in lens], 0)
+                cache.append(keys, values, got)
+                params = [SamplingParams(temperature=1.0)] * rows
+
+                def step() -> None:  # the forward and the sampling, as a decode step in the engine
+                    sample_tokens(runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64))
+
+                step()  # warm
+                replayed_d += min(_timed(step) for _ in range(3))
+                measured_d += dur
+            for _, dur, _, rows, tokens, padded, width in prefills:
+                rows, width = int(rows), min(int(width), width_cap)
+                rest = max(1, int((tokens - width) // max(rows - 1, 1))) if rows > 1 else width
+                seqs = [[3] * width] + [[3] * min(rest, width)] * (rows - 1)
+                replayed_p += min(_timed(lambda: runner.prefill(seqs, 0)) for _ in range(2))
+                measured_p += dur
+    finally:
+        torch.set_num_threads(before)
+    decode = replayed_d / measured_d if measured_d > 0 else 1.0
+    prefill = replayed_p / measured_p if measured_p > 0 else decode
+    return decode, prefill
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

@@ -1,0 +1,45 @@
+"""`areal-graph tune` (cli/cmd_tune.py) on the recorded calibration run: it ranks configurations,
+each a list of overrides the workflow accepts, says what to run, and refuses bad options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from areal_graph.cli import cmd_tune
+from areal_graph.graph.loader import load_workflow
+from support.calibration import unpack_calibration_run
+from support.cli import parser_of
+from support.paths import WORKFLOWS
+
+parse = parser_of(cmd_tune, "tune")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return unpack_calibration_run(tmp_path_factory.mktemp("calibration_run"))
+
+
+def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "240")
+    args = parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=40", "--calibrate", str(run_dir), "--top", "3",
+                 "--seeds", "1", "--json")
+    assert cmd_tune.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_staleness_searched"] == 4 and len(out["best"]) == 3 and out["simulations"] > 50
+    windows = [c["steps_window_s"] for c in out["best"]]
+    assert windows == sorted(windows) and windows[0] <= out["given"]["steps_window_s"] * 1.02
+    for cand in out["best"]:
+        spec = load_workflow(WORKFLOWS / "ppo_async.yaml", ["runtime.steps=40", *cand["overrides"]])
+        assert spec.runtime.max_staleness <= 4
+    args = parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=40", "--calibrate", str(run_dir), "--top", "2",
+                 "--seeds", "1")
+    assert cmd_tune.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "the best configurations, predicted" in printed and "use: areal-graph run" in printed
+
+
+def test_bad_options_are_refused(run_dir, capsys):
+    assert cmd_tune.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "--calibrate", str(run_dir), "--top", "0")) == 2
+    assert "--top" in capsys.readouterr().err
