@@ -119,6 +119,9 @@ def main() -> int:
         console.print(f"[bold]{kit}[/]: calibrated on {args.cal_steps} steps ({cal_window:.1f} s window, "
                       f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}")
         configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
+        # the machine's speed drifts (shared hosts): the calibration's own settings are measured again
+        # last, and the drift between the two runs of them is reported beside the errors
+        configs = [*configs, ("eta 4 (as calibrated, again at the end)", [])] if not args.quick else configs
         for label, overrides in configs:
             full = [f"runtime.steps={args.steps}", *COMMON, *overrides]
             pred = predict(load_workflow(ROOT / wf, full), costs, args.seeds)
@@ -153,8 +156,16 @@ def main() -> int:
                       f"{r['predicted_engine_busy']:.0%} / {mb:.0%}" if mb is not None else "-")
     console.print(table)
     summary = {"median_abs_error": statistics.median(errors), "worst_abs_error": max(errors), "runs": len(rows)}
+    for kit in {r["kit"] for r in rows}:
+        same = [r["measured_s"] for r in rows if r["kit"] == kit and r["config"].startswith("eta 4 (as calibrated")]
+        if len(same) == 2:
+            summary[f"{kit}_drift"] = same[1] / same[0] - 1  # the same run measured first and last
     console.print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%} "
                   f"over {len(rows)} configurations")
+    for key, drift in summary.items():
+        if key.endswith("_drift"):
+            console.print(f"{key[:-6]}: the calibration's settings measured first and last differ by {drift:+.1%} "
+                          "(the machine's own drift over the benchmark)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("simulator_validation_quick.json" if args.quick else "simulator_validation.json")
     out.write_text(json.dumps({"summary": summary, "rows": rows, "cal_steps": args.cal_steps, "steps": args.steps,

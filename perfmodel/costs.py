@@ -41,7 +41,7 @@ MIN_STEPS = 10  # a calibration run needs at least this many training steps
 LENGTH_WINDOW = 6  # policy versions per window of the output-length distribution
 MIN_POOL = 12  # prompt groups a length sample is drawn from at least
 DECODE_TERMS = ["1", "rows", "rows_x_width_k"]
-PREFILL_TERMS = ["1", "tokens_k", "padded_k", "padded_x_width_m"]
+PREFILL_TERMS = ["1", "padded_k", "padded_x_width_m"]  # padded positions; attention over the window
 CALL_TERMS = ["1", "tokens_k", "seqs", "microbatches"]
 
 

@@ -55,6 +55,7 @@ class SimConfig:
     max_new_tokens: int = 0  # 0: as calibrated
     prefill_budget: int = PREFILL_BUDGET
     max_tokens_per_microbatch: int = 4096
+    decode_chunk: int = 1  # decode steps one event may cover (cluster-scale runs; 1 = exact)
     machine_cores: list[int] = field(default_factory=lambda: [0, 1])
     inference: SidePlacement = field(default_factory=SidePlacement)
     training: SidePlacement = field(default_factory=SidePlacement)
@@ -154,21 +155,26 @@ class _Server:
             return
         costs = self.sim.costs
         ms = 0.0
-        if self.pending:
+        if self.pending:  # a prefill gives each request its first token; those done at once never decode
             ms += self._prefill_cost(self.pending) * self.sim.alone_prefill
             for r in self.pending:
                 r.made += 1
             self.running.extend(self.pending)
             self.pending = []
-        width = max(r.context for r in self.running)
-        b = len(self.running)
-        ms += costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3) * self.sim.alone_decode
-        for r in self.running:
-            r.made += 1
-        ms += costs.engine_step_overhead_ms
+        decoding = [r for r in self.running if r.made < r.target]
+        if decoding:
+            # decode_chunk > 1 (cluster-scale runs): k steps in one event while nobody finishes; each step at
+            # the chunk's mean width. 1 (the default) is the engine step for step.
+            k = max(1, min(self.sim.cfg.decode_chunk, min(r.target - r.made for r in decoding)))
+            width = max(r.context for r in decoding) + (k - 1) / 2
+            b = len(decoding)
+            per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3) * self.sim.alone_decode
+            ms += k * (per_step + costs.engine_step_overhead_ms)
+            for r in decoding:
+                r.made += k
+            self.sim.tokens += b * k
         dur = ms / 1e3 * self.sim.engine_slowdown(self.index)
         self.busy_s += self.sim.clip_to_window(dur)
-        self.sim.tokens += b
         self.sim.engine_active[self.index] = True
         self.sim.at(dur, self._step_done)
 
