@@ -67,7 +67,7 @@ gpu-wheels:
 	  -d .whl $(GPU_WHEELS)
 
 gpu-check:
-	benchmarks/run_gpu_checks.sh benchmarks/results/gpu tests,bench,rl,megatron-run,rl-longtail
+	benchmarks/run_gpu_checks.sh benchmarks/results/gpu tests,bench,rl,megatron-run,rl-longtail,probe
 
 # bench_vs_trl.py needs TRL (the optional `bench` extra); every script prints a table and writes JSON.
 bench: install

@@ -7,6 +7,8 @@
 #   benchmarks/run_gpu_checks.sh OUT_DIR [tests,bench,rl,megatron-run,rl-longtail]   # default: tests,bench,rl
 #
 # Each part has its own time limit, so one that hangs cannot take the others' results with it.
+# Parts: tests, bench, rl, megatron-run, rl-longtail, probe (async vs sync with a random 0.5B-shaped model,
+# the simulator's prediction beside the measurement: benchmarks/bench_gpu_probe.py).
 set -u -o pipefail
 OUT=${1:-benchmarks/results/gpu}
 PARTS=${2:-tests,bench,rl}
@@ -72,6 +74,12 @@ if has rl-longtail; then
     --workflow workflows/ppo_async_longtail.yaml \
     --set models.actor.device=cuda --set inference.args.device=cuda --out "$OUT/rl_longtail.json" \
     2>&1 | tee -a "$LOG" | tail -12 || status=1
+fi
+if has probe; then
+  part "probe: async vs sync, 0.5B shape, predicted and measured"
+  timeout 560 $PY benchmarks/bench_gpu_probe.py --out "$OUT" --device "$TEST_DEVICE" \
+    $( [ "$TEST_DEVICE" = cpu ] && echo "--small --cal-steps 10 --steps 12 --max-new-tokens 64 --timeout 120" ) \
+    2>&1 | tee -a "$LOG" | tail -6 || status=1
 fi
 part "done, status $status"
 exit $status

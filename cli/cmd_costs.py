@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_graph.perfmodel.calibration import load_costs
-    from areal_graph.perfmodel.costs import costs_summary, describe_costs
+    from areal_graph.perfmodel.cost_model import costs_summary, describe_costs
 
     console, err = output_console(), Console(stderr=True)
     try:

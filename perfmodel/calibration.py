@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from areal_graph.perfmodel.costs import CalibrationError, CostModel, fit_costs
+from areal_graph.perfmodel.cost_model import CostModel
+from areal_graph.perfmodel.costs import CalibrationError, fit_costs
 
 
 def load_costs(source: str | Path) -> CostModel:

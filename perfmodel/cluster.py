@@ -24,7 +24,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from areal_graph.perfmodel.costs import CostModel, LengthModel, SidePlacement
+from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.fits import LinearFit
 from areal_graph.perfmodel.simulator import SimConfig, SimResult, simulate
 
@@ -127,8 +127,9 @@ def cluster_costs(model: ModelShape, gpu: Gpu, eff: Efficiency, tp: int, train_g
                          1e6 * model.attn_flops_per_token_per_ctx / 2 / prefill_flops * 1e3], lo=[1, 0, 0],
                         hi=[1, 1e12, 1e12])
     train_flops = gpu.bf16_flops * eff.train_mfu * train_gpus
-    # 6 N per token (forward + backward), attention on top: ~half a context per token on average
-    train = LinearFit(["1", "tokens_k"], [0.5, 1e3 * 6 * model.params / train_flops], lo=[1, 0], hi=[1, 1e12])
+    # 6 N per token (forward + backward) and 2 N for the proximal log-probs' own forward (the paper makes 4
+    # PPO updates a step, so they are not the training forward's): 8 N per token trained
+    train = LinearFit(["1", "tokens_k"], [0.5, 1e3 * 8 * model.params / train_flops], lo=[1, 0], hi=[1, 1e12])
     return CostModel(
         source=f"first principles: {model.name} on {gpu.name}, {eff.name}", machine_cores=list(range(64)),
         calibrated={"max_staleness": 1, "group_size": 16, "max_new_tokens": lengths.max_new_tokens},
@@ -194,13 +195,16 @@ def simulate_cluster(run: ClusterRun, synchronous: bool) -> SimResult:
 
 
 def speedup(run: ClusterRun) -> dict[str, float]:
-    """Async vs sync on the same GPUs: seconds per step of each (after the first, whose
-    asynchronous pipeline is still filling), and their ratio."""
+    """Async vs sync on the same GPUs: the median step of each (the first asynchronous steps wait
+    for the pipeline to fill), their ratio, and the effective throughput the paper reports: tokens
+    trained per step (prompts and answers) over the step's time."""
     a, s = simulate_cluster(run, False), simulate_cluster(run, True)
-    per_step = {k: r.steps_window_s / run.steps for k, r in (("async", a), ("sync", s))}
-    return {"async_step_s": per_step["async"], "sync_step_s": per_step["sync"],
-            "speedup": per_step["sync"] / per_step["async"],
-            "async_tokens_per_s": a.tokens_per_s, "sync_tokens_per_s": s.tokens_per_s,
+    lengths = run.lengths()
+    per_answer = lengths.groups[0][1] + sum(n for g in lengths.groups for n in g[2]) / sum(len(g[2]) for g in lengths.groups)
+    trained = run.batch_prompts * run.answers * per_answer
+    return {"async_step_s": a.step_s_median, "sync_step_s": s.step_s_median,
+            "speedup": s.step_s_median / a.step_s_median,
+            "async_tokens_per_s": trained / a.step_s_median, "sync_tokens_per_s": trained / s.step_s_median,
             "async_engine_busy": statistics_mean(a.busy, "inference-"), "async_trainer_busy": a.busy.get("trainer", 0.0),
             "sync_engine_busy": statistics_mean(s.busy, "inference-"), "staleness": a.staleness_mean}
 

@@ -56,14 +56,14 @@ def replay_ratio(model_dir: str, steps: Sequence[Sequence[float]], threads: int 
         runner = ModelRunner(model, torch.device("cpu"), cuda_graphs=False, max_rows=256, max_positions=width_cap + 1)
         measured_d = replayed_d = measured_p = replayed_p = 0.0
         with torch.inference_mode():
-            for _, dur, _, rows, _, ctx, width in decodes:
-                rows, width = int(rows), min(int(width), width_cap - 1)
+            for _, dur, _, n_rows, _, ctx, n_width in decodes:
+                rows, width = int(n_rows), min(int(n_width), width_cap - 1)
                 rest = max(1, int((ctx - width) // max(rows - 1, 1))) if rows > 1 else width
                 lens = [width] + [min(rest, width)] * (rows - 1)
                 cache = BatchedKVCache(row_capacity=max(rows, 1))
                 _, keys, values, got = runner.prefill([[3] * n for n in lens], 0)
                 cache.append(keys, values, got)
-                params = [SamplingParams(temperature=1.0)] * rows
+                params = [SamplingParams(temperature=1.0) for _ in range(rows)]
 
                 def step() -> None:  # the forward and the sampling, as a decode step in the engine
                     sample_tokens(runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64))
@@ -71,10 +71,10 @@ def replay_ratio(model_dir: str, steps: Sequence[Sequence[float]], threads: int 
                 step()  # warm
                 replayed_d += min(_timed(step) for _ in range(3))
                 measured_d += dur
-            for _, dur, _, rows, tokens, padded, width in prefills:
-                rows, width = int(rows), min(int(width), width_cap)
-                rest = max(1, int((tokens - width) // max(rows - 1, 1))) if rows > 1 else width
-                seqs = [[3] * width] + [[3] * min(rest, width)] * (rows - 1)
+            for _, dur, _, p_rows, tokens, _, p_width in prefills:
+                prows, pwidth = int(p_rows), min(int(p_width), width_cap)
+                rest = max(1, int((tokens - pwidth) // max(prows - 1, 1))) if prows > 1 else pwidth
+                seqs = [[3] * pwidth] + [[3] * min(rest, pwidth)] * (prows - 1)
                 replayed_p += min(_timed(lambda: runner.prefill(seqs, 0)) for _ in range(2))
                 measured_p += dur
     finally:

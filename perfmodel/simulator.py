@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from areal_graph.perfmodel.costs import CostModel, SidePlacement
+from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 
 ADMIT_WAIT_S = 0.002  # engine.py admit_wait_s: an idle engine lets a burst of submissions arrive
@@ -192,7 +192,7 @@ class _Server:
                 self.sim.reprefill_tokens += r.context
         lens = sorted(rows.values())
         budget = self.sim.cfg.prefill_budget
-        ms, chunk = 0.0, []
+        ms, chunk = 0.0, []  # type: float, list[int]
         for n in lens:
             if chunk and n * (len(chunk) + 1) > budget:
                 ms += self._chunk_ms(chunk)
@@ -344,7 +344,7 @@ class Simulation:
             group = _Group(self.gid, self.version, prompt, lengths, left=G)
             self.gid += 1
             self.untrained.append(group)
-            self.at(self.costs.dispatch_s, lambda g=group: self._dispatch(g))
+            self.at(self.costs.dispatch_s, _call(self._dispatch, group))
 
     def _dispatch(self, group: _Group) -> None:
         for n in group.lengths:
@@ -508,7 +508,7 @@ class Simulation:
         for i in range(n):
             prompt, lengths = self.costs.lengths.sample(self.rng, self.version, 1, self.cfg.max_new_tokens or None)
             group = _Group(-1 - i, self.version, prompt, lengths, left=1, eval=True)
-            self.at(self.costs.dispatch_s, lambda g=group: self._dispatch(g))
+            self.at(self.costs.dispatch_s, _call(self._dispatch, group))
 
     # ------------------------------------------------------------------ the run
     def run(self, max_events: int = 20_000_000) -> SimResult:
@@ -540,6 +540,11 @@ class Simulation:
                          float(np.mean(self.staleness)) if self.staleness else 0.0,
                          max(self.staleness, default=0), busy, bound, self.tokens / span, self.requests,
                          self.reprefill_tokens, list(self.notes))
+
+
+def _call(fn: Callable[[_Group], None], group: _Group) -> Callable[[], None]:
+    """`fn(group)` later (a closure per group: a lambda in a loop would bind the last one)."""
+    return lambda: fn(group)
 
 
 def _cores(side: SidePlacement) -> frozenset[int] | None:

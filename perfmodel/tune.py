@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from areal_graph.perfmodel.costs import CostModel, SidePlacement
+from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.simulator import SimConfig, simulate
 
 BUDGETS = (1024, 2048, 4096, 8192)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_graph.graph.plan import build_plan
-from areal_graph.perfmodel.costs import CostModel, SidePlacement
+from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.simulator import SimConfig
 from areal_graph.runtime.orchestration.placement import plan_placement, usable_cores
 

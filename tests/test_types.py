@@ -25,8 +25,8 @@ from support.paths import REPO
 # The whole package: the hosts and the engines with their Protocols (runtime/hosts/protocols.py,
 # engines/training/protocol.py, engines/inference/backends/base.py), the owner that calls them by
 # name, and everything else. Not protos/: generated code whose classes only exist at run time.
-CHECKED = [f"areal_graph.{p}" for p in ("api", "cli", "data", "engines", "graph", "modelkit", "nodes", "runtime",
-                                        "tools", "workflows")]
+CHECKED = [f"areal_graph.{p}" for p in ("api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel",
+                                        "runtime", "tools", "workflows")]
 
 
 def need_mypy() -> None:

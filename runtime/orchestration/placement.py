@@ -112,6 +112,7 @@ def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, Process
                 out[name] = ProcessPlacement("training", threads, share, res.training.gpus)
             else:
                 out[name] = ProcessPlacement("other", 1, cores["other"], res.other.gpus)
-    out["controller"] = ProcessPlacement("other", len(cores["other"]) if res.other.cores is not None else
-                                         (os.cpu_count() or 1), cores["other"], res.other.gpus)
+    mine = cores["other"]
+    out["controller"] = ProcessPlacement("other", len(mine) if mine is not None and res.other.cores is not None else
+                                         (os.cpu_count() or 1), mine, res.other.gpus)
     return out

@@ -12,7 +12,8 @@ import pytest
 
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.perfmodel.calibration import load_costs
-from areal_graph.perfmodel.costs import CalibrationError, CostModel, costs_summary, describe_costs
+from areal_graph.perfmodel.cost_model import CostModel, costs_summary, describe_costs
+from areal_graph.perfmodel.costs import CalibrationError
 from areal_graph.perfmodel.simulator import simulate
 from areal_graph.perfmodel.workflow_config import config_from_spec
 from support.calibration import unpack_calibration_run

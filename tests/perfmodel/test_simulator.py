@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.perfmodel.costs import CostModel, LengthModel, SidePlacement
+from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.fits import LinearFit
 from areal_graph.perfmodel.simulator import ADMIT_WAIT_S, SimConfig, simulate
 

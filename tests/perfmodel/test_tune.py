@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from areal_graph.perfmodel.costs import CostModel, LengthModel, SidePlacement
+from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.fits import LinearFit
 from areal_graph.perfmodel.simulator import SimConfig
 from areal_graph.perfmodel.tune import concurrency_options, placements, search

@@ -62,7 +62,7 @@ def test_the_servers_rows_cap_it_and_the_gate_takes_a_new_limit():
 
 
 def test_in_the_simulator_it_recovers_from_too_little_concurrency():
-    from areal_graph.perfmodel.costs import CostModel, LengthModel, SidePlacement
+    from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement
     from areal_graph.perfmodel.fits import LinearFit
     from areal_graph.perfmodel.simulator import SimConfig
 

@@ -1,0 +1,203 @@
+"""What a run costs, as data: the cost model the simulator runs on, and how it prints.
+
+`CostModel` holds every cost `perfmodel/costs.py` fits on a run's trace (or `perfmodel/cluster.py`
+derives from first principles): engine forwards, training-side calls, weight sync, the overheads
+around them, background CPU, and the output lengths by policy version (`LengthModel`). It is plain
+data that round-trips through JSON (`areal-graph costs --save`, `simulate --calibrate FILE`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from areal_graph.perfmodel.cpu import Demand
+from areal_graph.perfmodel.fits import LinearFit
+
+LENGTH_WINDOW = 6  # policy versions per window of the output-length distribution
+MIN_POOL = 12  # prompt groups a length sample is drawn from at least
+
+
+@dataclass
+class SidePlacement:
+    """Where a side ran: its cores (None: unpinned) and threads per process."""
+
+    cores: list[int] | None = None
+    threads: int = 1
+
+    def demand(self, amount: float | None = None) -> Demand:
+        return Demand(self.threads if amount is None else amount, frozenset(self.cores) if self.cores else None)
+
+
+@dataclass
+class LengthModel:
+    """The output lengths of the run's prompt groups, by the policy version that generated them.
+
+    Groups are kept whole (prompt length and every answer's length): the answers of one prompt
+    are alike, and a group's longest answer is what a synchronous step waits for."""
+
+    window: int = LENGTH_WINDOW
+    max_new_tokens: int = 0
+    groups: list[list[Any]] = field(default_factory=list)  # [version, prompt_tokens, [lengths]]
+
+    def versions(self) -> tuple[int, int]:
+        vs = [g[0] for g in self.groups]
+        return (min(vs), max(vs)) if vs else (0, 0)
+
+    def pool(self, version: int) -> list[list[Any]]:
+        """The groups generated within half a window of `version` (at least `MIN_POOL` of them,
+        widening until there are); past the last version: the last window's groups."""
+        if not self.groups:
+            raise ValueError("the length model holds no groups")
+        vs = [g[0] for g in self.groups]  # sorted by version (fit_costs sorts them)
+        lo_v, hi_v = vs[0], vs[-1]
+        v = min(max(version, lo_v + self.window // 2), hi_v - self.window // 2) if hi_v - lo_v >= self.window else \
+            (lo_v + hi_v) // 2
+        half = self.window / 2
+        while True:
+            a, b = bisect.bisect_left(vs, v - half), bisect.bisect_right(vs, v + half)
+            if b - a >= MIN_POOL or (a == 0 and b == len(vs)):
+                return self.groups[a:b]
+            half *= 1.5
+
+    def extrapolates(self, version: int) -> bool:
+        """Whether `version` lies past the versions the lengths were measured at."""
+        return bool(self.groups) and version > self.groups[-1][0] + self.window
+
+    def sample(self, rng: random.Random, version: int, group_size: int,
+               max_new_tokens: int | None = None) -> tuple[int, list[int]]:
+        """(prompt tokens, output lengths) of one group generated at `version`."""
+        pool = self.pool(version)
+        g = rng.choice(pool)
+        lens = list(g[2])
+        if len(lens) != group_size:  # another group size: answers drawn from the window's answers
+            answers = [n for h in pool for n in h[2]]
+            lens = [rng.choice(answers) for _ in range(group_size)]
+        cap = max_new_tokens or self.max_new_tokens
+        return int(g[1]), [max(1, min(int(n), cap)) if cap else max(1, int(n)) for n in lens]
+
+    def _by_window(self) -> dict[int, list[list[Any]]]:
+        out: dict[int, list[list[Any]]] = defaultdict(list)
+        for g in self.groups:
+            out[g[0] // self.window].append(g)
+        return dict(out)
+
+    def drift(self) -> list[dict[str, Any]]:
+        """Per window: versions, groups, mean / p90 / max output length."""
+        out: list[dict[str, Any]] = []
+        for key, groups in sorted(self._by_window().items()):
+            lens = np.array([n for g in groups for n in g[2]], dtype=float)
+            out.append({"versions": f"{key * self.window}-{key * self.window + self.window - 1}",
+                        "groups": len(groups), "mean": float(lens.mean()), "p90": float(np.percentile(lens, 90)),
+                        "max": float(lens.max())})
+        return out
+
+
+@dataclass
+class CostModel:
+    """Every cost of a run (see module docstring). Times in seconds unless a fit says ms."""
+
+    source: str = ""
+    machine_cores: list[int] = field(default_factory=list)
+    calibrated: dict[str, Any] = field(default_factory=dict)  # the calibration run's settings
+    inference: SidePlacement = field(default_factory=SidePlacement)
+    training: SidePlacement = field(default_factory=SidePlacement)
+    other: SidePlacement = field(default_factory=SidePlacement)
+    decode_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
+    prefill_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
+    swap_s: float = 0.0
+    engine_step_overhead_ms: float = 0.0  # the engine's scheduling around its forwards, per decode step
+    interference: float = 0.0  # how much slower a forward runs while the trainer computes elsewhere (0.3 = 30%)
+    # the calibration's forwards replayed alone (perfmodel/replay.py): alone / in the run, decode and prefill;
+    # a synchronous run's generation has the machine to itself and is priced so
+    alone_decode: float = 1.0
+    alone_prefill: float = 1.0
+    # of the tokens in flight at a weight update, the share prefilled again: answers of one prompt
+    # that are still identical (the same first tokens) share one row (engine.py prefix sharing)
+    reprefill_keep: float = 1.0
+    model_calls: dict[str, LinearFit] = field(default_factory=dict)  # training-side node on a model worker
+    call_overhead_s: dict[str, float] = field(default_factory=dict)  # its RPC and (de)serialisation
+    controller_nodes_s: dict[str, float] = field(default_factory=dict)  # training-side nodes in the controller
+    generation_nodes_s: dict[str, float] = field(default_factory=dict)  # per prompt group (reward, ...)
+    dispatch_s: float = 0.0  # rollout call start -> its first request reaches the server
+    collect_s: float = 0.0  # the group's last answer -> the rollout call returns
+    sync_s: float = 0.0  # weight sync apart from the server's swap and its wait for a step boundary
+    step_overhead_s: float = 0.0  # controller bookkeeping inside a training step's span
+    step_gap_s: float = 0.0  # from one step's end to the next one's start (metrics, logging; no evaluation)
+    background_cpu: dict[str, dict[str, Any]] = field(default_factory=dict)  # process -> cpu_s_per_request, side
+    lengths: LengthModel = field(default_factory=LengthModel)
+    measured: dict[str, Any] = field(default_factory=dict)  # the calibration run's own outcome
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        raw = json.loads(text)
+        fits = {k: LinearFit(**raw[k]) for k in ("decode_ms", "prefill_ms")}
+        sides = {k: SidePlacement(**raw[k]) for k in ("inference", "training", "other")}
+        return cls(**{**raw, **fits, **sides, "model_calls": {k: LinearFit(**v) for k, v in raw["model_calls"].items()},
+                      "lengths": LengthModel(**raw["lengths"])})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+# ============================================================================ printing
+def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
+    """Rows (cost, value, fit error on the calibration run) for `areal-graph costs`."""
+    rows: list[tuple[str, str, str]] = []
+
+    def fit_row(name: str, fit: LinearFit, unit: str, scale: float = 1.0) -> None:
+        terms = " + ".join(f"{c * scale:.4g}" + ("" if t == "1" else f" x {t}") for t, c in zip(fit.terms, fit.coef) if c)
+        rows.append((name, f"{terms or '0'} {unit}",
+                     f"median {fit.median_rel_err:.0%} per item, total {fit.total_rel_err:+.1%} (n={fit.n})"))
+
+    fit_row("decode step", model.decode_ms, "ms")
+    fit_row("prefill chunk", model.prefill_ms, "ms")
+    dec = model.decode_ms
+    for b in (1, 16, 64):
+        w = 100
+        ms = dec.predict(rows=b, rows_x_width_k=b * w / 1e3)
+        rows.append((f"  decode at batch {b}, context {w}", f"{ms:.2f} ms/step, {b / ms * 1e3:,.0f} tokens/s (the fit, nothing slowing it)", ""))
+    rows.append(("the same forwards alone (replayed)", f"decode x{model.alone_decode:.2f}, prefill "
+                 f"x{model.alone_prefill:.2f} of their time in the run", ""))
+    rows.append(("engine scheduling between forwards", f"{model.engine_step_overhead_ms:.2f} ms per decode step", ""))
+    rows.append(("interference of a computing trainer", f"forwards {model.interference:.0%} slower while it computes "
+                 "(and it as much slower while they run)", ""))
+    rows.append(("weight swap (server)", f"{model.swap_s * 1e3:.1f} ms; {model.reprefill_keep:.0%} of the tokens "
+                 "in flight prefilled again (the rest shared with an identical answer)", ""))
+    rows.append(("weight sync (rest)", f"{model.sync_s * 1e3:.1f} ms", ""))
+    for name, fit in model.model_calls.items():
+        fit_row(f"{name} (model worker)", fit, "s")
+        rows.append((f"  {name} call overhead", f"{model.call_overhead_s.get(name, 0) * 1e3:.1f} ms", ""))
+    for name, s in model.controller_nodes_s.items():
+        rows.append((f"{name} (controller)", f"{s * 1e3:.1f} ms per step", ""))
+    for name, s in model.generation_nodes_s.items():
+        rows.append((f"{name} (per prompt group)", f"{s * 1e3:.1f} ms", ""))
+    rows.append(("rollout dispatch / collect", f"{model.dispatch_s * 1e3:.1f} / {model.collect_s * 1e3:.1f} ms", ""))
+    rows.append(("controller overhead per step", f"{model.step_overhead_s * 1e3:.1f} ms in the step, "
+                 f"{model.step_gap_s * 1e3:.1f} ms between steps", ""))
+    for proc, v in model.background_cpu.items():
+        rows.append((f"background CPU: {proc}", f"{v['cpu_s_per_request'] * 1e3:.2f} ms CPU per request "
+                     f"({v['rate_cores']:.2f} cores in the run)", ""))
+    for window in model.lengths.drift():
+        rows.append((f"output length, versions {window['versions']}", f"mean {window['mean']:.1f}, "
+                     f"p90 {window['p90']:.0f}, max {window['max']:.0f} ({window['groups']} groups)", ""))
+    return rows
+
+
+def costs_summary(model: CostModel) -> dict[str, Any]:
+    """`areal-graph costs --json`: the model, and its rows as printed."""
+    return {"model": json.loads(model.to_json()),
+            "rows": [{"cost": a, "value": b, "fit_error": c} for a, b, c in describe_costs(model)]}
+
