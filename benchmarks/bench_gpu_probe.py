@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,21 +56,9 @@ def build_model(out: Path, small: bool) -> Path:
 
 
 def run(overrides: list[str], run_dir: Path, log: Path, timeout: int) -> float | None:
-    from areal_graph.runtime.observability.trace_model import load_timeline
-    from areal_graph.runtime.observability.trace_stats import training_window
+    from areal_graph.cli.measured_run import measured_run
 
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(ROOT / "workflows" / "ppo_async.yaml"),
-           *overrides, "--run-dir", str(run_dir)]
-    with open(log, "w") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            return None
-    if rc != 0:
-        return None
-    window = training_window(load_timeline(run_dir))
-    return (window[1] - window[0]) if window else None
+    return measured_run(ROOT / "workflows" / "ppo_async.yaml", overrides, run_dir, log, timeout, cwd=ROOT).window_s
 
 
 def main() -> int:

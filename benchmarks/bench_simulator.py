@@ -14,8 +14,9 @@ For each kit (the long-tailed `ppo_async_longtail.yaml` and the shipped `ppo_asy
 3. the error (predicted - measured) / measured.
 
 The configurations vary what the issue names: max staleness 0, 1, 4, 8; max concurrent
-rollouts; batch size; two placements (`resources`); and the two kits. A run is measured once
-(`--rounds` repeats every run and takes the median: the machine is shared and noisy).
+rollouts; batch size; two placements (`resources`); and the two kits. A run is measured
+`--rounds` times (default 2), the rounds interleaved, and the median taken: the machine is
+shared, and the same run measured twice differs by 10-25% here.
 
 Output: a table (configuration, predicted, measured, error, predicted / measured staleness and
 engine busy share), the median and worst |error|, and benchmarks/results/simulator_validation.json.
@@ -25,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,18 +65,12 @@ COMMON = ["runtime.eval_every=0", "runtime.save_every=0"]
 
 def run_workflow(workflow: str, overrides: list[str], run_dir: Path, log: Path) -> float:
     """Run it; the measured steps window from its trace (what `trace --json` reports)."""
-    from areal_graph.runtime.observability.trace_model import load_timeline
-    from areal_graph.runtime.observability.trace_stats import training_window
+    from areal_graph.cli.measured_run import measured_run
 
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", workflow, *overrides, "--run-dir", str(run_dir)]
-    with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if rc != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}); log {log}")
-    window = training_window(load_timeline(run_dir))
-    assert window is not None
-    return window[1] - window[0]
+    got = measured_run(workflow, overrides, run_dir, log, cwd=ROOT)
+    if got.exit_code != 0 or got.window_s is None:
+        raise RuntimeError(f"{workflow} {' '.join(overrides)} failed (exit {got.exit_code}); log {log}")
+    return got.window_s
 
 
 def measured_extras(run_dir: Path) -> dict[str, float]:
@@ -94,7 +87,7 @@ def main() -> int:
     ap.add_argument("--kits", default="longtail,shipped", help="comma-separated: longtail, shipped")
     ap.add_argument("--cal-steps", type=int, default=30, help="steps of the calibration run")
     ap.add_argument("--steps", type=int, default=60, help="steps of every measured run")
-    ap.add_argument("--rounds", type=int, default=1, help="measure each run this often (median)")
+    ap.add_argument("--rounds", type=int, default=2, help="measure each run this often, interleaved (median)")
     ap.add_argument("--seeds", type=int, default=3, help="simulations per prediction (length draws)")
     ap.add_argument("--quick", action="store_true", help="12-step calibration, two 12-step runs per kit")
     ap.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temp dir)")
@@ -122,25 +115,28 @@ def main() -> int:
         # the machine's speed drifts (shared hosts): the calibration's own settings are measured again
         # last, and the drift between the two runs of them is reported beside the errors
         configs = [*configs, ("eta 4 (as calibrated, again at the end)", [])] if not args.quick else configs
-        for label, overrides in configs:
-            full = [f"runtime.steps={args.steps}", *COMMON, *overrides]
-            pred = predict(load_workflow(ROOT / wf, full), costs, args.seeds)
-            windows = []
-            extras: dict[str, Any] = {}
-            for k in range(args.rounds):
-                run_dir = work / f"{kit}-{len(rows)}-{k}"
-                windows.append(run_workflow(wf, full, run_dir, work / f"{kit}-{len(rows)}-{k}.log"))
-                extras = measured_extras(run_dir)
-            measured = statistics.median(windows)
+        preds = [predict(load_workflow(ROOT / wf, [f"runtime.steps={args.steps}", *COMMON, *ov]), costs, args.seeds)
+                 for _, ov in configs]
+        measured_runs: list[list[float]] = [[] for _ in configs]
+        extras: list[dict[str, Any]] = [{} for _ in configs]
+        for k in range(args.rounds):  # rounds interleaved: the machine's drift spreads over every configuration
+            for i, (label, overrides) in enumerate(configs):
+                run_dir = work / f"{kit}-{i}-{k}"
+                measured_runs[i].append(run_workflow(wf, [f"runtime.steps={args.steps}", *COMMON, *overrides], run_dir,
+                                                     work / f"{kit}-{i}-{k}.log"))
+                extras[i] = measured_extras(run_dir)
+                console.print(f"  round {k + 1}: {label:52s} measured {measured_runs[i][-1]:6.1f} s", highlight=False)
+        for i, (label, overrides) in enumerate(configs):
+            pred, measured = preds[i], statistics.median(measured_runs[i])
             err = (pred["steps_window_s"] - measured) / measured
-            row = {"kit": kit, "config": label, "overrides": overrides, "steps": args.steps,
-                   "predicted_s": pred["steps_window_s"], "measured_s": measured, "measured_rounds": windows,
-                   "error": err, "predicted_staleness": pred["staleness_mean"],
-                   "measured_staleness": extras.get("staleness_mean"),
-                   "predicted_engine_busy": pred["busy"].get("inference-0"),
-                   "measured_engine_busy": extras.get("engine_busy"), "extrapolates": pred["extrapolates"],
-                   "calibration": str(cal_dir)}
-            rows.append(row)
+            rows.append({"kit": kit, "config": label, "overrides": overrides, "steps": args.steps,
+                         "predicted_s": pred["steps_window_s"], "measured_s": measured,
+                         "measured_rounds": measured_runs[i], "error": err,
+                         "predicted_staleness": pred["staleness_mean"],
+                         "measured_staleness": extras[i].get("staleness_mean"),
+                         "predicted_engine_busy": pred["busy"].get("inference-0"),
+                         "measured_engine_busy": extras[i].get("engine_busy"), "extrapolates": pred["extrapolates"],
+                         "calibration": str(cal_dir)})
             console.print(f"  {label:52s} predicted {pred['steps_window_s']:6.1f} s  measured {measured:6.1f} s  "
                           f"error {err:+.1%}", highlight=False)
     errors = [abs(r["error"]) for r in rows]

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,23 +38,13 @@ KITS = {"longtail": ("workflows/ppo_async_longtail.yaml", 100), "shipped": ("wor
 
 
 def run(workflow: str, overrides: list[str], run_dir: Path, log: Path) -> dict[str, Any]:
-    from areal_graph.runtime.observability.trace_model import load_timeline
-    from areal_graph.runtime.observability.trace_stats import training_window
+    from areal_graph.cli.measured_run import measured_run
 
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", workflow, *overrides, "--run-dir", str(run_dir)]
-    with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if rc != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}); log {log}")
-    window = training_window(load_timeline(run_dir))
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
-    stale = [m["staleness/mean"] for m in metrics if "staleness/mean" in m]
-    assert window is not None
-    return {"window_s": window[1] - window[0], "accuracy_before": accs[0] if accs else None,
-            "accuracy_after": accs[-1] if accs else None,
-            "staleness_mean": sum(stale) / len(stale) if stale else None}
+    got = measured_run(workflow, overrides, run_dir, log, cwd=ROOT)
+    if got.exit_code != 0 or got.window_s is None:
+        raise RuntimeError(f"{workflow} {' '.join(overrides)} failed (exit {got.exit_code}); log {log}")
+    return {"window_s": got.window_s, "accuracy_before": got.accuracy_before, "accuracy_after": got.accuracy_after,
+            "staleness_mean": got.staleness_mean}
 
 
 def main() -> int:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.cli.console import output_console
+from areal_graph.cli.measured_run import measured_run
 
 CALIBRATION_STEPS = 30
 
@@ -44,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="workflow overrides, as for `run`")
     p.add_argument("--calibrate", metavar="RUN_DIR", help="a finished run of this workflow (or a cost model JSON); "
                    f"default: run {CALIBRATION_STEPS} steps of it first")
+    p.add_argument("--calibration-steps", type=int, default=CALIBRATION_STEPS, metavar="N",
+                   help=f"steps of the calibration run made when --calibrate is not given (default {CALIBRATION_STEPS}; "
+                        "at least 10)")
     p.add_argument("--max-staleness", type=int, default=None, metavar="ETA",
                    help="search max staleness up to ETA (default: the workflow's own runtime.max_staleness)")
     p.add_argument("--top", type=int, default=5, help="configurations to print (default 5)")
@@ -73,16 +75,16 @@ def run(args: argparse.Namespace) -> int:
         print_problems(err, args.workflow, exc.problems)
         return 1
     eta = spec.runtime.max_staleness if args.max_staleness is None else args.max_staleness
-    if eta < 0 or args.top < 1 or args.seeds < 1:
-        err.print("[red]--max-staleness must be >= 0, --top and --seeds >= 1[/]")
+    if eta < 0 or args.top < 1 or args.seeds < 1 or args.calibration_steps < 10:
+        err.print("[red]--max-staleness must be >= 0, --top and --seeds >= 1, --calibration-steps >= 10[/]")
         return 2
     work = args.work_dir or Path("runs") / f"tune-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     source = args.calibrate
     if source is None:
         source = str(work / "calibration")
-        say.print(f"calibrating: {CALIBRATION_STEPS} steps of {args.workflow} into {source} ...")
-        rc = _run_workflow(args.workflow, [*args.overrides, f"runtime.steps={CALIBRATION_STEPS}", "runtime.eval_every=0",
-                                           "runtime.save_every=0"], Path(source), work / "calibration.log")
+        say.print(f"calibrating: {args.calibration_steps} steps of {args.workflow} into {source} ...")
+        rc = measured_run(args.workflow, [*args.overrides, f"runtime.steps={args.calibration_steps}", "runtime.eval_every=0",
+                                          "runtime.save_every=0"], Path(source), work / "calibration.log").exit_code
         if rc != 0:
             err.print(f"[red]the calibration run failed (exit {rc}); its log: {work / 'calibration.log'}[/]")
             return 1
@@ -115,18 +117,9 @@ def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
             "best": [one(c) for c in result.ranked]}
 
 
-def _run_workflow(workflow: Path, overrides: list[str], run_dir: Path, log: Path) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(workflow), *overrides, "--run-dir", str(run_dir)]
-    with open(log, "w") as f:
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
-
-
 def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: Path, say: Any) -> list[dict[str, Any]]:
     """Run the best configuration and the workflow as given; their windows, predicted and measured."""
     from areal_graph.perfmodel.simulator import simulate
-    from areal_graph.runtime.observability.trace_model import load_timeline
-    from areal_graph.runtime.observability.trace_stats import training_window
 
     steps = args.verify_steps or min(spec.runtime.steps, 100)
     rows = []
@@ -135,13 +128,12 @@ def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: 
         overrides = [*args.overrides, *cand.overrides, f"runtime.steps={steps}", "runtime.eval_every=0",
                      "runtime.save_every=0"]
         say.print(f"verifying {label}: {steps} steps with {' '.join(cand.overrides) or 'no overrides'} ...")
-        rc = _run_workflow(args.workflow, overrides, run_dir, work / f"verify-{label.replace(' ', '-')}.log")
-        window = training_window(load_timeline(run_dir)) if rc == 0 else None
+        got = measured_run(args.workflow, overrides, run_dir, work / f"verify-{label.replace(' ', '-')}.log")
         cfg = dataclasses.replace(cand.cfg, steps=steps)
         predicted = sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s
                         for k in range(args.seeds)) / args.seeds
         rows.append({"label": label, "overrides": cand.overrides, "steps": steps, "predicted_s": predicted,
-                     "measured_s": (window[1] - window[0]) if window else None, "run_dir": str(run_dir), "exit": rc})
+                     "measured_s": got.window_s, "run_dir": str(run_dir), "exit": got.exit_code})
     return rows
 
 

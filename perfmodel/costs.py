@@ -54,7 +54,7 @@ class _Material:
     busy: dict[str, list[tuple[float, float]]]  # process -> compute intervals
     placement: dict[str, dict[str, Any]]
     cpu: list[tuple[float, dict[str, float]]]
-    cpu_threads: dict[float, dict[str, float]] = field(default_factory=dict)  # sample time -> busiest thread's CPU s
+    cpu_threads: dict[float, dict[str, dict[str, float]]] = field(default_factory=dict)  # time -> process -> thread -> s
 
 
 def _material(tl: Any) -> _Material:
@@ -65,7 +65,7 @@ def _material(tl: Any) -> _Material:
     busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
     placement: dict[str, dict[str, Any]] = {}
     cpu: list[tuple[float, dict[str, float]]] = []
-    threads: dict[float, dict[str, float]] = {}
+    threads: dict[float, dict[str, dict[str, float]]] = {}
     for s in tl.spans:
         name, proc = s["name"], s["process"]
         if name == "engine_steps":
@@ -76,7 +76,7 @@ def _material(tl: Any) -> _Material:
         elif name == "cpu_time" and isinstance(s["args"].get("processes"), dict):
             procs = s["args"]["processes"]
             cpu.append((s["ts"] / 1e6, {p: float(v.get("cpu_s", 0.0)) for p, v in procs.items()}))
-            threads[s["ts"] / 1e6] = {p: float(v["busiest_thread_s"]) for p, v in procs.items() if "busiest_thread_s" in v}
+            threads[s["ts"] / 1e6] = {p: v["threads_s"] for p, v in procs.items() if isinstance(v.get("threads_s"), dict)}
         elif s["cat"] == "compute" and s["dur"] > 0 and proc.startswith("model-"):
             busy[proc].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
     if not steps:
@@ -175,9 +175,11 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
         used = cb[proc] - ca[proc]
         threads = (m.placement.get(proc) or {}).get("threads") or 1
         if proc in threads_a and proc in threads_b and (proc.startswith("inference-") or proc.startswith("model-")):
-            # what the process used beyond its busiest thread (the engine's or the trainer's): HTTP and gRPC
-            # handling, (de)serialisation; it competes with the compute when both are pinned to one core
-            extra = max(used - (threads_b[proc] - threads_a[proc]), 0.0)
+            # what the process used beyond its busiest thread over the window (the engine's or the trainer's):
+            # HTTP and gRPC handling, (de)serialisation; it competes with the compute when both share one core
+            a, b = threads_a[proc], threads_b[proc]
+            busiest = max((b[t] - a.get(t, 0.0) for t in b), default=0.0)
+            extra = max(used - busiest, 0.0)
         else:
             computed = _overlap(m.busy.get(proc, []), ta, tb) * threads
             extra = max(used - computed, 0.0)

@@ -399,8 +399,10 @@ class LocalLauncher:
                         seconds += _cpu_seconds(child)
                     except psutil.Error:
                         continue
-                busiest = max((t.user_time + t.system_time for t in proc.threads()), default=0.0)
-                out[name] = {"cpu_s": round(seconds, 3), "busiest_thread_s": round(busiest, 3), "pid": proc.pid,
+                # per thread, the busy ones (the engine's or the trainer's thread apart from HTTP/gRPC handling)
+                threads = {str(t.id): round(t.user_time + t.system_time, 3) for t in proc.threads()
+                           if t.user_time + t.system_time > 0.05}
+                out[name] = {"cpu_s": round(seconds, 3), "threads_s": threads, "pid": proc.pid,
                              "cores": sorted(proc.cpu_affinity())}
             except psutil.Error:  # it exited meanwhile: its seconds are in the last report
                 continue
