@@ -66,7 +66,7 @@ def _material(tl: Any) -> _Material:
     placement: dict[str, dict[str, Any]] = {}
     cpu: list[tuple[float, dict[str, float]]] = []
     threads: dict[float, dict[str, dict[str, float]]] = {}
-    for s in tl.spans:
+    for s in [*tl.spans, *tl.profiles]:
         name, proc = s["name"], s["process"]
         if name == "engine_steps":
             t0 = s["ts"] / 1e6

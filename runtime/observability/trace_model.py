@@ -29,6 +29,7 @@ from typing import Any, Iterable
 from areal_graph.runtime.observability.trace_read import TraceFile, read_trace_file, trace_files
 
 _LANE_RE = re.compile(r"^(.*) #(\d+)$")
+PROFILE_CATEGORY = "profile"
 INSTANT_PHASES = ("i", "I", "R")
 FLOW_PHASES = ("s", "t", "f")
 _FLOW_ORDER = {"s": 0, "t": 1, "f": 2}
@@ -64,6 +65,9 @@ class Timeline:
     windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each file
     counts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    # measurement records, not work drawn on a timeline (category "profile": the engine's step log,
+    # CPU seconds per process): the performance model reads them (perfmodel/costs.py), views do not
+    profiles: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def start_us(self) -> float:
@@ -118,7 +122,9 @@ def _add_part(tl: Timeline, part: int, events: list[dict[str, Any]], seen_procs:
     for e in events:
         ph = e.get("ph")
         where = (pname.get(e.get("pid"), f"pid {e.get('pid')}"), tname.get((e.get("pid"), e.get("tid")), "main"))
-        if ph == "X":
+        if ph == "X" and e.get("cat") == PROFILE_CATEGORY:
+            tl.profiles.append(_span(e, float(e.get("dur") or 0), where, part))
+        elif ph == "X":
             tl.spans.append(_span(e, float(e.get("dur") or 0), where, part))
         elif ph == "B":
             open_b.setdefault((e.get("pid"), e.get("tid")), []).append(e)

@@ -192,6 +192,17 @@ def test_parts_of_a_resumed_run_are_read_in_order_and_merged_by_name(tmp_path):
     assert any("2 trace files read in order" in n for n in tl.notes)
 
 
+def test_profile_records_are_kept_apart_from_the_spans_every_view_draws(tmp_path):
+    """The engine's step log and CPU samples (category "profile") are data for the cost model:
+    they stay out of the span tables, busy shares and pages, and come back in `profiles`."""
+    events = [_x("engine", 0, 2, 1, 1, "compute"), _x("engine_steps", 0, 2, 1, 2, "profile"),
+              *_meta(1, "inference-0", {1: "engine", 2: "engine"})]
+    _write(tmp_path / "trace.json", events)
+    tl = load_timeline(tmp_path)
+    assert [s["name"] for s in tl.spans] == ["engine"] and [s["name"] for s in tl.profiles] == ["engine_steps"]
+    assert [r["key"] for r in cmd_trace.summarize(tl.spans, "name", tl.wall_s)] == ["engine"]
+
+
 # ---------------------------------------------------------------------- summary math
 def test_busy_idle_shares_and_utilisation_are_exact(tmp_path):
     tl = load_timeline(_write(tmp_path / "trace.json", _one_step_events()))
