@@ -218,3 +218,24 @@ def best_split(run: ClusterRun, shares: tuple[float, ...] = (0.5, 0.625, 0.75, 0
     """The generation share of the GPUs that gives the fastest asynchronous step (the split a user would tune)."""
     results = [(share, speedup(replace(run, inference_share=share))) for share in shares]
     return min(results, key=lambda r: r[1]["async_step_s"])
+
+
+def on_gpu(costs: CostModel, layers: int, eff: Efficiency, train_step_s: float) -> CostModel:
+    """A CPU-calibrated cost model of a small model moved to a GPU: its forwards launch-bound.
+
+    A graphed decode step of the 0.5B shape (24 layers) spent `eff.decode_overhead_ms` beyond its
+    rooflines on the H200; a model of `layers` layers is taken to spend that share per layer, plus
+    the engine's own per-step work on the CPU (scheduling and sampling: the calibration's scheduling
+    overhead). The trainer's call becomes `train_step_s` (a launch-bound step does not scale with
+    tokens); every other cost (weight sync, rewards, the controller's and the rollout's overheads,
+    the answers' lengths) stays as calibrated: the same kit and the same code, on a faster CPU."""
+    per_step = eff.decode_overhead_ms * layers / 24
+    gpu = replace(costs)
+    gpu.decode_ms = LinearFit.constant(per_step)
+    gpu.prefill_ms = LinearFit.constant(per_step * 1.5)
+    gpu.model_calls = {name: LinearFit.constant(train_step_s) for name in costs.model_calls}
+    gpu.interference, gpu.alone_decode, gpu.alone_prefill = 0.0, 1.0, 1.0  # the GPU computes, the cores wait
+    gpu.background_cpu = {}  # 16 cores: the Python processes do not crowd the GPU's host threads
+    gpu.notes = [*costs.notes, f"moved to a GPU: a decode step {per_step:.2f} ms + the engine's own "
+                 f"{costs.engine_step_overhead_ms:.2f} ms, a train call {train_step_s * 1e3:.0f} ms"]
+    return gpu
