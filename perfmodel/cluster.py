@@ -10,8 +10,8 @@ stated as the assumption it is. The same discrete-event simulator (simulator.py)
 controller's rules over them, with `decode_chunk` steps per event so 27k-token answers stay
 cheap to simulate.
 
-A decode step of batch b with the longest context w on a server of `tp` GPUs:
-    t = overhead + (weight bytes / tp + b * w * kv bytes per token / tp) / (HBM bandwidth * mem_eff)
+A decode step of batch b whose contexts add up to C tokens, on a server of `tp` GPUs:
+    t = overhead + (weight bytes / tp + C * kv bytes per token / tp) / (HBM bandwidth * mem_eff)
           + b * 2 * params / tp / (bf16 FLOPs * flops_eff)
 (the additive form is a safe upper bound of the roofline's max). Training: 6 * params FLOPs per
 token plus attention, at `train_mfu` of the training GPUs' peak; the proximal log-prob forward
@@ -119,8 +119,9 @@ def cluster_costs(model: ModelShape, gpu: Gpu, eff: Efficiency, tp: int, train_g
     per_row_ms = (2 * model.params / tp / (gpu.bf16_flops * eff.flops_eff)) * 1e3
     weights_ms = (model.weight_bytes / tp / (gpu.hbm_bytes_s * eff.mem_eff)) * 1e3
     kv_per_row_per_kctx_ms = (1e3 * model.kv_bytes_per_token / tp / (gpu.hbm_bytes_s * eff.mem_eff)) * 1e3
-    decode = LinearFit(["1", "rows", "rows_x_width_k"], [eff.decode_overhead_ms + weights_ms, per_row_ms,
-                                                          kv_per_row_per_kctx_ms], lo=[1, 1, 0], hi=[1, 1e9, 1e12])
+    # paged attention (SGLang, vLLM, this engine's graphed step on a GPU): each row reads its own context
+    decode = LinearFit(["1", "rows", "context_k"], [eff.decode_overhead_ms + weights_ms, per_row_ms,
+                                                     kv_per_row_per_kctx_ms], lo=[1, 1, 0], hi=[1, 1e9, 1e12])
     prefill_flops = gpu.bf16_flops * eff.prefill_mfu * tp
     prefill = LinearFit(["1", "tokens_k", "padded_x_width_m"],
                         [eff.decode_overhead_ms, 1e3 * 2 * model.params / prefill_flops * 1e3,
@@ -167,21 +168,25 @@ class ClusterRun:
     max_tokens: int = 27_000
     median_tokens: float = 7_000.0
     eta: int = 4
-    steps: int = 6
+    steps: int = 16
     max_running: int = 256
     efficiency: Efficiency = field(default_factory=lambda: PRODUCTION)
-    decode_chunk: int = 128
+    decode_chunk: int = 512
 
     def lengths(self) -> LengthModel:
         return long_tail_lengths(self.max_tokens, self.median_tokens, 0.45, 0.6, self.answers)
 
 
-def simulate_cluster(run: ClusterRun, synchronous: bool) -> SimResult:
-    """The run's steps simulated as AReaL runs them (synchronous: eta 0 and every GPU serving
-    generation, then every GPU training; asynchronous: the split, eta, (eta + 1) B in flight)."""
+def simulate_cluster(run: ClusterRun, synchronous: bool, split: bool = False) -> SimResult:
+    """The run's steps simulated as AReaL runs them. Asynchronous: the split, eta, (eta + 1) B in
+    flight. Synchronous (eta 0): with `split`, AReaL's own synchronous variant (the paper's "Sync.
+    AReaL" and its eta = 0 ablation: the same generation and training GPUs, taking turns); without,
+    every GPU generates, then every GPU trains (the colocated systems such as verl)."""
     model, gpu = MODELS[run.model], GPUS[run.gpu]
-    infer_gpus = run.gpus if synchronous else max(run.tp, int(round(run.gpus * run.inference_share / run.tp)) * run.tp)
-    train_gpus = run.gpus if synchronous else max(run.gpus - infer_gpus, 1)
+    split_infer = max(run.tp, int(round(run.gpus * run.inference_share / run.tp)) * run.tp)
+    colocated = synchronous and not split
+    infer_gpus = run.gpus if colocated else split_infer
+    train_gpus = run.gpus if colocated else max(run.gpus - split_infer, 1)
     servers = max(infer_gpus // run.tp, 1)
     lengths = run.lengths()
     costs = cluster_costs(model, gpu, run.efficiency, run.tp, train_gpus, lengths)
@@ -190,23 +195,33 @@ def simulate_cluster(run: ClusterRun, synchronous: bool) -> SimResult:
     cfg = SimConfig(steps=run.steps, batch_size=B, group_size=run.answers, max_staleness=eta,
                     max_concurrent=(eta + 1) * B, max_running=run.max_running, servers=servers,
                     max_new_tokens=run.max_tokens, prefill_budget=16384, max_tokens_per_microbatch=1 << 30,
-                    machine_cores=list(range(64)), decode_chunk=run.decode_chunk, seed=1)
+                    machine_cores=list(range(64)), decode_chunk=run.decode_chunk, cpu_contention=False, seed=1)
     return simulate(cfg, costs, passes=1)
 
 
-def speedup(run: ClusterRun) -> dict[str, float]:
-    """Async vs sync on the same GPUs: the median step of each (the first asynchronous steps wait
-    for the pipeline to fill), their ratio, and the effective throughput the paper reports: tokens
-    trained per step (prompts and answers) over the step's time."""
-    a, s = simulate_cluster(run, False), simulate_cluster(run, True)
+def speedup(run: ClusterRun, colocated: bool = True) -> dict[str, float]:
+    """Async against AReaL's synchronous variant on the same GPUs and split (the paper's Table 1
+    and Figure 5c baseline) and, with `colocated`, against every GPU generating then training: the
+    steady step time of each (the second half of the run: the first asynchronous steps wait for the
+    pipeline to fill), and the effective throughput the paper reports: tokens trained per step
+    (prompts and answers) over the step's time."""
+    a, s = simulate_cluster(run, False), simulate_cluster(run, True, split=True)
+    trained = run.batch_prompts * run.answers * mean_tokens(run)
+    a_step, s_step = a.steady_step_s(), s.steady_step_s()
+    out = {"async_step_s": a_step, "sync_step_s": s_step, "speedup": s_step / a_step,
+           "async_tokens_per_s": trained / a_step, "sync_tokens_per_s": trained / s_step,
+           "async_engine_busy": statistics_mean(a.busy, "inference-"), "async_trainer_busy": a.busy.get("trainer", 0.0),
+           "sync_engine_busy": statistics_mean(s.busy, "inference-"), "staleness": a.staleness_mean}
+    if colocated:
+        c = simulate_cluster(run, True)
+        out.update({"colocated_step_s": c.steady_step_s(), "speedup_vs_colocated": c.steady_step_s() / a_step})
+    return out
+
+
+def mean_tokens(run: ClusterRun) -> float:
+    """Tokens of one trajectory on average (prompt and answer): what a step trains, per answer."""
     lengths = run.lengths()
-    per_answer = lengths.groups[0][1] + sum(n for g in lengths.groups for n in g[2]) / sum(len(g[2]) for g in lengths.groups)
-    trained = run.batch_prompts * run.answers * per_answer
-    return {"async_step_s": a.step_s_median, "sync_step_s": s.step_s_median,
-            "speedup": s.step_s_median / a.step_s_median,
-            "async_tokens_per_s": trained / a.step_s_median, "sync_tokens_per_s": trained / s.step_s_median,
-            "async_engine_busy": statistics_mean(a.busy, "inference-"), "async_trainer_busy": a.busy.get("trainer", 0.0),
-            "sync_engine_busy": statistics_mean(s.busy, "inference-"), "staleness": a.staleness_mean}
+    return lengths.groups[0][1] + sum(n for g in lengths.groups for n in g[2]) / sum(len(g[2]) for g in lengths.groups)
 
 
 def statistics_mean(busy: dict[str, float], prefix: str) -> float:
@@ -214,12 +229,10 @@ def statistics_mean(busy: dict[str, float], prefix: str) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def best_split(run: ClusterRun, shares: tuple[float, ...] = (0.5, 0.625, 0.75, 0.875)) -> tuple[float, dict[str, float]]:
-    """The generation share of the GPUs that gives the fastest asynchronous step (the split a user would tune)."""
-    results = [(share, speedup(replace(run, inference_share=share))) for share in shares]
-    return min(results, key=lambda r: r[1]["async_step_s"])
-
-
+def with_train_mfu(eff: Efficiency, mfu: float) -> Efficiency:
+    """`eff` with another training efficiency (what the paper's own eta-0 ablation implies: see
+    benchmarks/bench_paper_scale.py)."""
+    return replace(eff, name=f"{eff.name.split(' (')[0]}, training at {mfu:.0%} MFU", train_mfu=mfu)
 def on_gpu(costs: CostModel, layers: int, eff: Efficiency, train_step_s: float) -> CostModel:
     """A CPU-calibrated cost model of a small model moved to a GPU: its forwards launch-bound.
 

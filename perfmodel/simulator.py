@@ -65,6 +65,7 @@ class SimConfig:
     eval_every: int = 0
     eval_size: int = 0
     autopilot: bool = False  # runtime.autopilot: the controller's concurrency rule, run on the simulated steps
+    cpu_contention: bool = True  # False: the engines and the trainer do not share CPU cores (GPU clusters)
     seed: int = 1
     label: str = ""
 
@@ -81,6 +82,16 @@ class SimResult:
     requests: int
     reprefill_tokens: int
     notes: list[str] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)  # each step's end, seconds from the window's start
+
+    def steady_step_s(self) -> float:
+        """The time between step ends over the second half of the run: the pipeline has filled by then
+        (the first asynchronous steps wait for it), where the median step would not see it."""
+        ends = self.step_ends
+        half = len(ends) // 2
+        if len(ends) - half < 2:
+            return self.step_s_median
+        return (ends[-1] - ends[half - 1 if half else 0]) / (len(ends) - half if half else len(ends) - 1)
 
     def as_dict(self) -> dict[str, Any]:
         return {"steps_window_s": self.steps_window_s, "step_s_median": self.step_s_median,
@@ -168,7 +179,11 @@ class _Server:
             k = max(1, min(self.sim.cfg.decode_chunk, min(r.target - r.made for r in decoding)))
             width = max(r.context for r in decoding) + (k - 1) / 2
             b = len(decoding)
-            per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3) * self.sim.alone_decode
+            context = sum(r.context for r in decoding) + b * (k - 1) / 2
+            # the embedded engine attends over the padded window (rows x width); a paged-attention
+            # engine (cluster.py) reads each row's own context (the sum): each cost model says which
+            per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3,
+                                               context_k=context / 1e3) * self.sim.alone_decode
             ms += k * (per_step + costs.engine_step_overhead_ms)
             for r in decoding:
                 r.made += k
@@ -308,7 +323,10 @@ class Simulation:
 
     def engine_slowdown(self, index: int) -> float:
         """Cores asked for vs cores there (cpu.py), times the interference of a computing trainer."""
-        others = [self._engine_demand() for i, a in enumerate(self.engine_active) if a and i != index]
+        if not self.cfg.cpu_contention:
+            return 1.0 + self.costs.interference * self.training_busy
+        engine = self._engine_demand()
+        others = [engine for i, a in enumerate(self.engine_active) if a and i != index]
         if self.training_busy:
             others.append(self._trainer_demand())
         cpu = slowdown(self._engine_demand(), others + self.background, self.cfg.machine_cores)
@@ -316,6 +334,8 @@ class Simulation:
 
     def training_slowdown(self) -> float:
         busy = sum(self.engine_active) or (1 if any(s.running or s.pending for s in self.servers) else 0)
+        if not self.cfg.cpu_contention:
+            return 1.0 + self.costs.interference * min(busy, 1)
         others = [self._engine_demand()] * busy
         cpu = slowdown(self._trainer_demand(), others + self.background, self.cfg.machine_cores)
         return cpu * (1.0 + self.costs.interference * min(busy, 1))
@@ -539,7 +559,7 @@ class Simulation:
         return SimResult(span, float(np.median(durs)) if durs else 0.0,
                          float(np.mean(self.staleness)) if self.staleness else 0.0,
                          max(self.staleness, default=0), busy, bound, self.tokens / span, self.requests,
-                         self.reprefill_tokens, list(self.notes))
+                         self.reprefill_tokens, list(self.notes), [b - lo for _, b, _ in self.step_spans])
 
 
 def _call(fn: Callable[[_Group], None], group: _Group) -> Callable[[], None]:
