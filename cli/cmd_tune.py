@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         result = search(base, costs, eta, top=args.top, seeds=args.seeds,
                         progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."))
     out: dict[str, Any] = _as_json(spec, result, costs, eta)
+    if spec.inference.kv_on_update == "recompute" and spec.inference.backend == "embedded":
+        out["kv_keep"] = _price_kv_keep(result, costs, args.seeds)
     if args.verify:
         out["verify"] = _verify(args, spec, result, costs, work, say)
     if args.json:
@@ -115,6 +117,18 @@ def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
     return {"workflow": spec.name, "steps": spec.runtime.steps, "calibrated_on": costs.source,
             "max_staleness_searched": eta, "simulations": result.simulated, "given": one(result.given),
             "best": [one(c) for c in result.ranked]}
+
+
+def _price_kv_keep(result: Any, costs: Any, seeds: int) -> dict[str, Any]:
+    """The best configuration with `inference.kv_on_update=keep`, priced but not searched: it changes
+    what the engine computes after a weight update (the prefix's keys and values stay a version old)."""
+    from areal_graph.perfmodel.simulator import simulate
+
+    best = result.ranked[0]
+    cfg = dataclasses.replace(best.cfg, kv_on_update="keep")
+    window = sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s for k in range(seeds)) / seeds
+    return {"overrides": ["inference.kv_on_update=keep", *best.overrides], "steps_window_s": window,
+            "speedup_vs_given": result.given.window_s / window}
 
 
 def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: Path, say: Any) -> list[dict[str, Any]]:
@@ -157,6 +171,11 @@ def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
                   highlight=False, soft_wrap=True)
     for note in best["extrapolates"]:
         console.print(f"[yellow]extrapolates:[/] {note}", highlight=False)
+    keep = out.get("kv_keep")
+    if keep:
+        console.print(f"not searched, as it changes what the engine computes: keeping the KV cache at weight updates "
+                      f"(inference.kv_on_update=keep) with the best settings is predicted at {keep['steps_window_s']:.1f} s "
+                      f"({keep['speedup_vs_given']:.2f}x the workflow as given)", highlight=False, soft_wrap=True)
     for row in out.get("verify", []):
         measured = f"{row['measured_s']:.1f} s" if row["measured_s"] is not None else f"failed (exit {row['exit']})"
         console.print(f"verified {row['label']}: {row['steps']} steps, predicted {row['predicted_s']:.1f} s, measured "

@@ -28,6 +28,7 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     assert cmd_tune.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["max_staleness_searched"] == 4 and len(out["best"]) == 3 and out["simulations"] > 50
+    assert out["kv_keep"]["overrides"][0] == "inference.kv_on_update=keep" and out["kv_keep"]["steps_window_s"] > 0
     windows = [c["steps_window_s"] for c in out["best"]]
     assert windows == sorted(windows) and windows[0] <= out["given"]["steps_window_s"] * 1.02
     for cand in out["best"]:
