@@ -195,8 +195,12 @@ def _requests_between(tl: Any, a: float, b: float) -> int:
 
 def _background_demands(model: CostModel, rate_scale: float = 1.0) -> list[Demand]:
     sides = {"inference": model.inference, "training": model.training, "other": model.other}
-    return [Demand(v["rate_cores"] * rate_scale, frozenset(sides[v["side"]].cores) if sides[v["side"]].cores else None)
-            for v in model.background_cpu.values() if v.get("rate_cores", 0) > 0]
+    out = []
+    for v in model.background_cpu.values():
+        cores = sides[v["side"]].cores
+        if v.get("rate_cores", 0) > 0:
+            out.append(Demand(v["rate_cores"] * rate_scale, frozenset(cores) if cores else None))
+    return out
 
 
 def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:

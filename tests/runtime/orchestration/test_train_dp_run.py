@@ -113,12 +113,16 @@ def test_the_executor_starts_ranks_beside_the_model_worker(tmp_path):
         def start_process(self, name, role, cmd, env=None, threads=None, **_):
             self.started.append((name, role, list(cmd), dict(env or {}), threads))
 
-    plan = build_plan(load_workflow(REPO / "workflows" / "ppo_kl.yaml", ["models.actor.dp_size=3"]))
+    from areal_graph.runtime.orchestration.placement import plan_placement
+
+    spec = load_workflow(REPO / "workflows" / "ppo_kl.yaml", ["models.actor.dp_size=3"])
+    plan = build_plan(spec)
     executor = ProcessExecutor(plan, RunDir(tmp_path / "run", tensorboard=False))
+    executor.placement = plan_placement(spec, plan, small_model=True)  # what start() computes first
     launcher = Recorder()
     base = {"AREAL_RUN_TOKEN": "secret"}
-    assert executor._start_other_ranks(launcher, "model-ref", "model", 2, base) == base
-    rank0 = executor._start_other_ranks(launcher, "model-actor", "model", 2, base)
+    assert executor._start_other_ranks(launcher, "model-ref", "model", base) == base
+    rank0 = executor._start_other_ranks(launcher, "model-actor", "model", base)
     started = launcher.started
     assert [s[0] for s in started] == ["model-actor.rank1", "model-actor.rank2"]
     assert all(s[1] == "model" and s[2][1:3] == ["-m", DP_RANK_MODULE] and s[4] == 1 for s in started)
@@ -126,6 +130,7 @@ def test_the_executor_starts_ranks_beside_the_model_worker(tmp_path):
     assert [e["RANK"] for e in envs] == ["0", "1", "2"] and [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["WORLD_SIZE"], e["AREAL_RUN_TOKEN"]) for e in envs} == {
         ("127.0.0.1", rank0["MASTER_PORT"], "3", "secret")}
+    assert all(s[3]["OMP_NUM_THREADS"] == s[3]["AREAL_TORCH_THREADS"] == "1" for s in started)  # placement's threads
     assert executor._roles == {"model-actor.rank1": "model", "model-actor.rank2": "model"}  # deaths: resumable
 
 
