@@ -27,15 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_graph.cli.cmd_validate import print_problems
+    from areal_graph.cli.cmd_validate import load_or_report
     from areal_graph.graph import render
-    from areal_graph.graph.loader import WorkflowError, load_workflow
 
     console = Console()
-    try:
-        spec = load_workflow(args.workflow, overrides=args.overrides)
-    except WorkflowError as err:
-        print_problems(console, args.workflow, err.problems)
+    spec = load_or_report(args.workflow, args.overrides, console)
+    if spec is None:
         return 1
     try:
         args.outdir.mkdir(parents=True, exist_ok=True)

@@ -49,19 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_graph.graph.loader import WorkflowError, load_workflow
+    from areal_graph.cli.cmd_validate import load_or_report
     from areal_graph.perfmodel.calibration import load_costs
 
     console, err = output_console(), Console(stderr=True)
     if args.seeds < 1:
         err.print(f"[red]--seeds must be >= 1, got {args.seeds}[/]")
         return 2
-    try:
-        spec = load_workflow(args.workflow, overrides=args.overrides)
-    except WorkflowError as exc:
-        from areal_graph.cli.cmd_validate import print_problems
-
-        print_problems(err, args.workflow, exc.problems)
+    spec = load_or_report(args.workflow, args.overrides, err)
+    if spec is None:
         return 1
     try:
         costs = load_costs(args.calibrate)

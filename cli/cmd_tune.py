@@ -60,19 +60,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_graph.graph.loader import WorkflowError, load_workflow
+    from areal_graph.cli.cmd_validate import load_or_report
     from areal_graph.perfmodel.calibration import load_costs
     from areal_graph.perfmodel.tune import search
     from areal_graph.perfmodel.workflow_config import config_from_spec
 
     console, err = output_console(), Console(stderr=True)
     say = err if args.json else console
-    try:
-        spec = load_workflow(args.workflow, overrides=args.overrides)
-    except WorkflowError as exc:
-        from areal_graph.cli.cmd_validate import print_problems
-
-        print_problems(err, args.workflow, exc.problems)
+    spec = load_or_report(args.workflow, args.overrides, err)
+    if spec is None:
         return 1
     eta = spec.runtime.max_staleness if args.max_staleness is None else args.max_staleness
     if eta < 0 or args.top < 1 or args.seeds < 1 or args.calibration_steps < 10:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -45,6 +46,18 @@ def print_problems(console: Console, workflow: Path, problems: list) -> None:
     for problem in problems:
         # markup=False: YAML values like [a, b] in a message must print verbatim.
         console.print("  - " + str(problem), highlight=False, markup=False, soft_wrap=True)
+
+
+def load_or_report(workflow: Path, overrides: list[str], console: Console) -> Any:
+    """The validated workflow, or None after printing every problem (the commands that take a
+    WORKFLOW and KEY=VALUE overrides all answer a bad one the same way: exit 1, no traceback)."""
+    from areal_graph.graph.loader import WorkflowError, load_workflow
+
+    try:
+        return load_workflow(workflow, overrides=overrides)
+    except WorkflowError as err:
+        print_problems(console, workflow, err.problems)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:

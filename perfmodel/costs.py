@@ -32,6 +32,7 @@ import numpy as np
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
+from areal_graph.runtime.observability.trace_model import merge_intervals
 from areal_graph.runtime.observability.trace_stats import training_window
 
 MIN_STEPS = 10  # a calibration run needs at least this many training steps
@@ -250,7 +251,7 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     prefill, px, py, ps = fit(0, model.interference)
     model.decode_ms = _with_measured_error(decode, dx, dy, ds)
     model.prefill_ms = _with_measured_error(prefill, px, py, ps)
-    busy = sum(b - a for p, v in m.busy.items() if p.startswith("inference-") for a, b in _merged(v))
+    busy = sum(b - a for p, v in m.busy.items() if p.startswith("inference-") for a, b in merge_intervals(v))
     engine_spans = sum(s["dur"] / 1e6 for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute")
     decodes = sum(1 for k, *_ in steps if k == 1)
     model.engine_step_overhead_ms = max((engine_spans - busy) / max(decodes, 1) * 1e3, 0.0) if engine_spans else 0.0
@@ -366,7 +367,7 @@ def _fit_controller(run: Any, m: _Material, model: CostModel) -> None:
     model.sync_s = max(median(syncs) - model.swap_s - waited, 0.0)
     model.step_overhead_s = _step_overhead(spans)
     steps = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if s["cat"] == "step")
-    evals = _merged([(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == "eval"])
+    evals = merge_intervals([(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == "eval"])
     gaps = [(b[0] - a[1]) / 1e6 for a, b in zip(steps, steps[1:]) if _overlap(evals, a[1], b[0]) == 0]
     model.step_gap_s = max(median(gaps), 0.0)
 
@@ -408,25 +409,15 @@ def _step_overhead(spans: list[dict[str, Any]]) -> float:
                        and s["name"] != "rollout" and s["dur"] > 0))
     out = []
     for a, b in steps:
-        covered = _overlap(_merged([iv for iv in chain if iv[1] > a and iv[0] < b]), a, b)
+        covered = _overlap(merge_intervals([iv for iv in chain if iv[1] > a and iv[0] < b]), a, b)
         out.append(max((b - a) - covered, 0.0) / 1e6)
     return median(out)
-
-
-def _merged(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def _lengths(run: Any, spec: Any) -> LengthModel:
     """Whole prompt groups: (version, prompt tokens, answer lengths), evaluation requests left out."""
     spans = run.timeline.spans
-    evals = _merged([(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == "eval"])
+    evals = merge_intervals([(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == "eval"])
     groups: dict[str, list[Any]] = {}
     for s in spans:
         if s["name"] != "request" or s["cat"] != "request":

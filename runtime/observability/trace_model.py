@@ -80,7 +80,7 @@ class Timeline:
     @property
     def wall_s(self) -> float:
         """Seconds covered by the trace's files (a gap between parts of a resumed run not counted)."""
-        return sum(b - a for a, b in _merge(self.windows)) / 1e6
+        return sum(b - a for a, b in merge_intervals(self.windows)) / 1e6
 
 
 def load_timeline(run: str | os.PathLike) -> Timeline:
@@ -275,7 +275,8 @@ def _bound_span(thread_spans: list[dict[str, Any]], starts: list[float], ts: flo
     return best["index"] if best is not None else None
 
 
-def _merge(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merge_intervals(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, non-overlapping intervals covering exactly what `windows` cover."""
     out: list[tuple[float, float]] = []
     for a, b in sorted(windows):
         if out and a <= out[-1][1]:

@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable
 
 from areal_graph.runtime.observability.step_split import is_compute, union_seconds
-from areal_graph.runtime.observability.trace_model import Timeline, _merge
+from areal_graph.runtime.observability.trace_model import Timeline, merge_intervals
 
 Interval = tuple[float, float]
 OVERHEAD = "controller overhead"
@@ -54,7 +54,7 @@ def busy_intervals(tl: Timeline) -> dict[str, list[Interval]]:
     for s in tl.spans:
         if is_busy(s) and s["dur"] > 0:
             out.setdefault(s["process"], []).append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
-    return {p: _merge(v) for p, v in out.items()}
+    return {p: merge_intervals(v) for p, v in out.items()}
 
 
 def training_window(tl: Timeline) -> Interval | None:
