@@ -26,7 +26,7 @@ if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
 fi
 # the repository root is the package `areal_graph`
 mkdir -p /tmp/areal-pkg && ln -sfn "$ROOT" /tmp/areal-pkg/areal_graph
-export PYTHONPATH=/tmp/areal-pkg:$PYTHONPATH
+export PYTHONPATH=/tmp/areal-pkg${PYTHONPATH:+:$PYTHONPATH}
 cd "$ROOT"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
