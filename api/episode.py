@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 MAX_INFO_BYTES = 64 * 1024  # Trajectory.info travels with every batch: keep it small
 
@@ -88,3 +88,15 @@ def split_turns(token_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tupl
         else:
             runs.append((role, [int(tok)]))
     return runs
+
+
+def episode_from_tokens(decode: Callable[[list[list[int]]], list[str]], token_ids: Sequence[int],
+                        loss_mask: Sequence[int], completion: str, answer: str, info: dict[str, Any] | None = None,
+                        truncated: bool = False) -> Episode:
+    """The Episode of one trajectory, its turns split where `loss_mask` changes and decoded with
+    `decode` (a batch decode, special tokens skipped). One builder for the reward node and for
+    `areal-graph eval`, so an episode reward sees the same episode in both."""
+    runs = split_turns(token_ids, loss_mask)
+    texts = decode([toks for _, toks in runs])
+    return Episode(completion, answer, tuple(Turn(role, text) for (role, _), text in zip(runs, texts)),
+                   dict(info or {}), bool(truncated))

@@ -18,6 +18,7 @@ BUILTIN_REWARD_FNS: dict[str, str] = {
     "code": "areal_graph.nodes.code_reward:code_reward",  # all-or-nothing over the tests (DeepCoder)
     "code_fraction": "areal_graph.nodes.code_reward:code_reward_fraction",  # fraction of tests passed
     "agent": "areal_graph.nodes.agent_reward:agent_reward",  # the reward the agent gave its episode
+    "reasoning_gym": "areal_graph.nodes.reasoning_gym_reward:reasoning_gym_reward",  # the task's own scorer
 }
 
 

@@ -22,7 +22,10 @@ from areal_graph.api.sampling import SamplingParams
 
 
 class PromptLike(Protocol):
-    """What a rollout class reads from a prompt (`areal_graph.data.datasets.Prompt` has these)."""
+    """What a rollout class reads from a prompt (`areal_graph.data.datasets.Prompt` has these).
+
+    `text` is the prompt as the model sees it (templates applied); a Prompt also has `question`,
+    the question as the data row gives it (what an environment restates), in the run and in eval."""
 
     id: str
     text: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,13 +13,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "eval",
         help="accuracy of a model on a dataset (greedy, and pass@k with sampling)",
         description=(
-            "Generate answers with the embedded engine and score them with the same reward the RL "
-            "run uses (math-verify by default). Reports greedy accuracy and, with -k, pass@k by "
-            "the unbiased estimator from --samples >= k sampled answers per problem."
+            "Generate answers with the embedded engine and score them with a reward (math-verify by "
+            "default). With --workflow, everything the RL run's own evaluation uses comes from the "
+            "workflow: its eval data and prompt settings, its rollout class and arguments (multi-turn "
+            "episodes), its per-turn length limit and its reward node's function, so the two agree. "
+            "An answer is correct when its reward is above 0.5 (the run's eval/accuracy rule). "
+            "Reports greedy accuracy and, with -k, pass@k by the unbiased estimator from "
+            "--samples >= k sampled answers per problem."
         ),
         epilog=(
             "Examples:\n"
             "  areal-graph eval builtin:tiny-arith --data builtin:arith/test\n"
+            "  areal-graph eval runs/my_env-*/final_model --workflow runs/my_env-*/config.yaml\n"
             "  areal-graph eval runs/ppo_async-*/final_model --data builtin:arith/test -k 8 --json out.json\n"
             "  areal-graph eval builtin:tiny-calc --data builtin:calc/test \\\n"
             "      --rollout-class areal_graph.workflows.rollout.calculator_agent:CalculatorAgent"
@@ -26,22 +32,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", metavar="MODEL_DIR", help="HF-format model directory (with tokenizer), or builtin:NAME")
-    p.add_argument("--data", required=True, help="JSONL/JSON/parquet file with question and answer fields, or builtin:NAME")
+    p.add_argument("--workflow", type=Path, default=None, metavar="WORKFLOW.yaml",
+                   help="evaluate as this workflow's run does (a run's RUN/config.yaml works): data.eval and its "
+                        "prompt settings, the rollout node's class, arguments and max_new_tokens, the first reward "
+                        "node's fn; flags given as well override it")
+    p.add_argument("--data", default=None, help="JSONL/JSON/parquet file with question and answer fields, or builtin:NAME "
+                   "(required without --workflow)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
     p.add_argument("-k", type=int, default=0, help="also report pass@k from sampled answers (default: greedy only)")
     p.add_argument("--samples", type=int, default=None, help="sampled answers per problem for pass@k (default k)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="generation length limit (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation length limit (default 64)")
     p.add_argument("--prompt-template", default=None, help="format string with {question} (default: the question)")
-    p.add_argument("--question-key", default="question", help="question field of a row (default question)")
-    p.add_argument("--answer-key", default="answer", help="reference-answer field of a row (default answer); "
+    p.add_argument("--question-key", default=None, help="question field of a row (default question)")
+    p.add_argument("--answer-key", default=None, help="reference-answer field of a row (default answer); "
                    "a dotted path reaches into nested fields (reward_model.ground_truth)")
-    p.add_argument("--layout", choices=("auto", "fields", "verl"), default="auto",
+    p.add_argument("--layout", choices=("auto", "fields", "verl"), default=None,
                    help="verl: question from `prompt` (chat messages), answer from reward_model.ground_truth; "
                         "auto (default): verl for rows without --question-key that have verl's fields")
-    p.add_argument("--source-key", default="data_source",
+    p.add_argument("--source-key", default=None,
                    help="field naming a row's source: accuracy is also shown per source (default data_source)")
-    p.add_argument("--reward", default="math_verify", help="reward fn: math_verify or module:function")
+    p.add_argument("--reward", default=None, help="reward fn: math_verify (default) or module:function")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--rollout-class", default=None, metavar="MODULE:CLASS",
                    help="generate each answer as an episode of this rollout class, as RL does (multi-turn "
@@ -49,6 +60,56 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="also write the full result (per problem) here")
     p.add_argument("--show", type=int, default=3, help="print this many greedy answers (default 3)")
     p.set_defaults(func=run)
+
+
+PLAIN_DEFAULTS = {"max_new_tokens": 64, "question_key": "question", "answer_key": "answer", "layout": "auto",
+                  "source_key": "data_source", "reward": "math_verify"}
+
+
+def workflow_settings(spec: Any) -> dict[str, Any]:
+    """What the workflow's own evaluation uses, as this command's settings: its eval data and
+    prompt settings, its rollout node's class, arguments and per-turn length limit, and the
+    reward fn its eval/accuracy is read from (the first `reward` node, as the controller does)."""
+    rollout = next((n for n in spec.nodes.values() if n.kind == "rollout"), None)
+    reward = next((n for n in spec.nodes.values() if n.kind == "reward"), None)
+    if reward is None:
+        raise ValueError(f"{spec.source}: no `reward` node: eval scores answers with a reward node's fn "
+                         "(a reward model or a judge is not run here)")
+    d = spec.data
+    out: dict[str, Any] = {"data": d.eval, "limit": d.eval_size, "prompt_template": d.prompt_template,
+                           "question_key": d.question_key, "answer_key": d.answer_key, "layout": d.layout,
+                           "source_key": d.source_key, "reward": reward.params.fn,
+                           "reward_timeout_s": reward.params.timeout_s}
+    if rollout is not None:
+        out.update(rollout_class=rollout.params.rollout_class, rollout_args=dict(rollout.params.rollout_args),
+                   max_new_tokens=rollout.params.sampling.max_new_tokens)
+    return out
+
+
+def settings(args: argparse.Namespace, err: Any) -> dict[str, Any] | None:
+    """The flags merged over the workflow's settings (a flag given wins) over the plain defaults;
+    None after saying what is wrong."""
+    from areal_graph.cli.cmd_validate import load_or_report
+
+    merged: dict[str, Any] = dict(PLAIN_DEFAULTS, reward_timeout_s=5.0, rollout_args={}, prompt_template=None,
+                                  rollout_class=None, data=None, limit=None)
+    if args.workflow is not None:
+        spec = load_or_report(args.workflow, [], err)
+        if spec is None:
+            return None
+        try:
+            merged.update(workflow_settings(spec))
+        except ValueError as exc:
+            err.print(f"[red]--workflow {exc}[/]")
+            return None
+    for key in ("data", "limit", "max_new_tokens", "prompt_template", "question_key", "answer_key", "layout",
+                "source_key", "reward", "rollout_class"):
+        if getattr(args, key) is not None:
+            merged[key] = getattr(args, key)
+    if merged.get("data") is None:
+        err.print("[red]give --data FILE (or --workflow WORKFLOW.yaml with a data.eval)[/]")
+        return None
+    return merged
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,10 +139,13 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         err.print(f"[red]--limit must be >= 1, got {args.limit}[/]")
         return 2
+    conf = settings(args, err)
+    if conf is None:
+        return 2
     try:
         with kit_progress(err) as progress:  # a builtin kit's first build takes minutes
             model = resolve_model_path(args.model, progress)
-            data = resolve_dataset_path(args.data, progress)
+            data = resolve_dataset_path(conf["data"], progress)
     except ValueError as exc:
         err.print(f"[red]{exc}[/]")
         return 2
@@ -89,33 +153,36 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]MODEL_DIR {args.model!r}: no config.json in {model} (expected a save_pretrained directory)[/]")
         return 1
     rollout = None
-    if args.rollout_class:
+    if conf.get("rollout_class"):
         from areal_graph.engines.inference.rollout_eval import make_rollout
 
         try:
-            rollout = make_rollout(args.rollout_class, str(model))
+            rollout = make_rollout(conf["rollout_class"], str(model), **conf["rollout_args"])
         except (ValueError, TypeError) as exc:  # ImportPathError is a ValueError
-            err.print(f"[red]--rollout-class: {exc}[/]")
+            err.print(f"[red]{'--rollout-class' if args.rollout_class else 'the rollout node of --workflow'}: {exc}[/]")
             return 2
     try:
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("generating", total=None)
             result = evaluate_model(
-                model, data, limit=args.limit, k=args.k, n_samples=args.samples, temperature=args.temperature,
-                max_new_tokens=args.max_new_tokens, prompt_template=args.prompt_template,
-                question_key=args.question_key, answer_key=args.answer_key, layout=args.layout,
-                source_key=args.source_key, reward_fn=args.reward, seed=args.seed,
-                on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+                model, data, limit=conf["limit"], k=args.k, n_samples=args.samples, temperature=args.temperature,
+                max_new_tokens=conf["max_new_tokens"], prompt_template=conf["prompt_template"],
+                question_key=conf["question_key"], answer_key=conf["answer_key"], layout=conf["layout"],
+                source_key=conf["source_key"], reward_fn=conf["reward"], reward_timeout_s=conf["reward_timeout_s"],
+                seed=args.seed, on_progress=lambda done, total: progress.update(task, completed=done, total=total),
                 rollout=rollout,
             )
     except (DatasetError, ValueError) as exc:
         err.print(f"[red]{exc}[/]")
         return 1
-    table = Table(title=f"{args.model} on {args.data}", title_justify="left")
+    table = Table(title=f"{args.model} on {conf['data']}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("problems", str(result["prompts"]))
-    table.add_row("greedy accuracy", f"{result['greedy_accuracy']:.1%}")
+    table.add_row("greedy accuracy (reward > 0.5)", f"{result['greedy_accuracy']:.1%}")
+    table.add_row("mean greedy reward", f"{result['greedy_reward_mean']:.3f}")
+    for key, value in result.get("env", {}).items():
+        table.add_row(escape(f"env: {key} (mean)"), f"{value:.3f}")
     if "greedy_tool_call_rate" in result:
         table.add_row("greedy answers calling a tool", f"{result['greedy_tool_call_rate']:.1%}")
     if args.k:
@@ -130,9 +197,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("time", f"{result['seconds']:.1f} s ({result['generated_tokens'] / max(result['generation_seconds'], 1e-9):.0f} tok/s)")
     console.print(table)
     for p in result["per_prompt"][: args.show]:
-        mark = "[green]✓[/]" if p["greedy_correct"] else "[red]✗[/]"
-        console.print(f"{mark} [dim]{escape(str(p['id']))} (answer {escape(str(p['answer']))}):[/] "
-                      + escape(p["greedy"].replace("\n", " | ")), highlight=False)  # model text is not markup
+        show_answer(console, p)
     if args.json_out:
         try:
             args.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -142,3 +207,16 @@ def run(args: argparse.Namespace) -> int:
             return 1
         err.print(f"wrote {args.json_out}")
     return 0
+
+
+def show_answer(console: Any, p: dict[str, Any]) -> None:
+    """One greedy answer: a mark, its id and reference, then each turn after the prompt on its own
+    line, labelled (the policy's and the environment's), so a multi-turn episode reads as one."""
+    from rich.markup import escape
+
+    mark = "[green]✓[/]" if p["greedy_correct"] else "[red]✗[/]"
+    console.print(f"{mark} [dim]{escape(str(p['id']))} (answer {escape(str(p['answer']))}, "
+                  f"reward {p['greedy_reward']:g}):[/]", highlight=False)
+    for role, text in p.get("greedy_turns") or [["assistant", p["greedy"]]]:
+        label = "model" if role == "assistant" else "env"
+        console.print(f"    [bold]{label}:[/] " + escape(text.strip().replace("\n", " | ")), highlight=False)

@@ -43,6 +43,11 @@ def preflight_problems(spec: Any) -> list[str]:
         if model.backend == "megatron" and importlib.util.find_spec("megatron") is None:
             problems.append(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
                             "installed here (pip install 'areal-graph[megatron]')")
+    if (any(n.kind == "reward" and getattr(n.params, "fn", None) == "reasoning_gym" for n in spec.nodes.values())
+            and importlib.util.find_spec("reasoning_gym") is None):
+        from areal_graph.data.reasoning_gym import PIP
+
+        problems.append(f"fn: reasoning_gym needs the reasoning-gym package, which is not installed here ({PIP})")
     problems += placement_problems(spec)
     missing = missing_packages(spec.runtime.loggers)
     if missing:
@@ -51,13 +56,20 @@ def preflight_problems(spec: Any) -> list[str]:
 
 
 def local_path_problems(spec: Any) -> list[str]:
-    """Model and dataset paths that name nothing on this machine. A model path of the form
+    """Model and dataset paths that name nothing on this machine (a `reasoning_gym:` dataset: one
+    reasoning-gym does not have, or reasoning-gym not installed). A model path of the form
     `org/name` that is not a folder here is taken for a Hugging Face hub id (from the local
     cache: nothing is downloaded) and left to the loader."""
+    from areal_graph.data import reasoning_gym
     from areal_graph.modelkit.builtin import PREFIX, path_fields
 
     problems = []
     for field, path, what in path_fields(spec):
+        if what == "dataset" and reasoning_gym.is_spec(path):
+            problem = reasoning_gym.check_spec(path)  # the dataset is known, its options build its config
+            if problem:
+                problems.append(f"{field}: {problem}")
+            continue
         if path.startswith(PREFIX) or Path(path).expanduser().exists():
             continue
         hub_id = what == "model" and not path.startswith((".", "/", "~")) and path.count("/") == 1

@@ -38,14 +38,20 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One usable row: what the rollout sends (`input_ids`) and what the reward checks (`answer`)."""
+    """One usable row: what the rollout sends (`input_ids`) and what the reward checks (`answer`).
+
+    `text` is what the model is prompted with (the template and chat template applied);
+    `question` is the question as the row gives it (the last user message of a conversation),
+    what an environment restates when it asks again (no template); `messages` is the row's own
+    conversation when its question is one (None for a text question)."""
 
     id: str
     text: str
     input_ids: list[int]
     answer: str
     source: str = ""  # the row's data source (verl's `data_source`), for per-source metrics
-    messages: tuple[dict[str, str], ...] | None = None  # a chat-message question, as given
+    messages: tuple[dict[str, str], ...] | None = None
+    question: str = ""
 
 
 def format_prompt(tokenizer: Any, question: str | list[dict[str, str]], prompt_template: str | None = None) -> str:
@@ -182,9 +188,10 @@ def _row_prompt(row: Any, line: int, report: LoadReport, tokenizer: Any, prompt_
         return None
     source = field_value(row, source_key)
     row_id = row.get("id", field_value(row, "extra_info.index"))
+    plain = question if messages is None else next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     return Prompt(str(row_id) if row_id not in (None, _MISSING) else f"{stem}:{line}", text, ids, answer,
                   source=str(source) if source not in (None, _MISSING) else "",
-                  messages=tuple(messages) if messages is not None else None)
+                  messages=tuple(messages) if messages is not None else None, question=plain)
 
 
 def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Prompt], list[Prompt]]:

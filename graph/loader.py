@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from areal_graph.api.imports import add_import_roots, import_root_of
 from areal_graph.graph import spec as S
 from areal_graph.graph.node_kinds import BUILTIN_KINDS
 from areal_graph.graph.registry import UnknownKind, resolve_kind
@@ -54,6 +55,8 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
         # it names files and folders (the run directory, `graph` outputs): no path of its own
         v.report(("name",), f"must be letters, digits, '_', '.' and '-' (a file name), got {name!r}")
 
+    python_path = _python_path(raw.get("python_path"), v)
+
     def section(key: str, cls: type) -> Any:
         value = raw.get(key)
         if value is None:
@@ -75,7 +78,7 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
     draft = S.WorkflowSpec(name=name if isinstance(name, str) else "?", models=models or {},
                            data=data or S.DataSpec(train="?"), inference=inference or S.InferenceSpec(),
                            nodes=nodes, runtime=runtime or S.RuntimeSpec(), resources=resources or S.ResourcesSpec(),
-                           source=v.file)
+                           source=v.file, python_path=python_path)
     if complete:
         check_graph(draft, models is not None, v)
     check_runtime(draft, runtime is not None, v)
@@ -84,6 +87,28 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
     if v.problems:
         return None
     return draft
+
+
+def _python_path(raw: Any, v: Validator) -> tuple[str, ...]:
+    """The folders user code is imported from (the workflow's own folder first, then `python_path`,
+    relative to the workflow file), put on the import path now, before any import is checked."""
+    here = Path(v.file).parent if Path(v.file).is_file() else Path.cwd()
+    folders: list[Path] = []
+    own = import_root_of(here) if Path(v.file).is_file() else None
+    if own is not None:
+        folders.append(own)
+    if raw is not None:
+        if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
+            v.report(("python_path",), f"expected a list of folders (relative to the workflow file), got {described(raw)}")
+        else:
+            for entry in raw:
+                folder = (here / entry).resolve()
+                if not folder.is_dir():
+                    v.report(("python_path",), f"{entry!r} is not a folder ({folder})")
+                elif folder not in folders:
+                    folders.append(folder)
+    add_import_roots(folders)
+    return tuple(str(f) for f in folders)
 
 
 def _models(raw: Any, v: Validator) -> dict[str, S.ModelSpec] | None:

@@ -141,7 +141,8 @@ ROLLOUT = NodeKind(
 # ============================================================================ reward
 @dataclass(frozen=True)
 class RewardParams:
-    fn: str = cfg("math_verify", None, "a builtin reward (math_verify, code, code_fraction, agent) or an import path "
+    fn: str = cfg("math_verify", None, "a builtin reward (math_verify, code, code_fraction, agent, reasoning_gym: the "
+                                       "task's own scorer, for reasoning_gym:<dataset> data) or an import path "
                                        "'package.module:function'")
     timeout_s: float = cfg(5.0, positive, "per-answer verification timeout")
     num_workers: int = cfg(2, positive, "verifier processes")
@@ -154,6 +155,12 @@ def _reward_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
         issues.append(Issue(("fn",), f"must be a builtin reward {sorted(BUILTIN_REWARD_FNS)} or an import path "
                                      f"'package.module:function', got {node.params.fn!r}"
                                      + (f" (did you mean {near[0]!r}?)" if near else "")))
+    if node.params.fn == "reasoning_gym":
+        plain = [f"data.{k} ({v})" for k, v in (("train", spec.data.train), ("eval", spec.data.eval))
+                 if v and not str(v).startswith("reasoning_gym:")]
+        if plain:
+            issues.append(Issue(("fn",), "fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset (the "
+                                         f"row carries the task's entry); {', '.join(plain)} is not one"))
     return issues + _reads_missing(node, ("input_ids", "loss_mask"), "a reward node (it scores the generated text)")
 
 

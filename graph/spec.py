@@ -16,7 +16,7 @@ from areal_graph.api.fields import cfg as _f
 
 
 # Top-level keys of a workflow file; `inference` and `runtime` may be omitted (all defaults).
-SECTIONS: tuple[str, ...] = ("name", "models", "data", "inference", "nodes", "runtime", "resources")
+SECTIONS: tuple[str, ...] = ("name", "models", "data", "inference", "nodes", "runtime", "resources", "python_path")
 REQUIRED_SECTIONS: tuple[str, ...] = ("name", "models", "data", "nodes")
 
 
@@ -214,6 +214,9 @@ class WorkflowSpec:
     runtime: RuntimeSpec
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     source: str = field(default="<memory>")
+    # folders with the workflow's own Python code, absolute: the workflow file's folder (see
+    # api/imports.import_root_of) and its `python_path` entries; on the import path of every process
+    python_path: tuple[str, ...] = ()
 
     def nodes_of_kind(self, kind: str) -> list[NodeSpec]:
         return [n for n in self.nodes.values() if n.kind == kind]

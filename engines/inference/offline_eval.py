@@ -13,8 +13,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
+
+from areal_graph.api.env_metrics import env_metric_means
+from areal_graph.api.episode import Episode, episode_from_tokens, split_turns
+from areal_graph.api.rollout import Trajectory
+from areal_graph.engines.inference.rollout_eval import policy_text
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ def evaluate_model(
     layout: str = "auto",
     source_key: str = "data_source",
     reward_fn: str = "math_verify",
+    reward_timeout_s: float = 5.0,
     seed: int = 0,
     max_running: int = 128,
     on_progress: Callable[[int, int], None] | None = None,
@@ -97,14 +104,23 @@ def evaluate_model(
     t_gen = time.perf_counter()
     with engine:
         if rollout is None:
-            texts, generated, tool_calls = _generate_plain(engine, prompts, requests, on_progress)
+            trajectories = _generate_plain(engine, prompts, requests, on_progress)
         else:
-            texts, generated, tool_calls = _generate_episodes(engine, rollout, prompts, requests, on_progress)
+            from areal_graph.engines.inference.rollout_eval import generate_with_rollout
+
+            trajectories = generate_with_rollout(engine, rollout, prompts, requests, on_progress)
     gen_s = time.perf_counter() - t_gen
-    with RewardPool(fn=reward_fn, num_workers=1) as pool:
-        scores = pool.score(texts, [prompts[i].answer for i, _ in requests])
+    texts = [policy_text(tok, t) for t in trajectories]
+    answers = [prompts[i].answer for i, _ in requests]
+    tool_calls = ([int(t.info["tool_calls"]) for t in trajectories]
+                  if rollout is not None and all("tool_calls" in t.info for t in trajectories) else None)
+    with RewardPool(fn=reward_fn, timeout_s=reward_timeout_s, num_workers=1) as pool:
+        # an episode reward sees the episode the RL run's reward node would build (turns, info)
+        episodes = episodes_of(tok, trajectories, texts, answers) if pool.wants_episode else None
+        scores = pool.score(texts, answers, episodes)
     correct = [s.reward > 0.5 for s in scores]
     per_prompt: list[dict[str, Any]] = [{"id": p.id, "answer": p.answer, "greedy": texts[i], "greedy_correct": correct[i],
+                   "greedy_reward": scores[i].reward, "greedy_turns": turns_of(tok, trajectories[i]),
                    "samples_correct": 0, **({"source": p.source} if p.source else {})} for i, p in enumerate(prompts)]
     for (i, _), ok in zip(requests[len(prompts):], correct[len(prompts):]):
         per_prompt[i]["samples_correct"] += int(ok)
@@ -113,9 +129,10 @@ def evaluate_model(
         "data": str(data),
         "prompts": len(prompts),
         "skipped_rows": report.total_skipped,
-        "greedy_accuracy": sum(correct[: len(prompts)]) / len(prompts),
+        "greedy_accuracy": sum(correct[: len(prompts)]) / len(prompts),  # correct: reward > 0.5, as the run's eval
+        "greedy_reward_mean": sum(r.reward for r in scores[: len(prompts)]) / len(prompts),
         "reward_failures": sum(s.status != "ok" for s in scores),
-        "generated_tokens": generated,
+        "generated_tokens": sum(t.num_generated for t in trajectories),
         "seconds": round(time.perf_counter() - t0, 2),
         "generation_seconds": round(gen_s, 2),
     }
@@ -131,6 +148,9 @@ def evaluate_model(
             f"pass@{k}": sum(pass_at_k(n, p["samples_correct"], k) for p in per_prompt) / len(prompts),
             "sample_accuracy": sum(p["samples_correct"] for p in per_prompt) / (n * len(prompts)),
         })
+    env = env_metric_means([t.info for t in trajectories[: len(prompts)]], prefix="")
+    if env:
+        out["env"] = env  # the rollout's info["metrics"], greedy answers
     if any(p.source for p in prompts):
         out["by_source"] = accuracy_by_source([p.source for p in prompts], correct[: len(prompts)])
     out["per_prompt"] = per_prompt
@@ -138,25 +158,28 @@ def evaluate_model(
 
 
 def _generate_plain(engine: Any, prompts: list, requests: list, on_progress: Callable[[int, int], None] | None
-                    ) -> tuple[list[str], int, None]:
-    """One completion per request: (texts, generated tokens, no tool-call counts)."""
+                    ) -> list[Trajectory]:
+    """One completion per request, as a one-turn trajectory (prompt, then the answer)."""
     futures = [engine.submit(prompts[i].input_ids, p) for i, p in requests]
-    results = []
-    for done, f in enumerate(futures, start=1):
-        results.append(f.result())
+    out = []
+    for done, ((i, _), f) in enumerate(zip(requests, futures), start=1):
+        r = f.result()
+        out.append(Trajectory.from_generation(prompts[i].input_ids, r.output_ids, r.output_logprobs,
+                                              r.output_versions, r.finish_reason, answer=prompts[i].answer))
         if on_progress is not None:
             on_progress(done, len(futures))
-    texts = [engine.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in results]
-    return texts, sum(len(r.output_ids) for r in results), None
+    return out
 
 
-def _generate_episodes(engine: Any, rollout: Any, prompts: list, requests: list,
-                       on_progress: Callable[[int, int], None] | None) -> tuple[list[str], int, list[int] | None]:
-    """One rollout episode per request: (policy texts, generated tokens, tool calls per
-    episode, or None when the rollout does not count them)."""
-    from areal_graph.engines.inference.rollout_eval import generate_with_rollout, policy_text
+def episodes_of(tokenizer: Any, trajectories: list[Trajectory], texts: list[str], answers: list[str]) -> list[Episode]:
+    """Each trajectory's Episode, built as the reward node builds it (api/episode.py)."""
+    decode = partial(tokenizer.batch_decode, skip_special_tokens=True)
+    return [episode_from_tokens(decode, t.input_ids, t.loss_mask, text, answer, t.info, t.no_eos)
+            for t, text, answer in zip(trajectories, texts, answers)]
 
-    trajectories = generate_with_rollout(engine, rollout, prompts, requests, on_progress)
-    texts = [policy_text(engine.tokenizer, t) for t in trajectories]
-    calls = [int(t.info["tool_calls"]) for t in trajectories] if all("tool_calls" in t.info for t in trajectories) else None
-    return texts, sum(t.num_generated for t in trajectories), calls
+
+def turns_of(tokenizer: Any, trajectory: Trajectory) -> list[list[str]]:
+    """[[role, text], ...] after the prompt: what `eval --show` prints turn by turn."""
+    runs = split_turns(trajectory.input_ids, trajectory.loss_mask)
+    texts = tokenizer.batch_decode([toks for _, toks in runs], skip_special_tokens=True)
+    return [[role, text] for (role, _), text in zip(runs, texts) if role != "prompt"]

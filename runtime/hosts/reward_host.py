@@ -2,23 +2,32 @@
 
 Hosted in the reward worker process. A reward function that takes an `episode` parameter
 also gets the trajectory's turns, tool calls and the rollout's `info` (api/episode.py). Scoring runs in a process pool with a per-item
-timeout (`tools/reward_pool.py`): a reward function that raises or hangs scores 0, is
-counted in the node's `failures` stat, and never fails the batch.
+timeout (`tools/reward_pool.py`): an answer whose reward function raises or hangs scores 0 and
+is counted in the node's `failures` stat (the rest of the batch still counts). When every
+answer of a call fails, the call fails (`RewardFailed`): the controller retries the prompt
+group and, as for a rollout that keeps raising, stops the run when groups keep failing, with
+the function's own exception on the console. A reward that is always wrong is a bug to show,
+not a zero to train on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
-from areal_graph.api.episode import Episode, Turn, split_turns
+from areal_graph.api.episode import Episode, episode_from_tokens
 from areal_graph.data.packed import PackedBatch
 from areal_graph.tools.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
+
+
+class RewardFailed(RuntimeError):
+    """Every answer of a reward call failed: the message is the function's own error."""
 
 
 class RewardHost:
@@ -42,14 +51,10 @@ class RewardHost:
         ids, mask, cu = batch["input_ids"].tolist(), batch["loss_mask"].tolist(), batch.cu_seqlens.tolist()
         infos = batch.meta.get("info") or ["{}"] * batch.num_seqs
         truncated = batch["seq_no_eos"].tolist() if "seq_no_eos" in batch else [False] * batch.num_seqs
-        out = []
-        for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
-            runs = split_turns(ids[a:b], mask[a:b])
-            texts = self.tokenizer.batch_decode([toks for _, toks in runs], skip_special_tokens=True)
-            turns = tuple(Turn(role, text) for (role, _), text in zip(runs, texts))
-            out.append(Episode(completions[i], batch.meta["answer"][i], turns, json.loads(infos[i] or "{}"),
-                               bool(truncated[i])))
-        return out
+        decode = partial(self.tokenizer.batch_decode, skip_special_tokens=True)
+        return [episode_from_tokens(decode, ids[a:b], mask[a:b], completions[i], batch.meta["answer"][i],
+                                    json.loads(infos[i] or "{}"), bool(truncated[i]))
+                for i, (a, b) in enumerate(zip(cu[:-1], cu[1:]))]
 
     def score(self, batch: PackedBatch, out_key: str = "rewards") -> tuple[PackedBatch, dict[str, float]]:
         """`out_key` per sequence; stats: how many items failed (scored 0)."""
@@ -57,6 +62,10 @@ class RewardHost:
         episodes = self.episodes(batch, completions) if self.pool.wants_episode else None
         results = self.pool.score(completions, batch.meta["answer"], episodes)
         failed = [r.status != "ok" for r in results]
+        if failed and all(failed):
+            first = next(r for r in results if r.status != "ok")
+            raise RewardFailed(f"reward fn {self.pool.fn!r} failed on all {len(results)} answers "
+                               f"({first.status}): {first.detail}")
         if any(failed):
             log.warning("%d of %d rewards failed (%s); scored 0", sum(failed), len(results),
                         sorted({r.status for r in results if r.status != "ok"}))

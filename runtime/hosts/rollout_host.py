@@ -30,10 +30,11 @@ def load_rollout_class(path: str) -> type[Rollout]:
 
 
 class _PromptView:
-    """The attributes a rollout class reads from a prompt (id, input_ids, answer)."""
+    """What a rollout class reads from a prompt (api/rollout.PromptLike, and `question`), as the
+    controller's prompt batch carries it."""
 
-    def __init__(self, pid: str, input_ids: list[int], answer: str) -> None:
-        self.id, self.input_ids, self.answer, self.text = pid, input_ids, answer, ""
+    def __init__(self, pid: str, input_ids: list[int], answer: str, text: str = "", question: str = "") -> None:
+        self.id, self.input_ids, self.answer, self.text, self.question = pid, input_ids, answer, text, question
 
 
 class RolloutHost:
@@ -69,7 +70,8 @@ class RolloutHost:
         g = group_size or self.group_size
         params = self._sampling(sampling)
         prompts = [
-            _PromptView(batch.meta["prompt_id"][i], batch.sequence(i, "input_ids").tolist(), batch.meta["answer"][i])
+            _PromptView(batch.meta["prompt_id"][i], batch.sequence(i, "input_ids").tolist(), batch.meta["answer"][i],
+                        *(batch.meta[k][i] if k in batch.meta else "" for k in ("text", "question")))
             for i in range(batch.num_seqs)
         ]
         group_ids = batch["group_id"].tolist()

@@ -36,6 +36,7 @@ import torch
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.launchers.interrupt import interrupted
+from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
 from areal_graph.runtime.observability.run_dir import RunDir
@@ -48,6 +49,7 @@ from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
 from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
+from areal_graph.runtime.rpc.worker_client import WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,11 @@ class NodeFailed(RuntimeError):
     raw exception (a user function's ValueError, a worker's remote traceback) may not."""
 
     def __init__(self, node: str, kind: str, cause: BaseException) -> None:
-        super().__init__(f"node {node!r} ({kind}): {type(cause).__name__}: {cause}")
+        if isinstance(cause, WorkerError):  # one line, not a remote traceback per retry and group
+            what = f"{cause.summary} (traceback in logs/{cause.worker}.log)"
+        else:
+            what = f"{type(cause).__name__}: {cause}"
+        super().__init__(f"node {node!r} ({kind}): {what}")
         self.node = node
 
 
@@ -141,6 +147,7 @@ class Controller:
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
         self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
         self._failed_in_a_row = 0  # prompt groups failed since one was last generated or dropped
+        self._said: Counter = Counter()  # how often each failure text was shown (shown twice, then counted)
         self.ledger = SampleLedger(run_dir.path / "ledger.jsonl" if run_dir is not None else None)
         self.flows = GroupFlows.for_plan(plan, enabled=tracer.enabled)  # trace arrows: generation -> train step
 
@@ -242,7 +249,11 @@ class Controller:
         return PackedBatch.from_sequences(
             {"input_ids": [p.input_ids for p in prompts]},
             seqs={"group_id": group_ids},
-            meta={"answer": [p.answer for p in prompts], "prompt_id": [p.id for p in prompts]},
+            meta={"answer": [p.answer for p in prompts], "prompt_id": [p.id for p in prompts],
+                  # what a rollout class may read besides the tokens (PromptLike): the prompt as text,
+                  # and the question as the row gives it (an environment restates it)
+                  "text": [str(getattr(p, "text", "")) for p in prompts],
+                  "question": [str(getattr(p, "question", "")) for p in prompts]},
         )
 
     # ------------------------------------------------------------------ generation side
@@ -280,7 +291,8 @@ class Controller:
                         self._group_failed(gid, prompt, exc)
                         return
                     self.state.groups_retried += 1
-                    log.warning("prompt group %d failed (%s); retrying (attempt %d)", gid, exc, attempt + 2)
+                    self._say_once(logging.WARNING, "prompt group %d failed (%s); retrying (attempt %d)",
+                                   gid, exc, attempt + 2)
             self._failed_in_a_row = 0
             for name, n in outcome.groups_dropped.items():
                 self._dropped_by[name] = self._dropped_by.get(name, 0) + n
@@ -309,12 +321,28 @@ class Controller:
         self.state.groups_failed += 1
         self._settle(gid, prompt, "failed")
         self._settled.set()
-        log.error("prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
-                  gid, prompt.id, GROUP_ATTEMPTS, exc)
+        self._say_once(logging.ERROR, "prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
+                       gid, prompt.id, GROUP_ATTEMPTS, exc)
         self._failed_in_a_row += 1
         if self._failed_in_a_row == FAILED_GROUPS_IN_A_ROW:
             self.on_failure(f"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried {GROUP_ATTEMPTS} "
                             f"times; the last: {exc}")
+
+    def _say_once(self, level: int, fmt: str, gid: int, *args: Any) -> None:
+        """A group's failure on the console the first two times its error is seen, then once more
+        to say the rest are only counted (rollout/groups_failed, unfinished.json) and logged at
+        debug level: with 64 groups in flight, a node that always fails would otherwise print a
+        line per group and attempt before the run stops."""
+        exc = args[-2] if fmt.endswith("(attempt %d)") else args[-1]
+        key = (fmt, str(exc))
+        self._said[key] += 1
+        n = self._said[key]
+        if n <= 2:
+            log.log(level, fmt, gid, *args)
+        elif n == 3:
+            log.log(level, fmt + " (the same failure again: further ones are counted, not shown)", gid, *args)
+        else:
+            log.debug(fmt, gid, *args)
 
     def _record(self, gid: int, prompt: Any, event: str) -> None:
         self.ledger.record(event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step,
@@ -476,6 +504,7 @@ class Controller:
         if "seq_no_eos" in batch:
             out["no_eos/frac"] = float(batch["seq_no_eos"].float().mean())
         out.update(tool_call_stats(batch, "rollout"))
+        out.update(env_metric_means(batch.meta.get("info") or ()))
         return out
 
     async def _sync_weights(self, version: int) -> dict[str, float]:
@@ -496,9 +525,10 @@ class Controller:
         greedy = {"temperature": 0.0, "max_new_tokens": source.params.sampling.max_new_tokens}
         gids = list(range(-len(self.eval_prompts), 0))
         with self.tracer.span("eval", cat="eval", version=self.state.version):
-            batch = (await self._call(self.plan.source, self._prompt_batch(self.eval_prompts, gids),
-                                      extra={"group_size": 1, "sampling": greedy})).batch
-            outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self._call)
+            # a failing node stops the run here with its name (no retries: this is not training data)
+            batch = (await self._generation_call(self.plan.source, self._prompt_batch(self.eval_prompts, gids),
+                                                 extra={"group_size": 1, "sampling": greedy})).batch
+            outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self._generation_call)
         if outcome.batch is None:
             return {}
         out = {f"eval/{k}": float(outcome.batch[k].float().mean()) for n in scorers for k in self.plan.node(n).writes}
@@ -511,6 +541,7 @@ class Controller:
             out.update(means_by_source("eval", "accuracy", (outcome.batch[first].float() > 0.5).float().tolist(),
                                        [self._source_of(g) for g in outcome.batch["group_id"].tolist()]))
         out.update(tool_call_stats(outcome.batch, "eval"))
+        out.update(env_metric_means(outcome.batch.meta.get("info") or (), prefix="eval/env"))
         self.state.history.append({"step": self.state.step, "version": self.state.version, "eval/accuracy": acc})
         log.info("eval at step %d: greedy accuracy %.3f on %d prompts", self.state.step, acc, outcome.batch.num_seqs)
         if self.display is not None:

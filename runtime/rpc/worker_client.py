@@ -46,6 +46,13 @@ class WorkerError(RuntimeError):
         code_txt = f" [{code.name}]" if code is not None else ""
         super().__init__(f"worker {worker!r}, implementation {impl!r}, method {method!r} failed{code_txt}:\n{message}")
 
+    @property
+    def summary(self) -> str:
+        """The remote exception in one line (a traceback's last line), for the console; the whole
+        traceback stays in the worker's own log."""
+        lines = [line.strip() for line in self.remote_message.strip().splitlines() if line.strip()]
+        return lines[-1] if lines else f"{self.method} failed"
+
 
 class WorkerClient:
     def __init__(self, address: str, token: str | None = None, timeout: float | None = 600.0,

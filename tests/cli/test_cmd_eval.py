@@ -35,11 +35,18 @@ def _env(monkeypatch, tmp_path):
 def test_parser_defaults():
     args = parse("m", "--data", "d.jsonl")
     assert (args.model, args.data, args.limit, args.k, args.samples) == ("m", "d.jsonl", None, 0, None)
-    assert (args.temperature, args.max_new_tokens, args.reward, args.seed, args.show) == (1.0, 64, "math_verify", 0, 3)
-    assert (args.question_key, args.answer_key, args.json_out, args.rollout_class) == ("question", "answer", None, None)
+    # None: not given (the workflow's value, else the plain default applies: cmd_eval.settings)
+    assert (args.temperature, args.max_new_tokens, args.reward, args.seed, args.show) == (1.0, None, None, 0, 3)
+    assert (args.question_key, args.answer_key, args.json_out, args.rollout_class) == (None, None, None, None)
     assert args.func is cmd_eval.run
-    with pytest.raises(SystemExit):
-        parse("m")  # --data is required
+    conf = cmd_eval.settings(args, None)
+    assert (conf["max_new_tokens"], conf["reward"], conf["question_key"], conf["answer_key"]) == \
+        (64, "math_verify", "question", "answer")
+
+
+def test_no_data_and_no_workflow_is_a_usage_error(capsys):
+    assert cmd_eval.run(parse("m")) == 2
+    assert "give --data FILE (or --workflow WORKFLOW.yaml with a data.eval)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -95,13 +102,15 @@ def test_small_real_eval_table_answers_and_json_agree(kit, tmp_path, capsys):
     assert result["sample_accuracy"] == pytest.approx(sum(p["samples_correct"] for p in per) / 6)
     text = captured.out
     assert re.search(r"│ problems\s+│\s+2 │", text)
-    assert re.search(rf"│ greedy accuracy\s+│\s+{result['greedy_accuracy']:.1%} │", text)
+    assert re.search(rf"│ greedy accuracy \(reward > 0\.5\)\s+│\s+{result['greedy_accuracy']:.1%} │", text)
     assert re.search(rf"│ pass@2 \(n=3, T=0\.7\)\s+│\s+{result['pass@2']:.1%} │", text)
     assert re.search(rf"│ mean sample accuracy\s+│\s+{result['sample_accuracy']:.1%} │", text)
     shown = [line for line in text.splitlines() if line[:1] in ("✓", "✗")]
     assert len(shown) == 1  # --show 1
     first = per[0]
-    assert shown[0].startswith(("✓" if first["greedy_correct"] else "✗") + f" {first['id']} (answer {first['answer']}):")
+    assert shown[0].startswith(("✓" if first["greedy_correct"] else "✗") + f" {first['id']} (answer {first['answer']}, "
+                                                                          f"reward {first['greedy_reward']:g}):")
+    assert first["greedy_turns"] == [["assistant", first["greedy"]]]  # one turn after the prompt: the answer
 
 
 def test_greedy_only_has_no_pass_at_k_rows(kit, capsys):

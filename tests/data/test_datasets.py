@@ -43,6 +43,18 @@ def test_template_keys_and_gsm8k_answers(tok, tmp_path):
         load_prompts(path, tok, prompt_template="no placeholder")
 
 
+def test_the_question_as_the_row_gives_it_beside_the_templated_prompt(tok, tmp_path):
+    """`Prompt.question` is what an environment restates ("try again: ..."): no template, no chat
+    markup; for a conversation, its last user message."""
+    path = write(tmp_path / "q.jsonl", [
+        json.dumps({"question": "What is 1 + 2?", "answer": "3"}),
+        json.dumps({"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}],
+                    "answer": "4"})])
+    prompts, _ = load_prompts(path, tok, prompt_template="Q: {question}")
+    assert [p.question for p in prompts] == ["What is 1 + 2?", "What is 2 + 2?"]
+    assert "Q: What is 1 + 2?" in prompts[0].text and prompts[0].text.startswith("<|bos|><|im_start|>user")
+
+
 def test_without_chat_template_the_raw_text_is_the_prompt(tok):
     class Plain:
         chat_template = None

@@ -19,3 +19,15 @@ def episode_fingerprint(completion: str, answer: str, episode) -> float:
     roles = "".join(t.role[0] for t in episode.turns)  # e.g. "paea": prompt, assistant, environment, assistant
     return (100 * episode.tool_calls + 10 * episode.assistant_turns + len(roles)
             + 1000 * int(episode.info.get("marker", 0)) + 0.5 * episode.truncated)
+
+
+def always_fails(completion: str, answer: str) -> float:
+    """A reward with a bug: every call raises (the run must stop, naming it)."""
+    raise RuntimeError("the grader's database is down")
+
+
+def fails_on_odd_length(completion: str, answer: str) -> float:
+    """A reward that fails now and then: the failures score 0 and are counted; the rest count."""
+    if len(completion) % 2:
+        raise ValueError("odd")
+    return 1.0
