@@ -214,8 +214,10 @@ def show_answer(console: Any, p: dict[str, Any]) -> None:
     line, labelled (the policy's and the environment's), so a multi-turn episode reads as one."""
     from rich.markup import escape
 
+    from areal_graph.data.reasoning_gym import display_answer
+
     mark = "[green]✓[/]" if p["greedy_correct"] else "[red]✗[/]"
-    console.print(f"{mark} [dim]{escape(str(p['id']))} (answer {escape(str(p['answer']))}, "
+    console.print(f"{mark} [dim]{escape(str(p['id']))} (answer {escape(display_answer(str(p['answer'])))}, "
                   f"reward {p['greedy_reward']:g}):[/]", highlight=False)
     for role, text in p.get("greedy_turns") or [["assistant", p["greedy"]]]:
         label = "model" if role == "assistant" else "env"

@@ -156,3 +156,14 @@ def materialize(spec: str, root: Path) -> Path:
             f.write(json.dumps(row, default=str) + "\n")
     os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
     return path
+
+
+def display_answer(answer: str) -> str:
+    """The reference answer as a person reads it: the task's own answer for a reasoning-gym row,
+    else `answer` unchanged."""
+    if not answer.startswith('{"reasoning_gym"'):
+        return answer
+    try:
+        return str(json.loads(answer)["entry"]["answer"])
+    except (ValueError, KeyError, TypeError):
+        return answer

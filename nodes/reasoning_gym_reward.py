@@ -1,8 +1,12 @@
 """`fn: reasoning_gym`: a reasoning-gym task's own scorer as the reward.
 
 The row's answer (data/reasoning_gym.py) holds the dataset name and the entry; the scorer gets
-the model's final answer: the last `<answer>...</answer>` (reasoning-gym's convention), else
-the last `\\boxed{...}` or "the answer is ..." (the builtin kits' style), else the last line.
+the model's final answer: the last `<answer>...</answer>` (reasoning-gym's convention), else the
+last `\\boxed{...}` (the builtin kits' style), else nothing (None: scored as no answer, as
+reasoning-gym's own pipeline scores an answer without its tag). Not the last line: many tasks'
+default scorer gives partial credit to any text that contains the oracle answer, and on the
+letter-counting task the tiny kit learned within 100 steps to end with a short garbled line
+holding a digit ("The answer is1 + 3}.": 1/6 of the credit every time) instead of answering.
 """
 
 from __future__ import annotations
@@ -21,18 +25,18 @@ def _scorer(name: str) -> Callable[[str | None, dict[str, Any]], float]:
     return get_score_answer_fn(name)
 
 
-def final_answer(completion: str) -> str:
-    """The part of `completion` a reasoning-gym scorer should see."""
+def final_answer(completion: str) -> str | None:
+    """The part of `completion` a reasoning-gym scorer should see (None: the completion states no
+    answer in a form we read)."""
     from reasoning_gym.utils import extract_answer
 
     tagged = extract_answer(completion)
     if tagged is not None:
         return tagged
+    if "\\boxed" not in completion and "\\fbox" not in completion:
+        return None  # extract_final_answer would also read "####" and "the answer is": not here
     found = extract_final_answer(completion)
-    if found is not None:
-        return found.strip()
-    lines = [line.strip() for line in completion.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return found.strip() if found is not None else None
 
 
 def reasoning_gym_reward(completion: str, answer: str) -> float:

@@ -100,8 +100,8 @@ def test_rows_are_generated_once_the_same_and_load_as_prompts(lib, tmp_path):
 
 @pytest.mark.parametrize("name", ["basic_arithmetic", "leg_counting", "word_sorting", "letter_counting"])
 def test_the_reward_is_the_tasks_own_score(lib, tmp_path, name):
-    """The oracle answer in <answer> tags, as \\boxed{}, or on the last line scores what the
-    library's score_answer gives it (1.0); a wrong answer scores what the library gives that."""
+    """The oracle answer in <answer> tags or as \\boxed{} scores what the library's score_answer
+    gives it (1.0); a wrong answer scores what the library gives that; untagged text scores 0."""
     from areal_graph.api.reward_fns import resolve_reward_fn
 
     fn = resolve_reward_fn("reasoning_gym")
@@ -111,12 +111,14 @@ def test_the_reward_is_the_tasks_own_score(lib, tmp_path, name):
         row = json.loads(line)
         entry = json.loads(row["answer"])["entry"]
         oracle = str(entry["answer"])
-        for completion in (f"Thinking.\n<answer>{oracle}</answer>", f"So the answer is \\boxed{{{oracle}}}.",
-                           f"work\n{oracle}"):
+        for completion in (f"Thinking.\n<answer>{oracle}</answer>", f"So the answer is \\boxed{{{oracle}}}."):
             if "\\boxed" in completion and "}" in oracle:
                 continue  # braces inside a box are ambiguous for any extractor
             assert fn(completion, row["answer"]) == pytest.approx(score(oracle, entry)) == pytest.approx(1.0)
         assert fn("<answer>definitely wrong</answer>", row["answer"]) == pytest.approx(score("definitely wrong", entry))
+        # no tag and no box: no answer, whatever the text contains (partial credit for containing
+        # the oracle is what a policy learns to game)
+        assert fn(f"The answer is{oracle} + 3}}.", row["answer"]) == pytest.approx(score(None, entry)) == 0.0
 
 
 def test_the_reward_on_a_row_that_is_not_reasoning_gym_says_so():
