@@ -30,6 +30,7 @@ import aiohttp
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.backends import BACKEND_NAMES, HttpCall, get_backend, sampling_to_json
 from areal_graph.engines.inference.backends.base import adapter_name
+from areal_graph.engines.inference.request_tags import request_tags
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +175,10 @@ class InferenceClient:
             # A server that drops the connection has died: retrying could reach its restarted
             # self before it has the current weights again (samples from stale weights, past
             # the staleness bound). Fail, and the run redoes the call once the server is restored.
+            tags = request_tags(rid)  # group, episode and turn, when a rollout worker sends it
+
             def send() -> Any:  # names the adapter of self.version at the time of sending
-                return self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter()),
+                return self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter(), tags=tags),
                                   retry_connection=False)
 
             try:

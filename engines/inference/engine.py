@@ -196,6 +196,12 @@ class EmbeddedEngine:
         self._busy.enabled = enabled
         self._steps_log.enabled = enabled
 
+    def tag_request(self, rid: str, tags: dict[str, int]) -> None:
+        """Labels for the spans of request `rid`, submitted next (its group, episode and turn:
+        request_tags.py); nothing when the engine is not traced."""
+        if self._trace is not None:
+            self._trace.tag(rid, tags)
+
     # ------------------------------------------------------------------ requests
     def submit(
         self, input_ids: Sequence[int], params: SamplingParams, rid: str | None = None, top_logprobs: int = 0

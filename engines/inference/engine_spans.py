@@ -102,12 +102,16 @@ def step_span_args(rows: Sequence[tuple[float, float, int, int, int, int, int]])
     return t0, rows[-1][1], {"columns": list(STEP_COLUMNS), "steps": data}
 
 
+MAX_PENDING_TAGS = 4096  # labels waiting for their request (a client that tags and never sends)
+
+
 class RequestTimeline:
     """One request's phases so far: the closed ones, and the phase it is in since when."""
 
-    __slots__ = ("submitted", "phase", "since", "since_tokens", "args", "closed", "interruptions")
+    __slots__ = ("submitted", "phase", "since", "since_tokens", "args", "closed", "interruptions", "tags")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, tags: dict[str, int] | None = None) -> None:
+        self.tags = tags or {}  # group, episode, turn (request_tags.py), on every span of the request
         self.submitted = now
         self.phase = "queued"
         self.since = now
@@ -138,10 +142,17 @@ class EngineSpans:
         self.recorder = recorder
         self._pauses: list[tuple[float, float]] = []  # ended engine pauses, oldest first (the last few thousand)
         self._paused_since: float | None = None
+        self._tags: dict[str, dict[str, int]] = {}  # rid -> labels, until the request is submitted
+
+    def tag(self, rid: str, tags: dict[str, int]) -> None:
+        """Labels for the next request `rid` (bounded: a tag whose request never comes is dropped)."""
+        if len(self._tags) >= MAX_PENDING_TAGS:
+            self._tags.pop(next(iter(self._tags)))
+        self._tags[rid] = dict(tags)
 
     # ------------------------------------------------------------------ request hooks
     def submitted(self, req: Any) -> None:
-        req.timeline = RequestTimeline(time.perf_counter())
+        req.timeline = RequestTimeline(time.perf_counter(), self._tags.pop(req.rid, None))
 
     def prefill_started(self, reqs: Sequence[Any], now: float) -> None:
         for r in reqs:
@@ -184,20 +195,21 @@ class EngineSpans:
         tl.close(now, out)
         reason = reason or req.finish_reason or "abort"
         rec = self.recorder
+        tags = tl.tags
         rec.record("request", tl.submitted, now, cat="request", node=REQUEST_TRACK, rid=req.rid,
                    prompt_tokens=len(req.prompt), output_tokens=out, finish_reason=reason,
                    interruptions=tl.interruptions, version_first=req.versions[0] if req.versions else None,
-                   version_last=req.versions[-1] if req.versions else None)
+                   version_last=req.versions[-1] if req.versions else None, **tags)
         rid = req.rid
         pauses = self._pauses_within(tl.submitted, now, now)  # usually none
         for name, start, end, args in tl.closed:
-            rec.record(name, start, end, cat="request", node=REQUEST_TRACK, rid=rid, **(args or {}))
+            rec.record(name, start, end, cat="request", node=REQUEST_TRACK, rid=rid, **(args or {}), **tags)
             for a, b in pauses:
                 a, b = max(a, start), min(b, end)  # the pause as this phase saw it
                 if b > a:
                     rec.record("paused", a, b, cat="request", node=REQUEST_TRACK, rid=rid)
         rec.record("finished", now, now, cat="request", node=REQUEST_TRACK, rid=rid, finish_reason=reason,
-                   prompt_tokens=len(req.prompt), output_tokens=out)
+                   prompt_tokens=len(req.prompt), output_tokens=out, **tags)
 
     # ------------------------------------------------------------------ engine-wide hooks
     def paused(self, now: float) -> None:

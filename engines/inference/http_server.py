@@ -58,6 +58,7 @@ from typing import Any
 from aiohttp import web
 
 from areal_graph.engines.inference.engine_spans import step_span_args
+from areal_graph.engines.inference.request_tags import parse_tags
 from areal_graph.engines.inference.native_requests import (
     ABORT_FIELDS,
     CONTINUE_FIELDS,
@@ -176,6 +177,9 @@ class InferenceHTTPServer:
         body = await self._json(request)
         ids, params, ret_lp, rid = parse_generate_request(body, self.engine.max_context)
         start = parse_logprob_start_len(body, len(ids))
+        tags = parse_tags(body.get("trace"))
+        if tags is not None and hasattr(self.engine, "tag_request"):
+            self.engine.tag_request(rid, tags)  # on the request's trace spans
         if body.get("stream") is True:
             return await self._generate_stream(request, ids, params, ret_lp, rid)
         try:

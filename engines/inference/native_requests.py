@@ -17,7 +17,8 @@ SAMPLING_FIELDS = {
     "ignore_eos", "sampling_seed", "seed", "greedy", "skip_special_tokens", "no_stop_trim",
     "json_schema", "grammar",  # constrained decoding: SGLang's JSON Schema string; our Lark grammar
 }
-GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len"}
+# `trace` (ours): the request's group, episode and turn for its trace spans (request_tags.py)
+GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len", "trace"}
 ABORT_FIELDS = {"rid", "abort_all"}
 UPDATE_FIELDS = {"model_path", "load_format", "weight_version", "abort_all_requests", "flush_cache"}
 PAUSE_FIELDS = {"mode"}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from areal_graph.api.process import run_token
 from areal_graph.data.packed import PackedBatch
 from areal_graph.api.imports import import_object
+from areal_graph.engines.inference.request_tags import enter_group
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.client import InferenceClient, ServerPool
 from areal_graph.api.rollout import Rollout
@@ -76,8 +77,12 @@ class RolloutHost:
         ]
         group_ids = batch["group_id"].tolist()
 
+        async def one(prompt: _PromptView, gid: int) -> list:
+            enter_group(gid)  # its requests carry group, episode and turn in the trace
+            return await self.rollout.run(prompt, self.pool, g, params)
+
         async def _all():
-            groups = await asyncio.gather(*(self.rollout.run(p, self.pool, g, params) for p in prompts))
+            groups = await asyncio.gather(*(one(p, gid) for p, gid in zip(prompts, group_ids)))
             trajs = []
             for gid, (prompt, group) in enumerate(zip(prompts, groups)):
                 for j, t in enumerate(group):

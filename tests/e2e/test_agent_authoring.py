@@ -35,6 +35,19 @@ def test_eval_with_the_runs_workflow_scores_what_the_runs_own_evaluation_scored(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     evals = [m for m in read_metrics(run_dir) if "eval/accuracy" in m]
     assert [m["step"] for m in evals] == [0, 1]
+    # every training request in the trace says which group, episode (answer) and turn it was
+    trace = json.loads((run_dir / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    requests = [e["args"] for e in events if e.get("name") == "request" and e.get("cat") == "request"]
+    assert requests and all({"group", "episode", "turn"} <= set(a) for a in requests)
+    train = [a for a in requests if a["group"] >= 0]
+    assert {a["turn"] for a in train} == {0, 1} and {a["episode"] for a in train} == set(range(8))
+    assert {a["group"] for a in requests if a["group"] < 0} == set(range(-48, 0))  # the evaluations': 1 answer
+    assert {a["episode"] for a in requests if a["group"] < 0} == {0}
+    turns: dict[tuple[int, int], dict[str, int]] = {}  # (each evaluation reuses the group ids -48..-1)
+    for a in train:  # a request resubmitted after an interruption keeps its id and its turn
+        turns.setdefault((a["group"], a["episode"]), {})[a["rid"]] = a["turn"]
+    assert all(sorted(t.values()) in ([0], [0, 1]) for t in turns.values())  # a first turn each, then maybe one more
     for model, logged in (("builtin:tiny-arith", evals[0]), (str(run_dir / "final_model"), evals[1])):
         out = tmp_path / "eval.json"
         got = cli("eval", model, "--workflow", str(run_dir / "config.yaml"), "--json", str(out), "--show", "2",

@@ -104,8 +104,10 @@ class InferenceBackend:
 
     # ------------------------------------------------------------------ wire
     def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None) -> HttpCall:
-        """`adapter`: the served adapter to generate with (backends with `lora_adapters`), else the base."""
+                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
+        """`adapter`: the served adapter to generate with (backends with `lora_adapters`), else the base.
+        `tags`: the request's group, episode and turn (request_tags.py), for a server that records
+        them on its trace spans; others leave them out."""
         raise NotImplementedError
 
     def parse_generate(self, body: Any) -> ParsedGeneration:

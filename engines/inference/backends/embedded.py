@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, NoReturn, Sequence
 
 from areal_graph.api.process import RUN_TOKEN_ENV
+from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import HttpCall, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
 
@@ -71,6 +72,13 @@ class EmbeddedBackend(SGLangBackend):
                 reason = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "bad arguments"
                 return reason.split("error: ", 1)[-1]
         return None
+
+    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
+        call = super().generate_call(input_ids, sampling, rid, adapter)
+        if tags:  # ours only: SGLang refuses fields it does not know
+            call.payload["trace"] = dict(tags)
+        return call
 
     def shared_memory_update_calls(self, path: str, manifest: list[dict], version: int) -> list[HttpCall]:
         return [HttpCall("POST", "/update_weights_from_shared_memory",

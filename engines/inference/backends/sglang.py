@@ -86,7 +86,7 @@ class SGLangBackend(InferenceBackend):
 
     # ------------------------------------------------------------------ wire
     def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None) -> HttpCall:
+                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
         if sampling.grammar is not None and not self.lark_grammars:
             raise ValueError(f"SamplingParams.grammar (a Lark grammar: forced tool calls, JSON answers beside "
                              f"tools) is not built for inference.backend '{self.name}' yet; json_schema is")

@@ -153,7 +153,7 @@ class VLLMBackend(InferenceBackend):
 
     # ------------------------------------------------------------------ wire
     def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None) -> HttpCall:
+                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
         if sampling.is_constrained:
             raise ValueError("constrained decoding (SamplingParams.json_schema / grammar: response_format, forced "
                              "tool calls) is not built for inference.backend 'vllm' yet; use 'embedded' or 'sglang'")
