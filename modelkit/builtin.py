@@ -407,8 +407,12 @@ def resolve_dataset_path(spec: str, progress: Progress | None = None) -> Path:
     kit cache on first use (data/reasoning_gym.py); any other path unchanged."""
     from areal_graph.data import reasoning_gym
 
+    from areal_graph.data import textarena_games
+
     if reasoning_gym.is_spec(spec):  # generated once into the kit cache, then an ordinary file
         return reasoning_gym.materialize(str(spec), cache_root())
+    if textarena_games.is_spec(spec):  # one row per game seed, likewise
+        return textarena_games.materialize(str(spec), cache_root())
     name = str(spec)[len(PREFIX):] if str(spec).startswith(PREFIX) else None
     if name in SHIPPED_DATASETS:
         import areal_graph.data

@@ -1,0 +1,120 @@
+"""TextArena single-player games as prompt data: `textarena:<env>?size=N&seed=S`.
+
+Why a dataset for a game: the engine's unit of work is a prompt group. Each row is one game,
+named by its seed: its question is the game's opening message for that seed (what the model
+is prompted with), its answer the JSON `{"textarena": env, "seed": k}` the rollout class
+(workflows/rollout/textarena_game.py) resets the game with, so a group's answers all play the
+same game and a resumed run plays the same games again. Rows are written once into the kit
+cache, as reasoning_gym: datasets are (data/reasoning_gym.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+SCHEME = "textarena:"
+PIP = "pip install 'textarena==0.7.4'"
+MAX_SIZE = 100_000
+
+
+class TextArenaError(ValueError):
+    """A textarena: spec that cannot be served."""
+
+
+def is_spec(path: Any) -> bool:
+    return str(path).startswith(SCHEME)
+
+
+def library() -> Any:
+    try:
+        import textarena
+    except ImportError:
+        raise TextArenaError(f"textarena: games need the textarena package: {PIP}") from None
+    return textarena
+
+
+def parse_spec(spec: str) -> tuple[str, int, int]:
+    """`textarena:GuessTheNumber-v0?size=500&seed=1` -> (env id, size, seed)."""
+    env, _, query = str(spec)[len(SCHEME):].partition("?")
+    opts: dict[str, str] = {}
+    for part in query.split("&") if query else []:
+        k, sep, v = part.partition("=")
+        if not sep or k not in ("size", "seed"):
+            raise TextArenaError(f"{spec!r}: options are size and seed (e.g. ?size=500&seed=1)")
+        opts[k] = v
+    if not env:
+        raise TextArenaError(f"{spec!r}: give a game, e.g. {SCHEME}GuessTheNumber-v0?size=500&seed=1")
+    try:
+        size, seed = int(opts.get("size", 1000)), int(opts.get("seed", 0))
+    except ValueError:
+        raise TextArenaError(f"{spec!r}: size and seed must be integers") from None
+    if not 1 <= size <= MAX_SIZE:
+        raise TextArenaError(f"{spec!r}: size must be in [1, {MAX_SIZE}]")
+    return env, size, seed
+
+
+def check_env(env: str) -> str | None:
+    """What is wrong with game id `env` (None: a single-player game textarena has)."""
+    try:
+        ta = library()
+    except TextArenaError as err:
+        return str(err)
+    from textarena.envs.registration import ENV_REGISTRY
+
+    names = sorted(n for n in ENV_REGISTRY if not n.endswith(("-raw", "-train")))
+    if env not in ENV_REGISTRY:
+        near = difflib.get_close_matches(env, names, n=3)
+        return (f"textarena has no game {env!r}" + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
+                + "; single-player ones include GuessTheNumber-v0, Hangman-v0, FrozenLake-v0, Wordle-v0")
+    game = ta.make(env + "-raw" if env + "-raw" in ENV_REGISTRY else env)
+    try:
+        game.reset(num_players=1, seed=0)
+    except Exception as err:  # noqa: BLE001 - a multi-player game refuses one player in its own words
+        return f"textarena game {env!r} is not single-player ({type(err).__name__}: {err})"
+    return None
+
+
+def opening(env: str, seed: int) -> str:
+    """The game's opening message for `seed` (the prompt of the row)."""
+    from textarena.envs.registration import ENV_REGISTRY
+
+    ta = library()
+    game = ta.make(env + "-raw" if env + "-raw" in ENV_REGISTRY else env)
+    game.reset(num_players=1, seed=seed)
+    _, observation = game.get_observation()
+    return observation_text(observation, player=0)
+
+
+def observation_text(observation: Any, player: int) -> str:
+    """A raw observation (messages since the last one) as one user turn: the game's messages,
+    not the player's own actions (those are already the policy's tokens)."""
+    if isinstance(observation, str):
+        return observation.strip()
+    return "\n".join(str(msg).strip() for sender, msg, *_ in observation if sender != player).strip()
+
+
+def materialize(spec: str, root: Path) -> Path:
+    env, size, seed = parse_spec(spec)
+    problem = check_env(env)
+    if problem:
+        raise TextArenaError(problem)
+    version = getattr(library(), "__version__", "")
+    key = hashlib.sha256(json.dumps([env, size, seed, version]).encode()).hexdigest()[:12]
+    path = root / "textarena" / f"{env}-{key}.jsonl"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for i in range(size):
+            game_seed = seed * 1_000_003 + i
+            row = {"id": f"{env}-{game_seed}", "question": opening(env, game_seed),
+                   "answer": json.dumps({"textarena": env, "seed": game_seed}), "data_source": f"textarena/{env}"}
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,131 @@
+"""TextArena single-player games (data/textarena_games.py, workflows/rollout/textarena_game.py):
+game seeds as rows, a whole real game played through the rollout class (a scripted binary-search
+player wins GuessTheNumber), and the trained tokens exactly the ones the engine sampled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from areal_graph.api.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.rollout_eval import LocalEngineClient
+from support.ci import missing
+
+ROLLOUT = "areal_graph.workflows.rollout.textarena_game:TextArenaGame"
+
+
+@pytest.fixture(scope="module")
+def ta():
+    try:
+        import textarena
+    except ImportError:
+        missing("textarena", "pip install 'textarena==0.7.4'")
+    return textarena
+
+
+@pytest.fixture(scope="module")
+def kit_dir():
+    from areal_graph.modelkit.builtin import resolve_model_path
+
+    return resolve_model_path("builtin:tiny-arith")
+
+
+def test_specs_and_games_are_checked(ta):
+    from areal_graph.data import textarena_games as tg
+
+    assert tg.parse_spec("textarena:GuessTheNumber-v0?size=5&seed=2") == ("GuessTheNumber-v0", 5, 2)
+    for bad, message in (("textarena:", "give a game"), ("textarena:X?size=0", "size must be in"),
+                         ("textarena:X?colour=red", "options are size and seed")):
+        with pytest.raises(tg.TextArenaError, match=message):
+            tg.parse_spec(bad)
+    assert "did you mean 'GuessTheNumber-v0'" in tg.check_env("GuessTheNumbr-v0")
+    assert tg.check_env("GuessTheNumber-v0") is None
+    assert "not single-player" in tg.check_env("TicTacToe-v0")
+
+
+def test_rows_name_games_by_seed_and_open_with_the_games_own_message(ta, tmp_path):
+    from areal_graph.data import textarena_games as tg
+
+    path = tg.materialize("textarena:GuessTheNumber-v0?size=3&seed=4", tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [json.loads(r["answer"])["seed"] for r in rows] == [4 * 1_000_003 + i for i in range(3)]
+    assert all(r["question"].startswith("You are Player 0. You are playing Guess The Number.") for r in rows)
+    assert tg.materialize("textarena:GuessTheNumber-v0?size=3&seed=4", tmp_path) == path
+
+
+class BinarySearchPlayer(LocalEngineClient):
+    """A scripted policy: reads the game's last hint from the conversation and bisects."""
+
+    def __init__(self, tok) -> None:
+        super().__init__(engine=None)
+        self.tok, self.lo, self.hi, self.sent = tok, 1, 20, []
+
+    async def generate(self, input_ids, params, rid=None) -> GenerationResult:
+        text = self.tok.decode(list(input_ids))
+        hints = re.findall(r"The target number is (higher|lower)", text)
+        if hints and self.sent:
+            last = self.sent[-1][1]
+            self.lo, self.hi = (last + 1, self.hi) if hints[-1] == "higher" else (self.lo, last - 1)
+        guess = (self.lo + self.hi) // 2
+        out = self.tok.encode(f"My guess: [{guess}]", add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        self.sent.append((out, guess))
+        return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
+
+
+def prompt_of(kit_dir, tmp_path, seed: int = 4):
+    from transformers import AutoTokenizer
+
+    from areal_graph.data import textarena_games as tg
+    from areal_graph.data.datasets import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(kit_dir)
+    path = tg.materialize(f"textarena:GuessTheNumber-v0?size=1&seed={seed}", tmp_path)
+    [prompt], _ = load_prompts(path, tok)
+    return tok, prompt
+
+
+def test_a_whole_game_is_one_trajectory_and_the_games_reward_is_the_episodes(ta, kit_dir, tmp_path):
+    from areal_graph.api.episode import split_turns
+    from areal_graph.engines.inference.rollout_eval import make_rollout
+
+    tok, prompt = prompt_of(kit_dir, tmp_path)
+    rollout = make_rollout(ROLLOUT, str(kit_dir))
+    player = BinarySearchPlayer(tok)
+    [traj] = asyncio.run(rollout.run(prompt, player, 1, SamplingParams(max_new_tokens=16)))
+    assert traj.info["reward"] == 1.0 and traj.info["metrics"]["won"] and traj.info["metrics"]["finished"]
+    assert traj.info["metrics"]["turns"] == len(player.sent) <= 5  # bisection finds 1..20 in at most 5
+    runs = split_turns(traj.input_ids, traj.loss_mask)
+    assert [ids for role, ids in runs if role == "assistant"] == [out for out, _ in player.sent]  # the exact tokens
+    env_turns = [tok.decode(ids) for role, ids in runs if role == "environment"]
+    assert len(env_turns) == len(player.sent) - 1
+    assert all(re.search(r"The target number is (higher|lower)\.", t) for t in env_turns)
+    assert all(t.startswith("\n<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n") for t in env_turns)
+
+
+def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(ta, kit_dir, tmp_path):
+    """Whatever the (warm-start, not game-trained) policy writes, including replies the game
+    refuses and replies cut at the length limit, the loss-mask runs are the engine's outputs."""
+    from areal_graph.api.episode import split_turns
+    from areal_graph.engines.inference.engine import EmbeddedEngine
+    from areal_graph.engines.inference.rollout_eval import make_rollout
+
+    tok, prompt = prompt_of(kit_dir, tmp_path, seed=5)
+    outputs: list[list[int]] = []
+
+    class Recording(LocalEngineClient):
+        async def generate(self, input_ids, params, rid=None):
+            result = await super().generate(input_ids, params, rid)
+            outputs.append(list(result.output_ids))
+            return result
+
+    engine = EmbeddedEngine(str(kit_dir), max_context=2048)
+    rollout = make_rollout(ROLLOUT, str(kit_dir))
+    with engine:
+        trajectories = asyncio.run(rollout.run(prompt, Recording(engine), 2, SamplingParams(max_new_tokens=12, seed=3)))
+    sampled = [ids for t in trajectories for role, ids in split_turns(t.input_ids, t.loss_mask) if role == "assistant"]
+    assert sorted(map(tuple, sampled)) == sorted(map(tuple, outputs)) and len(outputs) >= 2
+    for t in trajectories:
+        assert t.info["metrics"]["finished"] and "reward" in t.info

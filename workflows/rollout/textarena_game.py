@@ -1,0 +1,88 @@
+"""TextArenaGame: a single-player TextArena game (GuessTheNumber, Hangman, FrozenLake, ...) as a
+multi-turn episode.
+
+The game's opening message is the prompt (a `textarena:<env>?size=&seed=` row, data/
+textarena_games.py, names the game's seed); each reply of the model is the player's action;
+the game's answer (a hint, the board, "invalid move" as the library words it) becomes the next
+user turn; the game's own reward at the end (TextArena's, invalid moves included as it defines
+them) is the episode's reward, in `info["reward"]` for the reward node's `fn: agent`. What is
+trained are the tokens the policy sampled: the user turns are appended as tokens after them,
+never by re-rendering the conversation. ChatML chat templates (Qwen, the builtin kits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.engines.inference.interruptible import generate_interruptible
+
+END, START = "<|im_end|>", "<|im_start|>"
+
+
+class TextArenaGame(Rollout):
+    def __init__(self, tokenizer_path: str, max_turns: int = 20, max_total_tokens: int = 1024) -> None:
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        if START not in str(getattr(self.tok, "chat_template", "") or ""):
+            raise ValueError("TextArenaGame appends user turns in ChatML (<|im_start|>user ...): this tokenizer's "
+                             "chat template is not ChatML")
+        self.end_id = self.tok.convert_tokens_to_ids(END)
+        self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
+
+    @classmethod
+    def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
+        from areal_graph.data.textarena_games import TextArenaError, library
+
+        try:
+            library()
+        except TextArenaError as err:
+            return str(err)
+        return None
+
+    def _user_turn(self, text: str, closed: bool) -> list[int]:
+        turn = ("" if closed else END) + f"\n{START}user\n{text}{END}\n{START}assistant\n"
+        return self.tok.encode(turn, add_special_tokens=False)
+
+    async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int) -> Trajectory:
+        from textarena.envs.registration import ENV_REGISTRY
+
+        from areal_graph.data.textarena_games import library, observation_text
+
+        game_ref = json.loads(prompt.answer)
+        env_id, seed = game_ref["textarena"], int(game_ref["seed"])
+        ta = library()
+        game = ta.make(env_id + "-raw" if env_id + "-raw" in ENV_REGISTRY else env_id)
+        game.reset(num_players=1, seed=seed)
+        game.get_observation()  # the opening: already the prompt
+        ids = list(prompt.input_ids)
+        traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), answer=prompt.answer, sample_id=j)
+        done, turns = False, 0
+        for turn in range(self.max_turns):
+            gen = await generate_interruptible(client, traj.input_ids, sampling.for_answer(j, turn))
+            traj.append(gen.output_ids, generated=True, logprobs=gen.output_logprobs, versions=gen.output_versions)
+            traj.finish_reason = gen.finish_reason
+            turns += 1
+            action = self.tok.decode(gen.output_ids, skip_special_tokens=True).strip()
+            done, _ = game.step(action)
+            if done or gen.finish_reason == "abort":  # a reply cut at the length limit is still a move
+                break
+            _, observation = game.get_observation()
+            more = self._user_turn(observation_text(observation, player=0),
+                                   closed=bool(gen.output_ids) and gen.output_ids[-1] == self.end_id)
+            if len(traj.input_ids) + len(more) >= self.max_total_tokens:
+                break
+            traj.append(more, generated=False)
+        rewards, game_info = game.close()
+        reward = float((rewards or {}).get(0, 0.0)) if done else 0.0
+        info0 = (game_info or {}).get(0, {})
+        traj.info.update(reward=reward, metrics={"turns": turns, "finished": done, "won": done and reward >= 1.0,
+                                                 "invalid_move": bool(info0.get("invalid_move", False))})
+        return traj
+
+    async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
+        return list(await asyncio.gather(*(self.episode(prompt, client, sampling, j) for j in range(group_size))))
