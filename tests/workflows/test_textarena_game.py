@@ -12,6 +12,7 @@ import pytest
 
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.rollout_eval import LocalEngineClient
+from areal_graph.workflows.rollout.textarena_game import TextArenaGame
 from support.ci import missing
 
 ROLLOUT = "areal_graph.workflows.rollout.textarena_game:TextArenaGame"
@@ -44,6 +45,17 @@ def test_specs_and_games_are_checked(ta):
     assert "did you mean 'GuessTheNumber-v0'" in tg.check_env("GuessTheNumbr-v0")
     assert tg.check_env("GuessTheNumber-v0") is None
     assert "not single-player" in tg.check_env("TicTacToe-v0")
+    assert TextArenaGame.check_args({}) is None  # installed: nothing to say before the run
+
+
+def test_a_tokenizer_without_chatml_is_refused_by_name(tmp_path):
+    from areal_graph.modelkit.tokenizer import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(["guess a number"] * 10, vocab_size=270)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    save_tokenizer(tok, tmp_path / "tok")
+    with pytest.raises(ValueError, match="chat template is not ChatML"):
+        TextArenaGame(str(tmp_path / "tok"))
 
 
 def test_rows_name_games_by_seed_and_open_with_the_games_own_message(ta, tmp_path):
