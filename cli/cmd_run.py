@@ -276,10 +276,10 @@ def _resolve_builtins(spec, console: Console):
     from areal_graph.cli.cmd_init_model import kit_progress
     from areal_graph.modelkit.builtin import PREFIX, resolve_builtin_paths
 
-    from areal_graph.data import reasoning_gym, textarena_games
+    from areal_graph.data.generated import SCHEMES
 
     paths = [m.path for m in spec.models.values()] + [spec.data.train, spec.data.eval or ""]
-    if not any(p.startswith((PREFIX, reasoning_gym.SCHEME, textarena_games.SCHEME)) for p in paths):
+    if not any(p.startswith((PREFIX, *SCHEMES)) for p in paths):
         return spec
     with kit_progress(console) as progress:
         return resolve_builtin_paths(spec, progress)

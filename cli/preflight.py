@@ -56,25 +56,17 @@ def preflight_problems(spec: Any) -> list[str]:
 
 
 def local_path_problems(spec: Any) -> list[str]:
-    """Model and dataset paths that name nothing on this machine (a `reasoning_gym:` dataset: one
-    reasoning-gym does not have, or reasoning-gym not installed). A model path of the form
+    """Model and dataset paths that name nothing on this machine (a generated dataset, data/generated.py:
+    one its library does not have, or the library not installed). A model path of the form
     `org/name` that is not a folder here is taken for a Hugging Face hub id (from the local
     cache: nothing is downloaded) and left to the loader."""
-    from areal_graph.data import reasoning_gym, textarena_games
+    from areal_graph.data import generated
     from areal_graph.modelkit.builtin import PREFIX, path_fields
 
     problems = []
     for field, path, what in path_fields(spec):
-        if what == "dataset" and reasoning_gym.is_spec(path):
-            problem = reasoning_gym.check_spec(path)  # the dataset is known, its options build its config
-            if problem:
-                problems.append(f"{field}: {problem}")
-            continue
-        if what == "dataset" and textarena_games.is_spec(path):
-            try:
-                problem = textarena_games.check_env(textarena_games.parse_spec(path)[0])
-            except textarena_games.TextArenaError as err:
-                problem = str(err)
+        if what == "dataset" and generated.source_of(path) is not None:
+            problem = generated.check(path)  # the task or game is known, its options build it
             if problem:
                 problems.append(f"{field}: {problem}")
             continue

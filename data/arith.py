@@ -19,7 +19,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def teacher_mixture(rows: list[dict[str, str]], hasty_rate: float, seed: int) ->
     return [{**row, "solution": hasty_answer(row) if rng.random() < hasty_rate else row["solution"]} for row in rows]
 
 
-def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     """Write rows as JSON lines (atomically: a temp file renamed into place)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,11 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
+
+from areal_graph.data.arith import write_jsonl
 
 SCHEME = "reasoning_gym:"
 PIP = "pip install 'reasoning-gym>=0.1.25,<0.2'"
@@ -146,16 +147,11 @@ def materialize(spec: str, root: Path) -> Path:
     if path.is_file():
         return path
     dataset = lib.create_dataset(name, **kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for i in range(len(dataset)):
-            entry = dataset[i]
-            row = {"id": f"{name}-{kwargs['seed']}-{i}", "question": entry["question"],
-                   "answer": answer_payload(name, entry), "data_source": f"reasoning_gym/{name}"}
-            f.write(json.dumps(row, default=str) + "\n")
-    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-    return path
+    entries = (dataset[i] for i in range(len(dataset)))
+    rows = ({"id": f"{name}-{kwargs['seed']}-{i}", "question": entry["question"],
+             "answer": answer_payload(name, entry), "data_source": f"reasoning_gym/{name}"}
+            for i, entry in enumerate(entries))
+    return write_jsonl(rows, path)  # atomic: a concurrent reader never sees half a file
 
 
 def display_answer(answer: str) -> str:

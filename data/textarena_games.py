@@ -13,9 +13,10 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from areal_graph.data.arith import write_jsonl
 
 SCHEME = "textarena:"
 PIP = "pip install 'textarena==0.7.4'"
@@ -24,10 +25,6 @@ MAX_SIZE = 100_000
 
 class TextArenaError(ValueError):
     """A textarena: spec that cannot be served."""
-
-
-def is_spec(path: Any) -> bool:
-    return str(path).startswith(SCHEME)
 
 
 def library() -> Any:
@@ -58,10 +55,18 @@ def parse_spec(spec: str) -> tuple[str, int, int]:
     return env, size, seed
 
 
+def make_game(env: str) -> Any:
+    """A fresh game `env` without TextArena's observation wrappers: each observation is then the
+    messages since the last one, which is what a conversation appends."""
+    from textarena.envs.registration import ENV_REGISTRY
+
+    return library().make(env + "-raw" if env + "-raw" in ENV_REGISTRY else env)
+
+
 def check_env(env: str) -> str | None:
     """What is wrong with game id `env` (None: a single-player game textarena has)."""
     try:
-        ta = library()
+        library()
     except TextArenaError as err:
         return str(err)
     from textarena.envs.registration import ENV_REGISTRY
@@ -71,20 +76,24 @@ def check_env(env: str) -> str | None:
         near = difflib.get_close_matches(env, names, n=3)
         return (f"textarena has no game {env!r}" + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
                 + "; single-player ones include GuessTheNumber-v0, Hangman-v0, FrozenLake-v0, Wordle-v0")
-    game = ta.make(env + "-raw" if env + "-raw" in ENV_REGISTRY else env)
     try:
-        game.reset(num_players=1, seed=0)
+        make_game(env).reset(num_players=1, seed=0)
     except Exception as err:  # noqa: BLE001 - a multi-player game refuses one player in its own words
         return f"textarena game {env!r} is not single-player ({type(err).__name__}: {err})"
     return None
 
 
+def check_spec(spec: str) -> str | None:
+    """What is wrong with `spec` (None: its game can be played here)."""
+    try:
+        return check_env(parse_spec(spec)[0])
+    except TextArenaError as err:
+        return str(err)
+
+
 def opening(env: str, seed: int) -> str:
     """The game's opening message for `seed` (the prompt of the row)."""
-    from textarena.envs.registration import ENV_REGISTRY
-
-    ta = library()
-    game = ta.make(env + "-raw" if env + "-raw" in ENV_REGISTRY else env)
+    game = make_game(env)
     game.reset(num_players=1, seed=seed)
     _, observation = game.get_observation()
     return observation_text(observation, player=0)
@@ -108,13 +117,7 @@ def materialize(spec: str, root: Path) -> Path:
     path = root / "textarena" / f"{env}-{key}.jsonl"
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for i in range(size):
-            game_seed = seed * 1_000_003 + i
-            row = {"id": f"{env}-{game_seed}", "question": opening(env, game_seed),
-                   "answer": json.dumps({"textarena": env, "seed": game_seed}), "data_source": f"textarena/{env}"}
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-    return path
+    rows = ({"id": f"{env}-{seed * 1_000_003 + i}", "question": opening(env, seed * 1_000_003 + i),
+             "answer": json.dumps({"textarena": env, "seed": seed * 1_000_003 + i}), "data_source": f"textarena/{env}"}
+            for i in range(size))
+    return write_jsonl(rows, path)

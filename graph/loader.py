@@ -92,11 +92,10 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
 def _python_path(raw: Any, v: Validator) -> tuple[str, ...]:
     """The folders user code is imported from (the workflow's own folder first, then `python_path`,
     relative to the workflow file), put on the import path now, before any import is checked."""
-    here = Path(v.file).parent if Path(v.file).is_file() else Path.cwd()
-    folders: list[Path] = []
-    own = import_root_of(here) if Path(v.file).is_file() else None
-    if own is not None:
-        folders.append(own)
+    from_file = Path(v.file).is_file()  # else YAML text given directly (tests): no folder of its own
+    here = Path(v.file).parent if from_file else Path.cwd()
+    own = import_root_of(here) if from_file else None
+    folders: list[Path] = [own] if own is not None else []
     if raw is not None:
         if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
             v.report(("python_path",), f"expected a list of folders (relative to the workflow file), got {described(raw)}")

@@ -403,16 +403,12 @@ SHIPPED_DATASETS: dict[str, str] = {
 
 def resolve_dataset_path(spec: str, progress: Progress | None = None) -> Path:
     """`builtin:arith/train` -> the kit's JSONL file (built on first use); `builtin:code-demo` ->
-    the file shipped in the package; `reasoning_gym:<dataset>?...` -> its rows, generated into the
-    kit cache on first use (data/reasoning_gym.py); any other path unchanged."""
-    from areal_graph.data import reasoning_gym
+    the file shipped in the package; `reasoning_gym:<task>?...`, `textarena:<game>?...` -> their rows,
+    generated into the kit cache on first use (data/generated.py); any other path unchanged."""
+    from areal_graph.data import generated
 
-    from areal_graph.data import textarena_games
-
-    if reasoning_gym.is_spec(spec):  # generated once into the kit cache, then an ordinary file
-        return reasoning_gym.materialize(str(spec), cache_root())
-    if textarena_games.is_spec(spec):  # one row per game seed, likewise
-        return textarena_games.materialize(str(spec), cache_root())
+    if generated.source_of(spec) is not None:  # generated once into the kit cache, then an ordinary file
+        return generated.materialize(str(spec), cache_root())
     name = str(spec)[len(PREFIX):] if str(spec).startswith(PREFIX) else None
     if name in SHIPPED_DATASETS:
         import areal_graph.data

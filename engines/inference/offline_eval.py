@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from areal_graph.api.env_metrics import env_metric_means
-from areal_graph.api.episode import Episode, episode_from_tokens, split_turns
+from areal_graph.api.episode import Episode, episode_from_tokens
 from areal_graph.api.rollout import Trajectory
 from areal_graph.engines.inference.rollout_eval import policy_text
 
@@ -114,13 +114,14 @@ def evaluate_model(
     answers = [prompts[i].answer for i, _ in requests]
     tool_calls = ([int(t.info["tool_calls"]) for t in trajectories]
                   if rollout is not None and all("tool_calls" in t.info for t in trajectories) else None)
+    # each answer as the RL run's reward node sees it (turns, info): for an episode reward, and for --show
+    episodes = episodes_of(tok, trajectories, texts, answers)
     with RewardPool(fn=reward_fn, timeout_s=reward_timeout_s, num_workers=1) as pool:
-        # an episode reward sees the episode the RL run's reward node would build (turns, info)
-        episodes = episodes_of(tok, trajectories, texts, answers) if pool.wants_episode else None
-        scores = pool.score(texts, answers, episodes)
+        scores = pool.score(texts, answers, episodes if pool.wants_episode else None)
     correct = [s.reward > 0.5 for s in scores]
     per_prompt: list[dict[str, Any]] = [{"id": p.id, "answer": p.answer, "greedy": texts[i], "greedy_correct": correct[i],
-                   "greedy_reward": scores[i].reward, "greedy_turns": turns_of(tok, trajectories[i]),
+                   "greedy_reward": scores[i].reward,
+                   "greedy_turns": [[t.role, t.text] for t in episodes[i].turns if t.role != "prompt"],
                    "samples_correct": 0, **({"source": p.source} if p.source else {})} for i, p in enumerate(prompts)]
     for (i, _), ok in zip(requests[len(prompts):], correct[len(prompts):]):
         per_prompt[i]["samples_correct"] += int(ok)
@@ -176,10 +177,3 @@ def episodes_of(tokenizer: Any, trajectories: list[Trajectory], texts: list[str]
     decode = partial(tokenizer.batch_decode, skip_special_tokens=True)
     return [episode_from_tokens(decode, t.input_ids, t.loss_mask, text, answer, t.info, t.no_eos)
             for t, text, answer in zip(trajectories, texts, answers)]
-
-
-def turns_of(tokenizer: Any, trajectory: Trajectory) -> list[list[str]]:
-    """[[role, text], ...] after the prompt: what `eval --show` prints turn by turn."""
-    runs = split_turns(trajectory.input_ids, trajectory.loss_mask)
-    texts = tokenizer.batch_decode([toks for _, toks in runs], skip_special_tokens=True)
-    return [[role, text] for (role, _), text in zip(runs, texts) if role != "prompt"]

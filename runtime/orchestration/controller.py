@@ -291,7 +291,7 @@ class Controller:
                         self._group_failed(gid, prompt, exc)
                         return
                     self.state.groups_retried += 1
-                    self._say_once(logging.WARNING, "prompt group %d failed (%s); retrying (attempt %d)",
+                    self._say_once(logging.WARNING, exc, "prompt group %d failed (%s); retrying (attempt %d)",
                                    gid, exc, attempt + 2)
             self._failed_in_a_row = 0
             for name, n in outcome.groups_dropped.items():
@@ -321,28 +321,27 @@ class Controller:
         self.state.groups_failed += 1
         self._settle(gid, prompt, "failed")
         self._settled.set()
-        self._say_once(logging.ERROR, "prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
+        self._say_once(logging.ERROR, exc, "prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
                        gid, prompt.id, GROUP_ATTEMPTS, exc)
         self._failed_in_a_row += 1
         if self._failed_in_a_row == FAILED_GROUPS_IN_A_ROW:
             self.on_failure(f"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried {GROUP_ATTEMPTS} "
                             f"times; the last: {exc}")
 
-    def _say_once(self, level: int, fmt: str, gid: int, *args: Any) -> None:
-        """A group's failure on the console the first two times its error is seen, then once more
-        to say the rest are only counted (rollout/groups_failed, unfinished.json) and logged at
-        debug level: with 64 groups in flight, a node that always fails would otherwise print a
-        line per group and attempt before the run stops."""
-        exc = args[-2] if fmt.endswith("(attempt %d)") else args[-1]
+    def _say_once(self, level: int, exc: Exception, fmt: str, *args: Any) -> None:
+        """A group's failure (`exc`) on the console the first two times this message meets this
+        error, then once more to say the rest are only counted (rollout/groups_failed,
+        unfinished.json) and logged at debug level: with 64 groups in flight, a node that always
+        fails would otherwise print a line per group and attempt before the run stops."""
         key = (fmt, str(exc))
         self._said[key] += 1
         n = self._said[key]
         if n <= 2:
-            log.log(level, fmt, gid, *args)
+            log.log(level, fmt, *args)
         elif n == 3:
-            log.log(level, fmt + " (the same failure again: further ones are counted, not shown)", gid, *args)
+            log.log(level, fmt + " (the same failure again: further ones are counted, not shown)", *args)
         else:
-            log.debug(fmt, gid, *args)
+            log.debug(fmt, *args)
 
     def _record(self, gid: int, prompt: Any, event: str) -> None:
         self.ledger.record(event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step,

@@ -10,16 +10,12 @@ import pytest
 
 from areal_graph.data import reasoning_gym as rg
 from areal_graph.data.datasets import load_prompts
-from support.ci import missing
+from support.ci import optional
 
 
 @pytest.fixture(scope="module")
 def lib():
-    try:
-        import reasoning_gym
-    except ImportError:
-        missing("reasoning-gym", "pip install 'reasoning-gym>=0.1.25,<0.2' (in the dev extra)")
-    return reasoning_gym
+    return optional("reasoning_gym", "pip install 'reasoning-gym>=0.1.25,<0.2' (in the dev extra)")
 
 
 @pytest.mark.parametrize("spec,parsed", [

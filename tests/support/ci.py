@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
 import pytest
 
@@ -14,3 +16,11 @@ def missing(what: str, how: str) -> None:
     if os.environ.get("AREAL_GRAPH_CI"):
         pytest.fail(f"{what} is missing in CI ({how})")
     pytest.skip(f"{what} is missing ({how})")
+
+
+def optional(module: str, how: str) -> Any:
+    """`module` imported, or the test skipped here and failed in CI (see `missing`)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        missing(module, how)

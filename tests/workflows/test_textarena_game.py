@@ -13,18 +13,14 @@ import pytest
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.rollout_eval import LocalEngineClient
 from areal_graph.workflows.rollout.textarena_game import TextArenaGame
-from support.ci import missing
+from support.ci import optional
 
 ROLLOUT = "areal_graph.workflows.rollout.textarena_game:TextArenaGame"
 
 
 @pytest.fixture(scope="module")
 def ta():
-    try:
-        import textarena
-    except ImportError:
-        missing("textarena", "pip install 'textarena==0.7.4'")
-    return textarena
+    return optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
 
 
 @pytest.fixture(scope="module")

@@ -49,15 +49,11 @@ class TextArenaGame(Rollout):
         return self.tok.encode(turn, add_special_tokens=False)
 
     async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int) -> Trajectory:
-        from textarena.envs.registration import ENV_REGISTRY
-
-        from areal_graph.data.textarena_games import library, observation_text
+        from areal_graph.data.textarena_games import make_game, observation_text
 
         game_ref = json.loads(prompt.answer)
-        env_id, seed = game_ref["textarena"], int(game_ref["seed"])
-        ta = library()
-        game = ta.make(env_id + "-raw" if env_id + "-raw" in ENV_REGISTRY else env_id)
-        game.reset(num_players=1, seed=seed)
+        game = make_game(game_ref["textarena"])
+        game.reset(num_players=1, seed=int(game_ref["seed"]))
         game.get_observation()  # the opening: already the prompt
         ids = list(prompt.input_ids)
         traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), answer=prompt.answer, sample_id=j)
