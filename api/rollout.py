@@ -123,3 +123,8 @@ class Rollout(abc.ABC):
     async def run(self, prompt: PromptLike, client: Any, group_size: int,
                   sampling: SamplingParams) -> list[Trajectory]:
         """Return `group_size` trajectories for `prompt` (group/sample ids may be left 0)."""
+
+    async def aclose(self) -> None:
+        """Release what the rollout started (processes, servers); called once, on the rollout's
+        event loop, when its worker shuts down. Default: nothing to release."""
+        return None

@@ -1,5 +1,6 @@
 """Datasets named by what generates them rather than by a file: `reasoning_gym:<task>?...`
-(data/reasoning_gym.py) and `textarena:<game>?...` (data/textarena_games.py).
+(data/reasoning_gym.py), `textarena:<game>?...` (data/textarena_games.py) and
+`verifiers:<taskset>?...` (data/verifiers_tasks.py).
 
 The one place that says which names are generated: `validate` checks them (`check`), and the
 run and `eval` turn them into an ordinary JSONL file in the kit cache (`materialize`, written
@@ -12,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from areal_graph.data import reasoning_gym, textarena_games
+from areal_graph.data import reasoning_gym, textarena_games, verifiers_tasks
 
-SOURCES = (reasoning_gym, textarena_games)
+SOURCES = (reasoning_gym, textarena_games, verifiers_tasks)
 SCHEMES: tuple[str, ...] = tuple(source.SCHEME for source in SOURCES)
 
 

@@ -64,7 +64,10 @@ def generate_with_rollout(engine: Any, rollout: Rollout, prompts: Sequence[Any],
         return trajectory
 
     async def run_all() -> list[Trajectory]:
-        return list(await asyncio.gather(*(one(i, p) for i, p in requests)))
+        try:
+            return list(await asyncio.gather(*(one(i, p) for i, p in requests)))
+        finally:  # what the rollout started lives on this loop, which ends here
+            await rollout.aclose()
 
     return asyncio.run(run_all())
 

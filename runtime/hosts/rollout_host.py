@@ -8,6 +8,7 @@ one connection pool) running in a background thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import inspect
 import threading
 from dataclasses import fields
@@ -96,6 +97,10 @@ class RolloutHost:
         return pack_trajectories(trajs)
 
     def close(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.rollout.aclose(), self._loop).result(timeout=30)
+        except Exception:  # noqa: BLE001 - shutting down: what it held goes with the process anyway
+            logging.getLogger(__name__).warning("rollout %s: aclose failed", type(self.rollout).__name__, exc_info=True)
         asyncio.run_coroutine_threadsafe(self.pool.close(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
 

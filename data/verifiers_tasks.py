@@ -1,0 +1,128 @@
+"""verifiers tasksets as prompt data: `verifiers:<taskset>?size=N&env=<env id>&<field>=<value>`.
+
+Why a dataset: the engine's unit of work is a prompt group, and `eval`, the run's evaluation and
+`--resume` all need to know which tasks exist. Each row is one task of the taskset (its first
+`size` tasks, as verifiers' own `take(size)` gives them): the question is the task's opening
+conversation (system prompt and prompt, what `eval --show` displays), the answer is JSON saying
+where the task is ({"verifiers": taskset, "env": ..., "options": ..., "size": N, "task": i}), which
+is all the rollout class (workflows/rollout/verifiers_env.py) needs to replay it. Other query
+fields are the taskset's own config fields (`seed=3`, `split=test`), values read as JSON when
+they parse (numbers, true/false) and as text otherwise.
+
+verifiers pins `openai<3`, so it runs in its own virtualenv (`make install-verifiers`, or any
+python with verifiers 0.4 named by AREAL_VERIFIERS_PYTHON): listing the tasks is a call to
+workflows/rollout/verifiers_runner.py there. Rows are listed again on every run (a taskset is
+the user's code and may have changed; listing takes seconds), written where reasoning_gym rows go.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from areal_graph.data.arith import write_jsonl
+
+SCHEME = "verifiers:"
+PYTHON_ENV = "AREAL_VERIFIERS_PYTHON"
+INSTALL = "make install-verifiers"
+MAX_SIZE = 100_000
+LIST_TIMEOUT_S = 300
+PACKAGE = Path(__file__).resolve().parent.parent  # the areal_graph package (the repository root)
+RUNNER = PACKAGE / "workflows" / "rollout" / "verifiers_runner.py"
+# The shipped example environments (workflows/verifiers_envs/) are importable by name.
+EXAMPLES = PACKAGE / "workflows" / "verifiers_envs"
+
+
+class VerifiersError(ValueError):
+    """A verifiers: spec that cannot be served, or an environment that failed."""
+
+
+def python() -> str:
+    """The python of verifiers' virtualenv: AREAL_VERIFIERS_PYTHON, else the one `make
+    install-verifiers` made (.venv-verifiers in the repository)."""
+    named = os.environ.get(PYTHON_ENV)
+    if named:
+        if not Path(named).is_file():
+            raise VerifiersError(f"{PYTHON_ENV}={named}: no such file")
+        return named
+    default = PACKAGE / ".venv-verifiers" / "bin" / "python"
+    if not default.is_file():
+        raise VerifiersError(
+            "verifiers environments run in verifiers' own virtualenv (verifiers 0.4 pins openai<3, this "
+            f"project uses openai 3): run `{INSTALL}` in {PACKAGE}, or set {PYTHON_ENV} to a python "
+            "that has verifiers==0.4.0")
+    return str(default)
+
+
+def runner_env() -> dict[str, str]:
+    """The environment the runner starts with: this process's (its PYTHONPATH holds the workflow's
+    folder and python_path, item 'where user code lives') plus the shipped examples."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(EXAMPLES)])
+    return env
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_spec(spec: str) -> dict[str, Any]:
+    """`verifiers:vf_arith?size=500&seed=1` -> the runner's spec {taskset, env, options, size}."""
+    taskset, _, query = str(spec)[len(SCHEME):].partition("?")
+    if not taskset:
+        raise VerifiersError(f"{spec!r}: name a taskset, e.g. {SCHEME}vf_arith?size=500")
+    out: dict[str, Any] = {"taskset": taskset, "env": "", "options": {}, "size": 1000}
+    for part in query.split("&") if query else []:
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise VerifiersError(f"{spec!r}: {part!r} is not key=value")
+        if key == "size":
+            try:
+                out["size"] = int(value)
+            except ValueError:
+                raise VerifiersError(f"{spec!r}: size must be an integer") from None
+        elif key == "env":
+            out["env"] = value
+        else:
+            out["options"][key] = _value(value)
+    if not 1 <= out["size"] <= MAX_SIZE:
+        raise VerifiersError(f"{spec!r}: size must be in [1, {MAX_SIZE}]")
+    return out
+
+
+def check_spec(spec: str) -> str | None:
+    """What is wrong with `spec` that can be told without starting verifiers (None: nothing)."""
+    try:
+        parse_spec(spec)
+        python()
+    except VerifiersError as err:
+        return str(err)
+    return None
+
+
+def list_tasks(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The taskset's first `size` tasks as prompt rows, listed by verifiers itself."""
+    done = subprocess.run([python(), str(RUNNER), "list", json.dumps(spec)], capture_output=True, text=True,
+                          env=runner_env(), timeout=LIST_TIMEOUT_S)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    failed = [line["error"] for line in lines if "error" in line]
+    if done.returncode != 0 or failed:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r}: "
+                             f"{failed[0] if failed else 'exit ' + str(done.returncode)}\n{tail}")
+    return lines
+
+
+def materialize(spec: str, root: Path) -> Path:
+    parsed = parse_spec(spec)
+    key = hashlib.sha256(json.dumps(parsed, sort_keys=True).encode()).hexdigest()[:12]
+    path = root / "verifiers" / f"{parsed['taskset']}-{key}.jsonl"
+    return write_jsonl(list_tasks(parsed), path)

@@ -1,0 +1,184 @@
+"""The verifiers side of the bridge: runs in verifiers' own virtualenv, never imports areal_graph.
+
+Why a separate process: verifiers 0.4 pins `openai<3` and this project uses openai 3, so the two
+cannot share an environment (the same reason vLLM gets `make install-vllm`). This script is run
+by that environment's python (`make install-verifiers`, or AREAL_VERIFIERS_PYTHON), with only
+the standard library and verifiers imported, and talks to the rollout worker in JSON lines:
+
+    python verifiers_runner.py list  SPEC   -> one JSON row per task on stdout, then exits
+    python verifiers_runner.py serve SPEC   -> {"ready": ...}, then per request line
+        {"id": 7, "task": 3, "base_url": "http://127.0.0.1:PORT/ep/KEY/v1"}
+    answers {"id": 7, "reward": 1.0, "rewards": {...}, "metrics": {...}, "turns": 2,
+             "ok": true, "errors": [], "stop": "agent_completed"}
+
+SPEC is JSON: {"taskset": id, "env": id or "", "options": {taskset config fields},
+"size": N, "env_args": {env config fields}, "train_agent": seat or "", "untrained_url": url}.
+Every episode is an ordinary verifiers episode (`Env.run_episode`): the environment's own
+control flow, harness and rubric; its model calls go to `base_url`, the recording proxy in the
+rollout worker, which generates with the policy and records the exact tokens. Seats of a
+multi-agent environment other than the trained one call `untrained_url` (the policy, not
+recorded) unless env_args give them their own client. Each seat defaults to the tool-less `null`
+harness in a local subprocess runtime (verifiers' default is a remote sandbox).
+
+The protocol channel is a private copy of stdout; the real stdout is pointed at stderr so that
+nothing verifiers prints can corrupt it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+READY_TIMEOUT_S = 120
+
+
+def _seat_defaults(env_args: dict[str, Any], seats: list[str], trained: str, untrained_url: str) -> dict[str, Any]:
+    """env_args with every agent seat on the null harness and the subprocess runtime unless the
+    user said otherwise; seats that are not trained call `untrained_url` unless given a client."""
+    data = json.loads(json.dumps(env_args))  # a deep copy
+    for seat in seats:
+        cfg = data.setdefault(seat, {})
+        cfg.setdefault("harness", {"id": "null"})
+        cfg.setdefault("runtime", {"type": "subprocess"})
+        if seat != trained and untrained_url:
+            cfg.setdefault("client", {"type": "eval", "base_url": untrained_url, "api_key_var": "AREAL_BRIDGE_KEY"})
+            cfg.setdefault("model", "policy")
+    return data
+
+
+def load(spec: dict[str, Any]) -> tuple[Any, list[Any], str]:
+    """(env, the first `size` tasks, the trained seat) for `spec`."""
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
+
+    taskset = {"id": spec["taskset"], **spec.get("options", {})}
+    cls = env_config_type(spec["taskset"], spec.get("env", ""))
+    seats = [name for name, field in cls.model_fields.items()
+             if isinstance(field.default, AgentConfig) or field.annotation is AgentConfig]
+    trained = spec.get("train_agent") or ("agent" if "agent" in seats else (seats[0] if seats else ""))
+    if seats and trained not in seats:
+        raise ValueError(f"train_agent {trained!r} is not a seat of {cls.__name__} (its seats: {', '.join(seats)})")
+    data = {"id": spec.get("env", ""), "taskset": taskset,
+            **_seat_defaults(spec.get("env_args", {}), seats, trained, spec.get("untrained_url", ""))}
+    env = load_environment(resolve_env_config(data))
+    tasks = list(env.taskset.take(int(spec["size"])))
+    return env, tasks, trained
+
+
+def task_row(spec: dict[str, Any], i: int, task: Any) -> dict[str, Any]:
+    """One task as a prompt row: its conversation as the question, where to find it as the answer."""
+    data = task.data
+    messages: list[dict[str, str]] = []
+    if data.system_prompt:
+        messages.append({"role": "system", "content": data.system_prompt})
+    if isinstance(data.prompt, str):
+        messages.append({"role": "user", "content": data.prompt})
+    elif data.prompt:
+        from verifiers.v1.types import content_text
+
+        messages.extend({"role": m.role, "content": content_text(m.content)} for m in data.prompt)
+    if not any(m["role"] == "user" for m in messages):  # the environment opens the conversation
+        messages.append({"role": "user", "content": data.prompt_text or "(the environment opens)"})
+    where = {"verifiers": spec["taskset"], "env": spec.get("env", ""), "options": spec.get("options", {}),
+             "size": spec["size"], "task": i}
+    return {"id": f"{spec['taskset']}-{i}", "question": messages, "answer": json.dumps(where),
+            "data_source": f"verifiers/{spec['taskset']}"}
+
+
+def _numbers(mapping: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, value in (mapping or {}).items():
+        score = getattr(value, "score", value)
+        if isinstance(score, (int, float)):  # bool included
+            out[str(name)] = float(score)
+    return out
+
+
+def episode_result(job: dict[str, Any], episode: Any, trained: str) -> dict[str, Any]:
+    """The trained seat's trace of `episode` as the answer line."""
+    traces = list(episode.traces)
+    mine = [t for t in traces if getattr(t.agent, "name", "agent") in (trained, "agent")] or traces
+    errors = [f"{e.type}: {e.message}" for e in episode.errors]
+    if not mine:
+        return {"id": job["id"], "ok": False, "errors": errors or ["the episode has no trace"]}
+    trace = mine[-1]
+    errors += [f"{e.type}: {e.message}" for e in trace.errors]
+    return {"id": job["id"], "ok": bool(trace.ok and not episode.errors), "reward": float(trace.reward),
+            "rewards": _numbers(trace.rewards), "metrics": _numbers(trace.metrics), "turns": int(trace.num_turns),
+            "stop": trace.stop_condition, "errors": errors}
+
+
+async def serve(spec: dict[str, Any], proto: Any) -> None:
+    from verifiers.v1 import EvalClientConfig, ModelContext
+
+    env, tasks, trained = load(spec)
+    lock = threading.Lock()
+
+    def say(obj: dict[str, Any]) -> None:
+        with lock:
+            proto.write(json.dumps(obj) + "\n")
+            proto.flush()
+
+    async def one(job: dict[str, Any]) -> None:
+        try:
+            task = tasks[int(job["task"])]
+            ctx = ModelContext(model="policy", client=EvalClientConfig(
+                base_url=job["base_url"], api_key_var="AREAL_BRIDGE_KEY"))
+            say(episode_result(job, await env.run_episode(task, ctx), trained))
+        except Exception as err:  # noqa: BLE001 - every failure goes back to the worker, by name
+            say({"id": job.get("id"), "ok": False, "errors": [f"{type(err).__name__}: {err}"],
+                 "traceback": traceback.format_exc()})
+
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(lines.put_nowait, line)
+        loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    threading.Thread(target=read, daemon=True).start()
+    pending: set[asyncio.Task[None]] = set()
+    async with env.serving():
+        say({"ready": True, "tasks": len(tasks), "env": type(env).__name__, "train_agent": trained})
+        while (line := await lines.get()) is not None:
+            if line.strip():
+                job = asyncio.create_task(one(json.loads(line)))
+                pending.add(job)
+                job.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.wait(pending)
+
+
+def main(argv: list[str]) -> int:
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever verifiers prints goes to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    os.environ.setdefault("AREAL_BRIDGE_KEY", "areal-graph")
+    if len(argv) != 3 or argv[1] not in ("list", "serve"):
+        proto.write(json.dumps({"error": "usage: verifiers_runner.py list|serve SPEC_JSON"}) + "\n")
+        return 2
+    spec = json.loads(argv[2])
+    try:
+        if argv[1] == "list":
+            _env, tasks, _trained = load(spec)
+            for i, task in enumerate(tasks):
+                proto.write(json.dumps(task_row(spec, i, task)) + "\n")
+            proto.flush()
+            return 0
+        asyncio.run(serve(spec, proto))
+        return 0
+    except Exception as err:  # noqa: BLE001 - the worker shows this line to the user
+        traceback.print_exc()
+        proto.write(json.dumps({"error": f"{type(err).__name__}: {err}"}) + "\n")
+        proto.flush()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
