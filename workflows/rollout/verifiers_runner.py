@@ -20,6 +20,14 @@ multi-agent environment other than the trained one call `untrained_url` (the pol
 recorded) unless env_args give them their own client. Each seat defaults to the tool-less `null`
 harness in a local subprocess runtime (verifiers' default is a remote sandbox).
 
+`areal_chat`, the default harness here: verifiers' `null` harness (its tool-less chat program:
+system prompt, prompt or conversation, one streamed chat completion per model turn through
+verifiers' interception server) run as a coroutine in this process instead of a new program per
+turn. Same requests, same trace; what changes is a process start per turn (about a second of
+CPU, which on a laptop costs more than the tiny model's answer). A seat given tools (MCP
+servers) runs verifiers' own program; `env_args: {agent: {harness: {id: null}}}` asks for it
+always.
+
 The protocol channel is a private copy of stdout; the real stdout is pointed at stderr so that
 nothing verifiers prints can corrupt it.
 """
@@ -35,6 +43,55 @@ import traceback
 from typing import Any
 
 READY_TIMEOUT_S = 120
+HARNESS_ID = "areal_chat"
+
+
+def register_in_process_harness() -> None:
+    """Make `areal_chat` importable as a verifiers harness plugin (a module exporting a Harness)."""
+    import types
+
+    from verifiers.v1.harnesses.null.harness import NullHarness
+    from verifiers.v1.harnesses.utils import core
+    from verifiers.v1.harnesses.utils.compaction import is_context_overflow
+    from verifiers.v1.runtimes import ProgramResult
+
+    class AreaLChatHarness(NullHarness):
+        """NullHarness's chat loop without a process: see the module docstring."""
+
+        async def setup(self, runtime: Any) -> None:
+            return None  # nothing to install: the loop runs here
+
+        async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
+                         mcp_urls: dict[str, str], data: Any, tool_interception_url: str | None = None) -> Any:
+            if mcp_urls:  # tools: verifiers' own program, which speaks MCP
+                await NullHarness.setup(self, runtime)
+                return await NullHarness.launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data,
+                                                tool_interception_url)
+            from openai import APIStatusError, AsyncOpenAI
+            from verifiers.v1.dialects.chat import message_to_wire
+
+            system_prompt, prompt = self.resolve_prompt(data)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            if isinstance(prompt, str):
+                messages.append({"role": "user", "content": prompt})
+            elif prompt is not None:
+                messages.extend(message_to_wire(m) for m in prompt)
+            client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+            try:
+                await core.chat(client, ctx.model, messages, [])
+            except APIStatusError as err:
+                if not is_context_overflow(err):  # a full context ends the run, as in the program
+                    return ProgramResult(exit_code=1, stdout="", stderr=f"{type(err).__name__}: {err}")
+            except Exception as err:  # noqa: BLE001 - reported as the program's exit would be
+                return ProgramResult(exit_code=1, stdout="", stderr=traceback.format_exc() or str(err))
+            finally:
+                await client.close()
+            return ProgramResult(exit_code=0, stdout="", stderr="")
+
+    module = types.ModuleType(HARNESS_ID)
+    module.AreaLChatHarness = AreaLChatHarness  # type: ignore[attr-defined]
+    module.__all__ = ["AreaLChatHarness"]  # type: ignore[attr-defined]
+    sys.modules[HARNESS_ID] = module
 
 
 def _seat_defaults(env_args: dict[str, Any], seats: list[str], trained: str, untrained_url: str) -> dict[str, Any]:
@@ -43,7 +100,7 @@ def _seat_defaults(env_args: dict[str, Any], seats: list[str], trained: str, unt
     data = json.loads(json.dumps(env_args))  # a deep copy
     for seat in seats:
         cfg = data.setdefault(seat, {})
-        cfg.setdefault("harness", {"id": "null"})
+        cfg.setdefault("harness", {"id": HARNESS_ID})
         cfg.setdefault("runtime", {"type": "subprocess"})
         if seat != trained and untrained_url:
             cfg.setdefault("client", {"type": "eval", "base_url": untrained_url, "api_key_var": "AREAL_BRIDGE_KEY"})
@@ -56,6 +113,7 @@ def load(spec: dict[str, Any]) -> tuple[Any, list[Any], str]:
     from verifiers.v1.configs.agent import AgentConfig
     from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
 
+    register_in_process_harness()
     taskset = {"id": spec["taskset"], **spec.get("options", {})}
     cls = env_config_type(spec["taskset"], spec.get("env", ""))
     seats = [name for name, field in cls.model_fields.items()
@@ -151,8 +209,10 @@ async def serve(spec: dict[str, Any], proto: Any) -> None:
                 job = asyncio.create_task(one(json.loads(line)))
                 pending.add(job)
                 job.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.wait(pending)
+        # stdin closed: the rollout worker stopped us or is gone; nobody waits for these answers
+        for job in pending:
+            job.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def main(argv: list[str]) -> int:
