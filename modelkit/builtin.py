@@ -138,8 +138,27 @@ TINY_CALC = KitConfig(
     eval_max_new_tokens=48,  # per turn: a call is ~28 tokens, an answer ~12
 )
 
+# The game variant (data/guess_teacher.py): TextArena's GuessTheNumber-v0 (1 to 20, 10 guesses),
+# with a BPE of the game's own text (its opening is ~120 tokens) and a context of 512 for a whole
+# game. The teacher moves hastily (any number, hints ignored) on 70% of its moves and bisects on
+# the rest: greedy play repeats itself, sampled play wins often enough to learn from
+# (workflows/textarena_guess.yaml).
+TINY_GUESS = KitConfig(
+    name="tiny-guess",
+    task="guess",
+    difficulty="GuessTheNumber-v0",
+    n_train=4000,
+    n_test=256,
+    vocab_size=1024,
+    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=512),
+    sft=SFTConfig(steps=400, batch_size=32, packed=True),
+    habit_sft=None,
+    eval_prompts=256,
+    eval_max_new_tokens=8,  # per move: "[12]" and <|im_end|>
+)
+
 BUILTIN_KITS: dict[str, KitConfig] = {"tiny-arith": KitConfig(), "tiny-arith-long": TINY_ARITH_LONG,
-                                      "tiny-calc": TINY_CALC}
+                                      "tiny-calc": TINY_CALC, "tiny-guess": TINY_GUESS}
 # dataset name -> (kit name, split)
 BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "arith/train": ("tiny-arith", "train"),
@@ -148,6 +167,8 @@ BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "arith-long/test": ("tiny-arith-long", "test"),
     "calc/train": ("tiny-calc", "train"),
     "calc/test": ("tiny-calc", "test"),
+    "guess/train": ("tiny-guess", "train"),
+    "guess/test": ("tiny-guess", "test"),
 }
 
 

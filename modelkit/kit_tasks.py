@@ -130,7 +130,55 @@ CALC = KitTask(
                           "by factor size"),
 )
 
-KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "calc": CALC}
+# ------------------------------------------------------------------------------ guess
+def _guess_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
+    """Train rows: games of seeds n_dev.. (the teacher plays them: the one lesson); test rows:
+    games of seeds from 10**7 on, never played by the teacher."""
+    from areal_graph.data.guess_teacher import row, teacher_games
+
+    if cfg.habit_sft is not None:
+        raise ValueError("the guess task has one lesson: habit_sft is not built for it")
+    seeds = range(cfg.seed * 1_000_003 + cfg.n_dev, cfg.seed * 1_000_003 + cfg.n_dev + cfg.n_train)
+    games = teacher_games(seeds, 1.0 - cfg.hasty_rate, cfg.seed)
+    train = [{k: v for k, v in g.items() if k not in ("messages", "reward")} for g in games]
+    test = [row(10**7 + cfg.seed * 1_000_003 + i) for i in range(cfg.n_test)]
+    return train, test, [Lesson("games", games, cfg.sft)]
+
+
+def _game_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
+    """Greedy games through the TextArenaGame rollout (as RL plays them), scored by the game."""
+    from areal_graph.engines.inference.offline_eval import evaluate_model
+    from areal_graph.workflows.rollout.textarena_game import TextArenaGame
+
+    game = TextArenaGame(str(model_dir), max_turns=10, max_total_tokens=cfg.model.max_position_embeddings,
+                         invalid_move_reward=0.0)  # as workflows/textarena_guess.yaml scores games
+    return evaluate_model(model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens,
+                          rollout=game, reward_fn="agent")
+
+
+def _guess_encode(tokenizer: Any, row: dict) -> tuple[list[int], list[int]]:
+    from areal_graph.data.guess_teacher import encode_game
+
+    return encode_game(tokenizer, row)
+
+
+def _guess_texts(train: Rows, sft_rows: Rows) -> list[str]:
+    from areal_graph.data.guess_teacher import corpus
+
+    return corpus(sft_rows)
+
+
+GUESS = KitTask(
+    rows=_guess_rows,
+    tokenizer_texts=_guess_texts,
+    tools=False,
+    encode=_guess_encode,
+    evaluate=_game_eval,
+    describe=lambda cfg: (f"data: {cfg.n_train} games of TextArena's GuessTheNumber-v0 played by a teacher that "
+                          f"moves hastily (hints ignored) {cfg.hasty_rate:.0%} of the time; {cfg.n_test} test games"),
+)
+
+KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "calc": CALC, "guess": GUESS}
 
 
 def kit_task(name: str) -> KitTask:

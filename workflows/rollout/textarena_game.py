@@ -20,11 +20,15 @@ from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.interruptible import generate_interruptible
 
-END, START = "<|im_end|>", "<|im_start|>"
+from areal_graph.data.textarena_games import END, START, user_turn_text
 
 
 class TextArenaGame(Rollout):
-    def __init__(self, tokenizer_path: str, max_turns: int = 20, max_total_tokens: int = 1024) -> None:
+    def __init__(self, tokenizer_path: str, max_turns: int = 20, max_total_tokens: int = 1024,
+                 invalid_move_reward: float | None = None) -> None:
+        """invalid_move_reward: the reward of a game an invalid move ended (None: the library's own).
+        TextArena pays an invalid move its share of the game completed (GuessTheNumber: up to ~0.9,
+        more than a lost game's 0), which a policy learns to collect instead of winning."""
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -33,6 +37,7 @@ class TextArenaGame(Rollout):
                              "chat template is not ChatML")
         self.end_id = self.tok.convert_tokens_to_ids(END)
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
+        self.invalid_move_reward = invalid_move_reward
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
@@ -45,8 +50,7 @@ class TextArenaGame(Rollout):
         return None
 
     def _user_turn(self, text: str, closed: bool) -> list[int]:
-        turn = ("" if closed else END) + f"\n{START}user\n{text}{END}\n{START}assistant\n"
-        return self.tok.encode(turn, add_special_tokens=False)
+        return self.tok.encode(user_turn_text(text, closed), add_special_tokens=False)
 
     async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int) -> Trajectory:
         from areal_graph.data.textarena_games import make_game, observation_text
@@ -76,6 +80,8 @@ class TextArenaGame(Rollout):
         rewards, game_info = game.close()
         reward = float((rewards or {}).get(0, 0.0)) if done else 0.0
         info0 = (game_info or {}).get(0, {})
+        if info0.get("invalid_move") and self.invalid_move_reward is not None:
+            reward = float(self.invalid_move_reward)
         traj.info.update(reward=reward, metrics={"turns": turns, "finished": done, "won": done and reward >= 1.0,
                                                  "invalid_move": bool(info0.get("invalid_move", False))})
         return traj
