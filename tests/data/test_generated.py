@@ -10,7 +10,7 @@ from support.ci import optional
 
 
 def test_names_go_to_their_source_and_files_to_none():
-    assert generated.SCHEMES == ("reasoning_gym:", "textarena:")
+    assert generated.SCHEMES == ("reasoning_gym:", "textarena:", "verifiers:")
     assert generated.source_of("reasoning_gym:leg_counting?size=3") is reasoning_gym
     assert generated.source_of("textarena:GuessTheNumber-v0") is textarena_games
     assert generated.source_of("builtin:arith/train") is None and generated.source_of("data/train.jsonl") is None
