@@ -22,7 +22,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import unquote
 
 from areal_graph.data.arith import write_jsonl
@@ -146,12 +146,20 @@ def materialize(spec: str, root: Path) -> Path:
     path = root / "reasoning_gym" / f"{name}-{key}.jsonl"
     if path.is_file():
         return path
-    dataset = lib.create_dataset(name, **kwargs)
-    entries = (dataset[i] for i in range(len(dataset)))
     rows = ({"id": f"{name}-{kwargs['seed']}-{i}", "question": entry["question"],
              "answer": answer_payload(name, entry), "data_source": f"reasoning_gym/{name}"}
-            for i, entry in enumerate(entries))
+            for i, entry in enumerate(entries(spec)))
     return write_jsonl(rows, path)  # atomic: a concurrent reader never sees half a file
+
+
+def entries(spec: str) -> Iterator[dict[str, Any]]:
+    """The entries `spec` names (question, answer, metadata), as reasoning-gym generates them."""
+    name, kwargs = parse_spec(spec)
+    problem = check_spec(spec)
+    if problem:
+        raise ReasoningGymError(problem)
+    dataset = _library().create_dataset(name, **kwargs)
+    return (dataset[i] for i in range(len(dataset)))
 
 
 def display_answer(answer: str) -> str:

@@ -157,8 +157,20 @@ TINY_GUESS = KitConfig(
     eval_max_new_tokens=8,  # per move: "[12]" and <|im_end|>
 )
 
+from areal_graph.data.reasoning_gym_teacher import BASIC_ARITHMETIC as RG_BASIC_ARITHMETIC  # noqa: E402
+
+# reasoning-gym's basic_arithmetic as workflows/reasoning_gym_arith.yaml asks it (four phrasings,
+# answers -18 to 27): tiny-arith's shape, lessons and hasty teacher on reasoning-gym's own
+# problems (data/reasoning_gym_teacher.py), so that RL on the reasoning-gym task has room.
+TINY_RG_ARITH = KitConfig(
+    name="tiny-rg-arith",
+    task="rg_arith",
+    difficulty=RG_BASIC_ARITHMETIC,
+)
+
 BUILTIN_KITS: dict[str, KitConfig] = {"tiny-arith": KitConfig(), "tiny-arith-long": TINY_ARITH_LONG,
-                                      "tiny-calc": TINY_CALC, "tiny-guess": TINY_GUESS}
+                                      "tiny-calc": TINY_CALC, "tiny-guess": TINY_GUESS,
+                                      "tiny-rg-arith": TINY_RG_ARITH}
 # dataset name -> (kit name, split)
 BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "arith/train": ("tiny-arith", "train"),

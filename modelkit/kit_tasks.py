@@ -85,6 +85,32 @@ ARITH = KitTask(
 )
 
 
+# ------------------------------------------------------------------------------ rg_arith
+def _rg_arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
+    """reasoning-gym's own problems (`difficulty` is the dataset query), seeds apart from the
+    workflow's (1 and 2), worked out by data/reasoning_gym_teacher.py; the lessons of tiny-arith."""
+    from areal_graph.data.arith import teacher_mixture
+    from areal_graph.data.reasoning_gym_teacher import worked_rows
+
+    rows = worked_rows(cfg.difficulty, cfg.n_dev + cfg.n_train + cfg.n_test, 1000 + cfg.seed)
+    train, test = rows[cfg.n_dev:len(rows) - cfg.n_test], rows[len(rows) - cfg.n_test:]
+    mixture = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
+    if cfg.habit_sft is None:
+        return train, test, [Lesson("mixture", mixture, cfg.sft)]
+    return train, test, [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
+
+
+RG_ARITH = KitTask(
+    rows=_rg_arith_rows,
+    tokenizer_texts=lambda train, sft_rows: (r["question"] + "\n" + r["solution"] for r in train),
+    tools=False,
+    encode=None,
+    evaluate=_plain_eval,
+    describe=lambda cfg: (f"data: reasoning-gym {cfg.difficulty.partition('?')[0]}, {cfg.n_train} train / "
+                          f"{cfg.n_test} test problems; the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily"),
+)
+
+
 # ------------------------------------------------------------------------------ calc
 def _calc_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     from areal_graph.data.calc import split, teacher_conversations
@@ -178,7 +204,7 @@ GUESS = KitTask(
                           f"moves hastily (hints ignored) {cfg.hasty_rate:.0%} of the time; {cfg.n_test} test games"),
 )
 
-KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "calc": CALC, "guess": GUESS}
+KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "rg_arith": RG_ARITH, "calc": CALC, "guess": GUESS}
 
 
 def kit_task(name: str) -> KitTask:

@@ -62,6 +62,15 @@ def test_shipped_workflows_exist():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_every_shipped_workflow_validates_with_its_counts(path, capsys):
+    from areal_graph.data import verifiers_tasks
+
+    if "verifiers:" in path.read_text() and verifiers_tasks.check_spec("verifiers:x") is not None:
+        # without verifiers' own venv (CI): the workflow is fine, this machine lacks the venv, and says how
+        assert cmd_validate.run(parse(str(path))) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "data.train: verifiers environments run in verifiers' own virtualenv" in out
+        assert "make install-verifiers" in out
+        return
     assert cmd_validate.run(parse(str(path))) == 0
     out = capsys.readouterr().out
     spec = load_workflow(path)

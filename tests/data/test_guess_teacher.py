@@ -79,7 +79,7 @@ def test_a_teacher_conversation_is_the_episode_the_rollout_plays(ta, tmp_path):
 
 
 def test_an_invalid_move_scores_what_the_library_says_unless_overridden(ta, tmp_path):
-    """TextArena pays a game ended by a repeated guess its share completed (more than a loss):
+    """TextArena pays a game ended by repeated guesses its share completed (more than a loss):
     `invalid_move_reward` replaces that; the game still ends there either way."""
     from areal_graph.data.datasets import format_prompt
     from areal_graph.modelkit.tokenizer import save_tokenizer, train_tokenizer
@@ -97,7 +97,10 @@ def test_an_invalid_move_scores_what_the_library_says_unless_overridden(ta, tmp_
     rewards = {}
     for override in (None, 0.0):
         rollout = TextArenaGame(str(tmp_path / "tok"), max_turns=10, invalid_move_reward=override)
-        traj = asyncio.run(rollout.episode(Prompt(), ReplayMoves(tok, ["[1]", "[2]", "[1]"]), SamplingParams(), 0))
-        assert traj.info["metrics"]["invalid_move"] and traj.info["metrics"]["turns"] == 3
+        # TextArena lets a player resubmit after one invalid move; repeating it again ends the game
+        player = ReplayMoves(tok, ["[1]", "[2]"] + ["[1]"] * 8)
+        traj = asyncio.run(rollout.episode(Prompt(), player, SamplingParams(), 0))
+        assert traj.info["metrics"]["invalid_move"] and traj.info["metrics"]["finished"]
+        assert traj.info["metrics"]["turns"] == 10 - len(player.outputs) < 10
         rewards[override] = traj.info["reward"]
     assert rewards[None] > 0.0 and rewards[0.0] == 0.0

@@ -151,11 +151,7 @@ class VerifiersEnv(Rollout):
             return "rollout_args.env_args: a mapping of the verifiers env config's fields"
         if not isinstance(rollout_args.get("train_agent", ""), str):
             return "rollout_args.train_agent: the name of the seat to train"
-        try:
-            verifiers_tasks.python()
-        except verifiers_tasks.VerifiersError as err:
-            return f"rollout_class VerifiersEnv: {err}"
-        return None
+        return None  # whether this machine has verifiers' venv: the data check (`validate`, `run`)
 
     async def _runner(self, where: dict[str, Any]) -> VerifiersRunner:
         if self._proxy is None:
