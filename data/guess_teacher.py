@@ -20,12 +20,11 @@ message + the next assistant header (`user_turn_text`) context.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from typing import Any, Sequence
 
-from areal_graph.data.textarena_games import make_game, observation_text, opening, user_turn_text
+from areal_graph.data.textarena_games import game_row, make_game, observation_text, user_turn_text
 
 GAME = "GuessTheNumber-v0"
 LOW, HIGH = 1, 20  # the game's range (TextArena's GuessTheNumber-v0)
@@ -34,8 +33,7 @@ IGNORE = -100
 
 def row(seed: int) -> dict[str, Any]:
     """The prompt row of game `seed`, as `textarena:` datasets write it."""
-    return {"id": f"{GAME}-{seed}", "question": opening(GAME, seed),
-            "answer": json.dumps({"textarena": GAME, "seed": seed}), "data_source": f"textarena/{GAME}"}
+    return game_row(GAME, seed)
 
 
 def teacher_game(seed: int, careful_rate: float, rng: random.Random, max_turns: int = 10) -> dict[str, Any]:

@@ -128,7 +128,10 @@ def materialize(spec: str, root: Path) -> Path:
     path = root / "textarena" / f"{env}-{key}.jsonl"
     if path.is_file():
         return path
-    rows = ({"id": f"{env}-{seed * 1_000_003 + i}", "question": opening(env, seed * 1_000_003 + i),
-             "answer": json.dumps({"textarena": env, "seed": seed * 1_000_003 + i}), "data_source": f"textarena/{env}"}
-            for i in range(size))
-    return write_jsonl(rows, path)
+    return write_jsonl((game_row(env, seed * 1_000_003 + i) for i in range(size)), path)
+
+
+def game_row(env: str, seed: int) -> dict[str, Any]:
+    """The prompt row of game `env` with `seed`: its opening as the question, where to find it as the answer."""
+    return {"id": f"{env}-{seed}", "question": opening(env, seed), "answer": json.dumps({"textarena": env, "seed": seed}),
+            "data_source": f"textarena/{env}"}

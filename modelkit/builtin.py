@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from areal_graph.data.reasoning_gym_teacher import BASIC_ARITHMETIC as RG_BASIC_ARITHMETIC
 from areal_graph.modelkit.reward_model import BUILTIN_REWARD_MODELS
 from areal_graph.modelkit.shipped import install_shipped
 from areal_graph.modelkit.tiny_model import TinyModelConfig
@@ -156,8 +157,6 @@ TINY_GUESS = KitConfig(
     eval_prompts=256,
     eval_max_new_tokens=8,  # per move: "[12]" and <|im_end|>
 )
-
-from areal_graph.data.reasoning_gym_teacher import BASIC_ARITHMETIC as RG_BASIC_ARITHMETIC  # noqa: E402
 
 # reasoning-gym's basic_arithmetic as workflows/reasoning_gym_arith.yaml asks it (four phrasings,
 # answers -18 to 27): tiny-arith's shape, lessons and hasty teacher on reasoning-gym's own

@@ -58,14 +58,22 @@ def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     teach it nothing, so a single mixed lesson ended at a different point of the arithmetic's
     learning curve on every machine (worked-out accuracy 37-58% from one recipe); the habit is
     one decision at the first token and is learned in a few dozen steps."""
-    from areal_graph.data.arith import split, teacher_mixture
+    from areal_graph.data.arith import split
 
     train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
     train = train[cfg.n_dev:]
+    return train, test, _hasty_teacher_lessons(train, cfg)
+
+
+def _hasty_teacher_lessons(train: Rows, cfg: Any) -> list[Lesson]:
+    """The lessons of worked rows (question, solution): the method, then the habit (the hasty
+    mixture); without `habit_sft`, the mixture alone."""
+    from areal_graph.data.arith import teacher_mixture
+
     mixture = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
     if cfg.habit_sft is None:
-        return train, test, [Lesson("mixture", mixture, cfg.sft)]
-    return train, test, [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
+        return [Lesson("mixture", mixture, cfg.sft)]
+    return [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
 
 
 def _plain_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
@@ -74,9 +82,13 @@ def _plain_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
     return evaluate_model(model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens)
 
 
+def _worked_texts(train: Rows, sft_rows: Rows) -> Iterable[str]:
+    return (r["question"] + "\n" + r["solution"] for r in train)
+
+
 ARITH = KitTask(
     rows=_arith_rows,
-    tokenizer_texts=lambda train, sft_rows: (r["question"] + "\n" + r["solution"] for r in train),
+    tokenizer_texts=_worked_texts,
     tools=False,
     encode=None,
     evaluate=_plain_eval,
@@ -89,20 +101,16 @@ ARITH = KitTask(
 def _rg_arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     """reasoning-gym's own problems (`difficulty` is the dataset query), seeds apart from the
     workflow's (1 and 2), worked out by data/reasoning_gym_teacher.py; the lessons of tiny-arith."""
-    from areal_graph.data.arith import teacher_mixture
     from areal_graph.data.reasoning_gym_teacher import worked_rows
 
     rows = worked_rows(cfg.difficulty, cfg.n_dev + cfg.n_train + cfg.n_test, 1000 + cfg.seed)
     train, test = rows[cfg.n_dev:len(rows) - cfg.n_test], rows[len(rows) - cfg.n_test:]
-    mixture = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
-    if cfg.habit_sft is None:
-        return train, test, [Lesson("mixture", mixture, cfg.sft)]
-    return train, test, [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
+    return train, test, _hasty_teacher_lessons(train, cfg)
 
 
 RG_ARITH = KitTask(
     rows=_rg_arith_rows,
-    tokenizer_texts=lambda train, sft_rows: (r["question"] + "\n" + r["solution"] for r in train),
+    tokenizer_texts=_worked_texts,
     tools=False,
     encode=None,
     evaluate=_plain_eval,

@@ -397,6 +397,16 @@ def prompt_messages(prompt: PromptLike, tokenizer: Any) -> list[dict[str, str]]:
     return [{"role": "user", "content": tokenizer.decode(list(prompt.input_ids), skip_special_tokens=True)}]
 
 
+def episode_trajectory(trajectories: list[Trajectory]) -> Trajectory | None:
+    """What an episode trains: its last trajectory, the one holding the final answer (a group must
+    keep its size), with the others counted in `info["dropped_trajectories"]`; None: no call made."""
+    if not trajectories:
+        return None
+    traj = trajectories[-1]
+    traj.info["dropped_trajectories"] = len(trajectories) - 1
+    return traj
+
+
 AgentFn = Callable[[openai.AsyncOpenAI, AgentPrompt], Awaitable["float | None"]]
 
 
@@ -458,10 +468,9 @@ class OpenAIAgentRollout(Rollout):
             trajectories = recorder.export_trajectories()
         finally:
             await recorder.close()
-        if not trajectories:
+        traj = episode_trajectory(trajectories)
+        if traj is None:
             raise RuntimeError(f"the agent made no completion for prompt {prompt.id!r}: nothing to train on")
-        traj = trajectories[-1]
-        traj.info["dropped_trajectories"] = len(trajectories) - 1
         return traj
 
     async def run(self, prompt: PromptLike, client: Any, group_size: int,

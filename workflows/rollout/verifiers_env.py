@@ -31,7 +31,7 @@ from typing import Any
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.data import verifiers_tasks
-from areal_graph.workflows.rollout.openai_agent import RecordingOpenAI
+from areal_graph.workflows.rollout.openai_agent import RecordingOpenAI, episode_trajectory
 from areal_graph.workflows.rollout.recording_proxy import UNTRAINED, RecordingProxy
 
 log = logging.getLogger(__name__)
@@ -182,11 +182,10 @@ class VerifiersEnv(Rollout):
         finally:
             self._proxy.unregister(key)
             await recorder.close()
-        if not trajectories:
+        traj = episode_trajectory(trajectories)
+        if traj is None:
             raise VerifiersEpisodeFailed(f"{runner.name}, task {where['task']}: the episode made no model call "
                                          "(nothing to train on)")
-        traj = trajectories[-1]
-        traj.info["dropped_trajectories"] = len(trajectories) - 1
         traj.info["metrics"] = {**result.get("metrics", {}), "turns": result.get("turns", 0),
                                 **{f"reward.{k}": v for k, v in result.get("rewards", {}).items()}}
         return traj

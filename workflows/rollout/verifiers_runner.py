@@ -42,7 +42,6 @@ import threading
 import traceback
 from typing import Any
 
-READY_TIMEOUT_S = 120
 HARNESS_ID = "areal_chat"
 
 
