@@ -17,6 +17,7 @@ the user's code and may have changed; listing takes seconds), written where reas
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -99,26 +100,45 @@ def parse_spec(spec: str) -> dict[str, Any]:
 
 
 def check_spec(spec: str) -> str | None:
-    """What is wrong with `spec` that can be told without starting verifiers (None: nothing)."""
+    """What is wrong with `spec` (None: nothing): its grammar, verifiers' venv, and whether verifiers
+    loads the taskset (its import path and config fields; a listing of one task, a few seconds)."""
     try:
-        parse_spec(spec)
+        parsed = parse_spec(spec)
         python()
+        list_tasks({**parsed, "size": 1})
     except VerifiersError as err:
         return str(err)
+    except subprocess.TimeoutExpired:
+        return f"{spec!r}: verifiers did not load the taskset within {LIST_TIMEOUT_S} s"
     return None
 
 
 def list_tasks(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The taskset's first `size` tasks as prompt rows, listed by verifiers itself."""
+    env = runner_env()
     done = subprocess.run([python(), str(RUNNER), "list", json.dumps(spec)], capture_output=True, text=True,
-                          env=runner_env(), timeout=LIST_TIMEOUT_S)
+                          env=env, timeout=LIST_TIMEOUT_S)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     failed = [line["error"] for line in lines if "error" in line]
-    if done.returncode != 0 or failed:
+    if failed:  # verifiers' own message says it; its traceback is not for the console
+        near = difflib.get_close_matches(spec["taskset"], _packages_on_path(env["PYTHONPATH"]), n=3)
+        hint = f" (did you mean {', '.join(map(repr, near))}?)" if near and "not found" in failed[0] else ""
+        raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r}{hint}: {failed[0]}")
+    if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r}: "
-                             f"{failed[0] if failed else 'exit ' + str(done.returncode)}\n{tail}")
+        raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r} (exit {done.returncode}):\n{tail}")
     return lines
+
+
+def _packages_on_path(pythonpath: str) -> list[str]:
+    """Top-level packages in the folders of `pythonpath` (the candidates for a did-you-mean)."""
+    found = []
+    for folder in filter(None, pythonpath.split(os.pathsep)):
+        try:
+            found += [p.name for p in Path(folder).iterdir() if (p / "__init__.py").is_file()]
+        except OSError:
+            continue
+    return found
 
 
 def materialize(spec: str, root: Path) -> Path:

@@ -64,7 +64,12 @@ def test_shipped_workflows_exist():
 def test_every_shipped_workflow_validates_with_its_counts(path, capsys):
     from areal_graph.data import verifiers_tasks
 
-    if "verifiers:" in path.read_text() and verifiers_tasks.check_spec("verifiers:x") is not None:
+    try:
+        verifiers_tasks.python()
+        has_venv = True
+    except verifiers_tasks.VerifiersError:
+        has_venv = False
+    if "verifiers:" in path.read_text() and not has_venv:
         # without verifiers' own venv (CI): the workflow is fine, this machine lacks the venv, and says how
         assert cmd_validate.run(parse(str(path))) == 1
         out = " ".join(capsys.readouterr().out.split())

@@ -156,6 +156,9 @@ def test_an_environment_that_raises_is_named_and_a_dead_runner_restarts(server, 
         play(server, VerifiersEnv(kit_model), rows[:1], 2)
     with pytest.raises(verifiers_tasks.VerifiersError, match="no_such_taskset"):
         verifiers_tasks.list_tasks(verifiers_tasks.parse_spec("verifiers:no_such_taskset?size=2"))
+    assert "no_such_taskset" in verifiers_tasks.check_spec("verifiers:no_such_taskset")  # what validate says
+    assert verifiers_tasks.check_spec("verifiers:vf_raises?size=2") is None
+    assert "did you mean 'vf_arith_try_again'" in verifiers_tasks.check_spec("verifiers:vf_arith_tryagain")
 
     from areal_graph.engines.inference.client import InferenceClient
 
