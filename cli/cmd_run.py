@@ -211,7 +211,8 @@ def _open_run_dir(args: argparse.Namespace, spec: WorkflowSpec, overrides: list[
 
 def _train(spec: WorkflowSpec, run_dir: RunDir, ckpt: Path | None, console: Console, t0: float) -> int:
     """The RL loop with its live display (auto-resuming as the workflow allows); a failure ends as
-    a message naming the process logs and the unfinished work, success as a one-line summary."""
+    a message naming the process logs and the end state (what was not trained), success as a
+    one-line summary."""
     from areal_graph.runtime.launchers.interrupt import interrupted
     from areal_graph.runtime.orchestration.controller import RunFailed
     from areal_graph.runtime.orchestration.run import run_with_auto_resume
@@ -238,8 +239,9 @@ def _train(spec: WorkflowSpec, run_dir: RunDir, ckpt: Path | None, console: Cons
                 why = ("no complete checkpoint (runtime.save_every)" if run_dir.latest_checkpoint() is None
                        else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {err.resumes} times")
                 console.print(f"not resumed automatically: {why}")
+            # end_state.json: the counters at the stop, why it stopped, the work generated but not trained
             where = [f"{what}: {path}" for what, path in (("process logs", run_dir.logs_dir),
-                                                          ("unfinished work", run_dir.path / "unfinished.json"))
+                                                          ("end state", run_dir.end_state_path))
                      if path.exists()]  # a run that failed before its processes started has neither
             if where:
                 console.print("; ".join(where))

@@ -118,6 +118,13 @@ class RuntimeSpec:
     seed: int = _f(1)
     eval_every: int = _f(0, non_negative, "steps between evaluations; 0 disables")
     save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")
+    keep_checkpoints: Optional[int] = _f(
+        None, None, "keep the last N complete checkpoints (>= 1), deleting older ones after each save; null keeps "
+                    "all. Needs save_every; the newest complete checkpoint and one a resume is reading are never "
+                    "deleted (runtime/observability/run_dir.py: RunDir.prune_checkpoints)")
+    keep_checkpoints_every: Optional[int] = _f(
+        None, positive, "also keep every checkpoint whose step is a multiple of K (milestones); only with "
+                        "keep_checkpoints, and K a multiple of save_every")
     run_dir: str = _f("runs/{name}-{timestamp}", None, "where the run writes; {name} and {timestamp} are filled in")
     weight_sync: Literal["auto", "memory", "disk"] = _f(
         "auto", None, "how new weights reach the inference servers: memory (shared memory, one machine; embedded "

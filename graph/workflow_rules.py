@@ -29,6 +29,7 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
     if runtime_ok:
         check_launcher(spec, v)
         check_loggers(spec, v)
+        check_checkpoints(spec, v)
     sources = [n for n in spec.nodes.values() if kind_of(n).source]
     if not runtime_ok or not sources:
         return
@@ -86,6 +87,36 @@ def check_loggers(spec: S.WorkflowSpec, v: Validator) -> None:
         if is_set and logger not in rt.loggers:
             v.report(("runtime", name), f"is used only with '{logger}' in runtime.loggers (it is "
                                         f"[{', '.join(rt.loggers)}])")
+
+
+def check_checkpoints(spec: S.WorkflowSpec, v: Validator) -> None:
+    """runtime.keep_checkpoints / keep_checkpoints_every against the fields they depend on. Why
+    here and not in the field's own check: keeping none is wrong for a reason that lives in another
+    field (auto_resume), and a setting that can never act (no checkpoints, milestones that are
+    never saved) is a mistake the user should hear about before the run, not find out after it."""
+    rt = spec.runtime
+    keep, every = rt.keep_checkpoints, rt.keep_checkpoints_every
+    if keep is not None:
+        if keep == 0 and rt.auto_resume > 0:
+            v.report(("runtime", "keep_checkpoints"),
+                     f"must be >= 1, got 0: runtime.auto_resume ({rt.auto_resume}) resumes from the last complete "
+                     "checkpoint, so runtime.keep_checkpoints must keep at least 1 (null keeps all)")
+        elif keep < 1:
+            v.report(("runtime", "keep_checkpoints"), f"must be >= 1 (the newest complete checkpoints kept; null "
+                                                      f"keeps all), got {keep}")
+        if rt.save_every <= 0:
+            v.report(("runtime", "keep_checkpoints"), "does nothing without runtime.save_every > 0 (no checkpoint is "
+                                                      "written); set save_every, or leave keep_checkpoints out")
+    if every is None:
+        return
+    if keep is None:
+        v.report(("runtime", "keep_checkpoints_every"), "is used only with runtime.keep_checkpoints (without it "
+                                                        "every checkpoint is kept)")
+    elif rt.save_every > 0 and every % rt.save_every:
+        v.report(("runtime", "keep_checkpoints_every"),
+                 f"must be a multiple of runtime.save_every ({rt.save_every}), got {every}: checkpoints are written "
+                 f"only at multiples of save_every, so most multiples of {every} would have no checkpoint to keep "
+                 "as a milestone")
 
 
 def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:

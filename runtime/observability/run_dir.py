@@ -8,6 +8,7 @@
       mlruns/                MLflow's file store (runtime.loggers: mlflow, default tracking URI)
       trace.json             Chrome trace (areal-graph trace <root>)
       checkpoints/step_00000010/ ... COMPLETE   a checkpoint is usable only once COMPLETE exists
+      end_state.json         the counters at the run's stop: finished or not, restarts, work not trained
       weights/v000003/       weights exported for the inference servers
       final_model/           the trained model (save_pretrained layout)
       logs/                  worker process logs
@@ -16,6 +17,12 @@ Why a marker file: a checkpoint is several files written by several processes; a
 half-way leaves a directory that looks like a checkpoint. The marker is written last (and
 fsynced), so `latest_checkpoint()` only ever returns one that was finished.
 
+Old checkpoints are deleted only by `prune_checkpoints` (runtime.keep_checkpoints), in a way a
+crash cannot turn into a half-deleted checkpoint that looks usable: the directory is first
+renamed out of the `step_N` namespace (`.deleting-step_N.<pid>`, atomic), then removed, and
+such leftovers are swept by the next prune. A resume marks the checkpoint it loads
+(`reading_checkpoint`: a READING.<pid> file) and a prune leaves it alone while that pid lives.
+
 Metrics are written in one place, `log_metrics`: a line of metrics.jsonl, then the numbers to
 TensorBoard and to the experiment trackers the run opened (trackers.py), so every logger sees
 the same steps and values.
@@ -23,6 +30,7 @@ the same steps and values.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
@@ -30,9 +38,10 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from areal_graph.runtime.observability.trackers import Tracker
 
@@ -42,6 +51,12 @@ TRACE_FILENAME = "trace.json"
 CONFIG_FILENAME = "config.yaml"
 METRICS_FILENAME = "metrics.jsonl"
 COMPLETE_MARKER = "COMPLETE"
+READING_MARKER = "READING"  # READING.<pid> in a checkpoint a process is loading (reading_checkpoint)
+DELETING_PREFIX = ".deleting-"  # a checkpoint being removed: out of the step_N namespace first
+# what the run's counters at its stop are written to (Controller), finished or not; runs written
+# before the rename have LEGACY_END_STATE_FILENAME instead, which readers take when it is the only one
+END_STATE_FILENAME = "end_state.json"
+LEGACY_END_STATE_FILENAME = "unfinished.json"
 _CKPT_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -77,6 +92,10 @@ class RunDir:
     @property
     def logs_dir(self) -> Path:
         return self.path / "logs"
+
+    @property
+    def end_state_path(self) -> Path:
+        return self.path / END_STATE_FILENAME
 
     @property
     def checkpoints_root(self) -> Path:
@@ -273,8 +292,109 @@ class RunDir:
             log.warning("ignoring incomplete checkpoint %s (no %s marker)", d, COMPLETE_MARKER)
         return complete[-1][1] if complete else None
 
+    @contextlib.contextmanager
+    def reading_checkpoint(self, ckpt_dir: str | os.PathLike) -> Iterator[Path]:
+        """Mark `ckpt_dir` as being read by this process while the block runs (READING.<pid>), so
+        that `prune_checkpoints` of any process leaves it alone until the load is done."""
+        ckpt_dir = Path(ckpt_dir)
+        marker = ckpt_dir / f"{READING_MARKER}.{os.getpid()}"
+        _atomic_write(marker, f"{os.getpid()}\n")
+        try:
+            yield ckpt_dir
+        finally:
+            marker.unlink(missing_ok=True)
+
+    def prune_checkpoints(self, keep_last: int, keep_every: int | None = None,
+                          protect: Iterable[str | os.PathLike] = ()) -> list[Path]:
+        """Delete the checkpoints runtime.keep_checkpoints does not keep; the directories removed.
+
+        Kept: the newest `keep_last` complete checkpoints; every complete one whose step is a
+        multiple of `keep_every` (milestones); the newest complete one whatever else says; those
+        in `protect`; and any a live process is reading (READING.<pid>). Removed besides: an
+        incomplete directory older than the newest complete checkpoint (a save that crashed: it
+        can never be resumed, latest_checkpoint passes over it) and `.deleting-*` leftovers of a
+        prune that crashed. An incomplete directory newer than the newest complete one is left:
+        it may be a save in progress. A directory that cannot be removed is logged, not raised:
+        an old checkpoint left on disk must not stop training."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 (the newest complete checkpoint is always kept), got {keep_last}")
+        swept = self._sweep_deleting()
+        entries = self.checkpoints(complete_only=False)
+        complete = [s for s, d in entries if (d / COMPLETE_MARKER).exists()]
+        if not complete:
+            return []
+        newest = complete[-1]
+        keep = set(complete[-keep_last:]) | {s for s in complete if keep_every and s % keep_every == 0}
+        unwanted = {s for s, _ in entries if s not in keep and (s in complete or s < newest)}
+        spared = {Path(p).name for p in protect}
+        doomed = [d for s, d in entries if s in unwanted and d.name not in spared and not _being_read(d)]
+        removed = [d for d in doomed if self._discard(d)]
+        if removed or swept:
+            log.info("checkpoints pruned (keep_checkpoints %d%s): removed %s%s; newest kept %s", keep_last,
+                     f", milestones every {keep_every}" if keep_every else "",
+                     ", ".join(d.name for d in removed) or "none",
+                     f", and {swept} leftover(s) of an interrupted removal" if swept else "", f"step_{newest:08d}")
+        return removed
+
+    def _discard(self, ckpt_dir: Path) -> bool:
+        """Rename out of the step_N namespace (atomic: from then on no reader takes it for a
+        checkpoint), then delete; True once renamed (a failed delete is swept by a later prune)."""
+        tomb = ckpt_dir.with_name(f"{DELETING_PREFIX}{ckpt_dir.name}.{os.getpid()}")
+        try:
+            if tomb.exists():
+                shutil.rmtree(tomb)
+            os.rename(ckpt_dir, tomb)
+        except OSError as err:
+            log.warning("could not remove checkpoint %s: %s", ckpt_dir, err)
+            return False
+        shutil.rmtree(tomb, ignore_errors=True)
+        return True
+
+    def _sweep_deleting(self) -> int:
+        """Remove what an interrupted prune left (renamed, not yet deleted): how many."""
+        if not self.checkpoints_root.is_dir():
+            return 0
+        leftovers = [d for d in self.checkpoints_root.iterdir() if d.name.startswith(DELETING_PREFIX)]
+        for d in leftovers:
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                d.unlink(missing_ok=True)
+        return len(leftovers)
+
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
+
+
+def end_state_file(root: str | os.PathLike) -> Path:
+    """The run's end-state file: end_state.json, or an older run's unfinished.json when that is the
+    only one (a run from before the rename, resumed or read by `areal-graph trace`)."""
+    new = Path(root) / END_STATE_FILENAME
+    old = new.with_name(LEGACY_END_STATE_FILENAME)
+    return old if not new.exists() and old.exists() else new
+
+
+def _being_read(ckpt_dir: Path) -> bool:
+    """A live process marked `ckpt_dir` (READING.<pid>); a marker left by a dead one is ignored."""
+    for marker in ckpt_dir.glob(f"{READING_MARKER}.*"):
+        pid = marker.name.rpartition(".")[2]
+        if pid.isdigit() and _pid_alive(int(pid)):
+            return True
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: is there such a process (no signal is sent)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    except OSError:
+        return False
+    return True
 
 
 def _tracker_failed(tracker: Tracker, what: str, err: Exception) -> None:

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_graph.runtime.observability.run_dir import CONFIG_FILENAME, METRICS_FILENAME
+from areal_graph.runtime.observability.run_dir import (CONFIG_FILENAME, END_STATE_FILENAME, METRICS_FILENAME,
+                                                       end_state_file)
 from areal_graph.runtime.observability.trace_model import Timeline, load_timeline
 from areal_graph.runtime.observability.trace_stats import guess_sides
 
 log = logging.getLogger(__name__)
-UNFINISHED_FILENAME = "unfinished.json"
+UNFINISHED_FILENAME = END_STATE_FILENAME  # end_state.json; an older run's unfinished.json is read instead
 
 
 @dataclass
@@ -67,7 +68,7 @@ def load_run(path: str | os.PathLike, label: str | None = None) -> RunMaterial:
         run.generation_nodes, run.training_nodes, run.sides_from = tuple(sorted(gen)), tuple(sorted(train)), "call counts"
     for proc, n in sorted(run.restarts.items()):
         if n:
-            run.notes.append(f"{proc} died and was restarted {n} time(s) (unfinished.json): spans it recorded "
+            run.notes.append(f"{proc} died and was restarted {n} time(s) ({UNFINISHED_FILENAME}): spans it recorded "
                              "after its last collection before dying are lost")
     return run
 
@@ -138,13 +139,14 @@ def _first_problem(err: Exception) -> str:
 
 
 def _read_restarts(path: Path, notes: list[str]) -> dict[str, int]:
+    path = end_state_file(path.parent)  # a run from before the rename has unfinished.json
     if not path.is_file():
         notes.append(f"no {UNFINISHED_FILENAME}: the run did not stop cleanly (killed?) or is still running")
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, OSError) as err:
-        notes.append(f"{UNFINISHED_FILENAME} is damaged ({err})")
+        notes.append(f"{path.name} is damaged ({err})")
         return {}
     restarts = data.get("process_restarts") if isinstance(data, dict) else None
     return {str(k): int(v) for k, v in (restarts or {}).items() if isinstance(v, int)}

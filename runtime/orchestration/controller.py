@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,8 @@ from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
-from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.observability.run_dir import (END_STATE_FILENAME, LEGACY_END_STATE_FILENAME, RunDir,
+                                                       end_state_file)
 from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
@@ -58,6 +60,10 @@ GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted a
 # run: a node that always fails (a user function's bug) would otherwise fail every prompt forever
 FAILED_GROUPS_IN_A_ROW = 8
 SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (not every step: RPCs)
+# Test hook: seconds the controller waits between the models' checkpoint files and the checkpoint's
+# COMPLETE marker, so a test can kill the run in the middle of a save (tests/runtime/orchestration/
+# test_fault_injection.py). Unset in real runs.
+SAVE_DELAY_ENV = "AREAL_TEST_SAVE_DELAY_S"
 
 
 def tool_call_stats(batch: PackedBatch, prefix: str) -> dict[str, float]:
@@ -144,6 +150,8 @@ class Controller:
         self._gen_stats = GenerationStats()  # generation-side node stats since the last step
         self._dropped_by: dict[str, int] = {}
         self._earlier_restarts: Counter = Counter()  # restarts in the parts of the run before a resume
+        self._resumed_from: Path | None = None  # kept by runtime.keep_checkpoints until a newer one is complete
+        self._stop_reason: str | None = None  # why the run stopped early, for end_state.json
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
         self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
         self._failed_in_a_row = 0  # prompt groups failed since one was last generated or dropped
@@ -194,14 +202,19 @@ class Controller:
                 raise self._fatal
         except Exception as err:
             if interrupted():  # Ctrl-C is stopping the processes: the failed call is its doing, not a death
+                self._stop_reason = "interrupted (Ctrl-C)"
                 raise KeyboardInterrupt from err
-            await self._name_the_dead(err)
+            try:
+                await self._name_the_dead(err)
+            except Exception as named:
+                self._stop_reason = f"{type(named).__name__}: {named}"
+                raise
         finally:
             in_flight = len(self._inflight)  # counted before cancelling: cancelled groups remove themselves
             for task in (*tasks, *self._inflight.values()):
                 task.cancel()
             await asyncio.gather(*tasks, *self._inflight.values(), return_exceptions=True)
-            self._account_unfinished(in_flight)
+            self._write_end_state(in_flight)
 
     async def _name_the_dead(self, err: Exception) -> None:
         """A dead process usually shows up first as a failed call to it: give the executor a
@@ -215,10 +228,17 @@ class Controller:
             raise self._fatal from err
         raise err
 
-    def _account_unfinished(self, in_flight: int) -> None:
-        """Nothing is silently dropped: record what was generated but never trained."""
+    def _write_end_state(self, in_flight: int) -> None:
+        """end_state.json, at every stop: whether the run finished (and if not, why), its counters
+        and restarts, and, so that nothing is silently dropped, what was generated but never
+        trained. A resumed run reads its restarts back (`earlier_restarts`)."""
         stats = self.buffer.stats()
+        finished = self._stop_reason is None and self.state.step >= self.rt.steps
+        reason = (f"completed runtime.steps ({self.rt.steps})" if finished
+                  else self._stop_reason or "stopped before runtime.steps (interrupted or cancelled)")
         summary = {
+            "finished": finished,
+            "stop_reason": reason,
             "groups_in_flight_at_stop": in_flight,
             "trajectories_buffered_at_stop": stats.buffered_trajectories,
             **{k: v for k, v in asdict(self.state).items() if k != "history"},
@@ -227,7 +247,9 @@ class Controller:
             "groups_untrained_at_stop": len(self._untrained),
             "buffer": stats,
         }
-        self.run_dir.write_json("unfinished.json", summary)
+        self.run_dir.write_json(END_STATE_FILENAME, summary)
+        # a part of this run from before the rename wrote unfinished.json: this file supersedes it
+        (self.run_dir.path / LEGACY_END_STATE_FILENAME).unlink(missing_ok=True)
         if in_flight or stats.buffered_trajectories:
             log.info("at stop: %d prompt groups in flight, %d trajectories buffered (not trained)",
                      in_flight, stats.buffered_trajectories)
@@ -331,7 +353,7 @@ class Controller:
     def _say_once(self, level: int, exc: Exception, fmt: str, *args: Any) -> None:
         """A group's failure (`exc`) on the console the first two times this message meets this
         error, then once more to say the rest are only counted (rollout/groups_failed,
-        unfinished.json) and logged at debug level: with 64 groups in flight, a node that always
+        end_state.json) and logged at debug level: with 64 groups in flight, a node that always
         fails would otherwise print a line per group and attempt before the run stops."""
         key = (fmt, str(exc))
         self._said[key] += 1
@@ -551,6 +573,8 @@ class Controller:
         path = self.run_dir.checkpoint_dir(self.state.step)
         with self.tracer.span("checkpoint", cat="controller", step=self.state.step):
             await self.executor.save_checkpoint(path)
+            if delay := float(os.environ.get(SAVE_DELAY_ENV) or 0):  # test hook: a slow save to kill
+                await asyncio.sleep(delay)
             state = asdict(self.state)
             # not yet trained: still to resubmit, in flight, or buffered (generated by weights
             # that will not exist after a resume: regenerated rather than trained stale)
@@ -559,15 +583,35 @@ class Controller:
             self.ledger.record("checkpoint", -1, -1, path.name, self.state.step, self.state.version)
             (path / "controller_state.json").write_text(json.dumps(state))
             self.run_dir.mark_checkpoint_complete(path)
+            if self._resumed_from is not None and self._resumed_from.name < path.name:
+                self._resumed_from = None  # a newer checkpoint is complete: the resumed one may go
+            await self._prune_checkpoints(path)
+
+    async def _prune_checkpoints(self, written: Path | None = None) -> None:
+        """runtime.keep_checkpoints: delete the checkpoints it does not keep (in a thread: removing
+        gigabytes takes a while, and generation goes on meanwhile). Kept whatever the numbers say:
+        the checkpoint just `written`, and the one this run resumed from until a newer one is
+        complete (a run resumed from an older checkpoint than the newest must not lose either)."""
+        if self.rt.keep_checkpoints is None:
+            return
+        protect = [p for p in (written, self._resumed_from) if p is not None]
+        try:
+            await asyncio.to_thread(self.run_dir.prune_checkpoints, self.rt.keep_checkpoints,
+                                    self.rt.keep_checkpoints_every, protect)
+        except OSError as err:  # a checkpoint left on disk must not stop training
+            log.warning("pruning old checkpoints failed: %s", err)
 
     async def _restore(self, ckpt: Path) -> None:
         """Continue as if never stopped: the models' weights and optimizers, the servers on the
         checkpoint's policy (they started on the workflow's model), the prompt stream and the
         untrained groups' prompts, the counters, and metrics with no step logged twice."""
-        data = json.loads((ckpt / "controller_state.json").read_text())
-        self.state = RunState(**data)
-        self._earlier_restarts = earlier_restarts(self.run_dir)
-        await self.executor.load_checkpoint(ckpt)
+        with self.run_dir.reading_checkpoint(ckpt):  # no prune deletes it under the load
+            data = json.loads((ckpt / "controller_state.json").read_text())
+            self.state = RunState(**data)
+            self._earlier_restarts = earlier_restarts(self.run_dir)
+            await self.executor.load_checkpoint(ckpt)
+        self._resumed_from = ckpt
+        await self._prune_checkpoints()  # what a crash left: a half-written save, a half-done removal
         if self.state.version > 0:
             await self.executor.sync_weights(self.state.version)
         # Trajectories trained before the checkpoint count as accepted, so the bound stays exact.
@@ -609,10 +653,11 @@ class Controller:
 
 
 def earlier_restarts(run_dir: RunDir) -> Counter:
-    """The process restarts the run's earlier parts recorded (unfinished.json), so a resumed run
-    reports its restarts over the whole run, not since the last resume."""
+    """The process restarts the run's earlier parts recorded (end_state.json, or unfinished.json
+    from before its rename), so a resumed run reports its restarts over the whole run, not since
+    the last resume."""
     try:
-        data = json.loads((run_dir.path / "unfinished.json").read_text())
+        data = json.loads(end_state_file(run_dir.path).read_text())
         return Counter({str(k): int(v) for k, v in (data.get("process_restarts") or {}).items()})
     except (OSError, ValueError, TypeError, AttributeError):
         return Counter()

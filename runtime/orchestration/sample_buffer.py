@@ -6,7 +6,7 @@ takes exactly the groups that are due, in the order they were submitted (the con
 each prompt group whole (group-normalised advantages need all answers of a prompt in one
 batch), refuses batches whose keys differ from what it holds (they could not be trained
 together), and counts everything that entered and left, so that what a stopped run never
-trained is reported (`stats()`, the run's unfinished.json), never silently lost.
+trained is reported (`stats()`, the run's end_state.json), never silently lost.
 
 Thread-safe: `put` is called from the generation side, `take_groups` from the trainer.
 """

@@ -238,7 +238,7 @@ def test_resolve_builtins_leaves_local_paths_alone_and_resolves_builtin_ones(mon
 def test_a_failure_is_a_message_and_exit_1(monkeypatch, workflow, tmp_path, capsys):
     def fail_after_starting(spec, run_dir, **kwargs):
         run_dir.logs_dir.mkdir()
-        run_dir.write_json("unfinished.json", {})
+        run_dir.write_json("end_state.json", {})
         raise RuntimeError("boom [x]")
 
     monkeypatch.setattr(orchestration_run, "run_with_auto_resume", fail_after_starting)
@@ -246,7 +246,7 @@ def test_a_failure_is_a_message_and_exit_1(monkeypatch, workflow, tmp_path, caps
     assert cmd_run.run(parse(str(workflow), "--run-dir", str(run_dir))) == 1
     out = capsys.readouterr().out
     assert "run failed: RuntimeError: boom [x]" in out  # printed verbatim, not as markup
-    assert f"process logs: {run_dir / 'logs'}; unfinished work: {run_dir / 'unfinished.json'}" in out
+    assert f"process logs: {run_dir / 'logs'}; end state: {run_dir / 'end_state.json'}" in out
     assert "not resumed automatically" not in out  # not a resumable failure
 
 
@@ -254,7 +254,7 @@ def test_a_failure_before_any_process_names_no_files_it_never_wrote(monkeypatch,
     monkeypatch.setattr(orchestration_run, "run_with_auto_resume", FakeRunner(error=RuntimeError("no tokenizer")))
     assert cmd_run.run(parse(str(workflow), "--run-dir", str(tmp_path / "r"))) == 1
     out = capsys.readouterr().out
-    assert "run failed: RuntimeError: no tokenizer" in out and "process logs" not in out and "unfinished" not in out
+    assert "run failed: RuntimeError: no tokenizer" in out and "process logs" not in out and "end state" not in out
 
 
 def test_resumable_failure_without_checkpoint_says_why_it_was_not_resumed(monkeypatch, workflow, tmp_path, capsys):

@@ -96,8 +96,9 @@ def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
             proc.kill()
     assert proc.returncode == 1, out[-3000:]
     assert "model-actor" in out and "died" in out
-    unfinished = json.loads((run_dir / "unfinished.json").read_text())
-    assert unfinished["trajectories_trained"] >= 8
+    end_state = json.loads((run_dir / "end_state.json").read_text())
+    assert end_state["trajectories_trained"] >= 8
+    assert end_state["finished"] is False and "model-actor" in end_state["stop_reason"]
     # no orphans: every process of the run is gone
     time.sleep(1.0)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
@@ -129,7 +130,7 @@ def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path
     metrics = [m for m in read_metrics(run_dir) if "time/step" in m]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # strictly increasing, the last reached
     assert all(m["staleness/max"] <= eta for m in metrics)
-    summary = json.loads((run_dir / "unfinished.json").read_text())
+    summary = json.loads((run_dir / "end_state.json").read_text())
     assert summary["process_restarts"] == {victim: 1}
     assert summary["trajectories_trained"] == steps * batch
     assert summary["groups_failed"] == 0 and summary["groups_dropped"] == 0
@@ -280,10 +281,10 @@ def test_dapo_workflow_drops_uniform_groups_and_trains(kit, tmp_path):
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "time/step" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4]
-    unfinished = json.loads((run_dir / "unfinished.json").read_text())
-    dropped = unfinished["groups_dropped_by_node"].get("dynamic_sampling", 0)
-    assert steps[-1]["groups/dropped"] == unfinished["groups_dropped"] == dropped
-    assert unfinished["trajectories_trained"] == 4 * 8
+    end_state = json.loads((run_dir / "end_state.json").read_text())
+    dropped = end_state["groups_dropped_by_node"].get("dynamic_sampling", 0)
+    assert steps[-1]["groups/dropped"] == end_state["groups_dropped"] == dropped
+    assert end_state["trajectories_trained"] == 4 * 8
     assert "eval/accuracy" in metrics[0] and "eval/correct" in metrics[0]
 
 

@@ -188,7 +188,7 @@ def test_a_killed_worker_and_a_killed_server_actor_are_restarted_mid_run(cluster
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert [m["version"] for m in read_metrics(run_dir) if "time/step" in m] == list(range(1, 11))
-    assert json.loads((run_dir / "unfinished.json").read_text())["process_restarts"] == {"rollout": 1, "inference-0": 1}
+    assert json.loads((run_dir / "end_state.json").read_text())["process_restarts"] == {"rollout": 1, "inference-0": 1}
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def test_latest_checkpoint_needs_the_marker(tmp_path):
 
 def test_write_json_is_atomic_and_plain(tmp_path):
     rd = RunDir(tmp_path)
-    p = rd.write_json("unfinished.json", {"n": torch.tensor(3), "path": Path("/x"), "t": (1, 2)})
+    p = rd.write_json("end_state.json", {"n": torch.tensor(3), "path": Path("/x"), "t": (1, 2)})
     assert json.loads(p.read_text()) == {"n": 3, "path": "/x", "t": [1, 2]}
     assert not list(tmp_path.glob(".*tmp*"))
 

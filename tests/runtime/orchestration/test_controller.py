@@ -71,8 +71,8 @@ def _run_text(tmp_path, text, resume_from=None, data=None):
 
 def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0):
     state, executor = _run_text(tmp_path, workflow(eta, steps, reward, extra, train_reads, fail, delay))
-    unfinished = json.loads((tmp_path / "run" / "unfinished.json").read_text())
-    return state, fake_kinds.HOSTS, unfinished, executor
+    end_state = json.loads((tmp_path / "run" / "end_state.json").read_text())
+    return state, fake_kinds.HOSTS, end_state, executor
 
 
 def metrics(tmp_path) -> list[dict]:
@@ -92,41 +92,43 @@ def test_eta_zero_is_synchronous(tmp_path):
 
 @pytest.mark.parametrize("eta", [1, 3])
 def test_staleness_never_exceeds_eta_and_data_is_trained_once(tmp_path, eta):
-    state, hosts, unfinished, _ = run(tmp_path, eta=eta, steps=10, delay=0.01)
+    state, hosts, end_state, _ = run(tmp_path, eta=eta, steps=10, delay=0.01)
     batches = hosts["train"].batches
     staleness = [step - min(b["versions"]) for step, b in enumerate(batches)]
     assert max(staleness) <= eta and len(batches) == 10
     trained = [s for b in batches for s in b["sample_ids"]]
     assert len(trained) == len(set(trained)) == 80  # no trajectory trained twice
     # every submitted group is finished (trained or buffered), failed, dropped or in flight
-    assert unfinished["groups_submitted"] == (unfinished["groups_finished"] + unfinished["groups_failed"]
-                                             + unfinished["groups_dropped"] + unfinished["groups_in_flight_at_stop"])
+    assert end_state["groups_submitted"] == (end_state["groups_finished"] + end_state["groups_failed"]
+                                            + end_state["groups_dropped"] + end_state["groups_in_flight_at_stop"])
+    # a clean finish says so: the file is the run's end state, not a failure report
+    assert end_state["finished"] is True and end_state["stop_reason"] == "completed runtime.steps (10)"
     # at most (eta + v + 1) * B trajectories were ever admitted: v = 10 at the end
-    assert unfinished["groups_submitted"] * 4 <= (eta + 10 + 1) * 8
+    assert end_state["groups_submitted"] * 4 <= (eta + 10 + 1) * 8
     assert [m["staleness/max"] for m in metrics(tmp_path)] == [float(s) for s in staleness]
 
 
 def test_failed_groups_are_retried_then_counted_never_lost(tmp_path):
     # group 1 fails twice (then succeeds on its third attempt); group 2 fails every attempt
-    state, hosts, unfinished, _ = run(tmp_path, eta=0, steps=4, fail="{1: 2, 2: 3}")
+    state, hosts, end_state, _ = run(tmp_path, eta=0, steps=4, fail="{1: 2, 2: 3}")
     assert hosts["rollout"].attempts[1] == 3 and hosts["rollout"].attempts[2] == 3
     assert state.groups_retried == 4 and state.groups_failed == 1
     trained_groups = {g for b in hosts["train"].batches for g in b["group_ids"]}
     assert 1 in trained_groups and 2 not in trained_groups
     assert state.trajectories_trained == 32  # the failed group's slot went to another prompt
-    assert unfinished["groups_failed"] == 1 and metrics(tmp_path)[-1]["rollout/groups_failed"] == 1.0
+    assert end_state["groups_failed"] == 1 and metrics(tmp_path)[-1]["rollout/groups_failed"] == 1.0
 
 
 def test_a_filter_drops_whole_groups_and_the_gate_replaces_them(tmp_path):
     extra = ('dapo: {kind: function, fn: "areal_graph.nodes.filters:drop_uniform_groups", reads: [rewards]}')
-    state, hosts, unfinished, _ = run(tmp_path, eta=0, steps=5, reward="mixed_reward", extra=extra)
+    state, hosts, end_state, _ = run(tmp_path, eta=0, steps=5, reward="mixed_reward", extra=extra)
     batches = hosts["train"].batches
     trained_groups = {g for b in batches for g in b["group_ids"]}
     assert trained_groups and all(g % 3 for g in trained_groups)  # uniform groups never reach training
     assert all(len(b["sample_ids"]) == 8 for b in batches) and state.trajectories_trained == 40
     generated = set(hosts["rollout"].attempts)
     finished_uniform = {g for g in generated if g % 3 == 0} - {g for g in generated if g >= state.next_group_id}
-    assert state.groups_dropped == unfinished["groups_dropped_by_node"]["dapo"] >= 1
+    assert state.groups_dropped == end_state["groups_dropped_by_node"]["dapo"] >= 1
     assert state.groups_dropped <= len(finished_uniform)
     last = metrics(tmp_path)[-1]
     assert last["groups/dropped"] == state.groups_dropped and last["dapo/groups_dropped_total"] == state.groups_dropped
@@ -159,10 +161,12 @@ def test_a_node_that_always_fails_stops_the_run_naming_it(tmp_path):
                                         rf"{GROUP_ATTEMPTS} times; the last: node 'reward' \(function "
                                         r"support.fake_kinds:always_raises\): ValueError: a bug in the user's reward"):
         run(tmp_path, reward="always_raises")
-    unfinished = json.loads((tmp_path / "run" / "unfinished.json").read_text())
+    end_state = json.loads((tmp_path / "run" / "end_state.json").read_text())
     # the groups in flight when the limit was hit may fail too; none was trained, all are counted
-    assert FAILED_GROUPS_IN_A_ROW <= unfinished["groups_failed"] <= FAILED_GROUPS_IN_A_ROW + 16 // 4
-    assert unfinished["step"] == 0 and unfinished["groups_finished"] == 0
+    assert FAILED_GROUPS_IN_A_ROW <= end_state["groups_failed"] <= FAILED_GROUPS_IN_A_ROW + 16 // 4
+    assert end_state["step"] == 0 and end_state["groups_finished"] == 0
+    assert end_state["finished"] is False
+    assert end_state["stop_reason"].startswith(f"RunFailed: {FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed")
 
 
 def test_node_stats_per_step_failures_summed_and_said_means_averaged(tmp_path, caplog):
@@ -257,3 +261,91 @@ def test_reward_is_also_reported_per_data_source(tmp_path):
         assert by_source.get("reward/by_source/odd_x/mean", 0.0) == 0.0
     assert any(len([k for k in m if "/by_source/" in k]) == 2 for m in steps)
 
+
+
+# ------------------------------------------------------------------------------ keep_checkpoints, end state
+def _steps_on_disk(tmp_path) -> list[int]:
+    return [s for s, _ in RunDir(tmp_path / "run", tensorboard=False).checkpoints()]
+
+
+def test_keep_checkpoints_keeps_the_newest_and_the_milestones(tmp_path):
+    """save_every 1, keep 2, milestones every 4: after 9 steps steps 8 and 9 (the newest two) and
+    4 (a milestone) are left, and nothing else under checkpoints/ (no half-removed directory)."""
+    text = workflow(steps=9).replace("eval_every: 0}", "eval_every: 0, save_every: 1, keep_checkpoints: 2, "
+                                                       "keep_checkpoints_every: 4}")
+    _run_text(tmp_path, text)
+    assert _steps_on_disk(tmp_path) == [4, 8, 9]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "step_00000004", "step_00000008", "step_00000009"]
+
+
+def test_without_keep_checkpoints_every_checkpoint_stays(tmp_path):
+    _run_text(tmp_path, workflow(steps=4).replace("eval_every: 0}", "eval_every: 0, save_every: 1}"))
+    assert _steps_on_disk(tmp_path) == [1, 2, 3, 4]
+
+
+def test_a_resume_marks_the_checkpoint_it_reads_and_keeps_it_until_a_newer_one_is_complete(tmp_path, monkeypatch):
+    """Resumed from step 2 while step 4 (a later, complete checkpoint) exists, with keep_checkpoints
+    1: while the load runs, the checkpoint carries READING.<pid> and a prune leaves it alone; the
+    resume's own prune sweeps what a crash left (an older half-written save, a half-done removal)
+    and still keeps step 2, the one it resumed from; the next saves let it go."""
+    import os
+
+    text = workflow(steps=4).replace("eval_every: 0}", "eval_every: 0, save_every: 2}")
+    _run_text(tmp_path, text)
+    run_dir = RunDir(tmp_path / "run", tensorboard=False)
+    assert _steps_on_disk(tmp_path) == [2, 4]
+    run_dir.checkpoint_dir(1)  # a save that crashed half-way, older than the newest complete one
+    (run_dir.checkpoints_root / ".deleting-step_00000000.1").mkdir()  # a removal that crashed
+    seen = {}
+
+    async def load(self, path):
+        seen["marked"] = (path / f"READING.{os.getpid()}").exists()
+        seen["pruned"] = run_dir.prune_checkpoints(1)  # as another process would, mid-load
+        seen["left"] = path.is_dir()
+
+    monkeypatch.setattr(InProcessExecutor, "load_checkpoint", load)
+    text = text.replace("steps: 4", "steps: 8").replace("save_every: 2}", "save_every: 2, keep_checkpoints: 1}")
+    ckpt = run_dir.checkpoint_dir(2)
+    state, _ = _run_text(tmp_path, text, resume_from=ckpt)
+    assert state.step == 8
+    assert seen == {"marked": True, "pruned": [run_dir.checkpoints_root / "step_00000001"], "left": True}
+    assert _steps_on_disk(tmp_path) == [8]
+    assert sorted(p.name for p in run_dir.checkpoints_root.iterdir()) == ["step_00000008"]
+
+
+def test_the_resumed_from_checkpoint_survives_the_resumes_own_prune(tmp_path, caplog):
+    """keep_checkpoints 1 and a resume from step 2 while step 4 is the newest complete: the prune
+    right after the load keeps both (step 2 is protected until a newer checkpoint is complete)."""
+    import logging
+
+    text = workflow(steps=4).replace("eval_every: 0}", "eval_every: 0, save_every: 2}")
+    _run_text(tmp_path, text)
+    run_dir = RunDir(tmp_path / "run", tensorboard=False)
+    (run_dir.checkpoint_dir(1) / "half_written").write_text("x")
+    text = text.replace("save_every: 2}", "save_every: 2, keep_checkpoints: 1}").replace("steps: 4", "steps: 3")
+    with caplog.at_level(logging.INFO, logger="areal_graph.runtime.observability.run_dir"):
+        _run_text(tmp_path, text, resume_from=run_dir.checkpoint_dir(2))  # steps 3: no save after the resume
+    assert _steps_on_disk(tmp_path) == [2, 4]
+    assert not (run_dir.checkpoints_root / "step_00000001").exists()
+    said = [r.getMessage() for r in caplog.records if "checkpoints pruned" in r.getMessage()]
+    assert said == ["checkpoints pruned (keep_checkpoints 1): removed step_00000001; newest kept step_00000004"]
+
+
+def test_end_state_reads_an_older_runs_unfinished_json_and_replaces_it(tmp_path):
+    """A run directory from before the rename: its restarts are read from unfinished.json on
+    resume, and the end state written at the stop (end_state.json) supersedes that file."""
+    from areal_graph.runtime.orchestration.controller import earlier_restarts
+
+    text = workflow(steps=2).replace("eval_every: 0}", "eval_every: 0, save_every: 1}")
+    _run_text(tmp_path, text)
+    run_dir = RunDir(tmp_path / "run", tensorboard=False)
+    (run_dir.path / "end_state.json").rename(run_dir.path / "unfinished.json")
+    old = json.loads((run_dir.path / "unfinished.json").read_text())
+    old["process_restarts"] = {"rollout": 2}
+    (run_dir.path / "unfinished.json").write_text(json.dumps(old))
+    assert earlier_restarts(run_dir) == {"rollout": 2}
+    _run_text(tmp_path, text.replace("steps: 2", "steps: 3"), resume_from=run_dir.checkpoint_dir(2))
+    assert not (run_dir.path / "unfinished.json").exists()
+    end_state = json.loads((run_dir.path / "end_state.json").read_text())
+    assert end_state["process_restarts"] == {"rollout": 2} and end_state["finished"] is True

@@ -3,9 +3,10 @@
 A seeded plan SIGKILLs the reward, rollout and inference processes (restarted in place) and
 the model worker (the run goes on from its last checkpoint in fresh processes), one after
 another, each at a random moment after a random step; a second test kills the controller
-itself and resumes with `--resume`. The invariants are read from the run directory alone:
-every step logged once and in order up to the last, staleness never above eta, and by the
-ledger every prompt-stream position trained exactly once with none lost on the way.
+itself and resumes with `--resume`, a third kills it in the middle of a checkpoint save. The
+invariants are read from the run directory alone: every step logged once and in order up to
+the last, staleness never above eta, and by the ledger every prompt-stream position trained
+exactly once with none lost on the way.
 
 `AREAL_FAULT_SEED=N pytest tests/runtime/orchestration/test_fault_injection.py -s` replays one plan and prints
 its table; the slow test runs several seeds.
@@ -98,12 +99,13 @@ def _names(proc: subprocess.Popen) -> list[str]:
     return names
 
 
-def _start(wf: Path, run_dir: Path, *extra: str, steps: int = STEPS) -> subprocess.Popen:
+def _start(wf: Path, run_dir: Path, *extra: str, steps: int = STEPS,
+           env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
            f"runtime.steps={steps}", f"runtime.max_staleness={ETA}", "runtime.save_every=2", "runtime.eval_every=0",
            *extra]
     env = {**os.environ, "COLUMNS": "400",
-           "PYTHONPATH": child_env()["PYTHONPATH"]}
+           "PYTHONPATH": child_env()["PYTHONPATH"], **(env_extra or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -160,7 +162,7 @@ def run_kill_plan(kit_dir: Path, tmp_path: Path, seed: int) -> tuple[list[Kill],
                      else "?")
     assert proc.returncode == 0, out[-4000:]
     # counted over the whole run, across the auto-resume after the model worker's death
-    restarts = json.loads((run_dir / "unfinished.json").read_text())["process_restarts"]
+    restarts = json.loads((run_dir / "end_state.json").read_text())["process_restarts"]
     assert restarts == {v: 1 for v in STATELESS}, restarts
     return plan, out
 
@@ -208,6 +210,44 @@ def test_a_killed_controller_resumes_with_nothing_lost(kit, tmp_path):
     trace = json.loads((run_dir / "trace.json").read_text())
     assert [e["name"] for e in trace if e.get("name") == "resume"] == ["resume"]
     assert sum(e.get("name") == "plan" for e in trace) >= 1
+
+
+@pytest.mark.slow  # ~40-60 s of two short runs: `make test-slow`
+def test_a_controller_killed_mid_save_resumes_from_the_previous_complete_checkpoint(kit, tmp_path):
+    """SIGKILL `areal-graph run` while it saves the step-4 checkpoint (the models' files written,
+    the COMPLETE marker not yet: the controller's test hook holds it there). The step-2 checkpoint
+    is still whole and is what `--resume` continues from; the run finishes every step once, and
+    runtime.keep_checkpoints 1 leaves only the last checkpoint, nothing half-removed."""
+    from areal_graph.runtime.observability.ledger import read_ledger
+    from areal_graph.runtime.observability.run_dir import RunDir
+    from areal_graph.runtime.orchestration.controller import SAVE_DELAY_ENV
+
+    wf = write_workflow(kit, tmp_path)
+    run_dir = tmp_path / "run"
+    steps = 6
+    saving = run_dir / "checkpoints" / "step_00000004"
+    proc = _start(wf, run_dir, "runtime.keep_checkpoints=1", steps=steps, env_extra={SAVE_DELAY_ENV: "4"})
+    try:
+        # the model worker's last file of the save is there, the marker is not: mid-save
+        _wait(lambda: (saving / "actor" / "trainer_state.pt").exists() or proc.poll() is not None, "the step-4 save")
+        assert proc.poll() is None and not (saving / "COMPLETE").exists(), proc.stdout.read()[-3000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _wait(lambda: _find_any(run_dir) == [], "the run's processes to exit after the controller died", 30)
+    assert RunDir(run_dir, tensorboard=False).latest_checkpoint() == run_dir / "checkpoints" / "step_00000002"
+    assert not (saving / "COMPLETE").exists()
+
+    resumed = _start(wf, run_dir, "--resume", str(run_dir), "runtime.keep_checkpoints=1", steps=steps)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out[-4000:]
+    assert [e["prompt"] for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "resumed"] == ["step_00000002"]
+    assert_nothing_lost(run_dir, steps)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000006"]
+    end_state = json.loads((run_dir / "end_state.json").read_text())
+    assert end_state["finished"] is True and end_state["step"] == steps
 
 
 def _find_any(run_dir: Path) -> list[psutil.Process]:
