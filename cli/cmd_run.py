@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import deque
 import logging
 import time
 from pathlib import Path
@@ -54,7 +55,8 @@ class RunDisplay:
     def __init__(self, console: Console, total_steps: int) -> None:
         self.console = console
         self.total = total_steps
-        self.rows: list[dict] = []
+        self.rows: deque[dict] = deque(maxlen=12)  # the last steps shown; a long run must not keep them all
+        self.steps = 0
         self.last_acc: float | None = None
         self.live = Live(self._table(), console=console, refresh_per_second=2) if console.is_terminal else None
         self.t0 = time.time()
@@ -70,10 +72,10 @@ class RunDisplay:
 
     def _table(self) -> Table:
         elapsed = time.time() - self.t0 if hasattr(self, "t0") else 0.0
-        t = Table(title=f"areal-graph  step {len(self.rows)}/{self.total}  {elapsed:.0f}s", expand=False)
+        t = Table(title=f"areal-graph  step {self.steps}/{self.total}  {elapsed:.0f}s", expand=False)
         for _, title, _ in self.COLUMNS:
             t.add_column(title, justify="right")
-        for row in self.rows[-12:]:
+        for row in self.rows:
             t.add_row(*[fmt.format(row[k]) if k in row else "" for k, _, fmt in self.COLUMNS])
         return t
 
@@ -83,6 +85,7 @@ class RunDisplay:
             self.console.print(f"eval step {step}: greedy test accuracy {acc:.3f}")
 
     def on_step(self, step: int, stats: dict) -> None:
+        self.steps = int(stats.get("step", self.steps + 1))
         self.rows.append(stats)
         if self.live:
             self.live.update(self._table())

@@ -55,6 +55,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--span-budget", type=int, default=50_000, metavar="N",
                    help="most spans the page draws one by one; past it, short neighbouring spans are merged "
                         "into blocks and the page says so (default 50000)")
+    p.add_argument("--read-mb", type=int, default=48, metavar="MB",
+                   help="most MB of a run's trace read (default 48): a larger trace is read in windows, the first "
+                        "and last steps and evenly spaced ones between, in bounded memory and time, and the "
+                        "output says so")
     p.set_defaults(func=run)
 
 
@@ -81,10 +85,13 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]--label was given {len(args.label)} time(s) for {len(args.runs)} run(s): "
                   "give one per RUN, in order[/]")
         return 2
+    if args.read_mb < 1:
+        err.print(f"[red]--read-mb must be at least 1 (MB of each run's trace read), got {args.read_mb}[/]")
+        return 2
     runs = []
     for k, path in enumerate(args.runs):
         try:
-            runs.append(load_run(path, args.label[k] if args.label else None))
+            runs.append(load_run(path, args.label[k] if args.label else None, args.read_mb * 2**20))
         except (FileNotFoundError, ValueError, OSError) as exc:
             err.print(f"[red]cannot read the trace: {exc}[/]", soft_wrap=True)
             return 1
@@ -111,7 +118,9 @@ def _report(run: Any, summary: dict[str, Any], args: argparse.Namespace) -> dict
     spans = run.timeline.spans
     wall = run.timeline.wall_s
     window = training_window(run.timeline)
-    return {"trace": ", ".join(summary["files"]), "label": run.label, "wall_s": wall, "spans": len(spans),
+    files = summary["files"]
+    shown = files if len(files) <= 4 else [*files[:2], f"... {len(files) - 3} more ...", files[-1]]
+    return {"trace": ", ".join(shown), "label": run.label, "wall_s": wall, "spans": len(spans),
             # what `areal-graph simulate --json` predicts: first step's start to last step's end
             "steps_window_s": (window[1] - window[0]) if window else None,
             "by": {by: summarize(spans, by, wall) for by in args.by},

@@ -138,6 +138,11 @@ class RuntimeSpec:
     trace: bool = _f(True, None, "record a timeline of the run (trace.json: spans of every process, request "
                                  "phases in the inference servers, generation -> train arrows); false records "
                                  "nothing in any process and writes no trace file")
+    trace_max_mb: Optional[int] = _f(
+        256, positive, "the trace's size budget in MB: the first steps in full (trace.json, a fifth), then "
+                       "segments in trace_segments/ of which the newest and an evenly spaced sample of the older "
+                       "ones are kept; trace_segments/index.json says what was dropped "
+                       "(runtime/observability/trace_segments.py); null: no limit")
     launcher: Literal["local", "ray"] = _f(
         "local", None, "how workers and inference servers start: local (subprocesses of the controller) or ray "
                        "(each in a Ray actor, all in one placement group; see docs/scaling.md)")

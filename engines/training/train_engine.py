@@ -68,6 +68,7 @@ from areal_graph.engines.training.packed_scoring import (
     rows_logprobs,
 )
 from areal_graph.engines.training.step_stats import add_stats
+from areal_graph.engines.training.state_file import save_state
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +435,7 @@ class TrainEngine:
             else:
                 state["optimizer"] = self.optimizer.state_dict()
         if self.rank == 0:
-            torch.save(state, path / "trainer_state.pt")
+            save_state(state, path / "trainer_state.pt")
         self._barrier()
         return path
 

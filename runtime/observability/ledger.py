@@ -33,6 +33,9 @@ class SampleLedger:
         self.path = Path(path) if path is not None else None
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8") if self.path is not None else None
+        if self._file is not None and _ends_mid_line(self.path):  # cut by a crash or a full disk:
+            self._file.write("\n")  # the next event starts a line of its own, not glued to the cut one
+            self._file.flush()
 
     def record(self, event: str, group: int, pos: int, prompt: Any, step: int, version: int) -> None:
         if event not in EVENTS:
@@ -49,6 +52,14 @@ class SampleLedger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _ends_mid_line(path: Path | None) -> bool:
+    if path is None or not path.exists() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
 
 
 def read_ledger(path: str | Path) -> list[dict[str, Any]]:

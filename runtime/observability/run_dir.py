@@ -255,7 +255,10 @@ class RunDir:
                 # (after Ctrl-C the tracker's own service process may be gone already)
                 _tracker_failed(tracker, "close", err)
         if self._tb is not None:
-            self._tb.close()
+            try:
+                self._tb.close()
+            except OSError as err:  # a full disk: the run's own error is the one to see
+                log.warning("closing TensorBoard's event file failed: %s", err)
             self._tb = None
             self._tb_checked = False
 

@@ -26,7 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from areal_graph.runtime.observability.trace_read import TraceFile, read_trace_file, trace_files
+from areal_graph.runtime.observability.trace_read import TraceFile
+from areal_graph.runtime.observability.trace_windows import DEFAULT_READ_MB, read_trace_parts
 
 _LANE_RE = re.compile(r"^(.*) #(\d+)$")
 PROFILE_CATEGORY = "profile"
@@ -83,9 +84,13 @@ class Timeline:
         return sum(b - a for a, b in merge_intervals(self.windows)) / 1e6
 
 
-def load_timeline(run: str | os.PathLike) -> Timeline:
-    """The timeline of a run directory (all its trace parts, oldest first) or of one trace file."""
-    return build_timeline([read_trace_file(p) for p in trace_files(run)])
+def load_timeline(run: str | os.PathLike, max_read_bytes: int = DEFAULT_READ_MB * 2**20) -> Timeline:
+    """The timeline of a run directory (all its trace parts, oldest first) or of one trace file,
+    read in bounded memory: past `max_read_bytes`, in windows (trace_windows.py, which says so)."""
+    parts, notes = read_trace_parts(run, max_read_bytes)
+    tl = build_timeline(parts)
+    tl.notes[:0] = notes
+    return tl
 
 
 def build_timeline(files: Iterable[TraceFile]) -> Timeline:
@@ -315,5 +320,7 @@ def _notes(tl: Timeline) -> list[str]:
     if unbound:
         notes.append(f"{unbound} flow-event ends point at no span (drawn at their own time and thread)")
     if len(tl.windows) > 1:
-        notes.append(f"{len(tl.windows)} trace files read in order ({', '.join(f.path.name for f in tl.files)})")
+        names = list(dict.fromkeys(f.path.name for f in tl.files))
+        shown = ", ".join(names) if len(names) <= 6 else f"{', '.join(names[:3])}, ..., {', '.join(names[-2:])}"
+        notes.append(f"{len(tl.windows)} trace parts read in order ({shown})")
     return notes

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from areal_graph.runtime.observability.run_dir import TRACE_FILENAME
+from areal_graph.runtime.observability.trace_segments import SEGMENTS_DIRNAME
 
 _PART_RE = re.compile(r"^trace\.part(\d+)\.json$")
+_SEGMENT_RE = re.compile(r"^seg-(\d+)\.json$")
 _DECODER = json.JSONDecoder()
 _WS = " \t\r\n"
 
@@ -46,10 +48,12 @@ class TraceFile:
 
 
 def trace_files(run: str | os.PathLike) -> list[Path]:
-    """The trace files of a run, oldest first: `trace.part1.json`, `trace.part2.json`, ..., `trace.json`.
+    """The trace files of a run, oldest first: `trace.part1.json`, ..., `trace.json`, then the
+    kept segments `trace_segments/seg-000001.json`, ...
 
     `run` is a run directory or a single trace file. Earlier parts are what a resumed run
-    left behind before traces were appended to one file (see run_dir.py)."""
+    left behind before traces were appended to one file (see run_dir.py); segments are what a
+    run with a trace budget wrote after its head (trace_segments.py)."""
     path = Path(run)
     if path.is_file():
         return [path]
@@ -59,6 +63,9 @@ def trace_files(run: str | os.PathLike) -> list[Path]:
     files = [p for _, p in parts]
     if (path / TRACE_FILENAME).is_file():
         files.append(path / TRACE_FILENAME)
+    seg_dir = path / SEGMENTS_DIRNAME
+    if seg_dir.is_dir():
+        files.extend(sorted(p for p in seg_dir.iterdir() if _SEGMENT_RE.match(p.name)))
     if not files:
         raise FileNotFoundError(f"{path}: no {TRACE_FILENAME} (is it a run directory?)")
     return files

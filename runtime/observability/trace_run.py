@@ -20,6 +20,7 @@ from typing import Any
 from areal_graph.runtime.observability.run_dir import (CONFIG_FILENAME, END_STATE_FILENAME, METRICS_FILENAME,
                                                        end_state_file)
 from areal_graph.runtime.observability.trace_model import Timeline, load_timeline
+from areal_graph.runtime.observability.trace_windows import DEFAULT_READ_MB
 from areal_graph.runtime.observability.trace_stats import guess_sides
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,12 @@ class RunMaterial:
         return self.path if self.path.is_dir() else None
 
 
-def load_run(path: str | os.PathLike, label: str | None = None) -> RunMaterial:
+def load_run(path: str | os.PathLike, label: str | None = None,
+             max_read_bytes: int = DEFAULT_READ_MB * 2**20) -> RunMaterial:
     """Read a run directory (or a single trace file); raises FileNotFoundError/ValueError only
-    when there is no readable trace."""
+    when there is no readable trace. A trace past `max_read_bytes` is read in windows."""
     path = Path(path)
-    tl = load_timeline(path)
+    tl = load_timeline(path, max_read_bytes)
     run = RunMaterial(label=label or _default_label(path), path=path, timeline=tl, notes=list(tl.notes))
     if run.run_dir is None:
         run.notes.append("a bare trace file: no metrics.jsonl or config.yaml beside it (no graph, staleness or "

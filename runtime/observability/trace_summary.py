@@ -24,7 +24,7 @@ def summarize_run(run: RunMaterial) -> dict[str, Any]:
     return {
         "label": run.label,
         "path": str(run.path),
-        "files": [str(f.path) for f in tl.files],
+        "files": list(dict.fromkeys(str(f.path) for f in tl.files)),  # a file read in windows: once
         "wall_s": tl.wall_s,
         "spans": len(tl.spans),
         "flows": len(tl.flows),

@@ -31,6 +31,7 @@ connects (clocks.py) and shifts its spans before they are merged.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -40,7 +41,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from areal_graph.api.spans import NULL_SPAN, SpanRecorder, _json_safe, _Raw, _Span
+from areal_graph.runtime.observability.disk_full import disk_full_message, is_disk_full
 from areal_graph.runtime.observability.flows import flow_events
+from areal_graph.runtime.observability.trace_segments import SegmentedTrace, TraceBudgetTooSmall, segment_bytes
 
 log = logging.getLogger(__name__)
 _KEY_LANES_KEPT = 4096  # lane hints kept (one per recent request id)
@@ -50,10 +53,18 @@ class Tracer(SpanRecorder):
     """A SpanRecorder that writes a Chrome trace file (see module docstring)."""
 
     def __init__(self, path: str | os.PathLike | None, process: str = "controller", enabled: bool = True,
-                 flush_every: int = 20_000, flush_interval_s: float = 30.0, append: bool = False) -> None:
+                 flush_every: int = 20_000, flush_interval_s: float = 30.0, append: bool = False,
+                 max_bytes: int | None = None) -> None:
         super().__init__(process)
         self.path = Path(path) if path is not None else None
         self.enabled = enabled and self.path is not None
+        # a size budget (runtime.trace_max_mb): the head, then rotating segments (trace_segments.py)
+        self.segments = SegmentedTrace(self.path, max_bytes) if max_bytes and self.path is not None else None
+        if self.segments is not None:  # a flush at most a quarter of a segment (~250 bytes a span)
+            flush_every = max(50, min(flush_every, segment_bytes(max_bytes or 0) // 1000))
+        # why the run must stop (the controller checks after each step): the budget cannot hold a
+        # step, or the disk is full (disk_full.py)
+        self.problem: str | None = None
         self.flush_every = flush_every
         self.flush_interval_s = flush_interval_s
         self._merged: list[dict[str, Any]] = []
@@ -64,7 +75,10 @@ class Tracer(SpanRecorder):
         self._lanes: dict[tuple[int, str], list[list[tuple[float, float, Any]]]] = {}  # per track: lanes of open spans
         self._key_lanes: dict[tuple[int, str, Any], int] = {}  # (pid, track, rid) -> its lane: a hint, recent ones only
         self._last_flush = time.perf_counter()
-        self._flusher: threading.Thread | None = None  # a flush that fell due, running off the caller's thread
+        self._flusher: threading.Thread | None = None  # runs the flushes that fall due, off the caller's thread
+        self._flush_due = threading.Event()
+        self._closing = False
+        self._file: Path | None = self.path  # the file flushes append to (a segment, with a budget)
         self.spans_written = 0
         if append and self.path is not None and self.enabled and self.path.exists():
             self._continue_file()
@@ -84,19 +98,44 @@ class Tracer(SpanRecorder):
             self._flush_in_background()
 
     def _flush_in_background(self) -> None:
-        """A flush that falls due runs in a thread of its own: formatting thousands of spans
-        must not stall the event loop whose span happened to trigger it (the controller's)."""
-        if self._flusher is not None and self._flusher.is_alive():
-            return
-        self._flusher = threading.Thread(target=self._flush_logged, name="trace-flush", daemon=True)
-        self._flusher.start()
+        """A flush that falls due runs in the tracer's one flush thread: formatting thousands of
+        spans must not stall the event loop whose span happened to trigger it (the controller's).
+
+        One long-lived thread, not a thread per flush: glibc gives new threads their own malloc
+        arenas, and the memory a flush frees there is kept, so a thread per flush made the
+        owner's RSS grow ~140 MB per 1,000 steps of the main job (bench_soak.py)."""
+        self._flush_due.set()
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_loop, name="trace-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._flush_due.wait()
+            self._flush_due.clear()
+            if self._closing:
+                return
+            self._flush_logged()
+            release_freed_memory()
 
     def _flush_logged(self) -> None:
         t0 = time.perf_counter()
         try:
             written = self._flush()
+        except TraceBudgetTooSmall as err:  # the controller stops the run with this (a config error)
+            self.problem = str(err)
+            return
+        except OSError as err:
+            if not is_disk_full(err):
+                log.exception("writing the trace %s failed", self._file)
+                return
+            if self.problem is None:
+                self.problem = disk_full_message("the trace", self._file or self.path or "", self._run_dir(),
+                                                 need_bytes=segment_bytes(self.segments.max_bytes)
+                                                 if self.segments is not None else None)
+            return
         except Exception:  # noqa: BLE001 - a trace that cannot be written must not stop the run
-            log.exception("writing the trace %s failed", self.path)
+            log.exception("writing the trace %s failed", self._file)
             return
         # what tracing itself costs the controller, in the trace (written with the next flush)
         self._pending.append(("trace_flush", "trace", None, "trace", None, None, t0, time.perf_counter(),
@@ -113,6 +152,9 @@ class Tracer(SpanRecorder):
                 raise ValueError(f"Tracer.merge: span {s!r} lacks {sorted(missing)}")
         with self._lock:
             self._merged.extend(spans)
+            due = len(self._merged) >= self.flush_every
+        if due:  # the workers' spans count too: a flush's size, and so its memory, stays bounded
+            self._flush_in_background()
 
     def flush(self) -> None:
         """Write pending spans; afterwards the file is complete, valid Chrome-trace JSON."""
@@ -130,20 +172,40 @@ class Tracer(SpanRecorder):
             if not spans and self._body_end is not None:
                 return 0
             spans.sort(key=lambda s: (s["start"], -s["end"]))  # a parent before the children it encloses
-            events = []
-            for s in spans:
-                event = self._event(s)
-                events.append(event)
-                events.extend(flow_events(event))
-            self._write(events)
-            self.spans_written += len(spans)
+            # with a budget, at most flush_every spans go to one file at a time: a flush that fell
+            # behind (spans pile up while one is running) must not overfill the head or a segment
+            step = self.flush_every if self.segments is not None else max(len(spans), 1)
+            for at in range(0, max(len(spans), 1), step):
+                chunk = spans[at:at + step]
+                events = []
+                for s in chunk:
+                    event = self._event(s)
+                    events.append(event)
+                    events.extend(flow_events(event))
+                self._write(events, chunk)
+                self.spans_written += len(chunk)
         return len(spans)
 
     def close(self) -> None:
         flusher = self._flusher
         if flusher is not None:
+            self._closing = True
+            self._flush_due.set()
             flusher.join()
-        self.flush()
+            self._flusher, self._closing = None, False
+        try:
+            self.flush()
+            if self.segments is not None and self.enabled:
+                self.segments.write_index()  # the open segment's final account
+        except TraceBudgetTooSmall as err:
+            self.problem = str(err)
+        except OSError as err:  # at the end of a run that failed on a full disk: said already
+            if not is_disk_full(err):
+                raise
+            log.warning("the trace's last spans were not written: %s", err)
+
+    def _run_dir(self) -> Path:
+        return self.path.parent if self.path is not None else Path(".")
 
     def __enter__(self) -> "Tracer":
         return self
@@ -198,18 +260,24 @@ class Tracer(SpanRecorder):
     def _continue_file(self) -> None:
         """Carry on an existing trace (a resumed run): its events stay, its processes keep their pids.
 
-        The file is rewritten once, without its metadata tail (a file cut off by a crash is
-        read as far as it is complete); later flushes append after the old events and write
-        a tail that names the old processes and threads as well as the new ones.
+        Without a size budget, or while the budget's head is not full, the file is rewritten
+        once without its metadata tail (a file cut off by a crash is read as far as it is
+        complete); later flushes append after the old events and write a tail that names the old
+        processes and threads as well as the new ones. With segments, the newest one names the
+        processes, and the resumed run starts a new segment.
         """
         assert self.path is not None
-        old = load_trace(self.path)
+        newest = self.segments.resume() if self.segments is not None else None
+        old = load_trace(newest if newest is not None else self.path)
         for e in old:
             if e.get("ph") == "M" and e.get("name") == "process_name":
                 self._pids.setdefault(str(e["args"]["name"]), int(e["pid"]))
         for e in old:
             if e.get("ph") == "M" and e.get("name") == "thread_name":
                 self._tids.setdefault((int(e["pid"]), str(e["args"]["name"])), int(e["tid"]))
+        if self.segments is not None and self.segments.head_full:
+            log.info("appending to the trace %s (a new segment in %s)", self.path, self.segments.dir)
+            return
         body = [e for e in old if e.get("ph") != "M"]
         with open(self.path, "wb") as f:
             f.write(b"[\n")
@@ -218,21 +286,50 @@ class Tracer(SpanRecorder):
         self.spans_written = len(body)
         log.info("appending to the trace %s (%d events so far)", self.path, len(body))
 
-    def _write(self, events: list[dict[str, Any]]) -> None:
+    def _write(self, events: list[dict[str, Any]], spans: list[dict[str, Any]]) -> None:
         assert self.path is not None
+        if self.segments is not None:
+            target, new = self.segments.target()
+            if target != self._file or new:
+                self._file, self._body_end = target, None
+        assert self._file is not None
         if self._body_end is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "wb") as f:
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._file, "wb") as f:
                 f.write(b"[\n")
                 self._body_end = f.tell()
         body = "".join(_compact(e) + ",\n" for e in events).encode()
         tail = ",\n".join(json.dumps(m, separators=(",", ":")) for m in self._metadata())
-        with open(self.path, "r+b") as f:
+        with open(self._file, "r+b") as f:
             f.seek(self._body_end)
             f.truncate()
             f.write(body)
             self._body_end = f.tell()
             f.write(tail.encode() + b"\n]\n")
+        if self.segments is not None and spans:
+            steps = [s["step"] for s in spans if s.get("step") is not None]
+            marks = {int(s["step"]) for s in spans if s.get("cat") == "step" and s.get("step") is not None}
+            self.segments.wrote(self._body_end, len(body), len(spans),
+                                (min(steps), max(steps)) if steps else None, marks,
+                                (float(spans[0]["start"]) * 1e6, max(float(s["end"]) for s in spans) * 1e6))
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by a flush back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    A flush allocates and frees tens of MB of small strings and dicts; glibc keeps freed heap
+    memory for reuse, and its fragments add up over a long run."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 class NullTracer(SpanRecorder):

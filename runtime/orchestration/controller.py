@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.api.env_metrics import env_metric_means
+from areal_graph.runtime.observability.disk_full import checkpoint_need, disk_full_message, is_disk_full
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
 from areal_graph.runtime.observability.run_dir import (END_STATE_FILENAME, LEGACY_END_STATE_FILENAME, RunDir,
@@ -59,6 +61,7 @@ GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted a
 # this many prompt groups failing in a row (none generated or dropped between them) stop the
 # run: a node that always fails (a user function's bug) would otherwise fail every prompt forever
 FAILED_GROUPS_IN_A_ROW = 8
+_PATH_IN_ERROR = re.compile(r"No space left on device: '([^']+)'")  # an OSError's text, also a remote one
 SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (not every step: RPCs)
 # Test hook: seconds the controller waits between the models' checkpoint files and the checkpoint's
 # COMPLETE marker, so a test can kill the run in the middle of a save (tests/runtime/orchestration/
@@ -152,6 +155,7 @@ class Controller:
         self._earlier_restarts: Counter = Counter()  # restarts in the parts of the run before a resume
         self._resumed_from: Path | None = None  # kept by runtime.keep_checkpoints until a newer one is complete
         self._stop_reason: str | None = None  # why the run stopped early, for end_state.json
+        self._saving: Path | None = None  # the checkpoint being written, while it is
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
         self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
         self._failed_in_a_row = 0  # prompt groups failed since one was last generated or dropped
@@ -205,6 +209,8 @@ class Controller:
                 self._stop_reason = "interrupted (Ctrl-C)"
                 raise KeyboardInterrupt from err
             try:
+                if is_disk_full(err):  # said as such, with the path and the room needed; not auto-resumed
+                    raise RunFailed(self._disk_full_message(err)) from err
                 await self._name_the_dead(err)
             except Exception as named:
                 self._stop_reason = f"{type(named).__name__}: {named}"
@@ -215,6 +221,15 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*tasks, *self._inflight.values(), return_exceptions=True)
             self._write_end_state(in_flight)
+
+    def _disk_full_message(self, err: BaseException) -> str:
+        """Which write hit the full disk (a checkpoint's, else the file the error names) and the room needed."""
+        m = _PATH_IN_ERROR.search(str(err))
+        path = getattr(err, "filename", None) or (m.group(1) if m else None)
+        if self._saving is not None:
+            return disk_full_message(f"checkpoint {self._saving.name}", path or self._saving, self.run_dir.path,
+                                     need_bytes=checkpoint_need(self.run_dir.path))
+        return disk_full_message("a file of the run", path or self.run_dir.path, self.run_dir.path)
 
     async def _name_the_dead(self, err: Exception) -> None:
         """A dead process usually shows up first as a failed call to it: give the executor a
@@ -247,7 +262,11 @@ class Controller:
             "groups_untrained_at_stop": len(self._untrained),
             "buffer": stats,
         }
-        self.run_dir.write_json(END_STATE_FILENAME, summary)
+        try:
+            self.run_dir.write_json(END_STATE_FILENAME, summary)
+        except OSError as err:  # a full disk: the run's own error is what the user must see
+            log.warning("end_state.json not written: %s", err)
+            return
         # a part of this run from before the rename wrote unfinished.json: this file supersedes it
         (self.run_dir.path / LEGACY_END_STATE_FILENAME).unlink(missing_ok=True)
         if in_flight or stats.buffered_trajectories:
@@ -333,6 +352,10 @@ class Controller:
         except NodeContractError as err:
             self.gate.on_reject(G)
             self.on_failure(f"{err}")
+        except OSError as err:  # the ledger's write: a full disk stops the run, said as such
+            if not is_disk_full(err):
+                raise
+            self.on_failure(self._disk_full_message(err))
         finally:
             if self._inflight.get(gid) is asyncio.current_task():
                 del self._inflight[gid]
@@ -571,6 +594,7 @@ class Controller:
 
     async def _checkpoint(self) -> None:
         path = self.run_dir.checkpoint_dir(self.state.step)
+        self._saving = path  # named if the disk fills during the save
         with self.tracer.span("checkpoint", cat="controller", step=self.state.step):
             await self.executor.save_checkpoint(path)
             if delay := float(os.environ.get(SAVE_DELAY_ENV) or 0):  # test hook: a slow save to kill
@@ -583,6 +607,7 @@ class Controller:
             self.ledger.record("checkpoint", -1, -1, path.name, self.state.step, self.state.version)
             (path / "controller_state.json").write_text(json.dumps(state))
             self.run_dir.mark_checkpoint_complete(path)
+            self._saving = None
             if self._resumed_from is not None and self._resumed_from.name < path.name:
                 self._resumed_from = None  # a newer checkpoint is complete: the resumed one may go
             await self._prune_checkpoints(path)
@@ -638,6 +663,9 @@ class Controller:
         })
         self.run_dir.log_metrics(self.state.step, stats)
         self._say_failures(stats)
+        problem = getattr(self.tracer, "problem", None)
+        if problem is not None:  # runtime.trace_max_mb cannot hold a step, or the disk is full: said at once
+            self.on_failure(problem)
         if self.display is not None:
             self.display.on_step(self.state.step, stats)
 

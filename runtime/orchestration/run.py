@@ -36,7 +36,9 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
     plan = build_plan(spec)
     # a resumed run carries on its trace: one timeline across every part of the run
     # runtime.trace: false -> no trace file, and no process records spans (process_executor.py)
-    tracer = Tracer(run_dir.trace_path, enabled=spec.runtime.trace, append=resume_from is not None)
+    max_mb = spec.runtime.trace_max_mb
+    tracer = Tracer(run_dir.trace_path, enabled=spec.runtime.trace, append=resume_from is not None,
+                    max_bytes=max_mb * 2**20 if max_mb else None)
     now = time.perf_counter()
     if resume_from is not None:
         tracer.record("resume", now, now, cat="controller", checkpoint=str(resume_from))
@@ -59,7 +61,7 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
         except Exception:  # noqa: BLE001 - a dead process must not hide the run's real error
             log.debug("collecting the last spans failed", exc_info=True)
         executor.shutdown()
-        tracer.flush()
+        tracer.close()  # a full disk here is said, not raised over the run's own error
 
 
 def run_with_auto_resume(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,

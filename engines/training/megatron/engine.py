@@ -39,6 +39,7 @@ from areal_graph.engines.training.megatron import layout
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.packed_scoring import score_logits
 from areal_graph.engines.training.protocol import LossFn, TrainingEngine
+from areal_graph.engines.training.state_file import save_state
 from areal_graph.engines.training.step_stats import add_stats
 from areal_graph.engines.training.train_engine import clip_and_step, lr_factor, read_safetensors_dir, start_step
 
@@ -279,7 +280,7 @@ class MegatronTrainEngine:
         state: dict[str, Any] = {"version": self.version, "backend": "megatron"}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
-        torch.save(state, path / "trainer_state.pt")
+        save_state(state, path / "trainer_state.pt")
         return path
 
     def load_checkpoint(self, path: str | Path) -> None:

@@ -189,7 +189,7 @@ def test_parts_of_a_resumed_run_are_read_in_order_and_merged_by_name(tmp_path):
     assert tl.wall_s == pytest.approx(4.0)  # 0..2 and 10..12: the gap between parts is not the run's time
     busy = {r["process"]: r["busy_s"] for r in process_shares(tl)}
     assert busy == {"model-actor": pytest.approx(3.0), "reward": pytest.approx(3.0)}
-    assert any("2 trace files read in order" in n for n in tl.notes)
+    assert any("2 trace parts read in order" in n for n in tl.notes)
 
 
 def test_profile_records_are_kept_apart_from_the_spans_every_view_draws(tmp_path):
