@@ -98,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
     """The command. Ctrl-C at any moment (kit build, startup, training, evaluation, shutdown)
     stops every process of the run and exits with 130 within seconds, one line on stderr:
     runtime/launchers/interrupt.py says why that takes more than catching KeyboardInterrupt."""
+    from areal_graph.api.process import limit_malloc_arenas
     from areal_graph.runtime.launchers.interrupt import exit_interrupted, exit_on_interrupt
 
+    limit_malloc_arenas()  # before the run's threads: the owner's memory stays flat over a long run
     started: list[RunDir] = []  # the run directory, once there is one (for the message)
     with exit_on_interrupt():
         try:

@@ -130,6 +130,7 @@ class SegmentedTrace:
             self.segments.append(Segment(index, f"seg-{index:06d}.json"))
             self._current_full = False
             self.dir.mkdir(parents=True, exist_ok=True)
+            self.write_index()  # at once: a run killed now resumes after this segment, never over it
             return self.dir / self.segments[-1].file, True
         return self.dir / self.segments[-1].file, False
 

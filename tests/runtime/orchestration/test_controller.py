@@ -349,3 +349,24 @@ def test_end_state_reads_an_older_runs_unfinished_json_and_replaces_it(tmp_path)
     assert not (run_dir.path / "unfinished.json").exists()
     end_state = json.loads((run_dir.path / "end_state.json").read_text())
     assert end_state["process_restarts"] == {"rollout": 2} and end_state["finished"] is True
+
+
+def test_a_trace_budget_too_small_for_one_step_stops_the_run_naming_the_field(tmp_path):
+    """runtime.trace_max_mb is checked against the run's own steps once the trace's head is full:
+    a budget whose segments cannot hold one step stops the run early, saying what to set."""
+    from areal_graph.runtime.observability.tracing import Tracer
+
+    plan = build_plan(load_workflow_text(workflow(steps=40)))
+    executor = InProcessExecutor(plan)
+    tracer = Tracer(tmp_path / "run" / "trace.json", max_bytes=4096)  # segments of 204 bytes
+    controller = Controller(plan, executor, prompts(), [], RunDir(tmp_path / "run", tensorboard=False), tracer)
+    fake_kinds.HOSTS.clear()
+    executor.start(controller.on_failure)
+    try:
+        with pytest.raises(RunFailed, match=r"runtime.trace_max_mb: 0.00390625 MB is too small to hold one step of "
+                                            r"this run's trace \(~.* MB per step.*set runtime.trace_max_mb to at least 1"):
+            controller.run()
+    finally:
+        executor.shutdown()
+        tracer.close()
+    assert controller.state.step < 40
