@@ -43,7 +43,8 @@ class BackgroundSpanPull:
     async def _pull(self) -> None:
         try:
             with self.tracer.span("collect_spans", cat="trace"):
-                self.tracer.merge(await self.collect())
+                horizon = self.tracer.now()  # what the processes finished before this is in the reply
+                self.tracer.merge(await self.collect(), horizon=horizon)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - a trace with a gap is no reason to stop a run

@@ -100,7 +100,7 @@ def build_timeline(files: Iterable[TraceFile]) -> Timeline:
     for part, tf in enumerate(files):
         tl.files.append(tf)
         tl.notes.extend(tf.notes)
-        _add_part(tl, part, tf.events, seen_procs, raw_flows)
+        _add_part(tl, part, tf.events, seen_procs, raw_flows, trimmed=tf.window is not None)
     tl.spans.sort(key=lambda s: (s["ts"], -s["dur"]))
     for i, s in enumerate(tl.spans):
         s["index"] = i
@@ -113,7 +113,7 @@ def build_timeline(files: Iterable[TraceFile]) -> Timeline:
 
 # ---------------------------------------------------------------------- one file
 def _add_part(tl: Timeline, part: int, events: list[dict[str, Any]], seen_procs: dict[str, None],
-              raw_flows: dict[str, list[tuple[dict[str, Any], str, str]]]) -> None:
+              raw_flows: dict[str, list[tuple[dict[str, Any], str, str]]], trimmed: bool = False) -> None:
     events = [e for e in events if _well_formed(e, tl.counts)]
     pname, tname = _names(events, tl.counts)
     for pid in sorted(pname, key=lambda p: _sort_key(events, p)):
@@ -121,6 +121,10 @@ def _add_part(tl: Timeline, part: int, events: list[dict[str, Any]], seen_procs:
     timed = [e for e in events if e["ph"] != "M"]
     t_end = max((float(e["ts"]) + float(e.get("dur") or 0) for e in timed), default=0.0)
     t_start = min((float(e["ts"]) for e in timed), default=t_end)
+    if timed and trimmed:  # a window of a file: the time it covers is where its spans start, not
+        # where a long span that began long before (an evaluation, a slow request) started
+        starts = sorted(float(e["ts"]) for e in timed)
+        t_start, t_end = starts[len(starts) // 100], starts[-1 - len(starts) // 100]
     if timed:
         tl.windows.append((t_start, t_end))
     open_b: dict[tuple[Any, Any], list[dict[str, Any]]] = {}

@@ -40,6 +40,7 @@ class TraceFile:
     regions_skipped: int = 0        # separate unreadable stretches (1 for a file cut at the end)
     closed: bool = True             # the array's closing "]" was there
     non_events: int = 0             # array entries that are not JSON objects
+    window: tuple[int, int] | None = None  # (offset, length) when only a window of the file was read
     notes: list[str] = field(default_factory=list)
 
     @property

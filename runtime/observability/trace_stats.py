@@ -69,6 +69,17 @@ def _clipped(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interv
     return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
 
 
+def covered(tl: Timeline, intervals: list[Interval]) -> list[Interval]:
+    """`intervals` (sorted, merged) within the time the trace covers (Timeline.windows): the part
+    of a span outside it (a trace read in windows, a gap between a resumed run's parts) is not
+    counted against a wall time that leaves it out."""
+    spans = [(a / 1e6, b / 1e6) for a, b in merge_intervals(tl.windows)]
+    out: list[Interval] = []
+    for lo, hi in spans:
+        out.extend(_clipped(intervals, lo, hi))
+    return out
+
+
 def process_shares(tl: Timeline) -> list[dict[str, Any]]:
     """Per process: busy seconds, busy share of the run and of the training steps, idle share, in-a-span share."""
     wall = tl.wall_s
@@ -79,13 +90,15 @@ def process_shares(tl: Timeline) -> list[dict[str, Any]]:
         spans_of.setdefault(s["process"], []).append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
     rows = []
     for proc in tl.processes:
-        ivs = busy.get(proc, [])
+        ivs = covered(tl, busy.get(proc, []))
         row: dict[str, Any] = {"process": proc, "busy_s": union_seconds(ivs),
                                "busy_share": union_seconds(ivs) / wall if wall > 0 else 0.0,
-                               "in_span_share": union_seconds(spans_of.get(proc, [])) / wall if wall > 0 else 0.0,
+                               "in_span_share": union_seconds(covered(tl, merge_intervals(spans_of.get(proc, []))))
+                                                / wall if wall > 0 else 0.0,
                                "busy_share_steps": None, "idle_share_steps": None}
-        if window is not None and window[1] > window[0]:
-            share = union_seconds(_clipped(ivs, *window)) / (window[1] - window[0])
+        steps_time = covered(tl, [window]) if window is not None else []  # the steps' time the trace holds
+        if sum(b - a for a, b in steps_time) > 0:
+            share = union_seconds(_clipped(ivs, *window)) / sum(b - a for a, b in steps_time)  # type: ignore[misc]
             row["busy_share_steps"], row["idle_share_steps"] = share, 1.0 - share
         rows.append(row)
     return rows
@@ -197,4 +210,5 @@ def node_totals(tl: Timeline, nodes: Iterable[str]) -> dict[str, dict[str, Any]]
         if s["cat"] == "node" and node in calls:
             calls[node].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
     return {n: {"calls": len(v), "total_s": sum(b - a for a, b in v),
-                "busy_share": union_seconds(v) / wall if wall > 0 else 0.0} for n, v in calls.items()}
+                "busy_share": union_seconds(covered(tl, merge_intervals(v))) / wall if wall > 0 else 0.0}
+            for n, v in calls.items()}

@@ -90,7 +90,7 @@ def read_window(w: Window) -> TraceFile:
             raw = raw[:raw.rfind(b"\n") + 1]
         meta = _metadata(f, w.size) if ends_in_file else []
     events, bad = _events(raw.decode("utf-8", errors="replace"))
-    tf = TraceFile(w.path, events + meta, len(raw), closed=True)
+    tf = TraceFile(w.path, events + meta, len(raw), closed=True, window=(w.offset, w.length))
     if bad:
         tf.bytes_skipped, tf.regions_skipped = bad, 1
         tf.notes.append(f"{w.path.name}: {bad} unparsable bytes skipped in a window at {w.offset}")

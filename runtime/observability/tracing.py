@@ -78,6 +78,7 @@ class Tracer(SpanRecorder):
         self._flusher: threading.Thread | None = None  # runs the flushes that fall due, off the caller's thread
         self._flush_due = threading.Event()
         self._closing = False
+        self._horizon: float | None = None  # the workers' spans are in up to here (merge)
         self._file: Path | None = self.path  # the file flushes append to (a segment, with a budget)
         self.spans_written = 0
         if append and self.path is not None and self.enabled and self.path.exists():
@@ -141,8 +142,14 @@ class Tracer(SpanRecorder):
         self._pending.append(("trace_flush", "trace", None, "trace", None, None, t0, time.perf_counter(),
                               {"spans": written}))
 
-    def merge(self, spans: Iterable[dict[str, Any]]) -> None:
-        """Add spans recorded by another process (dicts from `SpanRecorder.take()`)."""
+    def merge(self, spans: Iterable[dict[str, Any]], horizon: float | None = None) -> None:
+        """Add spans recorded by another process (dicts from `SpanRecorder.take()`).
+
+        `horizon`: the wall-clock time (`now()`) when they were asked for: every span the other
+        processes finished before it is in. Until the next horizon, this tracer's own spans
+        that end after it are held back, so the file stays (nearly) in time order: a stretch of
+        it, a segment or a window read (trace_windows.py), holds every process's spans of its
+        time, not the controller's of now and the workers' of seconds ago."""
         if not self.enabled:
             return
         spans = list(spans)
@@ -152,6 +159,8 @@ class Tracer(SpanRecorder):
                 raise ValueError(f"Tracer.merge: span {s!r} lacks {sorted(missing)}")
         with self._lock:
             self._merged.extend(spans)
+            if horizon is not None:
+                self._horizon = max(self._horizon or horizon, horizon)
             due = len(self._merged) >= self.flush_every
         if due:  # the workers' spans count too: a flush's size, and so its memory, stays bounded
             self._flush_in_background()
@@ -168,6 +177,13 @@ class Tracer(SpanRecorder):
             raws = self._swap()
             with self._lock:
                 merged, self._merged = self._merged, []
+                horizon = None if self._closing else self._horizon
+            if horizon is not None:  # own spans past the workers' horizon wait for the next flush
+                later = [r for r in raws if self._to_wall(r[7]) > horizon]
+                if later:
+                    raws = [r for r in raws if self._to_wall(r[7]) <= horizon]
+                    with self._lock:
+                        self._pending[0:0] = later  # in place: an append racing this one is kept
             spans = [self._as_dict(r) for r in raws] + merged
             if not spans and self._body_end is not None:
                 return 0
@@ -188,11 +204,11 @@ class Tracer(SpanRecorder):
 
     def close(self) -> None:
         flusher = self._flusher
+        self._closing = True  # the flush thread stops; the last flush writes every span, held back or not
         if flusher is not None:
-            self._closing = True
             self._flush_due.set()
             flusher.join()
-            self._flusher, self._closing = None, False
+            self._flusher = None
         try:
             self.flush()
             if self.segments is not None and self.enabled:
@@ -346,7 +362,7 @@ class NullTracer(SpanRecorder):
     def record(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def merge(self, spans: Iterable[dict[str, Any]]) -> None:
+    def merge(self, spans: Iterable[dict[str, Any]], horizon: float | None = None) -> None:
         pass
 
     def flush(self) -> None:

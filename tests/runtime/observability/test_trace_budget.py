@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.runtime.observability.trace_model import load_timeline
+from areal_graph.runtime.observability.trace_stats import process_shares
 from areal_graph.runtime.observability.trace_segments import (INDEX_FILENAME, SAMPLE_SEGMENTS, SEGMENTS_DIRNAME,
                                                               TAIL_SEGMENTS, TraceBudgetTooSmall, kept_segments)
 from areal_graph.runtime.observability.trace_windows import plan_windows, read_trace_parts
@@ -51,7 +52,8 @@ def _steps(tr: Tracer, first: int, last: int, t0: float, spans_per_step: int = 3
         for k in range(spans_per_step):
             tr.record("generate", t, t + 0.002, cat="node", node="rollout", worker="rollout", step=step,
                       rid=f"r{step}-{k}", tokens=64)
-        tr.record("step", t, t + 0.009, cat="step", step=step)
+        tr.record("forward", t, t + 0.006, cat="compute", worker="inference-0", step=step)  # busy 60%
+        tr.record("step", t, t + 0.01, cat="step", step=step)
 
 
 def _size(run: Path) -> int:
@@ -155,6 +157,32 @@ def test_a_trace_larger_than_the_read_budget_is_read_in_windows_in_bounded_memor
     tl = load_timeline(tmp_path, 4 * 2**20)
     steps = sorted({s["args"]["step"] for s in tl.spans if s["name"] == "step"})
     assert steps[0] == 0 and steps[-1] == 11999 and 800 < len(steps) < 12000  # first, last and between
-    assert {s["process"] for s in tl.spans} == {"rollout", "controller"}  # names from each file's tail
-    # durations are over what was read: the gaps between windows are not counted as wall time
+    assert {s["process"] for s in tl.spans} == {"rollout", "controller", "inference-0"}  # from each file's tail
+    # durations are over what was read: the gaps between windows are not counted as wall time,
+    # nor the part of a span outside the windows as busy time
     assert tl.wall_s < 0.5 * (12000 * 0.01)
+    shares = {r["process"]: r for r in process_shares(tl)}
+    assert shares["inference-0"]["busy_share"] == pytest.approx(0.6, abs=0.03)
+    assert shares["inference-0"]["busy_share_steps"] == pytest.approx(0.6, abs=0.03)
+
+
+def test_own_spans_wait_for_the_workers_horizon_so_the_file_stays_in_time_order(tmp_path):
+    """The controller's spans that end after the last pull's horizon are written with the next
+    pull's spans, not before the workers' spans of the same time; the last flush writes all."""
+    tr = Tracer(tmp_path / "trace.json", flush_interval_s=1e9)
+    t = time.perf_counter()
+    tr.record("early", t + 0.01, t + 0.1, cat="controller", step=1)
+    tr.record("late", t + 1.0, t + 1.1, cat="controller", step=2)
+    worker = {"name": "w", "cat": "compute", "process": "reward", "start": tr._to_wall(t), "end": tr._to_wall(t + 0.5)}
+    tr.merge([worker], horizon=tr._to_wall(t + 0.6))
+    tr.flush()
+    names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"]
+    assert names == ["w", "early"]  # "late" ends past the horizon: held back
+    tr.merge([dict(worker, name="w2", start=tr._to_wall(t + 1.0), end=tr._to_wall(t + 1.05))],
+             horizon=tr._to_wall(t + 1.2))
+    tr.flush()
+    names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"]
+    assert names == ["w", "early", "late", "w2"]
+    tr.record("last", t + 5.0, t + 5.1, cat="controller")
+    tr.close()
+    assert [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"][-1] == "last"
