@@ -46,6 +46,7 @@ from areal_graph.runtime.observability.flows import flow_events
 from areal_graph.runtime.observability.trace_segments import SegmentedTrace, TraceBudgetTooSmall, segment_bytes
 
 log = logging.getLogger(__name__)
+_HOLD_BACK_MAX_S = 60.0  # a horizon older than this is stale: the owner's spans are written anyway
 _KEY_LANES_KEPT = 4096  # lane hints kept (one per recent request id)
 _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for every event (no per-call setup)
 
@@ -178,6 +179,8 @@ class Tracer(SpanRecorder):
             with self._lock:
                 merged, self._merged = self._merged, []
                 horizon = None if self._closing else self._horizon
+            if horizon is not None and self.now() - horizon > _HOLD_BACK_MAX_S:
+                horizon = None  # pulls stopped (workers gone): hold nothing back, or memory would grow
             if horizon is not None:  # own spans past the workers' horizon wait for the next flush
                 later = [r for r in raws if self._to_wall(r[7]) > horizon]
                 if later:

@@ -186,3 +186,14 @@ def test_own_spans_wait_for_the_workers_horizon_so_the_file_stays_in_time_order(
     tr.record("last", t + 5.0, t + 5.1, cat="controller")
     tr.close()
     assert [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"][-1] == "last"
+
+
+def test_a_stale_horizon_holds_nothing_back(tmp_path):
+    """Pulls that stopped (the workers are gone) must not keep the owner's spans in memory."""
+    tr = Tracer(tmp_path / "trace.json", flush_interval_s=1e9)
+    t = time.perf_counter()
+    tr.merge([], horizon=tr._to_wall(t - 120.0))
+    tr.record("now", t, t + 0.1, cat="controller")
+    tr.flush()
+    assert [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"] == ["now"]
+    assert len(tr) == 0
