@@ -33,6 +33,15 @@ def _temperature(v: float) -> str | None:
     return non_negative(v) or _finite(v)
 
 
+def _penalty(v: float) -> str | None:
+    """OpenAI's, SGLang's and vLLM's range for frequency and presence penalties."""
+    return _finite(v) or (None if -2.0 <= v <= 2.0 else "must be in [-2, 2]")
+
+
+def _repetition(v: float) -> str | None:
+    return _finite(v) or (None if v > 0 else "must be > 0 (1 is off)")
+
+
 @dataclass
 class SamplingParams:
     """Per-request decoding settings (SGLang's `sampling_params`, the RL subset)."""
@@ -50,10 +59,23 @@ class SamplingParams:
                                               "against this JSON Schema (a string), by constrained decoding")
     grammar: str | None = cfg(None, None, "served requests only: the answer matches this Lark grammar "
                                           "(llguidance's dialect; may embed %json {...})")
+    # penalties, as vLLM and SGLang define them (engines/inference/penalties.py); the behaviour
+    # log-prob is then that of the penalised distribution the token was drawn from
+    frequency_penalty: float = cfg(0.0, _penalty, "subtracted from a token's logit once per time it was generated "
+                                                  "already in this answer; 0 is off")
+    presence_penalty: float = cfg(0.0, _penalty, "subtracted from the logit of every token generated already in "
+                                                 "this answer; 0 is off")
+    repetition_penalty: float = cfg(1.0, _repetition, "a token of the prompt or of the answer so far has its "
+                                                      "logit divided by this when positive, multiplied when "
+                                                      "negative; 1 is off")
 
     @property
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def is_constrained(self) -> bool:
@@ -84,6 +106,10 @@ class SamplingParams:
             out.append(f"top_k must be an integer, got {self.top_k!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             out.append(f"seed must be an integer or None, got {self.seed!r}")
+        for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                out.append(f"{name} must be a number, got {value!r}")
         for name in ("json_schema", "grammar"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

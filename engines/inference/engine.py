@@ -49,6 +49,7 @@ from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_chec
 from areal_graph.engines.inference.model_runner import ModelRunner
 from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError, validate_request
 from areal_graph.engines.inference.requests import Request as _Request
+from areal_graph.engines.inference.penalties import apply_penalties
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens
 from areal_graph.engines.lora_weights import apply_adapter, is_adapter
 
@@ -620,6 +621,8 @@ class EmbeddedEngine:
     def _take_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> set[int]:
         """Sample a token per request, append it; resolve and return the indices that finished."""
         params = [r.params for r in reqs]
+        # penalties first: the reported log-prob is that of the distribution the token is drawn from
+        logits = apply_penalties(logits, params, [r.prompt for r in reqs], [r.output_ids for r in reqs])
         logits, forced = apply_masks(logits, [r.constraint for r in reqs])
         uniforms = torch.tensor([0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)],
                                 dtype=torch.float64)

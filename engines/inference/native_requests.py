@@ -16,6 +16,7 @@ SAMPLING_FIELDS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
     "ignore_eos", "sampling_seed", "seed", "greedy", "skip_special_tokens", "no_stop_trim",
     "json_schema", "grammar",  # constrained decoding: SGLang's JSON Schema string; our Lark grammar
+    "frequency_penalty", "presence_penalty", "repetition_penalty",  # engines/inference/penalties.py
 }
 # `trace` (ours): the request's group, episode and turn for its trace spans (request_tags.py)
 GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len", "trace"}
@@ -101,6 +102,11 @@ def parse_sampling_params(raw: Any, prompt_len: int, max_context: int | None):
             if not is_int(raw[key]):
                 raise BadRequest(f"sampling_params.{key} must be an integer, got {raw[key]!r}")
             kw["seed"] = raw[key]
+    for key in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+        if raw.get(key) is not None:
+            if not is_number(raw[key]):
+                raise BadRequest(f"sampling_params.{key} must be a number, got {raw[key]!r}")
+            kw[key] = float(raw[key])
     for key in ("json_schema", "grammar"):
         if raw.get(key) is not None:
             if not isinstance(raw[key], str):

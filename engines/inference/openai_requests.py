@@ -36,8 +36,8 @@ MAX_PROMPTS = 64  # prompts in one batched /v1/completions request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 _COMMON = {"model", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream", "stream_options",
-           "user", "metadata", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "ignore_eos",
-           "return_token_ids"}
+           "user", "metadata", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "top_k",
+           "ignore_eos", "return_token_ids"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                          "parallel_tool_calls", "response_format"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
@@ -51,7 +51,7 @@ IGNORED_FIELDS = {"store": "nothing is stored", "service_tier": "one tier",
                   "prediction": "predicted outputs only speed up a server that has them",
                   "web_search_options": None, "audio": None, "modalities": None, "reasoning_effort": None}
 # Fields that would change the output, accepted only at the value that does not.
-NEUTRAL_VALUES = {"min_p": (0, 0.0), "repetition_penalty": (1, 1.0)}
+NEUTRAL_VALUES = {"min_p": (0, 0.0)}
 _noted: set[str] = set()
 
 
@@ -102,6 +102,9 @@ class SamplingRequest:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass
@@ -177,10 +180,7 @@ def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
     if unknown:
         raise OpenAIRequestError(
             f"unsupported parameter(s) {unknown} for {endpoint}; this server takes {sorted(allowed)} "
-            "(frequency_penalty and presence_penalty at 0 only, logit_bias empty only)", unknown[0])
-    for key in ("frequency_penalty", "presence_penalty"):
-        if body.get(key) not in (None, 0, 0.0):
-            raise OpenAIRequestError(f"'{key}' is not supported by this server (only 0)", key)
+            "(logit_bias empty only)", unknown[0])
     if body.get("logit_bias"):
         raise OpenAIRequestError("'logit_bias' is not supported by this server (only empty)", "logit_bias")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
@@ -221,6 +221,18 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
     request.stop = list(stop or [])
     request.seed = _optional_int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
     request.ignore_eos = _bool(body, "ignore_eos")
+    for key, lo, hi in (("frequency_penalty", -2.0, 2.0), ("presence_penalty", -2.0, 2.0)):
+        v = body.get(key)
+        if v is not None and (not _is_number(v) or not lo <= v <= hi):
+            raise OpenAIRequestError(f"'{key}' must be a number in [{lo:g}, {hi:g}], got {v!r}", key)
+        if v is not None:
+            setattr(request, key, float(v))
+    rp = body.get("repetition_penalty")
+    if rp is not None and (not _is_number(rp) or not 0 < rp < float("inf")):
+        raise OpenAIRequestError(f"'repetition_penalty' must be a number > 0 (1 is off), got {rp!r}",
+                                 "repetition_penalty")
+    if rp is not None:
+        request.repetition_penalty = float(rp)
 
 
 def _stream(body: dict) -> tuple[bool, bool]:

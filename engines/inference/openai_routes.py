@@ -152,6 +152,8 @@ class OpenAIRoutes:
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=-1 if request.top_k is None else request.top_k,
             stop=list(request.stop), seed=request.seed, ignore_eos=request.ignore_eos,
+            frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
+            repetition_penalty=request.repetition_penalty,
         )
 
     async def _constrained(self, chat: ChatRequest, params: Any) -> Any:

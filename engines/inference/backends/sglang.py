@@ -46,6 +46,9 @@ def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
         sp["stop"] = list(sampling.stop)
     if sampling.seed is not None:
         sp["sampling_seed"] = int(sampling.seed)
+    if sampling.has_penalties:  # the same names and meanings in SGLang and vLLM
+        sp.update(frequency_penalty=float(sampling.frequency_penalty), presence_penalty=float(sampling.presence_penalty),
+                  repetition_penalty=float(sampling.repetition_penalty))
     if sampling.json_schema is not None:
         sp["json_schema"] = sampling.json_schema  # SGLang's field, a JSON Schema as a string
     if sampling.grammar is not None:

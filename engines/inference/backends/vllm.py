@@ -75,6 +75,9 @@ def sampling_to_vllm(sampling: SamplingParams) -> dict[str, Any]:
         sp["detokenize"] = False  # token ids are all we read
     if sampling.seed is not None:
         sp["seed"] = int(sampling.seed)
+    if sampling.has_penalties:  # the same names and meanings in SGLang and vLLM
+        sp.update(frequency_penalty=float(sampling.frequency_penalty), presence_penalty=float(sampling.presence_penalty),
+                  repetition_penalty=float(sampling.repetition_penalty))
     return sp
 
 

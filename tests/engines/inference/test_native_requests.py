@@ -89,7 +89,9 @@ def test_temperature_zero_is_greedy_and_greedy_is_an_or():
     ({"sampling_seed": 1.5}, "sampling_seed"),
     ({"seed": False}, "seed"),
     ({"min_p": 0.1}, "min_p"),
-    ({"frequency_penalty": 0.0}, "frequency_penalty"),
+    ({"frequency_penalty": "x"}, "frequency_penalty"),
+    ({"presence_penalty": 3.0}, "presence_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
 ])
 def test_a_bad_field_is_named(raw, field):
     with pytest.raises(BadRequest, match=re.escape(field)):

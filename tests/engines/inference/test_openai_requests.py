@@ -20,7 +20,7 @@ TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "
 @pytest.mark.parametrize("extra", [
     {"store": True}, {"service_tier": "auto"}, {"prompt_cache_key": "k"}, {"safety_identifier": "u1"},
     {"verbosity": "low"}, {"modalities": ["text"]}, {"min_p": 0}, {"min_p": 0.0}, {"repetition_penalty": 1},
-    {"repetition_penalty": 1.0}, {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+    {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
 ])
 def test_fields_that_cannot_change_the_output_are_accepted(extra):
     plain = parse_chat_request(dict(CHAT))
@@ -32,7 +32,8 @@ def test_fields_that_cannot_change_the_output_are_accepted(extra):
 
 @pytest.mark.parametrize("extra, param", [
     ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {"voice": "x"}}, "audio"),
-    ({"min_p": 0.1}, "min_p"), ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"min_p": 0.1}, "min_p"), ({"repetition_penalty": -1.0}, "repetition_penalty"),
+    ({"frequency_penalty": 2.1}, "frequency_penalty"), ({"presence_penalty": "high"}, "presence_penalty"),
     ({"web_search_options": {}}, "web_search_options"), ({"reasoning_effort": "high"}, "reasoning_effort"),
     ({"made_up_field": 1}, "made_up_field"),
 ])
@@ -125,3 +126,10 @@ def test_echo_may_score_the_prompt_alone_but_not_stream():
     with pytest.raises(OpenAIRequestError, match="'echo' with 'stream' is not built yet") as err:
         parse_completion_request({"model": "m", "prompt": "2+2=", "echo": True, "stream": True})
     assert err.value.param == "echo"
+
+
+def test_the_sampling_penalties_are_taken_with_their_ranges():
+    got = parse_chat_request({**CHAT, "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.3})
+    assert (got.frequency_penalty, got.presence_penalty, got.repetition_penalty) == (0.5, -1.0, 1.3)
+    plain = parse_chat_request(dict(CHAT))
+    assert (plain.frequency_penalty, plain.presence_penalty, plain.repetition_penalty) == (0.0, 0.0, 1.0)
