@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+from typing import Any
 
 PDEATHSIG_ENV = "AREAL_DIE_WITH_PARENT"
 # The secret of a run: its launcher sets it for every worker and inference server it starts.
@@ -84,3 +85,21 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, int(arenas)))
     except (OSError, AttributeError):
         return False
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed in this process back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    A trace flush allocates and frees tens of MB of small strings and dicts; glibc keeps freed
+    heap memory for reuse, and its fragments add up over a long run (runtime/observability/tracing.py)."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None

@@ -35,6 +35,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from areal_graph.runtime.observability.disk_full import dir_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 KILLABLE = ("rollout", "reward", "inference-0", "model-actor")
@@ -96,17 +98,6 @@ def last_step(run_dir: Path) -> int:
         if "time/step" in rec:
             return int(rec["step"])
     return 0
-
-
-def du_mb(path: Path) -> float:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total / 2**20
 
 
 def trace_mb(run_dir: Path) -> float:
@@ -181,7 +172,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.sample_s)
         step = last_step(run_dir)
         samples.append({"t": round(time.time() - t0, 1), "step": step, "procs": sample(owner),
-                        "run_mb": round(du_mb(run_dir), 2), "trace_mb": round(trace_mb(run_dir), 2)})
+                        "run_mb": round(dir_bytes(run_dir) / 2**20, 2), "trace_mb": round(trace_mb(run_dir), 2)})
         if time.time() >= next_kill and step > 2:
             k = kill_one(owner, rng, run_dir)
             if k is not None:

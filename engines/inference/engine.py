@@ -622,7 +622,8 @@ class EmbeddedEngine:
         """Sample a token per request, append it; resolve and return the indices that finished."""
         params = [r.params for r in reqs]
         # penalties first: the reported log-prob is that of the distribution the token is drawn from
-        logits = apply_penalties(logits, params, [r.prompt for r in reqs], [r.output_ids for r in reqs])
+        if any(p.has_penalties for p in params):
+            logits = apply_penalties(logits, params, [r.prompt for r in reqs], [r.output_ids for r in reqs])
         logits, forced = apply_masks(logits, [r.constraint for r in reqs])
         uniforms = torch.tensor([0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)],
                                 dtype=torch.float64)

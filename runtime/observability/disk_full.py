@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from areal_graph.runtime.observability.run_dir import COMPLETE_MARKER
+from areal_graph.runtime.observability.run_dir import RunDir
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _TEXTS = ("No space left on device", "Disk quota exceeded", "[Errno 28]", "[Errno 122]")
@@ -86,8 +86,5 @@ def disk_full_message(what: str, path: str | os.PathLike, run_dir: str | os.Path
 
 def checkpoint_need(run_dir: str | os.PathLike) -> int | None:
     """Room one more checkpoint needs: the size of the newest complete one (None before the first)."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    done = sorted((d for d in root.iterdir() if (d / COMPLETE_MARKER).exists()), key=lambda d: d.stat().st_mtime)
-    return dir_bytes(done[-1]) if done else None
+    done = RunDir(run_dir, tensorboard=False).checkpoints()
+    return dir_bytes(done[-1][1]) if done else None

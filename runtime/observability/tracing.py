@@ -31,7 +31,6 @@ connects (clocks.py) and shifts its spans before they are merged.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from areal_graph.api.process import release_freed_memory
 from areal_graph.api.spans import NULL_SPAN, SpanRecorder, _json_safe, _Raw, _Span
 from areal_graph.runtime.observability.disk_full import disk_full_message, is_disk_full
 from areal_graph.runtime.observability.flows import flow_events
@@ -331,24 +331,6 @@ class Tracer(SpanRecorder):
             self.segments.wrote(self._body_end, len(body), len(spans),
                                 (min(steps), max(steps)) if steps else None, marks,
                                 (float(spans[0]["start"]) * 1e6, max(float(s["end"]) for s in spans) * 1e6))
-
-
-def release_freed_memory() -> None:
-    """Hand memory freed by a flush back to the OS (glibc's malloc_trim; a no-op elsewhere).
-
-    A flush allocates and frees tens of MB of small strings and dicts; glibc keeps freed heap
-    memory for reuse, and its fragments add up over a long run."""
-    global _TRIM
-    if _TRIM is None:
-        try:
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None
 
 
 class NullTracer(SpanRecorder):

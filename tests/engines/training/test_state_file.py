@@ -3,29 +3,22 @@
 from __future__ import annotations
 
 import errno
-import subprocess
 
 import pytest
 import torch
 
 from areal_graph.engines.training import state_file
 from areal_graph.engines.training.state_file import save_state
+from support.small_disk import small_tmpfs
 
 
 def test_a_save_that_fills_a_real_small_filesystem_is_enospc_naming_the_file(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"a size-limited tmpfs cannot be mounted here (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
         with pytest.raises(OSError) as info:
             save_state({"optimizer": torch.zeros(1 << 20)}, disk / "trainer_state.pt")
         assert info.value.errno == errno.ENOSPC and info.value.filename == str(disk / "trainer_state.pt")
         save_state({"version": 3}, tmp_path / "small.pt")  # room enough: an ordinary save
         assert torch.load(tmp_path / "small.pt") == {"version": 3}
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_another_failure_with_room_left_stays_what_it_was(tmp_path, monkeypatch):

@@ -20,21 +20,15 @@ import torch
 
 from support.e2e import SMALL, read_metrics, write_workflow
 from support.paths import child_env
+from support.small_disk import small_tmpfs
 
 STEPS, ETA = 12, 2
 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"a size-limited tmpfs cannot be mounted here (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "24m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _start(wf: Path, run_dir: Path, *extra: str) -> subprocess.Popen:

@@ -196,12 +196,8 @@ def test_a_killed_controller_resumes_with_nothing_lost(kit, tmp_path):
         _wait(lambda: _last_step(run_dir) >= after and any((run_dir / "checkpoints").glob("step_*/COMPLETE")),
               f"step {after}")
         time.sleep(rng.uniform(0.0, 0.6))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    _wait(lambda: _find_any(run_dir) == [], "the run's processes to exit after the controller died", 30)
+        _kill_controller(proc, run_dir)
     resumed = _start(wf, run_dir, "--resume", str(run_dir), steps=steps)
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out[-4000:]
@@ -231,12 +227,8 @@ def test_a_controller_killed_mid_save_resumes_from_the_previous_complete_checkpo
         # the model worker's last file of the save is there, the marker is not: mid-save
         _wait(lambda: (saving / "actor" / "trainer_state.pt").exists() or proc.poll() is not None, "the step-4 save")
         assert proc.poll() is None and not (saving / "COMPLETE").exists(), proc.stdout.read()[-3000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    _wait(lambda: _find_any(run_dir) == [], "the run's processes to exit after the controller died", 30)
+        _kill_controller(proc, run_dir)
     assert RunDir(run_dir, tensorboard=False).latest_checkpoint() == run_dir / "checkpoints" / "step_00000002"
     assert not (saving / "COMPLETE").exists()
 
@@ -248,6 +240,14 @@ def test_a_controller_killed_mid_save_resumes_from_the_previous_complete_checkpo
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000006"]
     end_state = json.loads((run_dir / "end_state.json").read_text())
     assert end_state["finished"] is True and end_state["step"] == steps
+
+
+def _kill_controller(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILL `areal-graph run` itself and wait until every process of the run has exited."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    _wait(lambda: _find_any(run_dir) == [], "the run's processes to exit after the controller died", 30)
 
 
 def _find_any(run_dir: Path) -> list[psutil.Process]:
