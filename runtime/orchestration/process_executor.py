@@ -5,11 +5,9 @@ Everything here is read off the plan: one worker process per distinct `Hosting.p
 kind's `host_args`, and every node call is the kind's `call` sent to that object. Nodes the
 plan places in the controller run in this process (`LocalHosts`).
 
-Weight sync (`runtime.weight_sync`): *memory* has the actor's host write its weights into a
-shared-memory file that the servers read (the embedded server and vLLM's worker extension;
-no serialisation, milliseconds for small models; one machine only); *disk* exports
-safetensors that the servers load (the only way SGLang takes; also what checkpoints and the
-final model use). docs/architecture.md, section 4, follows one sync hop by hop.
+Weight sync: the executor holds one transport, chosen from the workflow when it is built
+(weight_sync.py: shared memory, disk or a LoRA adapter), and calls its publish, apply,
+restore and cleanup whatever it is. docs/architecture.md, section 4, follows one sync hop by hop.
 
 Processes that come back: a stateless process that dies (a rollout, reward or function
 worker, an inference server) is started again, up to `runtime.max_restarts` times each; a
@@ -29,12 +27,9 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -42,7 +37,6 @@ from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.spans import TRACE_ENV
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kind import CONTROLLER, RunInfo
-from areal_graph.graph.node_kinds import adapter_sync
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
@@ -55,6 +49,8 @@ from areal_graph.runtime.orchestration.executor import LocalHosts
 from areal_graph.runtime.orchestration.placement import ProcessPlacement, plan_placement
 from areal_graph.runtime.orchestration.placement import thread_split as placement_thread_split
 from areal_graph.runtime.orchestration.phase_runner import NodeResult
+from areal_graph.runtime.orchestration.weight_sync import WeightSync, choose_weight_sync
+from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync as resolve_weight_sync
 from areal_graph.runtime.rpc.worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
@@ -93,18 +89,14 @@ class ProcessExecutor:
         self.servers: Any = None  # ServerPool, created in start()
         self.local: LocalHosts | None = None
         self._io: _IOLoop | None = None  # HTTP to the inference servers runs on its own event loop
-        self.weight_sync = resolve_weight_sync(self.spec.runtime.weight_sync, self.spec.inference.backend)
-        self._shm_path = shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights")
+        self.backend = get_backend(self.spec.inference.backend)  # the inference servers' API (backends/)
+        # the one transport of this run's weights (weight_sync.py), chosen here once
+        self.weight_sync: WeightSync = choose_weight_sync(self.spec, plan.actor, self.backend, run_dir,
+                                                          self._call_actor)
         self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
         self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
         self._deaths = 0  # restartable deaths so far (calls compare it before and after)
         self.restarts: dict[str, int] = {}  # process name -> times restarted
-        self._last_sync: tuple[str, str, Any, int] | None = None
-        # lora.sync: adapter on a backend that serves adapters (vLLM, SGLang): each sync loads the
-        # trainer's adapter directory under its version's name; requests name the newest they know
-        self.adapter_sync = adapter_sync(self.spec) and get_backend(self.spec.inference.backend).lora_adapters
-        # adapters a server keeps loaded: one per version a request in flight may still name
-        self.adapters_kept = self.spec.runtime.max_staleness + 2
         self._token: str | None = None
         self._info: RunInfo | None = None
         self._on_failure: Callable[..., None] = lambda message, resumable=False: None
@@ -130,12 +122,12 @@ class ProcessExecutor:
         self._on_failure = on_failure
         self.launcher = make_launcher(LaunchRequest(
             self.run_dir.path / "logs", self._on_death, process_demands(self.plan, gen_threads, train_threads), rt,
-            colocate=self.weight_sync == "memory"))  # shared-memory weights: every process on one machine
+            colocate=self.weight_sync.colocate))  # shared-memory weights: every process on one machine
         # One secret per run: every worker and inference server requires it, loopback included
         # (vLLM's dev endpoints excepted: vLLM guards only /v1 and /inference, backends/vllm.py).
         token = self._token = secrets.token_urlsafe(32)
         env = {RUN_TOKEN_ENV: token, **({} if rt.trace else {TRACE_ENV: "0"})}  # runtime.trace: off everywhere
-        backend = get_backend(spec.inference.backend)
+        backend = self.backend
         for i in range(spec.inference.servers):
             name = f"inference-{i}"
             place = self.placement[name]
@@ -144,11 +136,9 @@ class ProcessExecutor:
             cmd = inference_server_command(spec.inference, actor_path, port, place.threads, rt.seed + i,
                                            name=name, api_key=token, host=host)
             server_env = {**env, **backend.environment(token), **placed_env(place, backend.thread_cap(place.threads))}
-            if self.adapter_sync:
-                lora = spec.models[self.plan.actor].lora
-                assert lora is not None  # adapter_sync says so
-                cmd += backend.lora_launch_flags(lora.r, lora.target_modules, self.adapters_kept)
-                server_env.update(backend.lora_environment())
+            flags, sync_env = self.weight_sync.server_launch()  # the adapter's LoRA flags; else none
+            cmd += flags
+            server_env.update(sync_env)
             self.launcher.start_process(name, role="inference", cmd=cmd, env=server_env,
                                         health_url=f"{url}/health", threads=backend.thread_cap(place.threads))
             self.server_urls.append(url)
@@ -161,9 +151,9 @@ class ProcessExecutor:
                                                  token_env=RUN_TOKEN_ENV)
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
         pin_this_process(self.placement["controller"])
-        self.launcher.wait_healthy(timeout=get_backend(spec.inference.backend).startup_timeout_s)
+        self.launcher.wait_healthy(timeout=backend.startup_timeout_s)
         self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token,
-                                                   lora_adapters=self.adapter_sync) for u in self.server_urls])
+                                                   lora_adapters=self.weight_sync.adapters) for u in self.server_urls])
         self._io = _IOLoop()
         info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
                        train_threads=train_threads, run_dir=str(self.run_dir.path))
@@ -174,7 +164,7 @@ class ProcessExecutor:
             event.set()
         self._configure(info)
         self._probe_clocks()
-        if self.adapter_sync:  # requests name an adapter from the first one: version 0 is the untrained one
+        if self.weight_sync.adapters:  # requests name an adapter from the first one: version 0 is the untrained one
             self._io.run(self.sync_weights(0), timeout=600)
 
     def _start_other_ranks(self, launcher: Launcher, process: str, role: str,
@@ -249,17 +239,8 @@ class ProcessExecutor:
     def _restore_server(self, index: int) -> None:
         """A restarted inference server starts on the workflow's model: give it the weights of
         the policy version the others serve (the last sync), so no sample comes from old weights."""
-        if self._last_sync is None:
-            return  # no sync yet: the initial weights are the current ones
-        client = self.servers.clients[index]
-        kind, where, manifest, version = self._last_sync
         io = self._started().io
-        if kind == "memory":
-            io.submit(client.update_weights_from_shared_memory(where, manifest, version)).result(timeout=300)
-        elif kind == "adapter":
-            io.submit(client.load_adapter(where, version)).result(timeout=300)
-        else:
-            io.submit(client.update_weights_from_disk(where, version)).result(timeout=300)
+        io.submit(self.weight_sync.restore(self.servers.clients[index])).result(timeout=300)
 
     def _wait_ready(self, names: list[str], timeout: float = 600.0) -> None:
         for name in names:
@@ -283,7 +264,7 @@ class ProcessExecutor:
             self.local.close()
         if self.launcher is not None:
             self.launcher.shutdown()
-        Path(self._shm_path).unlink(missing_ok=True)
+        self.weight_sync.cleanup()
 
     # ------------------------------------------------------------------ node calls
     async def run(self, node: str, batch: PackedBatch, *, step: int, version: int,
@@ -380,7 +361,7 @@ class ProcessExecutor:
         for name, client in self.clients.items():
             if only in (None, name):
                 self.clocks.probe(name, functools.partial(_worker_clock, client))
-        if get_backend(self.spec.inference.backend).server_spans and self.servers is not None:
+        if self.backend.server_spans and self.servers is not None:
             for i, client in enumerate(self.servers.clients):
                 if only in (None, f"inference-{i}"):
                     io = self._started().io
@@ -407,6 +388,10 @@ class ProcessExecutor:
     def _models_client(self, model: str) -> WorkerClient:
         return self.clients[f"model-{model}"]
 
+    def _call_actor(self, method: str, /, **args: Any) -> Any:
+        """One blocking call of the actor's host (the trainer's side of a weight sync)."""
+        return self._models_client(self.plan.actor).call(self.plan.actor, method, **args)
+
     def _trained_models(self) -> list[str]:
         return sorted({h.obj for n, h in self.plan.hosting.items()
                        if h.role == "model" and self.spec.models[h.obj].train is not None})
@@ -418,43 +403,13 @@ class ProcessExecutor:
                 await asyncio.to_thread(self._wait_ready, self._servers_names())
             deaths = self._deaths
             try:
-                return await self._sync_weights_once(version)
+                published = await asyncio.to_thread(self.weight_sync.publish, version)
+                await self._servers(self.weight_sync.apply(self.servers, published))
+                return {"weight_sync/bytes": published.nbytes}
             except Exception:
                 if not await self._died_meanwhile(deaths, self._servers_names()):
                     raise
                 log.warning("an inference server died during the weight sync to version %d; redoing it", version)
-
-    async def _sync_weights_once(self, version: int) -> dict[str, float]:
-        client = self._models_client(self.plan.actor)
-        if self.adapter_sync:
-            return await self._sync_adapter(client, version)
-        if self.weight_sync == "memory":
-            manifest = await asyncio.to_thread(client.call, self.plan.actor, ModelService.publish_weights.__name__, path=self._shm_path)
-            await self._servers(self.servers.update_weights_from_shared_memory(self._shm_path, manifest, version))
-            self._last_sync = ("memory", self._shm_path, manifest, version)
-            # what crossed: each tensor once (tied weights share an entry's bytes); LoRA: the adapters
-            return {"weight_sync/bytes": float(sum({e["offset"]: e["nbytes"] for e in manifest}.values()))}
-        path = self.run_dir.weights_dir(version)
-        await asyncio.to_thread(client.call, self.plan.actor, ModelService.export_weights.__name__, path=str(path))
-        await self._servers(self.servers.update_weights_from_disk(str(path), version))
-        self._last_sync = ("disk", str(path), None, version)
-        written = float(sum(f.stat().st_size for f in path.glob("*.safetensors")))
-        old = self.run_dir.weights_dir(version - 2)
-        if old.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        return {"weight_sync/bytes": written}
-
-    async def _sync_adapter(self, client: WorkerClient, version: int) -> dict[str, float]:
-        """LoRA on vLLM / SGLang: the adapter directory (megabytes) to every server under its
-        version's name; the one `adapters_kept` versions back is unloaded and deleted."""
-        path = self.run_dir.weights_dir(version)
-        await asyncio.to_thread(client.call, self.plan.actor, ModelService.export_adapter.__name__, path=str(path))
-        unload = version - self.adapters_kept
-        await self._servers(self.servers.load_adapter(str(path), version, unload if unload >= 0 else None))
-        self._last_sync = ("adapter", str(path), None, version)
-        if unload >= 0:  # a server may re-read an evicted adapter from its directory: keep those still named
-            shutil.rmtree(self.run_dir.weights_dir(unload), ignore_errors=True)
-        return {"weight_sync/bytes": float(sum(f.stat().st_size for f in path.glob("*.safetensors")))}
 
     async def export_model(self, path: Path) -> None:
         await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor,
@@ -522,19 +477,6 @@ def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -
 def inference_gpus(inference: InferenceSpec) -> int:
     """GPUs one inference server uses (SGLang's and vLLM's tensor-parallel size; the embedded engine's device)."""
     return get_backend(inference.backend).gpus(inference)
-
-
-def resolve_weight_sync(setting: str, backend: str) -> str:
-    """`auto`: in memory where the backend can take it (embedded, vLLM), else from disk (SGLang)."""
-    if setting == "auto":
-        return "memory" if get_backend(backend).shared_memory_weights else "disk"
-    return setting
-
-
-def shared_memory_path(name: str) -> str:
-    """A file in RAM (/dev/shm) where the OS has one, else in the temp directory."""
-    root = Path("/dev/shm")
-    return str((root if root.is_dir() and os.access(root, os.W_OK) else Path(tempfile.gettempdir())) / name)
 
 
 def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,

@@ -1,0 +1,303 @@
+"""Weight sync: how the actor's new weights reach the inference servers, one class per transport.
+
+Why objects: a transport is four decisions that belong together (what the trainer writes and
+where, what a server is told to load, what a server restarted in the middle of the run is
+given, what is left to delete), and a run uses one transport from start to end. The executor
+picks it once from the workflow (`choose_weight_sync`) and then calls the same four methods
+whatever it is; nothing else asks which transport a run has.
+
+- `SharedMemorySync` (`runtime.weight_sync: memory`; what `auto` picks for the embedded and
+  vLLM backends): the actor's host copies its weights into one file in RAM (/dev/shm,
+  engines/shared_weights.py) and returns a manifest; the servers map the same file and load
+  views of it (no serialisation, milliseconds for small models; one machine only, so the
+  launcher colocates every process).
+- `DiskSync` (`disk`; what `auto` picks for SGLang, the only way it takes weights): the host
+  exports safetensors into the run directory's `weights/v<version>`; the servers load them.
+  The directory two versions back is deleted once every server holds the new one.
+- `AdapterSync` (`lora.sync: adapter` on a backend that serves adapters: vLLM, SGLang): the
+  host exports the LoRA adapter alone (megabytes, peft's layout) and every server loads it
+  under its version's name; requests name the newest adapter they know, so a server keeps
+  `max_staleness + 2` of them loaded and the one older than that is unloaded and deleted.
+- `InProcessWeightSync`: trainer and engine in one process (CUDA to CUDA on one GPU, the
+  floor benchmarks/bench_gpu.py measures): the engine swaps in the trainer's own tensors,
+  nothing is written anywhere. A run's servers are other processes, so no workflow setting
+  chooses it.
+
+Every sync returns only after every server has loaded, and the controller trains again only
+after that, so a publish never overlaps a server's read. The exception is a server restarted
+while a sync is under way: its `restore` (on the launcher's watchdog thread) replays the last
+applied sync, whose shared file the new publish may already have rewritten; nothing orders
+the two (docs/architecture.md, section 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+
+from areal_graph.engines.inference.backends import InferenceBackend, get_backend
+from areal_graph.graph.node_kinds import adapter_sync
+from areal_graph.runtime.hosts.protocols import ModelService
+from areal_graph.runtime.observability.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from areal_graph.graph.spec import WorkflowSpec
+
+# `call_actor(method, **args)`: one blocking RPC to the actor's host (a `ModelService` method by
+# name), as the executor reaches it; the trainer's side of every transport but the in-process one.
+ActorCall = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What one publish left for the servers: the version, where it lies (the shared file or
+    the version's directory), the manifest of a shared file, the bytes that crossed (the
+    `weight_sync/bytes` metric) and, in one process, the tensors themselves."""
+
+    version: int
+    where: str
+    nbytes: float
+    manifest: list[dict] | None = None
+    state: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+
+class WeightTarget(Protocol):
+    """What a transport tells servers to do: one server's client (`InferenceClient`, a restored
+    server) or all of them at once (`ServerPool`); both define these three."""
+
+    async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None: ...
+
+    async def update_weights_from_disk(self, path: str, version: int) -> None: ...
+
+    async def load_adapter(self, path: str, version: int, unload: int | None = None) -> None: ...
+
+
+class WeightSync(Protocol):
+    """One transport of the actor's weights to the inference servers (see module docstring).
+
+    The executor calls `publish` off its event loop (it blocks on the trainer's RPC), then
+    `apply` on its HTTP loop, `restore` on the watchdog thread for a restarted server, and
+    `cleanup` once at shutdown."""
+
+    mode: str  # "memory", "disk", "adapter" or "in-process": for logs and messages
+    colocate: bool  # every process of the run on one machine (the launcher packs them)
+    adapters: bool  # requests name their version's adapter: version 0 is loaded before the first request
+
+    def server_launch(self) -> tuple[list[str], dict[str, str]]:
+        """Extra command-line flags and environment each inference server starts with."""
+        ...
+
+    def publish(self, version: int) -> Published:
+        """Trainer side: the actor's current weights written where the servers can read them."""
+        ...
+
+    async def apply(self, servers: WeightTarget, published: Published) -> None:
+        """Server side: every server loads `published`; from then on it is what `restore` replays."""
+        ...
+
+    async def restore(self, server: WeightTarget) -> None:
+        """A restarted server starts on the workflow's model: give it the last applied version
+        (nothing before the first sync: the initial weights are the current ones)."""
+        ...
+
+    def cleanup(self) -> None:
+        """At shutdown: remove what the transport made that the run directory should not keep."""
+        ...
+
+
+class SharedMemorySync:
+    """`memory`: one file in RAM that the actor's host rewrites and every server maps."""
+
+    mode = "memory"
+    colocate = True
+    adapters = False
+
+    def __init__(self, call_actor: ActorCall, path: str) -> None:
+        self.call_actor = call_actor
+        self.path = path
+        self.last: Published | None = None
+
+    def server_launch(self) -> tuple[list[str], dict[str, str]]:
+        return [], {}
+
+    def publish(self, version: int) -> Published:
+        manifest = self.call_actor(ModelService.publish_weights.__name__, path=self.path)
+        # what crossed: each tensor once (tied weights share an entry's bytes); LoRA: the adapters
+        nbytes = float(sum({e["offset"]: e["nbytes"] for e in manifest}.values()))
+        return Published(version, self.path, nbytes, manifest=manifest)
+
+    async def apply(self, servers: WeightTarget, published: Published) -> None:
+        assert published.manifest is not None  # publish wrote one
+        await servers.update_weights_from_shared_memory(published.where, published.manifest, published.version)
+        self.last = published
+
+    async def restore(self, server: WeightTarget) -> None:
+        last = self.last
+        if last is not None and last.manifest is not None:
+            await server.update_weights_from_shared_memory(last.where, last.manifest, last.version)
+
+    def cleanup(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+
+class _DirectorySync:
+    """A version's directory in the run directory, exported by the actor's host (the part
+    `DiskSync` and `AdapterSync` share: where it goes, what it weighs)."""
+
+    colocate = False
+    adapters = False
+    export: str  # the ModelService method that writes the directory
+
+    def __init__(self, call_actor: ActorCall, run_dir: RunDir) -> None:
+        self.call_actor = call_actor
+        self.run_dir = run_dir
+        self.last: Published | None = None
+
+    def server_launch(self) -> tuple[list[str], dict[str, str]]:
+        return [], {}
+
+    def publish(self, version: int) -> Published:
+        path = self.run_dir.weights_dir(version)
+        self.call_actor(self.export, path=str(path))
+        return Published(version, str(path), float(sum(f.stat().st_size for f in path.glob("*.safetensors"))))
+
+    def _delete(self, version: int) -> None:
+        old = self.run_dir.weights_dir(version)
+        if old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        """Nothing: the last versions stay in the run directory (a server may re-read them)."""
+
+
+class DiskSync(_DirectorySync):
+    """`disk`: HF safetensors in `weights/v<version>`; any backend, any number of machines
+    sharing the run directory. Two versions are kept: the served one and the one before."""
+
+    mode = "disk"
+    export = ModelService.export_weights.__name__
+
+    async def apply(self, servers: WeightTarget, published: Published) -> None:
+        await servers.update_weights_from_disk(published.where, published.version)
+        self.last = published
+        self._delete(published.version - 2)
+
+    async def restore(self, server: WeightTarget) -> None:
+        last = self.last
+        if last is not None:
+            await server.update_weights_from_disk(last.where, last.version)
+
+
+class AdapterSync(_DirectorySync):
+    """`lora.sync: adapter` on vLLM or SGLang: the adapter directory under its version's name.
+
+    `kept` adapters stay loaded on each server, one per version a request in flight may still
+    name (`max_staleness + 2`); the one `kept` versions back is unloaded and its directory
+    deleted (a server may re-read an evicted adapter from its directory: the rest stay)."""
+
+    mode = "adapter"
+    adapters = True
+    export = ModelService.export_adapter.__name__
+
+    def __init__(self, call_actor: ActorCall, run_dir: RunDir, backend: InferenceBackend, rank: int,
+                 target_modules: list[str], kept: int, colocate: bool = False) -> None:
+        super().__init__(call_actor, run_dir)
+        self.backend = backend
+        self.rank, self.target_modules, self.kept = rank, target_modules, kept
+        self.colocate = colocate
+
+    def server_launch(self) -> tuple[list[str], dict[str, str]]:
+        return self.backend.lora_launch_flags(self.rank, self.target_modules, self.kept), self.backend.lora_environment()
+
+    async def apply(self, servers: WeightTarget, published: Published) -> None:
+        unload = published.version - self.kept
+        await servers.load_adapter(published.where, published.version, unload if unload >= 0 else None)
+        self.last = published
+        if unload >= 0:
+            shutil.rmtree(self.run_dir.weights_dir(unload), ignore_errors=True)
+
+    async def restore(self, server: WeightTarget) -> None:
+        last = self.last
+        if last is not None:
+            await server.load_adapter(last.where, last.version)
+
+
+class InProcessWeightSync:
+    """Trainer and engine in one process: the engine swaps in the trainer's tensors as they
+    are (`state_dict_for_sync(copy=False)`: CUDA to CUDA on one GPU, no host memory, no file).
+
+    `trainer`: a training engine (engines/training/protocol.py); the target of `apply` is an
+    `EmbeddedEngine` in this process. Nothing restarts apart from this process, so `restore`
+    has nothing to do, and the tensors are the trainer's, so `cleanup` neither."""
+
+    mode = "in-process"
+    colocate = True
+    adapters = False
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def server_launch(self) -> tuple[list[str], dict[str, str]]:
+        return [], {}
+
+    def publish(self, version: int) -> Published:
+        state = self.trainer.state_dict_for_sync(copy=False)
+        nbytes = float(sum({(t.data_ptr(), t.dtype): t.numel() * t.element_size() for t in state.values()}.values()))
+        return Published(version, "in-process", nbytes, state=state)
+
+    async def apply(self, servers: Any, published: Published) -> None:
+        """`servers`: the engine (its swap waits for a step boundary: off the event loop)."""
+        await asyncio.to_thread(servers.update_weights_from_state_dict, published.state, published.version)
+
+    async def restore(self, server: Any) -> None:
+        return None
+
+    def cleanup(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------- choosing one
+def resolve_weight_sync(setting: str, backend: str) -> str:
+    """`auto`: in memory where the backend can take it (embedded, vLLM), else from disk (SGLang)."""
+    if setting == "auto":
+        return "memory" if get_backend(backend).shared_memory_weights else "disk"
+    return setting
+
+
+def shared_memory_path(name: str) -> str:
+    """A file in RAM (/dev/shm) where the OS has one, else in the temp directory."""
+    root = Path("/dev/shm")
+    return str((root if root.is_dir() and os.access(root, os.W_OK) else Path(tempfile.gettempdir())) / name)
+
+
+def choose_weight_sync(spec: WorkflowSpec, actor: str, backend: InferenceBackend, run_dir: RunDir,
+                       call_actor: ActorCall) -> WeightSync:
+    """The run's transport, from the workflow: the adapter where the policy (model `actor`)
+    syncs as a LoRA adapter and the backend serves adapters, else `runtime.weight_sync`
+    (`auto` resolved)."""
+    mode = resolve_weight_sync(spec.runtime.weight_sync, spec.inference.backend)
+    lora = spec.models[actor].lora
+    if adapter_sync(spec) and backend.lora_adapters and lora is not None:
+        # the launcher colocates as the resolved setting says (`auto` on vLLM: as for memory)
+        return AdapterSync(call_actor, run_dir, backend, lora.r, lora.target_modules,
+                           kept=spec.runtime.max_staleness + 2, colocate=mode == "memory")
+    if mode == "memory":
+        return SharedMemorySync(call_actor, shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights"))
+    return DiskSync(call_actor, run_dir)
+
+
+if TYPE_CHECKING:  # the type checker holds each transport to the protocol, and both clients to the target
+
+    from areal_graph.engines.inference.client import InferenceClient, ServerPool
+
+    def _transports(a: SharedMemorySync, b: DiskSync, c: AdapterSync, d: InProcessWeightSync) -> list[WeightSync]:
+        return [a, b, c, d]
+
+    def _targets(one: InferenceClient, pool: ServerPool) -> list[WeightTarget]:
+        return [one, pool]
