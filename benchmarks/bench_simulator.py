@@ -74,8 +74,8 @@ def run_workflow(workflow: str, overrides: list[str], run_dir: Path, log: Path) 
 
 
 def measured_extras(run_dir: Path) -> dict[str, float]:
-    from areal_graph.runtime.observability.trace_run import load_run
-    from areal_graph.runtime.observability.trace_summary import summarize_run
+    from areal_graph.trace_analysis.trace_run import load_run
+    from areal_graph.trace_analysis.trace_summary import summarize_run
 
     summary = summarize_run(load_run(run_dir))
     busy = {p["process"]: p.get("busy_share_steps") for p in summary["processes"]}

@@ -67,13 +67,13 @@ def run(args: argparse.Namespace) -> int:
 
     from areal_graph.cli.console import output_console
 
-    from areal_graph.runtime.observability.trace_run import load_run
-    from areal_graph.runtime.observability.trace_summary import summarize_run
+    from areal_graph.trace_analysis.trace_run import load_run
+    from areal_graph.trace_analysis.trace_summary import summarize_run
 
     console, err = output_console(), Console(stderr=True)
     options = None
     if args.html is not None:  # before the tables: a bad option is said first, not after seconds of output
-        from areal_graph.runtime.observability.trace_view import PageOptions
+        from areal_graph.trace_analysis.trace_view import PageOptions
 
         try:
             options = PageOptions(span_budget=args.span_budget)
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(run: Any, summary: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The JSON report of one run: the span tables and the median step, then the summary's sections."""
-    from areal_graph.runtime.observability.trace_stats import training_window
+    from areal_graph.trace_analysis.trace_stats import training_window
 
     spans = run.timeline.spans
     wall = run.timeline.wall_s
@@ -153,7 +153,7 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
 
 def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]], html: Any,
                 options: Any) -> int:
-    from areal_graph.runtime.observability.trace_view import write_page
+    from areal_graph.trace_analysis.trace_view import write_page
 
     try:
         t0 = time.perf_counter()
@@ -167,7 +167,7 @@ def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[st
 
 
 def _write_pngs(console: Any, err: Any, runs: list[Any], outdir: Path) -> int:
-    from areal_graph.runtime.observability.trace_png import PlotsUnavailable, write_pngs
+    from areal_graph.trace_analysis.trace_png import PlotsUnavailable, write_pngs
 
     try:
         written = write_pngs(runs, outdir)

@@ -30,8 +30,8 @@ class MeasuredRun:
 def measured_run(workflow: str | Path, overrides: Sequence[str], run_dir: Path, log: Path,
                  timeout: float | None = None, cwd: Path | None = None) -> MeasuredRun:
     """Run it (a fresh `run_dir`: a folder that holds a run is refused), output to `log`."""
-    from areal_graph.runtime.observability.trace_model import load_timeline
-    from areal_graph.runtime.observability.trace_stats import training_window
+    from areal_graph.trace_analysis.trace_model import load_timeline
+    from areal_graph.trace_analysis.trace_stats import training_window
 
     shutil.rmtree(run_dir, ignore_errors=True)
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,6 @@ def load_costs(source: str | Path) -> CostModel:
     if not path.is_dir() or not (path / "trace.json").exists():
         raise CalibrationError(f"{path}: not a run directory with a trace.json (a run with runtime.trace: false "
                                "cannot calibrate the model)")
-    from areal_graph.runtime.observability.trace_run import load_run
+    from areal_graph.trace_analysis.trace_run import load_run
 
     return fit_costs(load_run(path))

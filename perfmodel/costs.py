@@ -1,6 +1,6 @@
 """What each part of a run costs, read off the run's own trace and metrics.
 
-`fit_costs(run)` turns one finished run (runtime/observability/trace_run.py `RunMaterial`)
+`fit_costs(run)` turns one finished run (trace_analysis/trace_run.py `RunMaterial`)
 into a `CostModel`: every engine forward (prefill chunks and decode steps, against batch and
 context), each training-side call (train, log-prob passes, against tokens), the weight sync,
 the generation-side nodes (reward), the rollout's own overhead, the controller's per-step
@@ -32,8 +32,8 @@ import numpy as np
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
-from areal_graph.runtime.observability.trace_model import merge_intervals
-from areal_graph.runtime.observability.trace_stats import training_window
+from areal_graph.trace_analysis.trace_model import merge_intervals
+from areal_graph.trace_analysis.trace_stats import training_window
 
 MIN_STEPS = 10  # a calibration run needs at least this many training steps
 DECODE_TERMS = ["1", "rows", "rows_x_width_k"]

@@ -13,7 +13,7 @@ import networkx as nx
 from support.paths import REPO
 
 PACKAGES = ["api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel", "protos", "runtime", "tools",
-            "workflows"]
+            "trace_analysis", "workflows"]
 
 
 def package_graph() -> nx.DiGraph:
@@ -47,6 +47,31 @@ def test_the_layers_point_the_right_way():
         for path in (REPO / pkg).rglob("*.py"):
             text = path.read_text()
             assert "import torch" not in text and "import grpc" not in text, path
+
+
+def imported_modules(path) -> list[str]:
+    """The dotted names `path` imports, as written (`from a.b import c` gives a.b)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return out
+
+
+def test_the_runtime_records_and_the_trace_analyser_reads_back():
+    """trace_analysis/ reads a finished run offline (`areal-graph trace`, perfmodel's cost fits);
+    runtime/ only records. The analyser may use the recorder's formats and readers
+    (runtime/observability/: file names, the segment index, metrics.jsonl), nothing else of the
+    runtime; nothing a run imports may import the analyser, only the CLI and perfmodel/ do."""
+    graph = package_graph()
+    assert set(graph.predecessors("trace_analysis")) <= {"cli", "perfmodel"}, list(graph.predecessors("trace_analysis"))
+    assert graph.has_edge("trace_analysis", "runtime")  # the check below still looks at something
+    reaching = [f"{path.relative_to(REPO)}: {name}" for path in (REPO / "trace_analysis").rglob("*.py")
+                for name in imported_modules(path)
+                if name.startswith("areal_graph.runtime.") and not name.startswith("areal_graph.runtime.observability.")]
+    assert not reaching, reaching
 
 
 TESTS = REPO / "tests"

@@ -26,7 +26,7 @@ from support.paths import REPO
 # engines/training/protocol.py, engines/inference/backends/base.py), the owner that calls them by
 # name, and everything else. Not protos/: generated code whose classes only exist at run time.
 CHECKED = [f"areal_graph.{p}" for p in ("api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel",
-                                        "runtime", "tools", "workflows")]
+                                        "runtime", "tools", "trace_analysis", "workflows")]
 
 
 def need_mypy() -> None:

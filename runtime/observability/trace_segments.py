@@ -14,8 +14,8 @@ anything changed on the way (a sample of the middle), so that is what is kept, w
   deleted (the spacing doubles), so the kept middle stays evenly spread over the whole run.
 
 What was dropped is said in the trace: `trace_segments/index.json` lists every segment ever
-written (steps, time, spans, bytes) and whether it is kept, and readers (trace_read.py) turn
-the dropped ones into notes. Head + 4 + 8 segments = 0.8 of the budget; each file may run over
+written (steps, time, spans, bytes) and whether it is kept, and readers
+(trace_analysis/trace_read.py) turn the dropped ones into notes. Head + 4 + 8 segments = 0.8 of the budget; each file may run over
 by one flush (the tracer flushes about a quarter of a segment at a time), which the rest covers.
 """
 

@@ -149,8 +149,8 @@ class Tracer(SpanRecorder):
         `horizon`: the wall-clock time (`now()`) when they were asked for: every span the other
         processes finished before it is in. Until the next horizon, this tracer's own spans
         that end after it are held back, so the file stays (nearly) in time order: a stretch of
-        it, a segment or a window read (trace_windows.py), holds every process's spans of its
-        time, not the controller's of now and the workers' of seconds ago."""
+        it, a segment or a window read (trace_analysis/trace_windows.py), holds every process's
+        spans of its time, not the controller's of now and the workers' of seconds ago."""
         if not self.enabled:
             return
         spans = list(spans)

@@ -315,7 +315,7 @@ def test_corrections_where_they_cannot_act_are_errors_naming_node_and_field(over
 
 # ----------------------------------------------------------------------------- the trace view
 def test_mismatch_summary_folds_steps_into_windows_and_positions():
-    from areal_graph.runtime.observability.mismatch_summary import mismatch_summary
+    from areal_graph.trace_analysis.mismatch_summary import mismatch_summary
 
     metrics = []
     for step in range(1, 17):

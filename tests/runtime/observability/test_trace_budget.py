@@ -1,28 +1,27 @@
-"""A trace bounded by design (runtime.trace_max_mb) and read in bounded memory, however large.
+"""A trace bounded by design (runtime.trace_max_mb), however long the run.
 
 The writer keeps the head, the newest segments and an evenly spaced sample of the older ones,
-within the budget, and says what it dropped; the reader reads any trace within --read-mb by
-windows and says so. Both against real files written by the real Tracer.
+within the budget, and says what it dropped; against real files written by the real Tracer.
+The reader's side (any trace read within --read-mb by windows) is tested in
+tests/trace_analysis/test_trace_windows.py.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import resource
 import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from areal_graph.runtime.observability.trace_model import load_timeline
-from areal_graph.runtime.observability.trace_stats import process_shares
 from areal_graph.runtime.observability.trace_segments import (INDEX_FILENAME, SAMPLE_SEGMENTS, SEGMENTS_DIRNAME,
                                                               TAIL_SEGMENTS, TraceBudgetTooSmall, kept_segments)
-from areal_graph.runtime.observability.trace_windows import plan_windows, read_trace_parts
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.trace_analysis.trace_model import load_timeline
+from support.traces import record_steps
 
 
 # ---------------------------------------------------------------------- the keep policy
@@ -45,17 +44,6 @@ def test_a_dropped_segment_is_never_wanted_back(closed):
 
 
 # ---------------------------------------------------------------------- the writer
-def _steps(tr: Tracer, first: int, last: int, t0: float, spans_per_step: int = 30) -> None:
-    """Record steps like a run: node spans with rids and args, then the step span."""
-    for step in range(first, last):
-        t = t0 + step * 0.01
-        for k in range(spans_per_step):
-            tr.record("generate", t, t + 0.002, cat="node", node="rollout", worker="rollout", step=step,
-                      rid=f"r{step}-{k}", tokens=64)
-        tr.record("forward", t, t + 0.006, cat="compute", worker="inference-0", step=step)  # busy 60%
-        tr.record("step", t, t + 0.01, cat="step", step=step)
-
-
 def _size(run: Path) -> int:
     return sum(p.stat().st_size for p in [run / "trace.json", *(run / SEGMENTS_DIRNAME).glob("seg-*.json")]
                if p.exists())
@@ -70,7 +58,7 @@ def test_a_long_trace_stays_within_its_budget_and_says_what_it_dropped(tmp_path,
     step = 0
     while step < 1600:  # ~8 KB per step: many times the budget
         n = min(rng.randint(20, 120), 1600 - step)
-        _steps(tr, step, step + n, t0)
+        record_steps(tr, step, step + n, t0)
         step += n
         assert _size(tmp_path) <= budget * 1.05, f"over budget at step {step}"
     tr.close()
@@ -93,7 +81,7 @@ def test_a_long_trace_stays_within_its_budget_and_says_what_it_dropped(tmp_path,
 
 def test_a_budget_that_cannot_hold_one_step_is_an_error_naming_the_field(tmp_path):
     tr = Tracer(tmp_path / "trace.json", max_bytes=64 * 2**10, flush_interval_s=1e9)
-    _steps(tr, 0, 40, time.perf_counter(), spans_per_step=200)  # ~50 KB per step, a segment is 3 KB
+    record_steps(tr, 0, 40, time.perf_counter(), spans_per_step=200)  # ~50 KB per step, a segment is 3 KB
     tr.close()
     assert tr.problem is not None
     assert "runtime.trace_max_mb" in tr.problem and "too small to hold one step" in tr.problem
@@ -104,13 +92,13 @@ def test_a_budget_that_cannot_hold_one_step_is_an_error_naming_the_field(tmp_pat
 def test_a_resumed_run_goes_on_in_a_new_segment_with_its_processes_named(tmp_path):
     budget = 2**20
     tr = Tracer(tmp_path / "trace.json", max_bytes=budget, flush_interval_s=1e9)
-    _steps(tr, 0, 400, time.perf_counter())
+    record_steps(tr, 0, 400, time.perf_counter())
     tr.close()
     before = sorted(p.name for p in (tmp_path / SEGMENTS_DIRNAME).glob("seg-*.json"))
     assert before
     again = Tracer(tmp_path / "trace.json", max_bytes=budget, flush_interval_s=1e9, append=True)
     again.record("resume", time.perf_counter(), time.perf_counter(), cat="controller")
-    _steps(again, 400, 420, time.perf_counter())
+    record_steps(again, 400, 420, time.perf_counter())
     again.close()
     after = sorted(p.name for p in (tmp_path / SEGMENTS_DIRNAME).glob("seg-*.json"))
     assert after[-1] > before[-1]
@@ -118,52 +106,6 @@ def test_a_resumed_run_goes_on_in_a_new_segment_with_its_processes_named(tmp_pat
     pids = {e["args"]["name"]: e["pid"] for e in newest if e.get("name") == "process_name"}
     old = json.loads((tmp_path / SEGMENTS_DIRNAME / before[-1]).read_text())
     assert {e["args"]["name"]: e["pid"] for e in old if e.get("name") == "process_name"}.items() <= pids.items()
-
-
-# ---------------------------------------------------------------------- the reader
-@given(st.lists(st.integers(min_value=0, max_value=10**7), min_size=1, max_size=12),
-       st.integers(min_value=10**4, max_value=10**7))
-@settings(max_examples=200)
-def test_windows_hold_at_most_the_budget_start_at_the_start_and_end_at_the_end(sizes, budget):
-    files = [(Path(f"f{i}"), n) for i, n in enumerate(sizes)]
-    windows = plan_windows(files, budget)
-    total = sum(sizes)
-    assert sum(w.length for w in windows) <= max(budget, 0) + 16 or total <= budget
-    for w in windows:
-        assert 0 <= w.offset and w.offset + w.length <= w.size
-    if total > budget:
-        nonempty = [(p, n) for p, n in files if n]
-        assert windows[0].path == nonempty[0][0] and windows[0].offset == 0
-        assert windows[-1].path == nonempty[-1][0] and windows[-1].offset + windows[-1].length == nonempty[-1][1]
-    else:
-        assert all(w.whole for w in windows)
-
-
-def test_a_trace_larger_than_the_read_budget_is_read_in_windows_in_bounded_memory(tmp_path):
-    """An unbounded trace (trace_max_mb: null, or an old run) of ~40 MB, read with 4 MB."""
-    tr = Tracer(tmp_path / "trace.json", flush_interval_s=1e9, flush_every=5000)
-    t0 = time.perf_counter()
-    _steps(tr, 0, 12000, t0, spans_per_step=16)
-    tr.close()
-    size = (tmp_path / "trace.json").stat().st_size
-    assert size > 20 * 2**20
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
-    parts, notes = read_trace_parts(tmp_path, 4 * 2**20)
-    took = time.perf_counter() - started
-    assert sum(p.bytes_total for p in parts) <= 4 * 2**20
-    assert took < 10 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 200 * 2**10  # KB
-    assert any("read in" not in n and "streamed in bounded memory" in n for n in notes)
-    tl = load_timeline(tmp_path, 4 * 2**20)
-    steps = sorted({s["args"]["step"] for s in tl.spans if s["name"] == "step"})
-    assert steps[0] == 0 and steps[-1] == 11999 and 800 < len(steps) < 12000  # first, last and between
-    assert {s["process"] for s in tl.spans} == {"rollout", "controller", "inference-0"}  # from each file's tail
-    # durations are over what was read: the gaps between windows are not counted as wall time,
-    # nor the part of a span outside the windows as busy time
-    assert tl.wall_s < 0.5 * (12000 * 0.01)
-    shares = {r["process"]: r for r in process_shares(tl)}
-    assert shares["inference-0"]["busy_share"] == pytest.approx(0.6, abs=0.03)
-    assert shares["inference-0"]["busy_share_steps"] == pytest.approx(0.6, abs=0.03)
 
 
 def test_own_spans_wait_for_the_workers_horizon_so_the_file_stays_in_time_order(tmp_path):

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from areal_graph.runtime.observability.trace_run import load_run
+from areal_graph.trace_analysis.trace_run import load_run
 from support.ci import missing
-from areal_graph.runtime.observability.trace_view import PageOptions, build_page, write_page
+from areal_graph.trace_analysis.trace_view import PageOptions, build_page, write_page
 from support.paths import FIXTURES
 
 FIXTURES = FIXTURES / "trace_runs"

@@ -111,7 +111,7 @@ def test_a_full_disk_stops_the_run_with_the_path_and_resume_loses_nothing(kit, t
 def test_a_trace_that_fills_the_disk_asks_the_run_to_stop_naming_the_file(small_disk):
     """The tracer writes from its flush thread: a full disk there becomes `problem` (the controller
     stops the run with it after the step) and the trace written so far stays readable."""
-    from areal_graph.runtime.observability.trace_model import load_timeline
+    from areal_graph.trace_analysis.trace_model import load_timeline
     from areal_graph.runtime.observability.tracing import Tracer
 
     _fill(small_disk, leave=256 << 10)

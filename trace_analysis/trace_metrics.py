@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any, Iterable
 
 from areal_graph.runtime.observability.flows import FLOW_NAME
-from areal_graph.runtime.observability.trace_model import Timeline
+from areal_graph.trace_analysis.trace_model import Timeline
 
 STALENESS_MEAN, STALENESS_MAX = "staleness/mean", "staleness/max"
 TOKENS, MICROBATCHES = "train/tokens", "train/n_microbatches"

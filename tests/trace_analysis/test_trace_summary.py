@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from areal_graph.cli import cmd_trace
-from areal_graph.runtime.observability.trace_metrics import packing_efficiency, staleness_histogram
-from areal_graph.runtime.observability.trace_model import build_timeline, load_timeline
-from areal_graph.runtime.observability.trace_read import read_trace_file, trace_files
-from areal_graph.runtime.observability.trace_run import load_run
-from areal_graph.runtime.observability.trace_stats import (
-    WAIT_GENERATION, WEIGHT_SYNC, node_totals, process_shares, step_bounds, utilisation)
-from areal_graph.runtime.observability.trace_summary import summarize_run
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.trace_analysis.trace_metrics import packing_efficiency, staleness_histogram
+from areal_graph.trace_analysis.trace_model import build_timeline, load_timeline
+from areal_graph.trace_analysis.trace_read import read_trace_file, trace_files
+from areal_graph.trace_analysis.trace_run import load_run
+from areal_graph.trace_analysis.trace_stats import (
+    WAIT_GENERATION, WEIGHT_SYNC, node_totals, process_shares, step_bounds, utilisation)
+from areal_graph.trace_analysis.trace_summary import summarize_run
 from support.paths import FIXTURES
 
 FIXTURES = FIXTURES / "trace_runs"

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from areal_graph.runtime.observability.trace_run import RunMaterial
+from areal_graph.trace_analysis.trace_run import RunMaterial
 
 _LANE_RE = re.compile(r"^(.*) #(\d+)$")
 BOUND_TRACK = "step bounded by"

@@ -13,8 +13,8 @@ module turns standard Chrome trace events into that, from any number of files re
 
 Processes and threads are identified by *name*, so parts written by different tracers (each
 numbering its own pids) merge, and a file that lost its metadata tail gets its names back
-from the span args (`worker`/`process`, `node`/category: the rule tracing.py lays tracks out
-by). Thread names "requests #3" are lane 3 of track "requests".
+from the span args (`worker`/`process`, `node`/category: the rule runtime/observability/tracing.py
+lays tracks out by). Thread names "requests #3" are lane 3 of track "requests".
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from areal_graph.runtime.observability.trace_read import TraceFile
-from areal_graph.runtime.observability.trace_windows import DEFAULT_READ_MB, read_trace_parts
+from areal_graph.trace_analysis.trace_read import TraceFile
+from areal_graph.trace_analysis.trace_windows import DEFAULT_READ_MB, read_trace_parts
 
 _LANE_RE = re.compile(r"^(.*) #(\d+)$")
 PROFILE_CATEGORY = "profile"

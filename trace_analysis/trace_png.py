@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from areal_graph.runtime.observability.trace_metrics import learning_curve
-from areal_graph.runtime.observability.trace_run import RunMaterial
-from areal_graph.runtime.observability.trace_stats import utilisation
+from areal_graph.trace_analysis.trace_metrics import learning_curve
+from areal_graph.trace_analysis.trace_run import RunMaterial
+from areal_graph.trace_analysis.trace_stats import utilisation
 
 log = logging.getLogger(__name__)
 UTILISATION_PNG = "utilisation.png"

@@ -27,8 +27,8 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
-from areal_graph.runtime.observability.step_split import is_compute, union_seconds
-from areal_graph.runtime.observability.trace_model import Timeline, merge_intervals
+from areal_graph.trace_analysis.step_split import is_compute, union_seconds
+from areal_graph.trace_analysis.trace_model import Timeline, merge_intervals
 
 Interval = tuple[float, float]
 OVERHEAD = "controller overhead"

@@ -1,4 +1,4 @@
-"""runtime/observability/trace_view/payload.py: a run's timeline as the page's compact columnar
+"""trace_analysis/trace_view/payload.py: a run's timeline as the page's compact columnar
 JSON. Times are milliseconds from the run's start, rows follow the tracks' order, names, args
 and colours are interned, one "step bounded by" span per step, node spans carry their node's
 kind colour, instants and counters get rows, and flow arrows past the budget are thinned evenly.
@@ -14,10 +14,10 @@ import random
 
 import pytest
 
-from areal_graph.runtime.observability.trace_run import load_run
-from areal_graph.runtime.observability.trace_summary import summarize_run
-from areal_graph.runtime.observability.trace_view import payload as P
-from areal_graph.runtime.observability.trace_view.payload import PageOptions, run_payload
+from areal_graph.trace_analysis.trace_run import load_run
+from areal_graph.trace_analysis.trace_summary import summarize_run
+from areal_graph.trace_analysis.trace_view import payload as P
+from areal_graph.trace_analysis.trace_view.payload import PageOptions, run_payload
 from support.paths import FIXTURES
 
 

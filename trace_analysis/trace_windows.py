@@ -5,8 +5,8 @@ Why: a trace parsed whole costs ~10x its size in memory (a 114 MB trace took 1.2
 large budget) would not fit. Beyond `max_bytes`, the files are read in *windows* instead, by
 seeking, never scanning what is skipped: the first quarter of the budget from the start of the
 run, the last quarter from its end, and the other half as evenly spaced windows between, the
-same shape the writer's budget keeps (trace_segments.py). Each window becomes a part of the
-timeline of its own, so durations are measured over the time the windows cover and a gap
+same shape the writer's budget keeps (runtime/observability/trace_segments.py). Each window
+becomes a part of the timeline of its own, so durations are measured over the time the windows cover and a gap
 between them is not counted as idle time (Timeline.wall_s).
 
 A window starts at the first event line after its offset and ends at the last complete line
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_graph.runtime.observability.trace_read import TraceFile, read_trace_file, trace_files
 from areal_graph.runtime.observability.trace_segments import read_index
+from areal_graph.trace_analysis.trace_read import TraceFile, read_trace_file, trace_files
 
 DEFAULT_READ_MB = 48      # what `areal-graph trace` reads of a run at most (--read-mb)
 MIDDLE_WINDOWS = 8        # evenly spaced windows between the first and last steps

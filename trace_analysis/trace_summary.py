@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_graph.runtime.observability.mismatch_summary import mismatch_summary
-from areal_graph.runtime.observability.step_split import step_split, summarize_steps
-from areal_graph.runtime.observability.trace_metrics import packing_efficiency, staleness_histogram
-from areal_graph.runtime.observability.trace_run import RunMaterial
-from areal_graph.runtime.observability.trace_stats import node_totals, process_shares, step_bounds, summarize_bounds
+from areal_graph.trace_analysis.mismatch_summary import mismatch_summary
+from areal_graph.trace_analysis.step_split import step_split, summarize_steps
+from areal_graph.trace_analysis.trace_metrics import packing_efficiency, staleness_histogram
+from areal_graph.trace_analysis.trace_run import RunMaterial
+from areal_graph.trace_analysis.trace_stats import node_totals, process_shares, step_bounds, summarize_bounds
 
 
 def summarize_run(run: RunMaterial) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from typing import Any
 
 from areal_graph.runtime.observability.run_dir import (CONFIG_FILENAME, END_STATE_FILENAME, METRICS_FILENAME,
                                                        end_state_file)
-from areal_graph.runtime.observability.trace_model import Timeline, load_timeline
-from areal_graph.runtime.observability.trace_windows import DEFAULT_READ_MB
-from areal_graph.runtime.observability.trace_stats import guess_sides
+from areal_graph.trace_analysis.trace_model import Timeline, load_timeline
+from areal_graph.trace_analysis.trace_windows import DEFAULT_READ_MB
+from areal_graph.trace_analysis.trace_stats import guess_sides
 
 log = logging.getLogger(__name__)
 UNFINISHED_FILENAME = END_STATE_FILENAME  # end_state.json; an older run's unfinished.json is read instead

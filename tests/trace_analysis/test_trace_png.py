@@ -1,4 +1,4 @@
-"""runtime/observability/trace_png.py: `write_pngs` writes the utilisation and learning-curve
+"""trace_analysis/trace_png.py: `write_pngs` writes the utilisation and learning-curve
 pictures of one run or several as real PNG files of the size their figures ask for (one
 utilisation panel per run, three learning-curve panels), off-screen, and says clearly when
 matplotlib is missing.
@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from areal_graph.runtime.observability.trace_png import (LEARNING_CURVE_PNG, UTILISATION_PNG, PlotsUnavailable,
+from areal_graph.trace_analysis.trace_png import (LEARNING_CURVE_PNG, UTILISATION_PNG, PlotsUnavailable,
                                                           write_pngs)
-from areal_graph.runtime.observability.trace_run import load_run
+from areal_graph.trace_analysis.trace_run import load_run
 from support.ci import missing
 from support.paths import FIXTURES
 

@@ -1,4 +1,4 @@
-"""runtime/observability/trace_view/page.py: `build_page` fills page.html's markers with the
+"""trace_analysis/trace_view/page.py: `build_page` fills page.html's markers with the
 styles, the script, the escaped title, each run's graph section and summary tables and the
 data block (whose `</` is escaped so no label or arg can end the script early); `write_page`
 writes it where asked. A run without a workflow, or one whose graph cannot be drawn, still
@@ -15,11 +15,11 @@ import re
 
 import pytest
 
-from areal_graph.runtime.observability.trace_run import load_run
-from areal_graph.runtime.observability.trace_summary import summarize_run
-from areal_graph.runtime.observability.trace_view import page as page_module
-from areal_graph.runtime.observability.trace_view.page import build_page, write_page
-from areal_graph.runtime.observability.trace_view.payload import PageOptions
+from areal_graph.trace_analysis.trace_run import load_run
+from areal_graph.trace_analysis.trace_summary import summarize_run
+from areal_graph.trace_analysis.trace_view import page as page_module
+from areal_graph.trace_analysis.trace_view.page import build_page, write_page
+from areal_graph.trace_analysis.trace_view.payload import PageOptions
 from support.paths import FIXTURES
 
 RUNS = FIXTURES / "trace_runs"

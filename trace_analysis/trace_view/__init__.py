@@ -4,7 +4,7 @@
 page from it with `page.html`, `viewer.js` and `viewer.css` (package data beside this file).
 """
 
-from areal_graph.runtime.observability.trace_view.page import build_page, write_page
-from areal_graph.runtime.observability.trace_view.payload import PageOptions
+from areal_graph.trace_analysis.trace_view.page import build_page, write_page
+from areal_graph.trace_analysis.trace_view.payload import PageOptions
 
 __all__ = ["PageOptions", "build_page", "write_page"]

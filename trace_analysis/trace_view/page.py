@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from areal_graph.runtime.observability.trace_run import RunMaterial
-from areal_graph.runtime.observability.trace_summary import summarize_run
-from areal_graph.runtime.observability.trace_view.payload import PageOptions, run_payload
+from areal_graph.trace_analysis.trace_run import RunMaterial
+from areal_graph.trace_analysis.trace_summary import summarize_run
+from areal_graph.trace_analysis.trace_view.payload import PageOptions, run_payload
 
 log = logging.getLogger(__name__)
 ASSETS = Path(__file__).parent

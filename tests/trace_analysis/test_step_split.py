@@ -1,4 +1,4 @@
-"""runtime/observability/step_split.py: each training step's wall time split into compute (the
+"""trace_analysis/step_split.py: each training step's wall time split into compute (the
 union of compute intervals inside it, per process and once overall) and overhead, and the
 medians over steps.
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from areal_graph.runtime.observability.step_split import (LONG_S, is_compute, step_split, summarize_steps,
+from areal_graph.trace_analysis.step_split import (LONG_S, is_compute, step_split, summarize_steps,
                                                            union_seconds)
-from areal_graph.runtime.observability.trace_run import load_run
+from areal_graph.trace_analysis.trace_run import load_run
 from support.paths import FIXTURES
 
 S = 1_000_000  # microseconds per second

@@ -53,8 +53,9 @@ def trace_files(run: str | os.PathLike) -> list[Path]:
     kept segments `trace_segments/seg-000001.json`, ...
 
     `run` is a run directory or a single trace file. Earlier parts are what a resumed run
-    left behind before traces were appended to one file (see run_dir.py); segments are what a
-    run with a trace budget wrote after its head (trace_segments.py)."""
+    left behind before traces were appended to one file (see runtime/observability/run_dir.py);
+    segments are what a run with a trace budget wrote after its head
+    (runtime/observability/trace_segments.py)."""
     path = Path(run)
     if path.is_file():
         return [path]
