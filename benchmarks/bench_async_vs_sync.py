@@ -26,6 +26,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -39,7 +41,7 @@ def run_config(label: str, overrides: list[str], workdir: Path,
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{label} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
     steps = [m for m in metrics if "time/step" in m]
     train_time = sum(m["time/step"] for m in steps)

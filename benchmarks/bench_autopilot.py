@@ -24,6 +24,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 WORKFLOW = "workflows/ppo_async_longtail.yaml"
@@ -56,7 +58,7 @@ def main() -> int:
             if got.exit_code != 0 or got.window_s is None:
                 raise RuntimeError(f"run failed (exit {got.exit_code}): {work / (run_dir.name + '.log')}")
             windows[(start, pilot)].append(got.window_s)
-            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
             limits = [m["autopilot/max_concurrent"] for m in metrics if "autopilot/max_concurrent" in m]
             finals[(start, pilot)] = {"final": limits[-1] if limits else start,
                                       "changes": sum(1 for a, b in zip(limits, limits[1:]) if a != b),

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.modelkit.shipped import sha256
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -125,7 +126,7 @@ def run_rl(workflow: str, kit_path: Path, seed: int, run_dir: Path, steps: int |
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{workflow} on {kit_path.name} seed {seed} failed:\n{proc.stderr[-3000:]}")
-    metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
     return {"before": accs[0], "after": accs[-1], "wall_s": wall}
 

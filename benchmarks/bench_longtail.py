@@ -179,7 +179,9 @@ def run_system(eta: int, run_dir: Path, steps: int, seed: int, extra: list[str])
     rc, total, cpu = _run(cmd, log_path)
     if rc != 0:
         raise RuntimeError(f"areal-graph run (eta {eta}) failed ({rc}):\n{_tail(log_path)}")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
+
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     res = window(metrics)
     res.update(eta=eta, seed=seed, overrides=overrides, total_s=total, total_cpu_s=cpu, loadavg_1min_at_start=load)
     return res

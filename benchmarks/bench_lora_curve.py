@@ -27,6 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_staleness_ablation import ROOT, RESULTS, run_cell  # noqa: E402  (the same `areal-graph run` cell)
 
@@ -40,7 +42,7 @@ def methods(lora_lr: float) -> dict[str, list[str]]:
 
 def sync_stats(run_dir: Path) -> dict[str, float | None]:
     """Mean weight-sync bytes and seconds per step, from the run's metrics."""
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_metrics_file(run_dir / METRICS_FILENAME).records
     def mean(key: str) -> float | None:
         vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
         return statistics.fmean(vals) if vals else None

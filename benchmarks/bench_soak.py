@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from areal_graph.runtime.observability.disk_full import dir_bytes
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, metrics_record, read_metrics_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -83,7 +84,7 @@ def sample(owner: psutil.Process) -> dict[str, dict[str, float]]:
 
 def last_step(run_dir: Path) -> int:
     """The last step in metrics.jsonl, read from the file's end (it grows with the run)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILENAME
     try:
         with open(path, "rb") as f:
             f.seek(max(f.seek(0, 2) - 65536, 0))
@@ -91,11 +92,8 @@ def last_step(run_dir: Path) -> int:
     except OSError:
         return 0
     for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if "time/step" in rec:
+        rec = metrics_record(line)  # None for the line the read began inside of, or one cut off
+        if rec is not None and "time/step" in rec:
             return int(rec["step"])
     return 0
 
@@ -135,14 +133,7 @@ def check_ledger(run_dir: Path, steps: int, eta: int) -> dict[str, Any]:
     """Nothing lost, nothing trained twice, staleness within the bound (from the run folder alone)."""
     from areal_graph.runtime.observability.ledger import read_ledger, reconcile
 
-    metrics = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if "time/step" in rec:
-            metrics.append(rec)
+    metrics = [rec for rec in read_metrics_file(run_dir / METRICS_FILENAME).records if "time/step" in rec]
     logged = [m["step"] for m in metrics]
     account = reconcile(read_ledger(run_dir / "ledger.jsonl"))
     stale = max((m.get("staleness/max", 0.0) for m in metrics), default=0.0)

@@ -40,6 +40,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -71,7 +73,7 @@ def run_cell(workflow: Path, overrides: list[str], run_dir: Path) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     curve = [(m.get("step", 0), m["eval/accuracy"]) for m in metrics if "eval/accuracy" in m]
     accs = [a for _, a in curve]
     steps = [m for m in metrics if "reward/mean" in m]

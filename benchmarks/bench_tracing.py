@@ -39,6 +39,7 @@ from rich.table import Table
 
 from areal_graph.api.spans import SpanRecorder
 from areal_graph.engines.inference.engine_spans import EngineSpans
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
 from areal_graph.runtime.observability.tracing import Tracer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +144,7 @@ def one_run(steps: int, trace: bool, workdir: Path, workflow: Path) -> dict:
     wall, cpu = time.perf_counter() - t0, _children_cpu_s() - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     trace_path = run_dir / "trace.json"
     events = json.loads(trace_path.read_text()) if trace_path.exists() else []
     return {"trace": trace, "wall_s": wall, "cpu_s": cpu, "loop_s": metrics[-1]["time"] - metrics[0]["time"],

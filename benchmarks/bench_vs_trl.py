@@ -461,7 +461,9 @@ def run_areal(tree: Path, workflow: str, run_dir: Path, steps: int, seed: int, p
     rc, total, cpu = _run(cmd, log_path, env=env, cwd=tree)
     if rc != 0:
         raise RuntimeError(f"areal-graph run {workflow} failed ({rc}):\n{_tail(log_path)}")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
+
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     res = areal_window(metrics)
     res.update(total_s=total, total_cpu_s=cpu, loadavg_1min_at_start=load, overrides=overrides,
                model_dir=str(run_dir / "final_model"))

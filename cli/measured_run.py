@@ -8,7 +8,6 @@ first step and after the last, and the mean staleness of what was trained.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ class MeasuredRun:
 def measured_run(workflow: str | Path, overrides: Sequence[str], run_dir: Path, log: Path,
                  timeout: float | None = None, cwd: Path | None = None) -> MeasuredRun:
     """Run it (a fresh `run_dir`: a folder that holds a run is refused), output to `log`."""
+    from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
     from areal_graph.trace_analysis.trace_model import load_timeline
     from areal_graph.trace_analysis.trace_stats import training_window
 
@@ -44,7 +44,7 @@ def measured_run(workflow: str | Path, overrides: Sequence[str], run_dir: Path, 
     if rc != 0:
         return MeasuredRun(run_dir, rc)
     window = training_window(load_timeline(run_dir))
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
     stale = [m["staleness/mean"] for m in metrics if "staleness/mean" in m]
     return MeasuredRun(run_dir, 0, (window[1] - window[0]) if window else None, accs[0] if accs else None,

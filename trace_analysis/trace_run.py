@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_graph.runtime.observability.run_dir import (CONFIG_FILENAME, END_STATE_FILENAME, METRICS_FILENAME,
-                                                       end_state_file)
+                                                       end_state_file, read_metrics_file)
 from areal_graph.trace_analysis.trace_model import Timeline, load_timeline
 from areal_graph.trace_analysis.trace_windows import DEFAULT_READ_MB
 from areal_graph.trace_analysis.trace_stats import guess_sides
@@ -80,26 +80,15 @@ def _default_label(path: Path) -> str:
 
 
 def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """metrics.jsonl lines, a damaged line (cut off by a crash) skipped and counted."""
+    """metrics.jsonl's steps (the recorder's reader: a damaged line is skipped and counted), and
+    a note on what is missing or was skipped."""
     if not path.is_file():
         notes.append(f"no {METRICS_FILENAME}: no staleness, packing or learning curve")
         return []
-    out, bad = [], 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)):
-            out.append(rec)
-        else:
-            bad += 1
-    if bad:
-        notes.append(f"{METRICS_FILENAME}: {bad} damaged line(s) skipped")
-    return out
+    read = read_metrics_file(path)
+    if read.damaged:
+        notes.append(f"{METRICS_FILENAME}: {read.damaged} damaged line(s) skipped")
+    return read.records
 
 
 def _load_workflow(path: Path, notes: list[str]) -> tuple[Any, Any]:

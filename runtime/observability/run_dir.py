@@ -25,7 +25,9 @@ such leftovers are swept by the next prune. A resume marks the checkpoint it loa
 
 Metrics are written in one place, `log_metrics`: a line of metrics.jsonl, then the numbers to
 TensorBoard and to the experiment trackers the run opened (trackers.py), so every logger sees
-the same steps and values.
+the same steps and values. They are read back in one place too, `read_metrics_file` (the resume's
+`truncate_metrics`, `areal-graph trace`, the benchmarks): a line cut off by a crash is skipped and
+counted there, the same way for every reader.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from areal_graph.runtime.observability.trackers import Tracker
 
@@ -198,31 +200,14 @@ class RunDir:
         if not self.metrics_path.exists():
             return 0
         keep, dropped = [], 0
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                step = int(json.loads(line).get("step", 0))
-            except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
-                dropped += 1  # a line cut off by the crash
-                continue
-            if step <= last_step:
+        for line, record in _metrics_lines(self.metrics_path):
+            if record is not None and int(record["step"]) <= last_step:
                 keep.append(line)
             else:
-                dropped += 1
+                dropped += 1  # a later step, or a line cut off by the crash
         if dropped:
             _atomic_write(self.metrics_path, "".join(line + "\n" for line in keep))
         return dropped
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        """Every logged step (a line cut off by a crash is skipped)."""
-        if not self.metrics_path.exists():
-            return []
-        out = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s: skipping a damaged line", self.metrics_path)
-        return out
 
     def _tensorboard(self) -> Any:
         if self._tb_checked:
@@ -367,6 +352,46 @@ class RunDir:
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
+
+
+class MetricsFile(NamedTuple):
+    """What `read_metrics_file` read: the steps' records in file order, and the damaged lines it skipped."""
+
+    records: list[dict[str, Any]]
+    damaged: int
+
+
+def read_metrics_file(path: str | os.PathLike) -> MetricsFile:
+    """The one reader of metrics.jsonl (`RunDir.log_metrics` writes it): every step's record, and
+    how many lines were damaged and skipped: cut off by a crash, not JSON, or not a step's record
+    (an object with a number at "step"). Blank lines are neither. No file reads as no steps."""
+    if not Path(path).is_file():
+        return MetricsFile([], 0)
+    records, damaged = [], 0
+    for _, record in _metrics_lines(Path(path)):
+        if record is None:
+            damaged += 1
+        else:
+            records.append(record)
+    return MetricsFile(records, damaged)
+
+
+def metrics_record(line: str) -> dict[str, Any] | None:
+    """One line of metrics.jsonl as its step's record, or None for a damaged line (see
+    `read_metrics_file`; for a reader of part of the file, as of its end while the run writes it)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) or (isinstance(step, float) and math.isfinite(step)) else None
+
+
+def _metrics_lines(path: Path) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """(line, its record or None when damaged) for every non-blank line of metrics.jsonl."""
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.strip():
+            yield line, metrics_record(line)
 
 
 def end_state_file(root: str | os.PathLike) -> Path:

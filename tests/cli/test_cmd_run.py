@@ -10,7 +10,6 @@ runs are in tests/e2e/ and tests/runtime/."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,9 @@ from areal_graph.graph.dump import dump_workflow
 from areal_graph.graph.loader import load_workflow, load_workflow_text
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.controller import RunFailed, RunState
-from support.paths import FIXTURES, WORKFLOWS
 from support.cli import parser_of
+from support.e2e import read_metrics
+from support.paths import FIXTURES, WORKFLOWS
 
 TRACE_RUN = FIXTURES / "trace_runs" / "async"
 
@@ -356,8 +356,7 @@ def test_resume_with_a_differing_workflow_is_refused(runner, finished_run, workf
 
 
 def recorded_metrics() -> list[dict]:
-    lines = (TRACE_RUN / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_metrics(TRACE_RUN)
 
 
 def test_display_prints_one_line_per_step_when_not_a_terminal():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
 from support.paths import WORKFLOWS, child_env
 
 
@@ -62,7 +63,12 @@ def run_cli(wf: Path, run_dir: Path, *overrides: str, timeout: float = 240) -> s
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The run's metrics.jsonl, through the one reader; a run under test leaves no damaged line."""
+    path = run_dir / METRICS_FILENAME
+    assert path.is_file(), f"{path} does not exist"
+    read = read_metrics_file(path)
+    assert read.damaged == 0, f"{path}: {read.damaged} damaged line(s)"
+    return read.records
 
 
 def kill_during_run(proc: subprocess.Popen, run_dir: Path, victim_name: str, after_step: int) -> int:

@@ -17,6 +17,7 @@ from areal_graph.engines.inference.client import InferenceClient
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers.local import free_port, thread_env
 from areal_graph.runtime.orchestration.process_executor import inference_server_command
+from support.e2e import read_metrics
 from support.paths import REPO
 
 VLLM_PYTHON = os.environ.get("AREAL_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
@@ -90,10 +91,7 @@ def vllm_run_command(run_dir: Path, model: Path, *overrides: str) -> list[str]:
 def run_on_vllm(run_dir: Path, model: Path, *overrides: str) -> list[dict]:
     """Run `vllm_run_command` to the end (failing the test with its output if it fails); the
     metrics of its training steps."""
-    import json
-
     out = subprocess.run(vllm_run_command(run_dir, model, *overrides), cwd=REPO, capture_output=True, text=True,
                          timeout=900, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "COLUMNS": "400"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "train/loss" in r]
+    return [r for r in read_metrics(run_dir) if "train/loss" in r]

@@ -346,3 +346,22 @@ def test_a_config_from_an_older_schema_still_gives_the_graph(tmp_path):
     loaded = load_run(run)
     assert loaded.spec is not None and loaded.plan is not None
     assert any("does not load with today's schema" in n and "a_field_from_another_age" in n for n in loaded.notes)
+
+
+def test_damaged_metrics_lines_are_skipped_counted_and_noted(tmp_path):
+    """A run killed mid-write: its metrics.jsonl read by the recorder's one reader, and the note says how many
+    lines were lost; no metrics.jsonl is a note too."""
+    import shutil
+
+    run = tmp_path / "killed"
+    shutil.copytree(FIXTURES / "async", run)
+    whole = load_run(run)
+    assert whole.metrics and not any("damaged" in n for n in whole.notes)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('\n"not a step"\n{"step": 99, "loss')
+    damaged = load_run(run)
+    assert damaged.metrics == whole.metrics
+    assert "metrics.jsonl: 2 damaged line(s) skipped" in damaged.notes
+    (run / "metrics.jsonl").unlink()
+    gone = load_run(run)
+    assert gone.metrics == [] and any(n.startswith("no metrics.jsonl") for n in gone.notes)

@@ -19,6 +19,7 @@ from areal_graph.api.tool_calls import parse_tool_calls, render_tool_call, tool_
 from areal_graph.tools.calculator import CalculatorError, CalculatorLimits, calculate, evaluate_expression
 from areal_graph.workflows.rollout.base import pack_trajectories
 from areal_graph.workflows.rollout.calculator_agent import CalculatorAgent, answer_call
+from support.e2e import read_metrics
 from support.paths import REPO
 
 WORKFLOW = REPO / "workflows" / "agent_calculator.yaml"
@@ -264,7 +265,7 @@ def test_agent_calculator_learns_to_call_the_calculator(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics(run_dir)
     evals = [m for m in metrics if "eval/accuracy" in m]
     accs = [m["eval/accuracy"] for m in evals]
     calls = [m["eval/tool_call_rate"] for m in evals]

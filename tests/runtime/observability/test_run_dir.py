@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_graph.runtime.observability.run_dir import COMPLETE_MARKER, RunDir
+from areal_graph.runtime.observability.run_dir import COMPLETE_MARKER, RunDir, metrics_record, read_metrics_file
 
 
 @dataclass
@@ -54,7 +54,7 @@ def test_metrics_jsonl(tmp_path, caplog):
     first = json.loads(lines[0])
     assert first["step"] == 1 and first["loss"] == 0.5 and first["reward/mean"] == 0.25 and first["note"] == "hi"
     assert math.isnan(first["bad"])
-    assert [m["step"] for m in rd.read_metrics()] == [1, 2]
+    assert [m["step"] for m in read_metrics_file(rd.metrics_path).records] == [1, 2]
     import importlib.util
 
     has_tb = importlib.util.find_spec("tensorboard") is not None
@@ -71,7 +71,29 @@ def test_damaged_metrics_line_is_skipped(tmp_path):
     rd.log_metrics(1, {"a": 1.0})
     with open(rd.metrics_path, "a") as f:
         f.write('{"step": 2, "a"')  # a crash mid-write
-    assert [m["step"] for m in rd.read_metrics()] == [1]
+    assert [m["step"] for m in read_metrics_file(rd.metrics_path).records] == [1]
+    assert read_metrics_file(rd.metrics_path).damaged == 1
+
+
+def test_metrics_lines_are_read_one_way_for_every_reader(tmp_path):
+    """read_metrics_file is the one reader: a line that is not JSON, not an object or has no
+    number at "step" is damaged (skipped and counted), a blank line is nothing, no file is no
+    steps; truncate_metrics (a resume) drops the damaged lines with the later steps."""
+    rd = RunDir(tmp_path)
+    rd.log_metrics(1, {"a": 1.0})
+    with open(rd.metrics_path, "a") as f:
+        f.write('\n[1, 2]\n{"a": 2}\n{"step": "3"}\n{"step": NaN}\n')
+    rd.log_metrics(2, {"a": 2.0})
+    rd.log_metrics(3, {"a": 3.0})
+    with open(rd.metrics_path, "a") as f:
+        f.write('{"step": 4, "a')
+    read = read_metrics_file(rd.metrics_path)
+    assert [m["step"] for m in read.records] == [1, 2, 3] and read.damaged == 5
+    assert metrics_record('{"step": 2.0}') == {"step": 2.0} and metrics_record('{"step": null}') is None
+    assert read_metrics_file(tmp_path / "nowhere.jsonl") == ([], 0)
+    assert rd.truncate_metrics(2) == 6  # step 3 and the five damaged lines
+    read = read_metrics_file(rd.metrics_path)
+    assert [m["step"] for m in read.records] == [1, 2] and read.damaged == 0
 
 
 def test_latest_checkpoint_needs_the_marker(tmp_path):
@@ -167,7 +189,7 @@ def test_trackers_get_every_step_as_numbers_then_the_links_and_the_close(tmp_pat
                                             "metrics": f"{root}/metrics.jsonl"}), ("close", True)]
     assert rd.trackers == []
     rd.log_metrics(3, {"loss": 0.1})  # after the close: metrics.jsonl only
-    assert len(tracker.calls) == 4 and [m["step"] for m in rd.read_metrics()] == [1, 2, 3]
+    assert len(tracker.calls) == 4 and [m["step"] for m in read_metrics_file(rd.metrics_path).records] == [1, 2, 3]
 
 
 def test_a_tracker_that_fails_mid_run_is_dropped_and_the_run_goes_on(tmp_path, caplog):
@@ -180,6 +202,6 @@ def test_a_tracker_that_fails_mid_run_is_dropped_and_the_run_goes_on(tmp_path, c
     assert broken.calls == [("metrics", 1, {"loss": 0.5}), ("close", True)]
     assert [c[1] for c in fine.calls] == [1, 2] and rd.trackers == [fine]
     assert any("_Recorder failed in log_metrics" in r.getMessage() for r in caplog.records)
-    assert [m["step"] for m in rd.read_metrics()] == [1, 2]
+    assert [m["step"] for m in read_metrics_file(rd.metrics_path).records] == [1, 2]
     rd.close()
     assert fine.calls[-1] == ("close", False)

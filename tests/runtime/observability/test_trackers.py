@@ -21,7 +21,7 @@ import yaml
 
 from areal_graph.graph.loader import WorkflowError, load_workflow
 from areal_graph.graph.spec import RuntimeSpec
-from areal_graph.runtime.observability.run_dir import RunDir
+from areal_graph.runtime.observability.run_dir import RunDir, read_metrics_file
 from areal_graph.runtime.observability.trackers import (
     BUILT_IN, TRACKERS, MlflowTracker, TrackerSettings, TrackerUnavailable, WandbTracker, flatten, missing_packages,
     open_trackers,
@@ -120,7 +120,7 @@ def test_wandb_offline_run_holds_the_config_every_step_and_the_links(tmp_path, n
     assert run.summary["links/final_model"] == str(rd.final_model_dir.resolve())
     assert run.summary["links/run_dir"] == str(rd.path.resolve())
     assert run.exit_code == 0
-    assert [r.get("note") for r in rd.read_metrics()] == ["text"] * 3 + [None]
+    assert [r.get("note") for r in read_metrics_file(rd.metrics_path).records] == ["text"] * 3 + [None]
     assert any("W&B keeps the values first logged for steps 2..3" in r.getMessage() for r in caplog.records)
 
 

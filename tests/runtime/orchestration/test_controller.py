@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from support import fake_kinds
+from support.e2e import read_metrics
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.graph.plan import build_plan
 from areal_graph.runtime.observability.run_dir import RunDir
@@ -76,7 +77,7 @@ def run(tmp_path, eta=0, steps=6, reward="parity_reward", extra="", train_reads=
 
 
 def metrics(tmp_path) -> list[dict]:
-    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(tmp_path / "run")
 
 
 def test_eta_zero_is_synchronous(tmp_path):
@@ -251,8 +252,7 @@ def test_reward_is_also_reported_per_data_source(tmp_path):
     """Prompts from two sources ("even" / "odd" positions); the reward is 1 for even group ids
     (= prompt positions: nothing is requeued here), so per source it is exactly 1 and 0."""
     _run_text(tmp_path, workflow(reward="group_parity_reward"), data=prompts(sources=("even", "odd/x")))
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in steps if "reward/mean" in m]
+    steps = [m for m in metrics(tmp_path) if "reward/mean" in m]
     assert len(steps) == 6
     for m in steps:
         by_source = {k: v for k, v in m.items() if "/by_source/" in k}

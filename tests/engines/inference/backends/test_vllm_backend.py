@@ -13,7 +13,6 @@ request is survived in place, with every token labelled by the weights that prod
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import time
@@ -25,6 +24,7 @@ import torch
 from areal_graph.engines.inference.client import InferenceClient, RequestRejected
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.sampling import SamplingParams
+from support.e2e import read_metrics
 from support.paths import REPO
 from support.vllm_server import run_on_vllm, vllm_model, vllm_run_command, vllm_server as start_vllm
 
@@ -314,8 +314,7 @@ def test_a_killed_vllm_server_is_restarted_and_nothing_is_lost(tmp_path):
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert "restarted inference 'inference-0'" in out
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    stepped = [r for r in rows if "time/step" in r]
+    stepped = [r for r in read_metrics(run_dir) if "time/step" in r]
     assert [r["step"] for r in stepped] == list(range(1, steps + 1))
     assert max(r["staleness/max"] for r in stepped) <= eta
     account = reconcile(read_ledger(run_dir / "ledger.jsonl"))
