@@ -112,6 +112,60 @@ check("agents: required, strict_mode=False", "the same with function_tool(strict
 check("agents: output_type", "output_type=pydantic -> response_format json_schema (strict)", structured)
 '''
 
+# The Agents SDK with nothing configured but the client: its default model (a GPT-5 name) talks to
+# /v1/responses with reasoning effort "none" and verbosity "low"; its function tools are strict.
+AGENTS_DEFAULT = '''
+import asyncio
+from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+from agents.models import get_default_model
+from openai import AsyncOpenAI
+
+set_tracing_disabled(True)
+calls = []
+
+def use_server():  # a client per event loop (run_sync and asyncio.run each make their own)
+    set_default_openai_client(AsyncOpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0))
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    calls.append((a, b))
+    return a + b
+
+def agent():
+    return Agent(name="adder", tools=[add])  # default model and settings
+
+def described(result):
+    return f"tool ran {len(calls)}x {calls}; final_output={result.final_output!r}; model {get_default_model()!r}"
+
+def plain():
+    calls.clear()
+    use_server()
+    result = Runner.run_sync(agent(), "What is 2 plus 3? Use the add tool.")
+    return calls == [(2, 3)] and result.final_output == "The answer is 5.", described(result), {"tool_runs": len(calls)}
+
+def streamed():
+    calls.clear()
+    async def go():
+        use_server()
+        result = Runner.run_streamed(agent(), "What is 2 plus 3? Use the add tool.")
+        kinds = [event.type async for event in result.stream_events()]
+        return result, kinds
+    result, kinds = asyncio.run(go())
+    ok = calls == [(2, 3)] and result.final_output == "The answer is 5."
+    return ok, described(result) + f"; {len(kinds)} stream events", {"tool_runs": len(calls), "events": len(kinds)}
+
+def previous_id():
+    calls.clear()
+    use_server()
+    result = Runner.run_sync(agent(), "What is 2 plus 3? Use the add tool.", auto_previous_response_id=True)
+    return calls == [(2, 3)] and result.final_output == "The answer is 5.", described(result) + " (previous_response_id)"
+
+check("agents default: tool agent", "Agent(tools=[add]) with the default model: /v1/responses, run_sync", plain)
+check("agents default: streamed", "Runner.run_streamed(...).stream_events(), default model", streamed)
+check("agents default: previous_response_id", "run_sync(..., auto_previous_response_id=True)", previous_id)
+'''
+
 LANGCHAIN = '''
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -150,6 +204,22 @@ def structured(method):
     out = llm.with_structured_output(Answer, method=method).invoke("What is 2 plus 3?")
     return isinstance(out, Answer), repr(out)
 
+responses_llm = ChatOpenAI(base_url=BASE + "/v1", api_key=KEY, model=MODEL, temperature=0, max_retries=0,
+                           use_responses_api=True)
+
+def responses_invoke():
+    msg = responses_llm.invoke("Say hello.")
+    return bool(msg.text) and msg.response_metadata.get("id", "").startswith("resp_"), repr(msg.text)
+
+def responses_stream():
+    text = "".join(c.text for c in responses_llm.stream("Say hello."))
+    return bool(text), repr(text)
+
+def responses_tools():
+    msg = responses_llm.bind_tools([add]).invoke("What is 2 plus 3? Use the add tool.")
+    ran = [add.invoke(c["args"]) for c in msg.tool_calls]
+    return ran == [5] and not msg.invalid_tool_calls, f"tool_calls={msg.tool_calls} -> {ran}"
+
 check("langchain: invoke", "ChatOpenAI.invoke", invoke)
 check("langchain: stream", "ChatOpenAI.stream", stream)
 check("langchain: batch", "ChatOpenAI.batch (2 prompts)", batch)
@@ -158,6 +228,9 @@ check("langchain: structured json_schema", "with_structured_output(method='json_
       lambda: structured("json_schema"))
 check("langchain: structured function_calling", "with_structured_output(method='function_calling')",
       lambda: structured("function_calling"))
+check("langchain: responses invoke", "ChatOpenAI(use_responses_api=True).invoke", responses_invoke)
+check("langchain: responses stream", "ChatOpenAI(use_responses_api=True).stream", responses_stream)
+check("langchain: responses bind_tools", "use_responses_api=True, bind_tools([add]).invoke", responses_tools)
 '''
 
 LITELLM = '''
@@ -231,11 +304,20 @@ def health():
                 f"max {worst * 1e3:.1f} ms, median {median * 1e3:.1f} ms over {len(latencies)} polls"), {
         "health_max_ms": worst * 1e3, "health_median_ms": median * 1e3, "health_polls": len(latencies), **result}
 
+def responses():
+    r = client.responses.create(model=MODEL, input="Say hello.", temperature=0)
+    events = list(client.responses.create(model=MODEL, input="Say hello.", temperature=0, stream=True))
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    again = client.responses.create(model=MODEL, input="And again?", previous_response_id=r.id, max_output_tokens=8)
+    ok = bool(r.output_text) and streamed == r.output_text and events[-1].type == "response.completed"
+    return ok, f"{r.output_text!r}; {len(events)} events; continued: {again.status}"
+
 check("openai: streamed long answer", "chat stream, max_tokens=300, ignore_eos (extra_body)", stream)
+check("openai: responses", "responses.create, stream=True, previous_response_id", responses)
 check("openai: /health under a 2 MB prompt", "2,000,000-char message (x5) in a thread, GET /health every 10 ms", health)
 '''
 
-SNIPPETS = {"openai-agents": AGENTS, "langchain-openai": LANGCHAIN, "litellm": LITELLM, "openai": OPENAI}
+SNIPPETS = {"openai-agents": AGENTS, "openai-agents-default": AGENTS_DEFAULT, "langchain-openai": LANGCHAIN, "litellm": LITELLM, "openai": OPENAI}
 
 
 class Server:

@@ -199,7 +199,9 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else -9999.0  # JSON has no -inf; OpenAI reports -9999.0 for impossible tokens
 
 
-def _logprob_entries(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, top_n: int) -> list[dict]:
+def token_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, top_n: int) -> list[dict]:
+    """Tokens start..end of a choice as OpenAI log-prob entries {token, logprob, bytes, top_logprobs}
+    (chat's `logprobs.content`, and the Responses API's `output_text.logprobs`)."""
     entries = []
     for j in range(start, end):
         text, raw = token_text_and_bytes(tokenizer, choice.output_ids[j])
@@ -223,7 +225,7 @@ def chat_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any) -> d
         message["tool_calls"] = calls
     out: dict[str, Any] = {
         "index": choice.index, "message": message,
-        "logprobs": ({"content": _logprob_entries(tokenizer, choice, 0, len(choice.output_ids),
+        "logprobs": ({"content": token_logprobs(tokenizer, choice, 0, len(choice.output_ids),
                                                   request.top_logprobs), "refusal": None}
                      if request.logprobs else None),
         "finish_reason": finish_reason(choice.finish_reason, bool(calls)),
@@ -311,7 +313,7 @@ def chat_chunk(completion_id: str, created: int, model: str, request: Any, index
 
 
 def chat_content_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any) -> Any:
-    return ({"content": _logprob_entries(tokenizer, choice, start, end, request.top_logprobs), "refusal": None}
+    return ({"content": token_logprobs(tokenizer, choice, start, end, request.top_logprobs), "refusal": None}
             if request.logprobs else None)
 
 
@@ -367,7 +369,7 @@ def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, ch
 def _legacy_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, top_n: int,
                      offset: int) -> dict[str, Any]:
     """The /v1/completions log-prob shape: tokens, token_logprobs, top_logprobs, text_offset."""
-    entries = _logprob_entries(tokenizer, choice, start, end, top_n)
+    entries = token_logprobs(tokenizer, choice, start, end, top_n)
     tokens = [e["token"] for e in entries]
     offsets, pos = [], offset
     for t in tokens:

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes on the inference server: /v1/chat/completions, /v1/completions, /v1/models.
+"""OpenAI-compatible routes on the inference server: /v1/chat/completions, /v1/completions, /v1/models
+(and /v1/responses: `responses_routes.py`).
 
 Why: agents, evaluation harnesses and chat UIs speak OpenAI's API; with these routes any of
 them (the official `openai` package included) can use a model being trained, against the
@@ -38,12 +39,18 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference.native_requests import BadRequest
+from areal_graph.engines.inference.openai_http import (
+    STREAM_INTERVAL_S,
+    content_chars,
+    error_response,
+    openai_errors,
+    send_chunks,
+)
 from areal_graph.engines.inference.openai_requests import (
     ChatRequest,
     OpenAIRequestError,
@@ -51,44 +58,15 @@ from areal_graph.engines.inference.openai_requests import (
     parse_chat_request,
     parse_completion_request,
 )
+from areal_graph.engines.inference.responses_routes import ResponsesRoutes, register_responses_routes
 from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
 
 log = logging.getLogger(__name__)
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
-# Streaming: a choice's text goes out as it is decoded, at most this often (the first at once),
-# so a long answer costs tens of cumulative decodes a second, not one per token.
-STREAM_INTERVAL_S = 0.05
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses")
 # A prompt of more characters than this per token of context is refused untokenized: text
 # averages 3-5 characters a token, and a token of more than 32 is rare in any vocabulary.
 CHARS_PER_TOKEN_LIMIT = 32
-
-
-def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                             status=status)
-
-
-def _openai_errors(handler: Callable[..., Awaitable[web.StreamResponse]]):
-    """Every failure of a /v1 handler as an OpenAI error body (the server's own middleware speaks SGLang's)."""
-    @functools.wraps(handler)
-    async def wrapped(self: "OpenAIRoutes", request: web.Request) -> web.StreamResponse:
-        from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
-
-        try:
-            return await handler(self, request)
-        except OpenAIRequestError as err:
-            return web.json_response(err.body(), status=err.status)
-        except (BadRequest, InvalidRequestError) as err:
-            return _error(400, str(err), "invalid_request_error")
-        except QueueFullError as err:
-            return _error(503, f"server overloaded: {err}; retry later", "server_error", code="overloaded")
-        except (asyncio.CancelledError, web.HTTPException):
-            raise
-        except Exception as err:  # one bad request must never take the server down
-            log.exception("%s %s failed", request.method, request.path)
-            return _error(500, f"{type(err).__name__}: {err}", "server_error")
-    return wrapped
 
 
 class OpenAIRoutes:
@@ -97,6 +75,7 @@ class OpenAIRoutes:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.created = int(time.time())
+        self.responses: ResponsesRoutes | None = None  # /v1/responses, once registered
 
     @property
     def model_id(self) -> str:
@@ -199,11 +178,11 @@ class OpenAIRoutes:
                 for i, res in enumerate(results)]
 
     # ------------------------------------------------------------------ handlers
-    @_openai_errors
+    @openai_errors
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         chat = parse_chat_request(await self.server._json(request))
         tokenizer = self._tokenizer()
-        self._check_chars(sum(_chars(m.get("content")) for m in chat.messages), "messages")
+        self._check_chars(sum(content_chars(m.get("content")) for m in chat.messages), "messages")
         text = await asyncio.to_thread(fmt.render_chat_prompt, tokenizer, chat.messages, chat.tools)
         prompt_ids = await self._encode(text, "messages")
         params = await self._constrained(chat, self._sampling(chat, len(prompt_ids), "messages"))
@@ -215,13 +194,13 @@ class OpenAIRoutes:
         out_tokens = sum(len(c.output_ids) for c in choices)
         if chat.stream:
             chunks = fmt.chat_chunks(tokenizer, cid, created, chat.model, choices, chat, len(prompt_ids))
-            return await _send_events(request, chunks)
+            return await send_chunks(request, chunks)
         body = fmt.chat_completion_json(cid, created, chat.model,
                                         [fmt.chat_choice_json(tokenizer, c, chat) for c in choices],
                                         prompt_ids, out_tokens, chat.return_token_ids)
         return web.json_response(body)
 
-    @_openai_errors
+    @openai_errors
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = parse_completion_request(await self.server._json(request))
         tokenizer = self._tokenizer()
@@ -239,7 +218,7 @@ class OpenAIRoutes:
         created, prompt_tokens = int(time.time()), sum(len(p) for p in prompts)
         out_tokens = sum(len(c.output_ids) for c in choices)
         if req.stream:
-            return await _send_events(request, fmt.completion_chunks(tokenizer, cid, created, req.model, choices,
+            return await send_chunks(request, fmt.completion_chunks(tokenizer, cid, created, req.model, choices,
                                                                      req, prompt_tokens))
         echoed: list[fmt.PromptScores | None] = [None] * len(prompts)
         if req.echo:  # a scoring forward per prompt, off the event loop (engine.score_prompt)
@@ -356,42 +335,26 @@ class OpenAIRoutes:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "areal-graph",
                 "max_model_len": int(self.server.engine.max_context)}
 
-    @_openai_errors
+    @openai_errors
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_json()]})
 
-    @_openai_errors
+    @openai_errors
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         if name != self.model_id:
-            return _error(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
-                          "invalid_request_error", "model", "model_not_found")
+            return error_response(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
+                                  "invalid_request_error", "model", "model_not_found")
         return web.json_response(self._model_json())
 
-    @_openai_errors
+    @openai_errors
     async def not_supported(self, request: web.Request) -> web.Response:
         if request.path in ROUTES:
             allowed = "GET" if request.path == "/v1/models" else "POST"
-            return _error(405, f"{request.method} {request.path} is not allowed; use {allowed}",
-                          "invalid_request_error")
-        return _error(404, f"{request.path} is not implemented by this server; it answers {list(ROUTES)}",
-                      "invalid_request_error", code="not_found")
-
-
-async def _send_events(request: web.Request, chunks: list[dict]) -> web.StreamResponse:
-    """Server-Sent Events: one `data:` line per chunk, then `data: [DONE]`."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    for chunk in chunks:
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-def _chars(content: Any) -> int:
-    """Characters of a message's content: its text, or the JSON of anything else."""
-    return len(content) if isinstance(content, str) else len(json.dumps(content)) if content else 0
+            return error_response(405, f"{request.method} {request.path} is not allowed; use {allowed}",
+                                  "invalid_request_error")
+        return error_response(404, f"{request.path} is not implemented by this server; it answers {list(ROUTES)}",
+                              "invalid_request_error", code="not_found")
 
 
 def default_served_name(model_path: str | None) -> str:
@@ -410,5 +373,6 @@ def register_openai_routes(server: Any) -> OpenAIRoutes:
     router.add_post("/v1/completions", routes.completions)
     router.add_get("/v1/models", routes.models)
     router.add_get("/v1/models/{model:.+}", routes.model)
+    routes.responses = register_responses_routes(server, routes)  # /v1/responses: responses_routes.py
     router.add_route("*", "/v1/{tail:.*}", routes.not_supported)
     return routes

@@ -147,3 +147,20 @@ async def add_agent(client: "openai.AsyncOpenAI", prompt: "AgentPrompt") -> floa
         messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
     final = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
     return 1.0 if final.choices[0].message.content == ADD_ANSWER else 0.0
+
+
+ADD_FUNCTION = {"type": "function", "name": "add", "description": ADD_TOOL["function"]["description"],
+                "parameters": ADD_TOOL["function"]["parameters"]}  # ADD_TOOL as the Responses API writes tools
+
+
+async def add_agent_responses(client: "openai.AsyncOpenAI", prompt: "AgentPrompt") -> float:
+    """`add_agent` on the Responses API: the function call items and their outputs go back as input."""
+    items: list = list(prompt.messages)
+    first = await client.responses.create(model="policy", input=items, tools=[ADD_FUNCTION])
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    for item in first.output:
+        if item.type == "function_call":
+            args = json.loads(item.arguments)
+            items.append({"type": "function_call_output", "call_id": item.call_id, "output": str(args["a"] + args["b"])})
+    final = await client.responses.create(model="policy", input=items, tools=[ADD_FUNCTION])
+    return 1.0 if final.output_text == ADD_ANSWER else 0.0

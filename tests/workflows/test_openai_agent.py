@@ -210,7 +210,7 @@ def test_streaming_text_completions_and_refusals_look_like_openai(server, tokeni
                 await recorder.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], **kwargs)
             except openai.BadRequestError as err:
                 refused.append((err.status_code, err.body["param"]))
-        with pytest.raises(openai.NotFoundError, match="records chat.completions.create and completions.create only"):
+        with pytest.raises(openai.NotFoundError, match="records chat.completions.create, completions.create and responses.create only"):
             await recorder.embeddings.create(model="m", input="x")
         return chunks, text, refused, recorder.export_trajectories()
 

@@ -22,7 +22,16 @@ import pytest
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.workflows.rollout.openai_agent import AgentPrompt, RecordingOpenAI
 from areal_graph.workflows.rollout.recording_proxy import UNTRAINED, RecordingProxy
-from support.openai_tool_model import ADD_QUESTION, ADD_TURN1, ADD_TURN2, HELLO_ANSWER, HELLO_QUESTION, add_agent, ids
+from support.openai_tool_model import (
+    ADD_QUESTION,
+    ADD_TURN1,
+    ADD_TURN2,
+    HELLO_ANSWER,
+    HELLO_QUESTION,
+    add_agent,
+    add_agent_responses,
+    ids,
+)
 
 GREEDY = SamplingParams(max_new_tokens=64, temperature=0.0)
 
@@ -81,6 +90,31 @@ def test_an_agent_over_http_records_what_it_records_in_process(server, tokenizer
         records[0].output_logprobs + records[1].output_logprobs)
     assert tokenizer.decode([t for t, m in zip(hello.input_ids, hello.loss_mask) if m],
                             skip_special_tokens=True) == HELLO_ANSWER
+
+
+def test_a_responses_agent_over_http_records_the_chat_agents_trajectory(server, tokenizer):
+    """The Responses API through the proxy (an Agents SDK in another venv): the same tokens as
+    the chat agent in process, and a streamed response arrives as OpenAI's typed events."""
+    prompt = AgentPrompt("q1", [{"role": "user", "content": ADD_QUESTION}], "5", ids(tokenizer, ADD_TURN1[0]))
+
+    async def episode(proxy, recorder, http_client):
+        client = http_client()
+        reward = await add_agent_responses(client, prompt)
+        stream = await client.responses.create(model="policy", input=HELLO_QUESTION, stream=True)
+        events = [e async for e in stream]
+        await client.close()
+        return reward, recorder.export_trajectories(), events
+
+    async def in_process(proxy, recorder, http_client):
+        await add_agent(recorder, prompt)
+        return recorder.export_trajectories()
+
+    reward, trajs, events = with_proxy(server, tokenizer, episode)
+    [reference] = with_proxy(server, tokenizer, in_process)
+    assert reward == 1.0 and trajs[0].input_ids == reference.input_ids and trajs[0].loss_mask == reference.loss_mask
+    assert trajs[0].behav_logprobs == pytest.approx(reference.behav_logprobs, abs=1e-5)
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == HELLO_ANSWER
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == HELLO_ANSWER
 
 
 def test_the_proxy_refuses_what_an_openai_server_refuses(server, tokenizer):

@@ -34,3 +34,26 @@ async def calculator_agent(client: Any, prompt: Any, max_turns: int = 3) -> None
                 expression = ""
             messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
     return None
+
+
+CALCULATOR_FUNCTION = {"type": "function", **CALCULATOR["function"]}  # the Responses API's flat tool shape
+
+
+async def calculator_responses_agent(client: Any, prompt: Any, max_turns: int = 3) -> None:
+    """`calculator_agent` on the Responses API (`client.responses.create`), as an Agents SDK model
+    would call it: the output items and the tool's results go back as input items."""
+    items: list[Any] = list(prompt.messages)
+    for _ in range(max_turns):
+        reply = await client.responses.create(model="policy", input=items, tools=[CALCULATOR_FUNCTION])
+        calls = [item for item in reply.output if item.type == "function_call"]
+        if not calls:
+            return None  # the final answer: the reward node (math_verify) scores it
+        items += [item.model_dump(exclude_none=True) for item in reply.output]
+        for call in calls:
+            try:
+                expression = json.loads(call.arguments).get("expression", "")
+            except (json.JSONDecodeError, AttributeError):
+                expression = ""
+            items.append({"type": "function_call_output", "call_id": call.call_id,
+                          "output": calculate(str(expression))})
+    return None

@@ -1,13 +1,13 @@
 """Agents written for the official `openai` package, trained unchanged: the recording client and its rollout.
 
-`RecordingOpenAI` is an `openai.AsyncOpenAI` whose `chat.completions.create` and
-`completions.create` never touch the network (nor does anything else: other endpoints answer
-404): they render the request with the model's chat template
+`RecordingOpenAI` is an `openai.AsyncOpenAI` whose `chat.completions.create`,
+`completions.create` and `responses.create` (the Responses API: `openai_responses.py`) never
+touch the network (nor does anything else: other endpoints answer 404): they render the request with the model's chat template
 (`engines/inference/openai_format.py`), generate through the rollout's own client
 (an `InferenceClient` or `ServerPool`) with `generate_interruptible` (a weight update in the
 middle of an answer is survived, each token keeps the policy version that produced it), and
-return real `openai.types` objects (`ChatCompletion`, `Completion`, or an async iterator of
-chunks for `stream=True`). Every choice is recorded (`openai_recording.py`); after the
+return real `openai.types` objects (`ChatCompletion`, `Completion`, `Response`, or an async
+iterator of chunks or events for `stream=True`). Every choice is recorded (`openai_recording.py`); after the
 episode the workflow sets rewards and calls `export_trajectories()`. The same request rules
 as the server's `/v1` routes apply (`openai_requests.py`); a refused request raises
 `openai.BadRequestError`, as the real client would.
@@ -46,8 +46,11 @@ from typing import Any, Awaitable, Callable
 import openai
 from openai.resources.chat import AsyncChat
 from openai.resources.chat.completions import AsyncCompletions as AsyncChatCompletions
+from openai._models import construct_type
 from openai.resources.completions import AsyncCompletions as AsyncTextCompletions
+from openai.pagination import AsyncCursorPage
 from openai.types import Completion
+from openai.types.responses import ResponseItem
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from areal_graph.api.imports import import_object
@@ -56,13 +59,18 @@ from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference import openai_format as fmt
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
+from areal_graph.engines.inference import responses_format as rfmt
 from areal_graph.engines.inference.openai_requests import (
+    ChatRequest,
     OpenAIRequestError,
     SamplingRequest,
     parse_chat_request,
     parse_completion_request,
 )
+from areal_graph.engines.inference.responses_requests import parse_responses_request
+from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
 from areal_graph.workflows.rollout.openai_recording import CompletionLog, RecordedCompletion, continuation_ids
+from areal_graph.workflows.rollout.openai_responses import RecordingResponses, typed_events, typed_response
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +98,7 @@ def _offline_http_client() -> Any:
     http = _http()
 
     def refuse(request: Any) -> Any:
-        message = (f"RecordingOpenAI records chat.completions.create and completions.create only; "
+        message = (f"RecordingOpenAI records chat.completions.create, completions.create and responses.create only; "
                    f"{request.method} {request.url.path} is not available")
         return http.Response(404, json={"error": {"message": message, "type": "invalid_request_error",
                                                   "param": None, "code": "not_found"}})
@@ -177,6 +185,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         self.honor_agent_sampling = honor_agent_sampling
         self.max_interruptions = max_interruptions
         self.log = CompletionLog()
+        self.responses_store = ResponseStore(max_responses=256)  # previous_response_id within the episode
         self._turns = itertools.count()
         self._warned: set[str] = set()
         self._stop_ids = {int(t) for t in self.sampling.stop_token_ids}
@@ -190,6 +199,10 @@ class RecordingOpenAI(openai.AsyncOpenAI):
     @cached_property
     def completions(self) -> _RecordingTextCompletions:  # type: ignore[override]
         return _RecordingTextCompletions(self)
+
+    @cached_property
+    def responses(self) -> RecordingResponses:  # type: ignore[override]
+        return RecordingResponses(self)
 
     # ------------------------------------------------------------------ rewards and export
     def set_reward(self, completion: Any, reward: float, choice: int | None = None) -> None:
@@ -279,21 +292,23 @@ class RecordingOpenAI(openai.AsyncOpenAI):
                 return ids
         return fmt.encode_text(self.tokenizer, fmt.render_chat_prompt(self.tokenizer, messages, tools))
 
-    async def _chat(self, kwargs: dict[str, Any]) -> Any:
+    def _body(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The request body a create() call stands for: what was given, extra_body over it, a model."""
         body = {**_given(kwargs), **(kwargs.get("extra_body") or {})}
         body.pop("extra_body", None)
         body.setdefault("model", self.model_name)
-        try:
-            request = parse_chat_request(body)
-            if request.top_logprobs:
-                raise OpenAIRequestError("top_logprobs is not available through the recording client "
-                                         "(the inference client returns the sampled tokens' log-probs only)",
-                                         "top_logprobs")
-            prompt_ids = self._chat_prompt_ids(request.messages, request.tools)
-        except OpenAIRequestError as err:
-            raise _bad_request(err.message, err.param, err.code) from None
+        return body
+
+    def _chat_prompt(self, request: ChatRequest) -> list[int]:
+        if request.top_logprobs:
+            raise OpenAIRequestError("top_logprobs is not available through the recording client "
+                                     "(the inference client returns the sampled tokens' log-probs only)", "top_logprobs")
+        return self._chat_prompt_ids(request.messages, request.tools)
+
+    async def _chat_turn(self, request: ChatRequest, prompt_ids: list[int],
+                         cid: str) -> tuple[list[fmt.GeneratedChoice], list[dict[str, Any]]]:
+        """Generate a chat turn with the policy and record each choice; (choices, their chat JSON)."""
         turn = next(self._turns)
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
         params = self._params(request, len(prompt_ids), turn)
         wanted = output_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
                                    request.response_format, self._token_texts)
@@ -310,6 +325,16 @@ class RecordingOpenAI(openai.AsyncOpenAI):
                 c.finish_reason, messages=request.messages, tools=list(request.tools), message=message,
                 text=cj["message"]["content"] or "", tool_calls=len(message.get("tool_calls") or []),
                 interruptions=interruptions, forced=forced))
+        return choices, choice_json
+
+    async def _chat(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            request = parse_chat_request(self._body(kwargs))
+            prompt_ids = self._chat_prompt(request)
+        except OpenAIRequestError as err:
+            raise _bad_request(err.message, err.param, err.code) from None
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        choices, choice_json = await self._chat_turn(request, prompt_ids, cid)
         created = int(time.time())
         if request.stream:
             chunks = fmt.chat_chunks(self.tokenizer, cid, created, request.model, choices, request, len(prompt_ids))
@@ -317,6 +342,46 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         body = fmt.chat_completion_json(cid, created, request.model, choice_json, prompt_ids,
                                         sum(len(c.output_ids) for c in choices), request.return_token_ids)
         return ChatCompletion.construct(**body)
+
+    async def _responses(self, kwargs: dict[str, Any]) -> Any:
+        """`responses.create`: the request as a chat turn (responses_requests.py), recorded like one."""
+        try:
+            request = parse_responses_request(self._body(kwargs))
+            history = self.responses_store.history(request.previous_response_id)
+            request.chat.messages = request.conversation(history)
+            prompt_ids = self._chat_prompt(request.chat)
+        except OpenAIRequestError as err:
+            raise _bad_request(err.message, err.param, err.code) from None
+        rid = rfmt.new_id("resp")
+        [choice], [cj] = await self._chat_turn(request.chat, prompt_ids, rid)
+        logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
+        items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
+        body = rfmt.response_json(rid, time.time(), request.chat.model, request, items, len(prompt_ids),
+                                  len(choice.output_ids))
+        if request.store:
+            self.responses_store.put(StoredResponse(body, [*history, *request.input_messages],
+                                                    rfmt.assistant_message(items),
+                                                    rfmt.with_item_ids(request.input_items)))
+        if request.stream:
+            top_n = request.chat.top_logprobs if request.include_logprobs else None
+            return _ChunkStream(typed_events(rfmt.whole_response_events(self.tokenizer, choice, body, top_n)))
+        return typed_response(body)
+
+    def _stored_response(self, response_id: str) -> StoredResponse:
+        stored = self.responses_store.get(response_id)
+        if stored is None:
+            http = _http()
+            message = f"no stored response {response_id!r} in this episode's recording client"
+            raise openai.NotFoundError(message, response=http.Response(404, request=http.Request(
+                "GET", f"http://recording-client.invalid/v1/responses/{response_id}")), body=None)
+        return stored
+
+    async def _response_input_items(self, response_id: str, kwargs: dict[str, Any]) -> Any:
+        items = list(self._stored_response(response_id).input_items)
+        if _given(kwargs).get("order", "desc") == "desc":
+            items.reverse()
+        data = [construct_type(value=item, type_=ResponseItem) for item in items]
+        return AsyncCursorPage.construct(data=data, has_more=False)
 
     def _text_prompt_ids(self, prompt: str | list[int]) -> tuple[list[int], str | None]:
         if isinstance(prompt, list):
@@ -328,11 +393,8 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         return fmt.encode_text(self.tokenizer, prompt), prompt
 
     async def _text(self, kwargs: dict[str, Any]) -> Any:
-        body = {**_given(kwargs), **(kwargs.get("extra_body") or {})}
-        body.pop("extra_body", None)
-        body.setdefault("model", self.model_name)
         try:
-            request = parse_completion_request(body)
+            request = parse_completion_request(self._body(kwargs))
         except OpenAIRequestError as err:
             raise _bad_request(err.message, err.param, err.code) from None
         if request.logprobs:

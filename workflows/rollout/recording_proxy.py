@@ -3,7 +3,7 @@
 Why: an environment that cannot run in the rollout worker's process (verifiers pins openai<3,
 so it lives in its own virtualenv; an agent written in another language) still calls an
 OpenAI-compatible server. This proxy is that server, inside the rollout worker's event loop:
-`POST /ep/<key>/v1/chat/completions` (and `/v1/completions`, `GET /v1/models`) is answered by
+`POST /ep/<key>/v1/chat/completions` (and `/v1/completions`, `/v1/responses`, `GET /v1/models`) is answered by
 the `RecordingOpenAI` registered under `<key>`, one per episode, so the episode's calls are
 generated with the policy and recorded token for token exactly as an in-process agent's are
 (the continuation rule of openai_recording.py included). `/ep/untrained/v1/...` generates
@@ -72,6 +72,7 @@ class RecordingProxy:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/ep/{key}/v1/chat/completions", self._chat)
         app.router.add_post("/ep/{key}/v1/completions", self._text)
+        app.router.add_post("/ep/{key}/v1/responses", self._responses)
         app.router.add_get("/ep/{key}/v1/models", self._models)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -126,8 +127,11 @@ class RecordingProxy:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         async for chunk in result:
-            await response.write(f"data: {json.dumps(_as_json(chunk))}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
+            data = _as_json(chunk)
+            named = f"event: {data['type']}\n" if request.path.endswith("/responses") else ""  # Responses' events
+            await response.write(f"{named}data: {json.dumps(data)}\n\n".encode())
+        if not request.path.endswith("/responses"):  # chat and completions end with [DONE]; Responses do not
+            await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
@@ -136,6 +140,9 @@ class RecordingProxy:
 
     async def _text(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, lambda c: c.completions.create)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._call(request, lambda c: c.responses.create)
 
     async def _models(self, request: web.Request) -> web.Response:
         client = self._client(request)

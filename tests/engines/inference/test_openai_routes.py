@@ -21,7 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError, SamplingRequest
 from areal_graph.engines.inference.openai_routes import default_served_name, ROUTES, OpenAIRoutes, register_openai_routes
+from areal_graph.engines.inference.openai_http import error_response
 from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.responses_routes import ResponsesRoutes
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 
 CONTEXT = 64
@@ -124,11 +126,14 @@ def test_the_route_table(tokenizer):
     server = StubServer(StubEngine([]), tokenizer)
     routes = register_openai_routes(server)
     assert isinstance(routes, OpenAIRoutes) and routes.server is server
+    assert isinstance(routes.responses, ResponsesRoutes) and routes.responses.chat is routes
     table = {(r.method, r.resource.canonical) for r in server.app.router.routes()}
     assert table == {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
                      ("HEAD", "/v1/models"), ("GET", "/v1/models/{model}"), ("HEAD", "/v1/models/{model}"),
-                     ("*", "/v1/{tail}")}
-    assert ROUTES == ("/v1/chat/completions", "/v1/completions", "/v1/models")
+                     ("POST", "/v1/responses"), ("GET", "/v1/responses/{id}"), ("HEAD", "/v1/responses/{id}"),
+                     ("DELETE", "/v1/responses/{id}"), ("GET", "/v1/responses/{id}/input_items"),
+                     ("HEAD", "/v1/responses/{id}/input_items"), ("*", "/v1/{tail}")}
+    assert ROUTES == ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses")
 
 
 def test_models_list_and_a_model_id_with_slashes(tokenizer):
@@ -349,3 +354,35 @@ def test_an_over_long_completion_prompt_names_prompt(tokenizer):
     _, _, [(status, body)] = serve(tokenizer, ("POST", "/v1/completions", {"model": "m", "prompt": list(range(1, 65))}))
     assert status == 400 and body["error"]["code"] == "context_length_exceeded"
     assert body["error"]["param"] == "prompt"
+
+
+# --------------------------------------------------------------------------- /v1/responses
+def test_a_responses_request_the_engine_refuses_is_an_http_error_streamed_or_not(tokenizer):
+    body = {"model": "m", "input": "hello", "max_output_tokens": 2}
+    engine, _, answers = serve(tokenizer, ("POST", "/v1/responses", body),
+                               ("POST", "/v1/responses", {**body, "stream": True}),
+                               setup=lambda e: e.fail.update({"*": QueueFullError("8 requests wait")}))
+    for status, answer in answers:  # nothing was sent before the engine refused: a plain 503
+        assert status == 503 and answer["error"]["code"] == "overloaded"
+    error = json.loads(error_response(503, "x", "server_error", code="overloaded").text)
+    assert set(answers[0][1]["error"]) == set(error["error"])
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event_and_nothing_is_stored(tokenizer):
+    def failing(engine):
+        async def stream(prompt_ids, params, rid=None, top_logprobs=0):
+            yield GenerationResult(rid=rid, output_ids=engine.answer[:1], output_logprobs=[-0.5], output_versions=[7],
+                                   finish_reason="", prompt_len=len(prompt_ids))
+            raise RuntimeError("the engine died")
+        engine.stream = stream
+
+    _, routes, [(status, (content_type, text))] = serve(
+        tokenizer, ("POST", "/v1/responses", {"model": "m", "input": "hello", "stream": True}), setup=failing)
+    assert status == 200 and content_type == "text/event-stream"
+    blocks = [b.split("\n") for b in text.strip().split("\n\n")]
+    kinds = [b[0].removeprefix("event: ") for b in blocks]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"] and kinds[-1] == "error"
+    events = [json.loads(b[1].removeprefix("data: ")) for b in blocks]
+    assert [e["type"] for e in events] == kinds and [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert "RuntimeError: the engine died" in events[-1]["message"] and len(routes.responses.store) == 0

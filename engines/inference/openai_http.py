@@ -1,0 +1,82 @@
+"""What every OpenAI-compatible route of the server shares: the error shape and Server-Sent Events.
+
+Why a module of its own: the chat and completions routes (`openai_routes.py`) and the Responses
+routes (`responses_routes.py`) answer failures the same way and stream the same way; one
+place keeps them from drifting apart, and lets the Responses routes be registered by the chat
+routes without the two importing each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from areal_graph.engines.inference.native_requests import BadRequest
+from areal_graph.engines.inference.openai_requests import OpenAIRequestError
+from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["STREAM_INTERVAL_S", "error_response", "openai_errors", "send_chunks", "prepare_events", "write_event",
+           "content_chars"]
+
+# Streaming: a choice's text goes out as it is decoded, at most this often (the first at once),
+# so a long answer costs tens of cumulative decodes a second, not one per token.
+STREAM_INTERVAL_S = 0.05
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None,
+                   code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                             status=status)
+
+
+def openai_errors(handler: Callable[..., Awaitable[web.StreamResponse]]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Every failure of a /v1 handler as an OpenAI error body (the server's own middleware speaks SGLang's)."""
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(self, request)
+        except OpenAIRequestError as err:
+            return web.json_response(err.body(), status=err.status)
+        except (BadRequest, InvalidRequestError) as err:
+            return error_response(400, str(err), "invalid_request_error")
+        except QueueFullError as err:
+            return error_response(503, f"server overloaded: {err}; retry later", "server_error", code="overloaded")
+        except (asyncio.CancelledError, web.HTTPException):
+            raise
+        except Exception as err:  # one bad request must never take the server down
+            log.exception("%s %s failed", request.method, request.path)
+            return error_response(500, f"{type(err).__name__}: {err}", "server_error")
+    return wrapped
+
+
+async def send_chunks(request: web.Request, chunks: list[dict]) -> web.StreamResponse:
+    """Chat-style Server-Sent Events: one `data:` line per chunk, then `data: [DONE]`."""
+    response = await prepare_events(request)
+    for chunk in chunks:
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def prepare_events(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    return response
+
+
+async def write_event(response: web.StreamResponse, event: dict[str, Any]) -> None:
+    """One Responses-API Server-Sent Event as OpenAI sends them: `event: <type>` then `data: <json>`."""
+    await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+
+
+def content_chars(content: Any) -> int:
+    """Characters of a message's content: its text, or the JSON of anything else."""
+    return len(content) if isinstance(content, str) else len(json.dumps(content)) if content else 0

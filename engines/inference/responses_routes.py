@@ -1,0 +1,202 @@
+"""The Responses API on the inference server: POST /v1/responses, GET/DELETE /v1/responses/{id},
+GET /v1/responses/{id}/input_items.
+
+Why: the OpenAI Agents SDK's default model, LangChain's `use_responses_api=True` and
+`client.responses.create` speak this API, not chat completions; vLLM and SGLang serve it. A
+request is generated as a chat turn over the same engine (`responses_requests.py` says why),
+with the chat routes' rules: the chat template, tools as `<tool_call>` blocks, constrained
+decoding for a forced tool or `text.format`, the engine's behaviour log-probs, a prompt too
+long for the context refused before it is tokenized, work off the event loop, OpenAI's error
+shape.
+
+- `store` (default true) keeps the response in memory (`ResponseStore`, bounded) so
+  `previous_response_id` continues it and it can be retrieved, listed or deleted; a server
+  restart forgets, and a continuation of a forgotten response is a 400 naming it.
+- `stream: true` sends OpenAI's events (`responses_format.py`) as `event:`/`data:` lines: the
+  text as the engine decodes it (as for chat: the first piece at once, then at most every 50 ms),
+  or, when tools may be called, once the turn is whole (calls are parsed from all of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from areal_graph.engines.inference import openai_format as fmt
+from areal_graph.engines.inference import responses_format as rfmt
+from areal_graph.engines.inference.openai_http import (
+    STREAM_INTERVAL_S,
+    content_chars,
+    openai_errors,
+    prepare_events,
+    write_event,
+)
+from areal_graph.engines.inference.openai_requests import OpenAIRequestError
+from areal_graph.engines.inference.responses_requests import ResponsesRequest, parse_responses_request
+from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
+
+if TYPE_CHECKING:  # the chat routes register these (openai_routes imports this module)
+    from areal_graph.engines.inference.openai_routes import OpenAIRoutes
+
+log = logging.getLogger(__name__)
+
+RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/{id}", "/v1/responses/{id}/input_items")
+
+
+class ResponsesRoutes:
+    """The /v1/responses handlers, over the chat routes' engine access (`OpenAIRoutes`)."""
+
+    def __init__(self, chat: "OpenAIRoutes", store: ResponseStore | None = None) -> None:
+        self.chat = chat
+        self.store = store or ResponseStore()
+
+    @openai_errors
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        req = parse_responses_request(await self.chat.server._json(request))
+        tokenizer = self.chat._tokenizer()
+        history = self.store.history(req.previous_response_id)
+        req.chat.messages = req.conversation(history)
+        self.chat._check_chars(sum(content_chars(m.get("content")) for m in req.chat.messages), "input")
+        text = await asyncio.to_thread(fmt.render_chat_prompt, tokenizer, req.chat.messages, req.chat.tools)
+        prompt_ids = await self.chat._encode(text, "input")
+        params = await self.chat._constrained(req.chat, self.chat._sampling(req.chat, len(prompt_ids), "input"))
+        rid = rfmt.new_id("resp")
+        top_n = req.chat.top_logprobs if req.include_logprobs else None
+        if req.stream and not req.chat.parse_tools:
+            return await self._stream(request, req, prompt_ids, params, rid, history, top_n)
+        [choice] = await self.chat._generate(prompt_ids, params, 1, top_n or 0, rid)
+        response = self._finish(req, rid, choice, prompt_ids, history)
+        if not req.stream:
+            return web.json_response(response)
+        out = await prepare_events(request)
+        for event in rfmt.whole_response_events(tokenizer, choice, response, top_n):
+            await write_event(out, event)
+        await out.write_eof()
+        return out
+
+    def _finish(self, req: ResponsesRequest, rid: str, choice: fmt.GeneratedChoice, prompt_ids: list[int],
+                history: list[dict[str, Any]], message_id: str | None = None) -> dict[str, Any]:
+        """The response object for a generated turn; stored when asked."""
+        cj = fmt.chat_choice_json(self.chat._tokenizer(), choice, req.chat)
+        logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
+        items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
+        if message_id is not None and items and items[0]["type"] == "message":
+            items[0]["id"] = message_id  # the id its stream events already carried
+        response = rfmt.response_json(rid, time.time(), req.chat.model, req, items, len(prompt_ids),
+                                      len(choice.output_ids))
+        if req.store:
+            self.store.put(StoredResponse(response, [*history, *req.input_messages], rfmt.assistant_message(items),
+                                          rfmt.with_item_ids(req.input_items)))
+        return response
+
+    async def _stream(self, request: web.Request, req: ResponsesRequest, prompt_ids: list[int], params: Any,
+                      rid: str, history: list[dict[str, Any]], top_n: int | None) -> web.StreamResponse:
+        """A text turn's events as the engine decodes it. Nothing is sent before the engine has
+        taken the request, so a refusal is still an HTTP error; a client that goes away closes the
+        engine's stream, which aborts the request."""
+        tokenizer = self.chat._tokenizer()
+        parts = self.chat.server.engine.stream(prompt_ids, params, rid=f"{rid}-0", top_logprobs=top_n or 0)
+        acc = fmt.GeneratedChoice(0, [], [], [], "", [] if top_n else None)
+        streamed = fmt.StreamedText(tokenizer, req.chat.stop)
+        events, message_id = rfmt.ResponseEvents(), rfmt.new_id("msg")
+        out: web.StreamResponse | None = None
+        last = 0.0
+        try:
+            async for part in parts:
+                acc.output_ids += part.output_ids
+                acc.output_logprobs += part.output_logprobs
+                acc.output_versions += part.output_versions
+                if acc.top_logprobs is not None and part.output_top_logprobs:
+                    acc.top_logprobs += part.output_top_logprobs
+                if out is None:
+                    out = await prepare_events(request)
+                    begun = rfmt.response_json(rid, time.time(), req.chat.model, req, [], len(prompt_ids), 0)
+                    for event in events.start(begun) + events.message_start(message_id, 0):
+                        await write_event(out, event)
+                now = time.monotonic()
+                if part.finish_reason:
+                    acc.finish_reason = part.finish_reason
+                    delta, a, b = streamed.final(acc.output_ids, part.finish_reason)
+                elif last and now - last < STREAM_INTERVAL_S:
+                    continue
+                else:
+                    delta, a, b = streamed.delta(acc.output_ids)
+                if delta:
+                    last = now
+                    lp = fmt.token_logprobs(tokenizer, acc, a, b, top_n) if top_n is not None else None
+                    await write_event(out, events.text_delta(message_id, 0, delta, lp))
+        except OpenAIRequestError:
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as err:
+            if out is None:
+                raise  # nothing sent yet: an HTTP error
+            log.error("a streamed response failed", exc_info=err)
+            await write_event(out, {"type": "error", "sequence_number": events.sequence, "code": "server_error",
+                                     "message": f"{type(err).__name__}: {err}", "param": None})
+            await out.write_eof()
+            return out
+        finally:
+            await parts.aclose()
+        assert out is not None  # the engine's stream always yields its last part
+        response = self._finish(req, rid, acc, prompt_ids, history, message_id)
+        for event in events.message_done(response["output"][0], 0) + [events.end(response)]:
+            await write_event(out, event)
+        await out.write_eof()
+        return out
+
+    # ------------------------------------------------------------------ stored responses
+    def _stored(self, request: web.Request) -> StoredResponse:
+        rid = request.match_info["id"]
+        stored = self.store.get(rid)
+        if stored is None:
+            raise OpenAIRequestError(f"no stored response {rid!r} (not created with store, by another server or "
+                                     "before this one started, or dropped)", "response_id", status=404,
+                                     code="not_found")
+        return stored
+
+    @openai_errors
+    async def retrieve(self, request: web.Request) -> web.Response:
+        return web.json_response(self._stored(request).response)
+
+    @openai_errors
+    async def delete(self, request: web.Request) -> web.Response:
+        rid = self._stored(request).response["id"]
+        self.store.delete(rid)
+        return web.json_response({"id": rid, "object": "response", "deleted": True})
+
+    @openai_errors
+    async def input_items(self, request: web.Request) -> web.Response:
+        """The response's own input items (`order` asc|desc, default desc; `limit` 1-100, default 20)."""
+        items = list(self._stored(request).input_items)
+        order = request.query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise OpenAIRequestError(f"'order' must be 'asc' or 'desc', got {order!r}", "order")
+        try:
+            limit = int(request.query.get("limit", "20"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise OpenAIRequestError("'limit' must be an integer in [1, 100]", "limit")
+        if order == "desc":
+            items.reverse()
+        page = items[:limit]
+        return web.json_response({"object": "list", "data": page, "has_more": len(items) > limit,
+                                  "first_id": page[0]["id"] if page else None,
+                                  "last_id": page[-1]["id"] if page else None})
+
+
+def register_responses_routes(server: Any, chat: "OpenAIRoutes") -> ResponsesRoutes:
+    """Add the Responses routes to `server.app` (before the /v1 catch-all)."""
+    routes = ResponsesRoutes(chat)
+    router = server.app.router
+    router.add_post("/v1/responses", routes.create)
+    router.add_get("/v1/responses/{id}", routes.retrieve)
+    router.add_delete("/v1/responses/{id}", routes.delete)
+    router.add_get("/v1/responses/{id}/input_items", routes.input_items)
+    return routes
