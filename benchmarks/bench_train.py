@@ -322,7 +322,7 @@ class TRLStep:
 
 
 def ours_step(engine: TrainEngine) -> Callable[[RLBatch], dict[str, float]]:
-    from areal_graph.graph.node_kinds import TrainParams
+    from areal_graph.graph.kinds.losses import TrainParams
     from areal_graph.nodes.train_loss import build_loss_fn
 
     params = TrainParams(loss="decoupled_ppo", behav_imp_cap=5.0)

@@ -25,7 +25,7 @@ def preflight(spec: Any) -> None:
 
 def preflight_problems(spec: Any) -> list[str]:
     from areal_graph.engines.inference.backends import get_backend
-    from areal_graph.graph.node_kinds import actor_model
+    from areal_graph.graph.kinds.common import actor_model
     from areal_graph.modelkit.builtin import builtin_path_problems, model_head_dim
     from areal_graph.runtime.observability.trackers import missing_packages
 

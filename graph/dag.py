@@ -12,8 +12,8 @@ from typing import Callable, Iterable, Mapping
 
 import networkx as nx
 
-from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS, trains_policy
-from areal_graph.graph.registry import kind_of
+from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS, trains_policy
+from areal_graph.graph.kinds.registry import kind_of
 from areal_graph.graph.spec import NodeSpec, WorkflowSpec
 
 

@@ -8,8 +8,8 @@ worker configuration and dispatch all read the entry; nothing else switches on a
 
 Entries are torch-free and name their implementation by import path ("module:Class"), so
 `areal-graph validate` runs without torch and a worker imports only what it hosts. The
-built-in kinds live in `graph/node_kinds.py`; a user kind is any module-level `NodeKind`,
-named in YAML as `kind: package.module:NAME` (see `graph/registry.py`).
+built-in kinds live by family in `graph/kinds/`; a user kind is any module-level `NodeKind`,
+named in YAML as `kind: package.module:NAME` (see `graph/kinds/registry.py`).
 """
 
 from __future__ import annotations

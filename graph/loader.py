@@ -5,7 +5,7 @@ whole list in one go, each entry naming file, YAML line, node and field. Line nu
 from composing the YAML node tree (which keeps marks) rather than from `safe_load`.
 
 The schema is not written down here: it is read from the dataclasses in `spec.py` and
-`node_kinds.py` (field names, type hints, defaults, `check` metadata) by `typed_yaml.py`;
+`kinds/` (field names, type hints, defaults, `check` metadata) by `typed_yaml.py`;
 the rules across fields, nodes and this machine are `workflow_rules.py`. This module reads
 the file, applies overrides, and runs the two in order.
 """
@@ -19,8 +19,7 @@ from typing import Any, Iterable
 
 from areal_graph.api.imports import add_import_roots, import_root_of
 from areal_graph.graph import spec as S
-from areal_graph.graph.node_kinds import BUILTIN_KINDS
-from areal_graph.graph.registry import UnknownKind, resolve_kind
+from areal_graph.graph.kinds.registry import BUILTIN_KINDS, UnknownKind, resolve_kind
 from areal_graph.graph.overrides import apply_overrides, parse_override  # noqa: F401  (parse_override re-exported)
 from areal_graph.graph.problems import Problem, WorkflowError, suggest
 from areal_graph.graph.spec import REQUIRED_SECTIONS, SECTIONS

@@ -25,8 +25,8 @@ import networkx as nx
 
 from areal_graph.graph.dag import depth_layers, graph_from_nodes, key_producers, topological_order
 from areal_graph.graph.kind import CONTROLLER, Hosting, Issue, NodeKind, Phase
-from areal_graph.graph.node_kinds import actor_model
-from areal_graph.graph.registry import kind_of
+from areal_graph.graph.kinds.common import actor_model
+from areal_graph.graph.kinds.registry import kind_of
 from areal_graph.graph.spec import NodeSpec, WorkflowSpec
 
 

@@ -1,7 +1,7 @@
 """A field reference for workflow YAML, generated from the spec dataclasses.
 
 Generated rather than written so it can never disagree with what the loader accepts:
-names, types, defaults and help all come from `spec.py` / `node_kinds.py`.
+names, types, defaults and help all come from `spec.py` / `kinds/`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from areal_graph.graph import spec as S
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.graph.node_kinds import BUILTIN_KINDS, IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES
+from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES
+from areal_graph.graph.kinds.registry import BUILTIN_KINDS
 
 
 def _type_text(tp: Any) -> str:

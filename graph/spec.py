@@ -2,7 +2,7 @@
 
 All classes are frozen dataclasses so a spec can be shared between the controller, the
 placement planner and the renderers without anyone mutating it behind the others' backs.
-Defaults and range rules live in the field metadata (see `node_kinds._f`); the loader
+Defaults and range rules live in the field metadata (see `api/fields.py:cfg`); the loader
 derives its validation from these classes, so they are the one schema.
 """
 
@@ -205,7 +205,7 @@ class ResourcesSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of the graph. `params` is the kind's dataclass (see node_kinds.NODE_KINDS)."""
+    """One node of the graph. `params` is the kind's dataclass (see graph/kinds/)."""
 
     name: str
     kind: str

@@ -1,7 +1,7 @@
 """YAML values into typed dataclasses, every problem reported with its file, line and path.
 
 Why its own module: the conversion knows nothing of workflows. It reads field names, type
-hints, defaults and `check` metadata off any dataclass (graph/spec.py, graph/node_kinds.py,
+hints, defaults and `check` metadata off any dataclass (graph/spec.py, graph/kinds/,
 api/fields.py) and records a `Problem` for each value that does not fit, so that the loader
 (graph/loader.py) can report them all at once.
 """

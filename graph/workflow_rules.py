@@ -8,6 +8,7 @@ raises nothing: graph/loader.py runs them after the schema and collects the lot.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 from typing import Any
@@ -15,13 +16,15 @@ from typing import Any
 import networkx as nx
 
 from areal_graph.api.imports import ImportPathError, import_object
+from areal_graph.api.rollout import Rollout
 from areal_graph.graph import spec as S
 from areal_graph.graph.dag import graph_from_nodes, key_producers
 from areal_graph.graph.kind import ImportRef
-from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS, POLICY_LOSSES, ROLLOUT_WRITES, trains_policy
+from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES, actor_model, trains_policy
+from areal_graph.graph.kinds.losses import POLICY_LOSSES
 from areal_graph.graph.plan import assign_phases
 from areal_graph.graph.problems import suggest
-from areal_graph.graph.registry import kind_of
+from areal_graph.graph.kinds.registry import kind_of, model_role
 from areal_graph.graph.typed_yaml import Validator
 
 def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
@@ -57,8 +60,6 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
 
 def check_launcher(spec: S.WorkflowSpec, v: Validator) -> None:
     """The launcher fields: ray is installed when named; its address only with it; Ray picks the GPU."""
-    import importlib.util
-
     rt = spec.runtime
     if rt.launcher != "ray":
         if rt.ray_address is not None:
@@ -169,8 +170,6 @@ def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
     """LoRA where it is built: a trained policy, one rank; adapter-only sync to every backend
     (the embedded engine merges the tensors it receives, vLLM and SGLang load each version's
     peft directory through their LoRA API)."""
-    from areal_graph.graph.node_kinds import actor_model
-
     for name, model in spec.models.items():
         if model.lora is None:
             continue
@@ -195,8 +194,6 @@ def check_megatron(spec: S.WorkflowSpec, v: Validator) -> None:
     """`backend: megatron` where it is built (engines/training/megatron/): a policy model (trained
     or a frozen reference) on one CUDA device, without LoRA. Whether this machine has CUDA is
     checked when the model host starts, not here: a workflow may be validated elsewhere."""
-    from areal_graph.graph.node_kinds import model_role
-
     for name, model in spec.models.items():
         if model.backend != "megatron":
             continue
@@ -245,8 +242,6 @@ def check_import(ref: ImportRef) -> str | None:
     if ref.expect == "class" and not isinstance(obj, type):
         return f"{ref.path} is not a class"
     if ref.expect == "rollout_class":
-        from areal_graph.api.rollout import Rollout
-
         if not (isinstance(obj, type) and issubclass(obj, Rollout)):
             return f"{ref.path} is not a subclass of areal_graph.api.rollout.Rollout"
     problem = None if ref.kwargs is None else check_signature(obj, ref)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from areal_graph.data.packed import PackedBatch, response_positions, token_seq_ids
-from areal_graph.graph.node_kinds import AdvantageParams
+from areal_graph.graph.kinds.functions import AdvantageParams
 from areal_graph.nodes.ppo_loss import kl_penalty
 
 _SCAN_BLOCK = 64  # positions per block of the reverse scan; discount**64 stays far from underflow

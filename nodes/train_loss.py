@@ -8,19 +8,29 @@ Fused proximal log-probs (`fused_prox`): when a step makes exactly one optimizer
 the weights of the training forward are the proximal policy itself, so pi_prox is the
 forward's own log-probs, detached: the ratio pi_theta / pi_prox is 1 in value with the
 gradient of pi_theta, and the behaviour weight pi_prox / pi_behav is exactly what a
-separate forward pass would have given (the plan decides; graph/node_kinds.py
+separate forward pass would have given (the plan decides; graph/kinds/model.py
 `fused_prox_node`).
+
+Which loss does what is one table, `LOSSES` in graph/kinds/losses.py: each entry names the
+function here that computes its per-token terms (`clipped_ratio_terms`, `gspo_terms`,
+`cispo_terms`, `value_terms`), called with the loss's parameters and a `PolicyTerms` or
+`CriticTerms`; the callbacks below compute everything around them (normalisers, corrections,
+stats) the same way for every loss.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from areal_graph.data.packed import PackedBatch
 from areal_graph.api.corrections import ISCorrection
-from areal_graph.graph.node_kinds import PROX_LOSSES, TRAIN_REQUIRED_READS, TrainParams
+from areal_graph.api.imports import import_object
+from areal_graph.data.packed import PackedBatch
+from areal_graph.graph.kinds.losses import LOSSES, PROX_LOSSES, Loss, TrainParams
 from areal_graph.engines.training.protocol import LossFn
 from areal_graph.nodes.off_policy import (
     accepted_tokens,
@@ -33,8 +43,50 @@ from areal_graph.nodes.ppo_loss import aggregate, cispo_loss, decoupled_ppo_loss
 
 
 def required_keys(params: TrainParams, fused_prox: bool = False) -> tuple[str, ...]:
-    """Keys the loss reads from the batch (one table, in graph/node_kinds.py, shared with validation)."""
-    return tuple(k for k in TRAIN_REQUIRED_READS[params.loss] if not (fused_prox and k == "prox_logprobs"))
+    """Keys the loss reads from the batch (its LOSSES entry, shared with validation)."""
+    return tuple(k for k in LOSSES[params.loss].reads if not (fused_prox and k == "prox_logprobs"))
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """What a policy loss's function is given, per token of one micro-batch."""
+
+    logprobs: torch.Tensor  # pi_theta, with gradient
+    prox: torch.Tensor  # pi_prox (pi_behav for a loss without a proximal policy)
+    behav: torch.Tensor  # pi_behav
+    log_w: torch.Tensor  # log of the behaviour weight pi_prox / pi_behav, uncorrected
+    weight: torch.Tensor  # the behaviour weight after `is_correction`
+    corrected: bool  # is_correction is on (else `weight` is exp(log_w))
+    advantages: torch.Tensor
+    mask: torch.Tensor  # the tokens trained (float)
+    cu_seqlens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class CriticTerms:
+    """What a critic loss's function is given, per token of one micro-batch."""
+
+    values: torch.Tensor  # the live values V(tokens < t), with gradient
+    old_values: torch.Tensor  # the pre-update values the batch carries
+    returns: torch.Tensor
+    mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
+TermsFn = Callable[[TrainParams, "PolicyTerms | CriticTerms"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def loss_entry(params: TrainParams, role: str) -> Loss:
+    loss = LOSSES[params.loss]
+    if loss.role != role:
+        raise ValueError(f"loss {params.loss!r} is a {loss.role} loss, not a {role} loss")
+    return loss
+
+
+@functools.cache
+def terms_fn(name: str) -> TermsFn:
+    """The per-token function of loss `name`, imported from the path its LOSSES entry names."""
+    return import_object(LOSSES[name].fn, what=f"loss {name!r}")
 
 
 def _max_response_tokens(batch: PackedBatch) -> int:
@@ -73,12 +125,14 @@ def _trained(mb: PackedBatch) -> torch.Tensor:
 
 def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False,
                    policy_version: int | None = None) -> LossFn:
-    """Decoupled PPO, GSPO or CISPO (or standard PPO when `params.loss == "ppo"`: pi_prox := pi_behav),
+    """A policy loss of LOSSES (decoupled PPO, GSPO, CISPO; standard PPO: pi_prox := pi_behav),
     with the behaviour weight corrected as `params.is_correction` says; every call also measures
     the train/inference mismatch (nodes/off_policy.py `mismatch_stats`): against pi_prox, or for
     `ppo` (which has none in its loss) against the batch's prox_logprobs when the graph computes
     them, else the training forward's own log-probs (exact on a step's first update)."""
-    if fused_prox and params.loss not in PROX_LOSSES:
+    entry = loss_entry(params, "policy")
+    terms = terms_fn(params.loss)
+    if fused_prox and not entry.prox:
         raise ValueError(f"fused proximal log-probs apply to the {'/'.join(PROX_LOSSES)} losses, not {params.loss!r}")
     corr = correction_of(params)
     if fused_prox and corr.rejects:
@@ -97,11 +151,11 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
         if fused_prox:
             prox = logprobs.detach().float()
         else:
-            prox = mb["prox_logprobs"].float() if params.loss in PROX_LOSSES else behav
+            prox = mb["prox_logprobs"].float() if entry.prox else behav
         log_w = behaviour_log_weight(prox, behav, generated)
         weight, corrected = corrected_weight(corr, log_w, mask)
-        per_tok, tok_stats = _policy_terms(params, corr.mode != "none", logprobs, prox, behav, log_w, weight,
-                                           mb["advantages"].float(), mask, mb.cu_seqlens)
+        per_tok, tok_stats = terms(params, PolicyTerms(logprobs, prox, behav, log_w, weight, corr.mode != "none",
+                                                       mb["advantages"].float(), mask, mb.cu_seqlens))
         if corr.mode in ("tis", "icepop"):
             tok_stats["is_corrected"] = corrected
         loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
@@ -115,7 +169,7 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
         if corr.rejects:
             stats["is_rejected"] = float((generated & (mask == 0)).sum()) / n_generated
         stats["policy_loss"] = float(loss.detach())
-        if params.loss not in PROX_LOSSES:  # `ppo` trains with w = 1; the mismatch is still there to see
+        if not entry.prox:  # `ppo` trains with w = 1; the mismatch is still there to see
             trainer = mb["prox_logprobs"].float() if "prox_logprobs" in mb else logprobs.detach().float()
             log_w = behaviour_log_weight(trainer, behav, generated)
         stats.update(mismatch_stats(log_w, generated, mb.cu_seqlens, mb["versions"] if "versions" in mb else None,
@@ -125,28 +179,49 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
     return loss_fn
 
 
-def _policy_terms(params: TrainParams, corrected: bool, logprobs: torch.Tensor, prox: torch.Tensor,
-                  behav: torch.Tensor, log_w: torch.Tensor, weight: torch.Tensor, adv: torch.Tensor,
-                  mask: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token loss and stats of `params.loss`, trained with behaviour weight `weight`."""
-    if params.loss in ("decoupled_ppo", "ppo"):
-        return decoupled_ppo_loss(logprobs, prox, behav, adv, mask, clip_eps=params.clip_eps,
-                                  eps_high=params.eps_high, dual_clip=params.dual_clip,
-                                  behav_imp_cap=params.behav_imp_cap, weight=weight if corrected else None)
-    capped = None
-    if params.behav_imp_cap is not None:  # as decoupled_ppo_loss does: such tokens train with weight 0
-        capped = (mask != 0) & (log_w > math.log(params.behav_imp_cap))
-        weight = torch.where(capped, torch.zeros_like(weight), weight)
-    if params.loss == "gspo":
-        per_tok, stats = gspo_loss(logprobs, prox, weight, adv, mask, cu_seqlens,
-                                   clip_eps=params.clip_eps, eps_high=params.eps_high)
-    else:
-        per_tok, stats = cispo_loss(logprobs, prox, weight, adv, mask, clip_eps=params.clip_eps,
-                                    eps_high=params.eps_high)
-    stats["behav_weight"] = torch.exp(log_w)
+def clipped_ratio_terms(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """decoupled_ppo, and ppo (whose pi_prox is pi_behav): the clipped token ratio pi_theta / pi_prox."""
+    return decoupled_ppo_loss(t.logprobs, t.prox, t.behav, t.advantages, t.mask, clip_eps=params.clip_eps,
+                              eps_high=params.eps_high, dual_clip=params.dual_clip,
+                              behav_imp_cap=params.behav_imp_cap, weight=t.weight if t.corrected else None)
+
+
+def _capped_weight(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The behaviour weight with tokens above `behav_imp_cap` at 0, as decoupled_ppo_loss does
+    (such tokens train with weight 0), and which tokens those are."""
+    if params.behav_imp_cap is None:
+        return t.weight, None
+    capped = (t.mask != 0) & (t.log_w > math.log(params.behav_imp_cap))
+    return torch.where(capped, torch.zeros_like(t.weight), t.weight), capped
+
+
+def _weight_stats(stats: dict[str, torch.Tensor], t: PolicyTerms,
+                  capped: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    stats["behav_weight"] = torch.exp(t.log_w)
     if capped is not None:
         stats["capped_out"] = capped
-    return per_tok, stats
+    return stats
+
+
+def gspo_terms(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO: the ratio and its clip per sequence (nodes/ppo_loss.py `gspo_loss`)."""
+    weight, capped = _capped_weight(params, t)
+    per_tok, stats = gspo_loss(t.logprobs, t.prox, weight, t.advantages, t.mask, t.cu_seqlens,
+                               clip_eps=params.clip_eps, eps_high=params.eps_high)
+    return per_tok, _weight_stats(stats, t, capped)
+
+
+def cispo_terms(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO: the clipped, constant importance weight (nodes/ppo_loss.py `cispo_loss`)."""
+    weight, capped = _capped_weight(params, t)
+    per_tok, stats = cispo_loss(t.logprobs, t.prox, weight, t.advantages, t.mask, clip_eps=params.clip_eps,
+                                eps_high=params.eps_high)
+    return per_tok, _weight_stats(stats, t, capped)
+
+
+def value_terms(params: TrainParams, t: CriticTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped value loss (nodes/ppo_loss.py `value_loss`)."""
+    return value_loss(t.values, t.old_values, t.returns, t.mask, params.value_clip), {}
 
 
 def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
@@ -154,12 +229,15 @@ def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
 
     The critic's engine (engines/training/value_model.py `ValueEngine`) calls this with the live
     per-token values V(tokens < t) in place of log-probs, and no entropy."""
+    loss_entry(params, "critic")
+    terms = terms_fn(params.loss)
     mask_all = batch["loss_mask"].float()
     norm = loss_normalizer(mask_all, batch.cu_seqlens, params.agg, max_tokens=_max_response_tokens(batch))
 
     def loss_fn(values: torch.Tensor, _entropy: torch.Tensor, mb: PackedBatch):
         mask = mb["loss_mask"].float()
-        per_tok = value_loss(values, mb["values"].float(), mb["returns"].float(), mask, params.value_clip)
+        per_tok, _ = terms(params, CriticTerms(values, mb["values"].float(), mb["returns"].float(), mask,
+                                               mb.cu_seqlens))
         loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
         return loss, {"value_loss": float(loss.detach())}
 
@@ -184,6 +262,6 @@ def ppo_minibatches(num_seqs: int, n_minibatches: int, seed: int) -> list[list[i
 
 def build_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False,
                   policy_version: int | None = None) -> LossFn:
-    if params.loss == "value":
+    if LOSSES[params.loss].role == "critic":
         return critic_loss_fn(params, batch)
     return policy_loss_fn(params, batch, fused_prox, policy_version)

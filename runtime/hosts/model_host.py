@@ -6,7 +6,7 @@ weights the train node is about to update, with no transfer in between.
 A model is either a policy (log-probs, policy losses; a `TrainEngine` over the causal LM) or
 a critic (values, loss `value`; a `ValueEngine`, engines/training/value_model.py: the same backbone
 with a value head). `role` says which: the train node's kind sets it from the workflow
-(`model_role` in graph/node_kinds.py) and the executor's Configure call passes it. A call of
+(`model_role` in graph/kinds/registry.py) and the executor's Configure call passes it. A call of
 the other role (`values` on a policy, `logprob` on a critic, a checkpoint of the other kind)
 is an error, not a silent mix: give the critic its own entry under `models:`.
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.graph.kinds.losses import LOSSES, TrainParams
 from areal_graph.engines.training.step_stats import mean_over_updates
 from areal_graph.nodes.off_policy import finish_mismatch_stats
 from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches, prepare_policy_batch
@@ -102,7 +102,7 @@ class ModelHost:
         if not self.trainable:
             raise RuntimeError("this model has no `train:` section in the workflow; it is frozen")
         train_params = TrainParams(**params)
-        self._use_as("critic" if train_params.loss == "value" else "policy")
+        self._use_as(LOSSES[train_params.loss].role)
         n_mb, epochs = train_params.ppo_minibatches, train_params.ppo_epochs
         if fused_prox and n_mb * epochs != 1:
             raise ValueError("fused proximal log-probs need exactly one optimizer update per step "
@@ -110,7 +110,7 @@ class ModelHost:
         # the lr schedule counts optimizer steps, of which there are n_mb * epochs per batch
         self.engine.total_steps = self._engine_args["total_steps"] * n_mb * epochs
         runs: list[dict[str, float]] = []
-        if train_params.loss != "value":
+        if LOSSES[train_params.loss].role == "policy":
             batch = prepare_policy_batch(train_params, batch)
         for epoch in range(epochs):
             parts = ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)

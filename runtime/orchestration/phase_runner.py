@@ -22,7 +22,7 @@ from typing import Awaitable, Callable
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import IMPLICIT_ROLLOUT_KEYS
+from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS
 from areal_graph.graph.plan import ExecutionPlan
 
 ID_KEYS = ("group_id", "sample_id")

@@ -8,7 +8,7 @@ import pytest
 from areal_graph.graph.kind import RunInfo
 from areal_graph.graph.loader import WorkflowError, load_workflow
 from areal_graph.graph.plan import build_plan
-from areal_graph.graph.registry import kind_of
+from areal_graph.graph.kinds.registry import kind_of
 from support.paths import WORKFLOWS
 
 WF = WORKFLOWS / "ppo_judge.yaml"

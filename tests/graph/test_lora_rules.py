@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from areal_graph.graph.loader import WorkflowError, load_workflow
-from areal_graph.graph.node_kinds import _model_host_args
+from areal_graph.graph.kinds.model import _model_host_args
+from areal_graph.graph.kinds.rollout import rollout_args
 from areal_graph.graph.kind import RunInfo
 from support.paths import WORKFLOWS
 
@@ -42,10 +43,8 @@ def test_what_is_not_built_is_an_error_naming_the_field(workflow, overrides, wor
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_adapter_sync_to_servers_that_load_adapters_is_accepted_and_the_rollout_names_it(backend):
-    from areal_graph.graph.node_kinds import _rollout_args
-
     spec = load_workflow(WORKFLOWS / "ppo_async.yaml", ["models.actor.lora.r=4", f"inference.backend={backend}"])
     info = RunInfo(model_paths={"actor": "/a"}, server_urls=("http://x",))
-    assert _rollout_args(spec.nodes["rollout"], spec, info)["lora_adapters"] is True
+    assert rollout_args(spec.nodes["rollout"], spec, info)["lora_adapters"] is True
     merged = load_workflow(WORKFLOWS / "ppo_async.yaml", ["models.actor.lora.r=4", "models.actor.lora.sync=merged"])
-    assert _rollout_args(merged.nodes["rollout"], merged, info)["lora_adapters"] is False
+    assert rollout_args(merged.nodes["rollout"], merged, info)["lora_adapters"] is False

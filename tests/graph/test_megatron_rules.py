@@ -8,7 +8,7 @@ import pytest
 
 from areal_graph.graph.kind import RunInfo
 from areal_graph.graph.loader import WorkflowError, load_workflow
-from areal_graph.graph.node_kinds import _model_host_args
+from areal_graph.graph.kinds.model import _model_host_args
 from support.paths import WORKFLOWS
 
 MEGATRON = ["models.actor.backend=megatron", "models.actor.device=cuda"]

@@ -1,4 +1,4 @@
-"""graph/registry.py: a `kind:` resolves to the built-in entry or to a module-level `NodeKind`
+"""graph/kinds/registry.py: a `kind:` resolves to the built-in entry or to a module-level `NodeKind`
 named `package.module:NAME`, and anything else is an `UnknownKind` a YAML author can act on.
 
 The loader tests meet the registry only through a misspelt kind in a fixture; here every
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from areal_graph.graph import kinds, node_kinds
 from areal_graph.graph.kind import NodeKind
-from areal_graph.graph.node_kinds import BUILTIN_KINDS
-from areal_graph.graph.registry import UnknownKind, kind_of, resolve_kind
+from areal_graph.graph.kinds.registry import BUILTIN_KINDS, UnknownKind, kind_of, resolve_kind
 from support import fake_kinds
 
 
@@ -21,6 +21,21 @@ from support import fake_kinds
 def test_builtin_names_resolve_to_their_entries(name):
     kind = resolve_kind(name)
     assert kind is BUILTIN_KINDS[name] and kind.name == name
+
+
+def test_every_family_entry_is_in_the_table_once():
+    """graph/kinds/__init__.py fills the table from the family modules; an entry defined in a
+    family and missing from it would be a kind no workflow can name."""
+    entries = [getattr(module, name) for module in (kinds.rollout, kinds.rewards, kinds.model, kinds.functions)
+               for name in dir(module) if isinstance(getattr(module, name), NodeKind)]
+    assert sorted(k.name for k in entries) == sorted(BUILTIN_KINDS)
+    assert all(BUILTIN_KINDS[k.name] is k for k in entries)
+
+
+def test_the_old_module_path_names_the_same_objects():
+    """graph/node_kinds.py only re-exports (runtime/orchestration/process_executor.py imports it)."""
+    assert node_kinds.BUILTIN_KINDS is BUILTIN_KINDS and node_kinds.TRAIN is BUILTIN_KINDS["train"]
+    assert node_kinds.adapter_sync is kinds.common.adapter_sync and node_kinds.TrainParams is kinds.losses.TrainParams
 
 
 def test_a_user_kind_is_the_module_level_node_kind_its_path_names():

@@ -9,7 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.graph import node_kinds as K
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.graph.kinds.functions import AdvantageParams
+from areal_graph.graph.kinds.losses import TrainParams
+from areal_graph.graph.kinds.registry import BUILTIN_KINDS
+from areal_graph.graph.kinds.rollout import RolloutParams
 from areal_graph.graph import spec as S
 from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text, parse_override
 from support.paths import FIXTURES, REPO
@@ -19,12 +23,12 @@ MINIMAL = (FIXTURES / "minimal.yaml").read_text()
 
 
 def test_paper_defaults():
-    assert K.TrainParams().clip_eps == 0.2 and K.TrainParams().loss == "decoupled_ppo"
-    assert (K.AdvantageParams().gamma, K.AdvantageParams().lam) == (1.0, 1.0)
-    assert K.AdvantageParams().normalize is True
+    assert TrainParams().clip_eps == 0.2 and TrainParams().loss == "decoupled_ppo"
+    assert (AdvantageParams().gamma, AdvantageParams().lam) == (1.0, 1.0)
+    assert AdvantageParams().normalize is True
     assert S.OptimConfig().lr == 2e-5 and S.OptimConfig().betas == (0.9, 0.999)
-    assert K.RolloutParams().rollout_class == "areal_graph.workflows.rollout.single_turn_math:SingleTurnMath"
-    assert K.SamplingParams().stop == [] and K.SamplingParams().stop is not K.SamplingParams().stop
+    assert RolloutParams().rollout_class == "areal_graph.workflows.rollout.single_turn_math:SingleTurnMath"
+    assert SamplingParams().stop == [] and SamplingParams().stop is not SamplingParams().stop
 
 
 def test_spec_is_frozen():
@@ -47,11 +51,11 @@ def test_graph_package_imports_neither_torch_nor_grpc():
 def test_unset_fields_take_dataclass_defaults():
     spec = load_workflow_text(MINIMAL)
     train = spec.nodes["train"].params
-    for f in dataclasses.fields(K.TrainParams):
+    for f in dataclasses.fields(TrainParams):
         if f.name != "clip_eps":
             assert getattr(train, f.name) == f.default
     assert spec.inference == S.InferenceSpec()
-    assert spec.nodes["rollout"].params.sampling == K.SamplingParams(max_new_tokens=32)
+    assert spec.nodes["rollout"].params.sampling == SamplingParams(max_new_tokens=32)
     assert spec.models["ref"].train is None
     assert spec.models["actor"].train == S.OptimConfig(lr=1e-5)
 
@@ -192,8 +196,8 @@ def test_schema_reference_lists_every_field_with_its_default():
     from areal_graph.graph.schema_doc import schema_markdown
 
     doc = schema_markdown()
-    for cls in (S.OptimConfig, S.DataSpec, S.InferenceSpec, S.RuntimeSpec, K.SamplingParams,
-                *(info.params for info in K.BUILTIN_KINDS.values())):
+    for cls in (S.OptimConfig, S.DataSpec, S.InferenceSpec, S.RuntimeSpec, SamplingParams,
+                *(info.params for info in BUILTIN_KINDS.values())):
         for f in dataclasses.fields(cls):
             row = next((line for line in doc.splitlines() if line.startswith(f"| {f.name} |")), None)
             assert row is not None, f"{cls.__name__}.{f.name} missing"

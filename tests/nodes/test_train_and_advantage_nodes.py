@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import AdvantageParams, TrainParams
+from areal_graph.graph.kinds.functions import AdvantageParams
+from areal_graph.graph.kinds.losses import LOSSES, Loss, TrainParams
 from areal_graph.nodes.advantages import compute_advantages
-from areal_graph.nodes.train_loss import build_loss_fn
+from areal_graph.nodes.train_loss import build_loss_fn, required_keys, terms_fn
 
 
 def random_batch(n_groups=3, group_size=4, seed=0) -> PackedBatch:
@@ -74,6 +75,30 @@ def test_loss_over_any_microbatch_split_equals_the_full_batch(agg, loss):
     assert torch.allclose(whole, parts, atol=1e-6)
     assert torch.allclose(g_whole, g_parts, atol=1e-7)
     assert whole.abs() > 0
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_every_loss_resolves_to_its_function_and_reads_what_its_entry_says(name):
+    assert callable(terms_fn(name))
+    assert required_keys(TrainParams(loss=name)) == LOSSES[name].reads
+    fused = required_keys(TrainParams(loss=name), fused_prox=True)
+    assert "prox_logprobs" not in fused and set(fused) <= set(LOSSES[name].reads)
+
+
+def test_a_new_loss_is_one_entry_and_its_function(monkeypatch):
+    """An entry naming a function is all the trainer needs: here a copy of cispo's under another
+    name trains exactly as cispo does."""
+    monkeypatch.setitem(LOSSES, "cispo_again", Loss("cispo_again", "cispo once more", "policy",
+                                                    LOSSES["cispo"].reads, LOSSES["cispo"].fn, prox=True))
+    b = random_batch(seed=2)
+    b.update(compute_advantages(AdvantageParams(), b))
+    logp = b["prox_logprobs"] + 0.1 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name in ("cispo", "cispo_again"):
+        loss, stats = build_loss_fn(TrainParams(loss=name, behav_imp_cap=3.0), b)(logp, torch.zeros(b.num_tokens), b)
+        out[name] = (float(loss), stats)
+    terms_fn.cache_clear()
+    assert out["cispo"] == out["cispo_again"] and out["cispo"][0] != 0
 
 
 def test_ppo_minibatches_partition_every_sequence_once_and_are_seeded():

@@ -25,7 +25,8 @@ from areal_graph.api.fields import cfg
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kind import Call, Hosting, NodeKind
-from areal_graph.graph.node_kinds import ROLLOUT_WRITES, TrainParams
+from areal_graph.graph.kinds.common import ROLLOUT_WRITES
+from areal_graph.graph.kinds.losses import TrainParams
 
 HOSTS: dict[str, Any] = {}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.nodes.advantages import gae
 from areal_graph.nodes.ppo_loss import aggregate, loss_normalizer, value_loss
 from areal_graph.nodes.train_loss import build_loss_fn

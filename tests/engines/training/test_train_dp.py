@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.packed_scoring import row_forwards

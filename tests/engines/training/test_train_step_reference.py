@@ -16,7 +16,7 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.train_engine import TrainEngine
-from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.nodes.train_loss import build_loss_fn
 from support.tiny_models import build_random_qwen2
 from support.batches import grpo_batch
