@@ -1,6 +1,6 @@
 """What differs between builtin kits of different tasks: data, tokenizer text, SFT encoding, eval.
 
-`modelkit/builtin.py` builds every kit the same way (data, tokenizer, tiny model, SFT warm
+`modelkit/recipes.py` builds every kit the same way (data, tokenizer, tiny model, SFT warm
 start, warm-start accuracy, kit.json) and asks the kit's task, named by `KitConfig.task`, for
 the four parts that depend on it. The warm start is a list of `Lesson`s, SFT phases run in
 order on one model, each with its own rows and schedule:
@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from areal_graph.data import arith, calc, guess_teacher
+from areal_graph.data.reasoning_gym_teacher import worked_rows
+from areal_graph.engines.inference.offline_eval import evaluate_model
 from areal_graph.modelkit.warm_start import SFTConfig
 
 Rows = list[dict[str, Any]]
@@ -58,9 +61,7 @@ def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     teach it nothing, so a single mixed lesson ended at a different point of the arithmetic's
     learning curve on every machine (worked-out accuracy 37-58% from one recipe); the habit is
     one decision at the first token and is learned in a few dozen steps."""
-    from areal_graph.data.arith import split
-
-    train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
+    train, test = arith.split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
     train = train[cfg.n_dev:]
     return train, test, _hasty_teacher_lessons(train, cfg)
 
@@ -68,17 +69,13 @@ def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
 def _hasty_teacher_lessons(train: Rows, cfg: Any) -> list[Lesson]:
     """The lessons of worked rows (question, solution): the method, then the habit (the hasty
     mixture); without `habit_sft`, the mixture alone."""
-    from areal_graph.data.arith import teacher_mixture
-
-    mixture = teacher_mixture(train, cfg.hasty_rate, cfg.seed)
+    mixture = arith.teacher_mixture(train, cfg.hasty_rate, cfg.seed)
     if cfg.habit_sft is None:
         return [Lesson("mixture", mixture, cfg.sft)]
     return [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
 
 
 def _plain_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
-    from areal_graph.engines.inference.offline_eval import evaluate_model
-
     return evaluate_model(model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens)
 
 
@@ -101,8 +98,6 @@ ARITH = KitTask(
 def _rg_arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     """reasoning-gym's own problems (`difficulty` is the dataset query), seeds apart from the
     workflow's (1 and 2), worked out by data/reasoning_gym_teacher.py; the lessons of tiny-arith."""
-    from areal_graph.data.reasoning_gym_teacher import worked_rows
-
     rows = worked_rows(cfg.difficulty, cfg.n_dev + cfg.n_train + cfg.n_test, 1000 + cfg.seed)
     train, test = rows[cfg.n_dev:len(rows) - cfg.n_test], rows[len(rows) - cfg.n_test:]
     return train, test, _hasty_teacher_lessons(train, cfg)
@@ -121,19 +116,16 @@ RG_ARITH = KitTask(
 
 # ------------------------------------------------------------------------------ calc
 def _calc_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
-    from areal_graph.data.calc import split, teacher_conversations
-
     if cfg.habit_sft is not None:
         raise ValueError("the calc task has one lesson: habit_sft is not built for it")
-    train, test = split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
+    train, test = calc.split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
     train = train[cfg.n_dev:]
-    return train, test, [Lesson("conversations", teacher_conversations(train, cfg.direct_rates, cfg.seed,
+    return train, test, [Lesson("conversations", calc.teacher_conversations(train, cfg.direct_rates, cfg.seed,
                                                                        cfg.difficulty), cfg.sft)]
 
 
 def _agent_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
     """Greedy episodes of the calculator rollout, the tool available (as RL's evaluation)."""
-    from areal_graph.engines.inference.offline_eval import evaluate_model
     from areal_graph.workflows.rollout.calculator_agent import CalculatorAgent
 
     agent = CalculatorAgent(str(model_dir), max_total_tokens=cfg.model.max_position_embeddings)
@@ -142,15 +134,11 @@ def _agent_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
 
 
 def _calc_texts(train: Rows, sft_rows: Rows) -> list[str]:
-    from areal_graph.data.calc import tokenizer_corpus
-
-    return tokenizer_corpus(sft_rows)
+    return calc.tokenizer_corpus(sft_rows)
 
 
 def _calc_encode(tokenizer: Any, row: dict) -> tuple[list[int], list[int]]:
-    from areal_graph.data.calc import encode_teacher_row
-
-    return encode_teacher_row(tokenizer, row)
+    return calc.encode_teacher_row(tokenizer, row)
 
 
 CALC = KitTask(
@@ -168,20 +156,17 @@ CALC = KitTask(
 def _guess_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     """Train rows: games of seeds n_dev.. (the teacher plays them: the one lesson); test rows:
     games of seeds from 10**7 on, never played by the teacher."""
-    from areal_graph.data.guess_teacher import row, teacher_games
-
     if cfg.habit_sft is not None:
         raise ValueError("the guess task has one lesson: habit_sft is not built for it")
     seeds = range(cfg.seed * 1_000_003 + cfg.n_dev, cfg.seed * 1_000_003 + cfg.n_dev + cfg.n_train)
-    games = teacher_games(seeds, 1.0 - cfg.hasty_rate, cfg.seed)
+    games = guess_teacher.teacher_games(seeds, 1.0 - cfg.hasty_rate, cfg.seed)
     train = [{k: v for k, v in g.items() if k not in ("messages", "reward")} for g in games]
-    test = [row(10**7 + cfg.seed * 1_000_003 + i) for i in range(cfg.n_test)]
+    test = [guess_teacher.row(10**7 + cfg.seed * 1_000_003 + i) for i in range(cfg.n_test)]
     return train, test, [Lesson("games", games, cfg.sft)]
 
 
 def _game_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
     """Greedy games through the TextArenaGame rollout (as RL plays them), scored by the game."""
-    from areal_graph.engines.inference.offline_eval import evaluate_model
     from areal_graph.workflows.rollout.textarena_game import TextArenaGame
 
     game = TextArenaGame(str(model_dir), max_turns=10, max_total_tokens=cfg.model.max_position_embeddings,
@@ -191,15 +176,11 @@ def _game_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
 
 
 def _guess_encode(tokenizer: Any, row: dict) -> tuple[list[int], list[int]]:
-    from areal_graph.data.guess_teacher import encode_game
-
-    return encode_game(tokenizer, row)
+    return guess_teacher.encode_game(tokenizer, row)
 
 
 def _guess_texts(train: Rows, sft_rows: Rows) -> list[str]:
-    from areal_graph.data.guess_teacher import corpus
-
-    return corpus(sft_rows)
+    return guess_teacher.corpus(sft_rows)
 
 
 GUESS = KitTask(

@@ -6,7 +6,7 @@ right answer from a wrong one: worked solutions (positive), the same with a wron
 answer (negative), and hasty answers, right (positive) or wrong (negative). It cannot do the
 arithmetic of a hasty answer, so it learns what a verifier would reward on average: worked
 answers that agree with their last step. Deterministic for a recipe on one machine; cached
-under $AREAL_GRAPH_CACHE like the kits (modelkit/builtin.py), its held-out accuracy in
+under $AREAL_GRAPH_CACHE like the kits (modelkit/kit_cache.py), its held-out accuracy in
 `reward_model.json`.
 """
 
@@ -22,6 +22,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from areal_graph.data.arith import hasty_answer
+from areal_graph.modelkit.kit_cache import cache_root, ensure_kit, exclusive
+from areal_graph.modelkit.recipes import BUILTIN_KITS
+from areal_graph.modelkit.warm_start import encode_pair
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +58,6 @@ def labelled_answers(rows: list[dict], n: int, seed: int) -> list[tuple[str, str
     hasty right (1) and hasty wrong (0), a quarter each, from the kit's rows. A wrong answer
     is the warm start's own mistake where it is one: the value one operation short
     (data/arith.py:hasty_answer), else a small offset."""
-    from areal_graph.data.arith import hasty_answer
-
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -77,8 +80,6 @@ def build_reward_model(recipe: RewardModelRecipe, kit_path: Path, out: Path, pro
     """Train the classifier into `out` (model + tokenizer); returns what goes into reward_model.json."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from areal_graph.modelkit.warm_start import encode_pair
 
     torch.manual_seed(recipe.seed)
     tok = AutoTokenizer.from_pretrained(kit_path / "model")
@@ -141,14 +142,12 @@ def _accuracy(model, data: list[tuple[list[int], float]], pad: int) -> float:
 def ensure_reward_model(recipe: RewardModelRecipe, root: Path | None = None,
                         progress: Callable[[str], None] | None = None) -> Path:
     """The reward model's directory, built first if needed (once, even across processes)."""
-    from areal_graph.modelkit.builtin import BUILTIN_KITS, _exclusive, cache_root, ensure_kit
-
     path = (root or cache_root()) / f"{recipe.name}-{recipe.fingerprint()}"
     if (path / "reward_model.json").exists():
         return path
     kit = ensure_kit(BUILTIN_KITS[recipe.kit], root=root, progress=progress)
     say = progress or (lambda msg: log.info("%s", msg))
-    with _exclusive(path.with_name(path.name + ".lock")):
+    with exclusive(path.with_name(path.name + ".lock")):
         if (path / "reward_model.json").exists():
             return path
         tmp = path.with_name(path.name + f".building{os.getpid()}")

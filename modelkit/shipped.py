@@ -26,9 +26,14 @@ import json
 import logging
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+
+from areal_graph.data.arith import write_jsonl
+from areal_graph.modelkit.kit_tasks import kit_task
+from areal_graph.modelkit.recipes import BUILTIN_KITS, KitConfig, build_kit
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +61,11 @@ def shipped_info(name: str, root: Path = SHIPPED_ROOT) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def install_shipped(cfg, out: Path, progress: Progress, root: Path = SHIPPED_ROOT) -> dict | None:
+def install_shipped(cfg: KitConfig, out: Path, progress: Progress, root: Path = SHIPPED_ROOT) -> dict | None:
     """Install the shipped kit for `cfg` into `out` (model files copied and checked, data
     generated from the recipe and checked); returns its kit.json, or None when no kit of this
     recipe is shipped or the data generated here differs from the shipped kit's (then the kit
     is built from the recipe instead, with a warning)."""
-    from areal_graph.data.arith import write_jsonl
-    from areal_graph.modelkit.kit_tasks import kit_task
-
     info = shipped_info(cfg.name, root)
     if info is None or info.get("fingerprint") != cfg.fingerprint():
         return None
@@ -110,12 +112,8 @@ def ship(kit_path: Path, name: str, root: Path = SHIPPED_ROOT) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build a builtin kit from its recipe in a fresh cache, with SHIP_THREADS threads, and ship it."""
-    import tempfile
-
+    """Build a builtin kit from its recipe in a fresh folder, with SHIP_THREADS threads, and ship it."""
     import torch
-
-    from areal_graph.modelkit.builtin import BUILTIN_KITS, ensure_kit
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("name", choices=sorted(BUILTIN_KITS))
@@ -123,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(SHIP_THREADS)
     with tempfile.TemporaryDirectory(prefix="areal-ship-") as tmp:
-        kit = ensure_kit(BUILTIN_KITS[args.name], root=Path(tmp), from_recipe=True)
-        dest = ship(kit.path, args.name)
-    log.info("shipped %s into %s (greedy accuracy %.1f%%)", args.name, dest, 100 * kit.info["warm_start_greedy_accuracy"])
+        built = Path(tmp) / args.name
+        info = build_kit(BUILTIN_KITS[args.name], built, lambda msg: log.info("%s", msg))
+        dest = ship(built, args.name)
+    log.info("shipped %s into %s (greedy accuracy %.1f%%)", args.name, dest, 100 * info["warm_start_greedy_accuracy"])
     return 0
 
 

@@ -8,13 +8,16 @@ is big enough to learn carry arithmetic on 2-3 step problems from a short SFT, s
 for a few hundred RL steps in ~10 minutes.
 
 `load_model_and_tokenizer` goes through `AutoModelForCausalLM` / `AutoTokenizer`, so a real
-checkpoint directory (e.g. a Qwen2.5 download) loads the same way as the builtin one.
+checkpoint directory (e.g. a Qwen2.5 download) loads the same way as a built kit's (a
+`builtin:` name resolves to its directory first: modelkit/builtin.py `resolve_model_path`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from areal_graph.modelkit.tokenizer import save_tokenizer
 
 
 @dataclass(frozen=True)
@@ -65,23 +68,16 @@ def save_model_and_tokenizer(model, tokenizer, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    from areal_graph.modelkit.tokenizer import save_tokenizer
-
     save_tokenizer(tokenizer, path)
     return path
 
 
 def load_model_and_tokenizer(path: str | Path, dtype=None):
-    """(model in eval mode, tokenizer) from a directory, via the Auto* classes.
-
-    `path` may also be "builtin:NAME" (resolved, and built on first use, by modelkit.builtin)."""
+    """(model in eval mode, tokenizer) from a directory, via the Auto* classes."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from areal_graph.modelkit.builtin import resolve_model_path
-
-    resolved = resolve_model_path(str(path))
-    tokenizer = AutoTokenizer.from_pretrained(resolved)
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype or torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.eval()
     return model, tokenizer

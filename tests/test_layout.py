@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 
 import networkx as nx
+import pytest
 
 from support.paths import REPO
 
@@ -72,6 +73,54 @@ def test_the_runtime_records_and_the_trace_analyser_reads_back():
                 for name in imported_modules(path)
                 if name.startswith("areal_graph.runtime.") and not name.startswith("areal_graph.runtime.observability.")]
     assert not reaching, reaching
+
+
+# Packages whose modules import no module that imports them back, counting imports inside
+# functions and under TYPE_CHECKING: such an import hides a cycle, it does not remove it.
+ACYCLIC_PACKAGES = ["graph", "modelkit"]
+
+
+def module_graph(pkg: str) -> nx.DiGraph:
+    """The modules of `pkg` (a package's `__init__` named after the package) and which of them
+    each imports, at any level of its file."""
+    modules = {}
+    for path in (REPO / pkg).rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:  # `from a.b import c`: a.b, and a.b.c if a module
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                target = name.removeprefix("areal_graph.")
+                if target in modules and target != module:
+                    graph.add_edge(module, target, line=node.lineno)
+    return graph
+
+
+@pytest.mark.parametrize("pkg", ACYCLIC_PACKAGES)
+def test_no_module_imports_one_that_imports_it_back(pkg):
+    graph = module_graph(pkg)
+    assert graph.number_of_edges() > 5
+    cycles = [[f"{u} (line {graph.edges[u, v]['line']})" for u, v in zip(c, c[1:] + c[:1])]
+              for c in nx.simple_cycles(graph)]
+    assert not cycles, cycles
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path, monkeypatch):
+    """A function-level import back is a cycle to the check (as `graph/node_kinds.py` importing
+    `graph/registry.py` inside `model_role` once was)."""
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "a.py").write_text("from areal_graph.toy.b import f\n")
+    (tmp_path / "toy" / "b.py").write_text("def f():\n    from areal_graph.toy import a\n")
+    monkeypatch.setitem(module_graph.__globals__, "REPO", tmp_path)
+    assert sorted(map(sorted, nx.simple_cycles(module_graph("toy")))) == [["toy.a", "toy.b"]]
 
 
 TESTS = REPO / "tests"

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from areal_graph.data.arith import Difficulty, apply_op, generate, hasty_answer, split, teacher_mixture
-from areal_graph.modelkit import builtin
-from areal_graph.modelkit.builtin import KitConfig, ensure_kit, load_kit, resolve_dataset_path, resolve_model_path
+from areal_graph.modelkit import builtin, kit_cache
+from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
+from areal_graph.modelkit.kit_cache import ensure_kit, load_kit
+from areal_graph.modelkit.recipes import KitConfig
 from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, count_parameters, load_model_and_tokenizer, save_model_and_tokenizer
 from areal_graph.modelkit.tokenizer import train_tokenizer
 from areal_graph.modelkit.warm_start import IGNORE, SFTConfig, encode_pair, sft
@@ -221,13 +223,13 @@ def test_a_changed_recipe_is_a_different_kit():
 
 def test_concurrent_resolves_build_once(tmp_path, monkeypatch):
     calls = []
-    real = builtin.build_kit
+    real = kit_cache.build_kit
 
     def counting(cfg, out, progress):
         calls.append(out)
         return real(cfg, out, progress)
 
-    monkeypatch.setattr(builtin, "build_kit", counting)
+    monkeypatch.setattr(kit_cache, "build_kit", counting)
     results = []
     threads = [threading.Thread(target=lambda: results.append(ensure_kit(MINI, root=tmp_path))) for _ in range(3)]
     for t in threads:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from areal_graph.modelkit import shipped
-from areal_graph.modelkit.builtin import BUILTIN_KITS, KitConfig, ensure_kit
+from areal_graph.modelkit.kit_cache import ensure_kit
+from areal_graph.modelkit.recipes import BUILTIN_KITS, KitConfig
 from areal_graph.modelkit.shipped import ShippedKitError, install_shipped, sha256, shipped_info
 
 TINY = BUILTIN_KITS["tiny-arith"]
