@@ -13,7 +13,7 @@ from typing import Any
 
 from areal_graph.tools.calculator import calculate
 
-CALCULATOR = {"type": "function", "function": {
+CALCULATOR: dict[str, Any] = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
 
@@ -36,7 +36,7 @@ async def calculator_agent(client: Any, prompt: Any, max_turns: int = 3) -> None
     return None
 
 
-CALCULATOR_FUNCTION = {"type": "function", **CALCULATOR["function"]}  # the Responses API's flat tool shape
+CALCULATOR_FUNCTION: dict[str, Any] = {"type": "function", **CALCULATOR["function"]}  # the Responses API's flat tool shape
 
 
 async def calculator_responses_agent(client: Any, prompt: Any, max_turns: int = 3) -> None:
