@@ -3,7 +3,7 @@ JSON. Times are milliseconds from the run's start, rows follow the tracks' order
 and colours are interned, one "step bounded by" span per step, node spans carry their node's
 kind colour, instants and counters get rows, and flow arrows past the budget are thinned evenly.
 
-tests/runtime/observability/test_trace_html.py checks the page it ends up in (and the span
+tests/trace_analysis/test_trace_html.py checks the page it ends up in (and the span
 budget's merging); these call `run_payload` and its helpers directly on the run fixtures and
 on small traces written here."""
 
