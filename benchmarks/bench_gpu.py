@@ -17,7 +17,8 @@ Three parts, each a table and a section of the JSON (issue 23, items 2, 3 and 6)
 - sync: new weights from the trainer (fp32, cuda:0) into the engine (bf16, cuda:0): through
   disk (safetensors, what `weight_sync: disk` does), through shared memory (what
   `weight_sync: memory` does between the two processes of a run), and CUDA tensor to CUDA
-  tensor in one process (the floor: no host memory at all).
+  tensor in one process (the floor: no host memory at all; the in-process transport,
+  runtime/orchestration/weight_sync.py `InProcessWeightSync`).
 
     python benchmarks/bench_gpu.py --out DIR            # all parts (about 2 minutes on an H100)
     python benchmarks/bench_gpu.py --only decode,sync   # some of them
@@ -29,6 +30,7 @@ Writes DIR/gpu_bench.json (default benchmarks/results/). Needs CUDA.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import tempfile
@@ -46,6 +48,7 @@ from areal_graph.engines import shared_weights
 from areal_graph.engines.inference.engine import EmbeddedEngine
 from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.engines.training.train_engine import TrainEngine
+from areal_graph.runtime.orchestration.weight_sync import InProcessWeightSync
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Qwen2-0.5B's shape: 494M parameters, 136M of them the (tied) embedding
@@ -274,6 +277,7 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
     eng = EmbeddedEngine(model=build_model(shape, torch.bfloat16, device, seed=1), device=device,
                          dtype=torch.bfloat16, max_running=8)
     eng.start()
+    direct = InProcessWeightSync(trainer)  # CUDA to CUDA: the engine takes the trainer's tensors
     out: dict[str, list[float]] = {"disk_write_s": [], "disk_load_s": [], "shm_publish_s": [], "shm_load_s": [],
                                    "cuda_direct_s": []}
     version = 0
@@ -291,9 +295,7 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
                 out["shm_load_s"].append(
                     timed(lambda: eng.update_weights_from_state_dict(shared_weights.read(shm, manifest), version))[0])
                 version += 1
-                out["cuda_direct_s"].append(
-                    timed(lambda: eng.update_weights_from_state_dict(trainer.state_dict_for_sync(copy=False),
-                                                                     version))[0])
+                out["cuda_direct_s"].append(timed(lambda: asyncio.run(direct.apply(eng, direct.publish(version))))[0])
             Path(shm).unlink(missing_ok=True)
         # the engine now holds exactly the trainer's weights, rounded to bf16 (greedy tokens would
         # not tell: a random model's logits are near-uniform and bf16 kernels break ties differently)

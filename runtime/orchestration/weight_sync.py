@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from areal_graph.engines.inference.backends import InferenceBackend, get_backend
-from areal_graph.graph.node_kinds import adapter_sync
+from areal_graph.graph.kinds.common import adapter_sync
 from areal_graph.runtime.hosts.protocols import ModelService
 from areal_graph.runtime.observability.run_dir import RunDir
 
