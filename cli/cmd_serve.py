@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         console.print(f"[red]{err}[/]")
         return 1
-    from pathlib import Path
 
     if not Path(model).is_dir():
         console.print(f"[red]MODEL_DIR {args.model!r}: no such directory[/]")

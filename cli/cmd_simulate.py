@@ -8,6 +8,7 @@ process's busy share, before spending the time on the run itself.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -74,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
 def predict(spec: Any, costs: Any, seeds: int = 3, **settings: Any) -> dict[str, Any]:
     """The simulator's prediction for `spec`, averaged over `seeds` length draws, as plain data."""
-    import dataclasses
-
     from areal_graph.perfmodel.simulator import simulate
     from areal_graph.perfmodel.workflow_config import config_from_spec
 

@@ -12,8 +12,16 @@ experiment trackers `runtime.loggers` names (wandb, mlflow).
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
+
+from areal_graph.data import generated
+from areal_graph.data.reasoning_gym import PIP
+from areal_graph.engines.inference.backends import get_backend
+from areal_graph.graph.kinds.common import actor_model
+from areal_graph.modelkit.builtin import PREFIX, builtin_path_problems, model_head_dim, path_fields
+from areal_graph.runtime.observability.trackers import missing_packages
 
 
 def preflight(spec: Any) -> None:
@@ -24,11 +32,6 @@ def preflight(spec: Any) -> None:
 
 
 def preflight_problems(spec: Any) -> list[str]:
-    from areal_graph.engines.inference.backends import get_backend
-    from areal_graph.graph.kinds.common import actor_model
-    from areal_graph.modelkit.builtin import builtin_path_problems, model_head_dim
-    from areal_graph.runtime.observability.trackers import missing_packages
-
     problems = builtin_path_problems(spec) + local_path_problems(spec)
     backend = get_backend(spec.inference.backend)
     problem = backend.args_problem(spec.inference)
@@ -45,8 +48,6 @@ def preflight_problems(spec: Any) -> list[str]:
                             "installed here (pip install 'areal-graph[megatron]')")
     if (any(n.kind == "reward" and getattr(n.params, "fn", None) == "reasoning_gym" for n in spec.nodes.values())
             and importlib.util.find_spec("reasoning_gym") is None):
-        from areal_graph.data.reasoning_gym import PIP
-
         problems.append(f"fn: reasoning_gym needs the reasoning-gym package, which is not installed here ({PIP})")
     problems += placement_problems(spec)
     missing = missing_packages(spec.runtime.loggers)
@@ -60,9 +61,6 @@ def local_path_problems(spec: Any) -> list[str]:
     one its library does not have, or the library not installed). A model path of the form
     `org/name` that is not a folder here is taken for a Hugging Face hub id (from the local
     cache: nothing is downloaded) and left to the loader."""
-    from areal_graph.data import generated
-    from areal_graph.modelkit.builtin import PREFIX, path_fields
-
     problems = []
     for field, path, what in path_fields(spec):
         if what == "dataset" and generated.source_of(path) is not None:
@@ -81,8 +79,6 @@ def local_path_problems(spec: Any) -> list[str]:
 def placement_problems(spec: Any) -> list[str]:
     """`resources` this machine cannot honour: a core it lacks (or this process may not use),
     a GPU index past the ones it has."""
-    import os
-
     problems = []
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     gpus: int | None = None

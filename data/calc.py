@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from areal_graph.api.tool_calls import render_tool_call, tool_turn_text
+from areal_graph.data.datasets import format_prompt
 
 TOOL_NAME = "calculator"
 IGNORE = -100
@@ -175,8 +176,6 @@ def encode_conversation(tokenizer: Any, question: str, messages: Sequence[dict[s
     out an episode: each assistant turn is its text + EOS (trained on), the tool results and
     the next assistant header are one masked span (`tool_turn_text`). Labels are IGNORE on
     the prompt and the tool spans."""
-    from areal_graph.data.datasets import format_prompt
-
     ids = tokenizer(format_prompt(tokenizer, question), add_special_tokens=False).input_ids
     labels = [IGNORE] * len(ids)
     pending: list[str] = []

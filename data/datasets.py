@@ -20,6 +20,7 @@ always agree.
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,8 +200,6 @@ def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Pr
     `data.eval_size`), tokenised with the policy's tokenizer; `data` is a workflow's DataSpec
     with local paths. Raises DatasetError when no training row, or (an eval file given) no
     evaluation row, is usable."""
-    import random
-
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)

@@ -24,6 +24,7 @@ import random
 import re
 from typing import Any, Sequence
 
+from areal_graph.data.datasets import format_prompt
 from areal_graph.data.textarena_games import game_row, make_game, observation_text, user_turn_text
 
 GAME = "GuessTheNumber-v0"
@@ -68,8 +69,6 @@ def teacher_games(seeds: Sequence[int], careful_rate: float, seed: int) -> list[
 
 def encode_game(tokenizer: Any, game: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of a teacher game, laid out as TextArenaGame lays out an episode."""
-    from areal_graph.data.datasets import format_prompt
-
     ids = tokenizer(format_prompt(tokenizer, game["question"]), add_special_tokens=False).input_ids
     labels = [IGNORE] * len(ids)
     for message in game["messages"]:

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from areal_graph.data.datasets import format_prompt
+
 log = logging.getLogger(__name__)
 
 IGNORE = -100
@@ -66,8 +68,6 @@ def encode_pair(tokenizer, question: str, solution: str) -> tuple[list[int], lis
 
     The prompt is built by the same function that builds RL and eval prompts, so SFT teaches
     exactly the format the policy is later sampled in."""
-    from areal_graph.data.datasets import format_prompt
-
     prompt = tokenizer(format_prompt(tokenizer, question), add_special_tokens=False).input_ids
     response = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt + response, [IGNORE] * len(prompt) + response

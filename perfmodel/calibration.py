@@ -9,6 +9,7 @@ from pathlib import Path
 
 from areal_graph.perfmodel.cost_model import CostModel
 from areal_graph.perfmodel.costs import CalibrationError, fit_costs
+from areal_graph.trace_analysis.trace_run import load_run
 
 
 def load_costs(source: str | Path) -> CostModel:
@@ -25,6 +26,5 @@ def load_costs(source: str | Path) -> CostModel:
     if not path.is_dir() or not (path / "trace.json").exists():
         raise CalibrationError(f"{path}: not a run directory with a trace.json (a run with runtime.trace: false "
                                "cannot calibrate the model)")
-    from areal_graph.trace_analysis.trace_run import load_run
 
     return fit_costs(load_run(path))

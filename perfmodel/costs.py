@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import bisect
 import math
+import platform
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from areal_graph.graph.kinds.common import actor_model
+from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
+from areal_graph.perfmodel.replay import replay_ratio
+from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 from areal_graph.trace_analysis.trace_model import merge_intervals
 from areal_graph.trace_analysis.trace_stats import training_window
 
@@ -123,7 +128,6 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
     if len(steps) < MIN_STEPS:
         raise CalibrationError(f"{run.path}: {len(steps)} training step(s) in the trace; calibrating needs at "
                                f"least {MIN_STEPS} (30 give fits within a few percent)")
-    from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 
     gen_t, train_t = thread_split(spec.runtime.max_staleness)
     model = CostModel(source=str(run.path))
@@ -147,8 +151,6 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
 
 def calibration_settings(spec: Any) -> dict[str, Any]:
     """The settings of a workflow the simulator varies (and the cost model was fitted under)."""
-    from areal_graph.graph.node_kinds import actor_model
-
     src = next(n for n in spec.nodes.values() if n.kind == "rollout")
     rt = spec.runtime
     return {"batch_size": rt.batch_size, "max_staleness": rt.max_staleness, "group_size": src.params.group_size,
@@ -267,8 +269,6 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
 
 def _replay(run: Any, m: _Material, model: CostModel) -> None:
     """How much faster the run's forwards go alone (perfmodel/replay.py)."""
-    import platform
-
     host = next((s["args"].get("host") for s in run.timeline.spans if s["name"] == "placement"), None)
     if host != platform.node():
         model.notes.append("recorded on another machine (or before runs named theirs): its forwards were not "
@@ -281,13 +281,10 @@ def _replay(run: Any, m: _Material, model: CostModel) -> None:
                            "(the replay runs the embedded engine's forward on this CPU)")
         return
     try:
-        from areal_graph.modelkit.builtin import resolve_model_path
-
         model_dir = str(resolve_model_path(model.calibrated["model_path"]))
     except Exception as exc:  # noqa: BLE001 - no model here: the replay is an extra, not a requirement
         model.notes.append(f"the run's model is not available here ({exc}): its forwards were not replayed")
         return
-    from areal_graph.perfmodel.replay import replay_ratio
 
     lo, hi = m.window
     rows = [r for a in m.steps.values() for r in a.tolist() if lo <= r[0] <= hi]

@@ -36,6 +36,7 @@ import numpy as np
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
+from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
 
 ADMIT_WAIT_S = 0.002  # engine.py admit_wait_s: an idle engine lets a burst of submissions arrive
 PREFILL_BUDGET = 2048  # engine.py prefill_token_budget
@@ -299,8 +300,6 @@ class Simulation:
         self._done = False
         self.autopilot = None
         if cfg.autopilot:
-            from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
-
             self.autopilot = ConcurrencyAutopilot(cfg.batch_size, cfg.group_size, cfg.max_staleness, cfg.max_concurrent,
                                                   cfg.max_running * cfg.servers)
         self._buffered_at_start = 0

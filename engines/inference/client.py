@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import random
 import time
@@ -376,8 +377,6 @@ class InferenceClient:
 
 
 def _loads(text: str) -> Any:
-    import json
-
     return json.loads(text)
 
 

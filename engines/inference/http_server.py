@@ -57,6 +57,9 @@ from typing import Any
 
 from aiohttp import web
 
+from areal_graph.api.process import die_with_parent, pin_to_cores
+from areal_graph.api.spans import SpanRecorder
+from areal_graph.engines import shared_weights
 from areal_graph.engines.inference.engine_spans import step_span_args
 from areal_graph.engines.inference.request_tags import parse_tags
 from areal_graph.engines.inference.native_requests import (
@@ -72,6 +75,7 @@ from areal_graph.engines.inference.native_requests import (
     parse_logprob_start_len,
 )
 from areal_graph.engines.inference.openai_routes import STREAM_INTERVAL_S, default_served_name, register_openai_routes
+from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.server_process import READY_LINE
 
 # --dtype: torch's names for the weight and compute types the engine takes
@@ -93,8 +97,6 @@ class InferenceHTTPServer:
     def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference",
                  api_key: str | None = None, served_model_name: str | None = None,
                  max_prompt_chars: int | None = None) -> None:
-        from areal_graph.api.spans import SpanRecorder
-
         self.engine = engine
         self.api_key = api_key
         self.model_path = model_path
@@ -200,8 +202,6 @@ class InferenceHTTPServer:
         """SGLang's streamed /generate: Server-Sent Events as the engine decodes, each the answer so
         far (text, output_ids and meta_info cumulative, finish_reason null until the last), then
         `data: [DONE]`. Leaving early (the client went away) aborts the request."""
-        from areal_graph.engines.inference.sampling import GenerationResult
-
         response: web.StreamResponse | None = None
         so_far = GenerationResult(rid=rid, output_ids=[], output_logprobs=[], output_versions=[], finish_reason="",
                                   prompt_len=len(ids))
@@ -289,8 +289,6 @@ class InferenceHTTPServer:
     async def update_weights_from_shared_memory(self, request: web.Request) -> web.Response:
         """Our extension: load weights a trainer on this machine published into a shared-memory
         file (engines/shared_weights.py); the body holds its path and manifest, no tensors."""
-        from areal_graph.engines import shared_weights
-
         body = await self._json(request, {"path", "manifest", "weight_version"})
         path, manifest = body.get("path"), body.get("manifest")
         if not isinstance(path, str) or not path or not isinstance(manifest, list):
@@ -346,8 +344,6 @@ class InferenceHTTPServer:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         """Healthy only if a one-token generation completes (as SGLang's /health_generate)."""
-        from areal_graph.engines.inference.sampling import SamplingParams
-
         try:
             await asyncio.wait_for(
                 self.engine.generate([0], SamplingParams(max_new_tokens=1, greedy=True), rid=f"health-{uuid.uuid4().hex}"),
@@ -467,7 +463,6 @@ def main(argv: list[str] | None = None) -> int:
         if not api_key:
             sys.stderr.write(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty\n")
             return 2
-    from areal_graph.api.process import die_with_parent, pin_to_cores
 
     die_with_parent()
     pin_to_cores()  # resources.inference.cores (the launcher pinned it already; threads started since inherit)

@@ -20,7 +20,9 @@ from typing import Any, Callable
 from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.api.episode import Episode, episode_from_tokens
 from areal_graph.api.rollout import Trajectory
-from areal_graph.engines.inference.rollout_eval import policy_text
+from areal_graph.data.datasets import load_prompts
+from areal_graph.engines.inference.rollout_eval import generate_with_rollout, policy_text
+from areal_graph.tools.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,6 @@ def evaluate_model(
     Returns a JSON-ready dict; `per_prompt` lists each prompt's greedy completion and counts;
     `by_source` the greedy accuracy per data source when the rows name one (`source_key`).
     """
-    from areal_graph.data.datasets import load_prompts
-    from areal_graph.tools.reward_pool import RewardPool
     from areal_graph.engines.inference.engine import EmbeddedEngine, SamplingParams
 
     n = (k if n_samples is None else n_samples) if k else 0  # samples only serve pass@k
@@ -106,8 +106,6 @@ def evaluate_model(
         if rollout is None:
             trajectories = _generate_plain(engine, prompts, requests, on_progress)
         else:
-            from areal_graph.engines.inference.rollout_eval import generate_with_rollout
-
             trajectories = generate_with_rollout(engine, rollout, prompts, requests, on_progress)
     gen_s = time.perf_counter() - t_gen
     texts = [policy_text(tok, t) for t in trajectories]

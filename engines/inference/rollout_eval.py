@@ -11,8 +11,10 @@ the policy's own tokens (loss_mask 1) of each trajectory, and each trajectory's 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any, Callable, Sequence
 
+from areal_graph.api.imports import import_object
 from areal_graph.api.rollout import Rollout, Trajectory
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 
@@ -76,10 +78,6 @@ def make_rollout(path: str, tokenizer_path: str, **kwargs: Any) -> Rollout:
     """An instance of the rollout class named by `path` ("package.module:Class"), given the
     policy's tokenizer when its constructor takes `tokenizer_path` (as the rollout worker
     does). ImportPathError / TypeError name what is wrong."""
-    import inspect
-
-    from areal_graph.api.imports import import_object
-
     cls = import_object(path, what="rollout class")
     if not (isinstance(cls, type) and issubclass(cls, Rollout)):
         raise TypeError(f"rollout class {path!r} is not a subclass of areal_graph.api.rollout.Rollout")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import json
 import logging
 import os
@@ -128,8 +129,6 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     frequencies) are constants, and a broadcast per forward would be a collective per
     micro-batch for nothing.
     """
-    import inspect
-
     from torch.nn.parallel import DistributedDataParallel
 
     # torch >= 2.13 renamed the switch (the old name warns); older torch knows only the old one

@@ -44,7 +44,7 @@ yields (`_train_forward`) and how checkpointed weights are read (`_read_weights`
 from __future__ import annotations
 
 import contextlib
-
+import json
 import logging
 import math
 import os
@@ -82,8 +82,6 @@ Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor `save_pretrained` wrote into `path`: one model.safetensors, or the shards
     its model.safetensors.index.json lists (large models are saved in several files)."""
-    import json
-
     from safetensors.torch import load_file
 
     path = Path(path)

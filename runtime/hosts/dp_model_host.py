@@ -41,8 +41,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.engines.training import data_parallel as dp
+from areal_graph.protos import worker_pb2 as pb
 from areal_graph.runtime.hosts.model_host import ModelHost
 from areal_graph.runtime.launchers.local import rank_threads
+from areal_graph.runtime.process_setup import prepare_worker_process
 from areal_graph.runtime.rpc.tensor_codec import BatchDecoder, encode_batch
 
 log = logging.getLogger(__name__)
@@ -65,8 +68,6 @@ def encode_command(method: str, kwargs: dict[str, Any], batch: PackedBatch | Non
 
 def decode_command(data: bytes) -> tuple[str, dict[str, Any], PackedBatch | None]:
     """The inverse of `encode_command`."""
-    from areal_graph.protos import worker_pb2 as pb
-
     frames: list[bytes] = []
     pos = 0
     while pos < len(data):
@@ -92,8 +93,6 @@ class RankChannel:
     """Rank 0's calls, broadcast to the other ranks over the command group."""
 
     def __init__(self) -> None:
-        from areal_graph.engines.training import data_parallel as dp
-
         self._dp = dp
         self.group = dp.init_from_env()
         self.rank, self.world_size = dp.world()
@@ -207,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
                                                  "RANK and WORLD_SIZE in the environment.")
     parser.add_argument("--name", default="model-rank", help="appears in the log lines")
     args = parser.parse_args(argv)
-    from areal_graph.runtime.process_setup import prepare_worker_process
 
     prepare_worker_process(args.name)
     try:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal_graph.api.process import run_token
 from areal_graph.data.packed import PackedBatch
 from areal_graph.api.judge import choose_model, parse_verdict, render
 from areal_graph.engines.inference.backends.base import ADAPTER_PREFIX
@@ -40,8 +41,6 @@ class JudgeHost:
                  timeout_s: float = 60.0, on_failure: float = 0.0) -> None:
         import openai
         from transformers import AutoTokenizer
-
-        from areal_graph.api.process import run_token
 
         api_key = run_token() if use_run_token else os.environ.get(api_key_env) if api_key_env else None
         if api_key_env and not api_key:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.engines import shared_weights
 from areal_graph.graph.kinds.losses import LOSSES, TrainParams
 from areal_graph.engines.training.step_stats import mean_over_updates
 from areal_graph.nodes.off_policy import finish_mismatch_stats
@@ -124,8 +125,6 @@ class ModelHost:
     # ------------------------------------------------------------------ weights and checkpoints
     def publish_weights(self, path: str) -> list[dict]:
         """The weights into the shared-memory file `path` (engines/shared_weights.py); returns its manifest."""
-        from areal_graph.engines import shared_weights
-
         return shared_weights.publish(path, self.engine.state_dict_for_sync(copy=False))
 
     def export_weights(self, path: str, with_tokenizer: bool = False) -> str:

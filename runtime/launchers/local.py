@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
+import psutil
+
 from areal_graph.api.process import CORES_ENV, PDEATHSIG_ENV, arm_parent_death_signal, pin_to_cores
 from areal_graph.runtime.launchers import interrupt
 
@@ -387,8 +389,6 @@ class LocalLauncher:
     def cpu_report(self) -> dict[str, dict[str, object]]:
         """Each running process's CPU seconds so far (its own and its live descendants': a reward
         pool's processes count for the reward worker), its pid and the cores it may run on."""
-        import psutil
-
         out: dict[str, dict[str, object]] = {}
         for name, m in list(self.procs.items()):
             try:

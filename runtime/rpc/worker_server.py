@@ -40,12 +40,14 @@ from pathlib import Path
 from typing import Any, Iterator, NoReturn
 
 import grpc
+import psutil
 
 from areal_graph.api.imports import import_object
 from areal_graph.api.spans import tracing_enabled_by_env
 from areal_graph.data.packed import PackedBatch
 from areal_graph.protos import worker_pb2 as pb
 from areal_graph.protos import worker_pb2_grpc as pb_grpc
+from areal_graph.runtime.process_setup import prepare_worker_process
 from areal_graph.runtime.rpc.tensor_codec import BatchDecoder, MalformedStream, encode_batch
 
 log = logging.getLogger(__name__)
@@ -257,8 +259,6 @@ class WorkerService(pb_grpc.WorkerServicer):
 
 def _rss_bytes() -> int:
     try:
-        import psutil
-
         return int(psutil.Process().memory_info().rss)
     except Exception:  # stats are best effort
         return -1
@@ -285,8 +285,6 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 0, token: str | None =
 
 def _parent_alive(pid: int) -> bool:
     try:
-        import psutil
-
         return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except Exception:
         return False
@@ -303,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-workers", type=int, default=64,
                         help="gRPC handler threads = the most concurrent calls this worker serves")
     args = parser.parse_args(argv)
-    from areal_graph.runtime.process_setup import prepare_worker_process
 
     prepare_worker_process(args.name)
     token = None

@@ -18,9 +18,9 @@ from typing import Any
 
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
+from areal_graph.data.textarena_games import (END, START, TextArenaError, library, make_game, observation_text,
+                                              user_turn_text)
 from areal_graph.engines.inference.interruptible import generate_interruptible
-
-from areal_graph.data.textarena_games import END, START, user_turn_text
 
 
 class TextArenaGame(Rollout):
@@ -41,8 +41,6 @@ class TextArenaGame(Rollout):
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
-        from areal_graph.data.textarena_games import TextArenaError, library
-
         try:
             library()
         except TextArenaError as err:
@@ -53,8 +51,6 @@ class TextArenaGame(Rollout):
         return self.tok.encode(user_turn_text(text, closed), add_special_tokens=False)
 
     async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int) -> Trajectory:
-        from areal_graph.data.textarena_games import make_game, observation_text
-
         game_ref = json.loads(prompt.answer)
         game = make_game(game_ref["textarena"])
         game.reset(num_players=1, seed=int(game_ref["seed"]))

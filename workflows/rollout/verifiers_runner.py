@@ -40,6 +40,7 @@ import os
 import sys
 import threading
 import traceback
+import types
 from typing import Any
 
 HARNESS_ID = "areal_chat"
@@ -47,8 +48,6 @@ HARNESS_ID = "areal_chat"
 
 def register_in_process_harness() -> None:
     """Make `areal_chat` importable as a verifiers harness plugin (a module exporting a Harness)."""
-    import types
-
     from verifiers.v1.harnesses.null.harness import NullHarness
     from verifiers.v1.harnesses.utils import core
     from verifiers.v1.harnesses.utils.compaction import is_context_overflow

@@ -9,6 +9,8 @@ Differences from SGLang, all on the server's side:
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any, NoReturn, Sequence
 
 from areal_graph.api.process import RUN_TOKEN_ENV
@@ -59,9 +61,6 @@ class EmbeddedBackend(SGLangBackend):
 
     def args_problem(self, inference: Any) -> str | None:
         """Our server's own argument parser reads the flags `inference.args` becomes."""
-        import contextlib
-        import io
-
         from areal_graph.engines.inference.http_server import build_arg_parser
 
         err = io.StringIO()
