@@ -1,4 +1,5 @@
-"""docs/architecture.md (and docs/design.md) stay true: every file, folder and symbol they name exists.
+"""docs/architecture.md (and docs/design.md) stay true: every file, folder and symbol they name exists,
+and the page's node-kind table has a row for every kind the registry holds.
 
 The page is the newcomer's map, and a map is only worth reading while it names real code:
 rename a file or a function it points at and this test says where the page went stale.
@@ -16,7 +17,9 @@ import ast
 import re
 import subprocess
 
-from support.paths import REPO
+from areal_graph.graph.kinds.registry import BUILTIN_KINDS, kind_of
+from areal_graph.graph.loader import load_workflow
+from support.paths import REPO, WORKFLOWS
 
 DOC = REPO / "docs" / "architecture.md"
 SPAN = re.compile(r"`([^`\n]+)`")
@@ -75,6 +78,39 @@ def test_the_architecture_page_names_only_files_and_symbols_that_exist():
     # the page is built on these references: a convention change that finds none must fail here
     assert len(refs) >= 100 and sum(s is not None for _, s in refs) >= 80, len(refs)
     assert not problems(text), "docs/architecture.md is stale:\n" + "\n".join(problems(text))
+
+
+KIND_TABLE = "| node kind | process | hosted object | method called |"
+
+
+def kind_rows(text: str) -> dict[str, str]:
+    """The node-kind table of the page: kind -> its row (a row may name several kinds)."""
+    lines = text.splitlines()
+    start = lines.index(KIND_TABLE) + 2  # past the header and the |---| line
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        for kind in line.split("|")[1].split(","):
+            rows[kind.strip()] = line
+    return rows
+
+
+def test_the_architecture_page_has_a_row_for_every_node_kind():
+    """The kinds come from the registry: a kind added to graph/kinds/ without its row fails here,
+    and so does a row whose hosted object is not the class the kind's entry names."""
+    rows = kind_rows(DOC.read_text(encoding="utf-8"))
+    assert sorted(rows) == sorted(BUILTIN_KINDS), "docs/architecture.md: node kinds without a row: " \
+        f"{sorted(set(BUILTIN_KINDS) - set(rows))}; rows of no kind: {sorted(set(rows) - set(BUILTIN_KINDS))}"
+    checked = set()
+    for path in sorted(WORKFLOWS.glob("*.yaml")):
+        spec = load_workflow(path)
+        for node in spec.nodes.values():
+            if node.kind in BUILTIN_KINDS and node.kind not in checked:
+                impl = kind_of(node).hosting(node, spec).impl.rpartition(":")[2]
+                assert f":{impl}`" in rows[node.kind], (node.kind, impl, rows[node.kind])
+                checked.add(node.kind)
+    assert len(checked) >= 8, checked  # the shipped workflows use (nearly) every kind
 
 
 def test_the_design_page_names_only_files_that_exist():
