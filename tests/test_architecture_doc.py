@@ -1,5 +1,6 @@
 """docs/architecture.md (and docs/design.md) stay true: every file, folder and symbol they name exists,
-and the page's node-kind table has a row for every kind the registry holds.
+the page's node-kind table has a row for every kind the registry holds, and its transports table
+a row for every weight-sync transport.
 
 The page is the newcomer's map, and a map is only worth reading while it names real code:
 rename a file or a function it points at and this test says where the page went stale.
@@ -111,6 +112,29 @@ def test_the_architecture_page_has_a_row_for_every_node_kind():
                 assert f":{impl}`" in rows[node.kind], (node.kind, impl, rows[node.kind])
                 checked.add(node.kind)
     assert len(checked) >= 8, checked  # the shipped workflows use (nearly) every kind
+
+
+def sync_transports() -> dict[str, str]:
+    """{class name: mode} of every transport in weight_sync.py: the classes that set `mode`."""
+    tree = ast.parse((REPO / "runtime" / "orchestration" / "weight_sync.py").read_text(encoding="utf-8"))
+    out = {}
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.Assign) and [getattr(t, "id", None) for t in stmt.targets] == ["mode"]:
+                    out[cls.name] = ast.literal_eval(stmt.value)
+    return out
+
+
+def test_the_architecture_page_has_a_row_for_every_weight_sync_transport():
+    """A transport added to weight_sync.py without its row in the transports table fails here."""
+    transports = sync_transports()
+    assert set(transports.values()) == {"memory", "disk", "adapter", "in-process"}, transports
+    rows = [line for line in DOC.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `runtime/orchestration/weight_sync.py:")]
+    named = {SPAN.search(line).group(1).rpartition(":")[2] for line in rows}
+    assert named == set(transports), f"docs/architecture.md transports table: missing {set(transports) - named}, " \
+        f"not transports {named - set(transports)}"
 
 
 def test_the_design_page_names_only_files_that_exist():

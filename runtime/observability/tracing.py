@@ -334,7 +334,8 @@ class Tracer(SpanRecorder):
 
 
 class NullTracer(SpanRecorder):
-    """Records nothing; the same interface as Tracer (for tests and tracing turned off)."""
+    """Records nothing; the same interface as Tracer. For tests and for code run outside a run
+    (a run with `runtime.trace: false` keeps a Tracer whose `enabled` is False)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__("null")

@@ -443,45 +443,63 @@ class Controller:
 
     # ------------------------------------------------------------------ training side
     async def _training_loop(self) -> None:
-        B = self.rt.batch_size
         if self.rt.eval_every and self.state.step == 0:
             self.run_dir.log_metrics(0, await self._evaluate())
         while self.state.step < self.rt.steps:
-            t_wait = time.perf_counter()
-            buffered = self.buffer.stats().buffered_trajectories
-            with self.tracer.span("wait_batch", cat="controller", step=self.state.step):
-                batch = await self._next_batch(B)
-            t0 = time.perf_counter()
-            stats: dict[str, float] = {"time/wait_batch": t0 - t_wait, **self._batch_stats(batch)}
-            outcome = await run_phase(self.plan, self.plan.training, batch, self._timed_call(stats))
-            stats.update(outcome.stats)
-            trained = outcome.batch.num_seqs if outcome.batch is not None else 0
-            t_sync = time.perf_counter()
-            stats.update(await self._sync_weights(self.state.version + 1))
-            stats["time/weight_sync"] = time.perf_counter() - t_sync
-            self.state.version += 1
-            self.state.step += 1
-            self.state.trajectories_trained += trained
-            if "group_id" in batch:  # ledger: the groups of step N are "trained" at step N
-                self._settle_trained(outcome.batch, batch)
-            self.gate.set_version(self.state.version)
-            t_end = time.perf_counter()
-            stats["time/step"] = t_end - t0
-            # the whole step as the trace's unit of account: waiting for the batch included
-            self.tracer.record("step", t_wait, t_end, cat="step", step=self.state.step - 1)
-            if self.rt.eval_every and (self.state.step % self.rt.eval_every == 0 or self.state.step == self.rt.steps):
-                stats.update(await self._evaluate())
-            if self.rt.save_every and self.state.step % self.rt.save_every == 0:
-                await self._checkpoint()
-            if self.autopilot is not None:
-                self._steer(stats, trained, buffered)
-            self._log_step(stats, dropped_in_training=sum(outcome.groups_dropped.values()))
-            self.span_pull.maybe_start()
+            await self._train_step()
         await self.span_pull.wait()  # the rest is collected once the run is over (run.py)
         with self.tracer.span("export_final_model", cat="controller"):
             await self.executor.export_model(self.run_dir.final_model_dir)
         assert self._stop is not None  # run() creates it before this task starts
         self._stop.set()
+
+    async def _train_step(self) -> None:
+        """One training step, top to bottom (the generation loop fills the buffer meanwhile).
+
+        1. wait for the batch: the B oldest untrained trajectories (`_next_batch` says why oldest);
+        2. run the training phase's DAG on it (proximal log-probs, advantages, the train node...:
+           `phase_runner.run_phase`, each node sent by the executor to its worker);
+        3. publish the new weights to the inference servers (the executor's `WeightSync`);
+        4. advance: version and step, the ledger, the staleness gate that admits new rollouts;
+        5. record: the step's span, eval and checkpoint when due, the autopilot, the metrics line.
+        """
+        step, t_wait = self.state.step, time.perf_counter()
+        buffered = self.buffer.stats().buffered_trajectories
+        with self.tracer.span("wait_batch", cat="controller", step=step):
+            batch = await self._next_batch(self.rt.batch_size)  # 1
+        t_start = time.perf_counter()
+        stats: dict[str, float] = {"time/wait_batch": t_start - t_wait, **self._batch_stats(batch)}
+
+        outcome = await run_phase(self.plan, self.plan.training, batch, self._timed_call(stats))  # 2
+        stats.update(outcome.stats)
+        trained = outcome.batch.num_seqs if outcome.batch is not None else 0
+
+        t_sync = time.perf_counter()
+        stats.update(await self._sync_weights(self.state.version + 1))  # 3
+        stats["time/weight_sync"] = time.perf_counter() - t_sync
+
+        self._advance(batch, outcome.batch, trained)  # 4
+        t_end = time.perf_counter()
+        stats["time/step"] = t_end - t_start
+        self.tracer.record("step", t_wait, t_end, cat="step", step=step)  # 5: waiting for the batch included
+
+        if self.rt.eval_every and (self.state.step % self.rt.eval_every == 0 or self.state.step == self.rt.steps):
+            stats.update(await self._evaluate())
+        if self.rt.save_every and self.state.step % self.rt.save_every == 0:
+            await self._checkpoint()
+        if self.autopilot is not None:
+            self._steer(stats, trained, buffered)
+        self._log_step(stats, dropped_in_training=sum(outcome.groups_dropped.values()))
+        self.span_pull.maybe_start()
+
+    def _advance(self, taken: PackedBatch, trained_batch: PackedBatch | None, trained: int) -> None:
+        """After the weights are published: the new version, the step, the ledger and the gate."""
+        self.state.version += 1
+        self.state.step += 1
+        self.state.trajectories_trained += trained
+        if "group_id" in taken:  # ledger: the groups of step N are "trained" at step N
+            self._settle_trained(trained_batch, taken)
+        self.gate.set_version(self.state.version)  # admits the rollouts the new version allows
 
     def _steer(self, stats: dict[str, float], trained: int, buffered: int) -> None:
         """runtime.autopilot: feed this step to the concurrency autopilot; apply what it decides."""
