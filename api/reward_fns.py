@@ -1,6 +1,6 @@
 """Reward functions by name: the builtin names a reward node's `fn:` accepts, and the resolver.
 
-One table, read by validation (`graph/node_kinds.py`), the reward pool (`tools/reward_pool.py`)
+One table, read by validation (`graph/kinds/rewards.py`), the reward pool (`tools/reward_pool.py`)
 and evaluation, so adding a builtin reward is one line here. It lives in api/ (which imports
 nothing else of areal_graph) so that graph/ and tools/ can read it without importing the
 reward implementations, which may themselves use tools/ (the code reward runs the sandbox).

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from areal_graph.api.corrections import DEFAULT_BOUNDS, CorrectionError, ISCorrection
 from areal_graph.data.packed import PackedBatch, response_positions
 from areal_graph.engines.training.step_stats import combine_pieces, mean_over_updates
-from areal_graph.graph.node_kinds import TrainParams
+from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.nodes.off_policy import (
     accepted_tokens,
     behaviour_log_weight,
