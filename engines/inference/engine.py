@@ -47,7 +47,8 @@ from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
 from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_checked, read_checkpoint, try_load_tokenizer
 from areal_graph.engines.inference.model_runner import ModelRunner
-from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError, validate_request
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.requests import validate_request
 from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.penalties import apply_penalties
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens

@@ -43,7 +43,6 @@ Run: `python -m areal_graph.engines.inference.http_server --model DIR --port 0`;
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hmac
 import json
@@ -76,10 +75,8 @@ from areal_graph.engines.inference.native_requests import (
 )
 from areal_graph.engines.inference.openai_routes import STREAM_INTERVAL_S, default_served_name, register_openai_routes
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.server_args import DTYPES, build_arg_parser
 from areal_graph.engines.inference.server_process import READY_LINE
-
-# --dtype: torch's names for the weight and compute types the engine takes
-DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +98,7 @@ class InferenceHTTPServer:
         self.api_key = api_key
         self.model_path = model_path
         self.served_model_name = served_model_name or default_served_name(model_path)  # the /v1 model id
-        self.max_prompt_chars = max_prompt_chars  # None: openai_routes.CHARS_PER_TOKEN_LIMIT per token of context
+        self.max_prompt_chars = max_prompt_chars  # None: served_model.CHARS_PER_TOKEN_LIMIT per token of context
         self.tokenizer = tokenizer
         self.spans = SpanRecorder(name)  # off when the run turned tracing off (AREAL_GRAPH_TRACE=0)
         if hasattr(engine, "trace_into"):  # per-request and weight-swap spans (engine_spans.py)
@@ -407,35 +404,6 @@ def _jsonable(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- process entry
-def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m areal_graph.engines.inference.http_server",
-        description="Serve a model with the embedded engine behind SGLang's native HTTP API.",
-    )
-    p.add_argument("--model", required=True, help="model directory (HF format)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
-    p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (continuous batching)")
-    p.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond which /generate answers 503")
-    p.add_argument("--max-context", type=int, default=None, help="prompt + generation token limit (default: the model's)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--kv-on-update", default="recompute", choices=["recompute", "keep"],
-                   help="at a weight update, recompute the KV cache of requests in flight (default) or keep it")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                   help="weights and compute (bfloat16 on a GPU: half the memory traffic per decoded token)")
-    p.add_argument("--name", default="inference", help="the process name in trace spans")
-    p.add_argument("--max-prompt-chars", type=int, default=None,
-                   help="/v1 prompts longer than this are refused before tokenizing (default: 32 per token of context)")
-    p.add_argument("--served-model-name", default=None,
-                   help="the model's id on /v1 (default: the model directory's name, not its path)")
-    p.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help="require the API key held in environment variable VAR (Authorization: Bearer KEY)")
-    return p
-
-
 async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio.Event,
                 announce: bool = True) -> None:
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError
-from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 
 log = logging.getLogger(__name__)
 

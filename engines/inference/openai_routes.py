@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import time
@@ -52,144 +51,44 @@ from areal_graph.engines.inference.openai_http import (
     send_chunks,
 )
 from areal_graph.engines.inference.openai_requests import (
-    ChatRequest,
     OpenAIRequestError,
-    SamplingRequest,
     parse_chat_request,
     parse_completion_request,
 )
 from areal_graph.engines.inference.responses_routes import ResponsesRoutes, register_responses_routes
-from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
+from areal_graph.engines.inference.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses")
-# A prompt of more characters than this per token of context is refused untokenized: text
-# averages 3-5 characters a token, and a token of more than 32 is rare in any vocabulary.
-CHARS_PER_TOKEN_LIMIT = 32
 
 
 class OpenAIRoutes:
-    """The /v1 handlers over one server's engine and tokenizer."""
+    """The /v1 chat, completions and models handlers over one server's `ServedModel`."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, served: ServedModel | None = None) -> None:
         self.server = server
+        self.served = served or ServedModel(server)
         self.created = int(time.time())
         self.responses: ResponsesRoutes | None = None  # /v1/responses, once registered
 
     @property
     def model_id(self) -> str:
-        """The served model's name in /v1/models (`--served-model-name`, see `default_served_name`)."""
-        return str(self.server.served_model_name)
-
-    @property
-    def max_prompt_chars(self) -> int:
-        limit = getattr(self.server, "max_prompt_chars", None)
-        return int(limit) if limit else CHARS_PER_TOKEN_LIMIT * int(self.server.engine.max_context)
-
-    def _check_chars(self, n_chars: int, field: str) -> None:
-        """Refuse a prompt whose text alone shows it cannot fit, without tokenizing it."""
-        if n_chars > self.max_prompt_chars:
-            raise OpenAIRequestError(
-                f"the prompt has {n_chars} characters, more than this server tokenizes ({self.max_prompt_chars}: "
-                f"{CHARS_PER_TOKEN_LIMIT} per token of its {int(self.server.engine.max_context)}-token context; "
-                "--max-prompt-chars)", field, code="context_length_exceeded")
-
-    async def _encode(self, text: str, field: str) -> list[int]:
-        self._check_chars(len(text), field)
-        return await asyncio.to_thread(fmt.encode_text, self._tokenizer(), text)
-
-    @functools.cached_property
-    def _token_texts(self) -> dict[str, int]:
-        """The served tokenizer's single added tokens (structured_output.added_token_texts), once."""
-        return added_token_texts(self._tokenizer())
-
-    def _tokenizer(self) -> Any:
-        if self.server.tokenizer is None:
-            raise OpenAIRequestError("this server has no tokenizer, so it cannot serve text; send token ids to "
-                                     "/generate")
-        return self.server.tokenizer
-
-    # ------------------------------------------------------------------ generation
-    def _sampling(self, request: SamplingRequest, prompt_len: int, prompt_field: str):
-        """The engine's SamplingParams; max_tokens defaults to what the context leaves (OpenAI's rule).
-        `prompt_field` is the request's field an over-long prompt is blamed on."""
-        from areal_graph.engines.inference.sampling import SamplingParams
-
-        context = int(self.server.engine.max_context)
-        if prompt_len >= context:
-            raise OpenAIRequestError(f"the prompt has {prompt_len} tokens; this model's context is {context}",
-                                     prompt_field, code="context_length_exceeded")
-        max_new = request.max_tokens if request.max_tokens is not None else context - prompt_len
-        if prompt_len + max_new > context:
-            raise OpenAIRequestError(f"the prompt ({prompt_len} tokens) + max_tokens ({max_new}) exceeds this "
-                                     f"model's context of {context} tokens", "max_tokens",
-                                     code="context_length_exceeded")
-        temperature = 1.0 if request.temperature is None else request.temperature
-        return SamplingParams(
-            max_new_tokens=max_new, temperature=temperature, greedy=temperature == 0,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=-1 if request.top_k is None else request.top_k,
-            stop=list(request.stop), seed=request.seed, ignore_eos=request.ignore_eos,
-            frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
-            repetition_penalty=request.repetition_penalty,
-        )
-
-    async def _constrained(self, chat: ChatRequest, params: Any) -> Any:
-        """`params` holding the answer to what `response_format` / `tool_choice` require
-        (`structured_output.py`); a schema the engine cannot compile is a 400 naming the field."""
-        wanted = output_constraint(chat.tools, chat.tool_choice, chat.parallel_tool_calls, chat.response_format,
-                                   self._token_texts)
-        if wanted is None:
-            return params
-        params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
-        check = getattr(self.server.engine, "check_constraint", None)
-        if check is not None:
-            problem = await asyncio.to_thread(check, params)
-            if problem is not None:
-                field = "response_format" if chat.response_format is not None and chat.tool_choice == "auto" \
-                    else "tools"
-                raise OpenAIRequestError(f"{field}: {problem}", field)
-        return params
-
-    async def _generate(self, prompt_ids: list[int], params: Any, n: int, top_logprobs: int,
-                        rid: str, first_index: int = 0) -> list[fmt.GeneratedChoice]:
-        """`n` engine requests for one prompt; a client that goes away aborts all of them."""
-        engine = self.server.engine
-        rids = [f"{rid}-{first_index + i}" for i in range(n)]
-        kwargs = {"top_logprobs": top_logprobs} if top_logprobs else {}
-
-        def choice_params(i: int) -> Any:
-            return params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-
-        tasks = [asyncio.ensure_future(engine.generate(prompt_ids, choice_params(i), rid=r, **kwargs))
-                 for i, r in enumerate(rids)]
-        try:
-            results = await asyncio.gather(*tasks)
-        except BaseException:
-            for r, t in zip(rids, tasks):
-                if not t.done():
-                    engine.abort(r)
-                    t.cancel()
-            raise
-        return [fmt.GeneratedChoice(first_index + i, list(res.output_ids), list(res.output_logprobs),
-                                    list(res.output_versions), res.finish_reason,
-                                    getattr(res, "output_top_logprobs", None))
-                for i, res in enumerate(results)]
+        return self.served.model_id
 
     # ------------------------------------------------------------------ handlers
     @openai_errors
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         chat = parse_chat_request(await self.server._json(request))
-        tokenizer = self._tokenizer()
-        self._check_chars(sum(content_chars(m.get("content")) for m in chat.messages), "messages")
+        tokenizer = self.served.tokenizer()
+        self.served.check_chars(sum(content_chars(m.get("content")) for m in chat.messages), "messages")
         text = await asyncio.to_thread(fmt.render_chat_prompt, tokenizer, chat.messages, chat.tools)
-        prompt_ids = await self._encode(text, "messages")
-        params = await self._constrained(chat, self._sampling(chat, len(prompt_ids), "messages"))
+        prompt_ids = await self.served.encode(text, "messages")
+        params = await self.served.constrained(chat, self.served.sampling(chat, len(prompt_ids), "messages"))
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         if chat.stream and not chat.parse_tools:  # tool calls are parsed from the whole answer
             return await self._stream(request, [prompt_ids], [params], chat, cid, chat=True)
-        choices = await self._generate(prompt_ids, params, chat.n, chat.top_logprobs if chat.logprobs else 0, cid)
+        choices = await self.served.generate(prompt_ids, params, chat.n, chat.top_logprobs if chat.logprobs else 0, cid)
         created = int(time.time())
         out_tokens = sum(len(c.output_ids) for c in choices)
         if chat.stream:
@@ -203,16 +102,16 @@ class OpenAIRoutes:
     @openai_errors
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = parse_completion_request(await self.server._json(request))
-        tokenizer = self._tokenizer()
+        tokenizer = self.served.tokenizer()
         cid = f"cmpl-{uuid.uuid4().hex}"
-        prompts = [p if isinstance(p, list) else await self._encode(p, "prompt") for p in req.prompts]
+        prompts = [p if isinstance(p, list) else await self.served.encode(p, "prompt") for p in req.prompts]
         if any(not p for p in prompts):
             raise OpenAIRequestError("a prompt encodes to no tokens", "prompt")
-        params = [self._sampling(req, len(p), "prompt") for p in prompts]
+        params = [self.served.sampling(req, len(p), "prompt") for p in prompts]
         if req.stream:
             return await self._stream(request, prompts, params, req, cid, chat=False)
         groups = await asyncio.gather(*(
-            self._generate(p, sp, req.n, req.logprobs or 0, cid, first_index=k * req.n)
+            self.served.generate(p, sp, req.n, req.logprobs or 0, cid, first_index=k * req.n)
             for k, (p, sp) in enumerate(zip(prompts, params))))
         choices = [c for group in groups for c in group]
         created, prompt_tokens = int(time.time()), sum(len(p) for p in prompts)
@@ -289,7 +188,7 @@ class OpenAIRoutes:
         """One choice: chunks into `queue` as its tokens arrive (at most every `STREAM_INTERVAL_S`,
         the first at once), then its finish chunk and its token count."""
         acc = fmt.GeneratedChoice(index, [], [], [], "", [] if top_n else None)
-        text = fmt.StreamedText(self._tokenizer(), req.stop)
+        text = fmt.StreamedText(self.served.tokenizer(), req.stop)
         offset, last = 0, 0.0
         try:
             if chat:
@@ -310,10 +209,10 @@ class OpenAIRoutes:
                 if delta or (part.finish_reason and b > a and top_n):
                     last = now
                     if chat:
-                        lp = fmt.chat_content_logprobs(self._tokenizer(), acc, a, b, req)
+                        lp = fmt.chat_content_logprobs(self.served.tokenizer(), acc, a, b, req)
                         queue.put_nowait(fmt.chat_chunk(cid, created, model, req, index, {"content": delta}, lp))
                     else:
-                        lp = fmt.completion_delta_logprobs(self._tokenizer(), acc, a, b, req, offset)
+                        lp = fmt.completion_delta_logprobs(self.served.tokenizer(), acc, a, b, req, offset)
                         queue.put_nowait(fmt.completion_chunk(cid, created, model, index, delta, lp))
                     offset += len(delta)
                 if part.finish_reason:
@@ -367,12 +266,13 @@ def default_served_name(model_path: str | None) -> str:
 
 def register_openai_routes(server: Any) -> OpenAIRoutes:
     """Add the /v1 routes to `server.app` (an InferenceHTTPServer); its middlewares (auth) apply."""
-    routes = OpenAIRoutes(server)
+    served = ServedModel(server)
+    routes = OpenAIRoutes(server, served)
     router = server.app.router
     router.add_post("/v1/chat/completions", routes.chat_completions)
     router.add_post("/v1/completions", routes.completions)
     router.add_get("/v1/models", routes.models)
     router.add_get("/v1/models/{model:.+}", routes.model)
-    routes.responses = register_responses_routes(server, routes)  # /v1/responses: responses_routes.py
+    routes.responses = register_responses_routes(server, served)  # /v1/responses: responses_routes.py
     router.add_route("*", "/v1/{tail:.*}", routes.not_supported)
     return routes

@@ -8,19 +8,12 @@ from typing import Any, Sequence
 
 import torch
 
+from areal_graph.engines.inference.engine_errors import InvalidRequestError
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 
-__all__ = ["InvalidRequestError", "QueueFullError", "Request", "validate_request"]
+__all__ = ["Request", "validate_request"]
 
 _UNIFORM_BLOCK = 64  # uniforms drawn per request at a time
-
-
-class InvalidRequestError(ValueError):
-    """The request cannot be served as given (empty prompt, bad token id, too long, bad sampling values)."""
-
-
-class QueueFullError(RuntimeError):
-    """Backpressure: the waiting queue is at `max_queue`; retry later."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -38,9 +38,7 @@ from areal_graph.engines.inference.openai_http import (
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError
 from areal_graph.engines.inference.responses_requests import ResponsesRequest, parse_responses_request
 from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
-
-if TYPE_CHECKING:  # the chat routes register these (openai_routes imports this module)
-    from areal_graph.engines.inference.openai_routes import OpenAIRoutes
+from areal_graph.engines.inference.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -48,27 +46,27 @@ RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/{id}", "/v1/responses/{id}/i
 
 
 class ResponsesRoutes:
-    """The /v1/responses handlers, over the chat routes' engine access (`OpenAIRoutes`)."""
+    """The /v1/responses handlers over one server's `ServedModel` (shared with the chat routes)."""
 
-    def __init__(self, chat: "OpenAIRoutes", store: ResponseStore | None = None) -> None:
-        self.chat = chat
+    def __init__(self, server: Any, served: ServedModel, store: ResponseStore | None = None) -> None:
+        self.server, self.served = server, served
         self.store = store or ResponseStore()
 
     @openai_errors
     async def create(self, request: web.Request) -> web.StreamResponse:
-        req = parse_responses_request(await self.chat.server._json(request))
-        tokenizer = self.chat._tokenizer()
+        req = parse_responses_request(await self.server._json(request))
+        tokenizer = self.served.tokenizer()
         history = self.store.history(req.previous_response_id)
         req.chat.messages = req.conversation(history)
-        self.chat._check_chars(sum(content_chars(m.get("content")) for m in req.chat.messages), "input")
+        self.served.check_chars(sum(content_chars(m.get("content")) for m in req.chat.messages), "input")
         text = await asyncio.to_thread(fmt.render_chat_prompt, tokenizer, req.chat.messages, req.chat.tools)
-        prompt_ids = await self.chat._encode(text, "input")
-        params = await self.chat._constrained(req.chat, self.chat._sampling(req.chat, len(prompt_ids), "input"))
+        prompt_ids = await self.served.encode(text, "input")
+        params = await self.served.constrained(req.chat, self.served.sampling(req.chat, len(prompt_ids), "input"))
         rid = rfmt.new_id("resp")
         top_n = req.chat.top_logprobs if req.include_logprobs else None
         if req.stream and not req.chat.parse_tools:
             return await self._stream(request, req, prompt_ids, params, rid, history, top_n)
-        [choice] = await self.chat._generate(prompt_ids, params, 1, top_n or 0, rid)
+        [choice] = await self.served.generate(prompt_ids, params, 1, top_n or 0, rid)
         response = self._finish(req, rid, choice, prompt_ids, history)
         if not req.stream:
             return web.json_response(response)
@@ -81,7 +79,7 @@ class ResponsesRoutes:
     def _finish(self, req: ResponsesRequest, rid: str, choice: fmt.GeneratedChoice, prompt_ids: list[int],
                 history: list[dict[str, Any]], message_id: str | None = None) -> dict[str, Any]:
         """The response object for a generated turn; stored when asked."""
-        cj = fmt.chat_choice_json(self.chat._tokenizer(), choice, req.chat)
+        cj = fmt.chat_choice_json(self.served.tokenizer(), choice, req.chat)
         logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
         items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
         if message_id is not None and items and items[0]["type"] == "message":
@@ -98,8 +96,8 @@ class ResponsesRoutes:
         """A text turn's events as the engine decodes it. Nothing is sent before the engine has
         taken the request, so a refusal is still an HTTP error; a client that goes away closes the
         engine's stream, which aborts the request."""
-        tokenizer = self.chat._tokenizer()
-        parts = self.chat.server.engine.stream(prompt_ids, params, rid=f"{rid}-0", top_logprobs=top_n or 0)
+        tokenizer = self.served.tokenizer()
+        parts = self.server.engine.stream(prompt_ids, params, rid=f"{rid}-0", top_logprobs=top_n or 0)
         acc = fmt.GeneratedChoice(0, [], [], [], "", [] if top_n else None)
         streamed = fmt.StreamedText(tokenizer, req.chat.stop)
         events, message_id = rfmt.ResponseEvents(), rfmt.new_id("msg")
@@ -191,9 +189,9 @@ class ResponsesRoutes:
                                   "last_id": page[-1]["id"] if page else None})
 
 
-def register_responses_routes(server: Any, chat: "OpenAIRoutes") -> ResponsesRoutes:
+def register_responses_routes(server: Any, served: ServedModel) -> ResponsesRoutes:
     """Add the Responses routes to `server.app` (before the /v1 catch-all)."""
-    routes = ResponsesRoutes(chat)
+    routes = ResponsesRoutes(server, served)
     router = server.app.router
     router.add_post("/v1/responses", routes.create)
     router.add_get("/v1/responses/{id}", routes.retrieve)

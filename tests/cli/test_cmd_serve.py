@@ -14,6 +14,7 @@ import torch
 import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_serve
 from areal_graph.engines.inference import http_server
+from areal_graph.engines.inference.server_args import build_arg_parser
 from support.cli import parser_of
 
 KEY_VAR = "AREAL_TEST_SERVE_KEY"
@@ -57,7 +58,7 @@ def test_every_option_reaches_the_server_and_reads_back_the_same(server_main, tm
     assert cmd_serve.run(args) == 7
     [argv] = server_main
     assert argv[-2:] == ["--api-key-env", KEY_VAR] and "s3cret" not in argv  # the key's name, never the key
-    got = http_server.build_arg_parser().parse_args(argv)
+    got = build_arg_parser().parse_args(argv)
     assert (got.model, got.host, got.port, got.max_running, got.max_queue) == (str(tmp_path), "0.0.0.0", 0, 8, 5)
     assert (got.threads, got.seed, got.max_context, got.device, got.api_key_env) == (2, 3, 256, "cpu", KEY_VAR)
     assert (got.dtype, got.served_model_name, got.max_prompt_chars) == ("bfloat16", "policy", 999)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_graph.graph import kinds, node_kinds
+from areal_graph.graph import kinds
 from areal_graph.graph.kind import NodeKind
 from areal_graph.graph.kinds.registry import BUILTIN_KINDS, UnknownKind, kind_of, resolve_kind
 from support import fake_kinds
@@ -30,12 +30,6 @@ def test_every_family_entry_is_in_the_table_once():
                for name in dir(module) if isinstance(getattr(module, name), NodeKind)]
     assert sorted(k.name for k in entries) == sorted(BUILTIN_KINDS)
     assert all(BUILTIN_KINDS[k.name] is k for k in entries)
-
-
-def test_the_old_module_path_names_the_same_objects():
-    """graph/node_kinds.py only re-exports (runtime/orchestration/process_executor.py imports it)."""
-    assert node_kinds.BUILTIN_KINDS is BUILTIN_KINDS and node_kinds.TRAIN is BUILTIN_KINDS["train"]
-    assert node_kinds.adapter_sync is kinds.common.adapter_sync and node_kinds.TrainParams is kinds.losses.TrainParams
 
 
 def test_a_user_kind_is_the_module_level_node_kind_its_path_names():

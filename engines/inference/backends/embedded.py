@@ -17,6 +17,7 @@ from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import HttpCall, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
+from areal_graph.engines.inference.server_args import build_arg_parser
 
 
 def _no_named_adapters() -> NoReturn:
@@ -61,8 +62,6 @@ class EmbeddedBackend(SGLangBackend):
 
     def args_problem(self, inference: Any) -> str | None:
         """Our server's own argument parser reads the flags `inference.args` becomes."""
-        from areal_graph.engines.inference.http_server import build_arg_parser
-
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             try:

@@ -22,8 +22,9 @@ from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError, SamplingRequest
 from areal_graph.engines.inference.openai_routes import default_served_name, ROUTES, OpenAIRoutes, register_openai_routes
 from areal_graph.engines.inference.openai_http import error_response
-from areal_graph.engines.inference.requests import InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.responses_routes import ResponsesRoutes
+from areal_graph.engines.inference.served_model import ServedModel
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 
 CONTEXT = 64
@@ -126,7 +127,8 @@ def test_the_route_table(tokenizer):
     server = StubServer(StubEngine([]), tokenizer)
     routes = register_openai_routes(server)
     assert isinstance(routes, OpenAIRoutes) and routes.server is server
-    assert isinstance(routes.responses, ResponsesRoutes) and routes.responses.chat is routes
+    assert isinstance(routes.served, ServedModel) and routes.served.server is server
+    assert isinstance(routes.responses, ResponsesRoutes) and routes.responses.served is routes.served
     table = {(r.method, r.resource.canonical) for r in server.app.router.routes()}
     assert table == {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
                      ("HEAD", "/v1/models"), ("GET", "/v1/models/{model}"), ("HEAD", "/v1/models/{model}"),
@@ -225,19 +227,19 @@ def test_max_tokens_defaults_per_endpoint(tokenizer):
 
 def test_sampling_params_from_a_request():
     routes = OpenAIRoutes(StubServer(StubEngine([]), None))
-    sp = routes._sampling(SamplingRequest(), prompt_len=10, prompt_field="messages")
+    sp = routes.served.sampling(SamplingRequest(), prompt_len=10, prompt_field="messages")
     assert sp == SamplingParams(max_new_tokens=CONTEXT - 10, temperature=1.0, greedy=False, top_p=1.0, top_k=-1,
                                 stop=[], seed=None, ignore_eos=False)
-    sp = routes._sampling(SamplingRequest(temperature=0.0, top_p=0.9, top_k=5, max_tokens=4, stop=["\n"], seed=3,
+    sp = routes.served.sampling(SamplingRequest(temperature=0.0, top_p=0.9, top_k=5, max_tokens=4, stop=["\n"], seed=3,
                                           ignore_eos=True), prompt_len=10, prompt_field="messages")
     assert sp == SamplingParams(max_new_tokens=4, temperature=0.0, greedy=True, top_p=0.9, top_k=5, stop=["\n"],
                                 seed=3, ignore_eos=True)
-    assert routes._sampling(SamplingRequest(max_tokens=54), prompt_len=10, prompt_field="messages").max_new_tokens == 54  # exactly fills it
+    assert routes.served.sampling(SamplingRequest(max_tokens=54), prompt_len=10, prompt_field="messages").max_new_tokens == 54  # exactly fills it
     with pytest.raises(OpenAIRequestError) as err:
-        routes._sampling(SamplingRequest(max_tokens=55), prompt_len=10, prompt_field="messages")
+        routes.served.sampling(SamplingRequest(max_tokens=55), prompt_len=10, prompt_field="messages")
     assert (err.value.param, err.value.code) == ("max_tokens", "context_length_exceeded")
     with pytest.raises(OpenAIRequestError) as err:
-        routes._sampling(SamplingRequest(), prompt_len=CONTEXT, prompt_field="messages")
+        routes.served.sampling(SamplingRequest(), prompt_len=CONTEXT, prompt_field="messages")
     assert (err.value.param, err.value.code) == ("messages", "context_length_exceeded")
 
 
@@ -326,7 +328,7 @@ def test_a_failing_choice_aborts_the_ones_still_running(tokenizer):
     engine.hang.update({"0", "2"})
     routes = OpenAIRoutes(StubServer(engine, tokenizer))
     with pytest.raises(InvalidRequestError):
-        asyncio.run(routes._generate([1, 2], SamplingParams(max_new_tokens=2, seed=None), 3, 0, "x"))
+        asyncio.run(routes.served.generate([1, 2], SamplingParams(max_new_tokens=2, seed=None), 3, 0, "x"))
     assert engine.aborted == ["x-0", "x-2"]
     assert [c[2] for c in engine.calls] == ["x-0", "x-1", "x-2"]
     assert all(c[1].seed is None for c in engine.calls)  # unseeded choices are left unseeded
@@ -335,7 +337,7 @@ def test_a_failing_choice_aborts_the_ones_still_running(tokenizer):
 def test_generated_choices_carry_the_engines_results(tokenizer):
     engine = StubEngine([11, 12, 13])
     routes = OpenAIRoutes(StubServer(engine, tokenizer))
-    choices = asyncio.run(routes._generate([1], SamplingParams(max_new_tokens=2, seed=5), 2, 0, "y", first_index=4))
+    choices = asyncio.run(routes.served.generate([1], SamplingParams(max_new_tokens=2, seed=5), 2, 0, "y", first_index=4))
     assert [c.index for c in choices] == [4, 5] and [c[2] for c in engine.calls] == ["y-4", "y-5"]
     assert [c[1].seed for c in engine.calls] == [5, 6]
     assert choices[0].output_ids == [11, 12] and choices[0].output_versions == [7, 7]

@@ -16,7 +16,7 @@ from areal_graph.engines.inference.backends import get_backend
 from areal_graph.engines.inference.backends.base import HttpCall
 from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
-from areal_graph.engines.inference.http_server import build_arg_parser
+from areal_graph.engines.inference.server_args import build_arg_parser
 from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.graph.spec import InferenceSpec
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from areal_graph.engines.inference.server_args import build_arg_parser
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.orchestration.process_executor import inference_server_command
 
@@ -24,19 +25,15 @@ def test_embedded_server_gets_the_run_key_by_environment_name_only():
     """The key never appears in argv (`ps` shows argv to every local user): the server is told
     which environment variable holds it."""
     from areal_graph.api.process import RUN_TOKEN_ENV
-    from areal_graph.engines.inference import http_server
-
     cmd = inference_server_command(InferenceSpec(), "/m", 1, 1, 0, api_key="s3cret")
     assert "s3cret" not in " ".join(cmd)
-    assert http_server.build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
+    assert build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
 
 
 def test_embedded_server_accepts_the_extra_args_it_is_given():
     """The flags inference.args produce must be ones the server's parser knows."""
-    from areal_graph.engines.inference import http_server
-
     cmd = inference_server_command(InferenceSpec(args={"max_queue": 8, "max_context": 128}), "/m", 1, 1, 0)
-    args = http_server.build_arg_parser().parse_args(cmd[3:])
+    args = build_arg_parser().parse_args(cmd[3:])
     assert (args.max_queue, args.max_context, args.port, args.model) == (8, 128, 1, "/m")
 
 
