@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat requirements-vllm.txt | cksum 
 VF_VENV ?= .venv-verifiers
 VF_STAMP := $(VF_VENV)/.installed-$(shell cat requirements-verifiers.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install install-vllm install-verifiers run test test-slow test-vllm test-verifiers test-gpu gpu-wheels gpu-check bench protos clean
+.PHONY: install install-vllm install-verifiers run test lint test-slow test-vllm test-verifiers test-gpu gpu-wheels gpu-check bench protos clean
 
 install: $(STAMP)
 
@@ -26,10 +26,16 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 run: install
 	$(BIN)/areal-graph run $(WORKFLOW)
 
-# pytest exits 5 when it collects nothing: say so and fail, never pass silently.
+# ruff first (format and lint, pyproject.toml [tool.ruff]; `make lint` fixes most of what it finds),
+# then pytest. pytest exits 5 when it collects nothing: say so and fail, never pass silently.
 test: install
+	$(BIN)/ruff format --check . && $(BIN)/ruff check . || \
+	  { echo "make test: ruff found the above; make lint fixes most of it" >&2; exit 1; }
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: install
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow

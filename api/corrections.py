@@ -13,7 +13,10 @@ REJECTING: tuple[str, ...] = ("token_mask", "seq_mask")
 # Defaults where a workflow gives no bound: TIS cap 2 (Yao et al.; verl's rollout_is_threshold),
 # MIS [0.5, 2] (slime's example), geometric mask [0.999, 1.001] (verl's), IcePop [0.5, 5] (Ring-1T).
 DEFAULT_BOUNDS: dict[str, tuple[float | None, float]] = {
-    "tis": (None, 2.0), "token_mask": (0.5, 2.0), "seq_mask": (0.999, 1.001), "icepop": (0.5, 5.0),
+    "tis": (None, 2.0),
+    "token_mask": (0.5, 2.0),
+    "seq_mask": (0.999, 1.001),
+    "icepop": (0.5, 5.0),
 }
 
 
@@ -35,7 +38,7 @@ class ISCorrection:
     high: float | None = None
 
     @classmethod
-    def resolve(cls, mode: str, low: float | None, high: float | None) -> "ISCorrection":
+    def resolve(cls, mode: str, low: float | None, high: float | None) -> ISCorrection:
         """The correction a train node's `is_correction`, `is_low` and `is_high` ask for.
 
         Raises CorrectionError naming the field for a bound the mode does not use or an empty range."""
@@ -43,8 +46,9 @@ class ISCorrection:
             raise CorrectionError("is_correction", f"must be one of {', '.join(CORRECTIONS)}, got {mode!r}")
         if mode == "none":
             if low is not None or high is not None:
-                raise CorrectionError("is_low" if low is not None else "is_high",
-                                      "a bound without a correction: set is_correction too")
+                raise CorrectionError(
+                    "is_low" if low is not None else "is_high", "a bound without a correction: set is_correction too"
+                )
             return cls()
         default_low, default_high = DEFAULT_BOUNDS[mode]
         if mode == "tis" and low is not None:

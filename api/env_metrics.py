@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 MAX_ENV_METRICS = 32
 

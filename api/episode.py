@@ -16,8 +16,9 @@ crosses into the reward pool's worker processes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 MAX_INFO_BYTES = 64 * 1024  # Trajectory.info travels with every batch: keep it small
 
@@ -50,13 +51,23 @@ class Episode:
         return sum(t.role == "environment" for t in self.turns)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"completion": self.completion, "answer": self.answer, "info": self.info,
-                "truncated": self.truncated, "turns": [[t.role, t.text] for t in self.turns]}
+        return {
+            "completion": self.completion,
+            "answer": self.answer,
+            "info": self.info,
+            "truncated": self.truncated,
+            "turns": [[t.role, t.text] for t in self.turns],
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Episode":
-        return cls(d["completion"], d["answer"], tuple(Turn(r, t) for r, t in d.get("turns", ())),
-                   dict(d.get("info") or {}), bool(d.get("truncated", False)))
+    def from_dict(cls, d: dict[str, Any]) -> Episode:
+        return cls(
+            d["completion"],
+            d["answer"],
+            tuple(Turn(r, t) for r, t in d.get("turns", ())),
+            dict(d.get("info") or {}),
+            bool(d.get("truncated", False)),
+        )
 
 
 def info_json(info: dict[str, Any], where: str = "Trajectory.info") -> str:
@@ -90,13 +101,24 @@ def split_turns(token_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tupl
     return runs
 
 
-def episode_from_tokens(decode: Callable[[list[list[int]]], list[str]], token_ids: Sequence[int],
-                        loss_mask: Sequence[int], completion: str, answer: str, info: dict[str, Any] | None = None,
-                        truncated: bool = False) -> Episode:
+def episode_from_tokens(
+    decode: Callable[[list[list[int]]], list[str]],
+    token_ids: Sequence[int],
+    loss_mask: Sequence[int],
+    completion: str,
+    answer: str,
+    info: dict[str, Any] | None = None,
+    truncated: bool = False,
+) -> Episode:
     """The Episode of one trajectory, its turns split where `loss_mask` changes and decoded with
     `decode` (a batch decode, special tokens skipped). One builder for the reward node and for
     `areal-graph eval`, so an episode reward sees the same episode in both."""
     runs = split_turns(token_ids, loss_mask)
     texts = decode([toks for _, toks in runs])
-    return Episode(completion, answer, tuple(Turn(role, text) for (role, _), text in zip(runs, texts)),
-                   dict(info or {}), bool(truncated))
+    return Episode(
+        completion,
+        answer,
+        tuple(Turn(role, text) for (role, _), text in zip(runs, texts)),
+        dict(info or {}),
+        bool(truncated),
+    )

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import field
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any
 
 # A check returns None when the value is fine, else a short description of what is expected.
-Check = Callable[[Any], Optional[str]]
+Check = Callable[[Any], str | None]
 
 
 def positive(v: Any) -> str | None:
@@ -70,8 +71,11 @@ def non_empty_string(v: Any) -> str | None:
 
 
 def non_negative_ints(v: Any) -> str | None:
-    return None if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v) else (
-        "must be non-negative integers")
+    return (
+        None
+        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
+        else ("must be non-negative integers")
+    )
 
 
 def loggers_check(v: Any) -> str | None:

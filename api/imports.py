@@ -12,8 +12,9 @@ import importlib
 import os
 import pkgutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 class ImportPathError(ValueError):
@@ -29,12 +30,14 @@ def import_object(path: str, what: str = "import path") -> Any:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name and module_name.startswith(err.name):
-            raise ImportPathError(f"{what} {path!r}: no module named {err.name!r}{_near_module(err.name)} "
-                                  f"({searched_roots()})") from None
+            raise ImportPathError(
+                f"{what} {path!r}: no module named {err.name!r}{_near_module(err.name)} ({searched_roots()})"
+            ) from None
         raise ImportPathError(f"{what} {path!r}: importing {module_name!r} failed: {err}") from None
     except Exception as err:  # noqa: BLE001 - the user's module raised while importing
-        raise ImportPathError(f"{what} {path!r}: importing {module_name!r} raised "
-                              f"{type(err).__name__}: {err}") from None
+        raise ImportPathError(
+            f"{what} {path!r}: importing {module_name!r} raised {type(err).__name__}: {err}"
+        ) from None
     parts = attr.split(".")
     for i, part in enumerate(parts):
         if not hasattr(obj, part):
@@ -108,8 +111,10 @@ def searched_roots() -> str:
     if _ROOTS:
         parts.append("the workflow's folder and python_path (" + ", ".join(_ROOTS) + ")")
     else:
-        parts.append("no workflow folder (put the module next to the workflow file, or list its folder in "
-                     "the workflow's `python_path`)")
+        parts.append(
+            "no workflow folder (put the module next to the workflow file, or list its folder in "
+            "the workflow's `python_path`)"
+        )
     if env:
         parts.append("PYTHONPATH (" + ", ".join(env) + ")")
     parts.append("the installed packages")

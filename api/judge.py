@@ -20,8 +20,10 @@ import string
 PLACEHOLDERS = ("prompt", "response", "answer")
 VERDICTS = ("yes_no", "score")
 DEFAULT_PATTERNS = {"yes_no": r"(?i)\b(yes|no)\b", "score": r"(-?\d+(?:\.\d+)?)"}
-DEFAULT_TEMPLATE = ("Question:\n{prompt}\n\nReference answer: {answer}\n\nStudent's answer:\n{response}\n\n"
-                    "Is the student's final answer correct? Reply with yes or no.")
+DEFAULT_TEMPLATE = (
+    "Question:\n{prompt}\n\nReference answer: {answer}\n\nStudent's answer:\n{response}\n\n"
+    "Is the student's final answer correct? Reply with yes or no."
+)
 
 
 def template_problem(template: str) -> str | None:
@@ -54,16 +56,21 @@ def choose_model(served: list[str], adapter_prefix: str, own_server: bool) -> st
     the newest adapter when one is listed, else the one model served. An outside endpoint with
     several models is ambiguous: the judge must be named.
     """
-    adapters = [(int(m[len(adapter_prefix):]), m) for m in served
-                if m.startswith(adapter_prefix) and m[len(adapter_prefix):].isdigit()]
+    adapters = [
+        (int(m[len(adapter_prefix) :]), m)
+        for m in served
+        if m.startswith(adapter_prefix) and m[len(adapter_prefix) :].isdigit()
+    ]
     if adapters:
         return max(adapters)[1]
     if len(served) == 1 or (served and own_server):
         return served[0]
     if not served:
         raise ValueError("the endpoint's /v1/models lists no model: set the judge's model_name")
-    raise ValueError(f"the endpoint serves {len(served)} models ({', '.join(served[:8])}"
-                     f"{', ...' if len(served) > 8 else ''}): set the judge's model_name to one of them")
+    raise ValueError(
+        f"the endpoint serves {len(served)} models ({', '.join(served[:8])}"
+        f"{', ...' if len(served) > 8 else ''}): set the judge's model_name to one of them"
+    )
 
 
 def render(template: str, prompt: str, response: str, answer: str) -> str:

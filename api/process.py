@@ -67,7 +67,6 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-
 M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 

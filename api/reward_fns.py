@@ -9,7 +9,7 @@ reward implementations, which may themselves use tools/ (the code reward runs th
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from areal_graph.api.imports import import_object
 
@@ -26,8 +26,9 @@ def resolve_reward_fn(path: str) -> Callable[..., float]:  # (completion, answer
     """A reward function from a builtin name (see BUILTIN_REWARD_FNS) or an import path "module:function"."""
     path = BUILTIN_REWARD_FNS.get(path, path)
     if ":" not in str(path):
-        raise ValueError(f"reward fn {path!r}: expected a builtin name {sorted(BUILTIN_REWARD_FNS)} "
-                         f"or 'module:function'")
+        raise ValueError(
+            f"reward fn {path!r}: expected a builtin name {sorted(BUILTIN_REWARD_FNS)} or 'module:function'"
+        )
     fn = import_object(path, what="reward fn")
     if not callable(fn):
         raise ValueError(f"reward fn {path!r} is not callable")

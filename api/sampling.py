@@ -55,19 +55,32 @@ class SamplingParams:
     stop: list[str] = cfg([], non_empty_strings, "strings that end an answer besides EOS")
     seed: int | None = cfg(None, None, "per-request seed: same seed + same weights -> same tokens")
     ignore_eos: bool = cfg(False, None, "keep generating past EOS (benchmarks)")
-    json_schema: str | None = cfg(None, None, "served requests only (SGLang's field): the answer is JSON valid "
-                                              "against this JSON Schema (a string), by constrained decoding")
-    grammar: str | None = cfg(None, None, "served requests only: the answer matches this Lark grammar "
-                                          "(llguidance's dialect; may embed %json {...})")
+    json_schema: str | None = cfg(
+        None,
+        None,
+        "served requests only (SGLang's field): the answer is JSON valid "
+        "against this JSON Schema (a string), by constrained decoding",
+    )
+    grammar: str | None = cfg(
+        None,
+        None,
+        "served requests only: the answer matches this Lark grammar (llguidance's dialect; may embed %json {...})",
+    )
     # penalties, as vLLM and SGLang define them (engines/inference/penalties.py); the behaviour
     # log-prob is then that of the penalised distribution the token was drawn from
-    frequency_penalty: float = cfg(0.0, _penalty, "subtracted from a token's logit once per time it was generated "
-                                                  "already in this answer; 0 is off")
-    presence_penalty: float = cfg(0.0, _penalty, "subtracted from the logit of every token generated already in "
-                                                 "this answer; 0 is off")
-    repetition_penalty: float = cfg(1.0, _repetition, "a token of the prompt or of the answer so far has its "
-                                                      "logit divided by this when positive, multiplied when "
-                                                      "negative; 1 is off")
+    frequency_penalty: float = cfg(
+        0.0, _penalty, "subtracted from a token's logit once per time it was generated already in this answer; 0 is off"
+    )
+    presence_penalty: float = cfg(
+        0.0, _penalty, "subtracted from the logit of every token generated already in this answer; 0 is off"
+    )
+    repetition_penalty: float = cfg(
+        1.0,
+        _repetition,
+        "a token of the prompt or of the answer so far has its "
+        "logit divided by this when positive, multiplied when "
+        "negative; 1 is off",
+    )
 
     @property
     def is_greedy(self) -> bool:
@@ -83,7 +96,7 @@ class SamplingParams:
         masked distribution, not the policy's, and must not be trained as sampled."""
         return self.json_schema is not None or self.grammar is not None
 
-    def for_answer(self, answer: int, turn: int = 0) -> "SamplingParams":
+    def for_answer(self, answer: int, turn: int = 0) -> SamplingParams:
         """These settings for answer `answer` of a group (and turn `turn` of a multi-turn
         episode): with a seed, each gets its own (seed + 1000 answer + turn), or the G seeded
         answers of a group would be G copies of one. Without a seed, unchanged."""

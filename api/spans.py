@@ -25,6 +25,7 @@ def tracing_enabled_by_env() -> bool:
     """Whether this process should record spans: on unless `AREAL_GRAPH_TRACE` says off."""
     return os.environ.get(TRACE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
+
 # A recorded span before formatting: (name, cat, worker, node, step, version, start_s, end_s, args, process)
 _Raw = tuple
 
@@ -34,7 +35,7 @@ class _Span:
 
     __slots__ = ("_rec", "_name", "_cat", "_worker", "_node", "_step", "_version", "_args", "_t0")
 
-    def __init__(self, rec: "SpanRecorder", name: str, cat: str, worker, node, step, version, args) -> None:
+    def __init__(self, rec: SpanRecorder, name: str, cat: str, worker, node, step, version, args) -> None:
         self._rec = rec
         self._name = name
         self._cat = cat
@@ -45,7 +46,7 @@ class _Span:
         self._args = args
         self._t0 = 0.0
 
-    def __enter__(self) -> "_Span":
+    def __enter__(self) -> _Span:
         self._t0 = time.perf_counter()
         return self
 
@@ -54,8 +55,9 @@ class _Span:
         args = self._args
         if exc_type is not None:
             args = dict(args or {}, error=exc_type.__name__)
-        self._rec._append((self._name, self._cat, self._worker, self._node, self._step, self._version,
-                           self._t0, t1, args))
+        self._rec._append(
+            (self._name, self._cat, self._worker, self._node, self._step, self._version, self._t0, t1, args)
+        )
 
     def set(self, **args: Any) -> None:
         """Attach results known only inside the span (e.g. token counts)."""
@@ -67,7 +69,7 @@ class _NullSpan:
 
     __slots__ = ()
 
-    def __enter__(self) -> "_NullSpan":
+    def __enter__(self) -> _NullSpan:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -96,14 +98,32 @@ class SpanRecorder:
         self._wall0 = time.time()
         self._perf0 = time.perf_counter()
 
-    def span(self, name: str, cat: str = "", worker: str | None = None, node: str | None = None,
-             step: int | None = None, version: int | None = None, **args: Any) -> "_Span | _NullSpan":
+    def span(
+        self,
+        name: str,
+        cat: str = "",
+        worker: str | None = None,
+        node: str | None = None,
+        step: int | None = None,
+        version: int | None = None,
+        **args: Any,
+    ) -> _Span | _NullSpan:
         if not self.enabled:
             return NULL_SPAN
         return _Span(self, name, cat, worker, node, step, version, args or None)
 
-    def record(self, name: str, start: float, end: float, cat: str = "", worker: str | None = None,
-               node: str | None = None, step: int | None = None, version: int | None = None, **args: Any) -> None:
+    def record(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        cat: str = "",
+        worker: str | None = None,
+        node: str | None = None,
+        step: int | None = None,
+        version: int | None = None,
+        **args: Any,
+    ) -> None:
         """A span measured elsewhere; start/end are time.perf_counter() values of this process."""
         self._append((name, cat, worker, node, step, version, start, end, args or None))
 
@@ -130,8 +150,14 @@ class SpanRecorder:
     def _as_dict(self, r: _Raw) -> dict[str, Any]:
         """A raw span as a dict; worker, node, step and version only when set (smaller on the wire)."""
         name, cat, worker, node, step, version, t0, t1, args = r
-        out = {"name": name, "cat": cat, "process": self.process, "start": self._to_wall(t0),
-               "end": self._to_wall(t1), "args": _json_safe(args) if args else {}}
+        out = {
+            "name": name,
+            "cat": cat,
+            "process": self.process,
+            "start": self._to_wall(t0),
+            "end": self._to_wall(t1),
+            "args": _json_safe(args) if args else {},
+        }
         if worker is not None:
             out["worker"] = worker
         if node is not None:

@@ -28,8 +28,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ToolCall", "render_tool_call", "parse_tool_calls", "tool_turn_text", "TOOL_CALL_OPEN",
-           "TOOL_CALL_CLOSE", "MAX_CALLS_PER_TURN"]
+__all__ = [
+    "ToolCall",
+    "render_tool_call",
+    "parse_tool_calls",
+    "tool_turn_text",
+    "TOOL_CALL_OPEN",
+    "TOOL_CALL_CLOSE",
+    "MAX_CALLS_PER_TURN",
+]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"

@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def run_config(label: str, overrides: list[str], workdir: Path,
-               workflow: Path = ROOT / "workflows" / "ppo_async.yaml") -> dict:
+def run_config(
+    label: str, overrides: list[str], workdir: Path, workflow: Path = ROOT / "workflows" / "ppo_async.yaml"
+) -> dict:
     run_dir = workdir / label
     cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(workflow), *overrides, "--run-dir", str(run_dir)]
     t0 = time.perf_counter()
@@ -46,12 +47,15 @@ def run_config(label: str, overrides: list[str], workdir: Path,
     steps = [m for m in metrics if "time/step" in m]
     train_time = sum(m["time/step"] for m in steps)
     return {
-        "label": label, "overrides": overrides, "wall_s": wall,
+        "label": label,
+        "overrides": overrides,
+        "wall_s": wall,
         "initial_accuracy": accs[0] if accs else None,
         "final_accuracy": accs[-1] if accs else None,
         "mean_reward_last10": sum(m["reward/mean"] for m in steps[-10:]) / max(len(steps[-10:]), 1),
         "mean_staleness": sum(m.get("staleness/mean", 0.0) for m in steps) / max(len(steps), 1),
-        "train_time_s": train_time, "steps": len(steps),
+        "train_time_s": train_time,
+        "steps": len(steps),
     }
 
 
@@ -60,14 +64,25 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="4 steps per configuration")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--workflow", type=Path, default=ROOT / "workflows" / "ppo_async.yaml")
-    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                    help="an override for both runs, e.g. models.actor.device=cuda (repeatable)")
+    ap.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for both runs, e.g. models.actor.device=cuda (repeatable)",
+    )
     ap.add_argument("--eval-size", type=int, default=500, help="greedy-evaluated test problems at start and end")
     ap.add_argument("--out", default="async_vs_sync.json", help="JSON name under benchmarks/results/, or a path")
     args = ap.parse_args()
     steps = 4 if args.quick else args.steps
-    common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}", f"data.eval_size={args.eval_size}",
-              "runtime.save_every=0", *args.extra]
+    common = [
+        f"runtime.steps={steps}",
+        f"runtime.eval_every={steps}",
+        f"data.eval_size={args.eval_size}",
+        "runtime.save_every=0",
+        *args.extra,
+    ]
 
     configs = [("sync", common + ["runtime.max_staleness=0"]), ("async", common + ["runtime.max_staleness=4"])]
 
@@ -83,15 +98,21 @@ def main() -> int:
         table.add_column(col, justify="right")
     for r in rows:
         r["speedup_vs_sync"] = base["wall_s"] / r["wall_s"]
-        table.add_row(r["label"], f"{r['wall_s']:.0f}", f"{r['speedup_vs_sync']:.2f}x",
-                      "-" if r["final_accuracy"] is None else f"{r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f}",
-                      f"{r['mean_reward_last10']:.3f}", f"{r['mean_staleness']:.2f}")
+        table.add_row(
+            r["label"],
+            f"{r['wall_s']:.0f}",
+            f"{r['speedup_vs_sync']:.2f}x",
+            "-" if r["final_accuracy"] is None else f"{r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f}",
+            f"{r['mean_reward_last10']:.3f}",
+            f"{r['mean_staleness']:.2f}",
+        )
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if "/" in args.out else RESULTS / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"steps": steps, "workflow": args.workflow.name, "overrides": args.extra,
-                               "results": rows}, indent=2))
+    out.write_text(
+        json.dumps({"steps": steps, "workflow": args.workflow.name, "overrides": args.extra, "results": rows}, indent=2)
+    )
     console.print(f"wrote {out}")
     return 0
 

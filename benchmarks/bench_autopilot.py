@@ -51,18 +51,29 @@ def main() -> int:
     for k in range(args.rounds):
         for start, pilot in configs:
             run_dir = work / f"c{start}-{'pilot' if pilot else 'fixed'}-{k}"
-            got = measured_run(WORKFLOW, [f"runtime.steps={args.steps}", "runtime.eval_every=0", "runtime.save_every=0",
-                                          f"runtime.max_concurrent_rollouts={start}",
-                                          f"runtime.autopilot={'true' if pilot else 'false'}"],
-                               run_dir, work / f"{run_dir.name}.log", cwd=ROOT)
+            got = measured_run(
+                WORKFLOW,
+                [
+                    f"runtime.steps={args.steps}",
+                    "runtime.eval_every=0",
+                    "runtime.save_every=0",
+                    f"runtime.max_concurrent_rollouts={start}",
+                    f"runtime.autopilot={'true' if pilot else 'false'}",
+                ],
+                run_dir,
+                work / f"{run_dir.name}.log",
+                cwd=ROOT,
+            )
             if got.exit_code != 0 or got.window_s is None:
                 raise RuntimeError(f"run failed (exit {got.exit_code}): {work / (run_dir.name + '.log')}")
             windows[(start, pilot)].append(got.window_s)
             metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
             limits = [m["autopilot/max_concurrent"] for m in metrics if "autopilot/max_concurrent" in m]
-            finals[(start, pilot)] = {"final": limits[-1] if limits else start,
-                                      "changes": sum(1 for a, b in zip(limits, limits[1:]) if a != b),
-                                      "staleness": got.staleness_mean}
+            finals[(start, pilot)] = {
+                "final": limits[-1] if limits else start,
+                "changes": sum(1 for a, b in zip(limits, limits[1:]) if a != b),
+                "staleness": got.staleness_mean,
+            }
             console.print(f"round {k + 1}: start {start}, autopilot {pilot}: {got.window_s:.1f} s", highlight=False)
     table = Table(title=f"runtime.autopilot on {WORKFLOW}, {args.steps} steps (median of {args.rounds} rounds)")
     for col in ("start", "autopilot", "steps window", "vs fixed", "ended at", "changes", "staleness"):
@@ -72,10 +83,25 @@ def main() -> int:
         w = statistics.median(windows[(start, pilot)])
         fixed = statistics.median(windows[(start, False)])
         f = finals[(start, pilot)]
-        rows.append({"start": start, "autopilot": pilot, "window_s": w, "windows": windows[(start, pilot)],
-                     "speedup_vs_fixed": fixed / w, **f})
-        table.add_row(str(start), "on" if pilot else "off", f"{w:.1f} s", f"{fixed / w:.2f}x", str(int(f["final"])),
-                      str(f["changes"]), f"{f['staleness']:.2f}" if f["staleness"] is not None else "-")
+        rows.append(
+            {
+                "start": start,
+                "autopilot": pilot,
+                "window_s": w,
+                "windows": windows[(start, pilot)],
+                "speedup_vs_fixed": fixed / w,
+                **f,
+            }
+        )
+        table.add_row(
+            str(start),
+            "on" if pilot else "off",
+            f"{w:.1f} s",
+            f"{fixed / w:.2f}x",
+            str(int(f["final"])),
+            str(f["changes"]),
+            f"{f['staleness']:.2f}" if f["staleness"] is not None else "-",
+        )
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("autopilot_quick.json" if args.quick else "autopilot.json")

@@ -43,7 +43,7 @@ CLIENT_PACKAGES = ["openai-agents", "langchain-openai", "langchain-core", "litel
 
 # Shared by every snippet: connection settings from the environment, and `check`, which times
 # one client call, catches its error and prints one result line.
-PRELUDE = '''
+PRELUDE = """
 import json, os, sys, time, traceback
 BASE, KEY, MODEL = os.environ["BENCH_BASE_URL"], os.environ["BENCH_API_KEY"], os.environ["BENCH_MODEL"]
 ONLY = os.environ.get("BENCH_ONLY")
@@ -60,7 +60,7 @@ def check(name, exercised, fn):
     row = {"check": name, "exercised": exercised, "ok": bool(ok), "excerpt": str(excerpt),
            "wall_s": round(time.perf_counter() - t0, 3), **extra}
     print("BENCH_RESULT " + json.dumps(row, default=str), flush=True)
-'''
+"""
 
 AGENTS = '''
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
@@ -233,7 +233,7 @@ check("langchain: responses stream", "ChatOpenAI(use_responses_api=True).stream"
 check("langchain: responses bind_tools", "use_responses_api=True, bind_tools([add]).invoke", responses_tools)
 '''
 
-LITELLM = '''
+LITELLM = """
 import litellm
 
 def ask(question, **kw):
@@ -253,9 +253,9 @@ def json_object():
 
 check("litellm: completion", "litellm.completion(model='openai/...')", plain)
 check("litellm: json_object", "completion(response_format={'type': 'json_object'})", json_object)
-'''
+"""
 
-OPENAI = '''
+OPENAI = """
 import statistics, threading, urllib.request
 import openai
 
@@ -315,9 +315,15 @@ def responses():
 check("openai: streamed long answer", "chat stream, max_tokens=300, ignore_eos (extra_body)", stream)
 check("openai: responses", "responses.create, stream=True, previous_response_id", responses)
 check("openai: /health under a 2 MB prompt", "2,000,000-char message (x5) in a thread, GET /health every 10 ms", health)
-'''
+"""
 
-SNIPPETS = {"openai-agents": AGENTS, "openai-agents-default": AGENTS_DEFAULT, "langchain-openai": LANGCHAIN, "litellm": LITELLM, "openai": OPENAI}
+SNIPPETS = {
+    "openai-agents": AGENTS,
+    "openai-agents-default": AGENTS_DEFAULT,
+    "langchain-openai": LANGCHAIN,
+    "litellm": LITELLM,
+    "openai": OPENAI,
+}
 
 
 class Server:
@@ -330,11 +336,23 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         exe = Path(sys.executable).with_name("areal-graph")
-        self.cmd = [str(exe), "serve", str(model_dir), "--port", str(self.port), "--threads", "1",
-                    "--max-running", "8", "--api-key-env", "BENCH_SERVER_KEY"]
+        self.cmd = [
+            str(exe),
+            "serve",
+            str(model_dir),
+            "--port",
+            str(self.port),
+            "--threads",
+            "1",
+            "--max-running",
+            "8",
+            "--api-key-env",
+            "BENCH_SERVER_KEY",
+        ]
         self.log = open(log, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, BENCH_SERVER_KEY=self.key))
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, BENCH_SERVER_KEY=self.key)
+        )
         deadline = time.monotonic() + 180
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -373,10 +391,19 @@ def build_long_model(root: Path) -> Path:
 
     tokenizer = train_tokenizer([p for pair in CONVERSATIONS for p in pair] * 20, vocab_size=420, tools=True)
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     out = root / "long_model"
     Qwen2ForCausalLM(config).save_pretrained(out)
     save_tokenizer(tokenizer, out)
@@ -386,30 +413,63 @@ def build_long_model(root: Path) -> Path:
 def run_snippet(python: str, client: str, server: Server, only: str | None = None) -> list[dict[str, Any]]:
     """Run one client's snippet in the clients' interpreter; its result lines, or one failed row."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env.update(BENCH_BASE_URL=server.url, BENCH_API_KEY=server.key, BENCH_MODEL=server.model, PYTHONNOUSERSITE="1",
-               NO_PROXY="127.0.0.1,localhost", LITELLM_LOCAL_MODEL_COST_MAP="True", BENCH_ONLY=only or "")
-    proc = subprocess.run([python, "-c", PRELUDE + SNIPPETS[client]], capture_output=True, text=True, env=env,
-                          timeout=900, cwd=tempfile.gettempdir())
+    env.update(
+        BENCH_BASE_URL=server.url,
+        BENCH_API_KEY=server.key,
+        BENCH_MODEL=server.model,
+        PYTHONNOUSERSITE="1",
+        NO_PROXY="127.0.0.1,localhost",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        BENCH_ONLY=only or "",
+    )
+    proc = subprocess.run(
+        [python, "-c", PRELUDE + SNIPPETS[client]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=tempfile.gettempdir(),
+    )
     rows = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("BENCH_RESULT ")]
     if not rows:
-        rows = [{"check": only or client, "exercised": "snippet", "ok": False, "wall_s": 0.0,
-                 "excerpt": (proc.stderr.strip().splitlines() or ["no output"])[-1], "stderr": proc.stderr[-3000:]}]
+        rows = [
+            {
+                "check": only or client,
+                "exercised": "snippet",
+                "ok": False,
+                "wall_s": 0.0,
+                "excerpt": (proc.stderr.strip().splitlines() or ["no output"])[-1],
+                "stderr": proc.stderr[-3000:],
+            }
+        ]
     for row in rows:
         row["client"] = client
     return rows
 
 
 def client_versions(python: str) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json, sys; print(json.dumps({**{p: m.version(p) for p in sys.argv[1:]}, "
-            "'python': sys.version.split()[0]}))")
-    return json.loads(subprocess.run([python, "-c", code, *CLIENT_PACKAGES], capture_output=True, text=True,
-                                     check=True, env=dict(os.environ, PYTHONNOUSERSITE="1")).stdout)
+    code = (
+        "import importlib.metadata as m, json, sys; print(json.dumps({**{p: m.version(p) for p in sys.argv[1:]}, "
+        "'python': sys.version.split()[0]}))"
+    )
+    return json.loads(
+        subprocess.run(
+            [python, "-c", code, *CLIENT_PACKAGES],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, PYTHONNOUSERSITE="1"),
+        ).stdout
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients-python", default="/tmp/clients-venv/bin/python",
-                    help="interpreter of the venv holding the clients (see the setup above)")
+    ap.add_argument(
+        "--clients-python",
+        default="/tmp/clients-venv/bin/python",
+        help="interpreter of the venv holding the clients (see the setup above)",
+    )
     ap.add_argument("--model", type=Path, default=None, help="serve this model dir instead of building the tool model")
     ap.add_argument("--only", choices=sorted(SNIPPETS), action="append", help="run only these clients")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "clients.json")
@@ -436,16 +496,25 @@ def main() -> int:
             for client in args.only or SNIPPETS:
                 for row in run_snippet(args.clients_python, client, servers[model_name]):
                     row["model"] = model_name
-                    if not row["ok"] and "context_length_exceeded" in json.dumps(row) and args.model is None \
-                            and "2 MB" not in row["check"]:
+                    if (
+                        not row["ok"]
+                        and "context_length_exceeded" in json.dumps(row)
+                        and args.model is None
+                        and "2 MB" not in row["check"]
+                    ):
                         fallback = "random Qwen2 (8192 ctx)"
                         if fallback not in servers:
                             servers[fallback] = Server(build_long_model(Path(tmp)), log)
-                        row = {**run_snippet(args.clients_python, client, servers[fallback], row["check"])[0],
-                               "model": fallback, "first_try": row["excerpt"]}
+                        row = {
+                            **run_snippet(args.clients_python, client, servers[fallback], row["check"])[0],
+                            "model": fallback,
+                            "first_try": row["excerpt"],
+                        }
                     rows.append(row)
                     mark = "[green]pass[/]" if row["ok"] else "[red]FAIL[/]"
-                    console.print(f"{mark} {escape(row['check'])} ({row['wall_s']:.2f}s): {escape(row['excerpt'][:200])}")
+                    console.print(
+                        f"{mark} {escape(row['check'])} ({row['wall_s']:.2f}s): {escape(row['excerpt'][:200])}"
+                    )
         finally:
             for server in servers.values():
                 server.stop()
@@ -453,8 +522,14 @@ def main() -> int:
     for col in ("check", "exercised", "model", "ok", "wall s", "result"):
         table.add_column(col, overflow="fold", justify="right" if col == "wall s" else "left")
     for r in rows:
-        table.add_row(escape(r["check"]), escape(r["exercised"]), r["model"], "pass" if r["ok"] else "[red]FAIL[/]",
-                      f"{r['wall_s']:.2f}", escape(r["excerpt"][:160]))
+        table.add_row(
+            escape(r["check"]),
+            escape(r["exercised"]),
+            r["model"],
+            "pass" if r["ok"] else "[red]FAIL[/]",
+            f"{r['wall_s']:.2f}",
+            escape(r["excerpt"][:160]),
+        )
     console.print(table)
     args.out.write_text(json.dumps({"versions": versions, "rows": rows}, indent=2))
     console.print(f"wrote {args.out} (server log: {log})")

@@ -54,9 +54,17 @@ def build_model(seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     return Qwen2ForCausalLM(cfg).eval()
 
@@ -89,16 +97,22 @@ def run_hf_static(model, reqs, batch: int) -> tuple[float, float, int]:
     c0, t0 = time.process_time(), time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(reqs), batch):
-            chunk = reqs[i:i + batch]
+            chunk = reqs[i : i + batch]
             width = max(len(p) for p, _ in chunk)
             ids = torch.zeros(len(chunk), width, dtype=torch.long)
             mask = torch.zeros(len(chunk), width, dtype=torch.long)
             for j, (p, _) in enumerate(chunk):
-                ids[j, width - len(p):] = torch.tensor(p)
-                mask[j, width - len(p):] = 1
+                ids[j, width - len(p) :] = torch.tensor(p)
+                mask[j, width - len(p) :] = 1
             longest = max(n for _, n in chunk)
-            model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=longest,
-                           min_new_tokens=longest, do_sample=False, pad_token_id=0)
+            model.generate(
+                input_ids=ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=0,
+            )
             _sync(model.device)
             computed += longest * len(chunk)
     return time.perf_counter() - t0, time.process_time() - c0, computed
@@ -127,8 +141,10 @@ def run_pause_latency(model, other_state, repeats: int) -> dict:
     pause_ms, cycle_ms, reprefill = [], [], []
     prompts = workload(64, seed=99, median_out=32, sigma=0.0, max_out=64)
     with EmbeddedEngine(model=model, device=model.device, max_running=64) as eng:
-        futs = [eng.submit(p, SamplingParams(max_new_tokens=1500, greedy=True, ignore_eos=True), rid=f"p{i}")
-                for i, (p, _) in enumerate(prompts)]
+        futs = [
+            eng.submit(p, SamplingParams(max_new_tokens=1500, greedy=True, ignore_eos=True), rid=f"p{i}")
+            for i, (p, _) in enumerate(prompts)
+        ]
         for r in range(repeats):
             time.sleep(0.3)  # let decoding run
             t0 = time.perf_counter()
@@ -148,22 +164,35 @@ def run_pause_latency(model, other_state, repeats: int) -> dict:
         eng.abort_all()
         results = [f.result() for f in futs]
     assert all(r.output_versions == sorted(r.output_versions) for r in results)
-    return {"pause_ms_median": statistics.median(pause_ms), "pause_ms_max": max(pause_ms),
-            "interrupt_cycle_ms_median": statistics.median(cycle_ms), "interrupt_cycle_ms_max": max(cycle_ms),
-            "reprefill_tokens_median": statistics.median(reprefill),
-            "interrupt_repeats": repeats, "in_flight": 64}
+    return {
+        "pause_ms_median": statistics.median(pause_ms),
+        "pause_ms_max": max(pause_ms),
+        "interrupt_cycle_ms_median": statistics.median(cycle_ms),
+        "interrupt_cycle_ms_max": max(cycle_ms),
+        "reprefill_tokens_median": statistics.median(reprefill),
+        "interrupt_repeats": repeats,
+        "in_flight": 64,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="128 requests (two static batches), outputs <= 256, 3 interrupt repeats (about a minute)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="128 requests (two static batches), outputs <= 256, 3 interrupt repeats (about a minute)",
+    )
     ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for both sides (default 1: on a shared 2-core box, 2 OpenMP threads "
-                         "spin against other processes and every matmul slows by 10-20x)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="interleaved HF/engine repeats; the best of each side is reported")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for both sides (default 1: on a shared 2-core box, 2 OpenMP threads "
+        "spin against other processes and every matmul slows by 10-20x)",
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="interleaved HF/engine repeats; the best of each side is reported"
+    )
     ap.add_argument("--device", default="cpu", help="torch device for both sides, e.g. cuda (default cpu)")
     ap.add_argument("--median-out", type=int, default=64)
     ap.add_argument("--sigma", type=float, default=0.8)
@@ -171,8 +200,11 @@ def main() -> int:
     ap.add_argument("--rl-step", action="store_true", help="the RL-step workload instead (bench_rl_step.py)")
     ap.add_argument("--rounds", type=int, default=20, help="--rl-step: timed rounds per thread count")
     ap.add_argument("--thread-counts", default="1,2", help="--rl-step: torch thread counts to compare")
-    ap.add_argument("--ablate", action="store_true",
-                    help="--rl-step: also time the engine without the lean forward and without prefix sharing")
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="--rl-step: also time the engine without the lean forward and without prefix sharing",
+    )
     args = ap.parse_args()
     if args.rl_step:
         from bench_rl_step import main_rl_step
@@ -186,8 +218,10 @@ def main() -> int:
     reqs = workload(n, seed=0, median_out=args.median_out, sigma=args.sigma, max_out=args.max_out)
     useful = sum(o for _, o in reqs)
     console = Console()
-    console.print(f"{n} requests, {useful} output tokens (median {statistics.median(o for _, o in reqs)}, "
-                  f"max {max(o for _, o in reqs)}), {args.device}, {args.threads} thread(s), {args.repeats} repeat(s)")
+    console.print(
+        f"{n} requests, {useful} output tokens (median {statistics.median(o for _, o in reqs)}, "
+        f"max {max(o for _, o in reqs)}), {args.device}, {args.threads} thread(s), {args.repeats} repeat(s)"
+    )
 
     run_engine(model, reqs[:8], 64)  # warm-up
     hf, eng = [], []
@@ -199,12 +233,26 @@ def main() -> int:
     latency = run_pause_latency(model, build_model(1).state_dict(), 3 if args.quick else 8)
 
     res = {
-        "requests": n, "output_tokens": useful, "threads": args.threads, "device": args.device, "quick": args.quick,
-        "median_out": args.median_out, "sigma": args.sigma, "max_out": args.max_out, "repeats": args.repeats,
-        "hf_static_s": hf_s, "hf_static_tok_s": useful / hf_s, "hf_static_cpu_s": hf_cpu,
-        "hf_static_decoded_rows": hf_computed, "hf_static_useful_fraction": useful / hf_computed,
-        "engine_s": eng_s, "engine_tok_s": useful / eng_s, "engine_cpu_s": eng_cpu, "engine_steps": eng_steps,
-        "speedup": hf_s / eng_s, "speedup_cpu_time": hf_cpu / eng_cpu,
+        "requests": n,
+        "output_tokens": useful,
+        "threads": args.threads,
+        "device": args.device,
+        "quick": args.quick,
+        "median_out": args.median_out,
+        "sigma": args.sigma,
+        "max_out": args.max_out,
+        "repeats": args.repeats,
+        "hf_static_s": hf_s,
+        "hf_static_tok_s": useful / hf_s,
+        "hf_static_cpu_s": hf_cpu,
+        "hf_static_decoded_rows": hf_computed,
+        "hf_static_useful_fraction": useful / hf_computed,
+        "engine_s": eng_s,
+        "engine_tok_s": useful / eng_s,
+        "engine_cpu_s": eng_cpu,
+        "engine_steps": eng_steps,
+        "speedup": hf_s / eng_s,
+        "speedup_cpu_time": hf_cpu / eng_cpu,
         "speedup_per_repeat": [h[0] / e[0] for h, e in zip(hf, eng)],
         **latency,
     }
@@ -218,10 +266,13 @@ def main() -> int:
     table.add_row("speed-up, CPU time (less sensitive to other tenants)", f"{res['speedup_cpu_time']:.2f}x")
     if args.repeats > 1:
         table.add_row("speed-up per repeat", " ".join(f"{x:.2f}x" for x in res["speedup_per_repeat"]))
-    table.add_row("pause() latency, 64 in flight: median / max ms",
-                  f"{res['pause_ms_median']:.1f} / {res['pause_ms_max']:.1f}")
-    table.add_row("pause+swap+resume to first new token: median / max ms",
-                  f"{res['interrupt_cycle_ms_median']:.0f} / {res['interrupt_cycle_ms_max']:.0f}")
+    table.add_row(
+        "pause() latency, 64 in flight: median / max ms", f"{res['pause_ms_median']:.1f} / {res['pause_ms_max']:.1f}"
+    )
+    table.add_row(
+        "pause+swap+resume to first new token: median / max ms",
+        f"{res['interrupt_cycle_ms_median']:.0f} / {res['interrupt_cycle_ms_max']:.0f}",
+    )
     table.add_row("  tokens re-prefilled per interrupt (median)", f"{res['reprefill_tokens_median']:.0f}")
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

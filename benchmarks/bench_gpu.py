@@ -36,8 +36,9 @@ import statistics
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -52,11 +53,27 @@ from areal_graph.runtime.orchestration.weight_sync import InProcessWeightSync
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Qwen2-0.5B's shape: 494M parameters, 136M of them the (tied) embedding
-QWEN2_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                 rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
-QUICK = dict(QWEN2_05B, vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2)
+QWEN2_05B = dict(
+    vocab_size=151_936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+QUICK = dict(
+    QWEN2_05B,
+    vocab_size=4096,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 PEAK_BF16_TFLOPS = 989.0  # H100/H200 SXM dense bf16 (the vendor's figure)
 console = Console()
 
@@ -106,8 +123,16 @@ def engine_decode(eng: EmbeddedEngine, prompts: list[list[int]], new: int) -> fl
 def hf_decode(model, prompts: list[list[int]], new: int) -> float:
     ids = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
-        return timed(lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                            min_new_tokens=new, do_sample=False, pad_token_id=0))[0]
+        return timed(
+            lambda: model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        )[0]
 
 
 def kernel_time_per_step(eng: EmbeddedEngine, prompts: list[list[int]], new: int) -> float | None:
@@ -135,13 +160,22 @@ def bench_decode(shape: dict, device: str, batches: list[int], prompt_len: int, 
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # bytes, bf16
     bandwidth = copy_bandwidth(device)
     g = torch.Generator().manual_seed(0)
-    prompts = {b: [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)]
-               for b in batches}
+    prompts = {
+        b: [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)] for b in batches
+    }
     rows: list[dict] = [{"batch": b} for b in batches]
     for label, graphs in (("graphs", True), ("eager", False)):
-        eng = EmbeddedEngine(model=model, device=device, dtype=torch.bfloat16, max_running=max(batches),
-                             max_queue=4 * max(batches), max_context=prompt_len + new + 8,
-                             prefill_token_budget=8192, prefix_sharing=False, cuda_graphs=graphs)
+        eng = EmbeddedEngine(
+            model=model,
+            device=device,
+            dtype=torch.bfloat16,
+            max_running=max(batches),
+            max_queue=4 * max(batches),
+            max_context=prompt_len + new + 8,
+            prefill_token_budget=8192,
+            prefix_sharing=False,
+            cuda_graphs=graphs,
+        )
         eng.start()
         try:
             engine_decode(eng, [[5] * 16] * 4, 4)  # warm-up: kernels, allocator
@@ -177,19 +211,40 @@ def bench_decode(shape: dict, device: str, batches: list[int], prompt_len: int, 
     del model
     torch.cuda.empty_cache() if device == "cuda" else None
     table = Table(title=f"decode, {n_params / 1e6:.0f}M params bf16, prompt {prompt_len}, {new} new tokens")
-    for col in ("batch", "engine + CUDA graphs tok/s", "engine eager tok/s", "HF generate tok/s",
-                "bandwidth bound tok/s", "graphs: share of bound", "graphs step ms", "GPU kernels ms/step"):
+    for col in (
+        "batch",
+        "engine + CUDA graphs tok/s",
+        "engine eager tok/s",
+        "HF generate tok/s",
+        "bandwidth bound tok/s",
+        "graphs: share of bound",
+        "graphs step ms",
+        "GPU kernels ms/step",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
         kernel = r.get("gpu_kernel_ms_per_step")
-        table.add_row(str(r["batch"]), f"{r['graphs_tok_s']:.0f}", f"{r['eager_tok_s']:.0f}",
-                      f"{r.get('hf_tok_s', float('nan')):.0f}", f"{r['bound_tok_s']:.0f}",
-                      f"{r['graphs_share_of_bound']:.1%}", f"{r['graphs_step_ms']:.2f}",
-                      "-" if kernel is None else f"{kernel:.2f}")
+        table.add_row(
+            str(r["batch"]),
+            f"{r['graphs_tok_s']:.0f}",
+            f"{r['eager_tok_s']:.0f}",
+            f"{r.get('hf_tok_s', float('nan')):.0f}",
+            f"{r['bound_tok_s']:.0f}",
+            f"{r['graphs_share_of_bound']:.1%}",
+            f"{r['graphs_step_ms']:.2f}",
+            "-" if kernel is None else f"{kernel:.2f}",
+        )
     console.print(table)
-    return {"params": n_params, "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
-            "copy_bandwidth_bytes_s": bandwidth, "prompt_len": prompt_len, "new_tokens": new,
-            "graphs_captured": captured, "rows": rows}
+    return {
+        "params": n_params,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "copy_bandwidth_bytes_s": bandwidth,
+        "prompt_len": prompt_len,
+        "new_tokens": new,
+        "graphs_captured": captured,
+        "rows": rows,
+    }
 
 
 # ------------------------------------------------------------------------------------- train
@@ -247,12 +302,18 @@ def bench_train(shape: dict, device: str, n_seqs: int, length: int, mb_tokens: i
                     times.append(dt)
             step_s = statistics.median(times)
             flops = 6 * n_params * batch.num_tokens
-            row = {"config": label, "step_s": step_s, "tokens_per_s": batch.num_tokens / step_s,
-                   "mfu": flops / step_s / (PEAK_BF16_TFLOPS * 1e12), "losses": losses,
-                   "lean": eng._lean is not None, "parallel": eng.parallel,
-                   "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
-                   "master_dtype": str(next(eng.model.parameters()).dtype)}
-            del eng, model
+            row = {
+                "config": label,
+                "step_s": step_s,
+                "tokens_per_s": batch.num_tokens / step_s,
+                "mfu": flops / step_s / (PEAK_BF16_TFLOPS * 1e12),
+                "losses": losses,
+                "lean": eng._lean is not None,
+                "parallel": eng.parallel,
+                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
+                "master_dtype": str(next(eng.model.parameters()).dtype),
+            }
+            del model  # the engine goes with the next iteration's assignment
         except Exception as err:  # one configuration failing must not hide the others' figures
             row = {"config": label, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc(limit=8)}
         rows.append(row)
@@ -264,9 +325,14 @@ def bench_train(shape: dict, device: str, n_seqs: int, length: int, mb_tokens: i
         if "error" in r:
             table.add_row(r["config"], "error", r["error"][:60], "", "", "")
             continue
-        table.add_row(r["config"], f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['mfu']:.1%}",
-                      "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}",
-                      f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}")
+        table.add_row(
+            r["config"],
+            f"{r['step_s']:.3f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['mfu']:.1%}",
+            "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}",
+            f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
+        )
     console.print(table)
     return {"tokens": batch.num_tokens, "rows": rows}
 
@@ -274,12 +340,18 @@ def bench_train(shape: dict, device: str, n_seqs: int, length: int, mb_tokens: i
 # -------------------------------------------------------------------------------------- sync
 def bench_sync(shape: dict, device: str, repeats: int) -> dict:
     trainer = TrainEngine(build_model(shape, torch.float32, device), lr=1e-5, device=device)
-    eng = EmbeddedEngine(model=build_model(shape, torch.bfloat16, device, seed=1), device=device,
-                         dtype=torch.bfloat16, max_running=8)
+    eng = EmbeddedEngine(
+        model=build_model(shape, torch.bfloat16, device, seed=1), device=device, dtype=torch.bfloat16, max_running=8
+    )
     eng.start()
     direct = InProcessWeightSync(trainer)  # CUDA to CUDA: the engine takes the trainer's tensors
-    out: dict[str, list[float]] = {"disk_write_s": [], "disk_load_s": [], "shm_publish_s": [], "shm_load_s": [],
-                                   "cuda_direct_s": []}
+    out: dict[str, list[float]] = {
+        "disk_write_s": [],
+        "disk_load_s": [],
+        "shm_publish_s": [],
+        "shm_load_s": [],
+        "cuda_direct_s": [],
+    }
     version = 0
     try:
         with tempfile.TemporaryDirectory(prefix="areal-sync-", dir=".") as tmp:
@@ -293,7 +365,8 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
                 out["shm_publish_s"].append(dt)
                 version += 1
                 out["shm_load_s"].append(
-                    timed(lambda: eng.update_weights_from_state_dict(shared_weights.read(shm, manifest), version))[0])
+                    timed(lambda: eng.update_weights_from_state_dict(shared_weights.read(shm, manifest), version))[0]
+                )
                 version += 1
                 out["cuda_direct_s"].append(timed(lambda: asyncio.run(direct.apply(eng, direct.publish(version))))[0])
             Path(shm).unlink(missing_ok=True)
@@ -305,14 +378,23 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
         eng.stop()
     nbytes = sum(t.numel() * t.element_size() for t in trainer.state_dict_for_sync(copy=False).values())
     med = {k: statistics.median(v) for k, v in out.items()}
-    table = Table(title=f"weight sync trainer (fp32) -> engine (bf16), {nbytes / 2**30:.2f} GiB fp32, median of "
-                        f"{repeats}")
+    table = Table(
+        title=f"weight sync trainer (fp32) -> engine (bf16), {nbytes / 2**30:.2f} GiB fp32, median of {repeats}"
+    )
     for col in ("path", "trainer side s", "engine side s", "total s"):
         table.add_column(col, justify="right")
-    table.add_row("disk (safetensors)", f"{med['disk_write_s']:.3f}", f"{med['disk_load_s']:.3f}",
-                  f"{med['disk_write_s'] + med['disk_load_s']:.3f}")
-    table.add_row("shared memory", f"{med['shm_publish_s']:.3f}", f"{med['shm_load_s']:.3f}",
-                  f"{med['shm_publish_s'] + med['shm_load_s']:.3f}")
+    table.add_row(
+        "disk (safetensors)",
+        f"{med['disk_write_s']:.3f}",
+        f"{med['disk_load_s']:.3f}",
+        f"{med['disk_write_s'] + med['disk_load_s']:.3f}",
+    )
+    table.add_row(
+        "shared memory",
+        f"{med['shm_publish_s']:.3f}",
+        f"{med['shm_load_s']:.3f}",
+        f"{med['shm_publish_s'] + med['shm_load_s']:.3f}",
+    )
     table.add_row("CUDA -> CUDA, one process", "0", f"{med['cuda_direct_s']:.3f}", f"{med['cuda_direct_s']:.3f}")
     console.print(table)
     return {"bytes_fp32": nbytes, "median_s": med, "all_s": out, "engine_weights_equal_trainer_bf16": exact}
@@ -329,8 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     args.out.mkdir(parents=True, exist_ok=True)
     out_path = args.out / ("gpu_bench_quick.json" if args.quick else "gpu_bench.json")
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-                              "torch": torch.__version__, "shape": shape}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        "shape": shape,
+    }
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in these figures
     failed = False
@@ -338,11 +423,23 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             if part == "decode":
-                result[part] = bench_decode(shape, args.device, [1, 4] if args.quick else [1, 64, 256],
-                                            16 if args.quick else 128, 8 if args.quick else 128, with_hf=True)
+                result[part] = bench_decode(
+                    shape,
+                    args.device,
+                    [1, 4] if args.quick else [1, 64, 256],
+                    16 if args.quick else 128,
+                    8 if args.quick else 128,
+                    with_hf=True,
+                )
             elif part == "train":
-                result[part] = bench_train(shape, args.device, 4 if args.quick else 32, 32 if args.quick else 512,
-                                           64 if args.quick else 8192, 1 if args.quick else 3)
+                result[part] = bench_train(
+                    shape,
+                    args.device,
+                    4 if args.quick else 32,
+                    32 if args.quick else 512,
+                    64 if args.quick else 8192,
+                    1 if args.quick else 3,
+                )
             elif part == "sync":
                 result[part] = bench_sync(shape, args.device, 1 if args.quick else 3)
             else:

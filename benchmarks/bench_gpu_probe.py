@@ -43,13 +43,22 @@ def build_model(out: Path, small: bool) -> Path:
             shutil.copy(f, out / f.name)
     kit_cfg = json.loads((kit / "config.json").read_text())
     torch.manual_seed(0)
-    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2) if small else dict(hidden_size=896, intermediate_size=4864,
-                                                             num_hidden_layers=24, num_attention_heads=14,
-                                                             num_key_value_heads=2)
-    cfg = Qwen2Config(vocab_size=kit_cfg["vocab_size"], max_position_embeddings=1024, tie_word_embeddings=True,
-                      bos_token_id=kit_cfg.get("bos_token_id"), eos_token_id=kit_cfg.get("eos_token_id"),
-                      pad_token_id=kit_cfg.get("pad_token_id"), **shape)
+    shape = (
+        dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        if small
+        else dict(
+            hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
+        )
+    )
+    cfg = Qwen2Config(
+        vocab_size=kit_cfg["vocab_size"],
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=kit_cfg.get("bos_token_id"),
+        eos_token_id=kit_cfg.get("eos_token_id"),
+        pad_token_id=kit_cfg.get("pad_token_id"),
+        **shape,
+    )
     model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(out)
     return out
@@ -79,11 +88,20 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(work / "model", args.small)
     dtype = ["inference.args.dtype=bfloat16", "models.actor.precision=bf16"] if args.device == "cuda" else []
-    common = [f"models.actor.path={model}", f"models.actor.device={args.device}", f"inference.args.device={args.device}",
-              f"nodes.rollout.sampling.max_new_tokens={args.max_new_tokens}", "runtime.eval_every=0",
-              "runtime.save_every=0", "runtime.max_tokens_per_microbatch=16384", *dtype]
+    common = [
+        f"models.actor.path={model}",
+        f"models.actor.device={args.device}",
+        f"inference.args.device={args.device}",
+        f"nodes.rollout.sampling.max_new_tokens={args.max_new_tokens}",
+        "runtime.eval_every=0",
+        "runtime.save_every=0",
+        "runtime.max_tokens_per_microbatch=16384",
+        *dtype,
+    ]
     t0 = time.perf_counter()
-    cal = run([*common, f"runtime.steps={args.cal_steps}"], work / "calibration", work / "calibration.log", args.timeout)
+    cal = run(
+        [*common, f"runtime.steps={args.cal_steps}"], work / "calibration", work / "calibration.log", args.timeout
+    )
     out: dict = {"device": args.device, "small": args.small, "calibration_window_s": cal, "rows": []}
     if cal is None:
         print(f"the calibration run failed or timed out: {work / 'calibration.log'}")
@@ -96,11 +114,22 @@ def main() -> int:
         pred = predict(load_workflow(ROOT / "workflows" / "ppo_async.yaml", overrides), costs, seeds=3)
         measured = run(overrides, work / f"eta{eta}", work / f"eta{eta}.log", args.timeout)
         err = (pred["steps_window_s"] - measured) / measured if measured else None
-        out["rows"].append({"label": label, "predicted_s": pred["steps_window_s"], "measured_s": measured, "error": err,
-                            "predicted_engine_busy": pred["busy"].get("inference-0"), "extrapolates": pred["extrapolates"]})
-        print(f"{label:14s} predicted {pred['steps_window_s']:7.2f} s  measured "
-              f"{measured if measured is None else round(measured, 2)} s  error "
-              f"{'-' if err is None else f'{err:+.1%}'}", flush=True)
+        out["rows"].append(
+            {
+                "label": label,
+                "predicted_s": pred["steps_window_s"],
+                "measured_s": measured,
+                "error": err,
+                "predicted_engine_busy": pred["busy"].get("inference-0"),
+                "extrapolates": pred["extrapolates"],
+            }
+        )
+        print(
+            f"{label:14s} predicted {pred['steps_window_s']:7.2f} s  measured "
+            f"{measured if measured is None else round(measured, 2)} s  error "
+            f"{'-' if err is None else f'{err:+.1%}'}",
+            flush=True,
+        )
     rows = {r["label"]: r for r in out["rows"]}
     a, s = rows["async (eta 4)"], rows["sync (eta 0)"]
     if a["measured_s"] and s["measured_s"]:

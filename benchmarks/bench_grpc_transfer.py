@@ -76,14 +76,16 @@ def main(argv: list[str] | None = None) -> int:
             t_one = median_time(lambda: single.execute("echo", "nothing", b), repeats)
             t_codec = median_time(lambda: decode_batch(encode_batch(b, DEFAULT_CHUNK_BYTES)), repeats)
             t_copy = median_time(lambda: np.copyto(dst, raw), repeats)
-            rows.append({
-                "mib": mib,
-                "upload_mib_s": mib / t_up,
-                "round_trip_mib_s": 2 * mib / t_rt,
-                "one_message_upload_mib_s": mib / t_one,
-                "codec_only_mib_s": mib / t_codec,
-                "memcpy_mib_s": mib / t_copy,
-            })
+            rows.append(
+                {
+                    "mib": mib,
+                    "upload_mib_s": mib / t_up,
+                    "round_trip_mib_s": 2 * mib / t_rt,
+                    "one_message_upload_mib_s": mib / t_one,
+                    "codec_only_mib_s": mib / t_codec,
+                    "memcpy_mib_s": mib / t_copy,
+                }
+            )
         chunked.close()
         single.close()
 

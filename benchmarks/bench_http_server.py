@@ -28,9 +28,19 @@ def build_model(path: Path, hidden: int, layers: int, seed: int) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     Qwen2ForCausalLM(cfg).eval().save_pretrained(path)
 
 
@@ -83,8 +93,12 @@ async def bench_http(url: str, reqs: list[list[int]], new_tokens: int, update_di
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, < 60 s")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for both sides (2 threads on a busy 2-core machine thrash)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for both sides (2 threads on a busy 2-core machine thrash)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(min(args.threads, 2))
     from areal_graph.engines.inference.server_process import ServerProcess
@@ -98,8 +112,9 @@ def main() -> int:
         build_model(m0, hidden, layers, 0)
         build_model(m1, hidden, layers, 1)
         max_running = max(n for n, _ in sizes)
-        server = ServerProcess(str(m0), extra_args=["--threads", str(min(args.threads, 2)),
-                                                    "--max-running", str(max_running)])
+        server = ServerProcess(
+            str(m0), extra_args=["--threads", str(min(args.threads, 2)), "--max-running", str(max_running)]
+        )
         server.start()
         try:
             repeats = 2 if args.quick else 3
@@ -113,17 +128,41 @@ def main() -> int:
                     remote = max(remote, asyncio.run(bench_http(server.url, reqs, new, None))[0])
                     tps, us = asyncio.run(bench_http(server.url, reqs, new, m1 if r % 2 == 0 else m0))
                     with_update, update_s = max(with_update, tps), min(update_s, us)
-                rows.append({"requests": n, "new_tokens": new, "in_process_tok_s": local, "http_tok_s": remote,
-                             "http_over_in_process": remote / local, "http_with_update_tok_s": with_update,
-                             "update_latency_s": update_s, "repeats": repeats})
+                rows.append(
+                    {
+                        "requests": n,
+                        "new_tokens": new,
+                        "in_process_tok_s": local,
+                        "http_tok_s": remote,
+                        "http_over_in_process": remote / local,
+                        "http_with_update_tok_s": with_update,
+                        "update_latency_s": update_s,
+                        "repeats": repeats,
+                    }
+                )
         finally:
             server.stop()
     table = Table(title=f"embedded engine: in-process vs HTTP (hidden {hidden}, {layers} layers)")
-    for col in ("requests", "new tok", "in-process tok/s", "HTTP tok/s", "HTTP / in-proc", "HTTP+update tok/s", "update s"):
+    for col in (
+        "requests",
+        "new tok",
+        "in-process tok/s",
+        "HTTP tok/s",
+        "HTTP / in-proc",
+        "HTTP+update tok/s",
+        "update s",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["requests"]), str(r["new_tokens"]), f"{r['in_process_tok_s']:.0f}", f"{r['http_tok_s']:.0f}",
-                      f"{r['http_over_in_process']:.2f}", f"{r['http_with_update_tok_s']:.0f}", f"{r['update_latency_s']:.3f}")
+        table.add_row(
+            str(r["requests"]),
+            str(r["new_tokens"]),
+            f"{r['in_process_tok_s']:.0f}",
+            f"{r['http_tok_s']:.0f}",
+            f"{r['http_over_in_process']:.2f}",
+            f"{r['http_with_update_tok_s']:.0f}",
+            f"{r['update_latency_s']:.3f}",
+        )
     console.print(table)
     out = ROOT / "results" / "http_server.json"
     out.parent.mkdir(parents=True, exist_ok=True)

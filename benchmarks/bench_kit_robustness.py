@@ -66,8 +66,11 @@ def build(kit: str, seed: int, threads: int, cache: Path) -> dict:
     """Build (or reuse) one kit in a subprocess that runs torch with `threads` threads."""
     root = cache / f"t{threads}"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", BUILD.format(kit=kit, seed=seed, threads=threads, root=str(root))],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD.format(kit=kit, seed=seed, threads=threads, root=str(root))],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"kit build {kit} seed {seed} threads {threads} failed:\n{proc.stderr[-3000:]}")
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("KIT "))
@@ -92,31 +95,50 @@ def diagnose_arith(model_dir: Path, test: Path, max_new_tokens: int, problems: i
     first = [next(t for t, y in zip(ids, labels) if y != IGNORE) for ids, labels in encoded]
     greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     requests = [(p, greedy) for p in prompts] + [(p + [f], greedy) for p, f in zip(prompts, first)]
-    requests += [(p, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=i * 1009 + j))
-                 for i, p in enumerate(prompts) for j in range(samples)]
+    requests += [
+        (p, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=i * 1009 + j))
+        for i, p in enumerate(prompts)
+        for j in range(samples)
+    ]
     with engine:
         results = [f.result() for f in [engine.submit(ids, sp) for ids, sp in requests]]
     n = len(rows)
     texts = [tok.decode(r.output_ids, skip_special_tokens=True) for r in results]
-    texts[n:2 * n] = [tok.decode([f] + r.output_ids, skip_special_tokens=True) for f, r in zip(first, results[n:2 * n])]
+    texts[n : 2 * n] = [
+        tok.decode([f] + r.output_ids, skip_special_tokens=True) for f, r in zip(first, results[n : 2 * n])
+    ]
     answers = [r["answer"] for r in rows] * 2 + [r["answer"] for r in rows for _ in range(samples)]
     with RewardPool(fn="math_verify", num_workers=1) as pool:
         ok = [s.reward > 0.5 for s in pool.score(texts, answers)]
-    sampled, sampled_ok = texts[2 * n:], ok[2 * n:]
+    sampled, sampled_ok = texts[2 * n :], ok[2 * n :]
     hasty = [t.startswith("The answer") for t in sampled]
     worked_ok = [o for o, h in zip(sampled_ok, hasty) if not h]
-    return {"greedy": sum(ok[:n]) / n, "greedy_worked_out": sum(ok[n:2 * n]) / n,
-            "sampled": sum(sampled_ok) / len(sampled), "sampled_hasty_share": sum(hasty) / len(hasty),
-            "sampled_worked_out": sum(worked_ok) / max(1, len(worked_ok))}
+    return {
+        "greedy": sum(ok[:n]) / n,
+        "greedy_worked_out": sum(ok[n : 2 * n]) / n,
+        "sampled": sum(sampled_ok) / len(sampled),
+        "sampled_hasty_share": sum(hasty) / len(hasty),
+        "sampled_worked_out": sum(worked_ok) / max(1, len(worked_ok)),
+    }
 
 
-def run_rl(workflow: str, kit_path: Path, seed: int, run_dir: Path, steps: int | None,
-           eval_size: int) -> dict:
+def run_rl(workflow: str, kit_path: Path, seed: int, run_dir: Path, steps: int | None, eval_size: int) -> dict:
     model, data = kit_path / "model", kit_path / "data"
-    args = [sys.executable, "-m", "areal_graph.cli.main", "run", str(ROOT / "workflows" / workflow),
-            "--run-dir", str(run_dir), f"models.actor.path={model}", f"data.train={data / 'train.jsonl'}",
-            f"data.eval={data / 'test.jsonl'}", f"data.eval_size={eval_size}", f"runtime.seed={seed}",
-            "runtime.save_every=0"]
+    args = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(ROOT / "workflows" / workflow),
+        "--run-dir",
+        str(run_dir),
+        f"models.actor.path={model}",
+        f"data.train={data / 'train.jsonl'}",
+        f"data.eval={data / 'test.jsonl'}",
+        f"data.eval_size={eval_size}",
+        f"runtime.seed={seed}",
+        "runtime.save_every=0",
+    ]
     if steps is not None:
         args.append(f"runtime.steps={steps}")
     args.append(f"runtime.eval_every={steps or 100000}")
@@ -140,11 +162,18 @@ def main() -> int:
     ap.add_argument("--workflows", default=None, help="comma-separated (default: the kit's shipped workflows)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the workflow's own)")
     ap.add_argument("--eval-size", type=int, default=500, help="greedy test problems before and after (default 500)")
-    ap.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "results" / "kit_cache",
-                    help="where the kits are built (reused across invocations; never the user's cache)")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=ROOT / "benchmarks" / "results" / "kit_cache",
+        help="where the kits are built (reused across invocations; never the user's cache)",
+    )
     ap.add_argument("--builds-only", action="store_true", help="build and measure the warm starts, run no RL")
-    ap.add_argument("--no-diagnose", action="store_true",
-                    help="skip the sampled look at each arithmetic warm start (minutes on the long kit)")
+    ap.add_argument(
+        "--no-diagnose",
+        action="store_true",
+        help="skip the sampled look at each arithmetic warm start (minutes on the long kit)",
+    )
     ap.add_argument("--quick", action="store_true", help="1 kit (seed 0, 2 threads), 1 RL seed, 20 steps, 64 problems")
     args = ap.parse_args()
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
@@ -160,12 +189,22 @@ def main() -> int:
             console.print(f"kit {args.kit} sft_seed {seed}, {t} thread(s) ...")
             built = build(args.kit, seed, t, args.cache)
             info = built["info"]
-            kit = {"sft_seed": seed, "threads": t, "path": built["path"], "build_s": info["timings"]["total_s"],
-                   "warm_start_greedy": info["warm_start_greedy_accuracy"],
-                   "weights_sha256": sha256(Path(built["path"]) / "model" / "model.safetensors")}
+            kit = {
+                "sft_seed": seed,
+                "threads": t,
+                "path": built["path"],
+                "build_s": info["timings"]["total_s"],
+                "warm_start_greedy": info["warm_start_greedy_accuracy"],
+                "weights_sha256": sha256(Path(built["path"]) / "model" / "model.safetensors"),
+            }
             if args.kit != "tiny-calc" and not args.no_diagnose:
-                kit.update(diagnose_arith(Path(built["path"]) / "model", Path(built["path"]) / "data" / "test.jsonl",
-                                          info["eval_max_new_tokens"]))
+                kit.update(
+                    diagnose_arith(
+                        Path(built["path"]) / "model",
+                        Path(built["path"]) / "data" / "test.jsonl",
+                        info["eval_max_new_tokens"],
+                    )
+                )
             kits.append(kit)
     runs = []
     if not args.builds_only:
@@ -174,8 +213,10 @@ def main() -> int:
         for kit in kits:
             twin = done.get(kit["weights_sha256"])
             if twin is not None:
-                console.print(f"kit seed {kit['sft_seed']} threads {kit['threads']}: the same weights as seed "
-                              f"{twin[0]['sft_seed']} threads {twin[0]['threads']}; its runs stand for both")
+                console.print(
+                    f"kit seed {kit['sft_seed']} threads {kit['threads']}: the same weights as seed "
+                    f"{twin[0]['sft_seed']} threads {twin[0]['threads']}; its runs stand for both"
+                )
                 runs += [{**r, "threads": kit["threads"], "same_weights_as_threads": r["threads"]} for r in twin]
                 continue
             mine = []
@@ -184,8 +225,15 @@ def main() -> int:
                     label = f"{Path(wf).stem}-s{kit['sft_seed']}-t{kit['threads']}-rl{rl_seed}"
                     console.print(f"{label} ...")
                     r = run_rl(wf, Path(kit["path"]), rl_seed, run_root / label, steps, eval_size)
-                    mine.append({"workflow": wf, "sft_seed": kit["sft_seed"], "threads": kit["threads"],
-                                 "rl_seed": rl_seed, **r})
+                    mine.append(
+                        {
+                            "workflow": wf,
+                            "sft_seed": kit["sft_seed"],
+                            "threads": kit["threads"],
+                            "rl_seed": rl_seed,
+                            **r,
+                        }
+                    )
                     console.print(f"  {r['before']:.1%} -> {r['after']:.1%} in {r['wall_s']:.0f} s")
             done[kit["weights_sha256"]] = mine
             runs += mine
@@ -196,8 +244,10 @@ def main() -> int:
     runs = kept + runs
     print_tables(console, args.kit, kits, runs)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"kit": args.kit, "kits": kits, "runs": runs, "steps": steps, "eval_size": eval_size},
-                              indent=2) + "\n")
+    out.write_text(
+        json.dumps({"kit": args.kit, "kits": kits, "runs": runs, "steps": steps, "eval_size": eval_size}, indent=2)
+        + "\n"
+    )
     console.print(f"wrote {out}")
     return 0
 
@@ -216,10 +266,13 @@ def earlier_runs(out: Path, kits: list[dict], runs: list[dict]) -> list[dict]:
     sha_now = {(k["sft_seed"], k["threads"]): k["weights_sha256"] for k in kits}
     key = lambda r: (r["workflow"], r["sft_seed"], r["threads"], r["rl_seed"])  # noqa: E731
     fresh = {key(r) for r in runs}
-    return [r for r in earlier.get("runs", [])
-            if sha_now.get((r["sft_seed"], r["threads"])) is not None
-            and sha_now[(r["sft_seed"], r["threads"])] == sha_then.get((r["sft_seed"], r["threads"]))
-            and key(r) not in fresh]
+    return [
+        r
+        for r in earlier.get("runs", [])
+        if sha_now.get((r["sft_seed"], r["threads"])) is not None
+        and sha_now[(r["sft_seed"], r["threads"])] == sha_then.get((r["sft_seed"], r["threads"]))
+        and key(r) not in fresh
+    ]
 
 
 def print_tables(console: Console, kit_name: str, kits: list[dict], runs: list[dict]) -> None:
@@ -232,8 +285,13 @@ def print_tables(console: Console, kit_name: str, kits: list[dict], runs: list[d
     for c in cols:
         table.add_column(c, justify="right")
     for k in kits:
-        row = [str(k["sft_seed"]), str(k["threads"]), f"{k['build_s']:.0f}", k["weights_sha256"][:8],
-               pct(k["warm_start_greedy"])]
+        row = [
+            str(k["sft_seed"]),
+            str(k["threads"]),
+            f"{k['build_s']:.0f}",
+            k["weights_sha256"][:8],
+            pct(k["warm_start_greedy"]),
+        ]
         if "sampled" in k:
             row += [pct(k[x]) for x in keys]
         table.add_row(*row)
@@ -245,14 +303,25 @@ def print_tables(console: Console, kit_name: str, kits: list[dict], runs: list[d
         table.add_column(c, justify="right")
     for r in runs:
         twin = r.get("same_weights_as_threads")
-        table.add_row(r["workflow"], str(r["sft_seed"]), str(r["threads"]) + (f" (= {twin})" if twin else ""),
-                      str(r["rl_seed"]), pct(r["before"]), pct(r["after"]), f"{100 * (r['after'] - r['before']):+.1f}",
-                      f"{r['wall_s']:.0f}")
+        table.add_row(
+            r["workflow"],
+            str(r["sft_seed"]),
+            str(r["threads"]) + (f" (= {twin})" if twin else ""),
+            str(r["rl_seed"]),
+            pct(r["before"]),
+            pct(r["after"]),
+            f"{100 * (r['after'] - r['before']):+.1f}",
+            f"{r['wall_s']:.0f}",
+        )
     console.print(table)
     for wf in dict.fromkeys(r["workflow"] for r in runs):
-        gains = [100 * (r["after"] - r["before"]) for r in runs if r["workflow"] == wf and "same_weights_as_threads" not in r]
-        console.print(f"{wf}: gain min {min(gains):+.1f}, median {statistics.median(gains):+.1f}, "
-                      f"max {max(gains):+.1f} points over {len(gains)} runs on distinct kits")
+        gains = [
+            100 * (r["after"] - r["before"]) for r in runs if r["workflow"] == wf and "same_weights_as_threads" not in r
+        ]
+        console.print(
+            f"{wf}: gain min {min(gains):+.1f}, median {statistics.median(gains):+.1f}, "
+            f"max {max(gains):+.1f} points over {len(gains)} runs on distinct kits"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from rich.table import Table
 from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_staleness_ablation import ROOT, RESULTS, run_cell  # noqa: E402  (the same `areal-graph run` cell)
+from bench_staleness_ablation import RESULTS, ROOT, run_cell  # noqa: E402  (the same `areal-graph run` cell)
 
 
 def methods(lora_lr: float) -> dict[str, list[str]]:
@@ -43,9 +43,11 @@ def methods(lora_lr: float) -> dict[str, list[str]]:
 def sync_stats(run_dir: Path) -> dict[str, float | None]:
     """Mean weight-sync bytes and seconds per step, from the run's metrics."""
     rows = read_metrics_file(run_dir / METRICS_FILENAME).records
+
     def mean(key: str) -> float | None:
         vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
         return statistics.fmean(vals) if vals else None
+
     return {"sync_bytes": mean("weight_sync/bytes"), "sync_s": mean("time/weight_sync")}
 
 
@@ -63,18 +65,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lora-curve-") as tmp:
         for seed in range(1, args.seeds + 1):
             for name, extra in methods(args.lora_lr).items():
-                overrides = [*extra, f"runtime.seed={seed}", f"runtime.steps={args.steps}",
-                             f"runtime.eval_every={max(args.steps // 4, 1)}", f"data.eval_size={args.eval_size}",
-                             "runtime.save_every=0"]
+                overrides = [
+                    *extra,
+                    f"runtime.seed={seed}",
+                    f"runtime.steps={args.steps}",
+                    f"runtime.eval_every={max(args.steps // 4, 1)}",
+                    f"data.eval_size={args.eval_size}",
+                    "runtime.save_every=0",
+                ]
                 run_dir = Path(tmp) / f"{name.split()[0]}-{seed}"
-                cell = {"method": name, "seed": seed, **run_cell(args.workflow, overrides, run_dir),
-                        **sync_stats(run_dir)}
+                cell = {
+                    "method": name,
+                    "seed": seed,
+                    **run_cell(args.workflow, overrides, run_dir),
+                    **sync_stats(run_dir),
+                }
                 cells.append(cell)
-                Console().print(f"{name} seed {seed}: {[round(a, 3) for _, a in cell['curve']]} "
-                                f"({cell['wall_s']:.0f} s)")
+                Console().print(
+                    f"{name} seed {seed}: {[round(a, 3) for _, a in cell['curve']]} ({cell['wall_s']:.0f} s)"
+                )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"steps": args.steps, "seeds": args.seeds, "lora_lr": args.lora_lr,
-                                    "cells": cells}, indent=1))
+    args.out.write_text(
+        json.dumps({"steps": args.steps, "seeds": args.seeds, "lora_lr": args.lora_lr, "cells": cells}, indent=1)
+    )
     table = Table(title=f"greedy test accuracy, {args.seeds} seed(s) x {args.steps} steps (mean [min, max])")
     for col in ("method", *[f"step {s}" for s, _ in cells[0]["curve"]], "sync bytes/step", "sync s/step", "wall s"):
         table.add_column(col)
@@ -84,9 +97,17 @@ def main() -> None:
         for k in range(len(mine[0]["curve"])):
             accs = [c["curve"][k][1] for c in mine]
             cols.append(f"{statistics.fmean(accs):.1%} [{min(accs):.1%}, {max(accs):.1%}]")
-        fmt = lambda key, f: f(statistics.fmean([c[key] for c in mine])) if all(c[key] is not None for c in mine) else "-"  # noqa: E731
-        table.add_row(name, *cols, fmt("sync_bytes", lambda v: f"{v / 1e6:.2f} MB"),
-                      fmt("sync_s", lambda v: f"{v * 1e3:.1f} ms"), fmt("wall_s", lambda v: f"{v:.0f}"))
+
+        def fmt(key, f, mine=mine):
+            return f(statistics.fmean([c[key] for c in mine])) if all(c[key] is not None for c in mine) else "-"
+
+        table.add_row(
+            name,
+            *cols,
+            fmt("sync_bytes", lambda v: f"{v / 1e6:.2f} MB"),
+            fmt("sync_s", lambda v: f"{v * 1e3:.1f} ms"),
+            fmt("wall_s", lambda v: f"{v:.0f}"),
+        )
     Console().print(table)
     Console().print(f"wrote {args.out}")
 

@@ -49,8 +49,15 @@ def model_of(shape: str) -> torch.nn.Module:
         return AutoModelForCausalLM.from_pretrained(ensure_kit(BUILTIN_KITS["tiny-arith"]).model_dir).eval()
     hidden, layers, inter = {"40M": (512, 8, 1536), "166M": (896, 12, 3584)}[shape]
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=32000, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=hidden // 64, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -62,8 +69,13 @@ def one_sync(trainer: TrainEngine, server: EmbeddedEngine, path: str, version: i
     t2 = time.perf_counter()
     server.update_weights_from_state_dict(shared_weights.read(path, manifest), version)
     t3 = time.perf_counter()
-    return {"collect_s": t1 - t0, "publish_s": t2 - t1, "apply_s": t3 - t2, "total_s": t3 - t0,
-            "bytes": float(sum({e["offset"]: e["nbytes"] for e in manifest}.values()))}
+    return {
+        "collect_s": t1 - t0,
+        "publish_s": t2 - t1,
+        "apply_s": t3 - t2,
+        "total_s": t3 - t0,
+        "bytes": float(sum({e["offset"]: e["nbytes"] for e in manifest}.values())),
+    }
 
 
 def measure(shape: str, repeats: int) -> list[dict]:
@@ -71,7 +83,9 @@ def measure(shape: str, repeats: int) -> list[dict]:
     engines = {}
     for sync in ("adapter", "merged"):
         trainer = TrainEngine(model_of(shape), lr=1e-3, lora={**LORA, "sync": sync})
-        batch = PackedBatch.from_sequences({"input_ids": [[5, 6, 7, 8, 9, 10]] * 2, "loss_mask": [[0, 0, 1, 1, 1, 1]] * 2})
+        batch = PackedBatch.from_sequences(
+            {"input_ids": [[5, 6, 7, 8, 9, 10]] * 2, "loss_mask": [[0, 0, 1, 1, 1, 1]] * 2}
+        )
         trainer.train_step(batch, lambda lp, ent, mb: (-(lp * mb["loss_mask"]).sum(), {}))  # B no longer 0
         engines[sync] = (trainer, EmbeddedEngine(model=model_of(shape), max_running=2))
         rows[sync] = []
@@ -97,23 +111,43 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     shapes = ["kit"] if args.quick else ["kit", "40M", "166M"]
     results = [row for shape in shapes for row in measure(shape, args.repeats)]
-    table = Table(title=f"LoRA weight sync, r {LORA['r']} on q/k/v/o (median of {args.repeats}, {args.threads} threads)")
-    for col in ("model", "params", "sync", "MB moved", "collect ms", "publish ms", "apply ms", "total ms",
-                "x less time", "x less bytes"):
+    table = Table(
+        title=f"LoRA weight sync, r {LORA['r']} on q/k/v/o (median of {args.repeats}, {args.threads} threads)"
+    )
+    for col in (
+        "model",
+        "params",
+        "sync",
+        "MB moved",
+        "collect ms",
+        "publish ms",
+        "apply ms",
+        "total ms",
+        "x less time",
+        "x less bytes",
+    ):
         table.add_column(col, justify="right")
     by = {(r["model"], r["sync"]): r for r in results}
     for r in results:
         merged = by[(r["model"], "merged")]
-        table.add_row(r["model"], f"{r['params'] / 1e6:.2f}M", r["sync"], f"{r['bytes'] / 1e6:.3f}",
-                      f"{r['collect_s'] * 1e3:.1f}", f"{r['publish_s'] * 1e3:.1f}", f"{r['apply_s'] * 1e3:.1f}",
-                      f"{r['total_s'] * 1e3:.1f}",
-                      f"{merged['total_s'] / r['total_s']:.1f}" if r["sync"] == "adapter" else "",
-                      f"{merged['bytes'] / r['bytes']:.0f}" if r["sync"] == "adapter" else "")
+        table.add_row(
+            r["model"],
+            f"{r['params'] / 1e6:.2f}M",
+            r["sync"],
+            f"{r['bytes'] / 1e6:.3f}",
+            f"{r['collect_s'] * 1e3:.1f}",
+            f"{r['publish_s'] * 1e3:.1f}",
+            f"{r['apply_s'] * 1e3:.1f}",
+            f"{r['total_s'] * 1e3:.1f}",
+            f"{merged['total_s'] / r['total_s']:.1f}" if r["sync"] == "adapter" else "",
+            f"{merged['bytes'] / r['bytes']:.0f}" if r["sync"] == "adapter" else "",
+        )
     Console().print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "lora_sync.json"
-    out.write_text(json.dumps({"lora": LORA, "threads": args.threads, "repeats": args.repeats, "rows": results},
-                              indent=2) + "\n")
+    out.write_text(
+        json.dumps({"lora": LORA, "threads": args.threads, "repeats": args.repeats, "rows": results}, indent=2) + "\n"
+    )
     Console().print(f"wrote {out}")
     return 0
 

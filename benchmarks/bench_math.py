@@ -22,8 +22,8 @@ from rich.table import Table
 
 from areal_graph.nodes.advantages import gae
 from areal_graph.nodes.math_reward import math_reward
-from areal_graph.tools.reward_pool import RewardPool
 from areal_graph.nodes.ppo_loss import aggregate, decoupled_ppo_loss, loss_normalizer
+from areal_graph.tools.reward_pool import RewardPool
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -67,8 +67,16 @@ def bench_gae(n_seq: int, max_len: int) -> dict:
     rewards, values, mask, cu = packed_batch(n_seq, max_len)
     vec = timed(lambda: gae(rewards, values, mask, cu, 0.99, 0.95), 5)
     loop = timed(lambda: loop_gae(rewards, values, mask, cu, 0.99, 0.95), 1)
-    err = float((gae(rewards, values, mask, cu, 0.99, 0.95)[0] - loop_gae(rewards, values, mask, cu, 0.99, 0.95)).abs().max())
-    return {"tokens": int(cu[-1]), "vectorised_s": vec, "python_loop_s": loop, "speedup": loop / vec, "max_abs_diff": err}
+    err = float(
+        (gae(rewards, values, mask, cu, 0.99, 0.95)[0] - loop_gae(rewards, values, mask, cu, 0.99, 0.95)).abs().max()
+    )
+    return {
+        "tokens": int(cu[-1]),
+        "vectorised_s": vec,
+        "python_loop_s": loop,
+        "speedup": loop / vec,
+        "max_abs_diff": err,
+    }
 
 
 def bench_ppo(n_seq: int, max_len: int) -> dict:
@@ -100,22 +108,38 @@ def bench_reward(n_items: int, workers: int) -> dict:
         pooled = pool.score(completions, answers)
         pool_s = time.perf_counter() - t1
     assert [r.reward for r in pooled] == local, "pool and in-process scoring disagree"
-    return {"items": n_items, "workers": workers, "in_process_items_per_s": n_items / local_s,
-            "pool_items_per_s": n_items / pool_s, "pool_startup_s": start_s, "pool_vs_in_process": local_s / pool_s}
+    return {
+        "items": n_items,
+        "workers": workers,
+        "in_process_items_per_s": n_items / local_s,
+        "pool_items_per_s": n_items / pool_s,
+        "pool_startup_s": start_s,
+        "pool_vs_in_process": local_s / pool_s,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, < 60 s")
-    ap.add_argument("--threads", type=int, default=1, choices=(1, 2),
-                    help="torch intra-op threads (default 1: on a loaded 2-core machine, 2 threads "
-                         "make small ops 10-50x slower through OpenMP contention)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="torch intra-op threads (default 1: on a loaded 2-core machine, 2 threads "
+        "make small ops 10-50x slower through OpenMP contention)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     n_seq, max_len, n_items = (64, 512, 128) if args.quick else (256, 1024, 512)
 
-    results = {"quick": args.quick, "threads": args.threads, "gae": bench_gae(n_seq, max_len), "ppo_loss": bench_ppo(n_seq, max_len),
-               "reward": bench_reward(n_items, workers=2)}
+    results = {
+        "quick": args.quick,
+        "threads": args.threads,
+        "gae": bench_gae(n_seq, max_len),
+        "ppo_loss": bench_ppo(n_seq, max_len),
+        "reward": bench_reward(n_items, workers=2),
+    }
 
     table = Table(title="RL math and reward cost (ratios from this one run)")
     table.add_column("what")

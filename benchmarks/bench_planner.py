@@ -91,17 +91,49 @@ def bench(n: int, budget: int, repeats: int, dp: int) -> list[dict]:
     assert plan is not None
     flat = [mb for rank in plan for mb in rank]
     rank_tokens = [int(sum(lens[mb].sum() for mb in rank if mb)) for rank in plan]
-    rows.append({"n": n, "dp": dp, "method": "planner", **describe(flat, lens, budget),
-                 "padding_frac": engine_padding(flat, lens), "plan_s": best, "plan_cpu_s": best_cpu,
-                 "rank_imbalance": max(rank_tokens) / (sum(rank_tokens) / dp)})
+    rows.append(
+        {
+            "n": n,
+            "dp": dp,
+            "method": "planner",
+            **describe(flat, lens, budget),
+            "padding_frac": engine_padding(flat, lens),
+            "plan_s": best,
+            "plan_cpu_s": best_cpu,
+            "rank_imbalance": max(rank_tokens) / (sum(rank_tokens) / dp),
+        }
+    )
     if dp == 1:
-        for label, per in (("fixed (safe)", max(1, budget // int(lens.max()))),
-                           ("fixed (mean)", max(1, int(budget // lens.mean())))):
-            rows.append({"n": n, "dp": dp, "method": f"{label} n={per}", **describe(fixed(n, per), lens, budget),
-                         "plan_s": 0.0, "plan_cpu_s": 0.0, "rank_imbalance": 1.0})
-    rows.append({"n": n, "dp": dp, "method": "lower bound", "microbatches": dp * max(math.ceil(total / dp / budget), 1),
-                 "padding_frac": None, "over_budget_frac": 0.0, "max_mb_tokens": None,
-                 "balance_max_over_mean": None, "plan_s": None, "plan_cpu_s": None, "rank_imbalance": None})
+        for label, per in (
+            ("fixed (safe)", max(1, budget // int(lens.max()))),
+            ("fixed (mean)", max(1, int(budget // lens.mean()))),
+        ):
+            rows.append(
+                {
+                    "n": n,
+                    "dp": dp,
+                    "method": f"{label} n={per}",
+                    **describe(fixed(n, per), lens, budget),
+                    "plan_s": 0.0,
+                    "plan_cpu_s": 0.0,
+                    "rank_imbalance": 1.0,
+                }
+            )
+    rows.append(
+        {
+            "n": n,
+            "dp": dp,
+            "method": "lower bound",
+            "microbatches": dp * max(math.ceil(total / dp / budget), 1),
+            "padding_frac": None,
+            "over_budget_frac": 0.0,
+            "max_mb_tokens": None,
+            "balance_max_over_mean": None,
+            "plan_s": None,
+            "plan_cpu_s": None,
+            "rank_imbalance": None,
+        }
+    )
     return rows
 
 
@@ -119,17 +151,39 @@ def main() -> int:
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
 
-    table = Table(title=f"micro-batching, lognormal lengths, budget {args.budget} tokens "
-                        "(micro-batches summed over ranks)")
-    for col in ("n", "dp", "method", "micro-batches", "padding", "over budget", "max/mean tokens", "rank imb.", "plan wall", "plan cpu"):
+    table = Table(
+        title=f"micro-batching, lognormal lengths, budget {args.budget} tokens (micro-batches summed over ranks)"
+    )
+    for col in (
+        "n",
+        "dp",
+        "method",
+        "micro-batches",
+        "padding",
+        "over budget",
+        "max/mean tokens",
+        "rank imb.",
+        "plan wall",
+        "plan cpu",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["n"]), str(r["dp"]), r["method"], str(r["microbatches"]),
-                      f(r["padding_frac"], "{:.1%}"), f(r["over_budget_frac"], "{:.1%}"),
-                      f(r["balance_max_over_mean"], "{:.3f}"), f(r["rank_imbalance"], "{:.4f}"),
-                      f(r["plan_s"], "{:.3f} s"), f(r["plan_cpu_s"], "{:.3f} s"))
-    table.caption = (f"padding: planner, of the rows the engine computes ({ROW_TOKENS}-token rows, long sequences "
-                     "alone, grouped by width); fixed, each micro-batch padded to its longest sequence")
+        table.add_row(
+            str(r["n"]),
+            str(r["dp"]),
+            r["method"],
+            str(r["microbatches"]),
+            f(r["padding_frac"], "{:.1%}"),
+            f(r["over_budget_frac"], "{:.1%}"),
+            f(r["balance_max_over_mean"], "{:.3f}"),
+            f(r["rank_imbalance"], "{:.4f}"),
+            f(r["plan_s"], "{:.3f} s"),
+            f(r["plan_cpu_s"], "{:.3f} s"),
+        )
+    table.caption = (
+        f"padding: planner, of the rows the engine computes ({ROW_TOKENS}-token rows, long sequences "
+        "alone, grouped by width); fixed, each micro-batch padded to its longest sequence"
+    )
     console = Console(width=max(Console().width, 130))
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

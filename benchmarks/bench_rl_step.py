@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -54,7 +55,7 @@ def load_kit() -> tuple[Any, Any, list[list[int]], str]:
 
 def step_prompts(prompts: list[list[int]], r: int) -> list[list[int]]:
     """Round r's 32 requests: 4 consecutive prompts, each repeated 8 times (identical token ids)."""
-    chunk = prompts[r * PROMPTS_PER_STEP:(r + 1) * PROMPTS_PER_STEP]
+    chunk = prompts[r * PROMPTS_PER_STEP : (r + 1) * PROMPTS_PER_STEP]
     return [list(p) for p in chunk for _ in range(ANSWERS)]
 
 
@@ -71,13 +72,21 @@ def run_hf(model, ids: list[list[int]], pad: int, eos: set[int], seed: int) -> t
     inp = torch.full((len(ids), width), pad, dtype=torch.long)
     mask = torch.zeros_like(inp)
     for j, x in enumerate(ids):
-        inp[j, width - len(x):] = torch.tensor(x)
-        mask[j, width - len(x):] = 1
+        inp[j, width - len(x) :] = torch.tensor(x)
+        mask[j, width - len(x) :] = 1
     torch.manual_seed(seed)
     c0, t0 = time.process_time(), time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=inp, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
-                             top_k=0, max_new_tokens=MAX_NEW, pad_token_id=pad)
+        out = model.generate(
+            input_ids=inp,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=pad,
+        )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return wall, cpu, sum(_answer_len(row, eos) for row in out[:, width:].tolist())
 
@@ -85,8 +94,10 @@ def run_hf(model, ids: list[list[int]], pad: int, eos: set[int], seed: int) -> t
 def run_engine(eng: EmbeddedEngine, ids: list[list[int]], seed: int) -> tuple[float, float, int]:
     """One step through `submit` x 32 and waiting on every future; (wall s, CPU s, tokens)."""
     c0, t0 = time.process_time(), time.perf_counter()
-    futs = [eng.submit(x, SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, seed=seed * 1000 + j))
-            for j, x in enumerate(ids)]
+    futs = [
+        eng.submit(x, SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, seed=seed * 1000 + j))
+        for j, x in enumerate(ids)
+    ]
     res = [f.result() for f in futs]
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return wall, cpu, sum(len(r.output_ids) for r in res)
@@ -119,7 +130,7 @@ def measure(threads: int, rounds: int, ablate: bool, model, path, prompts, pad, 
     raw: dict[str, list[tuple[float, float, int]]] = {n: [] for n in names}
     for r in range(rounds):
         ids = step_prompts(prompts, offset + 3 + r)
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             raw[name].append(sides[name](ids, 100 + r))
     for fn in sides.values():
         if hasattr(fn, "engine"):
@@ -147,23 +158,45 @@ def main_rl_step(args: Any, results_dir: Path) -> int:
     eos = set(EmbeddedEngine(path, model=model).eos_token_ids)
     counts = [int(x) for x in args.thread_counts.split(",")]
     lens = [len(p) for p in prompts[:400]]
-    console.print(f"RL step: {PROMPTS_PER_STEP} prompts x {ANSWERS} answers, prompt tokens median "
-                  f"{statistics.median(lens)}, max_new_tokens {MAX_NEW}, T=1, {args.rounds} rounds per thread count")
-    res: dict[str, Any] = {"workload": "rl_step", "prompts_per_step": PROMPTS_PER_STEP, "answers": ANSWERS,
-                           "max_new_tokens": MAX_NEW, "runs": []}
+    console.print(
+        f"RL step: {PROMPTS_PER_STEP} prompts x {ANSWERS} answers, prompt tokens median "
+        f"{statistics.median(lens)}, max_new_tokens {MAX_NEW}, T=1, {args.rounds} rounds per thread count"
+    )
+    res: dict[str, Any] = {
+        "workload": "rl_step",
+        "prompts_per_step": PROMPTS_PER_STEP,
+        "answers": ANSWERS,
+        "max_new_tokens": MAX_NEW,
+        "runs": [],
+    }
     for i, n in enumerate(counts):
-        res["runs"].append(measure(n, args.rounds, args.ablate, model, path, prompts, pad, eos,
-                                   offset=i * (args.rounds + 3)))
+        res["runs"].append(
+            measure(n, args.rounds, args.ablate, model, path, prompts, pad, eos, offset=i * (args.rounds + 3))
+        )
     table = Table(title="RL step (4 x 8 identical prompts, T=1, <= 64 new tokens): engine vs HF generate")
-    for col in ("threads", "side", "s/step (median)", "CPU s/step", "tokens/step", "tok/s (median)",
-                "tok/s vs HF (median of rounds)", "CPU-time vs HF"):
+    for col in (
+        "threads",
+        "side",
+        "s/step (median)",
+        "CPU s/step",
+        "tokens/step",
+        "tok/s (median)",
+        "tok/s vs HF (median of rounds)",
+        "CPU-time vs HF",
+    ):
         table.add_column(col, justify="right" if col not in ("side",) else "left")
     for run in res["runs"]:
         for name, m in run["sides"].items():
-            table.add_row(str(run["threads"]), name, f"{m['s_per_step_median']:.3f}",
-                          f"{m['cpu_s_per_step_median']:.3f}",
-                          f"{m['tokens_per_step_mean']:.0f}", f"{m['tok_s_median']:.0f}",
-                          f"{m['speedup_tok_s_median']:.2f}x", f"{m['speedup_cpu_median']:.2f}x")
+            table.add_row(
+                str(run["threads"]),
+                name,
+                f"{m['s_per_step_median']:.3f}",
+                f"{m['cpu_s_per_step_median']:.3f}",
+                f"{m['tokens_per_step_mean']:.0f}",
+                f"{m['tok_s_median']:.0f}",
+                f"{m['speedup_tok_s_median']:.2f}x",
+                f"{m['speedup_cpu_median']:.2f}x",
+            )
     console.print(table)
     results_dir.mkdir(parents=True, exist_ok=True)
     out = results_dir / "generation_rl_step.json"

@@ -41,24 +41,36 @@ RESULTS = ROOT / "benchmarks" / "results"
 PIN_TRAIN_CORE = ["resources.inference.cores=[0]", "resources.training.cores=[1]", "resources.other.cores=[1]"]
 PIN_ENGINE_CORE = ["resources.inference.cores=[0]", "resources.training.cores=[1]", "resources.other.cores=[0]"]
 KITS: dict[str, dict[str, Any]] = {
-    "longtail": {"workflow": "workflows/ppo_async_longtail.yaml", "configs": [
-        ("eta 4 (as calibrated)", []),
-        ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
-        ("eta 1", ["runtime.max_staleness=1"]),
-        ("eta 8", ["runtime.max_staleness=8"]),
-        ("eta 4, 32 concurrent rollouts", ["runtime.max_concurrent_rollouts=32"]),
-        ("eta 8, 128 concurrent, 128 running", ["runtime.max_staleness=8", "runtime.max_concurrent_rollouts=128",
-                                                "inference.max_running_requests=128"]),
-        ("eta 4, batch 64", ["runtime.batch_size=64"]),
-        ("eta 4, pinned: engine core 0, trainer + rest core 1", PIN_TRAIN_CORE),
-        ("eta 4, pinned: engine + rest core 0, trainer core 1", PIN_ENGINE_CORE),
-    ]},
-    "shipped": {"workflow": "workflows/ppo_async.yaml", "configs": [
-        ("eta 4 (as calibrated)", []),
-        ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
-        ("eta 8", ["runtime.max_staleness=8"]),
-        ("eta 4, batch 64", ["runtime.batch_size=64"]),
-    ]},
+    "longtail": {
+        "workflow": "workflows/ppo_async_longtail.yaml",
+        "configs": [
+            ("eta 4 (as calibrated)", []),
+            ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
+            ("eta 1", ["runtime.max_staleness=1"]),
+            ("eta 8", ["runtime.max_staleness=8"]),
+            ("eta 4, 32 concurrent rollouts", ["runtime.max_concurrent_rollouts=32"]),
+            (
+                "eta 8, 128 concurrent, 128 running",
+                [
+                    "runtime.max_staleness=8",
+                    "runtime.max_concurrent_rollouts=128",
+                    "inference.max_running_requests=128",
+                ],
+            ),
+            ("eta 4, batch 64", ["runtime.batch_size=64"]),
+            ("eta 4, pinned: engine core 0, trainer + rest core 1", PIN_TRAIN_CORE),
+            ("eta 4, pinned: engine + rest core 0, trainer core 1", PIN_ENGINE_CORE),
+        ],
+    },
+    "shipped": {
+        "workflow": "workflows/ppo_async.yaml",
+        "configs": [
+            ("eta 4 (as calibrated)", []),
+            ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
+            ("eta 8", ["runtime.max_staleness=8"]),
+            ("eta 4, batch 64", ["runtime.batch_size=64"]),
+        ],
+    },
 }
 COMMON = ["runtime.eval_every=0", "runtime.save_every=0"]
 
@@ -109,63 +121,110 @@ def main() -> int:
         t0 = time.perf_counter()
         cal_window = run_workflow(wf, [f"runtime.steps={args.cal_steps}", *COMMON], cal_dir, work / f"{kit}-cal.log")
         costs = load_costs(cal_dir)
-        console.print(f"[bold]{kit}[/]: calibrated on {args.cal_steps} steps ({cal_window:.1f} s window, "
-                      f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}")
+        console.print(
+            f"[bold]{kit}[/]: calibrated on {args.cal_steps} steps ({cal_window:.1f} s window, "
+            f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}"
+        )
         configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
         # the machine's speed drifts (shared hosts): the calibration's own settings are measured again
         # last, and the drift between the two runs of them is reported beside the errors
         configs = [*configs, ("eta 4 (as calibrated, again at the end)", [])] if not args.quick else configs
-        preds = [predict(load_workflow(ROOT / wf, [f"runtime.steps={args.steps}", *COMMON, *ov]), costs, args.seeds)
-                 for _, ov in configs]
+        preds = [
+            predict(load_workflow(ROOT / wf, [f"runtime.steps={args.steps}", *COMMON, *ov]), costs, args.seeds)
+            for _, ov in configs
+        ]
         measured_runs: list[list[float]] = [[] for _ in configs]
         extras: list[dict[str, Any]] = [{} for _ in configs]
         for k in range(args.rounds):  # rounds interleaved: the machine's drift spreads over every configuration
             for i, (label, overrides) in enumerate(configs):
                 run_dir = work / f"{kit}-{i}-{k}"
-                measured_runs[i].append(run_workflow(wf, [f"runtime.steps={args.steps}", *COMMON, *overrides], run_dir,
-                                                     work / f"{kit}-{i}-{k}.log"))
+                measured_runs[i].append(
+                    run_workflow(
+                        wf, [f"runtime.steps={args.steps}", *COMMON, *overrides], run_dir, work / f"{kit}-{i}-{k}.log"
+                    )
+                )
                 extras[i] = measured_extras(run_dir)
                 console.print(f"  round {k + 1}: {label:52s} measured {measured_runs[i][-1]:6.1f} s", highlight=False)
         for i, (label, overrides) in enumerate(configs):
             pred, measured = preds[i], statistics.median(measured_runs[i])
             err = (pred["steps_window_s"] - measured) / measured
-            rows.append({"kit": kit, "config": label, "overrides": overrides, "steps": args.steps,
-                         "predicted_s": pred["steps_window_s"], "measured_s": measured,
-                         "measured_rounds": measured_runs[i], "error": err,
-                         "predicted_staleness": pred["staleness_mean"],
-                         "measured_staleness": extras[i].get("staleness_mean"),
-                         "predicted_engine_busy": pred["busy"].get("inference-0"),
-                         "measured_engine_busy": extras[i].get("engine_busy"), "extrapolates": pred["extrapolates"],
-                         "calibration": str(cal_dir)})
-            console.print(f"  {label:52s} predicted {pred['steps_window_s']:6.1f} s  measured {measured:6.1f} s  "
-                          f"error {err:+.1%}", highlight=False)
+            rows.append(
+                {
+                    "kit": kit,
+                    "config": label,
+                    "overrides": overrides,
+                    "steps": args.steps,
+                    "predicted_s": pred["steps_window_s"],
+                    "measured_s": measured,
+                    "measured_rounds": measured_runs[i],
+                    "error": err,
+                    "predicted_staleness": pred["staleness_mean"],
+                    "measured_staleness": extras[i].get("staleness_mean"),
+                    "predicted_engine_busy": pred["busy"].get("inference-0"),
+                    "measured_engine_busy": extras[i].get("engine_busy"),
+                    "extrapolates": pred["extrapolates"],
+                    "calibration": str(cal_dir),
+                }
+            )
+            console.print(
+                f"  {label:52s} predicted {pred['steps_window_s']:6.1f} s  measured {measured:6.1f} s  "
+                f"error {err:+.1%}",
+                highlight=False,
+            )
     errors = [abs(r["error"]) for r in rows]
     table = Table(title=f"simulator vs measurement ({args.steps} steps a run, calibrated on {args.cal_steps})")
-    for col in ("kit", "configuration", "predicted s", "measured s", "error", "staleness pred / meas",
-                "engine busy pred / meas"):
+    for col in (
+        "kit",
+        "configuration",
+        "predicted s",
+        "measured s",
+        "error",
+        "staleness pred / meas",
+        "engine busy pred / meas",
+    ):
         table.add_column(col, justify="right" if col not in ("kit", "configuration") else "left")
     for r in rows:
         ms = r["measured_staleness"]
         mb = r["measured_engine_busy"]
-        table.add_row(r["kit"], r["config"], f"{r['predicted_s']:.1f}", f"{r['measured_s']:.1f}", f"{r['error']:+.1%}",
-                      f"{r['predicted_staleness']:.2f} / {ms:.2f}" if ms is not None else f"{r['predicted_staleness']:.2f} / -",
-                      f"{r['predicted_engine_busy']:.0%} / {mb:.0%}" if mb is not None else "-")
+        table.add_row(
+            r["kit"],
+            r["config"],
+            f"{r['predicted_s']:.1f}",
+            f"{r['measured_s']:.1f}",
+            f"{r['error']:+.1%}",
+            f"{r['predicted_staleness']:.2f} / {ms:.2f}" if ms is not None else f"{r['predicted_staleness']:.2f} / -",
+            f"{r['predicted_engine_busy']:.0%} / {mb:.0%}" if mb is not None else "-",
+        )
     console.print(table)
     summary = {"median_abs_error": statistics.median(errors), "worst_abs_error": max(errors), "runs": len(rows)}
     for kit in {r["kit"] for r in rows}:
         same = [r["measured_s"] for r in rows if r["kit"] == kit and r["config"].startswith("eta 4 (as calibrated")]
         if len(same) == 2:
             summary[f"{kit}_drift"] = same[1] / same[0] - 1  # the same run measured first and last
-    console.print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%} "
-                  f"over {len(rows)} configurations")
+    console.print(
+        f"median |error| {summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%} "
+        f"over {len(rows)} configurations"
+    )
     for key, drift in summary.items():
         if key.endswith("_drift"):
-            console.print(f"{key[:-6]}: the calibration's settings measured first and last differ by {drift:+.1%} "
-                          "(the machine's own drift over the benchmark)")
+            console.print(
+                f"{key[:-6]}: the calibration's settings measured first and last differ by {drift:+.1%} "
+                "(the machine's own drift over the benchmark)"
+            )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("simulator_validation_quick.json" if args.quick else "simulator_validation.json")
-    out.write_text(json.dumps({"summary": summary, "rows": rows, "cal_steps": args.cal_steps, "steps": args.steps,
-                               "date": time.strftime("%Y-%m-%d")}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "rows": rows,
+                "cal_steps": args.cal_steps,
+                "steps": args.steps,
+                "date": time.strftime("%Y-%m-%d"),
+            },
+            indent=1,
+        )
+    )
     console.print(f"wrote {out}")
     return 0
 

@@ -137,17 +137,33 @@ def check_ledger(run_dir: Path, steps: int, eta: int) -> dict[str, Any]:
     logged = [m["step"] for m in metrics]
     account = reconcile(read_ledger(run_dir / "ledger.jsonl"))
     stale = max((m.get("staleness/max", 0.0) for m in metrics), default=0.0)
-    return {"steps_in_order": logged == list(range(1, steps + 1)), "staleness_max": stale,
-            "staleness_within_bound": stale <= eta, "trained_twice": len(account.trained_twice),
-            "unaccounted": len(account.unaccounted()), "failed": len(account.failed),
-            "dropped": len(account.dropped), "groups_trained": len(account.trained)}
+    return {
+        "steps_in_order": logged == list(range(1, steps + 1)),
+        "staleness_max": stale,
+        "staleness_within_bound": stale <= eta,
+        "trained_twice": len(account.trained_twice),
+        "unaccounted": len(account.unaccounted()),
+        "failed": len(account.failed),
+        "dropped": len(account.dropped),
+        "groups_trained": len(account.trained),
+    }
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir or f"/tmp/areal-soak-{int(time.time())}")
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", args.workflow, "--run-dir", str(run_dir),
-           f"runtime.steps={args.steps}", f"runtime.eval_every={args.eval_every}",
-           f"runtime.save_every={args.save_every}", *args.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        args.workflow,
+        "--run-dir",
+        str(run_dir),
+        f"runtime.steps={args.steps}",
+        f"runtime.eval_every={args.eval_every}",
+        f"runtime.save_every={args.save_every}",
+        *args.overrides,
+    ]
     if args.kill:
         cmd.append("runtime.auto_resume=1000")
         cmd.append("runtime.max_restarts=1000")
@@ -162,8 +178,15 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     while proc.poll() is None:
         time.sleep(args.sample_s)
         step = last_step(run_dir)
-        samples.append({"t": round(time.time() - t0, 1), "step": step, "procs": sample(owner),
-                        "run_mb": round(dir_bytes(run_dir) / 2**20, 2), "trace_mb": round(trace_mb(run_dir), 2)})
+        samples.append(
+            {
+                "t": round(time.time() - t0, 1),
+                "step": step,
+                "procs": sample(owner),
+                "run_mb": round(dir_bytes(run_dir) / 2**20, 2),
+                "trace_mb": round(trace_mb(run_dir), 2),
+            }
+        )
         if time.time() >= next_kill and step > 2:
             k = kill_one(owner, rng, run_dir)
             if k is not None:
@@ -171,9 +194,17 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 console.print(f"  killed {k['victim']} (pid {k['pid']}) after step {k['step']}")
             next_kill = time.time() + rng.expovariate(1 / args.kill_every_s)
     wall = time.time() - t0
-    result: dict[str, Any] = {"workflow": args.workflow, "steps": args.steps, "kill": args.kill, "wall_s": round(wall, 1),
-                              "returncode": proc.returncode, "run_dir": str(run_dir), "kills": kills,
-                              "samples": samples, "growth": growth(samples, args.warmup)}
+    result: dict[str, Any] = {
+        "workflow": args.workflow,
+        "steps": args.steps,
+        "kill": args.kill,
+        "wall_s": round(wall, 1),
+        "returncode": proc.returncode,
+        "run_dir": str(run_dir),
+        "kills": kills,
+        "samples": samples,
+        "growth": growth(samples, args.warmup),
+    }
     if proc.returncode == 0:
         result["ledger"] = check_ledger(run_dir, args.steps, args.max_staleness)
     return result
@@ -186,26 +217,41 @@ def growth(samples: list[dict[str, Any]], warmup: int) -> dict[str, dict[str, fl
     for r in roles:
         pts = [(s["step"], s["procs"][r]["rss_mb"]) for s in samples if r in s["procs"] and s["step"] >= warmup]
         fds = [s["procs"][r]["fds"] for s in samples if r in s["procs"] and s["step"] >= warmup]
-        at_1k = min(((abs(s["step"] - 1000), s["procs"][r]["rss_mb"]) for s in samples if r in s["procs"]),
-                    default=(0, float("nan")))[1]
-        out[r] = {"rss_1k_mb": round(at_1k, 1), "rss_end_mb": round(pts[-1][1], 1) if pts else float("nan"),
-                  "rss_mb_per_1k_steps": round(slope_per_1k(pts), 2),
-                  "fds_first": fds[0] if fds else float("nan"), "fds_last": fds[-1] if fds else float("nan")}
+        at_1k = min(
+            ((abs(s["step"] - 1000), s["procs"][r]["rss_mb"]) for s in samples if r in s["procs"]),
+            default=(0, float("nan")),
+        )[1]
+        out[r] = {
+            "rss_1k_mb": round(at_1k, 1),
+            "rss_end_mb": round(pts[-1][1], 1) if pts else float("nan"),
+            "rss_mb_per_1k_steps": round(slope_per_1k(pts), 2),
+            "fds_first": fds[0] if fds else float("nan"),
+            "fds_last": fds[-1] if fds else float("nan"),
+        }
     return out
 
 
 def show(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"soak: {result['workflow']}, {result['steps']} steps"
-                        f"{' with kills' if result['kill'] else ''}, {result['wall_s']:.0f} s")
+    table = Table(
+        title=f"soak: {result['workflow']}, {result['steps']} steps"
+        f"{' with kills' if result['kill'] else ''}, {result['wall_s']:.0f} s"
+    )
     for col in ("process", "RSS at ~1k steps (MB)", "RSS at end (MB)", "growth per 1k steps (MB)", "open files"):
         table.add_column(col, justify="right" if col != "process" else "left")
     for r, g in result["growth"].items():
-        table.add_row(r, f"{g['rss_1k_mb']:.0f}", f"{g['rss_end_mb']:.0f}", f"{g['rss_mb_per_1k_steps']:+.1f}",
-                      f"{g['fds_first']:.0f} -> {g['fds_last']:.0f}")
+        table.add_row(
+            r,
+            f"{g['rss_1k_mb']:.0f}",
+            f"{g['rss_end_mb']:.0f}",
+            f"{g['rss_mb_per_1k_steps']:+.1f}",
+            f"{g['fds_first']:.0f} -> {g['fds_last']:.0f}",
+        )
     console.print(table)
     last = result["samples"][-1] if result["samples"] else {}
-    console.print(f"run folder {last.get('run_mb', 0):.0f} MB, trace {last.get('trace_mb', 0):.0f} MB; "
-                  f"exit {result['returncode']}; kills: {len(result['kills'])}")
+    console.print(
+        f"run folder {last.get('run_mb', 0):.0f} MB, trace {last.get('trace_mb', 0):.0f} MB; "
+        f"exit {result['returncode']}; kills: {len(result['kills'])}"
+    )
     if "ledger" in result:
         console.print(f"ledger: {result['ledger']}")
 

@@ -60,9 +60,17 @@ REGIMES: dict[str, list[str]] = {
 
 def cell_overrides(eta: int, method: str, seed: int, steps: int, eval_size: int, batch: int) -> list[str]:
     concurrency = (eta + 1) * batch
-    return [*METHODS[method], f"runtime.max_staleness={eta}", f"runtime.seed={seed}", f"runtime.steps={steps}",
-            f"runtime.eval_every={max(steps // 4, 1)}", f"data.eval_size={eval_size}", "runtime.save_every=0",
-            f"runtime.max_concurrent_rollouts={concurrency}", f"inference.max_running_requests={concurrency}"]
+    return [
+        *METHODS[method],
+        f"runtime.max_staleness={eta}",
+        f"runtime.seed={seed}",
+        f"runtime.steps={steps}",
+        f"runtime.eval_every={max(steps // 4, 1)}",
+        f"data.eval_size={eval_size}",
+        "runtime.save_every=0",
+        f"runtime.max_concurrent_rollouts={concurrency}",
+        f"inference.max_running_requests={concurrency}",
+    ]
 
 
 def run_cell(workflow: Path, overrides: list[str], run_dir: Path) -> dict:
@@ -78,12 +86,21 @@ def run_cell(workflow: Path, overrides: list[str], run_dir: Path) -> dict:
     accs = [a for _, a in curve]
     steps = [m for m in metrics if "reward/mean" in m]
     mean = lambda key: statistics.fmean([m[key] for m in steps if key in m]) if any(key in m for m in steps) else None  # noqa: E731
-    return {"before": accs[0], "after": accs[-1], "early": accs[1] if len(accs) > 2 else None, "curve": curve,
-            "reward_auc": mean("reward/mean"), "wall_s": wall,
-            "staleness_mean": mean("staleness/mean"), "staleness_max": max((m.get("staleness/max", 0) for m in steps), default=0),
-            "stale_share": mean("train/mismatch/stale/share"), "stale_gap": mean("train/mismatch/stale/abs_mean"),
-            "fresh_gap": mean("train/mismatch/fresh/abs_mean"), "clipped": mean("train/clipped"),
-            "steps": len(steps)}
+    return {
+        "before": accs[0],
+        "after": accs[-1],
+        "early": accs[1] if len(accs) > 2 else None,
+        "curve": curve,
+        "reward_auc": mean("reward/mean"),
+        "wall_s": wall,
+        "staleness_mean": mean("staleness/mean"),
+        "staleness_max": max((m.get("staleness/max", 0) for m in steps), default=0),
+        "stale_share": mean("train/mismatch/stale/share"),
+        "stale_gap": mean("train/mismatch/stale/abs_mean"),
+        "fresh_gap": mean("train/mismatch/fresh/abs_mean"),
+        "clipped": mean("train/clipped"),
+        "steps": len(steps),
+    }
 
 
 def main() -> int:
@@ -96,10 +113,18 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--eval-size", type=int, default=500)
     ap.add_argument("--batch", type=int, default=32, help="the workflow's runtime.batch_size (sets the concurrency)")
-    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more override for every cell (repeatable); recorded in the JSON")
+    ap.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every cell (repeatable); recorded in the JSON",
+    )
     ap.add_argument("--resume", action="store_true", help="skip cells already in the JSON (same regime, overrides)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/staleness_ablation_<regime>.json)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/staleness_ablation_<regime>.json)"
+    )
     ap.add_argument("--runs", type=Path, default=RESULTS / "ablation_runs", help="where run directories go")
     args = ap.parse_args()
     etas = [int(x) for x in args.etas.split(",") if x]
@@ -112,8 +137,10 @@ def main() -> int:
     extra = REGIMES[args.regime] + args.extra
     done = json.loads(out.read_text()) if args.resume and out.exists() else {"cells": []}
     if done.get("extra", extra) != extra or done.get("steps", args.steps) != args.steps:
-        ap.error(f"{out} holds cells of other settings ({done.get('extra')}, {done.get('steps')} steps); "
-                 "use another --out or drop --resume")
+        ap.error(
+            f"{out} holds cells of other settings ({done.get('extra')}, {done.get('steps')} steps); "
+            "use another --out or drop --resume"
+        )
     have = {(c["eta"], c["method"], c["seed"]) for c in done["cells"]}
     console = Console(width=max(Console().width, 200))
     cells = list(done["cells"])
@@ -124,15 +151,30 @@ def main() -> int:
                     continue
                 label = f"{args.regime}-eta{eta}-{method.replace(' ', '_').replace('+', '_')}-s{seed}"
                 console.print(f"{label} ...")
-                r = run_cell(args.workflow, cell_overrides(eta, method, seed, args.steps, args.eval_size, args.batch)
-                             + extra, args.runs / label)
+                r = run_cell(
+                    args.workflow,
+                    cell_overrides(eta, method, seed, args.steps, args.eval_size, args.batch) + extra,
+                    args.runs / label,
+                )
                 cells.append({"eta": eta, "method": method, "seed": seed, **r})
-                console.print(f"  {r['before']:.1%} -> {r['after']:.1%}, reward area {r['reward_auc']:.3f}, "
-                              f"staleness {r['staleness_mean'] or 0:.2f}, {r['wall_s']:.0f} s")
+                console.print(
+                    f"  {r['before']:.1%} -> {r['after']:.1%}, reward area {r['reward_auc']:.3f}, "
+                    f"staleness {r['staleness_mean'] or 0:.2f}, {r['wall_s']:.0f} s"
+                )
                 RESULTS.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"regime": args.regime, "extra": extra, "steps": args.steps,
-                                           "workflow": str(args.workflow.relative_to(ROOT)), "cells": cells},
-                                          indent=2) + "\n")
+                out.write_text(
+                    json.dumps(
+                        {
+                            "regime": args.regime,
+                            "extra": extra,
+                            "steps": args.steps,
+                            "workflow": str(args.workflow.relative_to(ROOT)),
+                            "cells": cells,
+                        },
+                        indent=2,
+                    )
+                    + "\n"
+                )
     print_table(console, args.regime, cells)
     png = plot(cells, out.with_suffix(".png"), args.regime)
     console.print(f"wrote {out}" + (f" and {png}" if png else " (no PNG: pip install matplotlib)"))
@@ -149,8 +191,10 @@ def _stat(values: list[float], fmt: str = "{:.3f}") -> str:
 def print_table(console: Console, regime: str, cells: list[dict]) -> None:
     methods = list(dict.fromkeys(c["method"] for c in cells))
     etas = sorted({c["eta"] for c in cells})
-    t = Table(title=f"staleness ablation ({regime}): greedy test accuracy a quarter of the way and at the end, "
-                    "mean reward over the run (mean over seeds, range in brackets)")
+    t = Table(
+        title=f"staleness ablation ({regime}): greedy test accuracy a quarter of the way and at the end, "
+        "mean reward over the run (mean over seeds, range in brackets)"
+    )
     t.add_column("eta", justify="right")
     t.add_column("measured staleness", justify="right")
     for m in methods:
@@ -163,8 +207,11 @@ def print_table(console: Console, regime: str, cells: list[dict]) -> None:
         row = [str(eta), _stat([c["staleness_mean"] for c in at if c["staleness_mean"] is not None], "{:.1f}")]
         for m in methods:
             mine = [c for c in at if c["method"] == m]
-            row += [_stat([c["early"] for c in mine if c.get("early") is not None]), _stat([c["after"] for c in mine]),
-                    _stat([c["reward_auc"] for c in mine])]
+            row += [
+                _stat([c["early"] for c in mine if c.get("early") is not None]),
+                _stat([c["after"] for c in mine]),
+                _stat([c["reward_auc"] for c in mine]),
+            ]
         row.append(_stat([c["wall_s"] for c in at if c["method"] == "decoupled"], "{:.0f}"))
         t.add_row(*row)
     console.print(t)
@@ -185,7 +232,7 @@ def plot(cells: list[dict], path: Path, regime: str) -> Path | None:
             have = [c for c in mine if c.get(key) is not None]
             xs = sorted({c["eta"] for c in have})
             means = [statistics.fmean([c[key] for c in have if c["eta"] == e]) for e in xs]
-            line, = ax.plot(xs, means, marker="o", label=m)
+            (line,) = ax.plot(xs, means, marker="o", label=m)
             ax.scatter([c["eta"] for c in have], [c[key] for c in have], s=10, alpha=0.4, color=line.get_color())
     for ax, title in zip(axes, ("greedy accuracy a quarter of the way", "mean reward over the run")):
         ax.set_xscale("symlog", linthresh=1)

@@ -32,9 +32,21 @@ _TS = re.compile(rb'"ts":(\d+)')
 
 def make_source(tmp: Path) -> Path:
     run = tmp / "source"
-    subprocess.run([sys.executable, "-m", "areal_graph.cli.main", "run", str(ROOT / "workflows" / "ppo_async.yaml"),
-                    "--run-dir", str(run), "runtime.steps=200", "runtime.trace_max_mb=null"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal_graph.cli.main",
+            "run",
+            str(ROOT / "workflows" / "ppo_async.yaml"),
+            "--run-dir",
+            str(run),
+            "runtime.steps=200",
+            "runtime.trace_max_mb=null",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return run
 
 
@@ -57,24 +69,49 @@ def grow(source: Path, out: Path, size_mb: int) -> int:
         return f.tell()
 
 
-_PEAK = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-         "sys.stdout.write(done.stdout); print('PEAK_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
-         "sys.exit(done.returncode)")
+_PEAK = (
+    "import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+    "sys.stdout.write(done.stdout); print('PEAK_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+    "sys.exit(done.returncode)"
+)
 
 
 def measure(path: Path, read_mb: int) -> dict:
     """`areal-graph trace PATH --read-mb N` in a fresh process: wall seconds and peak RSS (its own,
     reported by a parent of its own: one measurement never sees another's peak)."""
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "areal_graph.cli.main", "trace",
-                           str(path), "--read-mb", str(read_mb), "--by", "name", "--top", "5"],
-                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PEAK,
+            sys.executable,
+            "-m",
+            "areal_graph.cli.main",
+            "trace",
+            str(path),
+            "--read-mb",
+            str(read_mb),
+            "--by",
+            "name",
+            "--top",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     wall = time.perf_counter() - t0
     peak = [int(ln.split()[1]) for ln in done.stdout.splitlines() if ln.startswith("PEAK_KB")]
     notes = [ln.strip() for ln in done.stdout.splitlines() if "note:" in ln and "streamed" in ln]
-    return {"file_mb": round(path.stat().st_size / 2**20, 1), "read_mb": read_mb, "wall_s": round(wall, 2),
-            "peak_rss_mb": round(peak[0] / 1024) if peak else None, "returncode": done.returncode,
-            "streamed_note": notes[0] if notes else ""}
+    return {
+        "file_mb": round(path.stat().st_size / 2**20, 1),
+        "read_mb": read_mb,
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(peak[0] / 1024) if peak else None,
+        "returncode": done.returncode,
+        "streamed_note": notes[0] if notes else "",
+    }
 
 
 def main() -> None:
@@ -92,14 +129,21 @@ def main() -> None:
         big = tmp / "big" / "trace.json"
         big.parent.mkdir()
         grow(trace, big, args.size_mb)
-        rows = [("source, read whole", measure(trace, 1 << 14)),
-                (f"{args.size_mb} MB, windows", measure(big, args.read_mb))]
+        rows = [
+            ("source, read whole", measure(trace, 1 << 14)),
+            (f"{args.size_mb} MB, windows", measure(big, args.read_mb)),
+        ]
     table = Table(title="areal-graph trace: time and memory by trace size")
     for col in ("what", "file MB", "read MB", "wall s", "peak RSS MB"):
         table.add_column(col, justify="left" if col == "what" else "right")
     for what, r in rows:
-        table.add_row(what, f"{r['file_mb']:,.0f}", str(min(r["read_mb"], int(r["file_mb"]) + 1)), f"{r['wall_s']:.1f}",
-                      f"{r['peak_rss_mb']:,.0f}" if r["peak_rss_mb"] else "?")
+        table.add_row(
+            what,
+            f"{r['file_mb']:,.0f}",
+            str(min(r["read_mb"], int(r["file_mb"]) + 1)),
+            f"{r['wall_s']:.1f}",
+            f"{r['peak_rss_mb']:,.0f}" if r["peak_rss_mb"] else "?",
+        )
     console.print(table)
     for _, r in rows:
         if r["returncode"]:

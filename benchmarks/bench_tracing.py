@@ -56,7 +56,7 @@ def span_cost(n: int = 20_000) -> dict:
         traced = (time.perf_counter() - t0) / n
         tr.close()
     t0 = time.perf_counter()
-    for i in range(n):
+    for _ in range(n):
         pass
     empty = (time.perf_counter() - t0) / n
     return {"spans": n, "per_span_us": traced * 1e6, "empty_loop_us": empty * 1e6}
@@ -95,9 +95,15 @@ def request_spans_cost(n: int = 5_000, tokens: int = 64) -> dict:
         tr.merge(json.loads(body)["spans"])
         tr.flush()
         written = time.perf_counter() - t0
-    return {"requests": n, "spans_per_request": spans / n, "record_us_per_request": recorded / n * 1e6,
-            "take_us_per_request": taken / n * 1e6, "json_us_per_request": encoded / n * 1e6,
-            "json_bytes_per_request": len(body) / n, "controller_us_per_request": written / n * 1e6}
+    return {
+        "requests": n,
+        "spans_per_request": spans / n,
+        "record_us_per_request": recorded / n * 1e6,
+        "take_us_per_request": taken / n * 1e6,
+        "json_us_per_request": encoded / n * 1e6,
+        "json_bytes_per_request": len(body) / n,
+        "controller_us_per_request": written / n * 1e6,
+    }
 
 
 def engine_ab(rounds: int = 10, new_tokens: int = 64) -> dict:
@@ -119,8 +125,13 @@ def engine_ab(rounds: int = 10, new_tokens: int = 64) -> dict:
             traced = k % 4 in (1, 2)  # off, on, on, off, off, on, ...; round 0 warms up
             engine.trace_into(on if traced else off)
             w0, c0 = time.perf_counter(), time.process_time()
-            futs = [engine.submit(p, SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True,
-                                                    seed=100 * k + j)) for p in prompts for j in range(8)]
+            futs = [
+                engine.submit(
+                    p, SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True, seed=100 * k + j)
+                )
+                for p in prompts
+                for j in range(8)
+            ]
             while engine.stats()["tokens_generated"] < 32 * new_tokens * k + 32 * new_tokens // 2:
                 time.sleep(0.001)
             engine.update_weights_from_state_dict(state, version=k + 1)
@@ -130,15 +141,30 @@ def engine_ab(rounds: int = 10, new_tokens: int = 64) -> dict:
             if k:
                 times[traced].append((time.perf_counter() - w0, time.process_time() - c0))
     med = {t: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for t, v in times.items()}
-    return {"rounds": rounds, "requests_per_round": 32, "new_tokens": new_tokens,
-            "wall_s": {"on": med[True][0], "off": med[False][0]}, "cpu_s": {"on": med[True][1], "off": med[False][1]},
-            "wall_overhead": med[True][0] / med[False][0] - 1, "cpu_overhead": med[True][1] / med[False][1] - 1}
+    return {
+        "rounds": rounds,
+        "requests_per_round": 32,
+        "new_tokens": new_tokens,
+        "wall_s": {"on": med[True][0], "off": med[False][0]},
+        "cpu_s": {"on": med[True][1], "off": med[False][1]},
+        "wall_overhead": med[True][0] / med[False][0] - 1,
+        "cpu_overhead": med[True][1] / med[False][1] - 1,
+    }
 
 
 def one_run(steps: int, trace: bool, workdir: Path, workflow: Path) -> dict:
     run_dir = workdir / f"{'on' if trace else 'off'}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(workflow), f"runtime.steps={steps}",
-           f"runtime.trace={'true' if trace else 'false'}", "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(workflow),
+        f"runtime.steps={steps}",
+        f"runtime.trace={'true' if trace else 'false'}",
+        "--run-dir",
+        str(run_dir),
+    ]
     t0, cpu0 = time.perf_counter(), _children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, _children_cpu_s() - cpu0
@@ -147,10 +173,15 @@ def one_run(steps: int, trace: bool, workdir: Path, workflow: Path) -> dict:
     metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     trace_path = run_dir / "trace.json"
     events = json.loads(trace_path.read_text()) if trace_path.exists() else []
-    return {"trace": trace, "wall_s": wall, "cpu_s": cpu, "loop_s": metrics[-1]["time"] - metrics[0]["time"],
-            "steps": sum(1 for m in metrics if "time/step" in m),
-            "trace_bytes": trace_path.stat().st_size if trace_path.exists() else 0,
-            "trace_events": len(events)}
+    return {
+        "trace": trace,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "loop_s": metrics[-1]["time"] - metrics[0]["time"],
+        "steps": sum(1 for m in metrics if "time/step" in m),
+        "trace_bytes": trace_path.stat().st_size if trace_path.exists() else 0,
+        "trace_events": len(events),
+    }
 
 
 def _children_cpu_s() -> float:
@@ -163,13 +194,15 @@ def run_cost(steps: int, rounds: int, workflow: Path, console: Console) -> list[
     runs = []
     with tempfile.TemporaryDirectory(prefix="areal-bench-trace-") as tmp:
         for k in range(rounds):
-            for trace in ((True, False) if k % 2 == 0 else (False, True)):
+            for trace in (True, False) if k % 2 == 0 else (False, True):
                 console.print(f"round {k + 1}/{rounds}: tracing {'on' if trace else 'off'}, {steps} steps ...")
                 r = one_run(steps, trace, Path(tmp), workflow)
                 r["round"] = k
                 runs.append(r)
-                console.print(f"  wall {r['wall_s']:.1f} s, loop {r['loop_s']:.1f} s, cpu {r['cpu_s']:.1f} s, "
-                              f"trace {r['trace_bytes'] / 1e6:.1f} MB")
+                console.print(
+                    f"  wall {r['wall_s']:.1f} s, loop {r['loop_s']:.1f} s, cpu {r['cpu_s']:.1f} s, "
+                    f"trace {r['trace_bytes'] / 1e6:.1f} MB"
+                )
     return runs
 
 
@@ -185,28 +218,35 @@ def summarize(runs: list[dict]) -> dict:
     pairs = {}
     for r in runs:
         pairs.setdefault(r["round"], {})[r["trace"]] = r
-    out["loop_overhead_per_round"] = [(p[True]["loop_s"] - p[False]["loop_s"]) / p[False]["loop_s"]
-                                      for p in pairs.values() if len(p) == 2]
+    out["loop_overhead_per_round"] = [
+        (p[True]["loop_s"] - p[False]["loop_s"]) / p[False]["loop_s"] for p in pairs.values() if len(p) == 2
+    ]
     return out
 
 
-def print_tables(console: Console, micro: dict, req: dict, eng: dict | None, runs: list[dict],
-                 summary: dict | None) -> None:
+def print_tables(
+    console: Console, micro: dict, req: dict, eng: dict | None, runs: list[dict], summary: dict | None
+) -> None:
     table = Table(title="Tracing cost, micro (one run, shared machine)")
     for col in ("what", "us"):
         table.add_column(col, justify="right")
     table.add_row("with tr.span(...): pass", f"{micro['per_span_us']:.1f}")
     table.add_row("empty loop", f"{micro['empty_loop_us']:.2f}")
-    table.add_row(f"engine: one interrupted request, record ({req['spans_per_request']:.0f} spans)",
-                  f"{req['record_us_per_request']:.1f}")
+    table.add_row(
+        f"engine: one interrupted request, record ({req['spans_per_request']:.0f} spans)",
+        f"{req['record_us_per_request']:.1f}",
+    )
     table.add_row("engine: take() per request", f"{req['take_us_per_request']:.1f}")
-    table.add_row(f"engine: JSON per request ({req['json_bytes_per_request']:.0f} bytes)",
-                  f"{req['json_us_per_request']:.1f}")
+    table.add_row(
+        f"engine: JSON per request ({req['json_bytes_per_request']:.0f} bytes)", f"{req['json_us_per_request']:.1f}"
+    )
     table.add_row("controller: merge + format + write, per request", f"{req['controller_us_per_request']:.1f}")
     console.print(table)
     if eng is not None:
-        table = Table(title=f"Embedded engine in-process, 32 requests x {eng['new_tokens']} tokens + a weight swap, "
-                            f"median of {eng['rounds']} rounds each")
+        table = Table(
+            title=f"Embedded engine in-process, 32 requests x {eng['new_tokens']} tokens + a weight swap, "
+            f"median of {eng['rounds']} rounds each"
+        )
         for col in ("tracing", "wall s", "cpu s"):
             table.add_column(col, justify="right")
         for mode in ("off", "on"):
@@ -215,18 +255,27 @@ def print_tables(console: Console, micro: dict, req: dict, eng: dict | None, run
         console.print(table)
         server_us = req["record_us_per_request"] + req["take_us_per_request"] + req["json_us_per_request"]
         per_request_us = eng["cpu_s"]["off"] / eng["requests_per_round"] * 1e6
-        console.print(f"inference server: tracing {server_us:.0f} us per request (record + take + JSON) against "
-                      f"{per_request_us:.0f} us of engine CPU per request untraced: "
-                      f"{100 * server_us / per_request_us:.1f}%")
+        console.print(
+            f"inference server: tracing {server_us:.0f} us per request (record + take + JSON) against "
+            f"{per_request_us:.0f} us of engine CPU per request untraced: "
+            f"{100 * server_us / per_request_us:.1f}%"
+        )
     if not runs:
         return
     table = Table(title="Whole runs, tracing on vs off (interleaved; shared 2-core machine)")
     for col in ("round", "trace", "steps", "wall s", "loop s", "cpu s", "trace MB", "events"):
         table.add_column(col, justify="right")
     for r in runs:
-        table.add_row(str(r["round"] + 1), "on" if r["trace"] else "off", str(r["steps"]), f"{r['wall_s']:.1f}",
-                      f"{r['loop_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['trace_bytes'] / 1e6:.2f}",
-                      str(r["trace_events"]))
+        table.add_row(
+            str(r["round"] + 1),
+            "on" if r["trace"] else "off",
+            str(r["steps"]),
+            f"{r['wall_s']:.1f}",
+            f"{r['loop_s']:.1f}",
+            f"{r['cpu_s']:.1f}",
+            f"{r['trace_bytes'] / 1e6:.2f}",
+            str(r["trace_events"]),
+        )
     console.print(table)
     for key in ("wall_s", "loop_s", "cpu_s"):
         s = summary[key]
@@ -251,9 +300,21 @@ def main() -> int:
     print_tables(console, micro, req, eng, runs, summary)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("tracing_micro.json" if args.micro_only else "tracing.json")
-    out.write_text(json.dumps({"micro": micro, "engine_request": req, "engine_ab": eng, "runs": runs,
-                               "summary": summary,
-                               "steps": args.steps, "rounds": args.rounds, "workflow": str(args.workflow)}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "micro": micro,
+                "engine_request": req,
+                "engine_ab": eng,
+                "runs": runs,
+                "summary": summary,
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "workflow": str(args.workflow),
+            },
+            indent=2,
+        )
+    )
     console.print(f"wrote {out}")
     return 0
 

@@ -83,19 +83,20 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from bench_generation import build_model  # the same random Qwen2 (vocab VOCAB) as the generation benchmark
+from bench_planner import engine_positions
 from rich.console import Console
 from rich.table import Table
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.train_engine import TrainEngine
-from bench_generation import build_model  # the same random Qwen2 (vocab VOCAB) as the generation benchmark
-from bench_planner import engine_positions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB = 1024
@@ -132,8 +133,10 @@ def packed_positions(engine: TrainEngine, batch: PackedBatch, budget: int) -> in
     plan = plan_microbatches(lens.tolist(), budget)[0]
     if not engine._lean_on():
         return engine_positions(plan, lens, engine.row_tokens)
-    return sum(stream_layout(mb["input_ids"], mb.cu_seqlens.tolist(), torch.device("cpu")).input_ids.numel()
-               for mb in (batch.select(idx) for idx in plan if idx))
+    return sum(
+        stream_layout(mb["input_ids"], mb.cu_seqlens.tolist(), torch.device("cpu")).input_ids.numel()
+        for mb in (batch.select(idx) for idx in plan if idx)
+    )
 
 
 def padded_microbatches(lens: list[int], budget: int, order: list[int]) -> list[list[int]]:
@@ -221,8 +224,8 @@ def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
     return ids, mask
 
 
@@ -231,8 +234,8 @@ def _right_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Ten
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
     return ids, mask
 
 
@@ -246,21 +249,34 @@ def sample_rl_batch(model: Any, tok: Any, prompts: list[Any], seed: int) -> RLBa
     prompt_ids, prompt_mask = _left_pad([p.input_ids for p in reqs], pad)
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=1.0,
-                             top_p=1.0, top_k=0, max_new_tokens=MAX_NEW, pad_token_id=pad)
+        out = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=pad,
+        )
     eos = model.config.eos_token_id
     answers = []
-    for row in out[:, prompt_ids.shape[1]:].tolist():
+    for row in out[:, prompt_ids.shape[1] :].tolist():
         cut = row.index(eos) + 1 if eos in row else len(row)
         answers.append(row[:cut])
-    rewards = torch.tensor([math_reward(tok.decode(a, skip_special_tokens=True), p.answer)
-                            for a, p in zip(answers, reqs)])
+    rewards = torch.tensor(
+        [math_reward(tok.decode(a, skip_special_tokens=True), p.answer) for a, p in zip(answers, reqs)]
+    )
     adv = grpo_advantages(rewards, torch.arange(len(reqs)) // ANSWERS).float()
-    packed = PackedBatch.from_sequences({
-        "input_ids": [p.input_ids + a for p, a in zip(reqs, answers)],
-        "loss_mask": [[0] * len(p.input_ids) + [1] * len(a) for p, a in zip(reqs, answers)],
-        "advantages": [[0.0] * len(p.input_ids) + [float(adv[i])] * len(a) for i, (p, a) in enumerate(zip(reqs, answers))],
-    })
+    packed = PackedBatch.from_sequences(
+        {
+            "input_ids": [p.input_ids + a for p, a in zip(reqs, answers)],
+            "loss_mask": [[0] * len(p.input_ids) + [1] * len(a) for p, a in zip(reqs, answers)],
+            "advantages": [
+                [0.0] * len(p.input_ids) + [float(adv[i])] * len(a) for i, (p, a) in enumerate(zip(reqs, answers))
+            ],
+        }
+    )
     packed.tokens["behav_logprobs"] = TrainEngine(copy.deepcopy(model), trainable=False).compute_logprobs(packed)
     completion_ids, completion_mask = _right_pad(answers, pad)
     return RLBatch(packed, prompt_ids, prompt_mask, completion_ids, completion_mask, adv)
@@ -290,8 +306,9 @@ class TRLStep:
             labels[:, :-keep] = -100
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
             return out.log_probs[:, -keep:], out.entropy[:, -keep:]
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                            logits_to_keep=keep + 1).logits[:, :-1]
+        logits = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep + 1
+        ).logits[:, :-1]
         return selective_log_softmax(logits, b.completion_ids), entropy_from_logits(logits)
 
     def loss(self, b: RLBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -316,8 +333,13 @@ class TRLStep:
             n = mask.sum().clamp(min=1.0)
             low = ((coef_1 < 1 - CLIP_EPS) & (adv < 0)).float()
             high = ((coef_1 > 1 + CLIP_EPS) & (adv > 0)).float()
-            stats = {"loss": loss.item(), "grad_norm": grad_norm.item(), "entropy": ((entropies * mask).sum() / n).item(),
-                     "clip_low": ((low * mask).sum() / n).item(), "clip_high": ((high * mask).sum() / n).item()}
+            stats = {
+                "loss": loss.item(),
+                "grad_norm": grad_norm.item(),
+                "entropy": ((entropies * mask).sum() / n).item(),
+                "clip_low": ((low * mask).sum() / n).item(),
+                "clip_high": ((high * mask).sum() / n).item(),
+            }
         return stats
 
 
@@ -340,8 +362,9 @@ def rl_methods(model: torch.nn.Module, ablate: bool) -> dict[str, Callable[[RLBa
         OURS: ours_step(TrainEngine(copy.deepcopy(model), lr=LR, grad_clip=GRAD_CLIP)),
     }
     if ablate:
-        methods[OURS_NO_SHARING] = ours_step(TrainEngine(copy.deepcopy(model), lr=LR, grad_clip=GRAD_CLIP,
-                                                         share_prefixes=False))
+        methods[OURS_NO_SHARING] = ours_step(
+            TrainEngine(copy.deepcopy(model), lr=LR, grad_clip=GRAD_CLIP, share_prefixes=False)
+        )
         methods[OURS_HF] = ours_step(TrainEngine(copy.deepcopy(model), lr=LR, grad_clip=GRAD_CLIP, lean=False))
     return methods
 
@@ -358,14 +381,17 @@ def same_update_check(model: torch.nn.Module, b: RLBatch) -> dict[str, Any]:
     stats = ours_step(engine)(b)
     g_trl = torch.cat([p.grad.flatten() for p in trl.model.parameters()]).double()
     g_ours = torch.cat([p.grad.flatten() for p in engine.model.parameters()]).double()
-    return {"loss_trl": loss_trl.item(), "loss_ours": stats["loss"],
-            "grad_rel_diff": float((g_trl - g_ours).norm() / g_trl.norm()),
-            "equal_prompt_lengths": bool(b.prompt_mask.all())}
+    return {
+        "loss_trl": loss_trl.item(),
+        "loss_ours": stats["loss"],
+        "grad_rel_diff": float((g_trl - g_ours).norm() / g_trl.norm()),
+        "equal_prompt_lengths": bool(b.prompt_mask.all()),
+    }
 
 
 def _time_round(methods: dict, b: RLBatch, r: int, record: dict | None) -> None:
     names = list(methods)
-    for name in names[r % len(names):] + names[:r % len(names)]:  # order rotated per round
+    for name in names[r % len(names) :] + names[: r % len(names)]:  # order rotated per round
         t0, c0 = time.perf_counter(), time.process_time()
         methods[name](b)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -379,10 +405,15 @@ def _batch_shape(b: RLBatch) -> dict[str, Any]:
 
     resp = b.completion_mask.sum(1)
     layout = stream_layout(b.packed["input_ids"], b.packed.cu_seqlens.tolist(), torch.device("cpu"))
-    return {"tokens": b.packed.num_tokens, "prompt_len_max": int(b.prompt_ids.shape[1]),
-            "response_min": int(resp.min()), "response_mean": float(resp.float().mean()),
-            "response_max": int(resp.max()), "trl_positions": int(b.prompt_ids.numel() + b.completion_ids.numel()),
-            "ours_stream_positions": int(layout.input_ids.numel())}
+    return {
+        "tokens": b.packed.num_tokens,
+        "prompt_len_max": int(b.prompt_ids.shape[1]),
+        "response_min": int(resp.min()),
+        "response_mean": float(resp.float().mean()),
+        "response_max": int(resp.max()),
+        "trl_positions": int(b.prompt_ids.numel() + b.completion_ids.numel()),
+        "ours_stream_positions": int(layout.input_ids.numel()),
+    }
 
 
 def rl_summary(record: dict, threads: list[int]) -> list[dict[str, Any]]:
@@ -390,43 +421,62 @@ def rl_summary(record: dict, threads: list[int]) -> list[dict[str, Any]]:
     for n in threads:
         base = record[n][TRL_FUSED]
         for name, rec in record[n].items():
-            rows.append({
-                "threads": n, "method": name, "median_step_s": statistics.median(rec["step_s"]),
-                "median_cpu_s": statistics.median(rec["cpu_s"]),
-                "ratio_vs_trl": statistics.median(t / b for t, b in zip(rec["step_s"], base["step_s"])),
-                "ratio_vs_trl_cpu": statistics.median(t / b for t, b in zip(rec["cpu_s"], base["cpu_s"])),
-                "ratio_vs_trl_selective": statistics.median(
-                    t / b for t, b in zip(rec["step_s"], record[n][TRL_SELECTIVE]["step_s"])),
-                "step_s": rec["step_s"], "cpu_s": rec["cpu_s"]})
+            rows.append(
+                {
+                    "threads": n,
+                    "method": name,
+                    "median_step_s": statistics.median(rec["step_s"]),
+                    "median_cpu_s": statistics.median(rec["cpu_s"]),
+                    "ratio_vs_trl": statistics.median(t / b for t, b in zip(rec["step_s"], base["step_s"])),
+                    "ratio_vs_trl_cpu": statistics.median(t / b for t, b in zip(rec["cpu_s"], base["cpu_s"])),
+                    "ratio_vs_trl_selective": statistics.median(
+                        t / b for t, b in zip(rec["step_s"], record[n][TRL_SELECTIVE]["step_s"])
+                    ),
+                    "step_s": rec["step_s"],
+                    "cpu_s": rec["cpu_s"],
+                }
+            )
     return rows
 
 
 def print_rl_table(rows: list[dict], shapes: list[dict], check: dict, args: argparse.Namespace) -> None:
     tok = statistics.mean(s["tokens"] for s in shapes)
-    title = (f"one RL training step, builtin kit (a tiny Qwen2, fp32), {PROMPTS_PER_STEP}x{ANSWERS} sequences, "
-             f"{args.rounds} rounds over {len(shapes)} batch(es): {tok:.0f} tokens/batch on average, responses "
-             f"{min(s['response_min'] for s in shapes)}-{max(s['response_max'] for s in shapes)} "
-             f"(mean {statistics.mean(s['response_mean'] for s in shapes):.1f})")
+    title = (
+        f"one RL training step, builtin kit (a tiny Qwen2, fp32), {PROMPTS_PER_STEP}x{ANSWERS} sequences, "
+        f"{args.rounds} rounds over {len(shapes)} batch(es): {tok:.0f} tokens/batch on average, responses "
+        f"{min(s['response_min'] for s in shapes)}-{max(s['response_max'] for s in shapes)} "
+        f"(mean {statistics.mean(s['response_mean'] for s in shapes):.1f})"
+    )
     table = Table(title=title)
     for col in ("threads", "method", "median step", "median CPU", "vs TRL 1.16", "(CPU time)", "vs TRL-style"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["threads"]), r["method"], f"{r['median_step_s'] * 1e3:.1f} ms",
-                      f"{r['median_cpu_s'] * 1e3:.1f} ms", f"{r['ratio_vs_trl']:.2f}x", f"{r['ratio_vs_trl_cpu']:.2f}x",
-                      f"{r['ratio_vs_trl_selective']:.2f}x")
-    table.caption = (f"vs: this method's step time over the TRL step's in the same round (median over rounds; < 1 is "
-                     f"faster). Positions computed per batch: TRL {statistics.mean(s['trl_positions'] for s in shapes):.0f} "
-                     f"(padded), ours {statistics.mean(s['ours_stream_positions'] for s in shapes):.0f} (prefixes "
-                     f"shared; {tok:.0f} without). Same-weights check: loss TRL {check['loss_trl']:.6f} / ours "
-                     f"{check['loss_ours']:.6f}, gradient rel. diff {check['grad_rel_diff']:.1e}")
+        table.add_row(
+            str(r["threads"]),
+            r["method"],
+            f"{r['median_step_s'] * 1e3:.1f} ms",
+            f"{r['median_cpu_s'] * 1e3:.1f} ms",
+            f"{r['ratio_vs_trl']:.2f}x",
+            f"{r['ratio_vs_trl_cpu']:.2f}x",
+            f"{r['ratio_vs_trl_selective']:.2f}x",
+        )
+    table.caption = (
+        f"vs: this method's step time over the TRL step's in the same round (median over rounds; < 1 is "
+        f"faster). Positions computed per batch: TRL {statistics.mean(s['trl_positions'] for s in shapes):.0f} "
+        f"(padded), ours {statistics.mean(s['ours_stream_positions'] for s in shapes):.0f} (prefixes "
+        f"shared; {tok:.0f} without). Same-weights check: loss TRL {check['loss_trl']:.6f} / ours "
+        f"{check['loss_ours']:.6f}, gradient rel. diff {check['grad_rel_diff']:.1e}"
+    )
     Console(width=max(Console().width, 140)).print(table)
 
 
 def main_rl_step(args: argparse.Namespace) -> int:
     threads = [int(t) for t in args.thread_counts.split(",")]
     model, tok, prompts = load_kit()
-    batches = [sample_rl_batch(model, tok, prompts[PROMPTS_PER_STEP * i:PROMPTS_PER_STEP * (i + 1)], seed=args.seed + i)
-               for i in range(args.batches)]
+    batches = [
+        sample_rl_batch(model, tok, prompts[PROMPTS_PER_STEP * i : PROMPTS_PER_STEP * (i + 1)], seed=args.seed + i)
+        for i in range(args.batches)
+    ]
     shapes = [_batch_shape(b) for b in batches]
     check = same_update_check(model, batches[0])
     methods = rl_methods(model, args.ablate)
@@ -437,19 +487,36 @@ def main_rl_step(args: argparse.Namespace) -> int:
             torch.set_num_threads(n)
             _time_round(methods, batches[r % len(batches)], r, record[n] if r >= args.warmup else None)
     rows = rl_summary(record, threads)
-    machine = {"load_avg_before": load_before, "load_avg_after": os.getloadavg(), "cpus": os.cpu_count(),
-               "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")}
+    machine = {
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+    }
     print_rl_table(rows, shapes, check, args)
     Console().print(f"machine: {machine}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "train_rl_step.json"
-    import trl
     import transformers
+    import trl
 
-    out.write_text(json.dumps({"args": vars(args), "versions": {"torch": torch.__version__, "trl": trl.__version__,
-                                                                "transformers": transformers.__version__},
-                               "machine": machine, "batches": shapes, "same_update_check": check,
-                               "results": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "versions": {
+                    "torch": torch.__version__,
+                    "trl": trl.__version__,
+                    "transformers": transformers.__version__,
+                },
+                "machine": machine,
+                "batches": shapes,
+                "same_update_check": check,
+                "results": rows,
+            },
+            indent=2,
+        )
+    )
     Console().print(f"wrote {out}")
     return 0
 
@@ -462,9 +529,13 @@ def main() -> int:
     ap.add_argument("--median", type=int, default=96, help="median response length")
     ap.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of response lengths")
     ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (same for all methods). Default 1: with 2 threads on a shared 2-core "
-                         "machine, OpenMP barriers wait on descheduled threads and steps swing 2x")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (same for all methods). Default 1: with 2 threads on a shared 2-core "
+        "machine, OpenMP barriers wait on descheduled threads and steps swing 2x",
+    )
     ap.add_argument("--steps", type=int, default=None, help="measured steps per method (default 3, quick 1)")
     ap.add_argument("--rl-step", action="store_true", help="one RL step on a real kit batch vs TRL's (see above)")
     ap.add_argument("--rounds", type=int, default=20, help="--rl-step: timed rounds")
@@ -510,8 +581,11 @@ def main_packed(args: argparse.Namespace) -> int:
                 info.setdefault(name, {"n_microbatches": [], "computed_tokens": [], "real_tokens": []})
                 info[name]["n_microbatches"].append(int(out["n_microbatches"]))
                 # outside the timed region: re-planning is bookkeeping, not the packed step's cost
-                computed = (packed_positions(engines[name], batch, args.budget) if name in engines
-                            else out.get("computed_tokens", batch.num_tokens))
+                computed = (
+                    packed_positions(engines[name], batch, args.budget)
+                    if name in engines
+                    else out.get("computed_tokens", batch.num_tokens)
+                )
                 info[name]["computed_tokens"].append(int(computed))
                 info[name]["real_tokens"].append(batch.num_tokens)
 
@@ -520,10 +594,19 @@ def main_packed(args: argparse.Namespace) -> int:
         real = sum(info[name]["real_tokens"])
         computed = sum(info[name]["computed_tokens"])
         med = statistics.median(times[name])
-        rows.append({"method": name, "tokens_per_s": real / sum(times[name]), "median_step_s": med,
-                     "step_s": times[name], "tokens_per_cpu_s": real / sum(cpu[name]), "step_cpu_s": cpu[name],
-                     "microbatches_per_step": statistics.mean(info[name]["n_microbatches"]),
-                     "padding_frac": 1 - real / computed, "real_tokens_per_step": real / len(times[name])})
+        rows.append(
+            {
+                "method": name,
+                "tokens_per_s": real / sum(times[name]),
+                "median_step_s": med,
+                "step_s": times[name],
+                "tokens_per_cpu_s": real / sum(cpu[name]),
+                "step_cpu_s": cpu[name],
+                "microbatches_per_step": statistics.mean(info[name]["n_microbatches"]),
+                "padding_frac": 1 - real / computed,
+                "real_tokens_per_step": real / len(times[name]),
+            }
+        )
     # Speed-up per step (same batch, measured back to back), then the median over steps:
     # robust to a slow spell on a shared machine hitting one method's step.
     base = rows[0]
@@ -532,25 +615,45 @@ def main_packed(args: argparse.Namespace) -> int:
         r["packed_speedup_cpu"] = statistics.median(t / b for t, b in zip(r["step_cpu_s"], base["step_cpu_s"]))
 
     lens = torch.cat([b.seqlens() for b in batches[1:]]).float()
-    title = (f"training tokens/s, {args.seqs} seqs/step, lognormal lengths (median {int(lens.median())}, "
-             f"p99 {int(lens.quantile(0.99))}, max {int(lens.max())}), budget {args.budget} real tokens/micro-batch, "
-             f"{n_params / 1e6:.1f}M params, {args.threads} thread(s), {steps} step(s)")
+    title = (
+        f"training tokens/s, {args.seqs} seqs/step, lognormal lengths (median {int(lens.median())}, "
+        f"p99 {int(lens.quantile(0.99))}, max {int(lens.max())}), budget {args.budget} real tokens/micro-batch, "
+        f"{n_params / 1e6:.1f}M params, {args.threads} thread(s), {steps} step(s)"
+    )
     table = Table(title=title)
-    for col in ("method", "real tokens/s", "per CPU s", "median step", "micro-batches", "padding",
-                "packed speed-up", "(CPU time)"):
+    for col in (
+        "method",
+        "real tokens/s",
+        "per CPU s",
+        "median step",
+        "micro-batches",
+        "padding",
+        "packed speed-up",
+        "(CPU time)",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["method"], f"{r['tokens_per_s']:.0f}", f"{r['tokens_per_cpu_s']:.0f}",
-                      f"{r['median_step_s']:.2f} s", f"{r['microbatches_per_step']:.1f}", f"{r['padding_frac']:.1%}",
-                      f"{r['packed_speedup']:.2f}x", f"{r['packed_speedup_cpu']:.2f}x")
-    table.caption = ("padding: share of computed positions that are padding; speed-up: this row's step time over "
-                     "packed's on the same batch (median over steps), from wall time and from CPU time")
+        table.add_row(
+            r["method"],
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['tokens_per_cpu_s']:.0f}",
+            f"{r['median_step_s']:.2f} s",
+            f"{r['microbatches_per_step']:.1f}",
+            f"{r['padding_frac']:.1%}",
+            f"{r['packed_speedup']:.2f}x",
+            f"{r['packed_speedup_cpu']:.2f}x",
+        )
+    table.caption = (
+        "padding: share of computed positions that are padding; speed-up: this row's step time over "
+        "packed's on the same batch (median over steps), from wall time and from CPU time"
+    )
     console = Console(width=max(Console().width, 130))
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "train.json"
-    out.write_text(json.dumps({"args": vars(args), "params": n_params, "target_speedup_vs_padded": 1.5,
-                               "results": rows}, indent=2))
+    out.write_text(
+        json.dumps({"args": vars(args), "params": n_params, "target_speedup_vs_padded": 1.5, "results": rows}, indent=2)
+    )
     console.print(f"wrote {out}")
     return 0
 

@@ -44,8 +44,12 @@ def run(workflow: str, overrides: list[str], run_dir: Path, log: Path) -> dict[s
     got = measured_run(workflow, overrides, run_dir, log, cwd=ROOT)
     if got.exit_code != 0 or got.window_s is None:
         raise RuntimeError(f"{workflow} {' '.join(overrides)} failed (exit {got.exit_code}); log {log}")
-    return {"window_s": got.window_s, "accuracy_before": got.accuracy_before, "accuracy_after": got.accuracy_after,
-            "staleness_mean": got.staleness_mean}
+    return {
+        "window_s": got.window_s,
+        "accuracy_before": got.accuracy_before,
+        "accuracy_after": got.accuracy_after,
+        "staleness_mean": got.staleness_mean,
+    }
 
 
 def main() -> int:
@@ -70,52 +74,91 @@ def main() -> int:
         if args.quick:
             steps, args.eval_size = 12, 32
         cal = work / f"{kit}-calibration"
-        run(wf, ["runtime.steps=30" if not args.quick else "runtime.steps=12", "runtime.eval_every=0",
-                 "runtime.save_every=0"], cal, work / f"{kit}-calibration.log")
+        run(
+            wf,
+            [
+                "runtime.steps=30" if not args.quick else "runtime.steps=12",
+                "runtime.eval_every=0",
+                "runtime.save_every=0",
+            ],
+            cal,
+            work / f"{kit}-calibration.log",
+        )
         costs = load_costs(cal)
-        common = [f"runtime.steps={steps}", f"runtime.eval_every={steps}", f"data.eval_size={args.eval_size}",
-                  "runtime.save_every=0"]
+        common = [
+            f"runtime.steps={steps}",
+            f"runtime.eval_every={steps}",
+            f"data.eval_size={args.eval_size}",
+            "runtime.save_every=0",
+        ]
         spec = load_workflow(ROOT / wf, common)
         eta = spec.runtime.max_staleness
         sync_spec = load_workflow(ROOT / wf, [*common, "runtime.max_staleness=0"])
         picks = {
-            "sync, best placement": ["runtime.max_staleness=0",
-                                     *search(config_from_spec(sync_spec, costs), costs, 0, top=1).ranked[0].overrides],
+            "sync, best placement": [
+                "runtime.max_staleness=0",
+                *search(config_from_spec(sync_spec, costs), costs, 0, top=1).ranked[0].overrides,
+            ],
             "async as shipped": [],
             "async tuned": search(config_from_spec(spec, costs), costs, eta, top=1).ranked[0].overrides,
         }
         keep_spec = load_workflow(ROOT / wf, [*common, "inference.kv_on_update=keep"])
-        picks["async tuned, KV kept at updates"] = ["inference.kv_on_update=keep", *search(
-            config_from_spec(keep_spec, costs), costs, eta, top=1).ranked[0].overrides]
+        picks["async tuned, KV kept at updates"] = [
+            "inference.kv_on_update=keep",
+            *search(config_from_spec(keep_spec, costs), costs, eta, top=1).ranked[0].overrides,
+        ]
         got: dict[str, list[dict[str, Any]]] = {label: [] for label in picks}
         for k in range(args.rounds):  # interleaved: the machine's drift spreads over every configuration
             for label, overrides in picks.items():
-                console.print(f"[bold]{kit}[/] round {k + 1}, {label}: {' '.join(overrides) or '(as shipped)'}",
-                              highlight=False)
-                one = run(wf, [*common, *overrides], work / f"{kit}-{label.replace(' ', '-')}-{k}",
-                          work / f"{kit}-{label.replace(' ', '-')}-{k}.log")
+                console.print(
+                    f"[bold]{kit}[/] round {k + 1}, {label}: {' '.join(overrides) or '(as shipped)'}", highlight=False
+                )
+                one = run(
+                    wf,
+                    [*common, *overrides],
+                    work / f"{kit}-{label.replace(' ', '-')}-{k}",
+                    work / f"{kit}-{label.replace(' ', '-')}-{k}.log",
+                )
                 got[label].append(one)
-                console.print(f"   window {one['window_s']:.1f} s, accuracy {one['accuracy_before']} -> "
-                              f"{one['accuracy_after']}", highlight=False)
+                console.print(
+                    f"   window {one['window_s']:.1f} s, accuracy {one['accuracy_before']} -> {one['accuracy_after']}",
+                    highlight=False,
+                )
         for label, overrides in picks.items():
             runs = got[label]
             # the window is the median over rounds (the mean of two); the rest from the lower-median run
             median_run = sorted(runs, key=lambda r: r["window_s"])[(len(runs) - 1) // 2]
-            results.append({"kit": kit, "config": label, "overrides": overrides, "steps": steps, **median_run,
-                            "window_s": statistics.median(r["window_s"] for r in runs),
-                            "windows": [r["window_s"] for r in runs],
-                            "accuracies_after": [r["accuracy_after"] for r in runs]})
-    table = Table(title="async vs sync at their own best settings (steps window; greedy accuracy on "
-                        f"{args.eval_size} test problems before -> after)")
+            results.append(
+                {
+                    "kit": kit,
+                    "config": label,
+                    "overrides": overrides,
+                    "steps": steps,
+                    **median_run,
+                    "window_s": statistics.median(r["window_s"] for r in runs),
+                    "windows": [r["window_s"] for r in runs],
+                    "accuracies_after": [r["accuracy_after"] for r in runs],
+                }
+            )
+    table = Table(
+        title="async vs sync at their own best settings (steps window; greedy accuracy on "
+        f"{args.eval_size} test problems before -> after)"
+    )
     for col in ("kit", "configuration", "window", "vs sync", "staleness", "accuracy", "overrides"):
         table.add_column(col)
     for r in results:
         sync = next(x for x in results if x["kit"] == r["kit"] and x["config"].startswith("sync"))
         r["speedup_vs_sync"] = sync["window_s"] / r["window_s"]
-        acc = (f"{r['accuracy_before']:.1%} -> {r['accuracy_after']:.1%}" if r["accuracy_after"] is not None else "-")
-        table.add_row(r["kit"], r["config"], f"{r['window_s']:.1f} s", f"{r['speedup_vs_sync']:.2f}x",
-                      f"{r['staleness_mean']:.2f}" if r["staleness_mean"] is not None else "-", acc,
-                      " ".join(r["overrides"]) or "(as shipped)")
+        acc = f"{r['accuracy_before']:.1%} -> {r['accuracy_after']:.1%}" if r["accuracy_after"] is not None else "-"
+        table.add_row(
+            r["kit"],
+            r["config"],
+            f"{r['window_s']:.1f} s",
+            f"{r['speedup_vs_sync']:.2f}x",
+            f"{r['staleness_mean']:.2f}" if r["staleness_mean"] is not None else "-",
+            acc,
+            " ".join(r["overrides"]) or "(as shipped)",
+        )
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("tuned_quick.json" if args.quick else "tuned.json")

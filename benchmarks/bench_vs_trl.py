@@ -207,34 +207,62 @@ def trl_worker(args: argparse.Namespace) -> int:
 
     from datasets import Dataset
 
-    rows = [json.loads(line) for line in Path(resolve_dataset_path(MATCHED["train_data"])).read_text().splitlines()
-            if line.strip()]
-    dataset = Dataset.from_list([
-        {"prompt": [{"role": "user", "content": r["question"]}], "answer": reference_answer(r["answer"])} for r in rows
-    ])
+    rows = [
+        json.loads(line)
+        for line in Path(resolve_dataset_path(MATCHED["train_data"])).read_text().splitlines()
+        if line.strip()
+    ]
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": r["question"]}], "answer": reference_answer(r["answer"])}
+            for r in rows
+        ]
+    )
 
     def arith_reward(prompts, completions, answer, **kwargs):  # TRL's reward-function signature
         return [math_reward(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
 
     ckpt_field = {f.name for f in dataclasses.fields(GRPOConfig)}
-    checkpointing = ({"activation_checkpointing": False} if "activation_checkpointing" in ckpt_field
-                     else {"gradient_checkpointing": False})
+    checkpointing = (
+        {"activation_checkpointing": False}
+        if "activation_checkpointing" in ckpt_field
+        else {"gradient_checkpointing": False}
+    )
     config = GRPOConfig(
         output_dir=str(out / "trainer"),
-        use_cpu=True, bf16=False, fp16=False, **checkpointing,
-        max_steps=args.steps, seed=args.seed,
-        learning_rate=MATCHED["lr"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=MATCHED["weight_decay"], max_grad_norm=MATCHED["grad_clip"], optim="adamw_torch",
-        per_device_train_batch_size=MATCHED["batch_size"], gradient_accumulation_steps=1,
-        num_generations=MATCHED["answers_per_prompt"], num_iterations=1,
-        max_completion_length=MATCHED["max_new_tokens"], temperature=MATCHED["temperature"],
-        top_p=MATCHED["top_p"], top_k=0,
-        beta=MATCHED["kl_coef"], epsilon=MATCHED["clip_eps"], loss_type="dapo", scale_rewards="group",
-        save_strategy="no", eval_strategy="no", report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        **checkpointing,
+        max_steps=args.steps,
+        seed=args.seed,
+        learning_rate=MATCHED["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=MATCHED["weight_decay"],
+        max_grad_norm=MATCHED["grad_clip"],
+        optim="adamw_torch",
+        per_device_train_batch_size=MATCHED["batch_size"],
+        gradient_accumulation_steps=1,
+        num_generations=MATCHED["answers_per_prompt"],
+        num_iterations=1,
+        max_completion_length=MATCHED["max_new_tokens"],
+        temperature=MATCHED["temperature"],
+        top_p=MATCHED["top_p"],
+        top_k=0,
+        beta=MATCHED["kl_coef"],
+        epsilon=MATCHED["clip_eps"],
+        loss_type="dapo",
+        scale_rewards="group",
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
     )
     if config.gradient_checkpointing or config.bf16 or config.steps_per_generation != 1:
-        raise RuntimeError(f"TRL config not as matched: gradient_checkpointing={config.gradient_checkpointing}, "
-                           f"bf16={config.bf16}, steps_per_generation={config.steps_per_generation}")
+        raise RuntimeError(
+            f"TRL config not as matched: gradient_checkpointing={config.gradient_checkpointing}, "
+            f"bf16={config.bf16}, steps_per_generation={config.steps_per_generation}"
+        )
 
     class Timing(TrainerCallback):
         def __init__(self) -> None:
@@ -259,7 +287,9 @@ def trl_worker(args: argparse.Namespace) -> int:
 
         def on_log(self, a, state, control, logs=None, **kw):
             if logs:
-                self.logs.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}})
+                self.logs.append(
+                    {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+                )
 
     timing = Timing()
     gen_s: list[float] = []
@@ -271,19 +301,25 @@ def trl_worker(args: argparse.Namespace) -> int:
         prompt ids it really generates from (private hooks: skipped if TRL renames them)."""
 
         if hasattr(GRPOTrainer, "_tokenize_prompts"):
+
             def _tokenize_prompts(self, prompts):
                 result = super()._tokenize_prompts(prompts)
                 if not id_check:
-                    want = [tok(format_prompt(tok, p[0]["content"]), add_special_tokens=False).input_ids for p in prompts]
+                    want = [
+                        tok(format_prompt(tok, p[0]["content"]), add_special_tokens=False).input_ids for p in prompts
+                    ]
                     got = [list(map(int, ids)) for ids in result[0]]
                     id_check.update(checked=len(prompts), mismatches=sum(g != w for g, w in zip(got, want)))
                     if id_check["mismatches"]:
                         i = next(k for k, (g, w) in enumerate(zip(got, want)) if g != w)
-                        raise RuntimeError(f"TRL's prompt ids differ from areal-graph's for {prompts[i]!r}:\n"
-                                           f"  trl:         {got[i]}\n  areal-graph: {want[i]}")
+                        raise RuntimeError(
+                            f"TRL's prompt ids differ from areal-graph's for {prompts[i]!r}:\n"
+                            f"  trl:         {got[i]}\n  areal-graph: {want[i]}"
+                        )
                 return result
 
         if hasattr(GRPOTrainer, "_generate_single_turn"):
+
             def _generate_single_turn(self, *a, **kw):
                 t0 = time.perf_counter()
                 result = super()._generate_single_turn(*a, **kw)
@@ -291,6 +327,7 @@ def trl_worker(args: argparse.Namespace) -> int:
                 return result
 
         if hasattr(GRPOTrainer, "_generate_and_score_completions"):
+
             def _generate_and_score_completions(self, *a, **kw):
                 t0 = time.perf_counter()
                 result = super()._generate_and_score_completions(*a, **kw)
@@ -299,8 +336,14 @@ def trl_worker(args: argparse.Namespace) -> int:
                 return result
 
     math_reward("\\boxed{1}", "1")  # math-verify builds its parsers on first use (areal-graph warms its pool too)
-    trainer = TimedGRPOTrainer(model=model, reward_funcs=[arith_reward], args=config, train_dataset=dataset,
-                               processing_class=tok, callbacks=[timing])
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=[arith_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[timing],
+    )
     trainer.train()
     t_save = time.perf_counter()
     final = out / "final_model"
@@ -352,14 +395,17 @@ def check_prompt_ids() -> dict:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     prompts, report = load_prompts(path, tok)
     if len(prompts) != len(rows):
-        raise SystemExit(f"token-id check: areal-graph loaded {len(prompts)} of {len(rows)} rows ({report}); "
-                         "the two sides would not see the same prompts")
+        raise SystemExit(
+            f"token-id check: areal-graph loaded {len(prompts)} of {len(rows)} rows ({report}); "
+            "the two sides would not see the same prompts"
+        )
     mismatches, first = 0, None
     for lo in range(0, len(rows), 1000):
-        convs = [[{"role": "user", "content": r["question"]}] for r in rows[lo:lo + 1000]]
+        convs = [[{"role": "user", "content": r["question"]}] for r in rows[lo : lo + 1000]]
         # the call GRPOTrainer._tokenize_prompts makes for conversational prompts
-        ids = tok.apply_chat_template(conversation=convs, add_generation_prompt=True, tokenize=True,
-                                      return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(conversation=convs, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
         for j, got in enumerate(ids):
             want = prompts[lo + j].input_ids
             if list(got) != list(want):
@@ -368,8 +414,10 @@ def check_prompt_ids() -> dict:
                     first = (rows[lo + j]["question"], list(got), list(want))
     if mismatches:
         q, got, want = first
-        raise SystemExit(f"token-id check FAILED: {mismatches} of {len(rows)} prompts tokenise differently "
-                         f"for TRL (conversational) and areal-graph; first: {q!r}\n  trl: {got}\n  areal-graph: {want}")
+        raise SystemExit(
+            f"token-id check FAILED: {mismatches} of {len(rows)} prompts tokenise differently "
+            f"for TRL (conversational) and areal-graph; first: {q!r}\n  trl: {got}\n  areal-graph: {want}"
+        )
     return {"prompts_checked": len(rows), "mismatches": 0, "seconds": time.perf_counter() - t0}
 
 
@@ -396,8 +444,19 @@ def _run(cmd: list[str], log_path: Path, env: dict | None = None, cwd: Path | No
 
 
 def run_eval(model_dir: Path, out_json: Path, limit: int | None, log_path: Path) -> dict:
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "eval", str(model_dir), "--data", MATCHED["eval_data"],
-           "--json", str(out_json), "--show", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "eval",
+        str(model_dir),
+        "--data",
+        MATCHED["eval_data"],
+        "--json",
+        str(out_json),
+        "--show",
+        "0",
+    ]
     if limit:
         cmd += ["--limit", str(limit)]
     rc, _, _ = _run(cmd, log_path, cwd=ROOT)
@@ -409,10 +468,22 @@ def run_eval(model_dir: Path, out_json: Path, limit: int | None, log_path: Path)
 
 def run_trl(run_dir: Path, steps: int, seed: int) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(MATCHED["trl_torch_threads"]),
-               MKL_NUM_THREADS=str(MATCHED["trl_torch_threads"]), TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(run_dir),
-           "--steps", str(steps), "--seed", str(seed)]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(MATCHED["trl_torch_threads"]),
+        MKL_NUM_THREADS=str(MATCHED["trl_torch_threads"]),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--trl-worker",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+    ]
     log_path = run_dir / "trl.log"
     load = os.getloadavg()[0]
     rc, total, cpu = _run(cmd, log_path, env=env, cwd=ROOT)
@@ -450,8 +521,16 @@ def areal_window(metrics: list[dict]) -> dict:
 
 def run_areal(tree: Path, workflow: str, run_dir: Path, steps: int, seed: int, pythonpath: str | None) -> dict:
     overrides = [f"runtime.steps={steps}", "runtime.eval_every=0", "runtime.save_every=0", f"runtime.seed={seed}"]
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(tree / "workflows" / f"{workflow}.yaml"),
-           *overrides, "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(tree / "workflows" / f"{workflow}.yaml"),
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+    ]
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -465,33 +544,51 @@ def run_areal(tree: Path, workflow: str, run_dir: Path, steps: int, seed: int, p
 
     metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     res = areal_window(metrics)
-    res.update(total_s=total, total_cpu_s=cpu, loadavg_1min_at_start=load, overrides=overrides,
-               model_dir=str(run_dir / "final_model"))
+    res.update(
+        total_s=total,
+        total_cpu_s=cpu,
+        loadavg_1min_at_start=load,
+        overrides=overrides,
+        model_dir=str(run_dir / "final_model"),
+    )
     return res
 
 
 def baseline_pythonpath(tree: Path) -> str:
     """PYTHONPATH that makes `import areal_graph` resolve into `tree`; fails loudly otherwise."""
     if tree.name != "areal_graph":
-        raise SystemExit(f"--baseline-tree {tree}: the directory must be named areal_graph (its parent goes on "
-                         "PYTHONPATH so that `import areal_graph` finds it)")
+        raise SystemExit(
+            f"--baseline-tree {tree}: the directory must be named areal_graph (its parent goes on "
+            "PYTHONPATH so that `import areal_graph` finds it)"
+        )
     if not (tree / "__init__.py").exists() or not (tree / "workflows").is_dir():
         raise SystemExit(f"--baseline-tree {tree}: not an areal-graph checkout (no __init__.py or workflows/)")
     pp = str(tree.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([pp] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    where = subprocess.run([sys.executable, "-c", "import areal_graph, os; print(os.path.realpath(areal_graph.__file__))"],
-                           capture_output=True, text=True, env=env, cwd=tree.parent)
+    where = subprocess.run(
+        [sys.executable, "-c", "import areal_graph, os; print(os.path.realpath(areal_graph.__file__))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree.parent,
+    )
     got = Path(where.stdout.strip()) if where.returncode == 0 else None
     if got is None or got.parent != tree.resolve():
-        raise SystemExit(f"--baseline-tree {tree}: with PYTHONPATH={pp}, `import areal_graph` resolves to "
-                         f"{got or where.stderr.strip()[-500:]}, not into {tree}")
+        raise SystemExit(
+            f"--baseline-tree {tree}: with PYTHONPATH={pp}, `import areal_graph` resolves to "
+            f"{got or where.stderr.strip()[-500:]}, not into {tree}"
+        )
     return pp
 
 
 def git_commit(path: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty", "--abbrev=12"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(path), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -509,19 +606,24 @@ def summarise(rounds: list[dict], systems: list[str]) -> dict:
     for s in systems:
         ok = [r["runs"][s] for r in rounds if s in r["runs"] and "error" not in r["runs"][s]]
         summary["systems"][s] = {
-            "runs_ok": len(ok), "runs": sum(s in r["runs"] for r in rounds),
+            "runs_ok": len(ok),
+            "runs": sum(s in r["runs"] for r in rounds),
             "window_s": _stats([x.get("window_s") for x in ok]),
             "total_s": _stats([x.get("total_s") for x in ok]),
             "total_cpu_s": _stats([x.get("total_cpu_s") for x in ok]),
             "window_median_step_s": _stats([x.get("window_median_step_s") for x in ok]),
-            "window_s_per_step": _stats([x["window_s"] / x["steps"] for x in ok if x.get("window_s") and x.get("steps")]),
+            "window_s_per_step": _stats(
+                [x["window_s"] / x["steps"] for x in ok if x.get("window_s") and x.get("steps")]
+            ),
             "greedy_accuracy": _stats([x.get("greedy_accuracy") for x in ok]),
         }
         if s == TRL_SYSTEM:
             summary["systems"][s]["generate_s_per_step"] = _stats(
-                [statistics.mean(x["generate_s"]) for x in ok if x.get("generate_s")])
+                [statistics.mean(x["generate_s"]) for x in ok if x.get("generate_s")]
+            )
             summary["systems"][s]["train_s_per_step"] = _stats(
-                [statistics.mean(x["train_s"]) for x in ok if x.get("train_s")])
+                [statistics.mean(x["train_s"]) for x in ok if x.get("train_s")]
+            )
 
     def ratio(num: str, den: str, key: str) -> list[float]:
         out = []
@@ -549,29 +651,55 @@ def print_table(console, summary: dict, systems: list[str], steps: int, rounds: 
         conv = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f.format(v))
         return conv(st["median"]) if st["n"] == 1 else f"{conv(st['median'])} [{conv(st['min'])}-{conv(st['max'])}]"
 
-    table = Table(title=f"TRL GRPOTrainer vs areal-graph: {steps} steps, {rounds} interleaved round(s); "
-                        "median \\[min-max]; ratios within a round")
-    for col in ("system", "ok", "window s", "s/step", "median step x N", "total s", "CPU s",
-                "TRL/this window", "TRL/this med.step", "TRL/this total", "greedy acc"):
+    table = Table(
+        title=f"TRL GRPOTrainer vs areal-graph: {steps} steps, {rounds} interleaved round(s); "
+        "median \\[min-max]; ratios within a round"
+    )
+    for col in (
+        "system",
+        "ok",
+        "window s",
+        "s/step",
+        "median step x N",
+        "total s",
+        "CPU s",
+        "TRL/this window",
+        "TRL/this med.step",
+        "TRL/this total",
+        "greedy acc",
+    ):
         table.add_column(col, justify="right", no_wrap=(col == "system"))
     for s in systems:
         st = summary["systems"][s]
         rw = summary["ratios"].get(f"{TRL_SYSTEM} / {s} (window_s)")
         rt = summary["ratios"].get(f"{TRL_SYSTEM} / {s} (total_s)")
         rm = summary["ratios"].get(f"{TRL_SYSTEM} / {s} (window_median_step_s)")
-        table.add_row(s, f"{st['runs_ok']}/{st['runs']}", fmt(st["window_s"]), fmt(st["window_s_per_step"], "{:.3f}"),
-                      fmt(st["window_median_step_s"]), fmt(st["total_s"]), fmt(st["total_cpu_s"], "{:.0f}"),
-                      fmt(rw if rw and rw.get("n") else None, "{:.2f}x"), fmt(rm if rm and rm.get("n") else None, "{:.2f}x"),
-                      fmt(rt if rt and rt.get("n") else None, "{:.2f}x"), fmt(st["greedy_accuracy"], pct=True))
+        table.add_row(
+            s,
+            f"{st['runs_ok']}/{st['runs']}",
+            fmt(st["window_s"]),
+            fmt(st["window_s_per_step"], "{:.3f}"),
+            fmt(st["window_median_step_s"]),
+            fmt(st["total_s"]),
+            fmt(st["total_cpu_s"], "{:.0f}"),
+            fmt(rw if rw and rw.get("n") else None, "{:.2f}x"),
+            fmt(rm if rm and rm.get("n") else None, "{:.2f}x"),
+            fmt(rt if rt and rt.get("n") else None, "{:.2f}x"),
+            fmt(st["greedy_accuracy"], pct=True),
+        )
     console.print(table)
     trl = summary["systems"].get(TRL_SYSTEM, {})
     if trl.get("generate_s_per_step"):
-        console.print(f"TRL per step (median of round means): generate {trl['generate_s_per_step']['median']:.3f} s, "
-                      f"train (step - generate/score) {trl['train_s_per_step']['median']:.3f} s")
+        console.print(
+            f"TRL per step (median of round means): generate {trl['generate_s_per_step']['median']:.3f} s, "
+            f"train (step - generate/score) {trl['train_s_per_step']['median']:.3f} s"
+        )
     for key, val in summary["ratios"].items():
         if key.startswith("areal-graph@baseline") and val.get("n"):  # > 1: this checkout is faster
-            console.print(f"{key} (> 1: this checkout faster): median {val['median']:.2f}x, per round "
-                          + ", ".join(f"{v:.2f}" for v in val["per_round"]))
+            console.print(
+                f"{key} (> 1: this checkout faster): median {val['median']:.2f}x, per round "
+                + ", ".join(f"{v:.2f}" for v in val["per_round"])
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,15 +707,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
     ap.add_argument("--steps", type=int, default=200, help="training steps per run (default 200)")
     ap.add_argument("--quick", action="store_true", help="5 steps, 1 round, eval on 50 problems: checks that it works")
-    ap.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first K test problems (default all 500)")
-    ap.add_argument("--baseline-tree", type=Path, default=None,
-                    help="an older areal-graph package directory (named areal_graph; its parent goes on PYTHONPATH): "
-                         "adds rows areal-graph@baseline async/sync")
-    ap.add_argument("--work-dir", type=Path, default=None, help="keep run directories here (default: a temp dir, removed)")
+    ap.add_argument(
+        "--eval-limit", type=int, default=None, help="evaluate on the first K test problems (default all 500)"
+    )
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="an older areal-graph package directory (named areal_graph; its parent goes on PYTHONPATH): "
+        "adds rows areal-graph@baseline async/sync",
+    )
+    ap.add_argument(
+        "--work-dir", type=Path, default=None, help="keep run directories here (default: a temp dir, removed)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/vs_trl[_quick].json)")
     ap.add_argument("--seed", type=int, default=1, help="seed of round 0; round r uses seed + r (default 1)")
-    ap.add_argument("--omp-passive", action="store_true",
-                    help="run every process with OMP_WAIT_POLICY=PASSIVE (no OpenMP spin-waiting; see the docstring)")
+    ap.add_argument(
+        "--omp-passive",
+        action="store_true",
+        help="run every process with OMP_WAIT_POLICY=PASSIVE (no OpenMP spin-waiting; see the docstring)",
+    )
     ap.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -623,10 +762,15 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     import trl
 
-    versions = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
-                "python": platform.python_version(), "areal_graph": git_commit(ROOT),
-                "areal_graph_baseline": git_commit(args.baseline_tree) if args.baseline_tree else None,
-                "cpu_count": os.cpu_count()}
+    versions = {
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "areal_graph": git_commit(ROOT),
+        "areal_graph_baseline": git_commit(args.baseline_tree) if args.baseline_tree else None,
+        "cpu_count": os.cpu_count(),
+    }
     for name in ("accelerate", "datasets"):
         try:
             versions[name] = __import__(name).__version__
@@ -634,13 +778,19 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     out_path = args.out or RESULTS / ("vs_trl_quick.json" if args.quick else "vs_trl.json")
-    settings = {"steps": args.steps, "rounds": args.rounds, "eval_limit": args.eval_limit,
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                "seeds": [args.seed + r for r in range(args.rounds)], "systems": systems, "matched": MATCHED,
-                "areal_overrides": ["runtime.steps=N", "runtime.eval_every=0", "runtime.save_every=0", "runtime.seed=S"],
-                "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
-                "window": "TRL: on_step_begin(step 1) -> on_step_end(step N); areal-graph: "
-                          "time(N) - time(1) + time/step(1) + time/wait_batch(1) from metrics.jsonl"}
+    settings = {
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "eval_limit": args.eval_limit,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "seeds": [args.seed + r for r in range(args.rounds)],
+        "systems": systems,
+        "matched": MATCHED,
+        "areal_overrides": ["runtime.steps=N", "runtime.eval_every=0", "runtime.save_every=0", "runtime.seed=S"],
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+        "window": "TRL: on_step_begin(step 1) -> on_step_end(step N); areal-graph: "
+        "time(N) - time(1) + time/step(1) + time/wait_batch(1) from metrics.jsonl",
+    }
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="areal-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
     rounds: list[dict] = []
@@ -648,14 +798,25 @@ def main(argv: list[str] | None = None) -> int:
 
     def write_json() -> None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps({"settings": settings, "versions": versions, "token_id_check": id_check,
-                                        "rounds": rounds, "summary": summarise(rounds, systems)}, indent=2) + "\n")
+        out_path.write_text(
+            json.dumps(
+                {
+                    "settings": settings,
+                    "versions": versions,
+                    "token_id_check": id_check,
+                    "rounds": rounds,
+                    "summary": summarise(rounds, systems),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
     t_all = time.perf_counter()
     try:
         for r in range(args.rounds):
             seed = args.seed + r
-            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            order = systems[r % len(systems) :] + systems[: r % len(systems)]
             rec: dict[str, Any] = {"round": r, "seed": seed, "order": order, "runs": {}}
             rounds.append(rec)
             for s in order:
@@ -668,8 +829,14 @@ def main(argv: list[str] | None = None) -> int:
                         res = run_areal(args.baseline_tree, workflow_of[s], run_dir, args.steps, seed, baseline_pp)
                     else:
                         res = run_areal(ROOT, workflow_of[s], run_dir, args.steps, seed, None)
-                    res.update(run_eval(Path(res["model_dir"]), run_dir.parent / f"{run_dir.name}.eval.json",
-                                        args.eval_limit, run_dir.parent / f"{run_dir.name}.eval.log"))
+                    res.update(
+                        run_eval(
+                            Path(res["model_dir"]),
+                            run_dir.parent / f"{run_dir.name}.eval.json",
+                            args.eval_limit,
+                            run_dir.parent / f"{run_dir.name}.eval.log",
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001 - record, go on with the other systems
                     failures += 1
                     res = {"error": str(exc)}
@@ -677,11 +844,15 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     extra = ""
                     if res.get("generate_s"):
-                        extra = (f", generate {statistics.mean(res['generate_s']):.3f} s/step"
-                                 f", train {statistics.mean(res['train_s']):.3f} s/step")
-                    console.print(f"  window {res['window_s']:.1f} s, total {res['total_s']:.1f} s, "
-                                  f"greedy acc {res['greedy_accuracy']:.1%} ({res['eval_problems']} problems){extra}",
-                                  highlight=False)
+                        extra = (
+                            f", generate {statistics.mean(res['generate_s']):.3f} s/step"
+                            f", train {statistics.mean(res['train_s']):.3f} s/step"
+                        )
+                    console.print(
+                        f"  window {res['window_s']:.1f} s, total {res['total_s']:.1f} s, "
+                        f"greedy acc {res['greedy_accuracy']:.1%} ({res['eval_problems']} problems){extra}",
+                        highlight=False,
+                    )
                 res.pop("model_dir", None)
                 rec["runs"][s] = res
                 write_json()

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "against tokens and sequences, the weight sync, the reward per prompt group, the rollout's and "
             "the controller's own overheads, the CPU the other processes use, and the output-length "
             "distribution by policy version (it drifts as the policy learns). Each fit shows its error on "
-            "this same run. `areal-graph simulate --calibrate RUN_DIR` runs on this model."),
+            "this same run. `areal-graph simulate --calibrate RUN_DIR` runs on this model."
+        ),
         epilog="Example: areal-graph costs runs/ppo_async_longtail-20261127-101500",
     )
     p.add_argument("run", type=Path, metavar="RUN_DIR", help="a finished run's directory (trace.json, config.yaml)")

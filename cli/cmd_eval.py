@@ -32,12 +32,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", metavar="MODEL_DIR", help="HF-format model directory (with tokenizer), or builtin:NAME")
-    p.add_argument("--workflow", type=Path, default=None, metavar="WORKFLOW.yaml",
-                   help="evaluate as this workflow's run does (a run's RUN/config.yaml works): data.eval and its "
-                        "prompt settings, the rollout node's class, arguments and max_new_tokens, the first reward "
-                        "node's fn; flags given as well override it")
-    p.add_argument("--data", default=None, help="JSONL/JSON/parquet file with question and answer fields, or builtin:NAME "
-                   "(required without --workflow)")
+    p.add_argument(
+        "--workflow",
+        type=Path,
+        default=None,
+        metavar="WORKFLOW.yaml",
+        help="evaluate as this workflow's run does (a run's RUN/config.yaml works): data.eval and its "
+        "prompt settings, the rollout node's class, arguments and max_new_tokens, the first reward "
+        "node's fn; flags given as well override it",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        help="JSONL/JSON/parquet file with question and answer fields, or builtin:NAME (required without --workflow)",
+    )
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
     p.add_argument("-k", type=int, default=0, help="also report pass@k from sampled answers (default: greedy only)")
     p.add_argument("--samples", type=int, default=None, help="sampled answers per problem for pass@k (default k)")
@@ -45,25 +53,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="generation length limit (default 64)")
     p.add_argument("--prompt-template", default=None, help="format string with {question} (default: the question)")
     p.add_argument("--question-key", default=None, help="question field of a row (default question)")
-    p.add_argument("--answer-key", default=None, help="reference-answer field of a row (default answer); "
-                   "a dotted path reaches into nested fields (reward_model.ground_truth)")
-    p.add_argument("--layout", choices=("auto", "fields", "verl"), default=None,
-                   help="verl: question from `prompt` (chat messages), answer from reward_model.ground_truth; "
-                        "auto (default): verl for rows without --question-key that have verl's fields")
-    p.add_argument("--source-key", default=None,
-                   help="field naming a row's source: accuracy is also shown per source (default data_source)")
+    p.add_argument(
+        "--answer-key",
+        default=None,
+        help="reference-answer field of a row (default answer); "
+        "a dotted path reaches into nested fields (reward_model.ground_truth)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=("auto", "fields", "verl"),
+        default=None,
+        help="verl: question from `prompt` (chat messages), answer from reward_model.ground_truth; "
+        "auto (default): verl for rows without --question-key that have verl's fields",
+    )
+    p.add_argument(
+        "--source-key",
+        default=None,
+        help="field naming a row's source: accuracy is also shown per source (default data_source)",
+    )
     p.add_argument("--reward", default=None, help="reward fn: math_verify (default) or module:function")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--rollout-class", default=None, metavar="MODULE:CLASS",
-                   help="generate each answer as an episode of this rollout class, as RL does (multi-turn "
-                        "agents with tools); --max-new-tokens is then per turn")
-    p.add_argument("--json", dest="json_out", type=Path, default=None, help="also write the full result (per problem) here")
+    p.add_argument(
+        "--rollout-class",
+        default=None,
+        metavar="MODULE:CLASS",
+        help="generate each answer as an episode of this rollout class, as RL does (multi-turn "
+        "agents with tools); --max-new-tokens is then per turn",
+    )
+    p.add_argument(
+        "--json", dest="json_out", type=Path, default=None, help="also write the full result (per problem) here"
+    )
     p.add_argument("--show", type=int, default=3, help="print this many greedy answers (default 3)")
     p.set_defaults(func=run)
 
 
-PLAIN_DEFAULTS = {"max_new_tokens": 64, "question_key": "question", "answer_key": "answer", "layout": "auto",
-                  "source_key": "data_source", "reward": "math_verify"}
+PLAIN_DEFAULTS = {
+    "max_new_tokens": 64,
+    "question_key": "question",
+    "answer_key": "answer",
+    "layout": "auto",
+    "source_key": "data_source",
+    "reward": "math_verify",
+}
 
 
 def workflow_settings(spec: Any) -> dict[str, Any]:
@@ -73,16 +104,28 @@ def workflow_settings(spec: Any) -> dict[str, Any]:
     rollout = next((n for n in spec.nodes.values() if n.kind == "rollout"), None)
     reward = next((n for n in spec.nodes.values() if n.kind == "reward"), None)
     if reward is None:
-        raise ValueError(f"{spec.source}: no `reward` node: eval scores answers with a reward node's fn "
-                         "(a reward model or a judge is not run here)")
+        raise ValueError(
+            f"{spec.source}: no `reward` node: eval scores answers with a reward node's fn "
+            "(a reward model or a judge is not run here)"
+        )
     d = spec.data
-    out: dict[str, Any] = {"data": d.eval, "limit": d.eval_size, "prompt_template": d.prompt_template,
-                           "question_key": d.question_key, "answer_key": d.answer_key, "layout": d.layout,
-                           "source_key": d.source_key, "reward": reward.params.fn,
-                           "reward_timeout_s": reward.params.timeout_s}
+    out: dict[str, Any] = {
+        "data": d.eval,
+        "limit": d.eval_size,
+        "prompt_template": d.prompt_template,
+        "question_key": d.question_key,
+        "answer_key": d.answer_key,
+        "layout": d.layout,
+        "source_key": d.source_key,
+        "reward": reward.params.fn,
+        "reward_timeout_s": reward.params.timeout_s,
+    }
     if rollout is not None:
-        out.update(rollout_class=rollout.params.rollout_class, rollout_args=dict(rollout.params.rollout_args),
-                   max_new_tokens=rollout.params.sampling.max_new_tokens)
+        out.update(
+            rollout_class=rollout.params.rollout_class,
+            rollout_args=dict(rollout.params.rollout_args),
+            max_new_tokens=rollout.params.sampling.max_new_tokens,
+        )
     return out
 
 
@@ -91,8 +134,15 @@ def settings(args: argparse.Namespace, err: Any) -> dict[str, Any] | None:
     None after saying what is wrong."""
     from areal_graph.cli.cmd_validate import load_or_report
 
-    merged: dict[str, Any] = dict(PLAIN_DEFAULTS, reward_timeout_s=5.0, rollout_args={}, prompt_template=None,
-                                  rollout_class=None, data=None, limit=None)
+    merged: dict[str, Any] = dict(
+        PLAIN_DEFAULTS,
+        reward_timeout_s=5.0,
+        rollout_args={},
+        prompt_template=None,
+        rollout_class=None,
+        data=None,
+        limit=None,
+    )
     if args.workflow is not None:
         spec = load_or_report(args.workflow, [], err)
         if spec is None:
@@ -102,8 +152,18 @@ def settings(args: argparse.Namespace, err: Any) -> dict[str, Any] | None:
         except ValueError as exc:
             err.print(f"[red]--workflow {exc}[/]")
             return None
-    for key in ("data", "limit", "max_new_tokens", "prompt_template", "question_key", "answer_key", "layout",
-                "source_key", "reward", "rollout_class"):
+    for key in (
+        "data",
+        "limit",
+        "max_new_tokens",
+        "prompt_template",
+        "question_key",
+        "answer_key",
+        "layout",
+        "source_key",
+        "reward",
+        "rollout_class",
+    ):
         if getattr(args, key) is not None:
             merged[key] = getattr(args, key)
     if merged.get("data") is None:
@@ -118,12 +178,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from areal_graph.cli.console import output_console
-
     from areal_graph.cli.cmd_init_model import kit_progress
+    from areal_graph.cli.console import output_console
     from areal_graph.data.datasets import DatasetError
-    from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
     from areal_graph.engines.inference.offline_eval import evaluate_model
+    from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
 
     console = output_console()
     err = Console(stderr=True, soft_wrap=True)
@@ -165,11 +224,22 @@ def run(args: argparse.Namespace) -> int:
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("generating", total=None)
             result = evaluate_model(
-                model, data, limit=conf["limit"], k=args.k, n_samples=args.samples, temperature=args.temperature,
-                max_new_tokens=conf["max_new_tokens"], prompt_template=conf["prompt_template"],
-                question_key=conf["question_key"], answer_key=conf["answer_key"], layout=conf["layout"],
-                source_key=conf["source_key"], reward_fn=conf["reward"], reward_timeout_s=conf["reward_timeout_s"],
-                seed=args.seed, on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+                model,
+                data,
+                limit=conf["limit"],
+                k=args.k,
+                n_samples=args.samples,
+                temperature=args.temperature,
+                max_new_tokens=conf["max_new_tokens"],
+                prompt_template=conf["prompt_template"],
+                question_key=conf["question_key"],
+                answer_key=conf["answer_key"],
+                layout=conf["layout"],
+                source_key=conf["source_key"],
+                reward_fn=conf["reward"],
+                reward_timeout_s=conf["reward_timeout_s"],
+                seed=args.seed,
+                on_progress=lambda done, total: progress.update(task, completed=done, total=total),
                 rollout=rollout,
             )
     except (DatasetError, ValueError) as exc:
@@ -186,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
     if "greedy_tool_call_rate" in result:
         table.add_row("greedy answers calling a tool", f"{result['greedy_tool_call_rate']:.1%}")
     if args.k:
-        table.add_row(f"pass@{args.k} (n={result['n_samples']}, T={args.temperature:g})", f"{result[f'pass@{args.k}']:.1%}")
+        table.add_row(
+            f"pass@{args.k} (n={result['n_samples']}, T={args.temperature:g})", f"{result[f'pass@{args.k}']:.1%}"
+        )
         table.add_row("mean sample accuracy", f"{result['sample_accuracy']:.1%}")
     for source, row in result.get("by_source", {}).items():
         table.add_row(escape(f"  {source} ({row['prompts']:.0f})"), f"{row['greedy_accuracy']:.1%}")
@@ -194,7 +266,10 @@ def run(args: argparse.Namespace) -> int:
         table.add_row("rows skipped", str(result["skipped_rows"]))
     if result["reward_failures"]:
         table.add_row("reward failures (scored 0)", str(result["reward_failures"]))
-    table.add_row("time", f"{result['seconds']:.1f} s ({result['generated_tokens'] / max(result['generation_seconds'], 1e-9):.0f} tok/s)")
+    table.add_row(
+        "time",
+        f"{result['seconds']:.1f} s ({result['generated_tokens'] / max(result['generation_seconds'], 1e-9):.0f} tok/s)",
+    )
     console.print(table)
     for p in result["per_prompt"][: args.show]:
         show_answer(console, p)
@@ -217,8 +292,11 @@ def show_answer(console: Any, p: dict[str, Any]) -> None:
     from areal_graph.data.reasoning_gym import display_answer
 
     mark = "[green]✓[/]" if p["greedy_correct"] else "[red]✗[/]"
-    console.print(f"{mark} [dim]{escape(str(p['id']))} (answer {escape(display_answer(str(p['answer'])))}, "
-                  f"reward {p['greedy_reward']:g}):[/]", highlight=False)
+    console.print(
+        f"{mark} [dim]{escape(str(p['id']))} (answer {escape(display_answer(str(p['answer'])))}, "
+        f"reward {p['greedy_reward']:g}):[/]",
+        highlight=False,
+    )
     for role, text in p.get("greedy_turns") or [["assistant", p["greedy"]]]:
         label = "model" if role == "assistant" else "env"
         console.print(f"    [bold]{label}:[/] " + escape(text.strip().replace("\n", " | ")), highlight=False)

@@ -21,8 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("workflow", type=Path, help="workflow YAML file")
     p.add_argument("-o", "--outdir", type=Path, default=Path("."), help="output folder (default: current)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field first (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field first (repeatable)",
+    )
     p.set_defaults(func=run)
 
 

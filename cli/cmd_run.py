@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from collections import deque
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,24 +33,45 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="Example: areal-graph run workflows/ppo_async.yaml runtime.steps=20 models.actor.train.lr=1e-5",
     )
-    p.add_argument("workflow", type=Path, nargs="?", default=None,
-                   help="workflow YAML file (omitted with --resume: the run's own config.yaml is used)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="override any field, e.g. runtime.steps=10 nodes.train.clip_eps=0.1")
+    p.add_argument(
+        "workflow",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="workflow YAML file (omitted with --resume: the run's own config.yaml is used)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="override any field, e.g. runtime.steps=10 nodes.train.clip_eps=0.1",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="where to write the run (default: runtime.run_dir)")
-    p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
-                   help="continue a run from its latest complete checkpoint, with the workflow it ran "
-                        "(RUN_DIR/config.yaml; KEY=VALUE overrides such as runtime.steps=N still apply)")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue a run from its latest complete checkpoint, with the workflow it ran "
+        "(RUN_DIR/config.yaml; KEY=VALUE overrides such as runtime.steps=N still apply)",
+    )
     p.set_defaults(func=run)
 
 
 class RunDisplay:
     """Live status for a terminal; one log line per step when output is not a terminal."""
 
-    COLUMNS = [("step", "step", "{:.0f}"), ("version", "ver", "{:.0f}"), ("reward/mean", "reward", "{:.3f}"),
-               ("eval/accuracy", "test acc", "{:.3f}"), ("staleness/mean", "staleness", "{:.2f}"),
-               ("buffer/size", "buffer", "{:.0f}"), ("rollout/groups_in_flight", "in flight", "{:.0f}"),
-               ("time/step", "step s", "{:.1f}"), ("time/wait_batch", "wait s", "{:.1f}")]
+    COLUMNS = [
+        ("step", "step", "{:.0f}"),
+        ("version", "ver", "{:.0f}"),
+        ("reward/mean", "reward", "{:.3f}"),
+        ("eval/accuracy", "test acc", "{:.3f}"),
+        ("staleness/mean", "staleness", "{:.2f}"),
+        ("buffer/size", "buffer", "{:.0f}"),
+        ("rollout/groups_in_flight", "in flight", "{:.0f}"),
+        ("time/step", "step s", "{:.1f}"),
+        ("time/wait_batch", "wait s", "{:.1f}"),
+    ]
 
     def __init__(self, console: Console, total_steps: int) -> None:
         self.console = console
@@ -114,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
                 if started[0].latest_checkpoint() is not None:
                     where += f" (continue it: areal-graph run --resume {path})"
             Console(stderr=True, soft_wrap=True).print(
-                f"[yellow]interrupted[/]: every process of the run was stopped{where}", highlight=False)
+                f"[yellow]interrupted[/]: every process of the run was stopped{where}", highlight=False
+            )
             exit_interrupted()
 
 
@@ -138,8 +160,10 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
         return opened
     run_dir, ckpt = opened
     started.append(run_dir)
-    console.print(f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
-                  f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}")
+    console.print(
+        f"[bold]areal-graph run[/] {spec.name}: {spec.runtime.steps} steps, batch {spec.runtime.batch_size}, "
+        f"max staleness {spec.runtime.max_staleness} -> {run_dir.path}"
+    )
     t0 = time.time()
     try:
         spec = _resolve_builtins(spec, console)
@@ -173,9 +197,11 @@ def _load_spec(args: argparse.Namespace, console: Console) -> tuple[WorkflowSpec
             return 1
         spec = load_workflow_text(source.read_text(encoding="utf-8"), overrides, file=str(source))
         if args.workflow is not None and dump_workflow(load_workflow(args.workflow, overrides)) != dump_workflow(spec):
-            console.print(f"[red]--resume continues the workflow {args.resume} ran ({source}), and "
-                          f"{args.workflow} differs from it: drop {args.workflow} (KEY=VALUE overrides, "
-                          f"e.g. runtime.steps=N, still apply)[/]")
+            console.print(
+                f"[red]--resume continues the workflow {args.resume} ran ({source}), and "
+                f"{args.workflow} differs from it: drop {args.workflow} (KEY=VALUE overrides, "
+                f"e.g. runtime.steps=N, still apply)[/]"
+            )
             return 2
         return spec, overrides
     except WorkflowError as err:
@@ -185,8 +211,9 @@ def _load_spec(args: argparse.Namespace, console: Console) -> tuple[WorkflowSpec
         return 1
 
 
-def _open_run_dir(args: argparse.Namespace, spec: WorkflowSpec, overrides: list[str],
-                  console: Console) -> tuple[RunDir, Path | None] | int:
+def _open_run_dir(
+    args: argparse.Namespace, spec: WorkflowSpec, overrides: list[str], console: Console
+) -> tuple[RunDir, Path | None] | int:
     """A new run directory with the workflow as run in its config.yaml, or (--resume) the old one
     and its latest complete checkpoint; an exit code when there is nothing to resume."""
     from areal_graph.graph.dump import dump_workflow
@@ -204,13 +231,22 @@ def _open_run_dir(args: argparse.Namespace, spec: WorkflowSpec, overrides: list[
     root = args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
     held = [name for name in (CONFIG_FILENAME, "metrics.jsonl", "checkpoints") if (Path(root) / name).exists()]
     if held:  # two runs in one folder: metrics appended, an old checkpoint resumed under a new config
-        console.print(f"[red]{root} already holds a run ({', '.join(held)}): continue it with "
-                      f"`areal-graph run --resume {root}`, or give another --run-dir[/]", highlight=False)
+        console.print(
+            f"[red]{root} already holds a run ({', '.join(held)}): continue it with "
+            f"`areal-graph run --resume {root}`, or give another --run-dir[/]",
+            highlight=False,
+        )
         return 2
     run_dir = RunDir(root)
-    run_dir.write_text("config.yaml", dump_workflow(
-        spec, header=f"the workflow this run ran: {args.workflow}" + (f" with {' '.join(overrides)}" if overrides else "")
-        + "\nrepeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>"))
+    run_dir.write_text(
+        "config.yaml",
+        dump_workflow(
+            spec,
+            header=f"the workflow this run ran: {args.workflow}"
+            + (f" with {' '.join(overrides)}" if overrides else "")
+            + "\nrepeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>",
+        ),
+    )
     return run_dir, None
 
 
@@ -228,8 +264,10 @@ def _train(spec: WorkflowSpec, run_dir: RunDir, ckpt: Path | None, console: Cons
 
     def say_resumed(err: RunFailed, checkpoint: Path, resumes: int) -> None:
         say_failed(err)
-        console.print(f"[yellow]auto-resume {resumes} of at most {spec.runtime.auto_resume}: going on "
-                      f"from {checkpoint.name} in fresh processes[/]")
+        console.print(
+            f"[yellow]auto-resume {resumes} of at most {spec.runtime.auto_resume}: going on "
+            f"from {checkpoint.name} in fresh processes[/]"
+        )
 
     with RunDisplay(console, spec.runtime.steps) as display:
         try:
@@ -241,13 +279,18 @@ def _train(spec: WorkflowSpec, run_dir: RunDir, ckpt: Path | None, console: Cons
                 log.debug("run failed", exc_info=True)
             say_failed(err)
             if isinstance(err, RunFailed) and err.resumable:
-                why = ("no complete checkpoint (runtime.save_every)" if run_dir.latest_checkpoint() is None
-                       else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {err.resumes} times")
+                why = (
+                    "no complete checkpoint (runtime.save_every)"
+                    if run_dir.latest_checkpoint() is None
+                    else f"runtime.auto_resume is {spec.runtime.auto_resume} and was used {err.resumes} times"
+                )
                 console.print(f"not resumed automatically: {why}")
             # end_state.json: the counters at the stop, why it stopped, the work generated but not trained
-            where = [f"{what}: {path}" for what, path in (("process logs", run_dir.logs_dir),
-                                                          ("end state", run_dir.end_state_path))
-                     if path.exists()]  # a run that failed before its processes started has neither
+            where = [
+                f"{what}: {path}"
+                for what, path in (("process logs", run_dir.logs_dir), ("end state", run_dir.end_state_path))
+                if path.exists()
+            ]  # a run that failed before its processes started has neither
             if where:
                 console.print("; ".join(where))
             _say_trackers(console, spec, run_dir)
@@ -273,17 +316,17 @@ def _say_trackers(console: Console, spec, run_dir: RunDir) -> None:
     if "mlflow" in loggers:
         uri = TrackerSettings.for_run(spec, run_dir.path).mlflow_uri
         env = "MLFLOW_ALLOW_FILE_STORE=true " if is_file_store(uri) else ""  # MLflow 3 asks for it
-        console.print(f"MLflow: {env}mlflow ui --backend-store-uri {uri}  (the UI needs: pip install mlflow)",
-                      highlight=False)
+        console.print(
+            f"MLflow: {env}mlflow ui --backend-store-uri {uri}  (the UI needs: pip install mlflow)", highlight=False
+        )
 
 
 def _resolve_builtins(spec, console: Console):
     """The spec with `builtin:` paths resolved, building kits now, in this process and with
     progress on screen: a first build takes minutes, and inside the workers it would be silent."""
     from areal_graph.cli.cmd_init_model import kit_progress
-    from areal_graph.modelkit.builtin import PREFIX, resolve_builtin_paths
-
     from areal_graph.data.generated import SCHEMES
+    from areal_graph.modelkit.builtin import PREFIX, resolve_builtin_paths
 
     paths = [m.path for m in spec.models.values()] + [spec.data.train, spec.data.eval or ""]
     if not any(p.startswith((PREFIX, *SCHEMES)) for p in paths):

@@ -24,14 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=(
             "Example: areal-graph serve builtin:tiny-arith --port 30000\n"
             "With a key: export KEY=$(openssl rand -hex 32); areal-graph serve builtin:tiny-arith --api-key-env KEY\n"
-            "then: curl -s localhost:30000/generate -d '{\"input_ids\": [1, 2, 3], "
-            "\"sampling_params\": {\"max_new_tokens\": 8, \"temperature\": 0}, \"return_logprob\": true}'\n"
-            "or: curl -s localhost:30000/v1/chat/completions -d '{\"model\": \"m\", "
-            "\"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 3?\"}], \"max_tokens\": 16}'"
+            'then: curl -s localhost:30000/generate -d \'{"input_ids": [1, 2, 3], '
+            '"sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": true}\'\n'
+            'or: curl -s localhost:30000/v1/chat/completions -d \'{"model": "m", '
+            '"messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 16}\''
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", metavar="MODEL_DIR", help="HF-format model directory, or builtin:NAME (e.g. builtin:tiny-arith)")
+    p.add_argument(
+        "model", metavar="MODEL_DIR", help="HF-format model directory, or builtin:NAME (e.g. builtin:tiny-arith)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 picks a free one)")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (default 64)")
@@ -39,26 +41,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default="cpu", help="torch device for the model, e.g. cpu or cuda (default cpu)")
-    p.add_argument("--max-context", type=int, default=None,
-                   help="prompt + generation token limit (default: the model's max_position_embeddings)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and compute dtype (default float32; bfloat16 on a GPU)")
-    p.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model's id on /v1/models (default: the builtin's name, or the model directory's)")
-    p.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
-                   help="prompts longer than this many characters are refused before tokenizing "
-                        "(default: 32 per token of context)")
-    p.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help="require the API key held in environment variable VAR: every request but GET /health "
-                        "must send 'Authorization: Bearer KEY' (an OpenAI client's api_key). Default: no key, "
-                        "and only --host 127.0.0.1 is allowed")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="prompt + generation token limit (default: the model's max_position_embeddings)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and compute dtype (default float32; bfloat16 on a GPU)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model's id on /v1/models (default: the builtin's name, or the model directory's)",
+    )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompts longer than this many characters are refused before tokenizing "
+        "(default: 32 per token of context)",
+    )
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="require the API key held in environment variable VAR: every request but GET /health "
+        "must send 'Authorization: Bearer KEY' (an OpenAI client's api_key). Default: no key, "
+        "and only --host 127.0.0.1 is allowed",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     import torch
+    from rich.console import Console
 
     from areal_graph.api.fields import device_check
     from areal_graph.engines.inference import http_server
@@ -68,9 +90,13 @@ def run(args: argparse.Namespace) -> int:
     if args.port < 0 or args.port > 65535:
         console.print(f"[red]--port must be in 0..65535, got {args.port}[/]")
         return 2
-    for flag, value, least in (("--max-running", args.max_running, 1), ("--max-queue", args.max_queue, 0),
-                               ("--threads", args.threads, 1), ("--max-context", args.max_context, 2),
-                               ("--max-prompt-chars", args.max_prompt_chars, 1)):
+    for flag, value, least in (
+        ("--max-running", args.max_running, 1),
+        ("--max-queue", args.max_queue, 0),
+        ("--threads", args.threads, 1),
+        ("--max-context", args.max_context, 2),
+        ("--max-prompt-chars", args.max_prompt_chars, 1),
+    ):
         if value is not None and value < least:
             console.print(f"[red]{flag} must be >= {least}, got {value}[/]")
             return 2
@@ -84,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]--api-key-env {args.api_key_env}: that environment variable is not set or empty[/]")
         return 2
     if not args.api_key_env and args.host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[red]--host {args.host} exposes the server beyond this machine: give it a key with "
-                      f"--api-key-env VAR (export VAR=$(openssl rand -hex 32))[/]")
+        console.print(
+            f"[red]--host {args.host} exposes the server beyond this machine: give it a key with "
+            f"--api-key-env VAR (export VAR=$(openssl rand -hex 32))[/]"
+        )
         return 2
     try:
         model = str(resolve_model_path(args.model))
@@ -96,10 +124,24 @@ def run(args: argparse.Namespace) -> int:
     if not Path(model).is_dir():
         console.print(f"[red]MODEL_DIR {args.model!r}: no such directory[/]")
         return 1
-    console.print(f"[bold]areal-graph serve[/] {args.model} on http://{args.host}:{args.port} "
-                  f"(max running {args.max_running}); Ctrl-C stops")
-    argv = ["--model", model, "--host", args.host, "--port", str(args.port),
-            "--max-running", str(args.max_running), "--max-queue", str(args.max_queue), "--seed", str(args.seed)]
+    console.print(
+        f"[bold]areal-graph serve[/] {args.model} on http://{args.host}:{args.port} "
+        f"(max running {args.max_running}); Ctrl-C stops"
+    )
+    argv = [
+        "--model",
+        model,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--max-running",
+        str(args.max_running),
+        "--max-queue",
+        str(args.max_queue),
+        "--seed",
+        str(args.seed),
+    ]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
     if args.max_context is not None:

@@ -31,20 +31,31 @@ def register(sub: argparse._SubParsersAction) -> None:
             "cores. Costs come from a finished run (--calibrate RUN_DIR, or a model saved by `areal-graph "
             "costs --save`). Prints the predicted steps window (first step's start to last step's end, what "
             "`areal-graph trace RUN --json` reports as steps_window_s), the median step, staleness and each "
-            "process's busy share, and says where the prediction extrapolates."),
-        epilog=("Example: areal-graph simulate workflows/ppo_async_longtail.yaml runtime.max_staleness=8 "
-                "--calibrate runs/calibration  (inference.kv_on_update=keep prices keeping the KV cache at "
-                "updates)"),
+            "process's busy share, and says where the prediction extrapolates."
+        ),
+        epilog=(
+            "Example: areal-graph simulate workflows/ppo_async_longtail.yaml runtime.max_staleness=8 "
+            "--calibrate runs/calibration  (inference.kv_on_update=keep prices keeping the KV cache at "
+            "updates)"
+        ),
     )
     p.add_argument("workflow", type=Path, help="workflow YAML file")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="workflow overrides, as for `run`")
-    p.add_argument("--calibrate", required=True, metavar="RUN_DIR",
-                   help="a finished run whose trace gives the costs (10 steps at least; 30 recommended), or a "
-                        "cost model JSON from `areal-graph costs --save`")
+    p.add_argument(
+        "--calibrate",
+        required=True,
+        metavar="RUN_DIR",
+        help="a finished run whose trace gives the costs (10 steps at least; 30 recommended), or a "
+        "cost model JSON from `areal-graph costs --save`",
+    )
     p.add_argument("--seeds", type=int, default=3, help="simulations with different length draws, averaged (default 3)")
-    p.add_argument("--batch-order", choices=["submission", "completion"], default="submission",
-                   help="which groups a step trains: the oldest submitted (the controller today) or the first "
-                        "finished, dropping those past max_staleness (priced only)")
+    p.add_argument(
+        "--batch-order",
+        choices=["submission", "completion"],
+        default="submission",
+        help="which groups a step trains: the oldest submitted (the controller today) or the first "
+        "finished, dropping those past max_staleness (priced only)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -83,30 +94,47 @@ def predict(spec: Any, costs: Any, seeds: int = 3, **settings: Any) -> dict[str,
     windows = [r.steps_window_s for r in results]
     first = results[0]
     return {
-        "workflow": spec.name, "steps": base.steps, "steps_window_s": statistics.fmean(windows),
+        "workflow": spec.name,
+        "steps": base.steps,
+        "steps_window_s": statistics.fmean(windows),
         "steps_window_s_range": [min(windows), max(windows)],
         "step_s_median": statistics.fmean(r.step_s_median for r in results),
         "staleness_mean": statistics.fmean(r.staleness_mean for r in results),
         "staleness_max": max(r.staleness_max for r in results),
         "busy": {k: statistics.fmean(r.busy[k] for r in results) for k in first.busy},
-        "step_bound": first.step_bound, "tokens_per_s": statistics.fmean(r.tokens_per_s for r in results),
+        "step_bound": first.step_bound,
+        "tokens_per_s": statistics.fmean(r.tokens_per_s for r in results),
         "reprefill_tokens": int(statistics.fmean(r.reprefill_tokens for r in results)),
-        "settings": {"max_staleness": base.max_staleness, "batch_size": base.batch_size,
-                     "max_concurrent_rollouts": base.max_concurrent, "max_running_requests": base.max_running,
-                     "servers": base.servers, "kv_on_update": base.kv_on_update, "batch_order": base.batch_order,
-                     "placement": {"inference": dataclasses.asdict(base.inference),
-                                   "training": dataclasses.asdict(base.training), "other": dataclasses.asdict(base.other)}},
-        "calibrated_on": costs.source, "extrapolates": first.notes,
+        "settings": {
+            "max_staleness": base.max_staleness,
+            "batch_size": base.batch_size,
+            "max_concurrent_rollouts": base.max_concurrent,
+            "max_running_requests": base.max_running,
+            "servers": base.servers,
+            "kv_on_update": base.kv_on_update,
+            "batch_order": base.batch_order,
+            "placement": {
+                "inference": dataclasses.asdict(base.inference),
+                "training": dataclasses.asdict(base.training),
+                "other": dataclasses.asdict(base.other),
+            },
+        },
+        "calibrated_on": costs.source,
+        "extrapolates": first.notes,
     }
 
 
 def _print(console: Any, out: dict[str, Any], args: argparse.Namespace) -> None:
     lo, hi = out["steps_window_s_range"]
-    console.print(f"[bold]{out['workflow']}[/]: {out['steps']} steps, predicted from the costs of "
-                  f"{out['calibrated_on']}", highlight=False)
+    console.print(
+        f"[bold]{out['workflow']}[/]: {out['steps']} steps, predicted from the costs of {out['calibrated_on']}",
+        highlight=False,
+    )
     table = Table(show_header=False)
-    table.add_row("steps window (first step's start to last step's end)",
-                  f"{out['steps_window_s']:.1f} s  ({lo:.1f}-{hi:.1f} over {args.seeds} draws)")
+    table.add_row(
+        "steps window (first step's start to last step's end)",
+        f"{out['steps_window_s']:.1f} s  ({lo:.1f}-{hi:.1f} over {args.seeds} draws)",
+    )
     table.add_row("median step", f"{out['step_s_median'] * 1e3:.0f} ms")
     table.add_row("staleness of what is trained", f"mean {out['staleness_mean']:.2f}, max {out['staleness_max']}")
     bound = out["step_bound"]

@@ -33,25 +33,37 @@ def register(sub: argparse._SubParsersAction) -> None:
             "with the local launcher. Paths must be on a file system every node sees."
         ),
         epilog="Example: areal-graph slurm workflows/ppo_async.yaml --nodes 4 --gpus-per-node 8 --inference-nodes 3 "
-               "--partition gpu --time 04:00:00 --out job.sbatch inference.backend=sglang",
+        "--partition gpu --time 04:00:00 --out job.sbatch inference.backend=sglang",
     )
     p.add_argument("workflow", type=Path, help="workflow YAML file")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides passed to the run, as for `run`")
     p.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default 0)")
-    p.add_argument("--cpus-per-node", type=int, default=None,
-                   help="CPUs per node (default: whole nodes, --exclusive)")
-    p.add_argument("--inference-nodes", type=int, default=None,
-                   help="nodes for inference servers, the rest train (default: half, rounded down)")
+    p.add_argument("--cpus-per-node", type=int, default=None, help="CPUs per node (default: whole nodes, --exclusive)")
+    p.add_argument(
+        "--inference-nodes",
+        type=int,
+        default=None,
+        help="nodes for inference servers, the rest train (default: half, rounded down)",
+    )
     p.add_argument("--partition", default=None)
     p.add_argument("--time", default=None, help="time limit in SLURM's format, e.g. 04:00:00")
     p.add_argument("--account", default=None)
     p.add_argument("--job-name", default=None, help="default: areal-<workflow name>")
-    p.add_argument("--launcher", choices=["auto", "local", "ray"], default="auto",
-                   help="auto (default): local on 1 node, ray on more; ray also works on 1 node")
+    p.add_argument(
+        "--launcher",
+        choices=["auto", "local", "ray"],
+        default="auto",
+        help="auto (default): local on 1 node, ray on more; ray also works on 1 node",
+    )
     p.add_argument("--ray-port", type=int, default=None, help="Ray head port (default: derived from the job id)")
-    p.add_argument("--sbatch-option", action="append", default=[], metavar="--NAME[=VALUE]",
-                   help="an extra #SBATCH line, e.g. --sbatch-option=--qos=high (repeatable)")
+    p.add_argument(
+        "--sbatch-option",
+        action="append",
+        default=[],
+        metavar="--NAME[=VALUE]",
+        help="an extra #SBATCH line, e.g. --sbatch-option=--qos=high (repeatable)",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="the run directory (default: runtime.run_dir, now)")
     p.add_argument("--out", type=Path, default=None, help="where to write the script (default: RUN_DIR/job.sbatch)")
     p.add_argument("--submit", action="store_true", help="submit the script with sbatch after writing it")
@@ -71,11 +83,19 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  - {problem}", markup=False, highlight=False)
         return 1
     try:
-        layout = SlurmLayout(nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
-                             inference_nodes=args.inference_nodes, partition=args.partition, time=args.time,
-                             account=args.account, job_name=args.job_name or f"areal-{spec.name}",
-                             launcher=args.launcher, ray_port=args.ray_port,
-                             sbatch_options=tuple(args.sbatch_option))
+        layout = SlurmLayout(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            cpus_per_node=args.cpus_per_node,
+            inference_nodes=args.inference_nodes,
+            partition=args.partition,
+            time=args.time,
+            account=args.account,
+            job_name=args.job_name or f"areal-{spec.name}",
+            launcher=args.launcher,
+            ray_port=args.ray_port,
+            sbatch_options=tuple(args.sbatch_option),
+        )
     except ValueError as err:
         console.print(f"[red]layout: {err}[/]", highlight=False)
         return 2
@@ -84,16 +104,23 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]{shortfall}[/]", highlight=False)
     if shortfalls:
         return 1
-    run_dir = (args.run_dir or Path(spec.runtime.run_dir.format(
-        name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))).resolve()
+    run_dir = (
+        args.run_dir or Path(spec.runtime.run_dir.format(name=spec.name, timestamp=time.strftime("%Y%m%d-%H%M%S")))
+    ).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)  # sbatch writes the job's output there from the start
     bin_dir = Path(sys.executable).parent
-    job = SlurmJob(workflow=str(args.workflow.resolve()), run_dir=str(run_dir), workdir=os.getcwd(),
-                   areal_graph=shutil.which("areal-graph", path=str(bin_dir)) or str(bin_dir / "areal-graph"),
-                   python=sys.executable, ray=str(bin_dir / "ray"), overrides=tuple(args.overrides),
-                   command_line="areal-graph " + shlex.join(getattr(args, "argv", None) or
-                                                            ["slurm", str(args.workflow), *args.overrides]),
-                   env={k: v for k, v in os.environ.items() if k in ("AREAL_GRAPH_CACHE", "PYTHONPATH")})
+    job = SlurmJob(
+        workflow=str(args.workflow.resolve()),
+        run_dir=str(run_dir),
+        workdir=os.getcwd(),
+        areal_graph=shutil.which("areal-graph", path=str(bin_dir)) or str(bin_dir / "areal-graph"),
+        python=sys.executable,
+        ray=str(bin_dir / "ray"),
+        overrides=tuple(args.overrides),
+        command_line="areal-graph "
+        + shlex.join(getattr(args, "argv", None) or ["slurm", str(args.workflow), *args.overrides]),
+        env={k: v for k, v in os.environ.items() if k in ("AREAL_GRAPH_CACHE", "PYTHONPATH")},
+    )
     out = (args.out or run_dir / "job.sbatch").resolve()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -120,11 +147,16 @@ def gpu_problems(spec, layout) -> list[str]:
     if layout.n_inference == 0:  # one node shared by all
         have = {"the node": (need_inference + need_train, g)}
     else:
-        have = {f"the {layout.n_inference} inference node(s)": (need_inference, layout.n_inference * g),
-                f"the {layout.n_train} training node(s)": (need_train, layout.n_train * g)}
-    return [f"{where} {'has' if where == 'the node' else 'have'} {got} GPU(s) but the workflow's processes there ask {need} "
-            f"(inference servers x GPUs each, model workers x dp_size on CUDA)"
-            for where, (need, got) in have.items() if need > got]
+        have = {
+            f"the {layout.n_inference} inference node(s)": (need_inference, layout.n_inference * g),
+            f"the {layout.n_train} training node(s)": (need_train, layout.n_train * g),
+        }
+    return [
+        f"{where} {'has' if where == 'the node' else 'have'} {got} GPU(s) but the workflow's processes there ask {need} "
+        f"(inference servers x GPUs each, model workers x dp_size on CUDA)"
+        for where, (need, got) in have.items()
+        if need > got
+    ]
 
 
 def submit(script: Path, console: Console) -> int:

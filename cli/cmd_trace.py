@@ -42,23 +42,46 @@ def register(subparsers: Any) -> None:
         epilog="Example: areal-graph trace runs/grpo_sync-A runs/ppo_async-B --html compare.html --png plots/",
     )
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directory or trace .json file")
-    p.add_argument("--by", nargs="+", choices=sorted(GROUPINGS), default=["name", "cat", "worker"],
-                   help="which tables to print (default: name cat worker)")
+    p.add_argument(
+        "--by",
+        nargs="+",
+        choices=sorted(GROUPINGS),
+        default=["name", "cat", "worker"],
+        help="which tables to print (default: name cat worker)",
+    )
     p.add_argument("--top", type=int, default=25, help="rows per table, largest total first (default 25)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
-    p.add_argument("--html", type=Path, metavar="OUT.html",
-                   help="write the timeline page (self-contained: opens offline in any browser)")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT.html",
+        help="write the timeline page (self-contained: opens offline in any browser)",
+    )
     p.add_argument("--png", type=Path, metavar="DIR", help="write utilisation.png and learning_curve.png into DIR")
-    p.add_argument("--label", action="append", default=[], metavar="NAME",
-                   help="name a run on the page and in the tables (repeat once per RUN, in order; default: "
-                        "the directory's name)")
-    p.add_argument("--span-budget", type=int, default=50_000, metavar="N",
-                   help="most spans the page draws one by one; past it, short neighbouring spans are merged "
-                        "into blocks and the page says so (default 50000)")
-    p.add_argument("--read-mb", type=int, default=48, metavar="MB",
-                   help="most MB of a run's trace read (default 48): a larger trace is read in windows, the first "
-                        "and last steps and evenly spaced ones between, in bounded memory and time, and the "
-                        "output says so")
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="name a run on the page and in the tables (repeat once per RUN, in order; default: the directory's name)",
+    )
+    p.add_argument(
+        "--span-budget",
+        type=int,
+        default=50_000,
+        metavar="N",
+        help="most spans the page draws one by one; past it, short neighbouring spans are merged "
+        "into blocks and the page says so (default 50000)",
+    )
+    p.add_argument(
+        "--read-mb",
+        type=int,
+        default=48,
+        metavar="MB",
+        help="most MB of a run's trace read (default 48): a larger trace is read in windows, the first "
+        "and last steps and evenly spaced ones between, in bounded memory and time, and the "
+        "output says so",
+    )
     p.set_defaults(func=run)
 
 
@@ -66,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from areal_graph.cli.console import output_console
-
     from areal_graph.trace_analysis.trace_run import load_run
     from areal_graph.trace_analysis.trace_summary import summarize_run
 
@@ -78,12 +100,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             options = PageOptions(span_budget=args.span_budget)
         except ValueError:
-            err.print(f"[red]--span-budget must be an integer >= 100 (spans drawn on the page), got "
-                      f"{args.span_budget}[/]")
+            err.print(
+                f"[red]--span-budget must be an integer >= 100 (spans drawn on the page), got {args.span_budget}[/]"
+            )
             return 2
     if args.label and len(args.label) != len(args.runs):
-        err.print(f"[red]--label was given {len(args.label)} time(s) for {len(args.runs)} run(s): "
-                  "give one per RUN, in order[/]")
+        err.print(
+            f"[red]--label was given {len(args.label)} time(s) for {len(args.runs)} run(s): "
+            "give one per RUN, in order[/]"
+        )
         return 2
     if args.read_mb < 1:
         err.print(f"[red]--read-mb must be at least 1 (MB of each run's trace read), got {args.read_mb}[/]")
@@ -120,19 +145,43 @@ def _report(run: Any, summary: dict[str, Any], args: argparse.Namespace) -> dict
     window = training_window(run.timeline)
     files = summary["files"]
     shown = files if len(files) <= 4 else [*files[:2], f"... {len(files) - 3} more ...", files[-1]]
-    return {"trace": ", ".join(shown), "label": run.label, "wall_s": wall, "spans": len(spans),
-            # what `areal-graph simulate --json` predicts: first step's start to last step's end
-            "steps_window_s": (window[1] - window[0]) if window else None,
-            "by": {by: summarize(spans, by, wall) for by in args.by},
-            "per_step": summary["median_step"],
-            **{k: summary[k] for k in ("notes", "processes", "critical_path", "staleness", "packing", "nodes",
-                                       "fused", "flows", "mismatch")}}
+    return {
+        "trace": ", ".join(shown),
+        "label": run.label,
+        "wall_s": wall,
+        "spans": len(spans),
+        # what `areal-graph simulate --json` predicts: first step's start to last step's end
+        "steps_window_s": (window[1] - window[0]) if window else None,
+        "by": {by: summarize(spans, by, wall) for by in args.by},
+        "per_step": summary["median_step"],
+        **{
+            k: summary[k]
+            for k in (
+                "notes",
+                "processes",
+                "critical_path",
+                "staleness",
+                "packing",
+                "nodes",
+                "fused",
+                "flows",
+                "mismatch",
+            )
+        },
+    }
 
 
 def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], args: argparse.Namespace) -> None:
-    console.print(f"[bold]{rep['label']}[/] ({rep['trace']}): {rep['spans']} spans over {rep['wall_s']:.2f} s "
-                  "of wall time" + (f"; steps window {rep['steps_window_s']:.2f} s (first step's start to last "
-                                    "step's end)" if rep.get("steps_window_s") else ""), highlight=False)
+    console.print(
+        f"[bold]{rep['label']}[/] ({rep['trace']}): {rep['spans']} spans over {rep['wall_s']:.2f} s "
+        "of wall time"
+        + (
+            f"; steps window {rep['steps_window_s']:.2f} s (first step's start to last step's end)"
+            if rep.get("steps_window_s")
+            else ""
+        ),
+        highlight=False,
+    )
     for note in rep["notes"]:
         console.print(f"  [yellow]note:[/] {note}", highlight=False)
     if not rep["spans"]:
@@ -151,8 +200,9 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
         console.print(part, highlight=False)
 
 
-def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]], html: Any,
-                options: Any) -> int:
+def _write_html(
+    console: Any, err: Any, runs: list[Any], summaries: list[dict[str, Any]], html: Any, options: Any
+) -> int:
     from areal_graph.trace_analysis.trace_view import write_page
 
     try:
@@ -161,8 +211,11 @@ def _write_html(console: Any, err: Any, runs: list[Any], summaries: list[dict[st
     except OSError as exc:
         err.print(f"[red]cannot write {html}: {exc.strerror or exc}[/]")
         return 1
-    console.print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.2f} s); "
-                  "open it in any browser, no network needed", highlight=False)
+    console.print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.2f} s); "
+        "open it in any browser, no network needed",
+        highlight=False,
+    )
     return 0
 
 
@@ -189,21 +242,32 @@ def _pct(v: float | None) -> str:
 def _process_table(rows: list[dict[str, Any]]):
     from rich.table import Table
 
-    t = Table(title="busy and idle per process (busy: compute, a worker's own housekeeping, a server swapping "
-                    "weights; steps: first step's start to last step's end)", title_justify="left")
+    t = Table(
+        title="busy and idle per process (busy: compute, a worker's own housekeeping, a server swapping "
+        "weights; steps: first step's start to last step's end)",
+        title_justify="left",
+    )
     for col in ("process", "busy", "% run", "% steps", "idle % steps", "in a span % run"):
         t.add_column(col, justify="left" if col == "process" else "right")
     for r in rows:
-        t.add_row(r["process"], _fmt(r["busy_s"]), _pct(r["busy_share"]), _pct(r["busy_share_steps"]),
-                  _pct(r["idle_share_steps"]), _pct(r["in_span_share"]))
+        t.add_row(
+            r["process"],
+            _fmt(r["busy_s"]),
+            _pct(r["busy_share"]),
+            _pct(r["busy_share_steps"]),
+            _pct(r["idle_share_steps"]),
+            _pct(r["in_span_share"]),
+        )
     return t
 
 
 def _bounds_table(cp: dict[str, Any]):
     from rich.table import Table
 
-    t = Table(title=f"what bounded each step (critical path of {cp['steps']} steps; node sides from the "
-                    f"{cp['sides_from']})", title_justify="left")
+    t = Table(
+        title=f"what bounded each step (critical path of {cp['steps']} steps; node sides from the {cp['sides_from']})",
+        title_justify="left",
+    )
     t.add_column("bounded by")
     t.add_column("steps", justify="right")
     t.add_column("median % of the step", justify="right")
@@ -216,8 +280,10 @@ def _staleness_lines(st: dict[str, Any]) -> list[str]:
     if not st["counts"]:
         return [f"[bold]staleness[/]: {st['note']}"]
     top = max(st["counts"].values())
-    lines = [f"[bold]staleness of what was trained[/] ({st['unit']}, from {st['source']}): mean {st['mean']:.2f}, "
-             f"max {st['max']:g}"]
+    lines = [
+        f"[bold]staleness of what was trained[/] ({st['unit']}, from {st['source']}): mean {st['mean']:.2f}, "
+        f"max {st['max']:g}"
+    ]
     lines += [f"  {k:>6g} {'#' * max(1, round(30 * v / top))} {v}" for k, v in st["counts"].items()]
     if st["note"]:
         lines.append(f"  [dim]{st['note']}[/]")
@@ -227,9 +293,11 @@ def _staleness_lines(st: dict[str, Any]) -> list[str]:
 def _packing_lines(pk: dict[str, Any]) -> list[str]:
     if not pk["available"]:
         return [f"[bold]micro-batch packing[/]: not available: {pk['missing']}"]
-    return [f"[bold]micro-batch packing[/]: median fill {_pct(pk['fill_median'])}% of the {pk['budget']}-token "
-            f"budget (lowest {_pct(pk['fill_min'])}%), {pk['at_lower_bound']} of {pk['steps']} steps at the lower "
-            f"bound of micro-batches ({pk['extra_microbatches']:.0f} extra in all); [dim]{pk['note']}[/]"]
+    return [
+        f"[bold]micro-batch packing[/]: median fill {_pct(pk['fill_median'])}% of the {pk['budget']}-token "
+        f"budget (lowest {_pct(pk['fill_min'])}%), {pk['at_lower_bound']} of {pk['steps']} steps at the lower "
+        f"bound of micro-batches ({pk['extra_microbatches']:.0f} extra in all); [dim]{pk['note']}[/]"
+    ]
 
 
 def _step_table(s: dict[str, Any]):
@@ -237,8 +305,11 @@ def _step_table(s: dict[str, Any]):
     from rich.table import Table
 
     which = f"step {s['step']}, " if s.get("step") is not None else ""
-    t = Table(title=f"the median training step ({which}median wall of {s['steps']} steps; compute = engine busy "
-                    "time, model forward/backward, rewards, controller nodes)", title_justify="left")
+    t = Table(
+        title=f"the median training step ({which}median wall of {s['steps']} steps; compute = engine busy "
+        "time, model forward/backward, rewards, controller nodes)",
+        title_justify="left",
+    )
     t.add_column("part")
     t.add_column("time", justify="right")
     t.add_column("% of step", justify="right")
@@ -246,8 +317,11 @@ def _step_table(s: dict[str, Any]):
     for proc, sec in s["by_process_s"].items():
         t.add_row(f"  compute on {proc}", _fmt(sec), f"{100 * sec / s['wall_s']:.1f}")
     t.add_row("compute (union, overlaps once)", _fmt(s["compute_s"]), f"{100 * s['compute_s'] / s['wall_s']:.1f}")
-    t.add_row("overhead (RPC, serialisation, bookkeeping, weight sync, waiting)", _fmt(s["overhead_s"]),
-              f"{100 * s['overhead_share']:.1f}")
+    t.add_row(
+        "overhead (RPC, serialisation, bookkeeping, weight sync, waiting)",
+        _fmt(s["overhead_s"]),
+        f"{100 * s['overhead_share']:.1f}",
+    )
     return t
 
 
@@ -260,11 +334,17 @@ def summarize(spans: list[dict[str, Any]], by: str, wall_s: float) -> list[dict[
     for key, durs in groups.items():
         durs.sort()
         total = math.fsum(durs)
-        rows.append({
-            "key": key, "count": len(durs), "total_s": total, "mean_s": total / len(durs),
-            "p50_s": _percentile(durs, 50), "p95_s": _percentile(durs, 95),
-            "share": total / wall_s if wall_s > 0 else 0.0,
-        })
+        rows.append(
+            {
+                "key": key,
+                "count": len(durs),
+                "total_s": total,
+                "mean_s": total / len(durs),
+                "p50_s": _percentile(durs, 50),
+                "p95_s": _percentile(durs, 95),
+                "share": total / wall_s if wall_s > 0 else 0.0,
+            }
+        )
     rows.sort(key=lambda r: (-r["total_s"], r["key"]))
     return rows
 
@@ -292,14 +372,23 @@ def _percentile(sorted_vals: list[float], q: float) -> float:
 def _table(rows: list[dict[str, Any]], title: str, wall: float, n_all: int):
     from rich.table import Table
 
-    t = Table(title=f"time per {title}" + (f" (top {len(rows)} of {n_all})" if len(rows) < n_all else ""),
-              title_justify="left")
+    t = Table(
+        title=f"time per {title}" + (f" (top {len(rows)} of {n_all})" if len(rows) < n_all else ""),
+        title_justify="left",
+    )
     t.add_column(title)
     for col in ("count", "total", "mean", "p50", "p95", "% wall"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(r["key"], str(r["count"]), _fmt(r["total_s"]), _fmt(r["mean_s"]), _fmt(r["p50_s"]),
-                  _fmt(r["p95_s"]), f"{100 * r['share']:.1f}")
+        t.add_row(
+            r["key"],
+            str(r["count"]),
+            _fmt(r["total_s"]),
+            _fmt(r["mean_s"]),
+            _fmt(r["p50_s"]),
+            _fmt(r["p95_s"]),
+            f"{100 * r['share']:.1f}",
+        )
     return t
 
 
@@ -321,18 +410,40 @@ def _mismatch_parts(mm: dict[str, Any]) -> list[Any]:
 
     if not mm["windows"]:
         return [f"[bold]train/inference mismatch[/]: {mm['note']}"]
-    t = Table(title=f"train/inference mismatch |log pi_prox - log pi_behav| on the tokens trained ({mm['node']}, "
-                    f"{mm['steps']} steps; fresh: sampled by the weights trained, stale: by older ones)",
-              title_justify="left")
-    for col in ("steps", "fresh mean", "fresh max", "stale mean", "stale max", "stale % tokens", "k3 KL",
-                "% > tis 2", "% outside mask [0.5, 2]", "% outside icepop [0.5, 5]",
-                "% seqs outside geo [0.999, 1.001]"):
+    t = Table(
+        title=f"train/inference mismatch |log pi_prox - log pi_behav| on the tokens trained ({mm['node']}, "
+        f"{mm['steps']} steps; fresh: sampled by the weights trained, stale: by older ones)",
+        title_justify="left",
+    )
+    for col in (
+        "steps",
+        "fresh mean",
+        "fresh max",
+        "stale mean",
+        "stale max",
+        "stale % tokens",
+        "k3 KL",
+        "% > tis 2",
+        "% outside mask [0.5, 2]",
+        "% outside icepop [0.5, 5]",
+        "% seqs outside geo [0.999, 1.001]",
+    ):
         t.add_column(col, justify="right")
     for w in mm["windows"]:
         a, f, s = w["all"], w["fresh"], w["stale"]
-        t.add_row(f"{w['first']}-{w['last']}", _gap(f["abs_mean"]), _gap(f["abs_max"]), _gap(s["abs_mean"]),
-                  _gap(s["abs_max"]), _pct(s["share"]), _gap(a["k3"]), _pct(a["past_tis"]),
-                  _pct(a["past_token_mask"]), _pct(a["past_icepop"]), _pct(a["past_seq_mask"]))
+        t.add_row(
+            f"{w['first']}-{w['last']}",
+            _gap(f["abs_mean"]),
+            _gap(f["abs_max"]),
+            _gap(s["abs_mean"]),
+            _gap(s["abs_max"]),
+            _pct(s["share"]),
+            _gap(a["k3"]),
+            _pct(a["past_tis"]),
+            _pct(a["past_token_mask"]),
+            _pct(a["past_icepop"]),
+            _pct(a["past_seq_mask"]),
+        )
     parts: list[Any] = [t]
     if mm["positions"]:
         p = Table(title="mean |gap| by position in the response (tokens generated before it)", title_justify="left")

@@ -36,25 +36,50 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--max-staleness says so), max concurrent rollouts and the micro-batch token budget. Costs come "
             f"from --calibrate RUN_DIR, or from a {CALIBRATION_STEPS}-step run of the workflow made first. "
             "Prints the best configurations, their predicted windows and the KEY=VALUE overrides to use; "
-            "--verify runs the best and the workflow as given and prints both measured."),
+            "--verify runs the best and the workflow as given and prints both measured."
+        ),
         epilog="Example: areal-graph tune workflows/ppo_async_longtail.yaml --verify",
     )
     p.add_argument("workflow", type=Path, help="workflow YAML file")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="workflow overrides, as for `run`")
-    p.add_argument("--calibrate", metavar="RUN_DIR", help="a finished run of this workflow (or a cost model JSON); "
-                   f"default: run {CALIBRATION_STEPS} steps of it first")
-    p.add_argument("--calibration-steps", type=int, default=CALIBRATION_STEPS, metavar="N",
-                   help=f"steps of the calibration run made when --calibrate is not given (default {CALIBRATION_STEPS}; "
-                        "at least 10)")
-    p.add_argument("--max-staleness", type=int, default=None, metavar="ETA",
-                   help="search max staleness up to ETA (default: the workflow's own runtime.max_staleness)")
+    p.add_argument(
+        "--calibrate",
+        metavar="RUN_DIR",
+        help="a finished run of this workflow (or a cost model JSON); "
+        f"default: run {CALIBRATION_STEPS} steps of it first",
+    )
+    p.add_argument(
+        "--calibration-steps",
+        type=int,
+        default=CALIBRATION_STEPS,
+        metavar="N",
+        help=f"steps of the calibration run made when --calibrate is not given (default {CALIBRATION_STEPS}; "
+        "at least 10)",
+    )
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        metavar="ETA",
+        help="search max staleness up to ETA (default: the workflow's own runtime.max_staleness)",
+    )
     p.add_argument("--top", type=int, default=5, help="configurations to print (default 5)")
     p.add_argument("--seeds", type=int, default=3, help="length draws per finalist (default 3)")
     p.add_argument("--verify", action="store_true", help="run the best configuration and the workflow as given")
-    p.add_argument("--verify-steps", type=int, default=None, metavar="N",
-                   help="steps of each --verify run (default: the workflow's, at most 100)")
-    p.add_argument("--work-dir", type=Path, default=None, metavar="DIR",
-                   help="where calibration and --verify runs go (default runs/tune-<name>-<time>)")
+    p.add_argument(
+        "--verify-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps of each --verify run (default: the workflow's, at most 100)",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where calibration and --verify runs go (default runs/tune-<name>-<time>)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
@@ -79,8 +104,17 @@ def run(args: argparse.Namespace) -> int:
     if source is None:
         source = str(work / "calibration")
         say.print(f"calibrating: {args.calibration_steps} steps of {args.workflow} into {source} ...")
-        rc = measured_run(args.workflow, [*args.overrides, f"runtime.steps={args.calibration_steps}", "runtime.eval_every=0",
-                                          "runtime.save_every=0"], Path(source), work / "calibration.log").exit_code
+        rc = measured_run(
+            args.workflow,
+            [
+                *args.overrides,
+                f"runtime.steps={args.calibration_steps}",
+                "runtime.eval_every=0",
+                "runtime.save_every=0",
+            ],
+            Path(source),
+            work / "calibration.log",
+        ).exit_code
         if rc != 0:
             err.print(f"[red]the calibration run failed (exit {rc}); its log: {work / 'calibration.log'}[/]")
             return 1
@@ -91,8 +125,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     base = config_from_spec(spec, costs)
     with say.status("simulating ...") as status:
-        result = search(base, costs, eta, top=args.top, seeds=args.seeds,
-                        progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."))
+        result = search(
+            base,
+            costs,
+            eta,
+            top=args.top,
+            seeds=args.seeds,
+            progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."),
+        )
     out: dict[str, Any] = _as_json(spec, result, costs, eta)
     if spec.inference.kv_on_update == "recompute" and spec.inference.backend == "embedded":
         out["kv_keep"] = _price_kv_keep(result, costs, args.seeds)
@@ -107,12 +147,24 @@ def run(args: argparse.Namespace) -> int:
 
 def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
     def one(c: Any) -> dict[str, Any]:
-        return {"overrides": c.overrides, "steps_window_s": c.window_s, "staleness_mean": c.staleness,
-                "busy": c.busy, "speedup_vs_given": result.given.window_s / c.window_s if c.window_s else None,
-                "extrapolates": c.notes}
-    return {"workflow": spec.name, "steps": spec.runtime.steps, "calibrated_on": costs.source,
-            "max_staleness_searched": eta, "simulations": result.simulated, "given": one(result.given),
-            "best": [one(c) for c in result.ranked]}
+        return {
+            "overrides": c.overrides,
+            "steps_window_s": c.window_s,
+            "staleness_mean": c.staleness,
+            "busy": c.busy,
+            "speedup_vs_given": result.given.window_s / c.window_s if c.window_s else None,
+            "extrapolates": c.notes,
+        }
+
+    return {
+        "workflow": spec.name,
+        "steps": spec.runtime.steps,
+        "calibrated_on": costs.source,
+        "max_staleness_searched": eta,
+        "simulations": result.simulated,
+        "given": one(result.given),
+        "best": [one(c) for c in result.ranked],
+    }
 
 
 def _price_kv_keep(result: Any, costs: Any, seeds: int) -> dict[str, Any]:
@@ -122,9 +174,14 @@ def _price_kv_keep(result: Any, costs: Any, seeds: int) -> dict[str, Any]:
 
     best = result.ranked[0]
     cfg = dataclasses.replace(best.cfg, kv_on_update="keep")
-    window = sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s for k in range(seeds)) / seeds
-    return {"overrides": ["inference.kv_on_update=keep", *best.overrides], "steps_window_s": window,
-            "speedup_vs_given": result.given.window_s / window}
+    window = (
+        sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s for k in range(seeds)) / seeds
+    )
+    return {
+        "overrides": ["inference.kv_on_update=keep", *best.overrides],
+        "steps_window_s": window,
+        "speedup_vs_given": result.given.window_s / window,
+    }
 
 
 def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: Path, say: Any) -> list[dict[str, Any]]:
@@ -135,48 +192,92 @@ def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: 
     rows = []
     for label, cand in (("best", result.ranked[0]), ("as given", result.given)):
         run_dir = work / f"verify-{label.replace(' ', '-')}"
-        overrides = [*args.overrides, *cand.overrides, f"runtime.steps={steps}", "runtime.eval_every=0",
-                     "runtime.save_every=0"]
+        overrides = [
+            *args.overrides,
+            *cand.overrides,
+            f"runtime.steps={steps}",
+            "runtime.eval_every=0",
+            "runtime.save_every=0",
+        ]
         say.print(f"verifying {label}: {steps} steps with {' '.join(cand.overrides) or 'no overrides'} ...")
         got = measured_run(args.workflow, overrides, run_dir, work / f"verify-{label.replace(' ', '-')}.log")
         cfg = dataclasses.replace(cand.cfg, steps=steps)
-        predicted = sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s
-                        for k in range(args.seeds)) / args.seeds
-        rows.append({"label": label, "overrides": cand.overrides, "steps": steps, "predicted_s": predicted,
-                     "measured_s": got.window_s, "run_dir": str(run_dir), "exit": got.exit_code})
+        predicted = (
+            sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s for k in range(args.seeds))
+            / args.seeds
+        )
+        rows.append(
+            {
+                "label": label,
+                "overrides": cand.overrides,
+                "steps": steps,
+                "predicted_s": predicted,
+                "measured_s": got.window_s,
+                "run_dir": str(run_dir),
+                "exit": got.exit_code,
+            }
+        )
     return rows
 
 
 def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
-    console.print(f"[bold]{out['workflow']}[/]: {out['steps']} steps, {out['simulations']} simulations from the costs "
-                  f"of {out['calibrated_on']} (max staleness searched 0-{out['max_staleness_searched']})",
-                  highlight=False)
+    console.print(
+        f"[bold]{out['workflow']}[/]: {out['steps']} steps, {out['simulations']} simulations from the costs "
+        f"of {out['calibrated_on']} (max staleness searched 0-{out['max_staleness_searched']})",
+        highlight=False,
+    )
     table = Table(title="the best configurations, predicted", title_justify="left")
     for col in ("rank", "steps window", "vs as given", "staleness", "engine busy", "trainer busy", "overrides"):
         table.add_column(col, justify="left" if col == "overrides" else "right")
     given = out["given"]
-    table.add_row("given", f"{given['steps_window_s']:.1f} s", "1.00x", f"{given['staleness_mean']:.2f}",
-                  f"{given['busy'].get('inference-0', 0):.0%}", f"{given['busy'].get('trainer', 0):.0%}", "(none)")
+    table.add_row(
+        "given",
+        f"{given['steps_window_s']:.1f} s",
+        "1.00x",
+        f"{given['staleness_mean']:.2f}",
+        f"{given['busy'].get('inference-0', 0):.0%}",
+        f"{given['busy'].get('trainer', 0):.0%}",
+        "(none)",
+    )
     for i, c in enumerate(out["best"], 1):
-        table.add_row(str(i), f"{c['steps_window_s']:.1f} s", f"{c['speedup_vs_given']:.2f}x", f"{c['staleness_mean']:.2f}",
-                      f"{c['busy'].get('inference-0', 0):.0%}", f"{c['busy'].get('trainer', 0):.0%}",
-                      " ".join(c["overrides"]) or "(the workflow as given)")
+        table.add_row(
+            str(i),
+            f"{c['steps_window_s']:.1f} s",
+            f"{c['speedup_vs_given']:.2f}x",
+            f"{c['staleness_mean']:.2f}",
+            f"{c['busy'].get('inference-0', 0):.0%}",
+            f"{c['busy'].get('trainer', 0):.0%}",
+            " ".join(c["overrides"]) or "(the workflow as given)",
+        )
     console.print(table)
     best = out["best"][0]
-    console.print(f"use: areal-graph run {args.workflow} {' '.join([*args.overrides, *best['overrides']])}".rstrip(),
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"use: areal-graph run {args.workflow} {' '.join([*args.overrides, *best['overrides']])}".rstrip(),
+        highlight=False,
+        soft_wrap=True,
+    )
     for note in best["extrapolates"]:
         console.print(f"[yellow]extrapolates:[/] {note}", highlight=False)
     keep = out.get("kv_keep")
     if keep:
-        console.print(f"not searched, as it changes what the engine computes: keeping the KV cache at weight updates "
-                      f"(inference.kv_on_update=keep) with the best settings is predicted at {keep['steps_window_s']:.1f} s "
-                      f"({keep['speedup_vs_given']:.2f}x the workflow as given)", highlight=False, soft_wrap=True)
+        console.print(
+            f"not searched, as it changes what the engine computes: keeping the KV cache at weight updates "
+            f"(inference.kv_on_update=keep) with the best settings is predicted at {keep['steps_window_s']:.1f} s "
+            f"({keep['speedup_vs_given']:.2f}x the workflow as given)",
+            highlight=False,
+            soft_wrap=True,
+        )
     for row in out.get("verify", []):
         measured = f"{row['measured_s']:.1f} s" if row["measured_s"] is not None else f"failed (exit {row['exit']})"
-        console.print(f"verified {row['label']}: {row['steps']} steps, predicted {row['predicted_s']:.1f} s, measured "
-                      f"{measured} ({row['run_dir']})", highlight=False)
+        console.print(
+            f"verified {row['label']}: {row['steps']} steps, predicted {row['predicted_s']:.1f} s, measured "
+            f"{measured} ({row['run_dir']})",
+            highlight=False,
+        )
     verified = {r["label"]: r for r in out.get("verify", [])}
     if {"best", "as given"} <= set(verified) and all(r["measured_s"] for r in verified.values()):
-        console.print(f"measured speed-up of the best over the workflow as given: "
-                      f"{verified['as given']['measured_s'] / verified['best']['measured_s']:.2f}x", highlight=False)
+        console.print(
+            f"measured speed-up of the best over the workflow as given: "
+            f"{verified['as given']['measured_s'] / verified['best']['measured_s']:.2f}x",
+            highlight=False,
+        )

@@ -33,11 +33,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="Example: areal-graph validate workflows/ppo_async.yaml --set runtime.max_staleness=0",
     )
     p.add_argument("workflow", type=Path, nargs="?", help="workflow YAML file")
-    p.add_argument("--schema", action="store_true",
-                   help="print a reference of every workflow field (type, default, meaning) and exit")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field before validating, e.g. --set nodes.train.clip_eps=0.1 (repeatable; "
-                        "KEY=VALUE after WORKFLOW works too, as for `run`)")
+    p.add_argument(
+        "--schema",
+        action="store_true",
+        help="print a reference of every workflow field (type, default, meaning) and exit",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field before validating, e.g. --set nodes.train.clip_eps=0.1 (repeatable; "
+        "KEY=VALUE after WORKFLOW works too, as for `run`)",
+    )
     p.set_defaults(func=run)
 
 
@@ -90,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{args.workflow}: {line}", style="red", markup=False, highlight=False)
         return 1
     graph = build_graph(spec)
-    console.print(f"[bold green]OK[/] {args.workflow}: workflow [bold]{spec.name}[/], "
-                  f"{len(spec.nodes)} nodes, {graph.number_of_edges()} edges")
+    console.print(
+        f"[bold green]OK[/] {args.workflow}: workflow [bold]{spec.name}[/], "
+        f"{len(spec.nodes)} nodes, {graph.number_of_edges()} edges"
+    )
 
     models = Table(title="models", title_justify="left")
     for col in ("name", "path", "trained"):
@@ -106,8 +117,15 @@ def run(args: argparse.Namespace) -> int:
         nodes.add_column(col)
     for n in spec.nodes.values():
         where = f"(fused into {plan.fused[n.name]})" if n.name in plan.fused else plan.hosting[n.name].process
-        nodes.add_row(n.name, n.kind, n.model or "-", plan.phase[n.name], where,
-                      ", ".join(n.reads) or "-", ", ".join(n.writes) or "-")
+        nodes.add_row(
+            n.name,
+            n.kind,
+            n.model or "-",
+            plan.phase[n.name],
+            where,
+            ", ".join(n.reads) or "-",
+            ", ".join(n.writes) or "-",
+        )
     console.print(nodes)
 
     edges = Table(title="edges", title_justify="left")
@@ -123,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     console.print("[bold]plan[/]")
     for line in plan.describe():
         console.print(f"  {line}", highlight=False, markup=False)
-    console.print(f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
-                  f"{rt.steps} steps, backend {spec.inference.backend}", highlight=False)
+    console.print(
+        f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
+        f"{rt.steps} steps, backend {spec.inference.backend}",
+        highlight=False,
+    )
     return 0

@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     # which argparse alone does not allow after an option; collect the stragglers here.
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if isinstance(getattr(args, "overrides", None), list) and all("=" in e and not e.startswith("-") for e in extra):
+        if isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in e and not e.startswith("-") for e in extra
+        ):
             args.overrides.extend(extra)
         else:
             hint = ""
@@ -67,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
-        level=level, format="%(message)s", datefmt="[%X]",
+        level=level,
+        format="%(message)s",
+        datefmt="[%X]",
         handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
     )
     if not getattr(args, "func", None):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,14 @@ class MeasuredRun:
     staleness_mean: float | None = None
 
 
-def measured_run(workflow: str | Path, overrides: Sequence[str], run_dir: Path, log: Path,
-                 timeout: float | None = None, cwd: Path | None = None) -> MeasuredRun:
+def measured_run(
+    workflow: str | Path,
+    overrides: Sequence[str],
+    run_dir: Path,
+    log: Path,
+    timeout: float | None = None,
+    cwd: Path | None = None,
+) -> MeasuredRun:
     """Run it (a fresh `run_dir`: a folder that holds a run is refused), output to `log`."""
     from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
     from areal_graph.trace_analysis.trace_model import load_timeline
@@ -47,5 +53,11 @@ def measured_run(workflow: str | Path, overrides: Sequence[str], run_dir: Path, 
     metrics = read_metrics_file(run_dir / METRICS_FILENAME).records
     accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
     stale = [m["staleness/mean"] for m in metrics if "staleness/mean" in m]
-    return MeasuredRun(run_dir, 0, (window[1] - window[0]) if window else None, accs[0] if accs else None,
-                       accs[-1] if len(accs) > 1 else None, sum(stale) / len(stale) if stale else None)
+    return MeasuredRun(
+        run_dir,
+        0,
+        (window[1] - window[0]) if window else None,
+        accs[0] if accs else None,
+        accs[-1] if len(accs) > 1 else None,
+        sum(stale) / len(stale) if stale else None,
+    )

@@ -44,10 +44,14 @@ def preflight_problems(spec: Any) -> list[str]:
             problems.append(f"inference.backend: {problem} (models.{actor.name}.path {actor.path})")
     for model in spec.models.values():
         if model.backend == "megatron" and importlib.util.find_spec("megatron") is None:
-            problems.append(f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
-                            "installed here (pip install 'areal-graph[megatron]')")
-    if (any(n.kind == "reward" and getattr(n.params, "fn", None) == "reasoning_gym" for n in spec.nodes.values())
-            and importlib.util.find_spec("reasoning_gym") is None):
+            problems.append(
+                f"models.{model.name}.backend: megatron needs the megatron-core package, which is not "
+                "installed here (pip install 'areal-graph[megatron]')"
+            )
+    if (
+        any(n.kind == "reward" and getattr(n.params, "fn", None) == "reasoning_gym" for n in spec.nodes.values())
+        and importlib.util.find_spec("reasoning_gym") is None
+    ):
         problems.append(f"fn: reasoning_gym needs the reasoning-gym package, which is not installed here ({PIP})")
     problems += placement_problems(spec)
     missing = missing_packages(spec.runtime.loggers)
@@ -86,15 +90,19 @@ def placement_problems(spec: Any) -> list[str]:
         placement = getattr(spec.resources, side)
         missing = [c for c in placement.cores or () if c not in usable]
         if missing:
-            problems.append(f"resources.{side}.cores: core(s) {', '.join(map(str, missing))} not on this machine "
-                            f"(this process may use cores {_ranges(usable)})")
+            problems.append(
+                f"resources.{side}.cores: core(s) {', '.join(map(str, missing))} not on this machine "
+                f"(this process may use cores {_ranges(usable)})"
+            )
         if placement.gpus is not None:
             if gpus is None:
                 gpus = _cuda_devices()
             past = [g for g in placement.gpus if g >= gpus]
             if past:
-                problems.append(f"resources.{side}.gpus: GPU(s) {', '.join(map(str, past))} not on this machine "
-                                f"({gpus} CUDA device(s){' : torch sees no CUDA' if gpus == 0 else ''})")
+                problems.append(
+                    f"resources.{side}.gpus: GPU(s) {', '.join(map(str, past))} not on this machine "
+                    f"({gpus} CUDA device(s){' : torch sees no CUDA' if gpus == 0 else ''})"
+                )
     return problems
 
 

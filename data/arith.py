@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,10 @@ class Difficulty:
         if self.step_weights is not None:
             n = self.max_steps - self.min_steps + 1
             if len(self.step_weights) != n or min(self.step_weights) < 0 or sum(self.step_weights) <= 0:
-                raise ValueError(f"Difficulty.step_weights: need {n} non-negative weights (steps {self.min_steps}.."
-                                 f"{self.max_steps}) with a positive sum, got {self.step_weights}")
+                raise ValueError(
+                    f"Difficulty.step_weights: need {n} non-negative weights (steps {self.min_steps}.."
+                    f"{self.max_steps}) with a positive sum, got {self.step_weights}"
+                )
 
     def draw_steps(self, rng: random.Random) -> int:
         if self.step_weights is None:
@@ -173,8 +175,9 @@ def generate(seed: int, n: int, difficulty: str | Difficulty = "medium") -> list
     return rows
 
 
-def split(seed: int, n_train: int, n_test: int, difficulty: str | Difficulty = "medium"
-          ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def split(
+    seed: int, n_train: int, n_test: int, difficulty: str | Difficulty = "medium"
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """Train and test sets with disjoint questions (drawn as one distinct pool, then cut)."""
     rows = generate(seed, n_train + n_test, difficulty)
     return rows[n_test:], rows[:n_test]

@@ -27,8 +27,9 @@ The conversations are in the Hermes / Qwen2.5 tool convention (api/tool_calls.py
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.api.tool_calls import render_tool_call, tool_turn_text
 from areal_graph.data.datasets import format_prompt
@@ -74,7 +75,7 @@ def _level(level: str | CalcLevel) -> CalcLevel:
 
 
 def _number(rng: random.Random, digits: int) -> int:
-    return rng.randint(10 ** (digits - 1), 10 ** digits - 1)
+    return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
 
 def make_problem(rng: random.Random, level: CalcLevel) -> dict[str, Any]:
@@ -87,8 +88,12 @@ def make_problem(rng: random.Random, level: CalcLevel) -> dict[str, Any]:
         c = _number(rng, rng.choice(level.digits))
         expression += f" + {c}"
         value += c
-    return {"question": f"What is {expression}?", "answer": str(value), "expression": expression,
-            "factor_digits": da + db}
+    return {
+        "question": f"What is {expression}?",
+        "answer": str(value),
+        "expression": expression,
+        "factor_digits": da + db,
+    }
 
 
 def generate(seed: int, n: int, level: str | CalcLevel = "products") -> list[dict[str, Any]]:
@@ -107,8 +112,9 @@ def generate(seed: int, n: int, level: str | CalcLevel = "products") -> list[dic
     return rows
 
 
-def split(seed: int, n_train: int, n_test: int, level: str | CalcLevel = "products"
-          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split(
+    seed: int, n_train: int, n_test: int, level: str | CalcLevel = "products"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and test sets with disjoint questions (one distinct pool, cut)."""
     rows = generate(seed, n_train + n_test, level)
     return rows[n_test:], rows[:n_test]
@@ -121,9 +127,11 @@ def final_answer(value: str) -> str:
 def tool_conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The assistant's side of a solved problem with the calculator, as chat messages."""
     call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expression": row["expression"]}}}
-    return [{"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": row["answer"]},
-            {"role": "assistant", "content": final_answer(row["answer"])}]
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": row["answer"]},
+        {"role": "assistant", "content": final_answer(row["answer"])},
+    ]
 
 
 def hasty_estimate(expression: str) -> int:
@@ -140,16 +148,19 @@ def direct_conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "assistant", "content": final_answer(str(hasty_estimate(row["expression"])))}]
 
 
-def teacher_conversations(rows: Sequence[dict[str, Any]], direct_rates: Sequence[float], seed: int,
-                          level: str | CalcLevel = "products") -> list[dict[str, Any]]:
+def teacher_conversations(
+    rows: Sequence[dict[str, Any]], direct_rates: Sequence[float], seed: int, level: str | CalcLevel = "products"
+) -> list[dict[str, Any]]:
     """SFT rows {question, answer, messages}: a problem whose two factors have
     `level.factor_sizes[k]` digits in all is answered outright with probability
     `direct_rates[k]`, otherwise solved with one calculator call. Deterministic for `seed`;
     the input rows are not modified."""
     sizes = _level(level).factor_sizes
     if len(direct_rates) != len(sizes) or not all(0.0 <= r <= 1.0 for r in direct_rates):
-        raise ValueError(f"teacher_conversations: need {len(sizes)} direct rates in [0, 1] (factor digits "
-                         f"{sizes[0]}..{sizes[-1]}), got {tuple(direct_rates)}")
+        raise ValueError(
+            f"teacher_conversations: need {len(sizes)} direct rates in [0, 1] (factor digits "
+            f"{sizes[0]}..{sizes[-1]}), got {tuple(direct_rates)}"
+        )
     rng = random.Random(seed)
     out = []
     for row in rows:
@@ -170,8 +181,9 @@ def assistant_text(message: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def encode_conversation(tokenizer: Any, question: str, messages: Sequence[dict[str, Any]]
-                        ) -> tuple[list[int], list[int]]:
+def encode_conversation(
+    tokenizer: Any, question: str, messages: Sequence[dict[str, Any]]
+) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of prompt + conversation, laid out as the calculator rollout lays
     out an episode: each assistant turn is its text + EOS (trained on), the tool results and
     the next assistant header are one masked span (`tool_turn_text`). Labels are IGNORE on

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # Bounds on what one file may make us hold in memory: a JSONL row, and a whole .json array.
 MAX_ROW_BYTES = 1 << 20
@@ -71,8 +72,10 @@ def iter_rows(path: str | Path, report: LoadReport) -> Iterator[tuple[int, Any]]
     elif suffix in (".jsonl", ".ndjson"):
         yield from _jsonl_rows(path, report)
     else:
-        raise DatasetError(f"dataset {path}: unknown format {suffix!r} (use .jsonl, .json, .parquet or a "
-                           "folder written by datasets' save_to_disk)")
+        raise DatasetError(
+            f"dataset {path}: unknown format {suffix!r} (use .jsonl, .json, .parquet or a "
+            "folder written by datasets' save_to_disk)"
+        )
 
 
 # --------------------------------------------------------------------------- JSON
@@ -113,8 +116,10 @@ def _decode_line(raw: bytes, i: int, report: LoadReport) -> Any:
 
 def _json_array(path: Path) -> list:
     if path.stat().st_size > MAX_JSON_FILE_BYTES:
-        raise DatasetError(f"dataset {path}: a .json dataset is read whole and must be under "
-                           f"{MAX_JSON_FILE_BYTES >> 20} MiB; write it as JSONL (one row per line)")
+        raise DatasetError(
+            f"dataset {path}: a .json dataset is read whole and must be under "
+            f"{MAX_JSON_FILE_BYTES >> 20} MiB; write it as JSONL (one row per line)"
+        )
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -135,7 +140,9 @@ def _pyarrow(path: Path, what: str) -> Any:
         import pyarrow.ipc  # noqa: F401  (the submodules are not imported by `import pyarrow`)
         import pyarrow.parquet  # noqa: F401
     except ImportError as err:
-        raise DatasetError(f"dataset {path}: reading {what} needs pyarrow (pip install 'areal-graph[parquet]')") from err
+        raise DatasetError(
+            f"dataset {path}: reading {what} needs pyarrow (pip install 'areal-graph[parquet]')"
+        ) from err
     return pyarrow
 
 
@@ -156,10 +163,14 @@ def _hf_disk_rows(path: Path) -> Iterator[dict]:
         splits = path / "dataset_dict.json"
         if splits.is_file():
             names = json.loads(splits.read_text(encoding="utf-8")).get("splits", [])
-            raise DatasetError(f"dataset {path} holds several splits ({', '.join(map(str, names))}): name one, "
-                               f"e.g. {path / str(names[0]) if names else path / 'train'}")
-        raise DatasetError(f"dataset {path} is a folder but not one written by datasets' save_to_disk "
-                           "(no state.json); give a .jsonl, .json or .parquet file")
+            raise DatasetError(
+                f"dataset {path} holds several splits ({', '.join(map(str, names))}): name one, "
+                f"e.g. {path / str(names[0]) if names else path / 'train'}"
+            )
+        raise DatasetError(
+            f"dataset {path} is a folder but not one written by datasets' save_to_disk "
+            "(no state.json); give a .jsonl, .json or .parquet file"
+        )
     try:
         files = [path / str(f["filename"]) for f in json.loads(state_file.read_text(encoding="utf-8"))["_data_files"]]
     except (ValueError, KeyError, TypeError) as err:

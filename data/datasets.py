@@ -27,8 +27,15 @@ from typing import Any
 
 from areal_graph.data.dataset_files import DatasetError, LoadReport, iter_rows
 
-__all__ = ["DatasetError", "LoadReport", "Prompt", "format_prompt", "load_prompts", "load_run_prompts",
-           "reference_answer"]
+__all__ = [
+    "DatasetError",
+    "LoadReport",
+    "Prompt",
+    "format_prompt",
+    "load_prompts",
+    "load_run_prompts",
+    "reference_answer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +107,12 @@ def field_value(row: dict, key: str) -> Any:
 def row_keys(row: dict, layout: str, question_key: str, answer_key: str) -> tuple[str, str]:
     """The (question, answer) keys of a row: verl's under `layout: verl`, and under `auto` when the
     row lacks the configured question key but has verl's fields."""
-    if layout == "verl" or (layout == "auto" and field_value(row, question_key) is _MISSING
-                            and isinstance(row.get(VERL_QUESTION), list)
-                            and field_value(row, VERL_ANSWER) is not _MISSING):
+    if layout == "verl" or (
+        layout == "auto"
+        and field_value(row, question_key) is _MISSING
+        and isinstance(row.get(VERL_QUESTION), list)
+        and field_value(row, VERL_ANSWER) is not _MISSING
+    ):
         return VERL_QUESTION, VERL_ANSWER
     return question_key, answer_key
 
@@ -141,9 +151,17 @@ def load_prompts(
     report = LoadReport(str(path))
     prompts: list[Prompt] = []
     for line, row in iter_rows(path, report):
-        prompt = _row_prompt(row, line, report, tokenizer, prompt_template, max_prompt_tokens,
-                             row_keys(row, layout, question_key, answer_key) if isinstance(row, dict) else ("", ""),
-                             source_key, Path(path).stem)
+        prompt = _row_prompt(
+            row,
+            line,
+            report,
+            tokenizer,
+            prompt_template,
+            max_prompt_tokens,
+            row_keys(row, layout, question_key, answer_key) if isinstance(row, dict) else ("", ""),
+            source_key,
+            Path(path).stem,
+        )
         if prompt is not None:
             prompts.append(prompt)
     report.loaded = len(prompts)
@@ -152,8 +170,17 @@ def load_prompts(
     return prompts, report
 
 
-def _row_prompt(row: Any, line: int, report: LoadReport, tokenizer: Any, prompt_template: str | None,
-                max_prompt_tokens: int | None, keys: tuple[str, str], source_key: str, stem: str) -> Prompt | None:
+def _row_prompt(
+    row: Any,
+    line: int,
+    report: LoadReport,
+    tokenizer: Any,
+    prompt_template: str | None,
+    max_prompt_tokens: int | None,
+    keys: tuple[str, str],
+    source_key: str,
+    stem: str,
+) -> Prompt | None:
     """The row as a Prompt, or None after recording in `report` why it was skipped."""
     if not isinstance(row, dict):
         report.skip(line, "not an object", type(row).__name__)
@@ -189,10 +216,18 @@ def _row_prompt(row: Any, line: int, report: LoadReport, tokenizer: Any, prompt_
         return None
     source = field_value(row, source_key)
     row_id = row.get("id", field_value(row, "extra_info.index"))
-    plain = question if messages is None else next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-    return Prompt(str(row_id) if row_id not in (None, _MISSING) else f"{stem}:{line}", text, ids, answer,
-                  source=str(source) if source not in (None, _MISSING) else "",
-                  messages=tuple(messages) if messages is not None else None, question=plain)
+    plain = (
+        question if messages is None else next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    )
+    return Prompt(
+        str(row_id) if row_id not in (None, _MISSING) else f"{stem}:{line}",
+        text,
+        ids,
+        answer,
+        source=str(source) if source not in (None, _MISSING) else "",
+        messages=tuple(messages) if messages is not None else None,
+        question=plain,
+    )
 
 
 def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Prompt], list[Prompt]]:
@@ -203,9 +238,14 @@ def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Pr
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    kwargs = dict(prompt_template=data.prompt_template, question_key=data.question_key,
-                  answer_key=data.answer_key, max_prompt_tokens=data.max_prompt_tokens, layout=data.layout,
-                  source_key=data.source_key)
+    kwargs = dict(
+        prompt_template=data.prompt_template,
+        question_key=data.question_key,
+        answer_key=data.answer_key,
+        max_prompt_tokens=data.max_prompt_tokens,
+        layout=data.layout,
+        source_key=data.source_key,
+    )
     train, report = load_prompts(data.train, tok, **kwargs)
     if not train:
         raise DatasetError(f"data.train ({data.train}) has no usable rows: {report}")
@@ -214,8 +254,10 @@ def load_run_prompts(data: Any, tokenizer_path: str, seed: int) -> tuple[list[Pr
     if data.eval:
         eval_prompts, report = load_prompts(data.eval, tok, **kwargs)
         if not eval_prompts:  # evaluation would silently be off
-            raise DatasetError(f"data.eval ({data.eval}) has no usable rows: {report}; fix it, or set data.eval: null "
-                               "to train without evaluating")
+            raise DatasetError(
+                f"data.eval ({data.eval}) has no usable rows: {report}; fix it, or set data.eval: null "
+                "to train without evaluating"
+            )
         log.info("eval prompts: %s", report)
         eval_prompts = eval_prompts[: data.eval_size] if data.eval_size else eval_prompts
     random.Random(seed).shuffle(train)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from areal_graph.data.datasets import format_prompt
 from areal_graph.data.textarena_games import game_row, make_game, observation_text, user_turn_text

@@ -19,8 +19,8 @@ they travel on the wire as UTF-8, never pickled.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import torch
 
@@ -62,7 +62,7 @@ class PackedBatch:
         seqs: dict[str, Sequence] | None = None,
         meta: dict[str, Sequence[str]] | None = None,
         dtypes: dict[str, torch.dtype] | None = None,
-    ) -> "PackedBatch":
+    ) -> PackedBatch:
         """Pack lists of per-sequence lists. Key order of `tokens` is irrelevant; lengths must agree."""
         dtypes = dtypes or {}
         if not tokens:
@@ -85,7 +85,7 @@ class PackedBatch:
         return cls(cu, packed, seq_t, {k: list(v) for k, v in (meta or {}).items()})
 
     @classmethod
-    def concat(cls, batches: Sequence["PackedBatch"]) -> "PackedBatch":
+    def concat(cls, batches: Sequence[PackedBatch]) -> PackedBatch:
         """Lay batches end to end. All must carry the same keys."""
         if not batches:
             raise ValueError("concat of zero batches")
@@ -165,7 +165,7 @@ class PackedBatch:
         s, e = int(self.cu_seqlens[i]), int(self.cu_seqlens[i + 1])
         return self.tokens[key][s:e]
 
-    def update(self, other: "PackedBatch") -> "PackedBatch":
+    def update(self, other: PackedBatch) -> PackedBatch:
         """Merge the keys a node wrote (same sequences, same order) into this batch, in place."""
         if not torch.equal(other.cu_seqlens, self.cu_seqlens):
             raise ValueError("update: the other batch has different sequence boundaries")
@@ -175,7 +175,7 @@ class PackedBatch:
         self.validate()
         return self
 
-    def select_keys(self, keys: Iterable[str]) -> "PackedBatch":
+    def select_keys(self, keys: Iterable[str]) -> PackedBatch:
         keys = set(keys)
         missing = keys - self.keys()
         if missing:
@@ -187,16 +187,14 @@ class PackedBatch:
             {k: v for k, v in self.meta.items() if k in keys},
         )
 
-    def select(self, indices: Sequence[int]) -> "PackedBatch":
+    def select(self, indices: Sequence[int]) -> PackedBatch:
         """A new batch holding sequences `indices`, in that order (used for micro-batches)."""
         idx = [int(i) for i in indices]
         lens = self.seqlens()[idx] if idx else torch.zeros(0, dtype=torch.int32)
         cu = torch.zeros(len(idx) + 1, dtype=torch.int32)
         if idx:
             cu[1:] = torch.cumsum(lens, 0)
-            token_index = torch.cat(
-                [torch.arange(int(self.cu_seqlens[i]), int(self.cu_seqlens[i + 1])) for i in idx]
-            )
+            token_index = torch.cat([torch.arange(int(self.cu_seqlens[i]), int(self.cu_seqlens[i + 1])) for i in idx])
         else:
             token_index = torch.zeros(0, dtype=torch.int64)
         seq_index = torch.tensor(idx, dtype=torch.int64)
@@ -207,7 +205,7 @@ class PackedBatch:
             {k: [v[i] for i in idx] for k, v in self.meta.items()},
         )
 
-    def to(self, device: torch.device | str) -> "PackedBatch":
+    def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(
             self.cu_seqlens.to(device),
             {k: v.to(device) for k, v in self.tokens.items()},

@@ -21,8 +21,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import unquote
 
 from areal_graph.data.arith import write_jsonl
@@ -58,15 +59,17 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """`reasoning_gym:name?k=v&...` -> (name, config kwargs with size and seed filled in)."""
     if not is_spec(spec):
         raise ReasoningGymError(f"{spec!r} is not a {SCHEME}<dataset> name")
-    name, _, query = str(spec)[len(SCHEME):].partition("?")
+    name, _, query = str(spec)[len(SCHEME) :].partition("?")
     if not name:
         raise ReasoningGymError(f"{spec!r}: give a dataset, e.g. {SCHEME}basic_arithmetic?size=2000&seed=1")
     pairs = [part.partition("=") for part in query.split("&")] if query else []
     if any(not k or not sep for k, sep, _ in pairs):
         raise ReasoningGymError(f"{spec!r}: options must look like ?size=2000&seed=1")
     # '+' stays '+' (operators=+,-), unlike form decoding; a comma separates a list's items
-    kwargs = {unquote(k): ([_value(unquote(x)) for x in v.split(",")] if "," in v else _value(unquote(v)))
-              for k, _, v in pairs}
+    kwargs = {
+        unquote(k): ([_value(unquote(x)) for x in v.split(",")] if "," in v else _value(unquote(v)))
+        for k, _, v in pairs
+    }
     kwargs.setdefault("size", DEFAULT_SIZE)
     kwargs.setdefault("seed", 0)
     size = kwargs["size"]
@@ -101,9 +104,11 @@ def check_spec(spec: str) -> str | None:
         names = dataset_names()
         if name not in names:
             near = difflib.get_close_matches(name, names, n=3)
-            return (f"{spec!r}: reasoning-gym has no dataset {name!r}"
-                    + (f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else "")
-                    + f"; it has {len(names)}: {', '.join(names)}")
+            return (
+                f"{spec!r}: reasoning-gym has no dataset {name!r}"
+                + (f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else "")
+                + f"; it has {len(names)}: {', '.join(names)}"
+            )
         _config(name, kwargs)
     except ReasoningGymError as err:
         return str(err)
@@ -116,8 +121,10 @@ def _config(name: str, kwargs: dict[str, Any]) -> Any:
     config_cls = DATASETS[name][1]
     defaults = {f.name: f.default for f in getattr(config_cls, "__dataclass_fields__", {}).values()}
     # a one-item list given without a comma (operators=+) is still a list where the config has one
-    kwargs = {k: [v] if isinstance(defaults.get(k), (list, tuple)) and not isinstance(v, list) else v
-              for k, v in kwargs.items()}
+    kwargs = {
+        k: [v] if isinstance(defaults.get(k), (list, tuple)) and not isinstance(v, list) else v
+        for k, v in kwargs.items()
+    }
     try:
         config = config_cls(**kwargs)
         if hasattr(config, "validate"):
@@ -131,7 +138,9 @@ def _config(name: str, kwargs: dict[str, Any]) -> Any:
 def answer_payload(name: str, entry: dict[str, Any]) -> str:
     """A row's `answer`: the dataset and the entry its scorer reads, as JSON ('#' escaped: the
     dataset reader takes text after '####' as a GSM8K answer)."""
-    return json.dumps({"reasoning_gym": name, "entry": entry}, default=str, separators=(",", ":")).replace("#", "\\u0023")
+    return json.dumps({"reasoning_gym": name, "entry": entry}, default=str, separators=(",", ":")).replace(
+        "#", "\\u0023"
+    )
 
 
 def materialize(spec: str, root: Path) -> Path:
@@ -141,14 +150,21 @@ def materialize(spec: str, root: Path) -> Path:
     if problem:
         raise ReasoningGymError(problem)
     lib = _library()
-    key = hashlib.sha256(json.dumps([name, sorted(kwargs.items()), getattr(lib, "__version__", "")],
-                                    default=str).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps([name, sorted(kwargs.items()), getattr(lib, "__version__", "")], default=str).encode()
+    ).hexdigest()[:12]
     path = root / "reasoning_gym" / f"{name}-{key}.jsonl"
     if path.is_file():
         return path
-    rows = ({"id": f"{name}-{kwargs['seed']}-{i}", "question": entry["question"],
-             "answer": answer_payload(name, entry), "data_source": f"reasoning_gym/{name}"}
-            for i, entry in enumerate(entries(spec)))
+    rows = (
+        {
+            "id": f"{name}-{kwargs['seed']}-{i}",
+            "question": entry["question"],
+            "answer": answer_payload(name, entry),
+            "data_source": f"reasoning_gym/{name}",
+        }
+        for i, entry in enumerate(entries(spec))
+    )
     return write_jsonl(rows, path)  # atomic: a concurrent reader never sees half a file
 
 

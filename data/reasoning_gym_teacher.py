@@ -17,8 +17,10 @@ from typing import Any
 from areal_graph.data import reasoning_gym
 
 # The sums reasoning_gym_arith.yaml trains on: 2-3 one-digit terms, + and -, four phrasings.
-BASIC_ARITHMETIC = ("basic_arithmetic?min_terms=2&max_terms=3&max_digits=1&operators=+,-&allow_parentheses=false"
-                    "&allow_negation=false&format_style=natural")
+BASIC_ARITHMETIC = (
+    "basic_arithmetic?min_terms=2&max_terms=3&max_digits=1&operators=+,-&allow_parentheses=false"
+    "&allow_negation=false&format_style=natural"
+)
 TERMS = re.compile(r"(\d+)|([+-])")
 
 
@@ -26,8 +28,12 @@ def worked_solution(question: str) -> tuple[str, int] | None:
     """("6 - 5 = 1\\n1 + 1 = 2\\nThe answer is \\boxed{2}.", 2) for "Evaluate: 6 - 5 + 1."; None when
     the question is not a chain of + and - over non-negative integers."""
     tokens = [m.group(0) for m in TERMS.finditer(question)]
-    if len(tokens) < 3 or len(tokens) % 2 == 0 or any(t in "+-" for t in tokens[::2]) \
-            or any(t not in "+-" for t in tokens[1::2]):
+    if (
+        len(tokens) < 3
+        or len(tokens) % 2 == 0
+        or any(t in "+-" for t in tokens[::2])
+        or any(t not in "+-" for t in tokens[1::2])
+    ):
         return None
     value, lines = int(tokens[0]), []
     for op, num in zip(tokens[1::2], tokens[2::2]):

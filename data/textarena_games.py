@@ -37,7 +37,7 @@ def library() -> Any:
 
 def parse_spec(spec: str) -> tuple[str, int, int]:
     """`textarena:GuessTheNumber-v0?size=500&seed=1` -> (env id, size, seed)."""
-    env, _, query = str(spec)[len(SCHEME):].partition("?")
+    env, _, query = str(spec)[len(SCHEME) :].partition("?")
     opts: dict[str, str] = {}
     for part in query.split("&") if query else []:
         k, sep, v = part.partition("=")
@@ -74,8 +74,11 @@ def check_env(env: str) -> str | None:
     names = sorted(n for n in ENV_REGISTRY if not n.endswith(("-raw", "-train")))
     if env not in ENV_REGISTRY:
         near = difflib.get_close_matches(env, names, n=3)
-        return (f"textarena has no game {env!r}" + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
-                + "; single-player ones include GuessTheNumber-v0, Hangman-v0, FrozenLake-v0, Wordle-v0")
+        return (
+            f"textarena has no game {env!r}"
+            + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
+            + "; single-player ones include GuessTheNumber-v0, Hangman-v0, FrozenLake-v0, Wordle-v0"
+        )
     try:
         make_game(env).reset(num_players=1, seed=0)
     except Exception as err:  # noqa: BLE001 - a multi-player game refuses one player in its own words
@@ -133,5 +136,9 @@ def materialize(spec: str, root: Path) -> Path:
 
 def game_row(env: str, seed: int) -> dict[str, Any]:
     """The prompt row of game `env` with `seed`: its opening as the question, where to find it as the answer."""
-    return {"id": f"{env}-{seed}", "question": opening(env, seed), "answer": json.dumps({"textarena": env, "seed": seed}),
-            "data_source": f"textarena/{env}"}
+    return {
+        "id": f"{env}-{seed}",
+        "question": opening(env, seed),
+        "answer": json.dumps({"textarena": env, "seed": seed}),
+        "data_source": f"textarena/{env}",
+    }

@@ -55,7 +55,8 @@ def python() -> str:
         raise VerifiersError(
             "verifiers environments run in verifiers' own virtualenv (verifiers 0.4 pins openai<3, this "
             f"project uses openai 3): run `{INSTALL}` in {PACKAGE}, or set {PYTHON_ENV} to a python "
-            "that has verifiers==0.4.0")
+            "that has verifiers==0.4.0"
+        )
     return str(default)
 
 
@@ -77,7 +78,7 @@ def _value(text: str) -> Any:
 
 def parse_spec(spec: str) -> dict[str, Any]:
     """`verifiers:vf_arith?size=500&seed=1` -> the runner's spec {taskset, env, options, size}."""
-    taskset, _, query = str(spec)[len(SCHEME):].partition("?")
+    taskset, _, query = str(spec)[len(SCHEME) :].partition("?")
     if not taskset:
         raise VerifiersError(f"{spec!r}: name a taskset, e.g. {SCHEME}vf_arith?size=500")
     out: dict[str, Any] = {"taskset": taskset, "env": "", "options": {}, "size": 1000}
@@ -116,8 +117,13 @@ def check_spec(spec: str) -> str | None:
 def list_tasks(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The taskset's first `size` tasks as prompt rows, listed by verifiers itself."""
     env = runner_env()
-    done = subprocess.run([python(), str(RUNNER), "list", json.dumps(spec)], capture_output=True, text=True,
-                          env=env, timeout=LIST_TIMEOUT_S)
+    done = subprocess.run(
+        [python(), str(RUNNER), "list", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=LIST_TIMEOUT_S,
+    )
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     failed = [line["error"] for line in lines if "error" in line]
     if failed:  # verifiers' own message says it; its traceback is not for the console

@@ -12,7 +12,8 @@ merged sync would give, to float rounding.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -27,8 +28,7 @@ def attach_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targ
         from peft import LoraConfig, get_peft_model
     except ImportError as err:
         raise ImportError("models.<name>.lora needs peft (pip install peft)") from err
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                        bias="none")
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
     wrapped = get_peft_model(model, config)
     if not any(".lora_A." in name for name, _ in wrapped.named_parameters()):
         raise ValueError(f"lora.target_modules {list(target_modules)} match no module of the model")
@@ -38,8 +38,11 @@ def attach_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targ
 def _adapted(peft_model: Any) -> list[tuple[str, Any]]:
     """(HF module path, peft LoRA layer) for every adapted module."""
     base = peft_model.get_base_model()
-    return [(name, module) for name, module in base.named_modules()
-            if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {})]
+    return [
+        (name, module)
+        for name, module in base.named_modules()
+        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {})
+    ]
 
 
 def scaling_of(peft_model: Any) -> float:
@@ -70,7 +73,9 @@ def merged_tensors(peft_model: Any) -> dict[str, torch.Tensor]:
             key = key.replace(".base_layer.", ".")
             if key.endswith(".weight") and module_name in adapted:
                 layer = adapted[module_name]
-                value = value + layer.scaling["default"] * (layer.lora_B["default"].weight @ layer.lora_A["default"].weight)
+                value = value + layer.scaling["default"] * (
+                    layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+                )
         merged[key] = value.detach()
     return merged
 

@@ -14,8 +14,8 @@ so a buffer is never written while a server reads it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import torch
 
@@ -32,7 +32,9 @@ class _Mapping:
             with open(path, "wb") as f:
                 f.truncate(nbytes)
         elif os.path.getsize(path) < nbytes:
-            raise ValueError(f"shared weights file {path} holds {os.path.getsize(path)} bytes, the manifest needs {nbytes}")
+            raise ValueError(
+                f"shared weights file {path} holds {os.path.getsize(path)} bytes, the manifest needs {nbytes}"
+            )
         self.path, self.nbytes = path, nbytes
         self.buf = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
@@ -55,8 +57,13 @@ def publish(path: str, state: Mapping[str, torch.Tensor]) -> list[dict]:
             manifest.append({**seen[key], "name": name})
             continue
         nbytes = t.numel() * t.element_size()
-        entry = seen[key] = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                             "offset": offset, "nbytes": nbytes}
+        entry = seen[key] = {
+            "name": name,
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "offset": offset,
+            "nbytes": nbytes,
+        }
         manifest.append(entry)
         todo.append((entry, t))
         offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
@@ -64,7 +71,7 @@ def publish(path: str, state: Mapping[str, torch.Tensor]) -> list[dict]:
     if m is None or m.nbytes < offset:
         m = _writers[path] = _Mapping(path, max(offset, 1), create=True)
     for entry, t in todo:
-        m.buf[entry["offset"]:entry["offset"] + entry["nbytes"]].view(t.dtype).copy_(t.detach().reshape(-1))
+        m.buf[entry["offset"] : entry["offset"] + entry["nbytes"]].view(t.dtype).copy_(t.detach().reshape(-1))
     return manifest
 
 
@@ -79,6 +86,6 @@ def read(path: str, manifest: list[dict]) -> dict[str, torch.Tensor]:
         dtype = _DTYPES.get(e["dtype"])
         if dtype is None:
             raise ValueError(f"manifest entry {e['name']!r}: unknown dtype {e['dtype']!r}")
-        raw = m.buf[int(e["offset"]):int(e["offset"]) + int(e["nbytes"])]
+        raw = m.buf[int(e["offset"]) : int(e["offset"]) + int(e["nbytes"])]
         out[e["name"]] = raw.view(dtype).view(tuple(e["shape"]))
     return out

@@ -8,7 +8,7 @@ for renderers and the controller.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import networkx as nx
 

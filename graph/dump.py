@@ -46,10 +46,16 @@ def workflow_mapping(spec: WorkflowSpec) -> dict[str, Any]:
         entry["reads"] = list(n.reads)
         entry["writes"] = list(n.writes)
         nodes[name] = entry
-    return {"name": spec.name, **({"python_path": list(spec.python_path)} if spec.python_path else {}),
-            "models": models, "data": _plain(spec.data), "inference": _plain(spec.inference),
-            "nodes": nodes, "runtime": _plain(spec.runtime),
-            **({"resources": _plain(spec.resources)} if spec.resources.pinned else {})}
+    return {
+        "name": spec.name,
+        **({"python_path": list(spec.python_path)} if spec.python_path else {}),
+        "models": models,
+        "data": _plain(spec.data),
+        "inference": _plain(spec.inference),
+        "nodes": nodes,
+        "runtime": _plain(spec.runtime),
+        **({"resources": _plain(spec.resources)} if spec.resources.pinned else {}),
+    }
 
 
 def dump_workflow(spec: WorkflowSpec, header: str = "") -> str:

@@ -14,8 +14,9 @@ named in YAML as `kind: package.module:NAME` (see `graph/kinds/registry.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from areal_graph.graph.spec import NodeSpec, WorkflowSpec
@@ -86,15 +87,15 @@ class ImportRef:
     supplied: tuple[str, ...] = ()
 
 
-def no_rules(node: "NodeSpec", spec: "WorkflowSpec") -> list[Issue]:
+def no_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
     return []
 
 
-def no_imports(node: "NodeSpec") -> list[ImportRef]:
+def no_imports(node: NodeSpec) -> list[ImportRef]:
     return []
 
 
-def fuses_nothing(node: "NodeSpec", spec: "WorkflowSpec") -> str | None:
+def fuses_nothing(node: NodeSpec, spec: WorkflowSpec) -> str | None:
     return None
 
 
@@ -109,11 +110,11 @@ class NodeKind:
     # "generation" (before the sample buffer), "training" (after it), or "auto": decided per
     # node from the params' `phase` field and what the node reads (function nodes)
     phase: Phase | Literal["auto"]
-    hosting: Callable[["NodeSpec", "WorkflowSpec"], Hosting]
-    host_args: Callable[["NodeSpec", "WorkflowSpec", RunInfo], dict[str, Any]]
-    call: Callable[["NodeSpec", "WorkflowSpec"], Call]
-    rules: Callable[["NodeSpec", "WorkflowSpec"], list[Issue]] = no_rules
-    imports: Callable[["NodeSpec"], list[ImportRef]] = no_imports
+    hosting: Callable[[NodeSpec, WorkflowSpec], Hosting]
+    host_args: Callable[[NodeSpec, WorkflowSpec, RunInfo], dict[str, Any]]
+    call: Callable[[NodeSpec, WorkflowSpec], Call]
+    rules: Callable[[NodeSpec, WorkflowSpec], list[Issue]] = no_rules
+    imports: Callable[[NodeSpec], list[ImportRef]] = no_imports
     default_writes: tuple[str, ...] = ()
     # the node's output may hold fewer sequences than its input (whole prompt groups dropped)
     may_drop: bool = False
@@ -121,7 +122,7 @@ class NodeKind:
     trains: bool = False
     # which role the node uses its model in ("policy": log-probs / policy loss, "critic":
     # values / value loss): one model may not serve both
-    model_role: Callable[["NodeSpec"], "str | None"] = lambda node: None
+    model_role: Callable[[NodeSpec], str | None] = lambda node: None
     # the node scores answers: an evaluation runs it (and what it reads) on greedy answers
     scores: bool = False
     # the source of the graph: reads prompts from `data`, provides the implicit keys
@@ -130,7 +131,7 @@ class NodeKind:
     # the name of another node whose output this node computes itself when the run is
     # configured so (e.g. the proximal log-probs from the training forward); that node is
     # then skipped, and the plan and the trace say so
-    fuses: Callable[["NodeSpec", "WorkflowSpec"], "str | None"] = fuses_nothing
+    fuses: Callable[[NodeSpec, WorkflowSpec], str | None] = fuses_nothing
     # keys the node is given whenever the batch holds them, without declaring them in `reads`
     # (a train node's `versions`, for its staleness-split mismatch stats)
     optional_reads: tuple[str, ...] = ()

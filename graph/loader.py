@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from areal_graph.api.imports import add_import_roots, import_root_of
 from areal_graph.graph import spec as S
@@ -74,10 +75,17 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
     nodes, complete = _nodes(raw.get("nodes"), declared, v)
     # Graph rules need every node (a partial set gives bogus "nobody writes" problems); they
     # run against defaults for sections that had problems of their own (already reported).
-    draft = S.WorkflowSpec(name=name if isinstance(name, str) else "?", models=models or {},
-                           data=data or S.DataSpec(train="?"), inference=inference or S.InferenceSpec(),
-                           nodes=nodes, runtime=runtime or S.RuntimeSpec(), resources=resources or S.ResourcesSpec(),
-                           source=v.file, python_path=python_path)
+    draft = S.WorkflowSpec(
+        name=name if isinstance(name, str) else "?",
+        models=models or {},
+        data=data or S.DataSpec(train="?"),
+        inference=inference or S.InferenceSpec(),
+        nodes=nodes,
+        runtime=runtime or S.RuntimeSpec(),
+        resources=resources or S.ResourcesSpec(),
+        source=v.file,
+        python_path=python_path,
+    )
     if complete:
         check_graph(draft, models is not None, v)
     check_runtime(draft, runtime is not None, v)
@@ -97,7 +105,9 @@ def _python_path(raw: Any, v: Validator) -> tuple[str, ...]:
     folders: list[Path] = [own] if own is not None else []
     if raw is not None:
         if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
-            v.report(("python_path",), f"expected a list of folders (relative to the workflow file), got {described(raw)}")
+            v.report(
+                ("python_path",), f"expected a list of folders (relative to the workflow file), got {described(raw)}"
+            )
         else:
             for entry in raw:
                 folder = (here / entry).resolve()
@@ -119,8 +129,10 @@ def _models(raw: Any, v: Validator) -> dict[str, S.ModelSpec] | None:
     models: dict[str, S.ModelSpec] = {}
     for name, body in raw.items():
         if not isinstance(body, dict):
-            v.report(("models", name), f"model '{name}' must be a mapping with 'path' (and optional 'train'), "
-                                       f"got {described(body)}")
+            v.report(
+                ("models", name),
+                f"model '{name}' must be a mapping with 'path' (and optional 'train'), got {described(body)}",
+            )
             continue
         model = v.build(S.ModelSpec, body, ("models", name), inject={"name": name})
         if model is not None:
@@ -128,8 +140,7 @@ def _models(raw: Any, v: Validator) -> dict[str, S.ModelSpec] | None:
     return models
 
 
-def _nodes(raw: Any, models: list[str] | None,
-           v: Validator) -> tuple[dict[str, S.NodeSpec], bool]:
+def _nodes(raw: Any, models: list[str] | None, v: Validator) -> tuple[dict[str, S.NodeSpec], bool]:
     """The nodes that parsed, and whether all of them did."""
     if raw is None:
         return {}, False
@@ -153,8 +164,9 @@ def _nodes(raw: Any, models: list[str] | None,
 
 
 # Fields of a section that now live elsewhere: (section, field) -> where, and how to write it.
-MOVED_FIELDS = {("runtime", "dp_size"): "data parallelism is set per model, as models.<name>.dp_size "
-                                        "(e.g. models.actor.dp_size: 2)"}
+MOVED_FIELDS = {
+    ("runtime", "dp_size"): "data parallelism is set per model, as models.<name>.dp_size (e.g. models.actor.dp_size: 2)"
+}
 # Fields that were renamed: the old name gets a message saying what it is now.
 RENAMED = {"workflow": "rollout_class", "workflow_args": "rollout_args"}
 
@@ -164,8 +176,11 @@ def _node(name: str, body: dict, models: list[str] | None, v: Validator) -> S.No
     before = len(v.problems)
     kind_name = body.get("kind")
     if kind_name is None:
-        v.report(path + ("kind",), f"missing required field 'kind' (one of {', '.join(BUILTIN_KINDS)}, "
-                                   "or 'package.module:NAME' of a NodeKind)")
+        v.report(
+            path + ("kind",),
+            f"missing required field 'kind' (one of {', '.join(BUILTIN_KINDS)}, "
+            "or 'package.module:NAME' of a NodeKind)",
+        )
         return None
     try:
         kind = resolve_kind(kind_name)
@@ -181,8 +196,7 @@ def _node(name: str, body: dict, models: list[str] | None, v: Validator) -> S.No
     elif kind.model == "forbidden" and model is not None:
         v.report(path + ("model",), f"a {kind.name} node takes no 'model'")
     elif model is not None and models is not None and model not in models:
-        v.report(path + ("model",), f"unknown model '{model}'{suggest(model, models)}; "
-                                   f"models: {', '.join(models)}")
+        v.report(path + ("model",), f"unknown model '{model}'{suggest(model, models)}; models: {', '.join(models)}")
 
     def keys(field: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = body.get(field)
@@ -199,14 +213,18 @@ def _node(name: str, body: dict, models: list[str] | None, v: Validator) -> S.No
     writes = keys("writes", kind.default_writes)
     for old, new in RENAMED.items():
         if old in body:
-            v.report(path + (old,), f"'{old}' was renamed to '{new}' (the YAML file is the workflow; "
-                                    f"the Python class is the rollout class)")
+            v.report(
+                path + (old,),
+                f"'{old}' was renamed to '{new}' (the YAML file is the workflow; "
+                f"the Python class is the rollout class)",
+            )
     param_raw = {k: val for k, val in body.items() if k not in NODE_KEYS and k not in RENAMED}
     params = v.build(kind.params, param_raw, path, also_allowed=NODE_KEYS)
     if params is None or len(v.problems) > before:
         return None
-    node = S.NodeSpec(name=name, kind=str(kind_name), model=model, reads=reads, writes=writes, params=params,
-                      line=v.line(path))
+    node = S.NodeSpec(
+        name=name, kind=str(kind_name), model=model, reads=reads, writes=writes, params=params, line=v.line(path)
+    )
     for ref in kind.imports(node):
         why = check_import(ref)
         if why:
@@ -240,5 +258,7 @@ def load_workflow(path: str | Path, overrides: Iterable[str] = ()) -> S.Workflow
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)  # bounded: the size check needs one byte past the limit
     except OSError as err:
-        raise WorkflowError([Problem(str(path), None, None, None, f"cannot read workflow file: {err.strerror or err}")]) from None
+        raise WorkflowError(
+            [Problem(str(path), None, None, None, f"cannot read workflow file: {err.strerror or err}")]
+        ) from None
     return load_workflow_text(decode_text(data, str(path)), overrides, file=str(path))

@@ -7,7 +7,8 @@ exactly the same rules as the file, and a bad one is reported like any other pro
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -43,8 +44,16 @@ def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[lis
             continue
         node = node_of(parts)
         if parts[0] not in SECTIONS:
-            problems.append(Problem(file, None, node, parts[0], f"override {text!r}: unknown section "
-                                    f"'{parts[0]}'{suggest(parts[0], SECTIONS)} (sections: {', '.join(SECTIONS)})"))
+            problems.append(
+                Problem(
+                    file,
+                    None,
+                    node,
+                    parts[0],
+                    f"override {text!r}: unknown section "
+                    f"'{parts[0]}'{suggest(parts[0], SECTIONS)} (sections: {', '.join(SECTIONS)})",
+                )
+            )
             continue
         target: Any = raw
         ok: bool | None = True  # None: a problem is reported already
@@ -56,9 +65,15 @@ def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[lis
                 if depth == 1 and parts[0] in ("nodes", "models"):
                     what = "node" if parts[0] == "nodes" else "model"
                     fld = ".".join(parts[2:] if parts[0] == "nodes" else parts) or None
-                    problems.append(Problem(file, None, node, fld,
-                                            f"override {text!r}: the workflow has no {what} '{part}'"
-                                            f"{suggest(part, list(target))}"))
+                    problems.append(
+                        Problem(
+                            file,
+                            None,
+                            node,
+                            fld,
+                            f"override {text!r}: the workflow has no {what} '{part}'{suggest(part, list(target))}",
+                        )
+                    )
                     ok = None  # reported
                     break
                 target[part] = {}
@@ -66,8 +81,15 @@ def apply_overrides(raw: dict, overrides: Iterable[str], file: str) -> tuple[lis
         if ok is None:
             continue
         if not ok or not isinstance(target, dict):
-            problems.append(Problem(file, None, node, ".".join(parts), f"override {text!r}: "
-                                    f"'{'.'.join(parts[:-1])}' is not a mapping, cannot set '{parts[-1]}' in it"))
+            problems.append(
+                Problem(
+                    file,
+                    None,
+                    node,
+                    ".".join(parts),
+                    f"override {text!r}: '{'.'.join(parts[:-1])}' is not a mapping, cannot set '{parts[-1]}' in it",
+                )
+            )
             continue
         target[parts[-1]] = value
         origins[tuple(parts)] = text

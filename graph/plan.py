@@ -18,8 +18,9 @@ validate` prints exactly the plan a run executes:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, cast
+from typing import cast
 
 import networkx as nx
 
@@ -76,15 +77,23 @@ class ExecutionPlan:
             "training side, per step of B trajectories: " + _layers_text(self.training, self.deps),
         ]
         for skipped, by in self.fused.items():
-            lines.append(f"fused: '{skipped}' is not run; '{by}' takes its output from the training forward "
-                         f"(one optimizer update per step: the same weights, an exact result)")
+            lines.append(
+                f"fused: '{skipped}' is not run; '{by}' takes its output from the training forward "
+                f"(one optimizer update per step: the same weights, an exact result)"
+            )
         procs: dict[str, list[str]] = {}
         for name, h in self.hosting.items():
             if name not in self.fused:
                 procs.setdefault(h.process, []).append(name)
-        lines.append("processes: " + "; ".join(
-            f"{p} [{', '.join(ns)}]" + (" (one call at a time)" if any(self.hosting[n].exclusive for n in ns) else "")
-            + _ranks_text(p, self.ranks(p)) for p, ns in sorted(procs.items())))
+        lines.append(
+            "processes: "
+            + "; ".join(
+                f"{p} [{', '.join(ns)}]"
+                + (" (one call at a time)" if any(self.hosting[n].exclusive for n in ns) else "")
+                + _ranks_text(p, self.ranks(p))
+                for p, ns in sorted(procs.items())
+            )
+        )
         return lines
 
 
@@ -111,18 +120,30 @@ def assign_phases(spec: WorkflowSpec) -> tuple[dict[str, Phase], list[tuple[str,
         node = nodes[name]
         kind = kind_of(node)
         wanted = kind.phase if kind.phase != "auto" else getattr(node.params, "phase", "auto")
-        from_training = [(i, k, producers[k][0]) for i, k in enumerate(node.reads)
-                         if len(producers.get(k, [])) == 1 and phase.get(producers[k][0]) == "training"]
+        from_training = [
+            (i, k, producers[k][0])
+            for i, k in enumerate(node.reads)
+            if len(producers.get(k, [])) == 1 and phase.get(producers[k][0]) == "training"
+        ]
         if wanted == "auto":
             wanted = "training" if from_training else "generation"
         phase[name] = cast(Phase, wanted)  # kinds and the `phase` parameter allow these two only
         if wanted == "generation":
             for i, key, writer in from_training:
                 hint = " or set `phase: training` on it" if kind.phase == "auto" else ""
-                issues.append((name, Issue(("reads", i), (
-                    f"reads '{key}', which node '{writer}' writes on the training side (after the sample buffer); "
-                    f"'{name}' runs on the generation side, once per prompt group before the buffer, where "
-                    f"'{key}' does not exist yet: read a key written before the buffer{hint}"))))
+                issues.append(
+                    (
+                        name,
+                        Issue(
+                            ("reads", i),
+                            (
+                                f"reads '{key}', which node '{writer}' writes on the training side (after the sample buffer); "
+                                f"'{name}' runs on the generation side, once per prompt group before the buffer, where "
+                                f"'{key}' does not exist yet: read a key written before the buffer{hint}"
+                            ),
+                        ),
+                    )
+                )
     return phase, issues
 
 
@@ -154,8 +175,14 @@ def build_plan(spec: WorkflowSpec) -> ExecutionPlan:
     scorers = [n for n in generation if kind_of(nodes[n]).scores]
     needed = set(scorers) | {a for s in scorers for a in nx.ancestors(graph, s)}
     return ExecutionPlan(
-        spec=spec, source=source, phase=phase, generation=generation,
-        training=tuple(n for n in live if phase[n] == "training"), deps=deps, fused=fused,
+        spec=spec,
+        source=source,
+        phase=phase,
+        generation=generation,
+        training=tuple(n for n in live if phase[n] == "training"),
+        deps=deps,
+        fused=fused,
         hosting={n: kind_of(node).hosting(node, spec) for n, node in nodes.items()},
-        actor=str(actor_model(spec)), eval_nodes=tuple(n for n in generation if n in needed),
+        actor=str(actor_model(spec)),
+        eval_nodes=tuple(n for n in generation if n in needed),
     )

@@ -8,8 +8,9 @@ fix a file.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -17,9 +18,9 @@ class Problem:
     """One thing wrong with a workflow. `node` is None for problems outside `nodes:`."""
 
     file: str
-    line: Optional[int]
-    node: Optional[str]
-    field: Optional[str]
+    line: int | None
+    node: str | None
+    field: str | None
     message: str
 
     def __str__(self) -> str:
@@ -37,7 +38,9 @@ class WorkflowError(Exception):
 
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)
-        super().__init__(f"{len(self.problems)} problem(s) in workflow:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        super().__init__(
+            f"{len(self.problems)} problem(s) in workflow:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        )
 
 
 def node_of(parts: Sequence[Any]) -> str | None:

@@ -18,8 +18,12 @@ from areal_graph.graph.dag import build_graph, layers
 from areal_graph.graph.spec import WorkflowSpec
 
 KIND_COLORS: dict[str, str] = {
-    "rollout": "#dbeafe", "reward": "#fef3c7", "logprob": "#e0e7ff",
-    "value": "#fce7f3", "advantage": "#dcfce7", "train": "#fee2e2",
+    "rollout": "#dbeafe",
+    "reward": "#fef3c7",
+    "logprob": "#e0e7ff",
+    "value": "#fce7f3",
+    "advantage": "#dcfce7",
+    "train": "#fee2e2",
 }
 WEIGHT_UPDATE_LABEL = "new weights (v+1)"
 
@@ -40,9 +44,12 @@ def _dot_id(name: str) -> str:
 def to_dot(spec: WorkflowSpec) -> str:
     """Graphviz DOT text: one box per node, edges labelled with keys, dashed weight update."""
     graph = build_graph(spec)
-    lines = [f"digraph {_dot_id(spec.name)} {{", "  rankdir=TB;",
-             '  node [shape=box, style="rounded,filled", fontname="Helvetica"];',
-             '  edge [fontname="Helvetica", fontsize=10];']
+    lines = [
+        f"digraph {_dot_id(spec.name)} {{",
+        "  rankdir=TB;",
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica"];',
+        '  edge [fontname="Helvetica", fontsize=10];',
+    ]
     for name in graph.nodes:
         label = f"{name}\\n{_node_caption(graph, name)}"
         color = KIND_COLORS.get(graph.nodes[name]["kind"], "#eeeeee")
@@ -50,8 +57,9 @@ def to_dot(spec: WorkflowSpec) -> str:
     for u, v in graph.edges:
         lines.append(f'  {_dot_id(u)} -> {_dot_id(v)} [label="{_edge_label(graph, u, v)}"];')
     for train, rollout in graph.graph["weight_update"]:
-        lines.append(f'  {_dot_id(train)} -> {_dot_id(rollout)} [label="{WEIGHT_UPDATE_LABEL}", '
-                     'style=dashed, constraint=false];')
+        lines.append(
+            f'  {_dot_id(train)} -> {_dot_id(rollout)} [label="{WEIGHT_UPDATE_LABEL}", style=dashed, constraint=false];'
+        )
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -77,7 +85,7 @@ def to_mermaid(spec: WorkflowSpec) -> str:
 # A small Sugiyama-style layout: layers by longest path, a "dummy" slot in every layer a long
 # edge crosses (so it never runs through a box, and its label has reserved room), one
 # barycentre sweep to reduce crossings, and edge ends spread along the box sides.
-CHAR_W = 7.2      # approximate width of one character at font-size 12 (Helvetica/Arial)
+CHAR_W = 7.2  # approximate width of one character at font-size 12 (Helvetica/Arial)
 LABEL_CHAR_W = 6.0  # ... at font-size 10
 BOX_H = 44
 LAYER_GAP = 110
@@ -89,9 +97,9 @@ Item = Any  # a node name (str) or a dummy slot ("~", u, v, layer)
 
 @dataclass
 class _Layout:
-    x: dict[Item, float]           # centre x of every node and dummy slot
-    y: dict[Item, float]           # top y
-    w: dict[Item, float]           # width
+    x: dict[Item, float]  # centre x of every node and dummy slot
+    y: dict[Item, float]  # top y
+    w: dict[Item, float]  # width
     chains: dict[tuple[str, str], list[Item]]  # edge -> [u, dummies..., v]
     width: float
     height: float
@@ -135,8 +143,7 @@ def _layout(graph: nx.DiGraph) -> _Layout:
     index = {item: i for r in rows for i, item in enumerate(r)}
     for i, row in enumerate(rows):
         if i:  # barycentre of the producers above; declaration order breaks ties
-            row.sort(key=lambda it: (sum(x[p] for p in preds.get(it, [])) / max(len(preds.get(it, [])), 1),
-                                     index[it]))
+            row.sort(key=lambda it: (sum(x[p] for p in preds.get(it, [])) / max(len(preds.get(it, [])), 1), index[it]))
         place(row)
     y = {item: float(MARGIN + i * LAYER_GAP) for i, r in enumerate(rows) for item in r}
     height = MARGIN + max(len(rows) - 1, 0) * LAYER_GAP + BOX_H
@@ -147,8 +154,10 @@ def _ports(lay: _Layout, graph: nx.DiGraph) -> dict[tuple[str, str], tuple[float
     """(edge) -> (x where it leaves its producer, x where it enters its consumer)."""
     out: dict[tuple[str, str], list[float]] = {e: [0.0, 0.0] for e in lay.chains}
     for name in graph.nodes:
-        for end, edges, neighbour in ((0, list(graph.out_edges(name)), lambda c: c[1]),
-                                      (1, list(graph.in_edges(name)), lambda c: c[-2])):
+        for end, edges, neighbour in (
+            (0, list(graph.out_edges(name)), lambda c: c[1]),
+            (1, list(graph.in_edges(name)), lambda c: c[-2]),
+        ):
             edges.sort(key=lambda e: lay.x[neighbour(lay.chains[e])])
             left = lay.x[name] - lay.w[name] / 2
             for k, e in enumerate(edges):
@@ -197,9 +206,11 @@ def to_svg(spec: WorkflowSpec) -> str:
     labels: list[str] = []
     for (u, v), chain in lay.chains.items():
         x_out, x_in = ports[(u, v)]
-        out.append(f'<path class="edge" data-from="{escape(u)}" data-to="{escape(v)}" '
-                   f'd="{_edge_path(lay, chain, x_out, x_in)}" fill="none" stroke="#444" stroke-width="1.2" '
-                   'marker-end="url(#arrow)"/>')
+        out.append(
+            f'<path class="edge" data-from="{escape(u)}" data-to="{escape(v)}" '
+            f'd="{_edge_path(lay, chain, x_out, x_in)}" fill="none" stroke="#444" stroke-width="1.2" '
+            'marker-end="url(#arrow)"/>'
+        )
         label = _edge_label(graph, u, v)
         if len(chain) > 2:  # in the slot reserved for it
             lx, ly = lay.x[chain[1]], lay.y[chain[1]] + BOX_H / 2
@@ -207,8 +218,10 @@ def to_svg(spec: WorkflowSpec) -> str:
             lx, ly = (x_out + x_in) / 2, (lay.y[u] + BOX_H + lay.y[v]) / 2
         lw = _label_width(label)
         # Drawn after all edges, over a white patch, so no line runs across a label.
-        labels.append(f'<rect x="{lx - lw / 2:.1f}" y="{ly - 8:.1f}" width="{lw:.1f}" height="14" fill="white" '
-                      'fill-opacity="0.9"/>')
+        labels.append(
+            f'<rect x="{lx - lw / 2:.1f}" y="{ly - 8:.1f}" width="{lw:.1f}" height="14" fill="white" '
+            'fill-opacity="0.9"/>'
+        )
         labels.append(_text(lx, ly + 3, label, font_size=10, fill="#333", class_="edge-label"))
     out.extend(labels)
     lane = lay.width + 10
@@ -219,22 +232,28 @@ def to_svg(spec: WorkflowSpec) -> str:
         floor = lay.height + 16 + 10 * k
         ex, ey = lay.x[rollout] + lay.w[rollout] / 2, lay.y[rollout] + BOX_H / 2
         lx = lane + 10 * k
-        out.append(f'<path class="weight-update" data-from="{escape(train)}" data-to="{escape(rollout)}" '
-                   f'd="M {sx:.1f} {sy:.1f} L {sx:.1f} {floor:.1f} L {lx:.1f} {floor:.1f} L {lx:.1f} {ey:.1f} '
-                   f'L {ex:.1f} {ey:.1f}" fill="none" stroke="#b91c1c" stroke-width="1.4" stroke-dasharray="6 4" '
-                   'marker-end="url(#arrow)"/>')
+        out.append(
+            f'<path class="weight-update" data-from="{escape(train)}" data-to="{escape(rollout)}" '
+            f'd="M {sx:.1f} {sy:.1f} L {sx:.1f} {floor:.1f} L {lx:.1f} {floor:.1f} L {lx:.1f} {ey:.1f} '
+            f'L {ex:.1f} {ey:.1f}" fill="none" stroke="#b91c1c" stroke-width="1.4" stroke-dasharray="6 4" '
+            'marker-end="url(#arrow)"/>'
+        )
         if k == 0:
-            out.append(f'<text x="{lane + 6 + 10 * len(updates):.1f}" y="{(ey + floor) / 2:.1f}" fill="#b91c1c" '
-                       f'font-size="10">{escape(WEIGHT_UPDATE_LABEL)}</text>')
+            out.append(
+                f'<text x="{lane + 6 + 10 * len(updates):.1f}" y="{(ey + floor) / 2:.1f}" fill="#b91c1c" '
+                f'font-size="10">{escape(WEIGHT_UPDATE_LABEL)}</text>'
+            )
     for name in graph.nodes:
         x, y, w = lay.x[name], lay.y[name], lay.w[name]
         kind = graph.nodes[name]["kind"]
-        out.append(f'<g class="node" data-name="{escape(name)}" data-kind="{kind}">'
-                   f'<rect x="{x - w / 2:.1f}" y="{y:.1f}" width="{w:.1f}" height="{BOX_H}" rx="8" '
-                   f'fill="{KIND_COLORS.get(kind, "#eeeeee")}" stroke="#333" stroke-width="1.2"/>'
-                   + _text(x, y + 18, name, font_weight="bold")
-                   + _text(x, y + 34, _node_caption(graph, name), font_size=11, fill="#555")
-                   + "</g>")
+        out.append(
+            f'<g class="node" data-name="{escape(name)}" data-kind="{kind}">'
+            f'<rect x="{x - w / 2:.1f}" y="{y:.1f}" width="{w:.1f}" height="{BOX_H}" rx="8" '
+            f'fill="{KIND_COLORS.get(kind, "#eeeeee")}" stroke="#333" stroke-width="1.2"/>'
+            + _text(x, y + 18, name, font_weight="bold")
+            + _text(x, y + 34, _node_caption(graph, name), font_size=11, fill="#555")
+            + "</g>"
+        )
     out.append(_text(width / 2, bottom + 20, f"workflow {spec.name}", font_size=11, fill="#777"))
     out.append("</svg>")
     return "\n".join(out) + "\n"

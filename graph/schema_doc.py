@@ -11,8 +11,8 @@ import types
 import typing
 from typing import Any
 
-from areal_graph.graph import spec as S
 from areal_graph.api.sampling import SamplingParams
+from areal_graph.graph import spec as S
 from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES
 from areal_graph.graph.kinds.registry import BUILTIN_KINDS
 
@@ -45,8 +45,11 @@ def _default_text(f: dataclasses.Field) -> str:
 def field_rows(cls: type, skip: tuple[str, ...] = ()) -> list[tuple[str, str, str, str]]:
     """(name, type, default, help) for each field of a spec dataclass."""
     hints = typing.get_type_hints(cls)
-    return [(f.name, _type_text(hints[f.name]), _default_text(f), f.metadata.get("help", ""))
-            for f in dataclasses.fields(cls) if f.name not in skip]
+    return [
+        (f.name, _type_text(hints[f.name]), _default_text(f), f.metadata.get("help", ""))
+        for f in dataclasses.fields(cls)
+        if f.name not in skip
+    ]
 
 
 def schema_markdown() -> str:
@@ -63,10 +66,16 @@ def schema_markdown() -> str:
     table("data", S.DataSpec)
     table("inference", S.InferenceSpec)
     table("runtime", S.RuntimeSpec)
-    out.extend(["## nodes.NAME", "",
-                "Every node has `kind`, `reads` and `writes` (lists of keys) and, for model kinds, `model`.",
-                f"The rollout writes {', '.join(ROLLOUT_WRITES)} (the default `writes`) and provides "
-                f"{', '.join(IMPLICIT_ROLLOUT_KEYS)} implicitly.", ""])
+    out.extend(
+        [
+            "## nodes.NAME",
+            "",
+            "Every node has `kind`, `reads` and `writes` (lists of keys) and, for model kinds, `model`.",
+            f"The rollout writes {', '.join(ROLLOUT_WRITES)} (the default `writes`) and provides "
+            f"{', '.join(IMPLICIT_ROLLOUT_KEYS)} implicitly.",
+            "",
+        ]
+    )
     for kind, info in BUILTIN_KINDS.items():
         title = f"kind: {kind} ({info.doc}; model {info.model}; {info.phase} side)"
         if dataclasses.fields(info.params):
@@ -74,6 +83,12 @@ def schema_markdown() -> str:
         else:
             out.extend([f"## {title}", "", "No parameters.", ""])
     table("kind: rollout, sampling", SamplingParams)
-    out.extend(["## kind: package.module:NAME", "",
-                "A node kind of your own: a module-level `areal_graph.graph.kind.NodeKind` (see graph/kind.py).", ""])
+    out.extend(
+        [
+            "## kind: package.module:NAME",
+            "",
+            "A node kind of your own: a module-level `areal_graph.graph.kind.NodeKind` (see graph/kind.py).",
+            "",
+        ]
+    )
     return "\n".join(out)

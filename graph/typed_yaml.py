@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Union
 
 from areal_graph.graph.problems import Problem, node_of, suggest
 from areal_graph.graph.yaml_lines import Path_
+
 
 class BadValue(Exception):
     """Internal: a value does not fit its declared type."""
@@ -37,8 +39,15 @@ def type_name(tp: Any) -> str:
 
 
 def described(value: Any) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
     shown = "" if value is None else repr(value) if not isinstance(value, (list, dict)) or len(repr(value)) < 40 else ""
     return f"{kind} {shown}".strip()
 
@@ -47,8 +56,13 @@ class Validator:
     """Converts values and collects the problems. `moved`: fields that now live elsewhere,
     (path) -> where, and how to write it; such a field gets that message, not "unknown"."""
 
-    def __init__(self, file: str, lines: Mapping[Path_, int], origins: Mapping[Path_, str],
-                 moved: Mapping[Path_, str] | None = None) -> None:
+    def __init__(
+        self,
+        file: str,
+        lines: Mapping[Path_, int],
+        origins: Mapping[Path_, str],
+        moved: Mapping[Path_, str] | None = None,
+    ) -> None:
         self.file = file
         self.lines = lines
         self.origins = origins
@@ -132,8 +146,14 @@ class Validator:
             return float(value)
         return value
 
-    def build(self, cls: type, raw: Mapping[str, Any], path: Path_, inject: Mapping[str, Any] | None = None,
-              also_allowed: Sequence[str] = ()) -> Any:
+    def build(
+        self,
+        cls: type,
+        raw: Mapping[str, Any],
+        path: Path_,
+        inject: Mapping[str, Any] | None = None,
+        also_allowed: Sequence[str] = (),
+    ) -> Any:
         """Validate `raw` against dataclass `cls`; returns the instance, or None if it had problems."""
         inject = dict(inject or {})
         hints = typing.get_type_hints(cls)
@@ -144,8 +164,10 @@ class Validator:
                 self.report(path + (key,), f"moved: {self.moved[path + (key,)]}")
             elif key not in fields and key not in also_allowed:
                 options = list(fields) + list(also_allowed)
-                self.report(path + (key,), f"unknown field '{key}'{suggest(key, options)}; "
-                                           f"allowed: {', '.join(options) or 'none'}")
+                self.report(
+                    path + (key,),
+                    f"unknown field '{key}'{suggest(key, options)}; allowed: {', '.join(options) or 'none'}",
+                )
         values: dict[str, Any] = {}
         for name, f in fields.items():
             if name not in raw:

@@ -22,10 +22,11 @@ from areal_graph.graph.dag import graph_from_nodes, key_producers
 from areal_graph.graph.kind import ImportRef
 from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES, actor_model, trains_policy
 from areal_graph.graph.kinds.losses import POLICY_LOSSES
+from areal_graph.graph.kinds.registry import kind_of, model_role
 from areal_graph.graph.plan import assign_phases
 from areal_graph.graph.problems import suggest
-from areal_graph.graph.kinds.registry import kind_of, model_role
 from areal_graph.graph.typed_yaml import Validator
+
 
 def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
     """Relations between runtime fields and the source node: whole prompt groups, concurrency."""
@@ -39,23 +40,37 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
     rt, src = spec.runtime, sources[0]
     g = getattr(src.params, "group_size", 1)
     if rt.batch_size % g:
-        v.report(("runtime", "batch_size"), f"must be a multiple of nodes.{src.name}.group_size "
-                                            f"({g}) so that whole prompt groups are trained, got {rt.batch_size}")
+        v.report(
+            ("runtime", "batch_size"),
+            f"must be a multiple of nodes.{src.name}.group_size "
+            f"({g}) so that whole prompt groups are trained, got {rt.batch_size}",
+        )
     if rt.max_concurrent_rollouts < g:
-        v.report(("runtime", "max_concurrent_rollouts"),
-                 f"must be at least nodes.{src.name}.group_size ({g}): a prompt group is generated at once, "
-                 f"got {rt.max_concurrent_rollouts}")
+        v.report(
+            ("runtime", "max_concurrent_rollouts"),
+            f"must be at least nodes.{src.name}.group_size ({g}): a prompt group is generated at once, "
+            f"got {rt.max_concurrent_rollouts}",
+        )
     if rt.weight_sync == "memory" and spec.inference.backend == "sglang":  # backends/: shared_memory_weights
-        v.report(("runtime", "weight_sync"), "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
-                                             "server loads weights from disk); use 'disk' or 'auto'")
+        v.report(
+            ("runtime", "weight_sync"),
+            "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
+            "server loads weights from disk); use 'disk' or 'auto'",
+        )
     if spec.inference.kv_on_update == "keep" and spec.inference.backend != "embedded":
-        v.report(("inference", "kv_on_update"), f"'keep' is built for the embedded engine only; the "
-                                                 f"{spec.inference.backend} backend recomputes the KV cache of requests "
-                                                 "in flight at a weight update")
+        v.report(
+            ("inference", "kv_on_update"),
+            f"'keep' is built for the embedded engine only; the "
+            f"{spec.inference.backend} backend recomputes the KV cache of requests "
+            "in flight at a weight update",
+        )
     python = spec.inference.python
     if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        v.report(("inference", "python"), f"{python!r} is not an executable file (relative paths are from the "
-                                          f"directory the run starts in: {os.getcwd()})")
+        v.report(
+            ("inference", "python"),
+            f"{python!r} is not an executable file (relative paths are from the "
+            f"directory the run starts in: {os.getcwd()})",
+        )
 
 
 def check_launcher(spec: S.WorkflowSpec, v: Validator) -> None:
@@ -69,25 +84,34 @@ def check_launcher(spec: S.WorkflowSpec, v: Validator) -> None:
         v.report(("runtime", "launcher"), "'ray' needs the ray package: pip install 'areal-graph[ray]'")
     for name, model in spec.models.items():
         if model.device.startswith("cuda:"):
-            v.report(("models", name, "device"), f"with runtime.launcher 'ray' write 'cuda', not '{model.device}': "
-                                                 "Ray assigns each process its GPUs (CUDA_VISIBLE_DEVICES)")
+            v.report(
+                ("models", name, "device"),
+                f"with runtime.launcher 'ray' write 'cuda', not '{model.device}': "
+                "Ray assigns each process its GPUs (CUDA_VISIBLE_DEVICES)",
+            )
         elif model.device == "cuda" and model.dp_size > 1:
-            v.report(("models", name, "dp_size"), "data-parallel ranks on CUDA under runtime.launcher 'ray' are not "
-                                                  "built yet (Ray shows each rank only its own GPU); use the local "
-                                                  "launcher, or dp_size 1")
+            v.report(
+                ("models", name, "dp_size"),
+                "data-parallel ranks on CUDA under runtime.launcher 'ray' are not "
+                "built yet (Ray shows each rank only its own GPU); use the local "
+                "launcher, or dp_size 1",
+            )
 
 
 def check_loggers(spec: S.WorkflowSpec, v: Validator) -> None:
     """A tracker's settings without the tracker in runtime.loggers: set for nothing, most likely
     because the logger was forgotten (whether its package is installed is cli/preflight.py's)."""
     rt = spec.runtime
-    unused = [("wandb_project", "wandb", rt.wandb_project != S.RuntimeSpec.wandb_project),
-              ("mlflow_tracking_uri", "mlflow", rt.mlflow_tracking_uri is not None),
-              ("mlflow_experiment", "mlflow", rt.mlflow_experiment is not None)]
+    unused = [
+        ("wandb_project", "wandb", rt.wandb_project != S.RuntimeSpec.wandb_project),
+        ("mlflow_tracking_uri", "mlflow", rt.mlflow_tracking_uri is not None),
+        ("mlflow_experiment", "mlflow", rt.mlflow_experiment is not None),
+    ]
     for name, logger, is_set in unused:
         if is_set and logger not in rt.loggers:
-            v.report(("runtime", name), f"is used only with '{logger}' in runtime.loggers (it is "
-                                        f"[{', '.join(rt.loggers)}])")
+            v.report(
+                ("runtime", name), f"is used only with '{logger}' in runtime.loggers (it is [{', '.join(rt.loggers)}])"
+            )
 
 
 def check_checkpoints(spec: S.WorkflowSpec, v: Validator) -> None:
@@ -99,25 +123,36 @@ def check_checkpoints(spec: S.WorkflowSpec, v: Validator) -> None:
     keep, every = rt.keep_checkpoints, rt.keep_checkpoints_every
     if keep is not None:
         if keep == 0 and rt.auto_resume > 0:
-            v.report(("runtime", "keep_checkpoints"),
-                     f"must be >= 1, got 0: runtime.auto_resume ({rt.auto_resume}) resumes from the last complete "
-                     "checkpoint, so runtime.keep_checkpoints must keep at least 1 (null keeps all)")
+            v.report(
+                ("runtime", "keep_checkpoints"),
+                f"must be >= 1, got 0: runtime.auto_resume ({rt.auto_resume}) resumes from the last complete "
+                "checkpoint, so runtime.keep_checkpoints must keep at least 1 (null keeps all)",
+            )
         elif keep < 1:
-            v.report(("runtime", "keep_checkpoints"), f"must be >= 1 (the newest complete checkpoints kept; null "
-                                                      f"keeps all), got {keep}")
+            v.report(
+                ("runtime", "keep_checkpoints"),
+                f"must be >= 1 (the newest complete checkpoints kept; null keeps all), got {keep}",
+            )
         if rt.save_every <= 0:
-            v.report(("runtime", "keep_checkpoints"), "does nothing without runtime.save_every > 0 (no checkpoint is "
-                                                      "written); set save_every, or leave keep_checkpoints out")
+            v.report(
+                ("runtime", "keep_checkpoints"),
+                "does nothing without runtime.save_every > 0 (no checkpoint is "
+                "written); set save_every, or leave keep_checkpoints out",
+            )
     if every is None:
         return
     if keep is None:
-        v.report(("runtime", "keep_checkpoints_every"), "is used only with runtime.keep_checkpoints (without it "
-                                                        "every checkpoint is kept)")
+        v.report(
+            ("runtime", "keep_checkpoints_every"),
+            "is used only with runtime.keep_checkpoints (without it every checkpoint is kept)",
+        )
     elif rt.save_every > 0 and every % rt.save_every:
-        v.report(("runtime", "keep_checkpoints_every"),
-                 f"must be a multiple of runtime.save_every ({rt.save_every}), got {every}: checkpoints are written "
-                 f"only at multiples of save_every, so most multiples of {every} would have no checkpoint to keep "
-                 "as a milestone")
+        v.report(
+            ("runtime", "keep_checkpoints_every"),
+            f"must be a multiple of runtime.save_every ({rt.save_every}), got {every}: checkpoints are written "
+            f"only at multiples of save_every, so most multiples of {every} would have no checkpoint to keep "
+            "as a milestone",
+        )
 
 
 def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
@@ -127,8 +162,10 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
     if not sources:
         v.report(("nodes",), "the workflow needs exactly one node of kind 'rollout' (it has none)")
     for extra in sources[1:]:
-        v.report(("nodes", extra.name, "kind"), f"a second rollout node (the first is '{sources[0].name}'); "
-                                                f"a workflow has exactly one")
+        v.report(
+            ("nodes", extra.name, "kind"),
+            f"a second rollout node (the first is '{sources[0].name}'); a workflow has exactly one",
+        )
     check_trained_models(spec, v)
     check_lora(spec, v)
     check_megatron(spec, v)
@@ -136,8 +173,10 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
     producers = key_producers(nodes)
     for key, writers in producers.items():
         for dup in writers[1:]:
-            v.report(("nodes", dup, "writes"), f"key '{key}' is also written by node '{writers[0]}'; "
-                                               f"each key has exactly one writer")
+            v.report(
+                ("nodes", dup, "writes"),
+                f"key '{key}' is also written by node '{writers[0]}'; each key has exactly one writer",
+            )
     available = sorted(producers)
     if not sources:  # already reported; don't repeat it for every key the rollout would provide
         available = sorted(set(available) | set(ROLLOUT_WRITES) | set(IMPLICIT_ROLLOUT_KEYS))
@@ -145,8 +184,11 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
         path = ("nodes", node.name)
         for i, key in enumerate(node.reads):
             if key not in available:
-                v.report(path + ("reads", i), f"reads key '{key}' which no node writes{suggest(key, available)}; "
-                                              f"available keys: {', '.join(available)}")
+                v.report(
+                    path + ("reads", i),
+                    f"reads key '{key}' which no node writes{suggest(key, available)}; "
+                    f"available keys: {', '.join(available)}",
+                )
         if models_ok or kind_of(node).model == "forbidden":
             for issue in kind_of(node).rules(node, spec):
                 v.report(path + issue.where, issue.message)
@@ -159,8 +201,12 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
                 v.report(("nodes", name) + issue.where, issue.message)
         return
     names = [u for u, _ in cycle]
-    v.report(("nodes", names[0], "reads"), "dependency cycle: " + " -> ".join(names + [names[0]])
-             + " (weight updates back to the rollout are implicit; keys may not flow backwards)")
+    v.report(
+        ("nodes", names[0], "reads"),
+        "dependency cycle: "
+        + " -> ".join(names + [names[0]])
+        + " (weight updates back to the rollout are implicit; keys may not flow backwards)",
+    )
 
 
 VLLM_MAX_LORA_RANK = 512  # vLLM 0.32's MaxLoRARanks (backends/vllm.py rounds a rank up to one it serves)
@@ -177,15 +223,19 @@ def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
         if model.train is None:
             v.report(where, "adapters are trained: give the model `train` settings too")
         elif name != actor_model(spec):
-            v.report(where, "LoRA is built for the policy model only (a critic or reference with adapters is not "
-                            "built yet)")
+            v.report(
+                where, "LoRA is built for the policy model only (a critic or reference with adapters is not built yet)"
+            )
         if model.dp_size != 1:
             v.report(("models", name, "dp_size"), "LoRA with data parallelism (dp_size > 1) is not built yet")
         if model.lora.sync == "adapter" and spec.inference.backend != "embedded":
             # vLLM and SGLang load each version's peft directory through their LoRA API: from disk
             if spec.runtime.weight_sync == "memory":
-                v.report(("runtime", "weight_sync"), f"the {spec.inference.backend} backend loads LoRA adapters "
-                         "from a directory (lora.sync: adapter): use weight_sync auto or disk, or lora.sync: merged")
+                v.report(
+                    ("runtime", "weight_sync"),
+                    f"the {spec.inference.backend} backend loads LoRA adapters "
+                    "from a directory (lora.sync: adapter): use weight_sync auto or disk, or lora.sync: merged",
+                )
             if spec.inference.backend == "vllm" and model.lora.r > VLLM_MAX_LORA_RANK:
                 v.report(where + ("r",), f"vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}")
 
@@ -199,26 +249,35 @@ def check_megatron(spec: S.WorkflowSpec, v: Validator) -> None:
             continue
         where = ("models", name)
         if not model.device.startswith("cuda"):
-            v.report(where + ("device",), f"backend megatron needs a CUDA device (cuda or cuda:N), got '{model.device}'")
+            v.report(
+                where + ("device",), f"backend megatron needs a CUDA device (cuda or cuda:N), got '{model.device}'"
+            )
         if model.dp_size != 1:
             v.report(where + ("dp_size",), "data parallelism with backend megatron is not built yet (dp_size 1)")
         if model.lora is not None:
             v.report(where + ("lora",), "LoRA with backend megatron is not built yet")
         if model_role(spec, name) == "critic":
-            v.report(where + ("backend",), "backend megatron is built for policy models; a critic with backend "
-                                           "megatron is not built yet")
+            v.report(
+                where + ("backend",),
+                "backend megatron is built for policy models; a critic with backend megatron is not built yet",
+            )
 
 
 def check_trained_models(spec: S.WorkflowSpec, v: Validator) -> None:
     """One policy model (the one the inference servers serve); no model both policy and critic."""
     policy = [n for n in spec.nodes.values() if trains_policy(n)]
     if not policy:
-        v.report(("nodes",), "the workflow needs a 'train' node with a policy loss "
-                             f"({' or '.join(POLICY_LOSSES)}) to train the actor")
+        v.report(
+            ("nodes",),
+            f"the workflow needs a 'train' node with a policy loss ({' or '.join(POLICY_LOSSES)}) to train the actor",
+        )
     for extra in policy[1:]:
         if extra.model != policy[0].model:
-            v.report(("nodes", extra.name, "model"), f"trains model '{extra.model}' with a policy loss, but node "
-                     f"'{policy[0].name}' trains '{policy[0].model}': the inference servers serve one policy")
+            v.report(
+                ("nodes", extra.name, "model"),
+                f"trains model '{extra.model}' with a policy loss, but node "
+                f"'{policy[0].name}' trains '{policy[0].model}': the inference servers serve one policy",
+            )
     roles: dict[str, dict[str, str]] = {}
     for node in spec.nodes.values():
         role = kind_of(node).model_role(node)
@@ -226,9 +285,11 @@ def check_trained_models(spec: S.WorkflowSpec, v: Validator) -> None:
             roles.setdefault(node.model, {}).setdefault(role, node.name)
     for model, by_role in roles.items():
         if len(by_role) > 1:
-            v.report(("nodes", by_role["critic"], "model"),
-                     f"model '{model}' is used as a critic here and as a policy by node '{by_role['policy']}': "
-                     "give the critic its own entry under `models:`")
+            v.report(
+                ("nodes", by_role["critic"], "model"),
+                f"model '{model}' is used as a critic here and as a policy by node '{by_role['policy']}': "
+                "give the critic its own entry under `models:`",
+            )
 
 
 def check_import(ref: ImportRef) -> str | None:
@@ -277,40 +338,66 @@ def check_resources(spec: S.WorkflowSpec, v: Validator) -> None:
         a, b = getattr(inf, what), getattr(train, what)
         shared = sorted(set(a or ()) & set(b or ()))
         if shared:
-            v.report(("resources", "training", what),
-                     f"shares {', '.join(map(str, shared))} with resources.inference.{what}: generation and training "
-                     f"each need their own (leave both out for the default, where every process shares everything)")
+            v.report(
+                ("resources", "training", what),
+                f"shares {', '.join(map(str, shared))} with resources.inference.{what}: generation and training "
+                f"each need their own (leave both out for the default, where every process shares everything)",
+            )
     if inf.cores is not None and len(inf.cores) < servers:
-        v.report(("resources", "inference", "cores"), f"lists {len(inf.cores)} core(s) for {servers} inference servers: "
-                                                      "each server needs at least one")
+        v.report(
+            ("resources", "inference", "cores"),
+            f"lists {len(inf.cores)} core(s) for {servers} inference servers: each server needs at least one",
+        )
     if inf.cores is not None and spec.inference.threads and spec.inference.threads > len(inf.cores) // servers:
-        v.report(("inference", "threads"), f"{spec.inference.threads} threads per server is more than the "
-                                           f"{len(inf.cores) // servers} core(s) each gets from resources.inference.cores")
+        v.report(
+            ("inference", "threads"),
+            f"{spec.inference.threads} threads per server is more than the "
+            f"{len(inf.cores) // servers} core(s) each gets from resources.inference.cores",
+        )
     if inf.gpus is not None:
         if len(inf.gpus) % servers:
-            v.report(("resources", "inference", "gpus"), f"{len(inf.gpus)} GPU(s) do not split evenly among "
-                                                         f"{servers} inference servers")
-        if spec.inference.backend == "embedded" and not str(spec.inference.args.get("device", "cpu")).startswith("cuda"):
-            v.report(("resources", "inference", "gpus"), "the embedded servers run on the CPU: set "
-                                                         "inference.args.device: cuda to use these GPUs")
+            v.report(
+                ("resources", "inference", "gpus"),
+                f"{len(inf.gpus)} GPU(s) do not split evenly among {servers} inference servers",
+            )
+        if spec.inference.backend == "embedded" and not str(spec.inference.args.get("device", "cpu")).startswith(
+            "cuda"
+        ):
+            v.report(
+                ("resources", "inference", "gpus"),
+                "the embedded servers run on the CPU: set inference.args.device: cuda to use these GPUs",
+            )
     cuda_models = {n: m for n, m in spec.models.items() if m.device.startswith("cuda")}
     for name, model in spec.models.items():
         if train.cores is not None and model.dp_size > len(train.cores):
-            v.report(("models", name, "dp_size"), f"{model.dp_size} ranks but resources.training.cores lists "
-                                                  f"{len(train.cores)} core(s): each rank needs one")
+            v.report(
+                ("models", name, "dp_size"),
+                f"{model.dp_size} ranks but resources.training.cores lists "
+                f"{len(train.cores)} core(s): each rank needs one",
+            )
         if train.gpus is None or name not in cuda_models:
             continue
         if model.device != "cuda":
-            v.report(("models", name, "device"), f"with resources.training.gpus write 'cuda', not '{model.device}': "
-                                                 "rank r uses the r-th GPU of that list")
+            v.report(
+                ("models", name, "device"),
+                f"with resources.training.gpus write 'cuda', not '{model.device}': "
+                "rank r uses the r-th GPU of that list",
+            )
         elif model.dp_size > len(train.gpus):
-            v.report(("models", name, "dp_size"), f"{model.dp_size} ranks on CUDA but resources.training.gpus lists "
-                                                  f"{len(train.gpus)} GPU(s): one rank a GPU")
+            v.report(
+                ("models", name, "dp_size"),
+                f"{model.dp_size} ranks on CUDA but resources.training.gpus lists "
+                f"{len(train.gpus)} GPU(s): one rank a GPU",
+            )
     if train.gpus is not None and not cuda_models:
-        v.report(("resources", "training", "gpus"), "no model is on CUDA: set models.<name>.device: cuda to use "
-                                                    "these GPUs")
+        v.report(
+            ("resources", "training", "gpus"), "no model is on CUDA: set models.<name>.device: cuda to use these GPUs"
+        )
     if spec.runtime.launcher == "ray":
         for side in ("inference", "training", "other"):
             if getattr(res, side).gpus is not None:
-                v.report(("resources", side, "gpus"), "is not built for runtime.launcher 'ray' (Ray assigns each "
-                                                      "process its GPUs); use the local launcher, or leave it out")
+                v.report(
+                    ("resources", side, "gpus"),
+                    "is not built for runtime.launcher 'ray' (Ray assigns each "
+                    "process its GPUs); use the local launcher, or leave it out",
+                )

@@ -31,16 +31,26 @@ PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 def decode_text(data: bytes, file: str, what: str = "workflow file", limit: int = MAX_FILE_BYTES) -> str:
     """`data` as UTF-8 text, or a `WorkflowError` saying why it is not a text file we read."""
     if len(data) > limit:
-        raise WorkflowError([Problem(file, None, None, None,
-                                     f"{what} is larger than the limit of {limit:,} bytes")])
+        raise WorkflowError([Problem(file, None, None, None, f"{what} is larger than the limit of {limit:,} bytes")])
     if b"\x00" in data[:8192]:
-        raise WorkflowError([Problem(file, None, None, None, f"{what} is binary (it contains NUL bytes), not YAML text")])
+        raise WorkflowError(
+            [Problem(file, None, None, None, f"{what} is binary (it contains NUL bytes), not YAML text")]
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise WorkflowError([Problem(file, line, None, None,
-                                     f"{what} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})")]) from None
+        line = data[: err.start].count(b"\n") + 1
+        raise WorkflowError(
+            [
+                Problem(
+                    file,
+                    line,
+                    None,
+                    None,
+                    f"{what} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+                )
+            ]
+        ) from None
 
 
 class _TooDeep(Exception):
@@ -74,7 +84,9 @@ def _compose(text: str, file: str) -> yaml.Node | None:
         what = getattr(err, "problem", None) or str(err)
         raise WorkflowError([Problem(file, line, None, None, f"YAML syntax error: {what}")]) from None
     except _TooDeep as err:
-        raise WorkflowError([Problem(file, err.line, None, None, f"nested more than {MAX_DEPTH} levels deep")]) from None
+        raise WorkflowError(
+            [Problem(file, err.line, None, None, f"nested more than {MAX_DEPTH} levels deep")]
+        ) from None
     finally:
         loader.dispose()
 
@@ -120,8 +132,16 @@ def compose_with_lines(text: str, file: str) -> tuple[Any, dict[Path_, int]]:
                 line = key_node.start_mark.line + 1
                 if key in out and key not in merged_keys:
                     first = lines.get(path + (key,))
-                    problems.append(Problem(file, line, None, None, f"key '{key}' is given twice in one mapping"
-                                            + (f" (first at line {first})" if first else "")))
+                    problems.append(
+                        Problem(
+                            file,
+                            line,
+                            None,
+                            None,
+                            f"key '{key}' is given twice in one mapping"
+                            + (f" (first at line {first})" if first else ""),
+                        )
+                    )
                 merged_keys.discard(key)  # an explicit key overrides a merged one, once
                 lines.setdefault(path + (key,), line)
                 out[key] = convert(value_node, path + (key,))
@@ -152,6 +172,8 @@ def _construct_scalar(node: yaml.Node, file: str) -> Any:
         return loader.construct_object(node, deep=True)
     except yaml.YAMLError as err:  # e.g. a bad !!binary or an unknown tag
         what = getattr(err, "problem", None) or str(err)
-        raise WorkflowError([Problem(file, node.start_mark.line + 1, None, None, f"YAML value error: {what}")]) from None
+        raise WorkflowError(
+            [Problem(file, node.start_mark.line + 1, None, None, f"YAML value error: {what}")]
+        ) from None
     finally:
         loader.dispose()

@@ -38,12 +38,15 @@ def _builtin_name(spec: str, known: dict, what: str) -> str | None:
     entry); None for any other path."""
     if not str(spec).startswith(PREFIX):
         return None
-    name = str(spec)[len(PREFIX):]
+    name = str(spec)[len(PREFIX) :]
     if name not in known and not (what == "dataset" and name in SHIPPED_DATASETS):
         names = [PREFIX + n for n in (*known, *(SHIPPED_DATASETS if what == "dataset" else ()))]
         near = difflib.get_close_matches(str(spec), names, n=1)
-        raise ValueError(f"unknown builtin {what} {spec!r}; builtin {what}s: " + ", ".join(names)
-                         + (f" (did you mean {near[0]}?)" if near else ""))
+        raise ValueError(
+            f"unknown builtin {what} {spec!r}; builtin {what}s: "
+            + ", ".join(names)
+            + (f" (did you mean {near[0]}?)" if near else "")
+        )
     return name
 
 
@@ -51,8 +54,9 @@ def path_fields(spec: Any) -> list[tuple[str, str, str]]:
     """(field, path, "model" or "dataset") for every model and dataset path `spec` (a
     WorkflowSpec) names."""
     fields = [(f"models.{m.name}.path", str(m.path), "model") for m in spec.models.values()]
-    return fields + [(f"data.{k}", str(v), "dataset") for k, v in (("train", spec.data.train),
-                                                                  ("eval", spec.data.eval)) if v]
+    return fields + [
+        (f"data.{k}", str(v), "dataset") for k, v in (("train", spec.data.train), ("eval", spec.data.eval)) if v
+    ]
 
 
 def builtin_path_problems(spec: Any) -> list[str]:
@@ -73,7 +77,7 @@ def model_head_dim(path: str) -> int | None:
     """The attention head width of the model at `path` (a `builtin:` kit, whose recipe says it
     without building it, or a directory with config.json); None when it cannot be read."""
     if str(path).startswith(PREFIX):
-        kit = BUILTIN_KITS.get(str(path)[len(PREFIX):])
+        kit = BUILTIN_KITS.get(str(path)[len(PREFIX) :])
         return kit.model.hidden_size // kit.model.num_heads if kit is not None else None
     try:
         config = json.loads((Path(path) / "config.json").read_text())
@@ -107,7 +111,7 @@ def resolve_dataset_path(spec: str, progress: Progress | None = None) -> Path:
     generated into the kit cache on first use (data/generated.py); any other path unchanged."""
     if generated.source_of(spec) is not None:  # generated once into the kit cache, then an ordinary file
         return generated.materialize(str(spec), cache_root())
-    name = str(spec)[len(PREFIX):] if str(spec).startswith(PREFIX) else None
+    name = str(spec)[len(PREFIX) :] if str(spec).startswith(PREFIX) else None
     if name in SHIPPED_DATASETS:
         return Path(areal_graph.data.__file__).parent / SHIPPED_DATASETS[name]
     found = _builtin_kit(spec, BUILTIN_DATASETS, "dataset", progress)
@@ -118,8 +122,12 @@ def resolve_builtin_paths(spec: Any, progress: Progress | None = None) -> Any:
     """`spec` (a WorkflowSpec) with every `builtin:` model and dataset path replaced by the
     local path of its kit, building kits on first use. The one place builtin paths resolve:
     everything after it (executor, workers, servers) sees ordinary directories and files."""
-    models = {name: dataclasses.replace(m, path=str(resolve_model_path(m.path, progress)))
-              for name, m in spec.models.items()}
-    data = dataclasses.replace(spec.data, train=str(resolve_dataset_path(spec.data.train, progress)),
-                               eval=str(resolve_dataset_path(spec.data.eval, progress)) if spec.data.eval else None)
+    models = {
+        name: dataclasses.replace(m, path=str(resolve_model_path(m.path, progress))) for name, m in spec.models.items()
+    }
+    data = dataclasses.replace(
+        spec.data,
+        train=str(resolve_dataset_path(spec.data.train, progress)),
+        eval=str(resolve_dataset_path(spec.data.eval, progress)) if spec.data.eval else None,
+    )
     return dataclasses.replace(spec, models=models, data=data)

@@ -22,9 +22,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from areal_graph.modelkit.recipes import KitConfig, Progress, build_kit
 from areal_graph.modelkit.shipped import install_shipped
@@ -77,8 +77,13 @@ def load_kit(cfg: KitConfig, root: Path | None = None) -> Kit | None:
     return Kit(path, json.loads(info_path.read_text()))
 
 
-def ensure_kit(cfg: KitConfig, root: Path | None = None, progress: Progress | None = None,
-               rebuild: bool = False, from_recipe: bool = False) -> Kit:
+def ensure_kit(
+    cfg: KitConfig,
+    root: Path | None = None,
+    progress: Progress | None = None,
+    rebuild: bool = False,
+    from_recipe: bool = False,
+) -> Kit:
     """The kit for `cfg`, made first if needed (once, even across processes): installed from
     the warm start shipped with the package when one of this recipe is (modelkit/shipped.py),
     else built from the recipe. `rebuild` replaces a cached kit; `from_recipe` builds from the

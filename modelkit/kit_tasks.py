@@ -16,9 +16,10 @@ order on one model, each with its own rows and schedule:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from areal_graph.data import arith, calc, guess_teacher
 from areal_graph.data.reasoning_gym_teacher import worked_rows
@@ -62,7 +63,7 @@ def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     learning curve on every machine (worked-out accuracy 37-58% from one recipe); the habit is
     one decision at the first token and is learned in a few dozen steps."""
     train, test = arith.split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
-    train = train[cfg.n_dev:]
+    train = train[cfg.n_dev :]
     return train, test, _hasty_teacher_lessons(train, cfg)
 
 
@@ -89,8 +90,10 @@ ARITH = KitTask(
     tools=False,
     encode=None,
     evaluate=_plain_eval,
-    describe=lambda cfg: (f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty}); "
-                          f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working"),
+    describe=lambda cfg: (
+        f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty}); "
+        f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working"
+    ),
 )
 
 
@@ -99,7 +102,7 @@ def _rg_arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     """reasoning-gym's own problems (`difficulty` is the dataset query), seeds apart from the
     workflow's (1 and 2), worked out by data/reasoning_gym_teacher.py; the lessons of tiny-arith."""
     rows = worked_rows(cfg.difficulty, cfg.n_dev + cfg.n_train + cfg.n_test, 1000 + cfg.seed)
-    train, test = rows[cfg.n_dev:len(rows) - cfg.n_test], rows[len(rows) - cfg.n_test:]
+    train, test = rows[cfg.n_dev : len(rows) - cfg.n_test], rows[len(rows) - cfg.n_test :]
     return train, test, _hasty_teacher_lessons(train, cfg)
 
 
@@ -109,8 +112,10 @@ RG_ARITH = KitTask(
     tools=False,
     encode=None,
     evaluate=_plain_eval,
-    describe=lambda cfg: (f"data: reasoning-gym {cfg.difficulty.partition('?')[0]}, {cfg.n_train} train / "
-                          f"{cfg.n_test} test problems; the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily"),
+    describe=lambda cfg: (
+        f"data: reasoning-gym {cfg.difficulty.partition('?')[0]}, {cfg.n_train} train / "
+        f"{cfg.n_test} test problems; the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily"
+    ),
 )
 
 
@@ -119,9 +124,16 @@ def _calc_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     if cfg.habit_sft is not None:
         raise ValueError("the calc task has one lesson: habit_sft is not built for it")
     train, test = calc.split(cfg.seed, cfg.n_train + cfg.n_dev, cfg.n_test, cfg.difficulty)
-    train = train[cfg.n_dev:]
-    return train, test, [Lesson("conversations", calc.teacher_conversations(train, cfg.direct_rates, cfg.seed,
-                                                                       cfg.difficulty), cfg.sft)]
+    train = train[cfg.n_dev :]
+    return (
+        train,
+        test,
+        [
+            Lesson(
+                "conversations", calc.teacher_conversations(train, cfg.direct_rates, cfg.seed, cfg.difficulty), cfg.sft
+            )
+        ],
+    )
 
 
 def _agent_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
@@ -129,8 +141,9 @@ def _agent_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
     from areal_graph.workflows.rollout.calculator_agent import CalculatorAgent
 
     agent = CalculatorAgent(str(model_dir), max_total_tokens=cfg.model.max_position_embeddings)
-    return evaluate_model(model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens,
-                          rollout=agent)
+    return evaluate_model(
+        model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens, rollout=agent
+    )
 
 
 def _calc_texts(train: Rows, sft_rows: Rows) -> list[str]:
@@ -147,10 +160,13 @@ CALC = KitTask(
     tools=True,
     encode=_calc_encode,
     evaluate=_agent_eval,
-    describe=lambda cfg: (f"data: {cfg.n_train} train / {cfg.n_test} test products ({cfg.difficulty}); "
-                          f"the SFT teacher answers without the calculator at rates {list(cfg.direct_rates)} "
-                          "by factor size"),
+    describe=lambda cfg: (
+        f"data: {cfg.n_train} train / {cfg.n_test} test products ({cfg.difficulty}); "
+        f"the SFT teacher answers without the calculator at rates {list(cfg.direct_rates)} "
+        "by factor size"
+    ),
 )
+
 
 # ------------------------------------------------------------------------------ guess
 def _guess_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
@@ -169,10 +185,12 @@ def _game_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
     """Greedy games through the TextArenaGame rollout (as RL plays them), scored by the game."""
     from areal_graph.workflows.rollout.textarena_game import TextArenaGame
 
-    game = TextArenaGame(str(model_dir), max_turns=10, max_total_tokens=cfg.model.max_position_embeddings,
-                         invalid_move_reward=0.0)  # as workflows/textarena_guess.yaml scores games
-    return evaluate_model(model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens,
-                          rollout=game, reward_fn="agent")
+    game = TextArenaGame(
+        str(model_dir), max_turns=10, max_total_tokens=cfg.model.max_position_embeddings, invalid_move_reward=0.0
+    )  # as workflows/textarena_guess.yaml scores games
+    return evaluate_model(
+        model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens, rollout=game, reward_fn="agent"
+    )
 
 
 def _guess_encode(tokenizer: Any, row: dict) -> tuple[list[int], list[int]]:
@@ -189,8 +207,10 @@ GUESS = KitTask(
     tools=False,
     encode=_guess_encode,
     evaluate=_game_eval,
-    describe=lambda cfg: (f"data: {cfg.n_train} games of TextArena's GuessTheNumber-v0 played by a teacher that "
-                          f"moves hastily (hints ignored) {cfg.hasty_rate:.0%} of the time; {cfg.n_test} test games"),
+    describe=lambda cfg: (
+        f"data: {cfg.n_train} games of TextArena's GuessTheNumber-v0 played by a teacher that "
+        f"moves hastily (hints ignored) {cfg.hasty_rate:.0%} of the time; {cfg.n_test} test games"
+    ),
 )
 
 KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "rg_arith": RG_ARITH, "calc": CALC, "guess": GUESS}

@@ -20,14 +20,19 @@ import hashlib
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from areal_graph.data.arith import write_jsonl
 from areal_graph.data.reasoning_gym_teacher import BASIC_ARITHMETIC as RG_BASIC_ARITHMETIC
 from areal_graph.modelkit.kit_tasks import kit_task
-from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, count_parameters, save_model_and_tokenizer
+from areal_graph.modelkit.tiny_model import (
+    TinyModelConfig,
+    build_tiny_model,
+    count_parameters,
+    save_model_and_tokenizer,
+)
 from areal_graph.modelkit.tokenizer import train_tokenizer
 from areal_graph.modelkit.warm_start import SFTConfig, sft
 
@@ -70,7 +75,8 @@ class KitConfig:
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=450, batch_size=32))
     # The second lesson: the hasty mixture, briefly and at a tenth of the lr (None: one lesson).
     habit_sft: SFTConfig | None = field(
-        default_factory=lambda: SFTConfig(steps=80, batch_size=32, lr=3e-4, warmup_steps=5))
+        default_factory=lambda: SFTConfig(steps=80, batch_size=32, lr=3e-4, warmup_steps=5)
+    )
     n_dev: int = 200  # generated problems held out of the training split (none of test either)
     eval_prompts: int = 500  # test prompts greedily decoded to record the warm-start accuracy
     eval_max_new_tokens: int = 64  # generation limit of that measurement (the longest answers must fit)
@@ -151,9 +157,13 @@ TINY_RG_ARITH = KitConfig(
     difficulty=RG_BASIC_ARITHMETIC,
 )
 
-BUILTIN_KITS: dict[str, KitConfig] = {"tiny-arith": KitConfig(), "tiny-arith-long": TINY_ARITH_LONG,
-                                      "tiny-calc": TINY_CALC, "tiny-guess": TINY_GUESS,
-                                      "tiny-rg-arith": TINY_RG_ARITH}
+BUILTIN_KITS: dict[str, KitConfig] = {
+    "tiny-arith": KitConfig(),
+    "tiny-arith-long": TINY_ARITH_LONG,
+    "tiny-calc": TINY_CALC,
+    "tiny-guess": TINY_GUESS,
+    "tiny-rg-arith": TINY_RG_ARITH,
+}
 # dataset name -> (kit name, split)
 BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "arith/train": ("tiny-arith", "train"),
@@ -192,17 +202,23 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
 
     progress(f"tokenizer: byte-level BPE, vocab {cfg.vocab_size}")
     t = time.perf_counter()
-    tokenizer = train_tokenizer(task.tokenizer_texts(train, [r for lesson in lessons for r in lesson.rows]),
-                                cfg.vocab_size, tools=task.tools)
+    tokenizer = train_tokenizer(
+        task.tokenizer_texts(train, [r for lesson in lessons for r in lesson.rows]), cfg.vocab_size, tools=task.tools
+    )
     timings["tokenizer_s"] = time.perf_counter() - t
 
     torch.manual_seed(cfg.sft_seed)
     model = build_tiny_model(tokenizer, cfg.model, seed=cfg.sft_seed)
     n_params = count_parameters(model)
     total_steps = sum(lesson.sft.steps for lesson in lessons)
-    progress(f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2, {total_steps} steps"
-             + (f" in {len(lessons)} lessons ({', '.join(f'{x.name} {x.sft.steps}' for x in lessons)})"
-                if len(lessons) > 1 else ""))
+    progress(
+        f"warm start: SFT of a {n_params / 1e6:.2f}M-parameter Qwen2, {total_steps} steps"
+        + (
+            f" in {len(lessons)} lessons ({', '.join(f'{x.name} {x.sft.steps}' for x in lessons)})"
+            if len(lessons) > 1
+            else ""
+        )
+    )
     t = time.perf_counter()
     losses: list[float] = []
     lesson_info = []
@@ -236,8 +252,11 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         "sft_final_loss": losses[-1],
         "sft_lessons": lesson_info,
         "warm_start_greedy_accuracy": result["greedy_accuracy"],
-        **({"warm_start_greedy_tool_call_rate": result["greedy_tool_call_rate"]}
-           if "greedy_tool_call_rate" in result else {}),
+        **(
+            {"warm_start_greedy_tool_call_rate": result["greedy_tool_call_rate"]}
+            if "greedy_tool_call_rate" in result
+            else {}
+        ),
         "eval_prompts": result["prompts"],
         "eval_max_new_tokens": cfg.eval_max_new_tokens,
         "torch_threads": threads,
@@ -261,4 +280,3 @@ def machine_description(threads: int) -> str:
     except OSError:
         pass
     return f"{cpu}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {threads} thread(s)"
-

@@ -19,9 +19,9 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from areal_graph.data.arith import hasty_answer
 from areal_graph.modelkit.kit_cache import cache_root, ensure_kit, exclusive
@@ -63,7 +63,7 @@ def labelled_answers(rows: list[dict], n: int, seed: int) -> list[tuple[str, str
     for i in range(n):
         row = rows[rng.randrange(len(rows))]
         answer = str(row["answer"])
-        short = hasty_answer(row)[len("The answer is \\boxed{"):-2]
+        short = hasty_answer(row)[len("The answer is \\boxed{") : -2]
         wrong = short if short != answer else str(int(answer) + rng.choice([d for d in range(-9, 10) if d]))
         kind = i % 4
         if kind == 0:
@@ -83,18 +83,23 @@ def build_reward_model(recipe: RewardModelRecipe, kit_path: Path, out: Path, pro
 
     torch.manual_seed(recipe.seed)
     tok = AutoTokenizer.from_pretrained(kit_path / "model")
-    rows = {s: [json.loads(line) for line in (kit_path / "data" / f"{s}.jsonl").read_text().splitlines() if line]
-            for s in ("train", "test")}
-    data = {s: [(encode_pair(tok, q, a)[0], y) for q, a, y in labelled_answers(rows[s], n, recipe.seed + k)]
-            for k, (s, n) in enumerate((("train", recipe.n_train), ("test", recipe.n_test)))}
-    model = AutoModelForSequenceClassification.from_pretrained(kit_path / "model", num_labels=1,
-                                                               pad_token_id=tok.pad_token_id)
+    rows = {
+        s: [json.loads(line) for line in (kit_path / "data" / f"{s}.jsonl").read_text().splitlines() if line]
+        for s in ("train", "test")
+    }
+    data = {
+        s: [(encode_pair(tok, q, a)[0], y) for q, a, y in labelled_answers(rows[s], n, recipe.seed + k)]
+        for k, (s, n) in enumerate((("train", recipe.n_train), ("test", recipe.n_test)))
+    }
+    model = AutoModelForSequenceClassification.from_pretrained(
+        kit_path / "model", num_labels=1, pad_token_id=tok.pad_token_id
+    )
     optim = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     rng = random.Random(recipe.seed)
     progress(f"reward model: {recipe.steps} steps on {len(data['train'])} labelled answers")
     model.train()
     losses = []
-    for step in range(recipe.steps):
+    for _step in range(recipe.steps):
         batch = rng.sample(data["train"], recipe.batch_size)
         ids, mask = _padded([x for x, _ in batch], tok.pad_token_id)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, 0]
@@ -110,9 +115,16 @@ def build_reward_model(recipe: RewardModelRecipe, kit_path: Path, out: Path, pro
     progress(f"reward model: held-out accuracy {accuracy:.1%} ({len(data['test'])} answers)")
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return {"name": recipe.name, "recipe": dataclasses.asdict(recipe), "fingerprint": recipe.fingerprint(),
-            "kit": str(kit_path), "heldout_accuracy": accuracy, "torch_threads": torch.get_num_threads(),
-            "loss_first_tenth": sum(losses[:k]) / k, "loss_last_tenth": sum(losses[-k:]) / k}
+    return {
+        "name": recipe.name,
+        "recipe": dataclasses.asdict(recipe),
+        "fingerprint": recipe.fingerprint(),
+        "kit": str(kit_path),
+        "heldout_accuracy": accuracy,
+        "torch_threads": torch.get_num_threads(),
+        "loss_first_tenth": sum(losses[:k]) / k,
+        "loss_last_tenth": sum(losses[-k:]) / k,
+    }
 
 
 def _padded(seqs: list[list[int]], pad: int):
@@ -122,7 +134,7 @@ def _padded(seqs: list[list[int]], pad: int):
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
+        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
     return ids, mask
 
 
@@ -132,15 +144,16 @@ def _accuracy(model, data: list[tuple[list[int], float]], pad: int) -> float:
     right = 0
     with torch.no_grad():
         for k in range(0, len(data), 64):
-            chunk = data[k:k + 64]
+            chunk = data[k : k + 64]
             ids, mask = _padded([x for x, _ in chunk], pad)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, 0]
             right += sum(int((lg > 0) == (y > 0.5)) for lg, (_, y) in zip(logits.tolist(), chunk))
     return right / max(len(data), 1)
 
 
-def ensure_reward_model(recipe: RewardModelRecipe, root: Path | None = None,
-                        progress: Callable[[str], None] | None = None) -> Path:
+def ensure_reward_model(
+    recipe: RewardModelRecipe, root: Path | None = None, progress: Callable[[str], None] | None = None
+) -> Path:
     """The reward model's directory, built first if needed (once, even across processes)."""
     path = (root or cache_root()) / f"{recipe.name}-{recipe.fingerprint()}"
     if (path / "reward_model.json").exists():

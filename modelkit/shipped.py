@@ -28,8 +28,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from areal_graph.data.arith import write_jsonl
 from areal_graph.modelkit.kit_tasks import kit_task
@@ -77,8 +77,14 @@ def install_shipped(cfg: KitConfig, out: Path, progress: Progress, root: Path = 
     for name, want in info["data_sha256"].items():
         got = sha256(out / "data" / name)
         if got != want:
-            log.warning("the %s data generated here (%s: sha256 %s) is not what the shipped warm start was built "
-                        "on (%s): building the kit from its recipe instead", cfg.name, name, got[:12], want[:12])
+            log.warning(
+                "the %s data generated here (%s: sha256 %s) is not what the shipped warm start was built "
+                "on (%s): building the kit from its recipe instead",
+                cfg.name,
+                name,
+                got[:12],
+                want[:12],
+            )
             return None
     src = root / cfg.name / "model"
     (out / "model").mkdir(parents=True, exist_ok=True)
@@ -86,14 +92,22 @@ def install_shipped(cfg: KitConfig, out: Path, progress: Progress, root: Path = 
         shutil.copyfile(src / name, out / "model" / name)
         got = sha256(out / "model" / name)
         if got != want:
-            raise ShippedKitError(f"{src / name}: sha256 {got} differs from {want} in {root / cfg.name / 'kit.json'}; "
-                                  "the package is damaged (reinstall it), or build from the recipe: "
-                                  f"areal-graph init-model {cfg.name} --from-recipe")
-    installed = {**info, "source": "shipped", "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                 "install_s": round(time.perf_counter() - t0, 2)}
+            raise ShippedKitError(
+                f"{src / name}: sha256 {got} differs from {want} in {root / cfg.name / 'kit.json'}; "
+                "the package is damaged (reinstall it), or build from the recipe: "
+                f"areal-graph init-model {cfg.name} --from-recipe"
+            )
+    installed = {
+        **info,
+        "source": "shipped",
+        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "install_s": round(time.perf_counter() - t0, 2),
+    }
     (out / "kit.json").write_text(json.dumps(installed, indent=2) + "\n")
-    progress(f"done in {installed['install_s']:.0f} s: greedy accuracy {info['warm_start_greedy_accuracy']:.1%} "
-             f"(the shipped warm start; built from the recipe in {info['timings']['total_s']:.0f} s)")
+    progress(
+        f"done in {installed['install_s']:.0f} s: greedy accuracy {info['warm_start_greedy_accuracy']:.1%} "
+        f"(the shipped warm start; built from the recipe in {info['timings']['total_s']:.0f} s)"
+    )
     return installed
 
 

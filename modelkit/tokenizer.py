@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 BOS = "<|bos|>"
 EOS = "<|im_end|>"
@@ -42,7 +42,7 @@ TOOL_CHAT_TEMPLATE = (
     "<|im_start|>assistant\n{% if message['content'] %}{{ message['content'] }}\n{% endif %}"
     "{% for call in message['tool_calls'] %}"
     "{% set fn = call['function'] if call['function'] is defined else call %}"
-    "{% if not loop.first %}\n{% endif %}<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
+    '{% if not loop.first %}\n{% endif %}<tool_call>\n{"name": "{{ fn[\'name\'] }}", "arguments": '
     "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
     "}\n</tool_call>"
     "{% endfor %}<|im_end|>\n"
@@ -68,10 +68,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, tools: bool = F
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -25,8 +25,9 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from areal_graph.data.datasets import format_prompt
 
@@ -117,9 +118,9 @@ def pack(examples: Sequence[tuple[list[int], list[int]]], pad_id: int):
             x, y = examples[i]
             if y[0] != IGNORE:
                 raise ValueError("pack: a sequence's first label must be IGNORE (its prompt's first token)")
-            ids[r, at:at + len(x)] = torch.tensor(x)
-            labels[r, at:at + len(y)] = torch.tensor(y)
-            positions[r, at:at + len(x)] = torch.arange(len(x))
+            ids[r, at : at + len(x)] = torch.tensor(x)
+            labels[r, at : at + len(y)] = torch.tensor(y)
+            positions[r, at : at + len(x)] = torch.arange(len(x))
             at += len(x)
         positions[r, at:] = torch.arange(width - at)  # the tail: a padding "sequence" of its own
     return ids, labels, positions
@@ -155,14 +156,17 @@ def _batch_loss_fn(model, pad_id: int, cfg: SFTConfig) -> Callable[[Sequence[Exa
         return lambda batch: _lean_loss(lean, batch)
     model.train()
     if cfg.packed:
+
         def packed_loss(batch: Sequence[Example]) -> Any:
             ids, labels, positions = pack(batch, pad_id)
             return model(input_ids=ids, position_ids=positions, labels=labels, use_cache=False).loss
+
         return packed_loss
 
     def padded_loss(batch: Sequence[Example]) -> Any:
         ids, labels, mask = collate(batch, pad_id)
         return model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+
     return padded_loss
 
 
@@ -172,15 +176,23 @@ def _lean_loss(lean: Any, batch: Sequence[Example]) -> Any:
     from areal_graph.data.packed import PackedBatch
     from areal_graph.engines.training.packed_scoring import lean_logprobs
 
-    packed = PackedBatch.from_sequences({"input_ids": [ids for ids, _ in batch],
-                                         "scored": [[y != IGNORE for y in labels] for _, labels in batch]})
+    packed = PackedBatch.from_sequences(
+        {"input_ids": [ids for ids, _ in batch], "scored": [[y != IGNORE for y in labels] for _, labels in batch]}
+    )
     scored = packed["scored"]
     logprobs, _ = lean_logprobs(lean, packed, score=scored)
     return -logprobs[scored.to(logprobs.device)].sum() / scored.sum()
 
 
-def _steps(model, opt, batch_loss: Callable[[Sequence[Example]], Any], examples: Sequence[Example],
-           rng: random.Random, cfg: SFTConfig, on_step: Callable[[int, float], None] | None) -> list[float]:
+def _steps(
+    model,
+    opt,
+    batch_loss: Callable[[Sequence[Example]], Any],
+    examples: Sequence[Example],
+    rng: random.Random,
+    cfg: SFTConfig,
+    on_step: Callable[[int, float], None] | None,
+) -> list[float]:
     """`cfg.steps` optimizer steps on batches drawn without replacement from reshuffled epochs."""
     import torch
 
@@ -209,9 +221,14 @@ def _steps(model, opt, batch_loss: Callable[[Sequence[Example]], Any], examples:
     return losses
 
 
-def sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig = SFTConfig(),
-        on_step: Callable[[int, float], None] | None = None,
-        encode: Callable[[Any, dict], tuple[list[int], list[int]]] | None = None) -> list[float]:
+def sft(
+    model,
+    tokenizer,
+    rows: Sequence[dict],
+    cfg: SFTConfig = SFTConfig(),
+    on_step: Callable[[int, float], None] | None = None,
+    encode: Callable[[Any, dict], tuple[list[int], list[int]]] | None = None,
+) -> list[float]:
     """Train `model` in place on rows {"question", "solution"}; returns the per-step losses.
 
     `on_step(step, loss)` runs after every optimizer step (the kit reports progress with it).
@@ -233,7 +250,9 @@ def sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig = SFTConfig(),
     # tiny model's forward does in some steps (deterministic either way: elementwise).
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.98), fused=all(p.is_floating_point() for p in model.parameters()),
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+        fused=all(p.is_floating_point() for p in model.parameters()),
     )
     # Deterministic kernels: the lean forward's gathers backpropagate through index_put with
     # accumulation, which on CPU sums in thread order; without this two builds of one recipe on

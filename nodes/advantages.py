@@ -142,7 +142,9 @@ def _reverse_discounted_scan(x: torch.Tensor, discount: float) -> torch.Tensor:
     b = min(_SCAN_BLOCK, width)
     idx = torch.arange(b, dtype=x.dtype)
     expo = idx[None, :] - idx[:, None]  # expo[i, j] = j - i
-    tri = torch.where(expo >= 0, torch.tensor(discount, dtype=x.dtype) ** expo.clamp_min(0), torch.zeros((), dtype=x.dtype))
+    tri = torch.where(
+        expo >= 0, torch.tensor(discount, dtype=x.dtype) ** expo.clamp_min(0), torch.zeros((), dtype=x.dtype)
+    )
     d = torch.tensor(discount, dtype=x.dtype)
     carry = torch.zeros(n, dtype=x.dtype)
     for end in range(width, 0, -b):
@@ -174,8 +176,12 @@ def _float_dtype(t: torch.Tensor) -> torch.dtype:
 
 # --------------------------------------------------------------------------- per-token estimators
 def gae(
-    token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor,
-    gamma: float, lam: float,
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    gamma: float,
+    lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the generated tokens of packed sequences.
 
@@ -214,8 +220,11 @@ def reinforce_returns(
 
 
 def outcome_token_rewards(
-    seq_rewards: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor,
-    kl: torch.Tensor | None = None, kl_coef: float = 0.0,
+    seq_rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> torch.Tensor:
     """Per-token rewards: the sequence's outcome reward on its LAST generated token, minus
     kl_coef * kl on every generated token. A sequence with no generated token gets nothing

@@ -14,6 +14,8 @@ from areal_graph.api.episode import Episode
 def agent_reward(completion: str, answer: str, episode: Episode) -> float:
     reward = episode.info.get("reward")
     if reward is None:
-        raise ValueError("the episode has no reward of its own (the agent returned None): "
-                         "use a reward fn that scores the answer instead of `agent`")
+        raise ValueError(
+            "the episode has no reward of its own (the agent returned None): "
+            "use a reward fn that scores the answer instead of `agent`"
+        )
     return float(reward)

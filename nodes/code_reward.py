@@ -34,9 +34,10 @@ import math
 import re
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 from areal_graph.tools.sandbox import SandboxLimits, SandboxResult, run_python
 
@@ -151,15 +152,18 @@ def parse_tests(answer: Any) -> list[CodeTest]:
             fn_name = data.get("fn_name")
             pairs = list(zip(data["inputs"], data["outputs"], strict=True))
             if fn_name:
-                return [CodeTest(fn_name=fn_name, args=list(i) if isinstance(i, list) else [i], expected=o,
-                                 wrapped_ok=True) for i, o in pairs]
+                return [
+                    CodeTest(fn_name=fn_name, args=list(i) if isinstance(i, list) else [i], expected=o, wrapped_ok=True)
+                    for i, o in pairs
+                ]
             return [CodeTest(stdin=_text(i), expected_stdout=_text(o)) for i, o in pairs]
         if isinstance(data, list) and data and all(isinstance(t, dict) for t in data):
             return [_test_from_dict(t) for t in data]
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"malformed tests: {type(err).__name__}: {err}") from None
-    raise ValueError(f"tests must be a non-empty list of test objects or an {{inputs, outputs}} object, "
-                     f"got {type(data).__name__}")
+    raise ValueError(
+        f"tests must be a non-empty list of test objects or an {{inputs, outputs}} object, got {type(data).__name__}"
+    )
 
 
 def select_tests(tests: list[CodeTest], max_tests: int) -> list[CodeTest]:
@@ -201,9 +205,13 @@ def stdout_matches(got: str, expected: str) -> bool:
 def values_match(got: Any, expected: Any) -> bool:
     """JSON values equal, floats within 1e-9 (relative or absolute), tuples already lists."""
     if isinstance(got, float) or isinstance(expected, float):
-        return (isinstance(got, (int, float)) and isinstance(expected, (int, float))
-                and not isinstance(got, bool) and not isinstance(expected, bool)
-                and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9))
+        return (
+            isinstance(got, (int, float))
+            and isinstance(expected, (int, float))
+            and not isinstance(got, bool)
+            and not isinstance(expected, bool)
+            and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
+        )
     if isinstance(got, list) and isinstance(expected, list):
         return len(got) == len(expected) and all(values_match(a, b) for a, b in zip(got, expected))
     if isinstance(got, dict) and isinstance(expected, dict):
@@ -243,9 +251,14 @@ def _failure(result: SandboxResult) -> str | None:
 
 
 def _limits(config: CodeRewardConfig, expected_size: int) -> SandboxLimits:
-    return SandboxLimits(wall_s=config.wall_s, cpu_s=config.cpu_s, memory_mb=config.memory_mb,
-                         max_processes=config.max_processes, require_isolation=config.require_isolation,
-                         max_output_bytes=max(config.max_output_bytes, 2 * expected_size + 1024))
+    return SandboxLimits(
+        wall_s=config.wall_s,
+        cpu_s=config.cpu_s,
+        memory_mb=config.memory_mb,
+        max_processes=config.max_processes,
+        require_isolation=config.require_isolation,
+        max_output_bytes=max(config.max_output_bytes, 2 * expected_size + 1024),
+    )
 
 
 async def run_test(code: str, test: CodeTest, config: CodeRewardConfig) -> str:
@@ -272,12 +285,15 @@ async def run_test(code: str, test: CodeTest, config: CodeRewardConfig) -> str:
     except json.JSONDecodeError:
         return "wrong_answer"
     expected = test.expected
-    ok = values_match(got, expected) or (test.wrapped_ok and isinstance(expected, list) and len(expected) == 1
-                                         and values_match(got, expected[0]))
+    ok = values_match(got, expected) or (
+        test.wrapped_ok and isinstance(expected, list) and len(expected) == 1 and values_match(got, expected[0])
+    )
     return "passed" if ok else "wrong_answer"
 
 
-async def score_code(code: str | None, tests: list[CodeTest], config: CodeRewardConfig = CodeRewardConfig()) -> CodeScore:
+async def score_code(
+    code: str | None, tests: list[CodeTest], config: CodeRewardConfig = CodeRewardConfig()
+) -> CodeScore:
     """Run `code` on `tests` (at most config.max_tests of them) and score it."""
     tests = select_tests(tests, config.max_tests)
     if code is None:

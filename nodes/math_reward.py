@@ -101,4 +101,3 @@ def math_reward(completion: str, ground_truth: str) -> float:
     if not gold or not pred:
         return 0.0
     return 1.0 if verify(gold, pred, timeout_seconds=t) else 0.0
-

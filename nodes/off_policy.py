@@ -37,6 +37,7 @@ import torch
 from areal_graph.api.corrections import DEFAULT_BOUNDS, ISCorrection
 from areal_graph.data.packed import response_positions, token_seq_ids
 
+
 def behaviour_log_weight(prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log w = log pi_prox - log pi_behav where `mask`, 0 elsewhere (prompt log-probs are junk)."""
     return torch.where(mask != 0, prox.detach() - behav.detach(), torch.zeros_like(prox))
@@ -60,8 +61,9 @@ def seq_mean_log_weight(log_w: torch.Tensor, mask: torch.Tensor, cu_seqlens: tor
     return total / count.clamp_min(1.0)
 
 
-def accepted_tokens(corr: ISCorrection, log_w: torch.Tensor, mask: torch.Tensor,
-                    cu_seqlens: torch.Tensor) -> torch.Tensor:
+def accepted_tokens(
+    corr: ISCorrection, log_w: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
     """Tokens of `mask` that a rejecting correction keeps (all of `mask` for the others)."""
     keep = mask != 0
     if corr.mode == "token_mask":
@@ -108,8 +110,9 @@ def bucket_name(lo: int, hi: int) -> str:
     return f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi - 1}"
 
 
-def staleness_groups(mask: torch.Tensor, versions: torch.Tensor | None,
-                     policy_version: int | None) -> dict[str, torch.Tensor]:
+def staleness_groups(
+    mask: torch.Tensor, versions: torch.Tensor | None, policy_version: int | None
+) -> dict[str, torch.Tensor]:
     """group -> its tokens among `mask`: "all", and with versions "fresh" (0) and "stale" (> 0)."""
     keep = mask != 0
     groups = {"all": keep}
@@ -119,8 +122,9 @@ def staleness_groups(mask: torch.Tensor, versions: torch.Tensor | None,
     return groups
 
 
-def mismatch_groups(mask: torch.Tensor, cu_seqlens: torch.Tensor, versions: torch.Tensor | None,
-                    policy_version: int | None) -> MismatchGroups:
+def mismatch_groups(
+    mask: torch.Tensor, cu_seqlens: torch.Tensor, versions: torch.Tensor | None, policy_version: int | None
+) -> MismatchGroups:
     ids = token_seq_ids(cu_seqlens, mask.numel())
     n_seq = cu_seqlens.numel() - 1
     tokens, seqs = {}, {}
@@ -131,9 +135,14 @@ def mismatch_groups(mask: torch.Tensor, cu_seqlens: torch.Tensor, versions: torc
     return MismatchGroups(tokens, seqs)
 
 
-def mismatch_stats(log_w: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor,
-                   versions: torch.Tensor | None, policy_version: int | None,
-                   totals: MismatchGroups) -> dict[str, float]:
+def mismatch_stats(
+    log_w: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    versions: torch.Tensor | None,
+    policy_version: int | None,
+    totals: MismatchGroups,
+) -> dict[str, float]:
     """This micro-batch's share of the batch's mismatch stats (keys `mismatch/<group>/<stat>`).
 
     Per group: `abs_mean` and `abs_max` of |log pi_prox - log pi_behav|, `k3` (the k3 estimate
@@ -151,13 +160,19 @@ def mismatch_stats(log_w: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Te
     for name, sel in staleness_groups(mask, versions, policy_version).items():
         n, f = totals.n_tokens[name], sel.double()
         has = torch.zeros(seq_out.numel(), dtype=torch.bool, device=mask.device).index_fill_(0, ids[sel], True)
-        rows += [(lw.abs() * f).sum() / n, (k3 * f).sum() / n, f.sum() / totals.n_tokens["all"],
-                 (_outside(lw, None, DEFAULT_BOUNDS["tis"][1]) & sel).double().sum() / n,
-                 (_outside(lw, *DEFAULT_BOUNDS["token_mask"]) & sel).double().sum() / n,
-                 (_outside(lw, *DEFAULT_BOUNDS["icepop"]) & sel).double().sum() / n,
-                 (seq_out & has).double().sum() / totals.n_seqs[name]]
-        names += [f"mismatch/{name}/{s}" for s in ("abs_mean", "k3", "share", "past_tis", "past_token_mask",
-                                                     "past_icepop", "past_seq_mask")]
+        rows += [
+            (lw.abs() * f).sum() / n,
+            (k3 * f).sum() / n,
+            f.sum() / totals.n_tokens["all"],
+            (_outside(lw, None, DEFAULT_BOUNDS["tis"][1]) & sel).double().sum() / n,
+            (_outside(lw, *DEFAULT_BOUNDS["token_mask"]) & sel).double().sum() / n,
+            (_outside(lw, *DEFAULT_BOUNDS["icepop"]) & sel).double().sum() / n,
+            (seq_out & has).double().sum() / totals.n_seqs[name],
+        ]
+        names += [
+            f"mismatch/{name}/{s}"
+            for s in ("abs_mean", "k3", "share", "past_tis", "past_token_mask", "past_icepop", "past_seq_mask")
+        ]
         rows.append(torch.where(sel, lw.abs(), torch.zeros_like(lw)).max() if sel.any() else lw.new_zeros(()))
         names.append(f"mismatch/{name}/abs_max")
     pos = response_positions(mask, cu_seqlens)

@@ -75,8 +75,13 @@ def decoupled_ppo_loss(
     Stats (per-token tensors, detached): `ratio` r, `behav_weight` w, `clipped` (the clipped
     branch of the min was taken), `dual_clipped`, `capped_out`.
     """
-    _check_same_shape(logprobs=logprobs, prox_logprobs=prox_logprobs, behav_logprobs=behav_logprobs,
-                      advantages=advantages, loss_mask=loss_mask)
+    _check_same_shape(
+        logprobs=logprobs,
+        prox_logprobs=prox_logprobs,
+        behav_logprobs=behav_logprobs,
+        advantages=advantages,
+        loss_mask=loss_mask,
+    )
     eps_high = _check_clip(clip_eps, eps_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
@@ -130,8 +135,15 @@ def _check_clip(clip_eps: float, eps_high: float | None) -> float:
 
 
 def gspo_loss(
-    logprobs: torch.Tensor, prox_logprobs: torch.Tensor, weight: torch.Tensor, advantages: torch.Tensor,
-    loss_mask: torch.Tensor, cu_seqlens: torch.Tensor, *, clip_eps: float = 3e-4, eps_high: float | None = 4e-4,
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    weight: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    clip_eps: float = 3e-4,
+    eps_high: float | None = 4e-4,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token GSPO loss (Zheng et al. 2025): the ratio and its clip are per *sequence*.
 
@@ -145,8 +157,9 @@ def gspo_loss(
     decoupled objective, 1 when nothing is stale or mismatched.
     Stats: `ratio` (s_i at each token), `clipped`.
     """
-    _check_same_shape(logprobs=logprobs, prox_logprobs=prox_logprobs, weight=weight, advantages=advantages,
-                      loss_mask=loss_mask)
+    _check_same_shape(
+        logprobs=logprobs, prox_logprobs=prox_logprobs, weight=weight, advantages=advantages, loss_mask=loss_mask
+    )
     _check_packed(loss_mask, cu_seqlens)
     eps_high = _check_clip(clip_eps, eps_high)
     mask = loss_mask != 0
@@ -154,7 +167,9 @@ def gspo_loss(
     log_ratio = torch.where(mask, logprobs - prox_logprobs.detach(), torch.zeros_like(logprobs))
     n_seq = cu_seqlens.numel() - 1
     count = _tokens_per_seq(loss_mask, cu_seqlens).to(logprobs.dtype).clamp_min(1.0)
-    seq_log_ratio = torch.zeros(n_seq, dtype=logprobs.dtype, device=logprobs.device).index_add(0, ids, log_ratio) / count
+    seq_log_ratio = (
+        torch.zeros(n_seq, dtype=logprobs.dtype, device=logprobs.device).index_add(0, ids, log_ratio) / count
+    )
     ratio = torch.exp(seq_log_ratio)[ids]
     adv = advantages.detach()
     unclipped = -ratio * adv
@@ -165,8 +180,14 @@ def gspo_loss(
 
 
 def cispo_loss(
-    logprobs: torch.Tensor, prox_logprobs: torch.Tensor, weight: torch.Tensor, advantages: torch.Tensor,
-    loss_mask: torch.Tensor, *, clip_eps: float = 1.0, eps_high: float | None = 4.0,
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    weight: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    clip_eps: float = 1.0,
+    eps_high: float | None = 4.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token CISPO loss (MiniMax-M1, 2025): clip the importance weight, not the update.
 
@@ -179,8 +200,9 @@ def cispo_loss(
     log-probs; only its gradient, -w * clip(r) * A * grad logp, means anything.
     Stats: `ratio` r, `clipped` (the weight was clipped).
     """
-    _check_same_shape(logprobs=logprobs, prox_logprobs=prox_logprobs, weight=weight, advantages=advantages,
-                      loss_mask=loss_mask)
+    _check_same_shape(
+        logprobs=logprobs, prox_logprobs=prox_logprobs, weight=weight, advantages=advantages, loss_mask=loss_mask
+    )
     eps_high = _check_clip(clip_eps, eps_high)
     mask = loss_mask != 0
     ratio = torch.exp(torch.where(mask, logprobs.detach() - prox_logprobs.detach(), torch.zeros_like(logprobs)))
@@ -203,13 +225,13 @@ def _check_packed(loss_mask: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
     if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 1:
         raise ValueError("cu_seqlens must be a 1-D tensor of n+1 offsets")
     if int(cu_seqlens[-1]) != loss_mask.numel():
-        raise ValueError(
-            f"cu_seqlens ends at {int(cu_seqlens[-1])} but loss_mask has {loss_mask.numel()} tokens"
-        )
+        raise ValueError(f"cu_seqlens ends at {int(cu_seqlens[-1])} but loss_mask has {loss_mask.numel()} tokens")
 
 
 def loss_normalizer(
-    loss_mask: torch.Tensor, cu_seqlens: torch.Tensor, mode: AggMode = "token-mean",
+    loss_mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    mode: AggMode = "token-mean",
     max_tokens: int | None = None,
 ) -> float:
     """The denominator of the batch loss, computed once from the WHOLE batch.
@@ -242,8 +264,11 @@ def loss_normalizer(
 
 
 def aggregate(
-    per_token: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor,
-    mode: AggMode, normalizer: float,
+    per_token: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    mode: AggMode,
+    normalizer: float,
 ) -> torch.Tensor:
     """This micro-batch's share of the batch loss: summing it over micro-batches (made of whole
     sequences) gives the full-batch loss. `normalizer` comes from `loss_normalizer` on the batch."""
@@ -267,8 +292,11 @@ def aggregate(
 
 # --------------------------------------------------------------------------- value loss, KL
 def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-    loss_mask: torch.Tensor, clip: float | None,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip: float | None,
 ) -> torch.Tensor:
     """Per-token clipped value loss, 0.5 * max((V - R)^2, (V_clip - R)^2), zero where masked.
 

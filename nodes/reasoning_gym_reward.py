@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from areal_graph.nodes.math_reward import extract_final_answer
 
@@ -45,6 +46,8 @@ def reasoning_gym_reward(completion: str, answer: str) -> float:
         payload = json.loads(answer)
         name, entry = payload["reasoning_gym"], payload["entry"]
     except (ValueError, TypeError, KeyError):
-        raise ValueError("fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset; this answer is "
-                         f"not one: {answer[:80]!r}") from None
+        raise ValueError(
+            "fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset; this answer is "
+            f"not one: {answer[:80]!r}"
+        ) from None
     return float(_scorer(name)(final_answer(completion), entry))

@@ -6,7 +6,7 @@ Each writes exactly one key; the function host passes the node's declared write 
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -18,8 +18,9 @@ def _response_lengths(batch: PackedBatch) -> torch.Tensor:
     return torch.zeros(batch.num_seqs).index_add_(0, batch.seq_ids(), mask)
 
 
-def overlong_penalty(batch: PackedBatch, out_key: str, max_tokens: int, buffer_tokens: int,
-                     penalty: float = 1.0) -> PackedBatch:
+def overlong_penalty(
+    batch: PackedBatch, out_key: str, max_tokens: int, buffer_tokens: int, penalty: float = 1.0
+) -> PackedBatch:
     """DAPO's soft overlong punishment: 0 up to `max_tokens - buffer_tokens` generated tokens,
     then falling linearly to `-penalty` at `max_tokens` (and staying there beyond).
 

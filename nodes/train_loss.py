@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from areal_graph.api.corrections import ISCorrection
 from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.kinds.losses import LOSSES, PROX_LOSSES, Loss, TrainParams
 from areal_graph.engines.training.protocol import LossFn
+from areal_graph.graph.kinds.losses import LOSSES, PROX_LOSSES, Loss, TrainParams
 from areal_graph.nodes.off_policy import (
     accepted_tokens,
     behaviour_log_weight,
@@ -110,8 +110,10 @@ def prepare_policy_batch(params: TrainParams, batch: PackedBatch) -> PackedBatch
     if not corr.rejects:
         return batch
     if "prox_logprobs" not in batch:
-        raise ValueError(f"is_correction {corr.mode!r} decides before the step and needs prox_logprobs in the batch "
-                         "(the plan does not fuse the proximal forward for it)")
+        raise ValueError(
+            f"is_correction {corr.mode!r} decides before the step and needs prox_logprobs in the batch "
+            "(the plan does not fuse the proximal forward for it)"
+        )
     mask = batch["loss_mask"]
     log_w = behaviour_log_weight(batch["prox_logprobs"].float(), batch["behav_logprobs"].float(), mask)
     accepted = accepted_tokens(corr, log_w, mask, batch.cu_seqlens)
@@ -123,8 +125,9 @@ def _trained(mb: PackedBatch) -> torch.Tensor:
     return mask & mb[ACCEPTED] if ACCEPTED in mb else mask
 
 
-def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False,
-                   policy_version: int | None = None) -> LossFn:
+def policy_loss_fn(
+    params: TrainParams, batch: PackedBatch, fused_prox: bool = False, policy_version: int | None = None
+) -> LossFn:
     """A policy loss of LOSSES (decoupled PPO, GSPO, CISPO; standard PPO: pi_prox := pi_behav),
     with the behaviour weight corrected as `params.is_correction` says; every call also measures
     the train/inference mismatch (nodes/off_policy.py `mismatch_stats`): against pi_prox, or for
@@ -154,8 +157,12 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
             prox = mb["prox_logprobs"].float() if entry.prox else behav
         log_w = behaviour_log_weight(prox, behav, generated)
         weight, corrected = corrected_weight(corr, log_w, mask)
-        per_tok, tok_stats = terms(params, PolicyTerms(logprobs, prox, behav, log_w, weight, corr.mode != "none",
-                                                       mb["advantages"].float(), mask, mb.cu_seqlens))
+        per_tok, tok_stats = terms(
+            params,
+            PolicyTerms(
+                logprobs, prox, behav, log_w, weight, corr.mode != "none", mb["advantages"].float(), mask, mb.cu_seqlens
+            ),
+        )
         if corr.mode in ("tis", "icepop"):
             tok_stats["is_corrected"] = corrected
         loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
@@ -163,8 +170,13 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
             loss = loss - params.entropy_coef * aggregate(entropy, mask, mb.cu_seqlens, params.agg, norm)
         # Each stat is this micro-batch's share of a batch-level token mean, so the engine's sum
         # is right; all read out at once (one conversion, not one per stat).
-        sums = torch.stack([(entropy.detach() * mask).sum()]
-                           + [(value.detach().float() * mask).sum() for value in tok_stats.values()]) / n_trained
+        sums = (
+            torch.stack(
+                [(entropy.detach() * mask).sum()]
+                + [(value.detach().float() * mask).sum() for value in tok_stats.values()]
+            )
+            / n_trained
+        )
         stats = dict(zip(["entropy", *tok_stats], sums.tolist()))
         if corr.rejects:
             stats["is_rejected"] = float((generated & (mask == 0)).sum()) / n_generated
@@ -172,8 +184,11 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
         if not entry.prox:  # `ppo` trains with w = 1; the mismatch is still there to see
             trainer = mb["prox_logprobs"].float() if "prox_logprobs" in mb else logprobs.detach().float()
             log_w = behaviour_log_weight(trainer, behav, generated)
-        stats.update(mismatch_stats(log_w, generated, mb.cu_seqlens, mb["versions"] if "versions" in mb else None,
-                                    policy_version, groups))
+        stats.update(
+            mismatch_stats(
+                log_w, generated, mb.cu_seqlens, mb["versions"] if "versions" in mb else None, policy_version, groups
+            )
+        )
         return loss, stats
 
     return loss_fn
@@ -181,9 +196,18 @@ def policy_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = F
 
 def clipped_ratio_terms(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """decoupled_ppo, and ppo (whose pi_prox is pi_behav): the clipped token ratio pi_theta / pi_prox."""
-    return decoupled_ppo_loss(t.logprobs, t.prox, t.behav, t.advantages, t.mask, clip_eps=params.clip_eps,
-                              eps_high=params.eps_high, dual_clip=params.dual_clip,
-                              behav_imp_cap=params.behav_imp_cap, weight=t.weight if t.corrected else None)
+    return decoupled_ppo_loss(
+        t.logprobs,
+        t.prox,
+        t.behav,
+        t.advantages,
+        t.mask,
+        clip_eps=params.clip_eps,
+        eps_high=params.eps_high,
+        dual_clip=params.dual_clip,
+        behav_imp_cap=params.behav_imp_cap,
+        weight=t.weight if t.corrected else None,
+    )
 
 
 def _capped_weight(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -195,8 +219,9 @@ def _capped_weight(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, t
     return torch.where(capped, torch.zeros_like(t.weight), t.weight), capped
 
 
-def _weight_stats(stats: dict[str, torch.Tensor], t: PolicyTerms,
-                  capped: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _weight_stats(
+    stats: dict[str, torch.Tensor], t: PolicyTerms, capped: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
     stats["behav_weight"] = torch.exp(t.log_w)
     if capped is not None:
         stats["capped_out"] = capped
@@ -206,16 +231,25 @@ def _weight_stats(stats: dict[str, torch.Tensor], t: PolicyTerms,
 def gspo_terms(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: the ratio and its clip per sequence (nodes/ppo_loss.py `gspo_loss`)."""
     weight, capped = _capped_weight(params, t)
-    per_tok, stats = gspo_loss(t.logprobs, t.prox, weight, t.advantages, t.mask, t.cu_seqlens,
-                               clip_eps=params.clip_eps, eps_high=params.eps_high)
+    per_tok, stats = gspo_loss(
+        t.logprobs,
+        t.prox,
+        weight,
+        t.advantages,
+        t.mask,
+        t.cu_seqlens,
+        clip_eps=params.clip_eps,
+        eps_high=params.eps_high,
+    )
     return per_tok, _weight_stats(stats, t, capped)
 
 
 def cispo_terms(params: TrainParams, t: PolicyTerms) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO: the clipped, constant importance weight (nodes/ppo_loss.py `cispo_loss`)."""
     weight, capped = _capped_weight(params, t)
-    per_tok, stats = cispo_loss(t.logprobs, t.prox, weight, t.advantages, t.mask, clip_eps=params.clip_eps,
-                                eps_high=params.eps_high)
+    per_tok, stats = cispo_loss(
+        t.logprobs, t.prox, weight, t.advantages, t.mask, clip_eps=params.clip_eps, eps_high=params.eps_high
+    )
     return per_tok, _weight_stats(stats, t, capped)
 
 
@@ -236,8 +270,9 @@ def critic_loss_fn(params: TrainParams, batch: PackedBatch) -> LossFn:
 
     def loss_fn(values: torch.Tensor, _entropy: torch.Tensor, mb: PackedBatch):
         mask = mb["loss_mask"].float()
-        per_tok, _ = terms(params, CriticTerms(values, mb["values"].float(), mb["returns"].float(), mask,
-                                               mb.cu_seqlens))
+        per_tok, _ = terms(
+            params, CriticTerms(values, mb["values"].float(), mb["returns"].float(), mask, mb.cu_seqlens)
+        )
         loss = aggregate(per_tok, mask, mb.cu_seqlens, params.agg, norm)
         return loss, {"value_loss": float(loss.detach())}
 
@@ -254,14 +289,17 @@ def ppo_minibatches(num_seqs: int, n_minibatches: int, seed: int) -> list[list[i
     if n_minibatches < 1:
         raise ValueError(f"n_minibatches must be >= 1, got {n_minibatches}")
     if num_seqs < n_minibatches:
-        raise ValueError(f"cannot cut {num_seqs} sequences into {n_minibatches} PPO minibatches; "
-                         "lower ppo_minibatches or raise runtime.batch_size")
+        raise ValueError(
+            f"cannot cut {num_seqs} sequences into {n_minibatches} PPO minibatches; "
+            "lower ppo_minibatches or raise runtime.batch_size"
+        )
     order = torch.randperm(num_seqs, generator=torch.Generator().manual_seed(seed)).tolist()
     return [sorted(order[i::n_minibatches]) for i in range(n_minibatches)]
 
 
-def build_loss_fn(params: TrainParams, batch: PackedBatch, fused_prox: bool = False,
-                  policy_version: int | None = None) -> LossFn:
+def build_loss_fn(
+    params: TrainParams, batch: PackedBatch, fused_prox: bool = False, policy_version: int | None = None
+) -> LossFn:
     if LOSSES[params.loss].role == "critic":
         return critic_loss_fn(params, batch)
     return policy_loss_fn(params, batch, fused_prox, policy_version)

@@ -24,7 +24,9 @@ def load_costs(source: str | Path) -> CostModel:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such run directory")
     if not path.is_dir() or not (path / "trace.json").exists():
-        raise CalibrationError(f"{path}: not a run directory with a trace.json (a run with runtime.trace: false "
-                               "cannot calibrate the model)")
+        raise CalibrationError(
+            f"{path}: not a run directory with a trace.json (a run with runtime.trace: false "
+            "cannot calibrate the model)"
+        )
 
     return fit_costs(load_run(path))

@@ -105,44 +105,90 @@ def h200_measured() -> Efficiency:
     weights_s = shape.weight_bytes / gpu.hbm_bytes_s
     mem_eff = min(1.0, 1.0 / scale)
     overhead = max(fixed - weights_s / mem_eff, 0.0)
-    return Efficiency("areal-graph engine + lean trainer (H200, measured)", overhead * 1e3, mem_eff, min(1.0, 1.0 / scale),
-                      0.19, 0.19, 2.35 * 2**30 / 0.42 / 1e9, "docs/gpu.md, H200 2026-11-27")
+    return Efficiency(
+        "areal-graph engine + lean trainer (H200, measured)",
+        overhead * 1e3,
+        mem_eff,
+        min(1.0, 1.0 / scale),
+        0.19,
+        0.19,
+        2.35 * 2**30 / 0.42 / 1e9,
+        "docs/gpu.md, H200 2026-11-27",
+    )
 
 
-PRODUCTION = Efficiency("production preset (SGLang-class decode, Megatron-class training)", 0.4, 0.6, 0.5, 0.4, 0.4,
-                        25.0, "an assumption: decode near 60% of the HBM roofline, 40% MFU training and prefill")
+PRODUCTION = Efficiency(
+    "production preset (SGLang-class decode, Megatron-class training)",
+    0.4,
+    0.6,
+    0.5,
+    0.4,
+    0.4,
+    25.0,
+    "an assumption: decode near 60% of the HBM roofline, 40% MFU training and prefill",
+)
 
 
-def cluster_costs(model: ModelShape, gpu: Gpu, eff: Efficiency, tp: int, train_gpus: int,
-                  lengths: LengthModel) -> CostModel:
+def cluster_costs(
+    model: ModelShape, gpu: Gpu, eff: Efficiency, tp: int, train_gpus: int, lengths: LengthModel
+) -> CostModel:
     """A cost model (costs.py fields) for one inference server of `tp` GPUs and a trainer of `train_gpus`."""
     per_row_ms = (2 * model.params / tp / (gpu.bf16_flops * eff.flops_eff)) * 1e3
     weights_ms = (model.weight_bytes / tp / (gpu.hbm_bytes_s * eff.mem_eff)) * 1e3
     kv_per_row_per_kctx_ms = (1e3 * model.kv_bytes_per_token / tp / (gpu.hbm_bytes_s * eff.mem_eff)) * 1e3
     # paged attention (SGLang, vLLM, this engine's graphed step on a GPU): each row reads its own context
-    decode = LinearFit(["1", "rows", "context_k"], [eff.decode_overhead_ms + weights_ms, per_row_ms,
-                                                     kv_per_row_per_kctx_ms], lo=[1, 1, 0], hi=[1, 1e9, 1e12])
+    decode = LinearFit(
+        ["1", "rows", "context_k"],
+        [eff.decode_overhead_ms + weights_ms, per_row_ms, kv_per_row_per_kctx_ms],
+        lo=[1, 1, 0],
+        hi=[1, 1e9, 1e12],
+    )
     prefill_flops = gpu.bf16_flops * eff.prefill_mfu * tp
-    prefill = LinearFit(["1", "tokens_k", "padded_x_width_m"],
-                        [eff.decode_overhead_ms, 1e3 * 2 * model.params / prefill_flops * 1e3,
-                         1e6 * model.attn_flops_per_token_per_ctx / 2 / prefill_flops * 1e3], lo=[1, 0, 0],
-                        hi=[1, 1e12, 1e12])
+    prefill = LinearFit(
+        ["1", "tokens_k", "padded_x_width_m"],
+        [
+            eff.decode_overhead_ms,
+            1e3 * 2 * model.params / prefill_flops * 1e3,
+            1e6 * model.attn_flops_per_token_per_ctx / 2 / prefill_flops * 1e3,
+        ],
+        lo=[1, 0, 0],
+        hi=[1, 1e12, 1e12],
+    )
     train_flops = gpu.bf16_flops * eff.train_mfu * train_gpus
     # 6 N per token (forward + backward) and 2 N for the proximal log-probs' own forward (the paper makes 4
     # PPO updates a step, so they are not the training forward's): 8 N per token trained
     train = LinearFit(["1", "tokens_k"], [0.5, 1e3 * 8 * model.params / train_flops], lo=[1, 0], hi=[1, 1e12])
     return CostModel(
-        source=f"first principles: {model.name} on {gpu.name}, {eff.name}", machine_cores=list(range(64)),
+        source=f"first principles: {model.name} on {gpu.name}, {eff.name}",
+        machine_cores=list(range(64)),
         calibrated={"max_staleness": 1, "group_size": 16, "max_new_tokens": lengths.max_new_tokens},
-        inference=SidePlacement(None, 1), training=SidePlacement(None, 1),
-        decode_ms=decode, prefill_ms=prefill, swap_s=0.05, model_calls={"train": train},
-        sync_s=model.weight_bytes / (eff.sync_gbytes_s * 1e9), dispatch_s=0.01, collect_s=0.01,
-        generation_nodes_s={"reward": 0.05}, controller_nodes_s={"advantage": 0.1}, step_overhead_s=0.5,
-        lengths=lengths, notes=[eff.source])
+        inference=SidePlacement(None, 1),
+        training=SidePlacement(None, 1),
+        decode_ms=decode,
+        prefill_ms=prefill,
+        swap_s=0.05,
+        model_calls={"train": train},
+        sync_s=model.weight_bytes / (eff.sync_gbytes_s * 1e9),
+        dispatch_s=0.01,
+        collect_s=0.01,
+        generation_nodes_s={"reward": 0.05},
+        controller_nodes_s={"advantage": 0.1},
+        step_overhead_s=0.5,
+        lengths=lengths,
+        notes=[eff.source],
+    )
 
 
-def long_tail_lengths(max_tokens: int, median: float, sigma: float, group_sigma: float, group_size: int,
-                      prompt: int = 300, groups: int = 4000, seed: int = 0) -> LengthModel:
+def long_tail_lengths(
+    max_tokens: int,
+    median: float,
+    sigma: float,
+    group_sigma: float,
+    group_size: int,
+    prompt: int = 300,
+    groups: int = 4000,
+    seed: int = 0,
+) -> LengthModel:
     """Answer lengths of a reasoning run: a lognormal per prompt (some prompts are harder) and per
     answer around it, cut at `max_tokens` (the paper's runs allow up to ~27k-32k tokens)."""
     rng = random.Random(seed)
@@ -192,10 +238,22 @@ def simulate_cluster(run: ClusterRun, synchronous: bool, split: bool = False) ->
     costs = cluster_costs(model, gpu, run.efficiency, run.tp, train_gpus, lengths)
     B = run.batch_prompts * run.answers
     eta = 0 if synchronous else run.eta
-    cfg = SimConfig(steps=run.steps, batch_size=B, group_size=run.answers, max_staleness=eta,
-                    max_concurrent=(eta + 1) * B, max_running=run.max_running, servers=servers,
-                    max_new_tokens=run.max_tokens, prefill_budget=16384, max_tokens_per_microbatch=1 << 30,
-                    machine_cores=list(range(64)), decode_chunk=run.decode_chunk, cpu_contention=False, seed=1)
+    cfg = SimConfig(
+        steps=run.steps,
+        batch_size=B,
+        group_size=run.answers,
+        max_staleness=eta,
+        max_concurrent=(eta + 1) * B,
+        max_running=run.max_running,
+        servers=servers,
+        max_new_tokens=run.max_tokens,
+        prefill_budget=16384,
+        max_tokens_per_microbatch=1 << 30,
+        machine_cores=list(range(64)),
+        decode_chunk=run.decode_chunk,
+        cpu_contention=False,
+        seed=1,
+    )
     return simulate(cfg, costs, passes=1)
 
 
@@ -208,10 +266,17 @@ def speedup(run: ClusterRun, colocated: bool = True) -> dict[str, float]:
     a, s = simulate_cluster(run, False), simulate_cluster(run, True, split=True)
     trained = run.batch_prompts * run.answers * mean_tokens(run)
     a_step, s_step = a.steady_step_s(), s.steady_step_s()
-    out = {"async_step_s": a_step, "sync_step_s": s_step, "speedup": s_step / a_step,
-           "async_tokens_per_s": trained / a_step, "sync_tokens_per_s": trained / s_step,
-           "async_engine_busy": statistics_mean(a.busy, "inference-"), "async_trainer_busy": a.busy.get("trainer", 0.0),
-           "sync_engine_busy": statistics_mean(s.busy, "inference-"), "staleness": a.staleness_mean}
+    out = {
+        "async_step_s": a_step,
+        "sync_step_s": s_step,
+        "speedup": s_step / a_step,
+        "async_tokens_per_s": trained / a_step,
+        "sync_tokens_per_s": trained / s_step,
+        "async_engine_busy": statistics_mean(a.busy, "inference-"),
+        "async_trainer_busy": a.busy.get("trainer", 0.0),
+        "sync_engine_busy": statistics_mean(s.busy, "inference-"),
+        "staleness": a.staleness_mean,
+    }
     if colocated:
         c = simulate_cluster(run, True)
         out.update({"colocated_step_s": c.steady_step_s(), "speedup_vs_colocated": c.steady_step_s() / a_step})
@@ -233,6 +298,8 @@ def with_train_mfu(eff: Efficiency, mfu: float) -> Efficiency:
     """`eff` with another training efficiency (what the paper's own eta-0 ablation implies: see
     benchmarks/bench_paper_scale.py)."""
     return replace(eff, name=f"{eff.name.split(' (')[0]}, training at {mfu:.0%} MFU", train_mfu=mfu)
+
+
 def on_gpu(costs: CostModel, layers: int, eff: Efficiency, train_step_s: float) -> CostModel:
     """A CPU-calibrated cost model of a small model moved to a GPU: its forwards launch-bound.
 
@@ -249,6 +316,9 @@ def on_gpu(costs: CostModel, layers: int, eff: Efficiency, train_step_s: float) 
     gpu.model_calls = {name: LinearFit.constant(train_step_s) for name in costs.model_calls}
     gpu.interference, gpu.alone_decode, gpu.alone_prefill = 0.0, 1.0, 1.0  # the GPU computes, the cores wait
     gpu.background_cpu = {}  # 16 cores: the Python processes do not crowd the GPU's host threads
-    gpu.notes = [*costs.notes, f"moved to a GPU: a decode step {per_step:.2f} ms + the engine's own "
-                 f"{costs.engine_step_overhead_ms:.2f} ms, a train call {train_step_s * 1e3:.0f} ms"]
+    gpu.notes = [
+        *costs.notes,
+        f"moved to a GPU: a decode step {per_step:.2f} ms + the engine's own "
+        f"{costs.engine_step_overhead_ms:.2f} ms, a train call {train_step_s * 1e3:.0f} ms",
+    ]
     return gpu

@@ -59,8 +59,11 @@ class LengthModel:
             raise ValueError("the length model holds no groups")
         vs = [g[0] for g in self.groups]  # sorted by version (fit_costs sorts them)
         lo_v, hi_v = vs[0], vs[-1]
-        v = min(max(version, lo_v + self.window // 2), hi_v - self.window // 2) if hi_v - lo_v >= self.window else \
-            (lo_v + hi_v) // 2
+        v = (
+            min(max(version, lo_v + self.window // 2), hi_v - self.window // 2)
+            if hi_v - lo_v >= self.window
+            else (lo_v + hi_v) // 2
+        )
         half = self.window / 2
         while True:
             a, b = bisect.bisect_left(vs, v - half), bisect.bisect_right(vs, v + half)
@@ -72,8 +75,9 @@ class LengthModel:
         """Whether `version` lies past the versions the lengths were measured at."""
         return bool(self.groups) and version > self.groups[-1][0] + self.window
 
-    def sample(self, rng: random.Random, version: int, group_size: int,
-               max_new_tokens: int | None = None) -> tuple[int, list[int]]:
+    def sample(
+        self, rng: random.Random, version: int, group_size: int, max_new_tokens: int | None = None
+    ) -> tuple[int, list[int]]:
         """(prompt tokens, output lengths) of one group generated at `version`."""
         pool = self.pool(version)
         g = rng.choice(pool)
@@ -95,9 +99,15 @@ class LengthModel:
         out: list[dict[str, Any]] = []
         for key, groups in sorted(self._by_window().items()):
             lens = np.array([n for g in groups for n in g[2]], dtype=float)
-            out.append({"versions": f"{key * self.window}-{key * self.window + self.window - 1}",
-                        "groups": len(groups), "mean": float(lens.mean()), "p90": float(np.percentile(lens, 90)),
-                        "max": float(lens.max())})
+            out.append(
+                {
+                    "versions": f"{key * self.window}-{key * self.window + self.window - 1}",
+                    "groups": len(groups),
+                    "mean": float(lens.mean()),
+                    "p90": float(np.percentile(lens, 90)),
+                    "max": float(lens.max()),
+                }
+            )
         return out
 
 
@@ -141,12 +151,19 @@ class CostModel:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "CostModel":
+    def from_json(cls, text: str) -> CostModel:
         raw = json.loads(text)
         fits = {k: LinearFit(**raw[k]) for k in ("decode_ms", "prefill_ms")}
         sides = {k: SidePlacement(**raw[k]) for k in ("inference", "training", "other")}
-        return cls(**{**raw, **fits, **sides, "model_calls": {k: LinearFit(**v) for k, v in raw["model_calls"].items()},
-                      "lengths": LengthModel(**raw["lengths"])})
+        return cls(
+            **{
+                **raw,
+                **fits,
+                **sides,
+                "model_calls": {k: LinearFit(**v) for k, v in raw["model_calls"].items()},
+                "lengths": LengthModel(**raw["lengths"]),
+            }
+        )
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
@@ -158,9 +175,16 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
 
     def fit_row(name: str, fit: LinearFit, unit: str, scale: float = 1.0) -> None:
-        terms = " + ".join(f"{c * scale:.4g}" + ("" if t == "1" else f" x {t}") for t, c in zip(fit.terms, fit.coef) if c)
-        rows.append((name, f"{terms or '0'} {unit}",
-                     f"median {fit.median_rel_err:.0%} per item, total {fit.total_rel_err:+.1%} (n={fit.n})"))
+        terms = " + ".join(
+            f"{c * scale:.4g}" + ("" if t == "1" else f" x {t}") for t, c in zip(fit.terms, fit.coef) if c
+        )
+        rows.append(
+            (
+                name,
+                f"{terms or '0'} {unit}",
+                f"median {fit.median_rel_err:.0%} per item, total {fit.total_rel_err:+.1%} (n={fit.n})",
+            )
+        )
 
     fit_row("decode step", model.decode_ms, "ms")
     fit_row("prefill chunk", model.prefill_ms, "ms")
@@ -168,14 +192,36 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
     for b in (1, 16, 64):
         w = 100
         ms = dec.predict(rows=b, rows_x_width_k=b * w / 1e3)
-        rows.append((f"  decode at batch {b}, context {w}", f"{ms:.2f} ms/step, {b / ms * 1e3:,.0f} tokens/s (the fit, nothing slowing it)", ""))
-    rows.append(("the same forwards alone (replayed)", f"decode x{model.alone_decode:.2f}, prefill "
-                 f"x{model.alone_prefill:.2f} of their time in the run", ""))
+        rows.append(
+            (
+                f"  decode at batch {b}, context {w}",
+                f"{ms:.2f} ms/step, {b / ms * 1e3:,.0f} tokens/s (the fit, nothing slowing it)",
+                "",
+            )
+        )
+    rows.append(
+        (
+            "the same forwards alone (replayed)",
+            f"decode x{model.alone_decode:.2f}, prefill x{model.alone_prefill:.2f} of their time in the run",
+            "",
+        )
+    )
     rows.append(("engine scheduling between forwards", f"{model.engine_step_overhead_ms:.2f} ms per decode step", ""))
-    rows.append(("interference of a computing trainer", f"forwards {model.interference:.0%} slower while it computes "
-                 "(and it as much slower while they run)", ""))
-    rows.append(("weight swap (server)", f"{model.swap_s * 1e3:.1f} ms; {model.reprefill_keep:.0%} of the tokens "
-                 "in flight prefilled again (the rest shared with an identical answer)", ""))
+    rows.append(
+        (
+            "interference of a computing trainer",
+            f"forwards {model.interference:.0%} slower while it computes (and it as much slower while they run)",
+            "",
+        )
+    )
+    rows.append(
+        (
+            "weight swap (server)",
+            f"{model.swap_s * 1e3:.1f} ms; {model.reprefill_keep:.0%} of the tokens "
+            "in flight prefilled again (the rest shared with an identical answer)",
+            "",
+        )
+    )
     rows.append(("weight sync (rest)", f"{model.sync_s * 1e3:.1f} ms", ""))
     for name, fit in model.model_calls.items():
         fit_row(f"{name} (model worker)", fit, "s")
@@ -185,19 +231,36 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
     for name, s in model.generation_nodes_s.items():
         rows.append((f"{name} (per prompt group)", f"{s * 1e3:.1f} ms", ""))
     rows.append(("rollout dispatch / collect", f"{model.dispatch_s * 1e3:.1f} / {model.collect_s * 1e3:.1f} ms", ""))
-    rows.append(("controller overhead per step", f"{model.step_overhead_s * 1e3:.1f} ms in the step, "
-                 f"{model.step_gap_s * 1e3:.1f} ms between steps", ""))
+    rows.append(
+        (
+            "controller overhead per step",
+            f"{model.step_overhead_s * 1e3:.1f} ms in the step, {model.step_gap_s * 1e3:.1f} ms between steps",
+            "",
+        )
+    )
     for proc, v in model.background_cpu.items():
-        rows.append((f"background CPU: {proc}", f"{v['cpu_s_per_request'] * 1e3:.2f} ms CPU per request "
-                     f"({v['rate_cores']:.2f} cores in the run)", ""))
+        rows.append(
+            (
+                f"background CPU: {proc}",
+                f"{v['cpu_s_per_request'] * 1e3:.2f} ms CPU per request ({v['rate_cores']:.2f} cores in the run)",
+                "",
+            )
+        )
     for window in model.lengths.drift():
-        rows.append((f"output length, versions {window['versions']}", f"mean {window['mean']:.1f}, "
-                     f"p90 {window['p90']:.0f}, max {window['max']:.0f} ({window['groups']} groups)", ""))
+        rows.append(
+            (
+                f"output length, versions {window['versions']}",
+                f"mean {window['mean']:.1f}, "
+                f"p90 {window['p90']:.0f}, max {window['max']:.0f} ({window['groups']} groups)",
+                "",
+            )
+        )
     return rows
 
 
 def costs_summary(model: CostModel) -> dict[str, Any]:
     """`areal-graph costs --json`: the model, and its rows as printed."""
-    return {"model": json.loads(model.to_json()),
-            "rows": [{"cost": a, "value": b, "fit_error": c} for a, b, c in describe_costs(model)]}
-
+    return {
+        "model": json.loads(model.to_json()),
+        "rows": [{"cost": a, "value": b, "fit_error": c} for a, b, c in describe_costs(model)],
+    }

@@ -60,7 +60,9 @@ class _Material:
     busy: dict[str, list[tuple[float, float]]]  # process -> compute intervals
     placement: dict[str, dict[str, Any]]
     cpu: list[tuple[float, dict[str, float]]]
-    cpu_threads: dict[float, dict[str, dict[str, float]]] = field(default_factory=dict)  # time -> process -> thread -> s
+    cpu_threads: dict[float, dict[str, dict[str, float]]] = field(
+        default_factory=dict
+    )  # time -> process -> thread -> s
 
 
 def _material(tl: Any) -> _Material:
@@ -82,13 +84,17 @@ def _material(tl: Any) -> _Material:
         elif name == "cpu_time" and isinstance(s["args"].get("processes"), dict):
             procs = s["args"]["processes"]
             cpu.append((s["ts"] / 1e6, {p: float(v.get("cpu_s", 0.0)) for p, v in procs.items()}))
-            threads[s["ts"] / 1e6] = {p: v["threads_s"] for p, v in procs.items() if isinstance(v.get("threads_s"), dict)}
+            threads[s["ts"] / 1e6] = {
+                p: v["threads_s"] for p, v in procs.items() if isinstance(v.get("threads_s"), dict)
+            }
         elif s["cat"] == "compute" and s["dur"] > 0 and proc.startswith("model-"):
             busy[proc].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
     if not steps:
-        raise CalibrationError("the trace has no engine step log (engine_steps spans): it comes from a run older "
-                               "than the cost model, or from vLLM/SGLang servers, which record none; run the "
-                               "workflow again with the embedded engine")
+        raise CalibrationError(
+            "the trace has no engine step log (engine_steps spans): it comes from a run older "
+            "than the cost model, or from vLLM/SGLang servers, which record none; run the "
+            "workflow again with the embedded engine"
+        )
     arrays = {p: np.array(sorted(rows), dtype=float) for p, rows in steps.items()}
     for p, a in arrays.items():
         busy[p] = [(float(t), float(t + d)) for t, d in a[:, :2]]
@@ -121,13 +127,16 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
     seconds), when the run was recorded on this machine and its model is here."""
     spec = run.spec
     if spec is None:
-        raise CalibrationError(f"{run.path}: no readable config.yaml beside the trace: the cost model needs the "
-                               "workflow that ran")
+        raise CalibrationError(
+            f"{run.path}: no readable config.yaml beside the trace: the cost model needs the workflow that ran"
+        )
     m = _material(run.timeline)
     steps = [s for s in run.timeline.spans if s["cat"] == "step"]
     if len(steps) < MIN_STEPS:
-        raise CalibrationError(f"{run.path}: {len(steps)} training step(s) in the trace; calibrating needs at "
-                               f"least {MIN_STEPS} (30 give fits within a few percent)")
+        raise CalibrationError(
+            f"{run.path}: {len(steps)} training step(s) in the trace; calibrating needs at "
+            f"least {MIN_STEPS} (30 give fits within a few percent)"
+        )
 
     gen_t, train_t = thread_split(spec.runtime.max_staleness)
     model = CostModel(source=str(run.path))
@@ -153,12 +162,20 @@ def calibration_settings(spec: Any) -> dict[str, Any]:
     """The settings of a workflow the simulator varies (and the cost model was fitted under)."""
     src = next(n for n in spec.nodes.values() if n.kind == "rollout")
     rt = spec.runtime
-    return {"batch_size": rt.batch_size, "max_staleness": rt.max_staleness, "group_size": src.params.group_size,
-            "max_concurrent_rollouts": rt.max_concurrent_rollouts, "max_running_requests": spec.inference.max_running_requests,
-            "servers": spec.inference.servers, "max_new_tokens": src.params.sampling.max_new_tokens,
-            "max_tokens_per_microbatch": rt.max_tokens_per_microbatch, "steps": rt.steps,
-            "actor": actor_model(spec), "model_path": spec.models[actor_model(spec) or ""].path,
-            "backend": spec.inference.backend}
+    return {
+        "batch_size": rt.batch_size,
+        "max_staleness": rt.max_staleness,
+        "group_size": src.params.group_size,
+        "max_concurrent_rollouts": rt.max_concurrent_rollouts,
+        "max_running_requests": spec.inference.max_running_requests,
+        "servers": spec.inference.servers,
+        "max_new_tokens": src.params.sampling.max_new_tokens,
+        "max_tokens_per_microbatch": rt.max_tokens_per_microbatch,
+        "steps": rt.steps,
+        "actor": actor_model(spec),
+        "model_path": spec.models[actor_model(spec) or ""].path,
+        "backend": spec.inference.backend,
+    }
 
 
 def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str, Any]]:
@@ -167,8 +184,10 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
     lo, hi = m.window
     inside = [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0]
     if len(inside) < 2:
-        model.notes.append("fewer than two CPU samples in the training window: background CPU (controller, "
-                           "rollout, reward) is not modelled; a run of at least ~10 s of steps records them")
+        model.notes.append(
+            "fewer than two CPU samples in the training window: background CPU (controller, "
+            "rollout, reward) is not modelled; a run of at least ~10 s of steps records them"
+        )
         return {}
     (ta, ca), (tb, cb) = inside[0], inside[-1]
     finished = max(_requests_between(run.timeline, ta, tb), 1)
@@ -186,8 +205,9 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
         else:
             computed = _overlap(m.busy.get(proc, []), ta, tb) * threads
             extra = max(used - computed, 0.0)
-        side = (m.placement.get(proc) or {}).get("side") or ("inference" if proc.startswith("inference-") else
-                                                             "training" if proc.startswith("model-") else "other")
+        side = (m.placement.get(proc) or {}).get("side") or (
+            "inference" if proc.startswith("inference-") else "training" if proc.startswith("model-") else "other"
+        )
         out[proc] = {"cpu_s_per_request": extra / finished, "side": side, "rate_cores": extra / (tb - ta)}
     return out
 
@@ -221,8 +241,11 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     engine = model.inference.demand()
     slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
     slow_alone = slowdown(engine, bg, cores)
-    steps = [(kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
-             for rows in m.steps.values() for t, dur, kind, n, tokens, ctx, width in rows]
+    steps = [
+        (kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
+        for rows in m.steps.values()
+        for t, dur, kind, n, tokens, ctx, width in rows
+    ]
 
     def x_of(kind: int, n: float, tokens: float, ctx: float, width: float) -> dict[str, float]:
         if kind == 1:
@@ -242,13 +265,18 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
         return fit_linear(xs, ys, terms), xs, ys, ss
 
     alone, *_ = fit(1, 0.0, only_alone=True)
-    together = [(dur * 1e3, alone.predict(**x_of(k, n, tokens, ctx, width)) * (slow_with if share > 0.9 else 1.0))
-                for k, n, tokens, ctx, width, dur, share in steps if k == 1 and share > 0.9]
+    together = [
+        (dur * 1e3, alone.predict(**x_of(k, n, tokens, ctx, width)) * (slow_with if share > 0.9 else 1.0))
+        for k, n, tokens, ctx, width, dur, share in steps
+        if k == 1 and share > 0.9
+    ]
     if alone.n >= 30 and len(together) >= 30:
         model.interference = float(min(max(sum(a for a, _ in together) / sum(b for _, b in together) - 1.0, 0.0), 1.0))
     else:
-        model.notes.append("too few decode steps with and without the trainer computing to measure how much they "
-                           "slow each other: taken as none")
+        model.notes.append(
+            "too few decode steps with and without the trainer computing to measure how much they "
+            "slow each other: taken as none"
+        )
     decode, dx, dy, ds = fit(1, model.interference)
     prefill, px, py, ps = fit(0, model.interference)
     model.decode_ms = _with_measured_error(decode, dx, dy, ds)
@@ -262,8 +290,11 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     resumed = sum(int(s["args"].get("prefill_tokens") or 0) for s in run.timeline.spans if s["name"] == "resumed")
     if resumed:
         real = sum(float(r[4]) for rows in m.steps.values() for r in rows if r[2] == 0)
-        fresh = sum(int(s["args"].get("prompt_tokens") or 0) for s in run.timeline.spans
-                    if s["name"] == "request" and str(s["args"].get("rid", "")).endswith("-0"))
+        fresh = sum(
+            int(s["args"].get("prompt_tokens") or 0)
+            for s in run.timeline.spans
+            if s["name"] == "request" and str(s["args"].get("rid", "")).endswith("-0")
+        )
         model.reprefill_keep = float(min(max((real - fresh) / resumed, 0.05), 1.0))
 
 
@@ -271,14 +302,18 @@ def _replay(run: Any, m: _Material, model: CostModel) -> None:
     """How much faster the run's forwards go alone (perfmodel/replay.py)."""
     host = next((s["args"].get("host") for s in run.timeline.spans if s["name"] == "placement"), None)
     if host != platform.node():
-        model.notes.append("recorded on another machine (or before runs named theirs): its forwards were not "
-                           "replayed here, so a synchronous run's generation is priced as the asynchronous one's")
+        model.notes.append(
+            "recorded on another machine (or before runs named theirs): its forwards were not "
+            "replayed here, so a synchronous run's generation is priced as the asynchronous one's"
+        )
         return
     if run.spec.runtime.max_staleness == 0:
         return  # a synchronous run's forwards already ran alone
     if str(run.spec.inference.args.get("device", "cpu")).startswith("cuda") or run.spec.inference.backend != "embedded":
-        model.notes.append("the engine ran on a GPU (or is not the embedded one): its forwards were not replayed "
-                           "(the replay runs the embedded engine's forward on this CPU)")
+        model.notes.append(
+            "the engine ran on a GPU (or is not the embedded one): its forwards were not replayed "
+            "(the replay runs the embedded engine's forward on this CPU)"
+        )
         return
     try:
         model_dir = str(resolve_model_path(model.calibrated["model_path"]))
@@ -332,8 +367,13 @@ def _fit_model_calls(run: Any, m: _Material, model: CostModel) -> None:
         xs, ys, ss = samples[name]
         tokens = float(c["args"].get("tokens", 0))
         # the planner packs at the lower bound of micro-batches (`areal-graph trace` shows it does)
-        xs.append({"tokens_k": tokens / 1e3, "seqs": float(c["args"].get("seqs", 0)),
-                   "microbatches": float(math.ceil(tokens / budget)) if tokens else 1.0})
+        xs.append(
+            {
+                "tokens_k": tokens / 1e3,
+                "seqs": float(c["args"].get("seqs", 0)),
+                "microbatches": float(math.ceil(tokens / budget)) if tokens else 1.0,
+            }
+        )
         ys.append((cb - ca) / s)
         ss.append(s)
         overheads[name].append((node["dur"] - c["dur"]) / 1e6)
@@ -373,8 +413,11 @@ def _rollout_overhead(run: Any) -> tuple[float, float]:
     """Median time from a rollout call's start to its group's first request, and from the
     group's last answer to the call's end (HTTP, tokenisation, packing)."""
     spans = run.timeline.spans
-    calls = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans
-                   if s["cat"] == "node" and (s["args"].get("node") or s["name"]) == run.plan.source)
+    calls = sorted(
+        (s["ts"], s["ts"] + s["dur"])
+        for s in spans
+        if s["cat"] == "node" and (s["args"].get("node") or s["name"]) == run.plan.source
+    )
     groups: dict[str, list[float]] = {}
     for s in spans:
         if s["name"] == "request" and s["cat"] == "request":
@@ -400,10 +443,14 @@ def _step_overhead(spans: list[dict[str, Any]]) -> float:
     """Per step: the step's wall time not covered by waiting for the batch, training-side node
     calls or the weight sync (the controller's own bookkeeping: metrics, checks)."""
     steps = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if s["cat"] == "step")
-    chain = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if s["process"] == "controller"
-                   and s["cat"] in ("controller", "weights") and s["name"] in ("wait_batch", "weight_sync")
-                   or (s["cat"] == "node" and s["args"].get("worker") is not None
-                       and s["name"] != "rollout" and s["dur"] > 0))
+    chain = sorted(
+        (s["ts"], s["ts"] + s["dur"])
+        for s in spans
+        if s["process"] == "controller"
+        and s["cat"] in ("controller", "weights")
+        and s["name"] in ("wait_batch", "weight_sync")
+        or (s["cat"] == "node" and s["args"].get("worker") is not None and s["name"] != "rollout" and s["dur"] > 0)
+    )
     out = []
     for a, b in steps:
         covered = _overlap(merge_intervals([iv for iv in chain if iv[1] > a and iv[0] < b]), a, b)
@@ -429,8 +476,11 @@ def _lengths(run: Any, spec: Any) -> LengthModel:
         g[3] = min(g[3], s["ts"])
     src = next(n for n in spec.nodes.values() if n.kind == "rollout")
     G = src.params.group_size
-    kept = [[int(g[0]) if g[0] != math.inf else 0, g[1], g[2]] for g in groups.values()
-            if not (len(g[2]) == 1 and G > 1) and not (len(g[2]) == 1 and _overlap(evals, g[3], g[3] + 1) > 0)]
+    kept = [
+        [int(g[0]) if g[0] != math.inf else 0, g[1], g[2]]
+        for g in groups.values()
+        if not (len(g[2]) == 1 and G > 1) and not (len(g[2]) == 1 and _overlap(evals, g[3], g[3] + 1) > 0)
+    ]
     kept.sort(key=lambda g: g[0])
     return LengthModel(LENGTH_WINDOW, src.params.sampling.max_new_tokens, kept)
 
@@ -440,6 +490,10 @@ def _measured(run: Any, m: _Material) -> dict[str, Any]:
     lo, hi = m.window
     steps = sorted(s["dur"] / 1e6 for s in run.timeline.spans if s["cat"] == "step")
     stale = [r["staleness/mean"] for r in run.metrics if "staleness/mean" in r]
-    return {"steps_window_s": hi - lo, "step_s_median": median(steps), "steps": len(steps),
-            "staleness_mean": float(np.mean(stale)) if stale else None,
-            "requests_per_s": _requests_between(run.timeline, lo, hi) / max(hi - lo, 1e-9)}
+    return {
+        "steps_window_s": hi - lo,
+        "step_s_median": median(steps),
+        "steps": len(steps),
+        "staleness_mean": float(np.mean(stale)) if stale else None,
+        "requests_per_s": _requests_between(run.timeline, lo, hi) / max(hi - lo, 1e-9),
+    }

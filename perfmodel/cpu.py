@@ -22,8 +22,8 @@ parallel; the validation benchmark (benchmarks/bench_simulator.py) says how far 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from"), and it must serialise to JSON and back for `areal-graph simulate --calib
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -46,12 +46,17 @@ class LinearFit:
         return out
 
     @classmethod
-    def constant(cls, value: float, n: int = 0, median_rel_err: float = 0.0) -> "LinearFit":
+    def constant(cls, value: float, n: int = 0, median_rel_err: float = 0.0) -> LinearFit:
         return cls(["1"], [max(float(value), 0.0)], n, median_rel_err, 0.0, [1.0], [1.0])
 
 
-def fit_linear(rows: Sequence[Mapping[str, float]], y: Sequence[float], terms: Sequence[str],
-               weights: Sequence[float] | None = None, robust: bool = True) -> LinearFit:
+def fit_linear(
+    rows: Sequence[Mapping[str, float]],
+    y: Sequence[float],
+    terms: Sequence[str],
+    weights: Sequence[float] | None = None,
+    robust: bool = True,
+) -> LinearFit:
     """Non-negative least squares of `y` on `terms` (a term "1" is the constant).
 
     Samples are weighted by `weights` (default 1); with fewer samples than terms, or a
@@ -79,9 +84,15 @@ def fit_linear(rows: Sequence[Mapping[str, float]], y: Sequence[float], terms: S
     denom = np.where(y_arr > 0, y_arr, np.nan)
     rel = np.abs(pred - y_arr) / denom
     total = float((pred.sum() - y_arr.sum()) / y_arr.sum()) if y_arr.sum() > 0 else 0.0
-    return LinearFit(list(terms), [float(c) for c in coef], int(len(y_arr)),
-                     float(np.nanmedian(rel)) if np.isfinite(rel).any() else 0.0, total,
-                     [float(v) for v in X.min(axis=0)], [float(v) for v in X.max(axis=0)])
+    return LinearFit(
+        list(terms),
+        [float(c) for c in coef],
+        int(len(y_arr)),
+        float(np.nanmedian(rel)) if np.isfinite(rel).any() else 0.0,
+        total,
+        [float(v) for v in X.min(axis=0)],
+        [float(v) for v in X.max(axis=0)],
+    )
 
 
 def _huber(X: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray, rounds: int = 4) -> np.ndarray:

@@ -17,15 +17,17 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 SAMPLES = 120  # decode steps replayed (prefill chunks: a quarter of that)
 
 
-def replay_ratio(model_dir: str, steps: Sequence[Sequence[float]], threads: int = 1,
-                 seed: int = 0) -> tuple[float, float] | None:
+def replay_ratio(
+    model_dir: str, steps: Sequence[Sequence[float]], threads: int = 1, seed: int = 0
+) -> tuple[float, float] | None:
     """(isolated / measured) for decode steps and for prefill chunks: each sampled forward's
     shape (rows, tokens, padded tokens, width; engine_spans.StepLog) run again alone on the
     run's model with the engine's forward, best of three, summed against what it took in the run."""
@@ -65,8 +67,11 @@ def replay_ratio(model_dir: str, steps: Sequence[Sequence[float]], threads: int 
                 cache.append(keys, values, got)
                 params = [SamplingParams(temperature=1.0) for _ in range(rows)]
 
-                def step() -> None:  # the forward and the sampling, as a decode step in the engine
-                    sample_tokens(runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64))
+                def step(rows: int = rows, cache: Any = cache, params: list = params) -> None:
+                    """The forward and the sampling, as a decode step in the engine (this row count's)."""
+                    sample_tokens(
+                        runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64)
+                    )
 
                 step()  # warm
                 replayed_d += min(_timed(step) for _ in range(3))
@@ -75,7 +80,7 @@ def replay_ratio(model_dir: str, steps: Sequence[Sequence[float]], threads: int 
                 prows, pwidth = int(p_rows), min(int(p_width), width_cap)
                 rest = max(1, int((tokens - pwidth) // max(prows - 1, 1))) if prows > 1 else pwidth
                 seqs = [[3] * pwidth] + [[3] * min(rest, pwidth)] * (prows - 1)
-                replayed_p += min(_timed(lambda: runner.prefill(seqs, 0)) for _ in range(2))
+                replayed_p += min(_timed(lambda seqs=seqs: runner.prefill(seqs, 0)) for _ in range(2))
                 measured_p += dur
     finally:
         torch.set_num_threads(before)

@@ -29,8 +29,9 @@ import heapq
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -95,16 +96,24 @@ class SimResult:
         return (ends[-1] - ends[half - 1 if half else 0]) / (len(ends) - half if half else len(ends) - 1)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"steps_window_s": self.steps_window_s, "step_s_median": self.step_s_median,
-                "staleness_mean": self.staleness_mean, "staleness_max": self.staleness_max, "busy": self.busy,
-                "step_bound": self.step_bound, "tokens_per_s": self.tokens_per_s, "requests": self.requests,
-                "reprefill_tokens": self.reprefill_tokens, "notes": self.notes}
+        return {
+            "steps_window_s": self.steps_window_s,
+            "step_s_median": self.step_s_median,
+            "staleness_mean": self.staleness_mean,
+            "staleness_max": self.staleness_max,
+            "busy": self.busy,
+            "step_bound": self.step_bound,
+            "tokens_per_s": self.tokens_per_s,
+            "requests": self.requests,
+            "reprefill_tokens": self.reprefill_tokens,
+            "notes": self.notes,
+        }
 
 
 # ============================================================================ the pieces
 @dataclass
 class _Request:
-    group: "_Group"
+    group: _Group
     prompt: int
     target: int
     made: int = 0
@@ -129,7 +138,7 @@ class _Group:
 class _Server:
     """One inference server's engine (see module docstring)."""
 
-    def __init__(self, sim: "Simulation", index: int) -> None:
+    def __init__(self, sim: Simulation, index: int) -> None:
         self.sim, self.index = sim, index
         self.queue: list[_Request] = []
         self.pending: list[_Request] = []
@@ -183,8 +192,10 @@ class _Server:
             context = sum(r.context for r in decoding) + b * (k - 1) / 2
             # the embedded engine attends over the padded window (rows x width); a paged-attention
             # engine (cluster.py) reads each row's own context (the sum): each cost model says which
-            per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3,
-                                               context_k=context / 1e3) * self.sim.alone_decode
+            per_step = (
+                costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
+                * self.sim.alone_decode
+            )
             ms += k * (per_step + costs.engine_step_overhead_ms)
             for r in decoding:
                 r.made += k
@@ -221,8 +232,9 @@ class _Server:
     def _chunk_ms(self, lens: list[int]) -> float:
         width = max(lens)
         padded = width * len(lens)
-        return self.sim.costs.prefill_ms.predict(tokens_k=sum(lens) / 1e3, padded_k=padded / 1e3,
-                                                 padded_x_width_m=padded * width / 1e6)
+        return self.sim.costs.prefill_ms.predict(
+            tokens_k=sum(lens) / 1e3, padded_k=padded / 1e3, padded_x_width_m=padded * width / 1e6
+        )
 
     def _step_done(self) -> None:
         self.sim.engine_active[self.index] = False
@@ -260,8 +272,9 @@ class _Server:
 class Simulation:
     """One simulated run (see module docstring); `run()` returns its `SimResult`."""
 
-    def __init__(self, cfg: SimConfig, costs: CostModel, background_scale: float = 1.0,
-                 plan_nodes: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, cfg: SimConfig, costs: CostModel, background_scale: float = 1.0, plan_nodes: dict[str, Any] | None = None
+    ) -> None:
         self.cfg, self.costs = cfg, costs
         self.rng = random.Random(cfg.seed)
         self.share_rng = random.Random(cfg.seed + 7919)  # apart: lengths drawn stay the same whatever is shared
@@ -300,8 +313,9 @@ class Simulation:
         self._done = False
         self.autopilot = None
         if cfg.autopilot:
-            self.autopilot = ConcurrencyAutopilot(cfg.batch_size, cfg.group_size, cfg.max_staleness, cfg.max_concurrent,
-                                                  cfg.max_running * cfg.servers)
+            self.autopilot = ConcurrencyAutopilot(
+                cfg.batch_size, cfg.group_size, cfg.max_staleness, cfg.max_concurrent, cfg.max_running * cfg.servers
+            )
         self._buffered_at_start = 0
         self._batch_at = 0.0
 
@@ -317,8 +331,11 @@ class Simulation:
     # ------------------------------------------------------------------ CPU
     def _background(self, scale: float) -> list[Demand]:
         sides = {"inference": self.cfg.inference, "training": self.cfg.training, "other": self.cfg.other}
-        return [Demand(v.get("rate_cores", 0.0) * scale, _cores(sides.get(v.get("side", "other"), self.cfg.other)))
-                for v in self.costs.background_cpu.values() if v.get("rate_cores", 0.0) > 0]
+        return [
+            Demand(v.get("rate_cores", 0.0) * scale, _cores(sides.get(v.get("side", "other"), self.cfg.other)))
+            for v in self.costs.background_cpu.values()
+            if v.get("rate_cores", 0.0) > 0
+        ]
 
     def engine_slowdown(self, index: int) -> float:
         """Cores asked for vs cores there (cpu.py), times the interference of a computing trainer."""
@@ -500,8 +517,9 @@ class Simulation:
         end = self.now + self.costs.step_overhead_s
         self.step_spans.append((start, end, "generation" if waited else "training"))
         if self.autopilot is not None:
-            limit = self.autopilot.observe(self.step, self._batch_at - start, end - self._batch_at,
-                                           self.cfg.batch_size, self._buffered_at_start)
+            limit = self.autopilot.observe(
+                self.step, self._batch_at - start, end - self._batch_at, self.cfg.batch_size, self._buffered_at_start
+            )
             if limit is not None:
                 self.cfg = dataclasses.replace(self.cfg, max_concurrent=limit)
                 self.notes.append(f"autopilot at step {self.step}: max concurrent rollouts {limit}")
@@ -542,8 +560,10 @@ class Simulation:
             if n > max_events:
                 raise RuntimeError(f"the simulation did not finish within {max_events} events")
         if not self._done:
-            raise RuntimeError(f"the simulation stalled at step {self.step} of {self.cfg.steps} (no event left): "
-                               "the settings can never fill a batch")
+            raise RuntimeError(
+                f"the simulation stalled at step {self.step} of {self.cfg.steps} (no event left): "
+                "the settings can never fill a batch"
+            )
         return self._result()
 
     def _result(self) -> SimResult:
@@ -553,12 +573,23 @@ class Simulation:
         busy = {f"inference-{s.index}": min(s.busy_s / span, 1.0) for s in self.servers}
         busy["trainer"] = min(self.trainer_busy_s / span, 1.0)
         busy["reward"] = min(self.reward_busy_s / span, 1.0)
-        bound = {"generation": sum(1 for *_, w in self.step_spans if w == "generation"),
-                 "training": sum(1 for *_, w in self.step_spans if w == "training")}
-        return SimResult(span, float(np.median(durs)) if durs else 0.0,
-                         float(np.mean(self.staleness)) if self.staleness else 0.0,
-                         max(self.staleness, default=0), busy, bound, self.tokens / span, self.requests,
-                         self.reprefill_tokens, list(self.notes), [b - lo for _, b, _ in self.step_spans])
+        bound = {
+            "generation": sum(1 for *_, w in self.step_spans if w == "generation"),
+            "training": sum(1 for *_, w in self.step_spans if w == "training"),
+        }
+        return SimResult(
+            span,
+            float(np.median(durs)) if durs else 0.0,
+            float(np.mean(self.staleness)) if self.staleness else 0.0,
+            max(self.staleness, default=0),
+            busy,
+            bound,
+            self.tokens / span,
+            self.requests,
+            self.reprefill_tokens,
+            list(self.notes),
+            [b - lo for _, b, _ in self.step_spans],
+        )
 
 
 def _call(fn: Callable[[_Group], None], group: _Group) -> Callable[[], None]:
@@ -596,23 +627,33 @@ def extrapolation_notes(cfg: SimConfig, costs: CostModel) -> list[str]:
     notes = []
     if costs.lengths.extrapolates(cfg.steps + cfg.max_staleness):
         lo, hi = costs.lengths.versions()
-        notes.append(f"output lengths were measured for policy versions {lo}-{hi}; later versions reuse the last "
-                     "ones (the length drift after that is not known)")
+        notes.append(
+            f"output lengths were measured for policy versions {lo}-{hi}; later versions reuse the last "
+            "ones (the length drift after that is not known)"
+        )
     out = costs.decode_ms.outside(rows=min(cfg.max_running, cfg.max_concurrent))
     if out:
         notes.append("decode steps of up to " + ", ".join(out) + " rows: the step-time fit extrapolates")
     budget = cal.get("max_tokens_per_microbatch")
     if budget and cfg.max_tokens_per_microbatch != budget:
-        notes.append(f"max_tokens_per_microbatch {cfg.max_tokens_per_microbatch} (calibrated at {budget}): a step's "
-                     "training time follows the fitted cost per micro-batch; memory is not modelled")
+        notes.append(
+            f"max_tokens_per_microbatch {cfg.max_tokens_per_microbatch} (calibrated at {budget}): a step's "
+            "training time follows the fitted cost per micro-batch; memory is not modelled"
+        )
     if cfg.group_size != cal.get("group_size"):
-        notes.append(f"group size {cfg.group_size} (calibrated at {cal.get('group_size')}): answers are drawn "
-                     "one by one, so how alike a group's answers are is not kept")
+        notes.append(
+            f"group size {cfg.group_size} (calibrated at {cal.get('group_size')}): answers are drawn "
+            "one by one, so how alike a group's answers are is not kept"
+        )
     if cfg.inference.threads != costs.inference.threads or cfg.training.threads != costs.training.threads:
-        notes.append(f"threads {cfg.inference.threads} (inference) and {cfg.training.threads} (training), calibrated "
-                     f"at {costs.inference.threads} and {costs.training.threads}: compute times are taken as they "
-                     "were (the model does not know how they scale with threads)")
+        notes.append(
+            f"threads {cfg.inference.threads} (inference) and {cfg.training.threads} (training), calibrated "
+            f"at {costs.inference.threads} and {costs.training.threads}: compute times are taken as they "
+            "were (the model does not know how they scale with threads)"
+        )
     if cal.get("max_new_tokens") and cfg.max_new_tokens and cfg.max_new_tokens > cal["max_new_tokens"]:
-        notes.append(f"max_new_tokens {cfg.max_new_tokens} is above the calibration's {cal['max_new_tokens']}: "
-                     "answers cut there are not known to be longer")
+        notes.append(
+            f"max_new_tokens {cfg.max_new_tokens} is above the calibration's {cal['max_new_tokens']}: "
+            "answers cut there are not known to be longer"
+        )
     return notes

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.simulator import SimConfig, simulate
@@ -63,9 +64,17 @@ def placements(cores: Sequence[int]) -> list[tuple[str, list[str], dict[str, Sid
             ov = [f"resources.inference.cores={_list(inf)}", f"resources.training.cores={_list(train)}"]
             if other is not None:
                 ov.append(f"resources.other.cores={_list(other)}")
-            out.append((f"inference {_list(inf)}, training {_list(train)}, other {other_label}", ov,
-                        {"inference": SidePlacement(inf, 0), "training": SidePlacement(train, 0),
-                         "other": SidePlacement(other, 1) if other is not None else None}))
+            out.append(
+                (
+                    f"inference {_list(inf)}, training {_list(train)}, other {other_label}",
+                    ov,
+                    {
+                        "inference": SidePlacement(inf, 0),
+                        "training": SidePlacement(train, 0),
+                        "other": SidePlacement(other, 1) if other is not None else None,
+                    },
+                )
+            )
     return out
 
 
@@ -81,20 +90,36 @@ def concurrency_options(cfg: SimConfig, eta: int) -> list[int]:
     return sorted(c for c in options if G <= c <= cap)
 
 
-def search(base: SimConfig, costs: CostModel, max_staleness: int, top: int = 5, seeds: int = 3,
-           progress: Callable[[int, int], None] | None = None) -> TuneResult:
+def search(
+    base: SimConfig,
+    costs: CostModel,
+    max_staleness: int,
+    top: int = 5,
+    seeds: int = 3,
+    progress: Callable[[int, int], None] | None = None,
+) -> TuneResult:
     """Rank configurations of `base` (see module docstring); `max_staleness` bounds eta."""
+
     def run(cfg: SimConfig, k: int, passes: int) -> tuple[float, float, dict[str, float], list[str]]:
         results = [simulate(dataclasses.replace(cfg, seed=cfg.seed + j), costs, passes=passes) for j in range(k)]
-        return (statistics.fmean(r.steps_window_s for r in results), statistics.fmean(r.staleness_mean for r in results),
-                {p: statistics.fmean(r.busy[p] for r in results) for p in results[0].busy}, results[0].notes)
+        return (
+            statistics.fmean(r.steps_window_s for r in results),
+            statistics.fmean(r.staleness_mean for r in results),
+            {p: statistics.fmean(r.busy[p] for r in results) for p in results[0].busy},
+            results[0].notes,
+        )
 
     grid: list[Candidate] = []
-    for label, pin_overrides, sides in placements(base.machine_cores):
+    for _label, pin_overrides, sides in placements(base.machine_cores):
         for eta in range(0, max_staleness + 1):
             for conc in concurrency_options(base, eta):
-                cfg = dataclasses.replace(base, max_staleness=eta, max_concurrent=conc,
-                                          max_running=max(base.max_running, conc), **_sides(base, sides))
+                cfg = dataclasses.replace(
+                    base,
+                    max_staleness=eta,
+                    max_concurrent=conc,
+                    max_running=max(base.max_running, conc),
+                    **_sides(base, sides),
+                )
                 ov = list(pin_overrides)
                 if eta != base.max_staleness:
                     ov.append(f"runtime.max_staleness={eta}")

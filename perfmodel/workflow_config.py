@@ -28,13 +28,23 @@ def config_from_spec(spec: Any, costs: CostModel, machine_cores: list[int] | Non
 
     rt = spec.runtime
     return SimConfig(
-        steps=rt.steps, batch_size=rt.batch_size, group_size=src.params.group_size, max_staleness=rt.max_staleness,
-        max_concurrent=rt.max_concurrent_rollouts, max_running=spec.inference.max_running_requests,
-        servers=spec.inference.servers, max_new_tokens=src.params.sampling.max_new_tokens,
-        max_tokens_per_microbatch=rt.max_tokens_per_microbatch, kv_on_update=spec.inference.kv_on_update,
+        steps=rt.steps,
+        batch_size=rt.batch_size,
+        group_size=src.params.group_size,
+        max_staleness=rt.max_staleness,
+        max_concurrent=rt.max_concurrent_rollouts,
+        max_running=spec.inference.max_running_requests,
+        servers=spec.inference.servers,
+        max_new_tokens=src.params.sampling.max_new_tokens,
+        max_tokens_per_microbatch=rt.max_tokens_per_microbatch,
+        kv_on_update=spec.inference.kv_on_update,
         machine_cores=list(machine_cores or usable_cores()),
         inference=side(places["inference-0"]),
         training=side(model) if model is not None else SidePlacement(),
         other=side(places["controller"]) if spec.resources.other.cores is not None else SidePlacement(None, 1),
-        eval_every=rt.eval_every, eval_size=spec.data.eval_size or 0, autopilot=rt.autopilot, seed=rt.seed,
-        label=spec.name)
+        eval_every=rt.eval_every,
+        eval_size=spec.data.eval_size or 0,
+        autopilot=rt.autopilot,
+        seed=rt.seed,
+        label=spec.name,
+    )

@@ -101,8 +101,10 @@ def test_the_architecture_page_has_a_row_for_every_node_kind():
     """The kinds come from the registry: a kind added to graph/kinds/ without its row fails here,
     and so does a row whose hosted object is not the class the kind's entry names."""
     rows = kind_rows(DOC.read_text(encoding="utf-8"))
-    assert sorted(rows) == sorted(BUILTIN_KINDS), "docs/architecture.md: node kinds without a row: " \
+    assert sorted(rows) == sorted(BUILTIN_KINDS), (
+        "docs/architecture.md: node kinds without a row: "
         f"{sorted(set(BUILTIN_KINDS) - set(rows))}; rows of no kind: {sorted(set(rows) - set(BUILTIN_KINDS))}"
+    )
     checked = set()
     for path in sorted(WORKFLOWS.glob("*.yaml")):
         spec = load_workflow(path)
@@ -130,11 +132,16 @@ def test_the_architecture_page_has_a_row_for_every_weight_sync_transport():
     """A transport added to weight_sync.py without its row in the transports table fails here."""
     transports = sync_transports()
     assert set(transports.values()) == {"memory", "disk", "adapter", "in-process"}, transports
-    rows = [line for line in DOC.read_text(encoding="utf-8").splitlines()
-            if line.startswith("| `runtime/orchestration/weight_sync.py:")]
+    rows = [
+        line
+        for line in DOC.read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `runtime/orchestration/weight_sync.py:")
+    ]
     named = {SPAN.search(line).group(1).rpartition(":")[2] for line in rows}
-    assert named == set(transports), f"docs/architecture.md transports table: missing {set(transports) - named}, " \
+    assert named == set(transports), (
+        f"docs/architecture.md transports table: missing {set(transports) - named}, "
         f"not transports {named - set(transports)}"
+    )
 
 
 def test_the_design_page_names_only_files_that_exist():
@@ -154,7 +161,11 @@ def test_every_test_file_the_repository_names_exists():
     stale, checked = [], 0
     for name in tracked:
         path = REPO / name
-        if path.suffix not in {".py", ".md", ".yaml", ".toml", ""} or not path.is_file() or name.startswith("tests/fixtures/broken/"):
+        if (
+            path.suffix not in {".py", ".md", ".yaml", ".toml", ""}
+            or not path.is_file()
+            or name.startswith("tests/fixtures/broken/")
+        ):
             continue
         for ref in set(TEST_PATH.findall(path.read_text(encoding="utf-8", errors="replace"))):
             checked += 1

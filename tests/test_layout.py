@@ -13,8 +13,21 @@ import pytest
 
 from support.paths import REPO
 
-PACKAGES = ["api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel", "protos", "runtime", "tools",
-            "trace_analysis", "workflows"]
+PACKAGES = [
+    "api",
+    "cli",
+    "data",
+    "engines",
+    "graph",
+    "modelkit",
+    "nodes",
+    "perfmodel",
+    "protos",
+    "runtime",
+    "tools",
+    "trace_analysis",
+    "workflows",
+]
 
 
 def package_graph() -> nx.DiGraph:
@@ -23,8 +36,11 @@ def package_graph() -> nx.DiGraph:
     for pkg in PACKAGES:
         for path in (REPO / pkg).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
-                    [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                names = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                )
                 for name in names:
                     parts = name.split(".")
                     if parts[0] == "areal_graph" and len(parts) > 1 and parts[1] in PACKAGES and parts[1] != pkg:
@@ -69,9 +85,12 @@ def test_the_runtime_records_and_the_trace_analyser_reads_back():
     graph = package_graph()
     assert set(graph.predecessors("trace_analysis")) <= {"cli", "perfmodel"}, list(graph.predecessors("trace_analysis"))
     assert graph.has_edge("trace_analysis", "runtime")  # the check below still looks at something
-    reaching = [f"{path.relative_to(REPO)}: {name}" for path in (REPO / "trace_analysis").rglob("*.py")
-                for name in imported_modules(path)
-                if name.startswith("areal_graph.runtime.") and not name.startswith("areal_graph.runtime.observability.")]
+    reaching = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in (REPO / "trace_analysis").rglob("*.py")
+        for name in imported_modules(path)
+        if name.startswith("areal_graph.runtime.") and not name.startswith("areal_graph.runtime.observability.")
+    ]
     assert not reaching, reaching
 
 
@@ -108,8 +127,9 @@ def module_graph(pkg: str) -> nx.DiGraph:
 def test_no_module_imports_one_that_imports_it_back(pkg):
     graph = module_graph(pkg)
     assert graph.number_of_edges() > 5
-    cycles = [[f"{u} (line {graph.edges[u, v]['line']})" for u, v in zip(c, c[1:] + c[:1])]
-              for c in nx.simple_cycles(graph)]
+    cycles = [
+        [f"{u} (line {graph.edges[u, v]['line']})" for u, v in zip(c, c[1:] + c[:1])] for c in nx.simple_cycles(graph)
+    ]
     assert not cycles, cycles
 
 
@@ -131,8 +151,11 @@ def test_the_tests_mirror_the_package():
     """A test of `runtime/orchestration/staleness.py` lives in `tests/runtime/orchestration/`:
     every test folder (but the shared ones) is a folder of the package, and no test sits
     loose at the top except the repository-wide checks."""
-    folders = [p.relative_to(TESTS) for p in TESTS.rglob("*") if p.is_dir()
-               and not NOT_MIRRORS & set(p.relative_to(TESTS).parts)]
+    folders = [
+        p.relative_to(TESTS)
+        for p in TESTS.rglob("*")
+        if p.is_dir() and not NOT_MIRRORS & set(p.relative_to(TESTS).parts)
+    ]
     assert len(folders) >= 10
     strays = [str(f) for f in folders if not (REPO / f / "__init__.py").is_file()]
     assert not strays, f"test folders with no package folder of that name: {strays}"
@@ -146,10 +169,16 @@ def test_tests_import_support_never_one_another():
     offenders = []
     for path in TESTS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            offenders += [f"{path.relative_to(TESTS)}: {n}" for n in names
-                          if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"]
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            )
+            offenders += [
+                f"{path.relative_to(TESTS)}: {n}"
+                for n in names
+                if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"
+            ]
     assert not offenders, offenders
 
 
@@ -165,7 +194,11 @@ def package_modules() -> set[str]:
     out = set()
     for pkg in PACKAGES:
         for path in (REPO / pkg).rglob("*.py"):
-            if path.name != "__init__.py" and not path.name.endswith("_pb2.py") and not path.name.endswith("_pb2_grpc.py"):
+            if (
+                path.name != "__init__.py"
+                and not path.name.endswith("_pb2.py")
+                and not path.name.endswith("_pb2_grpc.py")
+            ):
                 out.add(".".join(path.relative_to(REPO).with_suffix("").parts))
     return out
 
@@ -202,11 +235,17 @@ def test_no_assertion_is_about_constants_alone():
     known = set(dir(builtins))
 
     def constant(expr: ast.expr) -> bool:
-        return not any(isinstance(n, (ast.Attribute, ast.Subscript, ast.Await, ast.Lambda, ast.NamedExpr))
-                       or (isinstance(n, ast.Name) and n.id not in known) for n in ast.walk(expr))
+        return not any(
+            isinstance(n, (ast.Attribute, ast.Subscript, ast.Await, ast.Lambda, ast.NamedExpr))
+            or (isinstance(n, ast.Name) and n.id not in known)
+            for n in ast.walk(expr)
+        )
 
-    found = [f"{path.relative_to(TESTS)}:{node.lineno}: assert {ast.unparse(node.test)}"
-             for path in TESTS.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.Assert) and constant(node.test)]
+    found = [
+        f"{path.relative_to(TESTS)}:{node.lineno}: assert {ast.unparse(node.test)}"
+        for path in TESTS.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert) and constant(node.test)
+    ]
     assert not found, found
     assert constant(ast.parse("sum([5, 4, 3]) <= 12", mode="eval").body)  # the check itself can fire

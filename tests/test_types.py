@@ -25,8 +25,23 @@ from support.paths import REPO
 # The whole package: the hosts and the engines with their Protocols (runtime/hosts/protocols.py,
 # engines/training/protocol.py, engines/inference/backends/base.py), the owner that calls them by
 # name, and everything else. Not protos/: generated code whose classes only exist at run time.
-CHECKED = [f"areal_graph.{p}" for p in ("api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel",
-                                        "runtime", "tools", "trace_analysis", "workflows")]
+CHECKED = [
+    f"areal_graph.{p}"
+    for p in (
+        "api",
+        "cli",
+        "data",
+        "engines",
+        "graph",
+        "modelkit",
+        "nodes",
+        "perfmodel",
+        "runtime",
+        "tools",
+        "trace_analysis",
+        "workflows",
+    )
+]
 
 
 def need_mypy() -> None:
@@ -39,9 +54,23 @@ def run_mypy(tmp_path: Path, *targets: str) -> subprocess.CompletedProcess:
     # the repository root is the package: mypy finds it as `areal_graph` through a link
     (tmp_path / "areal_graph").symlink_to(REPO)
     args = [a for t in targets for a in ("-p", t)]
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
-                           "--cache-dir", str(tmp_path / "cache"), *args], cwd=tmp_path, capture_output=True,
-                          text=True, env={**os.environ, "MYPYPATH": str(tmp_path)}, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            *args,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MYPYPATH": str(tmp_path)},
+        timeout=300,
+    )
 
 
 def test_the_package_type_checks(tmp_path):
@@ -73,6 +102,7 @@ def shadow_package(root: Path, changes: dict[str, tuple[str, str]]) -> Path:
                 (there / entry.name).write_text(text.replace(old, new))
             else:
                 (there / entry.name).symlink_to(entry)
+
     fill(REPO, copy)
     return root
 
@@ -82,14 +112,33 @@ def test_an_implementation_that_drops_a_method_fails_the_check(tmp_path):
     """The check can fail: a copy of the package in which a host misspells a method the owner
     calls by name, and the training engine lacks one the model host drives."""
     need_mypy()
-    work = shadow_package(tmp_path / "work", {
-        "runtime/hosts/model_host.py": ("def publish_weights(self", "def publish_weight(self"),
-        "engines/training/train_engine.py": ("def state_dict_for_sync(self", "def state_dict_to_sync(self"),
-    })
-    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
-                           "--cache-dir", str(tmp_path / "cache"), "-p", "areal_graph.runtime.hosts",
-                           "-p", "areal_graph.engines.training"], cwd=work,
-                          capture_output=True, text=True, env={**os.environ, "MYPYPATH": str(work)}, timeout=300)
+    work = shadow_package(
+        tmp_path / "work",
+        {
+            "runtime/hosts/model_host.py": ("def publish_weights(self", "def publish_weight(self"),
+            "engines/training/train_engine.py": ("def state_dict_for_sync(self", "def state_dict_to_sync(self"),
+        },
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-p",
+            "areal_graph.runtime.hosts",
+            "-p",
+            "areal_graph.engines.training",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MYPYPATH": str(work)},
+        timeout=300,
+    )
     assert done.returncode == 1, done.stdout[-3000:]
     assert "model_host.py" in done.stdout and "publish_weights" in done.stdout, done.stdout[-3000:]
     assert "train_engine.py" in done.stdout and "state_dict_for_sync" in done.stdout, done.stdout[-3000:]

@@ -17,8 +17,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, cast
+from typing import cast
 
 __all__ = ["CalculatorError", "CalculatorLimits", "evaluate_expression", "calculate", "format_number"]
 
@@ -78,7 +79,7 @@ def _power(base: Number, exponent: Number, limits: CalculatorLimits) -> Number:
         return _power(float(base), float(exponent), limits)
     if abs(base) > 1 and (abs(base).bit_length() - 1) * exponent > limits.max_int_bits:
         raise CalculatorError("number too large")
-    return base ** exponent
+    return base**exponent
 
 
 def _binary(op: ast.operator, left: Number, right: Number, limits: CalculatorLimits) -> Number:

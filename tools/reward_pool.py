@@ -16,11 +16,12 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import psutil
 
@@ -42,8 +43,7 @@ class RewardResult:
 _worker_fns: dict[str, Callable[..., float]] = {}
 
 
-def _worker_score(fn_path: str, completion: str, answer: str,
-                  episode: dict | None = None) -> tuple[float, Status, str]:
+def _worker_score(fn_path: str, completion: str, answer: str, episode: dict | None = None) -> tuple[float, Status, str]:
     """Runs inside a pool worker. Never raises: user errors come back as status "error"
     (as plain strings, so nothing exotic has to be pickled back). `episode` (a dict) is
     given to functions that take one (api/episode.py)."""
@@ -69,6 +69,7 @@ def _exit_with_owner(owner_pid: int, owner_started: float, poll_s: float = 1.0) 
     its call queue, so a SIGKILLed owner (a reward worker killed, a run stopped hard) would
     leave them, and through them the forkserver (with sympy loaded), alive for ever.
     """
+
     def watch() -> None:
         while True:
             time.sleep(poll_s)
@@ -104,14 +105,22 @@ class RewardPool:
     to an idle worker, not while it waits in a queue behind slow items.
     """
 
-    def __init__(self, fn: str = "math_verify", timeout_s: float = 5.0, num_workers: int = 2,
-                 start_method: str = "forkserver", warmup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        fn: str = "math_verify",
+        timeout_s: float = 5.0,
+        num_workers: int = 2,
+        start_method: str = "forkserver",
+        warmup_timeout_s: float = 120.0,
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if start_method not in ("forkserver", "spawn"):
-            raise ValueError(f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {start_method!r}")
+            raise ValueError(
+                f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {start_method!r}"
+            )
         self.wants_episode = wants_episode(resolve_reward_fn(fn))  # fail fast, in the caller, on a wrong path
         self.fn = fn
         self.timeout_s = timeout_s
@@ -130,8 +139,12 @@ class RewardPool:
     # ------------------------------------------------------------------ lifecycle
     def _new_executor(self) -> ProcessPoolExecutor:
         me = os.getpid()
-        return ProcessPoolExecutor(max_workers=self.num_workers, mp_context=self._ctx, initializer=_exit_with_owner,
-                                   initargs=(me, psutil.Process(me).create_time()))
+        return ProcessPoolExecutor(
+            max_workers=self.num_workers,
+            mp_context=self._ctx,
+            initializer=_exit_with_owner,
+            initargs=(me, psutil.Process(me).create_time()),
+        )
 
     def _start(self) -> None:
         self._executor = self._new_executor()
@@ -170,7 +183,7 @@ class RewardPool:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
-    def __enter__(self) -> "RewardPool":
+    def __enter__(self) -> RewardPool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -193,8 +206,9 @@ class RewardPool:
             failed.set_exception(exc)
             return failed
 
-    def score(self, completions: Sequence[str], answers: Sequence[str],
-              episodes: Sequence[Episode] | None = None) -> list[RewardResult]:
+    def score(
+        self, completions: Sequence[str], answers: Sequence[str], episodes: Sequence[Episode] | None = None
+    ) -> list[RewardResult]:
         """One RewardResult per pair, in order. `episodes` reach functions that take one (else unused)."""
         if len(completions) != len(answers):
             raise ValueError(f"score: {len(completions)} completions but {len(answers)} answers")
@@ -209,10 +223,14 @@ class RewardPool:
         while pending or running:
             while pending and len(running) < self.num_workers:
                 i = pending.pop()
-                running[self._submit(completions[i], answers[i], shipped[i] if shipped else None)] = (i, time.monotonic())
+                running[self._submit(completions[i], answers[i], shipped[i] if shipped else None)] = (
+                    i,
+                    time.monotonic(),
+                )
             next_deadline = min(start for _, start in running.values()) + self.timeout_s
-            done, _ = futures_wait(list(running), timeout=max(0.0, next_deadline - time.monotonic()),
-                                   return_when="FIRST_COMPLETED")
+            done, _ = futures_wait(
+                list(running), timeout=max(0.0, next_deadline - time.monotonic()), return_when="FIRST_COMPLETED"
+            )
             for f in done:
                 i, _start = running.pop(f)
                 results[i] = self._result_of(f, i)

@@ -37,9 +37,10 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,15 @@ LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
 Isolation = Literal["auto", "namespaces", "user_namespace", "rlimits"]
 # Read-only inside the private root, besides the interpreter's own prefixes.
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime")
-PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox/work", "TMPDIR": "/sandbox/work",
-               "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PROGRAM_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/sandbox/work",
+    "TMPDIR": "/sandbox/work",
+    "LANG": "C.UTF-8",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 _READ_CHUNK = 1 << 16
 _STATUS_CAP = 1 << 16
 _DIR_PREFIX = "areal-sandbox-"  # then the engine's pid: stale directories are recognised by it
@@ -78,8 +86,9 @@ class SandboxLimits:
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}")
         if self.isolation not in ("auto", "namespaces", "user_namespace", "rlimits"):
-            raise ValueError(f"SandboxLimits.isolation must be auto, namespaces, user_namespace or rlimits, "
-                             f"got {self.isolation!r}")
+            raise ValueError(
+                f"SandboxLimits.isolation must be auto, namespaces, user_namespace or rlimits, got {self.isolation!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,13 @@ class SandboxResult:
 # ------------------------------------------------------------------------------- the spec
 def _interpreter_paths(python: str) -> list[str]:
     """Directories the interpreter needs: its prefixes (a venv and the base install)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    paths = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(python))),
+    }
     return [p for p in paths if p and p != "/"]
 
 
@@ -149,13 +163,22 @@ def bind_paths(python: str) -> list[str]:
 
 def _write_spec(directory: str, code: str, limits: SandboxLimits) -> None:
     python = sys.executable
-    spec = {"code": code, "python": python, "binds": bind_paths(python), "env": PROGRAM_ENV,
-            "mode": limits.isolation, "require_full": limits.require_isolation, "parent_pid": os.getpid(),
-            "limits": {k: getattr(limits, k) for k in ("cpu_s", "memory_mb", "max_file_mb", "max_processes",
-                                                       "work_dir_mb")}}
+    spec = {
+        "code": code,
+        "python": python,
+        "binds": bind_paths(python),
+        "env": PROGRAM_ENV,
+        "mode": limits.isolation,
+        "require_full": limits.require_isolation,
+        "parent_pid": os.getpid(),
+        "limits": {
+            k: getattr(limits, k) for k in ("cpu_s", "memory_mb", "max_file_mb", "max_processes", "work_dir_mb")
+        },
+    }
     path = os.path.join(directory, "spec.json")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8",
-              errors="surrogatepass") as f:
+    with open(
+        os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8", errors="surrogatepass"
+    ) as f:
         json.dump(spec, f)
 
 
@@ -177,7 +200,8 @@ async def _open_status(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
     """The read end of the launcher's status pipe as a stream (the transport owns the fd)."""
     reader = asyncio.StreamReader(limit=_STATUS_CAP)
     transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
     return reader, transport
 
 
@@ -248,8 +272,9 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 # ------------------------------------------------------------------------------- running
-async def run_python(code: str, limits: SandboxLimits = SandboxLimits(),
-                     stdin: str | bytes | None = None) -> SandboxResult:
+async def run_python(
+    code: str, limits: SandboxLimits = SandboxLimits(), stdin: str | bytes | None = None
+) -> SandboxResult:
     """Execute `code` (with `stdin` as its standard input) contained; never raises for anything
     the code does."""
     global _cleaned_stale
@@ -262,10 +287,20 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(),
         read_fd, write_fd = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", str(LAUNCHER), directory, str(write_fd),
-                cwd=directory, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, pass_fds=(write_fd,),
+                sys.executable,
+                "-I",
+                "-S",
+                str(LAUNCHER),
+                directory,
+                str(write_fd),
+                cwd=directory,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                pass_fds=(write_fd,),
                 stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
         except BaseException:
             os.close(read_fd)
             raise
@@ -277,14 +312,16 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(),
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _supervise(proc: asyncio.subprocess.Process, status_fd: int, limits: SandboxLimits,
-                     stdin: bytes | None, directory: str) -> SandboxResult:
+async def _supervise(
+    proc: asyncio.subprocess.Process, status_fd: int, limits: SandboxLimits, stdin: bytes | None, directory: str
+) -> SandboxResult:
     overflow = asyncio.Event()
     assert proc.stdout is not None and proc.stderr is not None
     status_reader, status_transport = await _open_status(status_fd)
     status_task = asyncio.ensure_future(_read_status(status_reader, directory))
-    readers = [asyncio.ensure_future(_read_capped(s, limits.max_output_bytes, overflow))
-               for s in (proc.stdout, proc.stderr)]
+    readers = [
+        asyncio.ensure_future(_read_capped(s, limits.max_output_bytes, overflow)) for s in (proc.stdout, proc.stderr)
+    ]
     feeder = asyncio.ensure_future(_feed_stdin(proc, stdin)) if stdin is not None else None
     finished = asyncio.ensure_future(asyncio.gather(*readers, status_task, proc.wait()))
     stopper = asyncio.ensure_future(overflow.wait())
@@ -313,8 +350,9 @@ async def _drain(stream: asyncio.StreamReader) -> None:
         pass
 
 
-async def _after_kill(proc: asyncio.subprocess.Process, readers: Sequence[asyncio.Future],
-                      status_task: asyncio.Future) -> None:
+async def _after_kill(
+    proc: asyncio.subprocess.Process, readers: Sequence[asyncio.Future], status_task: asyncio.Future
+) -> None:
     """Collect what the killed run left. asyncio's `Process.wait()` returns only once every pipe
     has seen EOF, and a reader that stopped at the cap no longer reads: drain both pipes (in
     chunks that are dropped) so the transport sees EOF. Bounded in time: a process that escaped
@@ -327,15 +365,21 @@ async def _after_kill(proc: asyncio.subprocess.Process, readers: Sequence[asynci
     try:
         await asyncio.wait_for(asyncio.gather(_drain(proc.stdout), _drain(proc.stderr)), timeout=2.0)
         await asyncio.wait_for(proc.wait(), timeout=2.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.warning("sandbox (pid %d) killed, but its pipes are still open after 4 s; closing them", proc.pid)
         transport = getattr(proc, "_transport", None)  # asyncio offers no public close for a Process
         if transport is not None:
             transport.close()
 
 
-def _result(outputs: list[tuple[bytes, bool]], status: dict, launcher_rc: int | None, limits: SandboxLimits,
-            timed_out: bool, killed: bool) -> SandboxResult:
+def _result(
+    outputs: list[tuple[bytes, bool]],
+    status: dict,
+    launcher_rc: int | None,
+    limits: SandboxLimits,
+    timed_out: bool,
+    killed: bool,
+) -> SandboxResult:
     (out, out_cut), (err, err_cut) = outputs
     containment = None
     if "containment" in status:
@@ -356,14 +400,22 @@ def _result(outputs: list[tuple[bytes, bool]], status: dict, launcher_rc: int | 
         _warn_once(containment)
     cpu_s = status.get("cpu_s")
     return SandboxResult(
-        stdout=out.decode("utf-8", "replace"), stderr=stderr, returncode=returncode, timed_out=timed_out,
-        truncated=out_cut or err_cut, limit=_limit_hit(returncode, stderr, cpu_s, limits, timed_out, out_cut or err_cut),
-        cpu_s=cpu_s, max_rss_mb=status["max_rss_kb"] / 1024 if "max_rss_kb" in status else None,
-        containment=containment, error=error)
+        stdout=out.decode("utf-8", "replace"),
+        stderr=stderr,
+        returncode=returncode,
+        timed_out=timed_out,
+        truncated=out_cut or err_cut,
+        limit=_limit_hit(returncode, stderr, cpu_s, limits, timed_out, out_cut or err_cut),
+        cpu_s=cpu_s,
+        max_rss_mb=status["max_rss_kb"] / 1024 if "max_rss_kb" in status else None,
+        containment=containment,
+        error=error,
+    )
 
 
-def _limit_hit(returncode: int | None, stderr: str, cpu_s: float | None, limits: SandboxLimits,
-               timed_out: bool, truncated: bool) -> str | None:
+def _limit_hit(
+    returncode: int | None, stderr: str, cpu_s: float | None, limits: SandboxLimits, timed_out: bool, truncated: bool
+) -> str | None:
     """Best effort: which limit stopped the program (None: it ended on its own terms)."""
     if timed_out:
         return "wall_time"
@@ -397,10 +449,15 @@ def _warn_once(containment: Containment) -> None:
     key = tuple(sorted(asdict(containment).items()))
     if key not in _warned:
         _warned.add(key)
-        missing = [name for name in ("network", "pid", "filesystem", "user", "process_limit")
-                   if not getattr(containment, name)]
-        log.warning("sandbox runs degraded (mode %s; not contained: %s): %s", containment.mode,
-                    ", ".join(missing), "; ".join(containment.warnings) or "no detail")
+        missing = [
+            name for name in ("network", "pid", "filesystem", "user", "process_limit") if not getattr(containment, name)
+        ]
+        log.warning(
+            "sandbox runs degraded (mode %s; not contained: %s): %s",
+            containment.mode,
+            ", ".join(missing),
+            "; ".join(containment.warnings) or "no detail",
+        )
 
 
 __all__ = ["Containment", "SandboxLimits", "SandboxResult", "bind_paths", "run_python"]

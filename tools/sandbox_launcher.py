@@ -77,8 +77,10 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 
 
 def prctl(option: int, arg: int) -> None:
-    _call(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0)), f"prctl {option}")
+    _call(
+        _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+        f"prctl {option}",
+    )
 
 
 class Status:
@@ -154,7 +156,7 @@ def _inside(new_root: str, path: str) -> None:
     /usr/lib, absolute) resolves against the host while the root is built."""
     real, top = os.path.realpath(path), os.path.realpath(new_root)
     if real != top and not real.startswith(top + "/"):
-        raise PrivateRootError(f"{path[len(new_root):]} resolves to {real}, outside the private root")
+        raise PrivateRootError(f"{path[len(new_root) :]} resolves to {real}, outside the private root")
 
 
 def _bind_read_only(source: str, target: str, new_root: str) -> None:
@@ -190,14 +192,23 @@ def build_root(spec: dict, work_uid: int) -> None:
     os.makedirs(new_root + "/dev", exist_ok=True)
     for node in ("null", "zero", "full", "random", "urandom"):
         _bind_read_only_device(f"/dev/{node}", f"{new_root}/dev/{node}")
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{new_root}/dev/{name}")
     os.makedirs(new_root + "/proc")
     mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(new_root + INSIDE_WORK)
-    mount("tmpfs", new_root + INSIDE_WORK, "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={spec['limits']['work_dir_mb']}m,mode=0700,uid={work_uid},gid={work_uid}")
+    mount(
+        "tmpfs",
+        new_root + INSIDE_WORK,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={spec['limits']['work_dir_mb']}m,mode=0700,uid={work_uid},gid={work_uid}",
+    )
     # /tmp exists (code expects it) but is read-only: TMPDIR is /sandbox/work. Below /tmp there
     # is at most the bound interpreter's subtree (with empty parents), never the host's files.
     os.makedirs(new_root + "/tmp", exist_ok=True)
@@ -253,8 +264,12 @@ def drop_all_capabilities() -> None:
 def set_limits(limits: dict, process_limit: bool) -> None:
     mem = limits["memory_mb"] << 20
     fsize = limits["max_file_mb"] << 20
-    pairs = [(resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_CORE, 0),
-             (resource.RLIMIT_NOFILE, 256)]
+    pairs = [
+        (resource.RLIMIT_AS, mem),
+        (resource.RLIMIT_FSIZE, fsize),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, 256),
+    ]
     if process_limit:
         pairs.append((resource.RLIMIT_NPROC, limits["max_processes"]))
     for which, value in pairs:
@@ -294,8 +309,13 @@ def run_program(spec: dict, features: dict, warnings: list[str], status: Status)
             drop_to_uid(spec["uid"])
         elif features["mode"] == "user_namespace":
             drop_all_capabilities()
-        exec_program(spec, features, warnings, status,
-                     INSIDE_CODE if features["filesystem"] else os.path.join(spec["dir"], "main.py"))
+        exec_program(
+            spec,
+            features,
+            warnings,
+            status,
+            INSIDE_CODE if features["filesystem"] else os.path.join(spec["dir"], "main.py"),
+        )
     except BaseException as err:  # noqa: BLE001 - report and never fall through into the init's code
         status.write(error=f"sandbox setup failed: {type(err).__name__}: {err}")
     os._exit(126)
@@ -305,8 +325,7 @@ def run_init(spec: dict, mode: str, warnings: list[str], status: Status) -> None
     """pid 1 of the new pid namespace: build the root, start the program, reap, report, exit."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     root = os.geteuid() == 0 and mode == "namespaces"
-    features = {"mode": mode, "network": True, "pid": True, "filesystem": False, "user": False,
-                "process_limit": False}
+    features = {"mode": mode, "network": True, "pid": True, "filesystem": False, "user": False, "process_limit": False}
     try:
         build_root(spec, spec["uid"] if root else 0)
         features["filesystem"] = True
@@ -315,16 +334,19 @@ def run_init(spec: dict, mode: str, warnings: list[str], status: Status) -> None
         reason = str(err).replace(root_path(spec), "")
         refused = mode == "user_namespace" and isinstance(err, OSError) and err.errno in KERNEL_REFUSALS
         if not refused:
-            status.write(containment=features, warnings=warnings,
-                         error=f"private root failed ({reason}); the code was not run")
+            status.write(
+                containment=features, warnings=warnings, error=f"private root failed ({reason}); the code was not run"
+            )
             os._exit(126)
         warnings.append(f"private filesystem refused by the kernel ({reason}); the host filesystem is visible")
         _prepare_host_dir(spec, False)
     if root:  # the private root exists: the program's uid needs no access to anything of the host's
         features["user"] = features["process_limit"] = True
     elif mode == "user_namespace":
-        warnings.append("user namespace: the program is uid 0 there without capabilities; "
-                        "RLIMIT_NPROC counts the caller's processes, so it is not set")
+        warnings.append(
+            "user namespace: the program is uid 0 there without capabilities; "
+            "RLIMIT_NPROC counts the caller's processes, so it is not set"
+        )
     try:
         os.sethostname("sandbox")  # type: ignore[attr-defined]  # Linux only, absent from the stubs
     except (OSError, AttributeError):
@@ -356,11 +378,18 @@ def run_without_namespaces(spec: dict, warnings: list[str], status: Status) -> N
     """Degraded: rlimits, and as root a uid drop when the interpreter is reachable by others."""
     root = os.geteuid() == 0 and world_executable(spec["python"])
     _prepare_host_dir(spec, root)
-    features = {"mode": "rlimits", "network": False, "pid": False, "filesystem": False, "user": root,
-                "process_limit": root or os.geteuid() != 0}
-    warnings.append("no namespaces: the network, the host filesystem (world-writable dirs included) "
-                    "and other processes are reachable; only rlimits" + (" and a uid drop" if root else "")
-                    + " apply")
+    features = {
+        "mode": "rlimits",
+        "network": False,
+        "pid": False,
+        "filesystem": False,
+        "user": root,
+        "process_limit": root or os.geteuid() != 0,
+    }
+    warnings.append(
+        "no namespaces: the network, the host filesystem (world-writable dirs included) "
+        "and other processes are reachable; only rlimits" + (" and a uid drop" if root else "") + " apply"
+    )
     try:
         os.chdir(os.path.join(spec["dir"], "work"))
         if root:

@@ -53,25 +53,38 @@ def mismatch_summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """{"node", "steps", "overall", "windows": [{"first", "last", ...groups}], "positions", "verdict", "note"}."""
     prefix = _node_prefix(metrics)
     if prefix is None:
-        return {"node": None, "steps": 0, "overall": {}, "windows": [], "positions": {}, "verdict": None,
-                "note": "no mismatch recorded: metrics.jsonl has no '<train node>/mismatch/...' keys "
-                        "(a run from before they were logged, or no policy train node)"}
+        return {
+            "node": None,
+            "steps": 0,
+            "overall": {},
+            "windows": [],
+            "positions": {},
+            "verdict": None,
+            "note": "no mismatch recorded: metrics.jsonl has no '<train node>/mismatch/...' keys "
+            "(a run from before they were logged, or no policy train node)",
+        }
     rows = [m for m in metrics if f"{prefix}mismatch/all/abs_mean" in m]
     size = max(1, math.ceil(len(rows) / WINDOWS))
     windows = []
     for i in range(0, len(rows), size):
-        part = rows[i:i + size]
+        part = rows[i : i + size]
         windows.append({"first": part[0].get("step"), "last": part[-1].get("step"), **_fold(part, prefix)})
     positions: dict[str, float] = {}
     pos_prefix = f"{prefix}mismatch/pos/"
     for key in dict.fromkeys(k for r in rows for k in r if k.startswith(pos_prefix) and k.endswith("/abs_mean")):
         vals = _finite([r.get(key) for r in rows])
         if vals:
-            positions[key[len(pos_prefix):-len("/abs_mean")]] = statistics.fmean(vals)
+            positions[key[len(pos_prefix) : -len("/abs_mean")]] = statistics.fmean(vals)
     overall = _fold(rows, prefix)
-    return {"node": prefix.rstrip("/"), "steps": len(rows), "overall": overall, "windows": windows,
-            "positions": dict(sorted(positions.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))),
-            "verdict": _verdict(overall), "note": None}
+    return {
+        "node": prefix.rstrip("/"),
+        "steps": len(rows),
+        "overall": overall,
+        "windows": windows,
+        "positions": dict(sorted(positions.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))),
+        "verdict": _verdict(overall),
+        "note": None,
+    }
 
 
 def _verdict(overall: dict[str, dict[str, float | None]]) -> str:
@@ -79,15 +92,23 @@ def _verdict(overall: dict[str, dict[str, float | None]]) -> str:
     f, s = fresh.get("abs_mean"), stale.get("abs_mean")
     parts = []
     if f is not None:
-        parts.append(f"fresh tokens (staleness 0): mean |gap| {f:.2e}, "
-                     + ("float rounding: engine and trainer agree" if f <= ROUNDING else
-                        "more than float rounding: engine and trainer compute different numbers "
-                        "(kernels, precision, sampling settings)"))
+        parts.append(
+            f"fresh tokens (staleness 0): mean |gap| {f:.2e}, "
+            + (
+                "float rounding: engine and trainer agree"
+                if f <= ROUNDING
+                else "more than float rounding: engine and trainer compute different numbers "
+                "(kernels, precision, sampling settings)"
+            )
+        )
     if s is not None:
         ratio = f"{s / f:.0f}x the fresh gap" if f else "no fresh tokens to compare"
         parts.append(f"stale tokens: mean |gap| {s:.2e} ({ratio}): the policy moved since they were sampled")
     if not parts:
         a = overall.get("all", {}).get("abs_mean")
-        parts.append(f"mean |gap| {a:.2e} (no versions in the batch: fresh and stale not told apart)"
-                     if a is not None else "nothing recorded")
+        parts.append(
+            f"mean |gap| {a:.2e} (no versions in the batch: fresh and stale not told apart)"
+            if a is not None
+            else "nothing recorded"
+        )
     return "; ".join(parts)

@@ -18,7 +18,8 @@ its own and the union once. Pure functions over the spans of a Chrome trace
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 Interval = tuple[float, float]
 LONG_S = 10.0  # compute intervals longer than this are checked against every step
@@ -55,8 +56,14 @@ def _group(span: dict[str, Any]) -> str:
 
 def step_split(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per step span: wall seconds, compute union, overhead, and compute per process."""
-    compute = sorted(((_group(s), (float(s["ts"]) / 1e6, (float(s["ts"]) + float(s.get("dur", 0))) / 1e6))
-                      for s in spans if is_compute(s)), key=lambda gc: gc[1][0])
+    compute = sorted(
+        (
+            (_group(s), (float(s["ts"]) / 1e6, (float(s["ts"]) + float(s.get("dur", 0))) / 1e6))
+            for s in spans
+            if is_compute(s)
+        ),
+        key=lambda gc: gc[1][0],
+    )
     # Each step looks only at intervals that start within LONG_S before it (found by bisection),
     # plus the few longer ones: linear in the trace, not steps x spans.
     short = [gc for gc in compute if gc[1][1] - gc[1][0] <= LONG_S]
@@ -65,16 +72,23 @@ def step_split(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for s in sorted((s for s in spans if s.get("cat") == "step"), key=lambda s: float(s["ts"])):
         lo, hi = float(s["ts"]) / 1e6, (float(s["ts"]) + float(s.get("dur", 0))) / 1e6
-        near = short[bisect.bisect_left(starts, lo - LONG_S):bisect.bisect_right(starts, hi)] + long
+        near = short[bisect.bisect_left(starts, lo - LONG_S) : bisect.bisect_right(starts, hi)] + long
         inside = [(g, c) for g, iv in near if (c := _clip(iv, lo, hi)) is not None]
         per: dict[str, list[Interval]] = {}
         for g, c in inside:
             per.setdefault(g, []).append(c)
         busy = union_seconds(c for _, c in inside)
         wall = hi - lo
-        rows.append({"step": (s.get("args") or {}).get("step"), "wall_s": wall, "compute_s": busy,
-                     "overhead_s": wall - busy, "overhead_share": (wall - busy) / wall if wall > 0 else 0.0,
-                     "by_process": {g: union_seconds(v) for g, v in sorted(per.items())}})
+        rows.append(
+            {
+                "step": (s.get("args") or {}).get("step"),
+                "wall_s": wall,
+                "compute_s": busy,
+                "overhead_s": wall - busy,
+                "overhead_share": (wall - busy) / wall if wall > 0 else 0.0,
+                "by_process": {g: union_seconds(v) for g, v in sorted(per.items())},
+            }
+        )
     return rows
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from areal_graph.runtime.observability.flows import FLOW_NAME
 from areal_graph.trace_analysis.trace_model import Timeline
@@ -34,30 +35,51 @@ def staleness_histogram(tl: Timeline | None, metrics: list[dict[str, Any]]) -> d
     per_sample = _from_span_args(tl) if tl is not None else []
     source, unit = "span args 'staleness'", "trajectories"
     if not per_sample and tl is not None:
-        per_sample, source = _from_flows(tl), "flow arrows (policy version at the consuming span minus at the producing one)"
+        per_sample, source = (
+            _from_flows(tl),
+            "flow arrows (policy version at the consuming span minus at the producing one)",
+        )
         unit = "prompt groups" if {f.name for f in tl.flows} == {FLOW_NAME} else "flows"
     if per_sample:
-        note = None if unit == "trajectories" else (
-            "one count per arrow: the version its generation was called with to the version that trained it")
+        note = (
+            None
+            if unit == "trajectories"
+            else ("one count per arrow: the version its generation was called with to the version that trained it")
+        )
         return _histogram(per_sample, source, unit, note)
     step_means = [v for m in metrics if (v := _number(m.get(STALENESS_MEAN))) is not None]
     if step_means:
         maxes = [v for m in metrics if (v := _number(m.get(STALENESS_MAX))) is not None]
-        out = _histogram([math.floor(v / STEP_MEAN_BIN) * STEP_MEAN_BIN for v in step_means],
-                         f"metrics.jsonl '{STALENESS_MEAN}'", "steps",
-                         f"per-step means of the trajectories trained, in bins of {STEP_MEAN_BIN}; per-trajectory "
-                         "values are not recorded (neither span args nor flows with versions on both ends)")
+        out = _histogram(
+            [math.floor(v / STEP_MEAN_BIN) * STEP_MEAN_BIN for v in step_means],
+            f"metrics.jsonl '{STALENESS_MEAN}'",
+            "steps",
+            f"per-step means of the trajectories trained, in bins of {STEP_MEAN_BIN}; per-trajectory "
+            "values are not recorded (neither span args nor flows with versions on both ends)",
+        )
         out["mean"] = statistics.fmean(step_means)
         out["max"] = max(maxes) if maxes else out["max"]
         return out
-    return {"source": None, "unit": None, "counts": {}, "mean": None, "max": None,
-            "note": "no staleness recorded: metrics.jsonl lacks 'staleness/mean' and no span carries it"}
+    return {
+        "source": None,
+        "unit": None,
+        "counts": {},
+        "mean": None,
+        "max": None,
+        "note": "no staleness recorded: metrics.jsonl lacks 'staleness/mean' and no span carries it",
+    }
 
 
 def _histogram(values: list[float], source: str, unit: str, note: str | None) -> dict[str, Any]:
     counts = Counter(values)
-    return {"source": source, "unit": unit, "counts": {k: counts[k] for k in sorted(counts)},
-            "mean": statistics.fmean(values), "max": max(values), "note": note}
+    return {
+        "source": source,
+        "unit": unit,
+        "counts": {k: counts[k] for k in sorted(counts)},
+        "mean": statistics.fmean(values),
+        "max": max(values),
+        "note": note,
+    }
 
 
 def _from_span_args(tl: Timeline) -> list[float]:
@@ -86,7 +108,7 @@ def _from_flows(tl: Timeline) -> list[float]:
 
 
 def _version(args: dict[str, Any], low: bool) -> float | None:
-    for key in (("version_min", "version") if low else ("version",)):
+    for key in ("version_min", "version") if low else ("version",):
         if (v := _number(args.get(key))) is not None:
             return v
     versions = args.get("versions")
@@ -100,8 +122,11 @@ def _version(args: dict[str, Any], low: bool) -> float | None:
 def packing_efficiency(metrics: list[dict[str, Any]], budget: int | None, ranks: int = 1) -> dict[str, Any]:
     """How full the training micro-batches were: tokens / (micro-batches x budget), and how often the
     count met its lower bound ranks x ceil(tokens / (ranks x budget))."""
-    rows = [(t, n) for m in metrics if (t := _number(m.get(TOKENS))) is not None
-            and (n := _number(m.get(MICROBATCHES))) is not None and n > 0]
+    rows = [
+        (t, n)
+        for m in metrics
+        if (t := _number(m.get(TOKENS))) is not None and (n := _number(m.get(MICROBATCHES))) is not None and n > 0
+    ]
     missing = []
     if not rows:
         missing.append(f"metrics.jsonl has no '{TOKENS}' and '{MICROBATCHES}'")
@@ -112,11 +137,18 @@ def packing_efficiency(metrics: list[dict[str, Any]], budget: int | None, ranks:
     fills = [t / (n * budget) for t, n in rows]
     bounds = [ranks * math.ceil(t / (ranks * budget)) for t, _ in rows]
     at_bound = sum(1 for (t, n), lb in zip(rows, bounds) if n <= lb)
-    return {"available": True, "steps": len(rows), "budget": budget, "ranks": ranks,
-            "fill_median": statistics.median(fills), "fill_min": min(fills),
-            "microbatches_median": statistics.median(n for _, n in rows),
-            "at_lower_bound": at_bound, "extra_microbatches": sum(n - lb for (_, n), lb in zip(rows, bounds)),
-            "note": "step averages: per-micro-batch token counts are not recorded"}
+    return {
+        "available": True,
+        "steps": len(rows),
+        "budget": budget,
+        "ranks": ranks,
+        "fill_median": statistics.median(fills),
+        "fill_min": min(fills),
+        "microbatches_median": statistics.median(n for _, n in rows),
+        "at_lower_bound": at_bound,
+        "extra_microbatches": sum(n - lb for (_, n), lb in zip(rows, bounds)),
+        "note": "step averages: per-micro-batch token counts are not recorded",
+    }
 
 
 def learning_curve(metrics: Iterable[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:

@@ -23,8 +23,9 @@ import bisect
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from areal_graph.trace_analysis.trace_read import TraceFile
 from areal_graph.trace_analysis.trace_windows import DEFAULT_READ_MB, read_trace_parts
@@ -39,10 +40,10 @@ _NAMING_PHASES = ("X", "B", "E", *INSTANT_PHASES)  # events whose args/category 
 
 @dataclass
 class FlowPoint:
-    ts: float           # microseconds
+    ts: float  # microseconds
     process: str
     thread: str
-    span: int | None    # index into Timeline.spans of the span it binds to, None when none does
+    span: int | None  # index into Timeline.spans of the span it binds to, None when none does
 
 
 @dataclass
@@ -112,8 +113,14 @@ def build_timeline(files: Iterable[TraceFile]) -> Timeline:
 
 
 # ---------------------------------------------------------------------- one file
-def _add_part(tl: Timeline, part: int, events: list[dict[str, Any]], seen_procs: dict[str, None],
-              raw_flows: dict[str, list[tuple[dict[str, Any], str, str]]], trimmed: bool = False) -> None:
+def _add_part(
+    tl: Timeline,
+    part: int,
+    events: list[dict[str, Any]],
+    seen_procs: dict[str, None],
+    raw_flows: dict[str, list[tuple[dict[str, Any], str, str]]],
+    trimmed: bool = False,
+) -> None:
     events = [e for e in events if _well_formed(e, tl.counts)]
     pname, tname = _names(events, tl.counts)
     for pid in sorted(pname, key=lambda p: _sort_key(events, p)):
@@ -150,9 +157,17 @@ def _add_part(tl: Timeline, part: int, events: list[dict[str, Any]], seen_procs:
             fid = f"{part}:{e.get('id', e.get('id2', e.get('bind_id')))}"
             raw_flows.setdefault(fid, []).append((e, *where))
         elif ph in INSTANT_PHASES:
-            tl.instants.append({"ts": float(e["ts"]), "name": str(e.get("name", "?")), "cat": str(e.get("cat") or ""),
-                                "scope": e.get("s", "t"), "process": where[0], "thread": where[1],
-                                "args": dict(e.get("args") or {})})
+            tl.instants.append(
+                {
+                    "ts": float(e["ts"]),
+                    "name": str(e.get("name", "?")),
+                    "cat": str(e.get("cat") or ""),
+                    "scope": e.get("s", "t"),
+                    "process": where[0],
+                    "thread": where[1],
+                    "args": dict(e.get("args") or {}),
+                }
+            )
         elif ph == "C":
             values = {k: float(v) for k, v in (e.get("args") or {}).items() if isinstance(v, (int, float))}
             name = str(e.get("name", "counter")) + (f" {e['id']}" if "id" in e else "")
@@ -207,7 +222,9 @@ def _names(events: list[dict[str, Any]], counts: Counter) -> tuple[dict[Any, str
         if e.get("ph") not in _NAMING_PHASES:  # flow and counter events carry no names of their own
             continue
         args = e.get("args") or {}
-        by_pid.setdefault(e.get("pid"), Counter())[str(args.get("worker") or args.get("process") or f"pid {e.get('pid')}")] += 1
+        by_pid.setdefault(e.get("pid"), Counter())[
+            str(args.get("worker") or args.get("process") or f"pid {e.get('pid')}")
+        ] += 1
         by_tid.setdefault((e.get("pid"), e.get("tid")), Counter())[str(args.get("node") or e.get("cat") or "main")] += 1
     for pid, votes in by_pid.items():
         if pid not in pname:
@@ -230,9 +247,23 @@ def _span(e: dict[str, Any], dur: float, where: tuple[str, str], part: int) -> d
     m = _LANE_RE.match(thread)
     track, lane = (m.group(1), int(m.group(2)) - 1) if m else (thread, 0)
     args = dict(e.get("args") or {})
-    return {"name": str(e.get("name", "?")), "cat": str(e.get("cat") or ""), "ph": "X", "ts": float(e["ts"]),
-            "dur": max(dur, 0.0), "pid": e.get("pid"), "tid": e.get("tid"), "args": args, "process": process,
-            "thread": thread, "track": track, "lane": lane, "depth": 0, "part": part, "open": False}
+    return {
+        "name": str(e.get("name", "?")),
+        "cat": str(e.get("cat") or ""),
+        "ph": "X",
+        "ts": float(e["ts"]),
+        "dur": max(dur, 0.0),
+        "pid": e.get("pid"),
+        "tid": e.get("tid"),
+        "args": args,
+        "process": process,
+        "thread": thread,
+        "track": track,
+        "lane": lane,
+        "depth": 0,
+        "part": part,
+        "open": False,
+    }
 
 
 # ---------------------------------------------------------------------- across files
@@ -261,8 +292,9 @@ def _bind_flows(spans: list[dict[str, Any]], raw: dict[str, list[tuple[dict[str,
         for e, process, thread in points:
             ts = float(e["ts"])
             key = (process, thread)
-            idx = _bound_span(by_thread.get(key, []), starts.get(key, []), ts,
-                              next_slice=e["ph"] == "f" and e.get("bp") != "e")
+            idx = _bound_span(
+                by_thread.get(key, []), starts.get(key, []), ts, next_slice=e["ph"] == "f" and e.get("bp") != "e"
+            )
             out.append(FlowPoint(ts, process, thread, idx))
         flows.append(Flow(fid.split(":", 1)[1], str(first.get("name", "")), str(first.get("cat") or ""), out))
     flows.sort(key=lambda f: f.points[0].ts)
@@ -299,14 +331,18 @@ def _notes(tl: Timeline) -> list[str]:
     """What is missing or odd, in words (the file-level damage notes come from trace_read)."""
     c, notes = tl.counts, []
     if c["unterminated"]:
-        notes.append(f"{c['unterminated']} spans were begun and never ended (a process stopped inside them): "
-                     "drawn up to the end of their file and marked unterminated")
+        notes.append(
+            f"{c['unterminated']} spans were begun and never ended (a process stopped inside them): "
+            "drawn up to the end of their file and marked unterminated"
+        )
     if c["unmatched_end"]:
         notes.append(f"{c['unmatched_end']} end events without a matching begin skipped")
     if c["recovered_process_names"] or c["recovered_thread_names"]:
-        notes.append(f"process/thread names missing from the file (its metadata tail was lost): "
-                     f"{c['recovered_process_names']} process and {c['recovered_thread_names']} thread names "
-                     "recovered from the span args")
+        notes.append(
+            f"process/thread names missing from the file (its metadata tail was lost): "
+            f"{c['recovered_process_names']} process and {c['recovered_thread_names']} thread names "
+            "recovered from the span args"
+        )
     if c["malformed"]:
         notes.append(f"{c['malformed']} events without a phase or a numeric timestamp skipped")
     for key in sorted(k for k in c if k.startswith("phase ")):
@@ -317,8 +353,11 @@ def _notes(tl: Timeline) -> list[str]:
         firsts: dict[str, dict[str, Any]] = {}
         for s in errors:
             firsts.setdefault(str(s["args"]["error"]), s)
-        shown = "; ".join(f"{kind} x{n} (first: {firsts[kind]['name']} on {firsts[kind]['process']} at "
-                          f"{(firsts[kind]['ts'] - t0) / 1e6:.2f} s)" for kind, n in kinds.most_common())
+        shown = "; ".join(
+            f"{kind} x{n} (first: {firsts[kind]['name']} on {firsts[kind]['process']} at "
+            f"{(firsts[kind]['ts'] - t0) / 1e6:.2f} s)"
+            for kind, n in kinds.most_common()
+        )
         notes.append(f"{len(errors)} spans ended in an error: {shown}")
     unbound = sum(1 for f in tl.flows for p in f.points if p.span is None)
     if unbound:

@@ -10,8 +10,9 @@ by step from metrics.jsonl). matplotlib is an optional dependency (`pip install
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.trace_analysis.trace_metrics import learning_curve
 from areal_graph.trace_analysis.trace_run import RunMaterial
@@ -44,8 +45,10 @@ def write_pngs(runs: Sequence[RunMaterial], outdir: str | Path, bins: int = 200)
     plt = _pyplot()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    return [_utilisation_png(plt, runs, outdir / UTILISATION_PNG, bins),
-            _learning_curve_png(plt, runs, outdir / LEARNING_CURVE_PNG)]
+    return [
+        _utilisation_png(plt, runs, outdir / UTILISATION_PNG, bins),
+        _learning_curve_png(plt, runs, outdir / LEARNING_CURVE_PNG),
+    ]
 
 
 def _utilisation_png(plt: Any, runs: Sequence[RunMaterial], path: Path, bins: int) -> Path:
@@ -65,8 +68,15 @@ def _utilisation_png(plt: Any, runs: Sequence[RunMaterial], path: Path, bins: in
         if drawn:
             ax.legend(loc="upper left", fontsize=8, ncol=3, framealpha=0.8)
         else:
-            ax.text(0.5, 0.5, "no busy spans in the trace", ha="center", va="center", transform=ax.transAxes,
-                    color="#92400e")
+            ax.text(
+                0.5,
+                0.5,
+                "no busy spans in the trace",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="#92400e",
+            )
     axes[-1, 0].set_xlabel("seconds from the run's start")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -75,8 +85,11 @@ def _utilisation_png(plt: Any, runs: Sequence[RunMaterial], path: Path, bins: in
 
 
 def _learning_curve_png(plt: Any, runs: Sequence[RunMaterial], path: Path) -> Path:
-    panels = [("accuracy", "greedy eval accuracy"), ("reward", "mean reward (trained batch)"),
-              ("staleness_mean", "staleness (mean; dotted: max)")]
+    panels = [
+        ("accuracy", "greedy eval accuracy"),
+        ("reward", "mean reward (trained batch)"),
+        ("staleness_mean", "staleness (mean; dotted: max)"),
+    ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 7.5), sharex=True)
     curves = [(run, learning_curve(run.metrics)) for run in runs]
     for ax, (key, title) in zip(axes, panels):
@@ -86,8 +99,15 @@ def _learning_curve_png(plt: Any, runs: Sequence[RunMaterial], path: Path) -> Pa
             if not pts:
                 continue
             colour = f"C{k}"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, label=run.label,
-                    marker="o" if key == "accuracy" else None, markersize=3, linewidth=1.2)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                color=colour,
+                label=run.label,
+                marker="o" if key == "accuracy" else None,
+                markersize=3,
+                linewidth=1.2,
+            )
             if key == "staleness_mean" and curve["staleness_max"]:
                 mx = curve["staleness_max"]
                 ax.plot([p[0] for p in mx], [p[1] for p in mx], color=colour, linestyle=":", linewidth=1)
@@ -97,8 +117,15 @@ def _learning_curve_png(plt: Any, runs: Sequence[RunMaterial], path: Path) -> Pa
         if drawn:
             ax.legend(fontsize=8)
         else:
-            ax.text(0.5, 0.5, "not logged in metrics.jsonl", ha="center", va="center", transform=ax.transAxes,
-                    color="#92400e")
+            ax.text(
+                0.5,
+                0.5,
+                "not logged in metrics.jsonl",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="#92400e",
+            )
     axes[-1].set_xlabel("training step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -36,10 +36,10 @@ class TraceFile:
     path: Path
     events: list[dict[str, Any]]
     bytes_total: int
-    bytes_skipped: int = 0          # bytes of the file that held no readable event
-    regions_skipped: int = 0        # separate unreadable stretches (1 for a file cut at the end)
-    closed: bool = True             # the array's closing "]" was there
-    non_events: int = 0             # array entries that are not JSON objects
+    bytes_skipped: int = 0  # bytes of the file that held no readable event
+    regions_skipped: int = 0  # separate unreadable stretches (1 for a file cut at the end)
+    closed: bool = True  # the array's closing "]" was there
+    non_events: int = 0  # array entries that are not JSON objects
     window: tuple[int, int] | None = None  # (offset, length) when only a window of the file was read
     notes: list[str] = field(default_factory=list)
 
@@ -132,8 +132,11 @@ def _read_damaged(path: Path, text: str, pos: int, n_bytes: int) -> TraceFile:
             nxt = text.find("\n{", pos + 1)
             stop = end if nxt < 0 else nxt + 1
             # the tail in raw bytes (a character cut in two was decoded as one replacement character)
-            out.bytes_skipped += (n_bytes - len(text[:pos].encode("utf-8", errors="replace")) if stop == end
-                                  else len(text[pos:stop].encode("utf-8", errors="replace")))
+            out.bytes_skipped += (
+                n_bytes - len(text[:pos].encode("utf-8", errors="replace"))
+                if stop == end
+                else len(text[pos:stop].encode("utf-8", errors="replace"))
+            )
             out.regions_skipped += 1
             pos = stop
             continue

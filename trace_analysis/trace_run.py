@@ -17,11 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_graph.runtime.observability.run_dir import (CONFIG_FILENAME, END_STATE_FILENAME, METRICS_FILENAME,
-                                                       end_state_file, read_metrics_file)
+from areal_graph.runtime.observability.run_dir import (
+    CONFIG_FILENAME,
+    END_STATE_FILENAME,
+    METRICS_FILENAME,
+    end_state_file,
+    read_metrics_file,
+)
 from areal_graph.trace_analysis.trace_model import Timeline, load_timeline
-from areal_graph.trace_analysis.trace_windows import DEFAULT_READ_MB
 from areal_graph.trace_analysis.trace_stats import guess_sides
+from areal_graph.trace_analysis.trace_windows import DEFAULT_READ_MB
 
 log = logging.getLogger(__name__)
 UNFINISHED_FILENAME = END_STATE_FILENAME  # end_state.json; an older run's unfinished.json is read instead
@@ -35,11 +40,11 @@ class RunMaterial:
     path: Path
     timeline: Timeline
     metrics: list[dict[str, Any]] = field(default_factory=list)
-    spec: Any = None                  # graph.spec.WorkflowSpec, when config.yaml loaded
-    plan: Any = None                  # graph.plan.ExecutionPlan, when config.yaml loaded
+    spec: Any = None  # graph.spec.WorkflowSpec, when config.yaml loaded
+    plan: Any = None  # graph.plan.ExecutionPlan, when config.yaml loaded
     generation_nodes: tuple[str, ...] = ()
     training_nodes: tuple[str, ...] = ()
-    sides_from: str = "plan"          # "plan" (config.yaml) or "call counts" (guessed from the trace)
+    sides_from: str = "plan"  # "plan" (config.yaml) or "call counts" (guessed from the trace)
     restarts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -48,16 +53,18 @@ class RunMaterial:
         return self.path if self.path.is_dir() else None
 
 
-def load_run(path: str | os.PathLike, label: str | None = None,
-             max_read_bytes: int = DEFAULT_READ_MB * 2**20) -> RunMaterial:
+def load_run(
+    path: str | os.PathLike, label: str | None = None, max_read_bytes: int = DEFAULT_READ_MB * 2**20
+) -> RunMaterial:
     """Read a run directory (or a single trace file); raises FileNotFoundError/ValueError only
     when there is no readable trace. A trace past `max_read_bytes` is read in windows."""
     path = Path(path)
     tl = load_timeline(path, max_read_bytes)
     run = RunMaterial(label=label or _default_label(path), path=path, timeline=tl, notes=list(tl.notes))
     if run.run_dir is None:
-        run.notes.append("a bare trace file: no metrics.jsonl or config.yaml beside it (no graph, staleness or "
-                         "learning curve)")
+        run.notes.append(
+            "a bare trace file: no metrics.jsonl or config.yaml beside it (no graph, staleness or learning curve)"
+        )
     else:
         run.metrics = _read_metrics(path / METRICS_FILENAME, run.notes)
         run.spec, run.plan = _load_workflow(path / CONFIG_FILENAME, run.notes)
@@ -67,11 +74,17 @@ def load_run(path: str | os.PathLike, label: str | None = None,
         run.training_nodes = tuple(run.plan.training)
     else:
         gen, train = guess_sides(tl)
-        run.generation_nodes, run.training_nodes, run.sides_from = tuple(sorted(gen)), tuple(sorted(train)), "call counts"
+        run.generation_nodes, run.training_nodes, run.sides_from = (
+            tuple(sorted(gen)),
+            tuple(sorted(train)),
+            "call counts",
+        )
     for proc, n in sorted(run.restarts.items()):
         if n:
-            run.notes.append(f"{proc} died and was restarted {n} time(s) ({UNFINISHED_FILENAME}): spans it recorded "
-                             "after its last collection before dying are lost")
+            run.notes.append(
+                f"{proc} died and was restarted {n} time(s) ({UNFINISHED_FILENAME}): spans it recorded "
+                "after its last collection before dying are lost"
+            )
     return run
 
 
@@ -109,8 +122,10 @@ def _load_workflow(path: Path, notes: list[str]) -> tuple[Any, Any]:
             raw = yaml.safe_load(path.read_text(encoding="utf-8"))
             keep = {k: raw[k] for k in ("name", "models", "data", "nodes") if k in raw}
             spec = load_workflow_text(yaml.safe_dump(keep, sort_keys=False), file=str(path))
-            notes.append(f"{CONFIG_FILENAME} does not load with today's schema ({_first_problem(err)}); "
-                         "its graph sections did, with default runtime settings")
+            notes.append(
+                f"{CONFIG_FILENAME} does not load with today's schema ({_first_problem(err)}); "
+                "its graph sections did, with default runtime settings"
+            )
         except (WorkflowError, yaml.YAMLError, TypeError, AttributeError) as err2:
             notes.append(f"{CONFIG_FILENAME} does not load ({_first_problem(err2)}): the workflow graph is not drawn")
             return None, None

@@ -25,7 +25,8 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from areal_graph.trace_analysis.step_split import is_compute, union_seconds
 from areal_graph.trace_analysis.trace_model import Timeline, merge_intervals
@@ -91,11 +92,16 @@ def process_shares(tl: Timeline) -> list[dict[str, Any]]:
     rows = []
     for proc in tl.processes:
         ivs = covered(tl, busy.get(proc, []))
-        row: dict[str, Any] = {"process": proc, "busy_s": union_seconds(ivs),
-                               "busy_share": union_seconds(ivs) / wall if wall > 0 else 0.0,
-                               "in_span_share": union_seconds(covered(tl, merge_intervals(spans_of.get(proc, []))))
-                                                / wall if wall > 0 else 0.0,
-                               "busy_share_steps": None, "idle_share_steps": None}
+        row: dict[str, Any] = {
+            "process": proc,
+            "busy_s": union_seconds(ivs),
+            "busy_share": union_seconds(ivs) / wall if wall > 0 else 0.0,
+            "in_span_share": union_seconds(covered(tl, merge_intervals(spans_of.get(proc, [])))) / wall
+            if wall > 0
+            else 0.0,
+            "busy_share_steps": None,
+            "idle_share_steps": None,
+        }
         steps_time = covered(tl, [window]) if window is not None else []  # the steps' time the trace holds
         if sum(b - a for a, b in steps_time) > 0:
             share = union_seconds(_clipped(ivs, *window)) / sum(b - a for a, b in steps_time)  # type: ignore[misc]
@@ -137,22 +143,43 @@ def guess_sides(tl: Timeline) -> tuple[set[str], set[str]]:
 def step_bounds(tl: Timeline, generation: Iterable[str], training: Iterable[str]) -> list[dict[str, Any]]:
     """Per step: wall seconds, seconds per critical-path label, and the label that bounded it."""
     gen, train = set(generation), set(training)
-    chain = sorted((s for s in tl.spans if _recorded_by_controller(s) and s["dur"] > 0 and s["cat"] in CHAIN_CATEGORIES
-                    and (s["cat"] != "node" or s["args"].get("node") in train)), key=lambda s: s["ts"])
+    chain = sorted(
+        (
+            s
+            for s in tl.spans
+            if _recorded_by_controller(s)
+            and s["dur"] > 0
+            and s["cat"] in CHAIN_CATEGORIES
+            and (s["cat"] != "node" or s["args"].get("node") in train)
+        ),
+        key=lambda s: s["ts"],
+    )
     starts = [s["ts"] for s in chain]
-    gen_calls = sorted((s for s in tl.spans if s["cat"] == "node" and s["args"].get("node") in gen),
-                       key=lambda s: s["ts"] + s["dur"])
+    gen_calls = sorted(
+        (s for s in tl.spans if s["cat"] == "node" and s["args"].get("node") in gen), key=lambda s: s["ts"] + s["dur"]
+    )
     gen_ends = [s["ts"] + s["dur"] for s in gen_calls]
     rows = []
     for step in (s for s in tl.spans if s["cat"] == "step"):
         lo, hi = step["ts"], step["ts"] + step["dur"]
-        inside = [s for s in chain[bisect.bisect_left(starts, lo - 1):bisect.bisect_right(starts, hi + 1)]
-                  if s["ts"] + s["dur"] <= hi + 1]
+        inside = [
+            s
+            for s in chain[bisect.bisect_left(starts, lo - 1) : bisect.bisect_right(starts, hi + 1)]
+            if s["ts"] + s["dur"] <= hi + 1
+        ]
         seconds = _walk_back(inside, lo, hi, gen_calls, gen_ends)
         wall = step["dur"] / 1e6
         bound = max(seconds, key=lambda label: seconds[label]) if seconds else OVERHEAD
-        rows.append({"step": step["args"].get("step"), "ts_us": lo, "wall_s": wall, "seconds": seconds, "bound_by": bound,
-                     "bound_share": seconds.get(bound, 0.0) / wall if wall > 0 else 0.0})
+        rows.append(
+            {
+                "step": step["args"].get("step"),
+                "ts_us": lo,
+                "wall_s": wall,
+                "seconds": seconds,
+                "bound_by": bound,
+                "bound_share": seconds.get(bound, 0.0) / wall if wall > 0 else 0.0,
+            }
+        )
     return rows
 
 
@@ -160,8 +187,9 @@ def _recorded_by_controller(s: dict[str, Any]) -> bool:
     return s["args"].get("process", s["process"]) == CONTROLLER
 
 
-def _walk_back(inside: list[dict[str, Any]], lo: float, hi: float, gen_calls: list[dict[str, Any]],
-               gen_ends: list[float]) -> dict[str, float]:
+def _walk_back(
+    inside: list[dict[str, Any]], lo: float, hi: float, gen_calls: list[dict[str, Any]], gen_ends: list[float]
+) -> dict[str, float]:
     """Seconds per label along the critical path of one step."""
     seconds: dict[str, float] = defaultdict(float)
     t = hi
@@ -195,9 +223,13 @@ def summarize_bounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by: dict[str, list[float]] = {}
     for r in rows:
         by.setdefault(r["bound_by"], []).append(r["bound_share"])
-    return {"steps": len(rows),
-            "bounded_by": [{"label": k, "steps": len(v), "median_share": statistics.median(v)}
-                           for k, v in sorted(by.items(), key=lambda kv: -len(kv[1]))]}
+    return {
+        "steps": len(rows),
+        "bounded_by": [
+            {"label": k, "steps": len(v), "median_share": statistics.median(v)}
+            for k, v in sorted(by.items(), key=lambda kv: -len(kv[1]))
+        ],
+    }
 
 
 # ---------------------------------------------------------------------- per graph node
@@ -209,6 +241,11 @@ def node_totals(tl: Timeline, nodes: Iterable[str]) -> dict[str, dict[str, Any]]
         node = s["args"].get("node")
         if s["cat"] == "node" and node in calls:
             calls[node].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
-    return {n: {"calls": len(v), "total_s": sum(b - a for a, b in v),
-                "busy_share": union_seconds(covered(tl, merge_intervals(v))) / wall if wall > 0 else 0.0}
-            for n, v in calls.items()}
+    return {
+        n: {
+            "calls": len(v),
+            "total_s": sum(b - a for a, b in v),
+            "busy_share": union_seconds(covered(tl, merge_intervals(v))) / wall if wall > 0 else 0.0,
+        }
+        for n, v in calls.items()
+    }

@@ -19,8 +19,11 @@ def summarize_run(run: RunMaterial) -> dict[str, Any]:
     tl = run.timeline
     bounds = step_bounds(tl, run.generation_nodes, run.training_nodes)
     budget, ranks = _budget(run)
-    nodes = list(run.spec.nodes) if run.spec is not None else sorted(
-        {s["args"]["node"] for s in tl.spans if s["cat"] == "node" and s["args"].get("node")})
+    nodes = (
+        list(run.spec.nodes)
+        if run.spec is not None
+        else sorted({s["args"]["node"] for s in tl.spans if s["cat"] == "node" and s["args"].get("node")})
+    )
     return {
         "label": run.label,
         "path": str(run.path),

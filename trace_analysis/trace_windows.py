@@ -26,9 +26,9 @@ from typing import Any
 from areal_graph.runtime.observability.trace_segments import read_index
 from areal_graph.trace_analysis.trace_read import TraceFile, read_trace_file, trace_files
 
-DEFAULT_READ_MB = 48      # what `areal-graph trace` reads of a run at most (--read-mb)
-MIDDLE_WINDOWS = 8        # evenly spaced windows between the first and last steps
-_META_TAIL = 1 << 20      # the end of a file searched for its metadata events
+DEFAULT_READ_MB = 48  # what `areal-graph trace` reads of a run at most (--read-mb)
+MIDDLE_WINDOWS = 8  # evenly spaced windows between the first and last steps
+_META_TAIL = 1 << 20  # the end of a file searched for its metadata events
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,10 @@ def read_window(w: Window) -> TraceFile:
         raw = f.read(w.length)
         if w.offset > 0:  # from the first line that starts after the offset
             nl = raw.find(b"\n")
-            raw = raw[nl + 1:] if nl >= 0 else b""
+            raw = raw[nl + 1 :] if nl >= 0 else b""
         ends_in_file = w.offset + w.length < w.size
         if ends_in_file:  # up to the last complete line
-            raw = raw[:raw.rfind(b"\n") + 1]
+            raw = raw[: raw.rfind(b"\n") + 1]
         meta = _metadata(f, w.size) if ends_in_file else []
     events, bad = _events(raw.decode("utf-8", errors="replace"))
     tf = TraceFile(w.path, events + meta, len(raw), closed=True, window=(w.offset, w.length))
@@ -134,7 +134,9 @@ def _metadata(f: Any, size: int) -> list[dict[str, Any]]:
     return out
 
 
-def read_trace_parts(run: str | os.PathLike, max_bytes: int = DEFAULT_READ_MB * 2**20) -> tuple[list[TraceFile], list[str]]:
+def read_trace_parts(
+    run: str | os.PathLike, max_bytes: int = DEFAULT_READ_MB * 2**20
+) -> tuple[list[TraceFile], list[str]]:
     """The parts of a run's trace to build a timeline from, read within `max_bytes`, and notes
     on what was left out (by this reader, or by the run's trace budget)."""
     files = trace_files(run)
@@ -145,9 +147,11 @@ def read_trace_parts(run: str | os.PathLike, max_bytes: int = DEFAULT_READ_MB * 
     total = sum(n for _, n in sizes)
     if not all(w.whole for w in windows):
         read = sum(w.length for w in windows)
-        notes.append(f"the trace is {_mb(total)}: read {_mb(read)} of it, streamed in bounded "
-                     f"memory (the first and last {_mb(max_bytes // 4)} and {MIDDLE_WINDOWS} windows "
-                     "evenly spaced between; --read-mb reads more); times and shares are over what was read")
+        notes.append(
+            f"the trace is {_mb(total)}: read {_mb(read)} of it, streamed in bounded "
+            f"memory (the first and last {_mb(max_bytes // 4)} and {MIDDLE_WINDOWS} windows "
+            "evenly spaced between; --read-mb reads more); times and shares are over what was read"
+        )
     notes.extend(budget_notes(Path(run)))
     return parts, notes
 
@@ -167,7 +171,9 @@ def budget_notes(run: Path) -> list[str]:
         return []
     steps = [v for s in dropped for k in ("first_step", "last_step") if isinstance(v := s.get(k), int)]
     where = f"between steps {min(steps)} and {max(steps)}" if steps else "in the middle of the run"
-    return [f"the run's trace budget (runtime.trace_max_mb = {index.get('max_bytes', 0) / 2**20:g} MB) dropped "
-            f"{len(dropped)} of {len(segs)} segments {where} ({sum(int(s.get('bytes', 0)) for s in dropped) / 2**20:,.1f} "
-            f"MB, {sum(int(s.get('spans', 0)) for s in dropped):,} spans): the first steps, the last steps and an "
-            "evenly spaced sample between are in full (trace_segments/index.json lists every segment)"]
+    return [
+        f"the run's trace budget (runtime.trace_max_mb = {index.get('max_bytes', 0) / 2**20:g} MB) dropped "
+        f"{len(dropped)} of {len(segs)} segments {where} ({sum(int(s.get('bytes', 0)) for s in dropped) / 2**20:,.1f} "
+        f"MB, {sum(int(s.get('spans', 0)) for s in dropped):,} spans): the first steps, the last steps and an "
+        "evenly spaced sample between are in full (trace_segments/index.json lists every segment)"
+    ]

@@ -23,8 +23,9 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -36,8 +37,15 @@ from areal_graph.engines.inference.request_tags import request_tags
 log = logging.getLogger(__name__)
 
 BACKENDS = BACKEND_NAMES
-__all__ = ["BACKENDS", "InferenceClient", "InferenceError", "RequestRejected", "ServerPool", "ServerUnavailable",
-           "sampling_to_json"]
+__all__ = [
+    "BACKENDS",
+    "InferenceClient",
+    "InferenceError",
+    "RequestRejected",
+    "ServerPool",
+    "ServerUnavailable",
+    "sampling_to_json",
+]
 
 
 class InferenceError(RuntimeError):
@@ -67,9 +75,18 @@ class _Stats:
 class InferenceClient:
     """Async HTTP client for one inference server (embedded, SGLang or vLLM: `backend`)."""
 
-    def __init__(self, base_url: str, backend: str = "embedded", timeout: float = 600.0, retries: int = 5,
-                 backoff_s: float = 0.2, max_connections: int = 512, version: int = 0,
-                 api_key: str | None = None, lora_adapters: bool = False) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        backend: str = "embedded",
+        timeout: float = 600.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        max_connections: int = 512,
+        version: int = 0,
+        api_key: str | None = None,
+        lora_adapters: bool = False,
+    ) -> None:
         """`lora_adapters`: the policy is a LoRA adapter this server loads per version (`lora.sync:
         adapter` on a backend that serves adapters itself, vLLM or SGLang): requests name the
         newest adapter this client knows, and its tokens carry that adapter's version."""
@@ -116,9 +133,17 @@ class InferenceClient:
             except RuntimeError:  # created in a loop that is gone; nothing left to flush
                 log.debug("closing a session from another loop", exc_info=True)
 
-    async def _request(self, method: str, path: str, payload: dict | None = None, *,
-                       retry: bool = True, timeout: float | None = None, want_json: bool = True,
-                       retry_connection: bool = True) -> Any:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        payload: dict | None = None,
+        *,
+        retry: bool = True,
+        timeout: float | None = None,
+        want_json: bool = True,
+        retry_connection: bool = True,
+    ) -> Any:
         """One HTTP call with retries (exponential backoff + jitter) on connection errors and 503.
 
         `retry_connection=False`: a connection error is final at once (503 is still retried)."""
@@ -163,8 +188,9 @@ class InferenceClient:
         return await self._request(call.method, call.path, call.payload, **kw)
 
     # ------------------------------------------------------------------ generation
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams,
-                       rid: str | None = None) -> GenerationResult:
+    async def generate(
+        self, input_ids: Sequence[int], sampling: SamplingParams, rid: str | None = None
+    ) -> GenerationResult:
         """Generate one continuation. Returns behaviour log-probs and per-token versions."""
         ids = [int(t) for t in input_ids]
         rid = rid or uuid.uuid4().hex
@@ -179,8 +205,10 @@ class InferenceClient:
             tags = request_tags(rid)  # group, episode and turn, when a rollout worker sends it
 
             def send() -> Any:  # names the adapter of self.version at the time of sending
-                return self._call(self.api.generate_call(ids, sampling, rid, adapter=self._adapter(), tags=tags),
-                                  retry_connection=False)
+                return self._call(
+                    self.api.generate_call(ids, sampling, rid, adapter=self._adapter(), tags=tags),
+                    retry_connection=False,
+                )
 
             try:
                 body = await send()
@@ -216,8 +244,9 @@ class InferenceClient:
         if self.adapters:
             # every token came from the adapter the request named; the server's labels say which
             # adapter is newest, so the next request names that one
-            seen = [v for v in (parsed.versions or []) if v is not None] + \
-                ([parsed.response_version] if parsed.response_version is not None else [])
+            seen = [v for v in (parsed.versions or []) if v is not None] + (
+                [parsed.response_version] if parsed.response_version is not None else []
+            )
             self.version = max([self.version, *seen])
             versions = [version_at_submit] * n
         elif parsed.versions is not None:
@@ -231,7 +260,10 @@ class InferenceClient:
         if versions:
             self.version = max(self.version, versions[-1])
         return GenerationResult(
-            rid=rid, output_ids=parsed.output_ids, output_logprobs=parsed.output_logprobs, output_versions=versions,
+            rid=rid,
+            output_ids=parsed.output_ids,
+            output_logprobs=parsed.output_logprobs,
+            output_versions=versions,
             finish_reason=parsed.finish_reason,
             prompt_len=parsed.prompt_len if parsed.prompt_len is not None else prompt_len,
             output_forced=parsed.forced,
@@ -302,8 +334,10 @@ class InferenceClient:
     async def update_weights_from_shared_memory(self, path: str, manifest: list[dict], version: int) -> None:
         """Load weights a trainer on this machine published into shared memory (embedded and vLLM servers)."""
         if not self.api.shared_memory_weights:
-            raise InferenceError(f"{self.base_url}: a {self.backend} server cannot load weights from shared memory; "
-                                 "use runtime.weight_sync: disk")
+            raise InferenceError(
+                f"{self.base_url}: a {self.backend} server cannot load weights from shared memory; "
+                "use runtime.weight_sync: disk"
+            )
         await self._update_weights(self.api.shared_memory_update_calls(path, manifest, int(version)), version)
 
     async def _update_weights(self, calls: list[HttpCall], version: int) -> None:
@@ -428,8 +462,9 @@ class ServerPool:
         tied = [c for c in self.clients if c.outstanding == least]
         return tied[next(self._rr) % len(tied)]
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams,
-                       rid: str | None = None) -> GenerationResult:
+    async def generate(
+        self, input_ids: Sequence[int], sampling: SamplingParams, rid: str | None = None
+    ) -> GenerationResult:
         rid = rid or uuid.uuid4().hex
         client = self.pick()
         self._owner[rid] = client

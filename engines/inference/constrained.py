@@ -28,7 +28,8 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -92,16 +93,20 @@ class ConstraintCompiler:
                 try:
                     import llguidance.hf
                 except ImportError as err:  # a dependency of the package: only a broken install lacks it
-                    raise ConstraintError("constrained decoding needs llguidance: pip install 'llguidance>=1.2'") \
-                        from err
+                    raise ConstraintError(
+                        "constrained decoding needs llguidance: pip install 'llguidance>=1.2'"
+                    ) from err
                 if self._tokenizer is None:
                     raise ConstraintError("this server has no tokenizer, so it cannot constrain its output")
                 try:
-                    self._lltok = llguidance.hf.from_tokenizer(self._tokenizer, n_vocab=self.n_vocab,
-                                                               eos_token=self._eos or None)
+                    self._lltok = llguidance.hf.from_tokenizer(
+                        self._tokenizer, n_vocab=self.n_vocab, eos_token=self._eos or None
+                    )
                 except Exception as err:  # a slow (Python) tokenizer, or one llguidance cannot read
-                    raise ConstraintError(f"constrained decoding cannot read this model's tokenizer "
-                                          f"({type(self._tokenizer).__name__}): {err}") from err
+                    raise ConstraintError(
+                        f"constrained decoding cannot read this model's tokenizer "
+                        f"({type(self._tokenizer).__name__}): {err}"
+                    ) from err
             return self._lltok
 
     def compile(self, json_schema: str | None = None, grammar: str | None = None) -> TokenConstraint:
@@ -146,8 +151,9 @@ class ConstraintCompiler:
         return matcher
 
 
-def apply_masks(logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]
-                ) -> tuple[torch.Tensor, list[bool | None]]:
+def apply_masks(
+    logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]
+) -> tuple[torch.Tensor, list[bool | None]]:
     """`logits` [B, V] with every token a row's constraint forbids set to -inf (rows without one
     unchanged: a new tensor when any row is constrained, else `logits` itself), and per row
     whether its constraint left a single token (forced; None for an unconstrained row)."""

@@ -26,8 +26,9 @@ eagerly (how the CPU tests check the bucketing, masks and invalidation).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -70,10 +71,19 @@ class GraphedDecode:
 
     def _storage_key(self, cache: BatchedKVCache) -> tuple:
         """What the graphs' addresses depend on: the KV buffers and the weights."""
-        weights = (self.lean.embed, self.lean.norm, self.lean.layers[0].q[0], self.lean.layers[-1].down[0],
-                   self.lean._cos, self.lean._sin)
-        return (tuple(t.data_ptr() for t in cache.keys + cache.values), tuple(cache.keys[0].shape),
-                tuple(t.data_ptr() for t in weights))
+        weights = (
+            self.lean.embed,
+            self.lean.norm,
+            self.lean.layers[0].q[0],
+            self.lean.layers[-1].down[0],
+            self.lean._cos,
+            self.lean._sin,
+        )
+        return (
+            tuple(t.data_ptr() for t in cache.keys + cache.values),
+            tuple(cache.keys[0].shape),
+            tuple(t.data_ptr() for t in weights),
+        )
 
     def decode(self, last_tokens: list[int], cache: BatchedKVCache) -> torch.Tensor:
         """Logits [B, V] for one new token per row; writes the rows' keys and values and advances."""
@@ -86,8 +96,16 @@ class GraphedDecode:
             self._key = key
         bucket = next(x for x in self.buckets if x >= b)
         pad = bucket - b
-        host = torch.tensor(list(last_tokens) + [0] * pad + list(cache.lens) + [0] * pad
-                            + [end - n for n in cache.lens] + [end] * pad + [end], dtype=torch.int64)
+        host = torch.tensor(
+            list(last_tokens)
+            + [0] * pad
+            + list(cache.lens)
+            + [0] * pad
+            + [end - n for n in cache.lens]
+            + [end] * pad
+            + [end],
+            dtype=torch.int64,
+        )
         step = self._steps.get(bucket)
         if step is None:
             step = self._steps[bucket] = self._make(bucket, cache, host)
@@ -104,8 +122,12 @@ class GraphedDecode:
         keys, values = list(cache.keys), list(cache.values)
 
         def run() -> torch.Tensor:
-            tok, pos, lo, col = (inputs[:bucket], inputs[bucket:2 * bucket], inputs[2 * bucket:3 * bucket],
-                                 inputs[3 * bucket:])
+            tok, pos, lo, col = (
+                inputs[:bucket],
+                inputs[bucket : 2 * bucket],
+                inputs[2 * bucket : 3 * bucket],
+                inputs[3 * bucket :],
+            )
             return self.lean.decode_static(tok, pos, lo, col, keys, values)
 
         if not self.capture:

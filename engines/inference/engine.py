@@ -37,20 +37,21 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from areal_graph.engines.inference.constrained import ConstraintCompiler, ConstraintError, apply_masks
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL, BusyIntervals, EngineSpans, StepLog
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
 from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_checked, read_checkpoint, try_load_tokenizer
 from areal_graph.engines.inference.model_runner import ModelRunner
-from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
-from areal_graph.engines.inference.requests import validate_request
-from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.penalties import apply_penalties
+from areal_graph.engines.inference.requests import Request as _Request
+from areal_graph.engines.inference.requests import validate_request
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens
 from areal_graph.engines.lora_weights import apply_adapter, is_adapter
 
@@ -134,8 +135,14 @@ class EmbeddedEngine:
         self._version = int(version)
         self.prefix_sharing = prefix_sharing
         self.admit_wait_s = admit_wait_s
-        self._runner = ModelRunner(self.model, self.device, lean=lean_forward, cuda_graphs=cuda_graphs,
-                                   max_rows=max_running, max_positions=self.max_context + 1)
+        self._runner = ModelRunner(
+            self.model,
+            self.device,
+            lean=lean_forward,
+            cuda_graphs=cuda_graphs,
+            max_rows=max_running,
+            max_positions=self.max_context + 1,
+        )
         self._rng = random.Random(seed)
         # a tokenizer may know more ids than the embedding has rows (never produced; masks are cut to the logits)
         try:
@@ -183,7 +190,7 @@ class EmbeddedEngine:
             self._thread = None
         self.abort_all()
 
-    def __enter__(self) -> "EmbeddedEngine":
+    def __enter__(self) -> EmbeddedEngine:
         self.start()
         return self
 
@@ -226,6 +233,7 @@ class EmbeddedEngine:
         request's). Cancelling the iteration (a client that went away) aborts the request."""
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
+
         def notify() -> None:  # in the scheduler's thread: it must never raise there
             with contextlib.suppress(RuntimeError):  # the loop closed (the server is shutting down)
                 loop.call_soon_threadsafe(wake.set)
@@ -238,13 +246,22 @@ class EmbeddedEngine:
                 if done and fut.exception() is not None:
                     raise fut.exception()  # type: ignore[misc]
                 # the scheduler appends ids, log-probs, versions (and alternatives) in that order
-                n = min(len(req.output_ids), len(req.logprobs), len(req.versions),
-                        len(req.top) if req.top_logprobs else len(req.versions))
+                n = min(
+                    len(req.output_ids),
+                    len(req.logprobs),
+                    len(req.versions),
+                    len(req.top) if req.top_logprobs else len(req.versions),
+                )
                 if n > sent or done:
                     yield GenerationResult(
-                        rid=req.rid, output_ids=req.output_ids[sent:n], output_logprobs=req.logprobs[sent:n],
-                        output_versions=req.versions[sent:n], finish_reason=(req.finish_reason or "abort") if done else "",
-                        prompt_len=len(req.prompt), output_top_logprobs=req.top[sent:n] if req.top_logprobs else None)
+                        rid=req.rid,
+                        output_ids=req.output_ids[sent:n],
+                        output_logprobs=req.logprobs[sent:n],
+                        output_versions=req.versions[sent:n],
+                        finish_reason=(req.finish_reason or "abort") if done else "",
+                        prompt_len=len(req.prompt),
+                        output_top_logprobs=req.top[sent:n] if req.top_logprobs else None,
+                    )
                     sent = n
                 if done:
                     return
@@ -254,8 +271,14 @@ class EmbeddedEngine:
             if not fut.done():
                 self.abort(req.rid)
 
-    def _submit(self, input_ids: Sequence[int], params: SamplingParams, rid: str | None, top_logprobs: int,
-                on_token: Callable[[], None] | None = None) -> tuple[_Request, concurrent.futures.Future]:
+    def _submit(
+        self,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        rid: str | None,
+        top_logprobs: int,
+        on_token: Callable[[], None] | None = None,
+    ) -> tuple[_Request, concurrent.futures.Future]:
         ids = self._validate(input_ids, params)
         rid = rid if rid is not None else uuid.uuid4().hex
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -265,8 +288,9 @@ class EmbeddedEngine:
         if not params.ignore_eos:
             stop_ids |= set(self.eos_token_ids)
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        req = _Request(rid, ids, params, fut, gen, frozenset(stop_ids), top_logprobs=max(0, int(top_logprobs)),
-                       on_token=on_token)
+        req = _Request(
+            rid, ids, params, fut, gen, frozenset(stop_ids), top_logprobs=max(0, int(top_logprobs)), on_token=on_token
+        )
         if params.is_constrained:
             try:  # compiled in the caller's thread: a big schema never holds up the scheduler's steps
                 req.constraint = self._constraints.compile(params.json_schema, params.grammar)
@@ -375,8 +399,9 @@ class EmbeddedEngine:
     def version(self) -> int:
         return self._version
 
-    def score_prompt(self, input_ids: Sequence[int], top_n: int = 0
-                     ) -> tuple[list[float | None], list[list[tuple[int, float]]] | None]:
+    def score_prompt(
+        self, input_ids: Sequence[int], top_n: int = 0
+    ) -> tuple[list[float | None], list[list[tuple[int, float]]] | None]:
         """Each prompt token's log-prob given the tokens before it (None for the first: nothing
         predicts it) and, with `top_n`, the most likely tokens at each position (None first).
 
@@ -418,8 +443,12 @@ class EmbeddedEngine:
                 if self.kv_on_update == "recompute":
                     self._trace.interrupted(self._pending, start, before, self._version)
                 self._trace.weight_swap(requested, start, end, before, self._version, in_flight)
-        log.info("weights updated to version %d (%d requests in flight, KV cache %s)", version, in_flight,
-                 "recomputed" if self.kv_on_update == "recompute" else "kept")
+        log.info(
+            "weights updated to version %d (%d requests in flight, KV cache %s)",
+            version,
+            in_flight,
+            "recomputed" if self.kv_on_update == "recompute" else "kept",
+        )
 
     def update_weights_from_disk(self, path: str | Path, version: int | None = None) -> None:
         """Load a `save_pretrained` checkpoint (safetensors) and swap it in; version defaults to current + 1.
@@ -586,8 +615,9 @@ class EmbeddedEngine:
         if self._trace is not None:
             self._trace.prefill_started(reqs, t0)
         logits, keys, values, lens = self._runner.prefill([g[0].all_tokens() for g in groups], self.pad_token_id)
-        self._steps_log.note(t0, time.perf_counter(), STEP_PREFILL, len(groups), sum(lens), len(lens) * max(lens),
-                             max(lens))
+        self._steps_log.note(
+            t0, time.perf_counter(), STEP_PREFILL, len(groups), sum(lens), len(lens) * max(lens), max(lens)
+        )
         src = [j for j, g in enumerate(groups) for _ in g]  # request -> its row in the prefill batch
         if len(reqs) > len(groups):
             logits = logits.index_select(0, torch.tensor(src, dtype=torch.long, device=logits.device))
@@ -612,8 +642,15 @@ class EmbeddedEngine:
         logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
         done = self._take_tokens(rows, logits)
         if self._steps_log.enabled:
-            self._steps_log.note(t0, time.perf_counter(), STEP_DECODE, len(rows), len(rows),
-                                 sum(len(r.prompt) + len(r.output_ids) for r in rows), width)
+            self._steps_log.note(
+                t0,
+                time.perf_counter(),
+                STEP_DECODE,
+                len(rows),
+                len(rows),
+                sum(len(r.prompt) + len(r.output_ids) for r in rows),
+                width,
+            )
         if done:
             order = self._cache.remove(done)
             self._running = [rows[i] for i in order]
@@ -626,8 +663,9 @@ class EmbeddedEngine:
         if any(p.has_penalties for p in params):
             logits = apply_penalties(logits, params, [r.prompt for r in reqs], [r.output_ids for r in reqs])
         logits, forced = apply_masks(logits, [r.constraint for r in reqs])
-        uniforms = torch.tensor([0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)],
-                                dtype=torch.float64)
+        uniforms = torch.tensor(
+            [0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)], dtype=torch.float64
+        )
         # sampled where the logits are: on a GPU only B tokens and B log-probs cross to the host,
         # not B x vocab floats (155 MB a step for 256 rows of a 152k vocabulary)
         tokens, logprobs = sample_tokens(logits, params, uniforms=uniforms)
@@ -670,7 +708,7 @@ class EmbeddedEngine:
     def _hits_stop_string(self, r: _Request) -> bool:
         """Did the newest token complete one of the stop strings? (decoded-text check on a tail window)."""
         longest = max(len(s) for s in r.params.stop)
-        tail = r.output_ids[-(longest + 8):]
+        tail = r.output_ids[-(longest + 8) :]
         text = self.tokenizer.decode(tail, skip_special_tokens=False)
         before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
         return any(s in text and s not in before for s in r.params.stop)

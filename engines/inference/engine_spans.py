@@ -30,7 +30,8 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 REQUEST_TRACK = "requests"
 ENGINE_TRACK = "weights"
@@ -181,8 +182,12 @@ class EngineSpans:
                 tl.args = dict(tl.args, version_after=version_after)
                 continue
             tl.interruptions += 1
-            tl.enter("interrupted", now, len(r.output_ids),
-                     {"version_before": version_before, "version_after": version_after})
+            tl.enter(
+                "interrupted",
+                now,
+                len(r.output_ids),
+                {"version_before": version_before, "version_after": version_after},
+            )
 
     def finished(self, req: Any, now: float | None = None, reason: str | None = None) -> None:
         """Build and record every span of `req` (its timeline is dropped)."""
@@ -196,10 +201,21 @@ class EngineSpans:
         reason = reason or req.finish_reason or "abort"
         rec = self.recorder
         tags = tl.tags
-        rec.record("request", tl.submitted, now, cat="request", node=REQUEST_TRACK, rid=req.rid,
-                   prompt_tokens=len(req.prompt), output_tokens=out, finish_reason=reason,
-                   interruptions=tl.interruptions, version_first=req.versions[0] if req.versions else None,
-                   version_last=req.versions[-1] if req.versions else None, **tags)
+        rec.record(
+            "request",
+            tl.submitted,
+            now,
+            cat="request",
+            node=REQUEST_TRACK,
+            rid=req.rid,
+            prompt_tokens=len(req.prompt),
+            output_tokens=out,
+            finish_reason=reason,
+            interruptions=tl.interruptions,
+            version_first=req.versions[0] if req.versions else None,
+            version_last=req.versions[-1] if req.versions else None,
+            **tags,
+        )
         rid = req.rid
         pauses = self._pauses_within(tl.submitted, now, now)  # usually none
         for name, start, end, args in tl.closed:
@@ -208,8 +224,18 @@ class EngineSpans:
                 a, b = max(a, start), min(b, end)  # the pause as this phase saw it
                 if b > a:
                     rec.record("paused", a, b, cat="request", node=REQUEST_TRACK, rid=rid)
-        rec.record("finished", now, now, cat="request", node=REQUEST_TRACK, rid=rid, finish_reason=reason,
-                   prompt_tokens=len(req.prompt), output_tokens=out, **tags)
+        rec.record(
+            "finished",
+            now,
+            now,
+            cat="request",
+            node=REQUEST_TRACK,
+            rid=rid,
+            finish_reason=reason,
+            prompt_tokens=len(req.prompt),
+            output_tokens=out,
+            **tags,
+        )
 
     # ------------------------------------------------------------------ engine-wide hooks
     def paused(self, now: float) -> None:
@@ -224,17 +250,26 @@ class EngineSpans:
             self.recorder.record("paused", self._paused_since, now, cat="pause", node=ENGINE_TRACK)
             self._paused_since = None
 
-    def weight_swap(self, requested: float, start: float, end: float, version_before: int, version_after: int,
-                    interrupted: int) -> None:
-        self.recorder.record("weight_swap", start, end, cat="weights", node=ENGINE_TRACK,
-                             version_before=version_before, version_after=version_after,
-                             interrupted=interrupted, waited_s=round(start - requested, 6))
+    def weight_swap(
+        self, requested: float, start: float, end: float, version_before: int, version_after: int, interrupted: int
+    ) -> None:
+        self.recorder.record(
+            "weight_swap",
+            start,
+            end,
+            cat="weights",
+            node=ENGINE_TRACK,
+            version_before=version_before,
+            version_after=version_after,
+            interrupted=interrupted,
+            waited_s=round(start - requested, 6),
+        )
 
     def _pauses_within(self, start: float, end: float, now: float) -> list[tuple[float, float]]:
         """Engine pauses clipped to [start, end] (a request's life), the one still open included."""
         out = []
         pauses = self._pauses
-        for a, b in pauses[max(bisect.bisect_left(pauses, (start,)) - 1, 0):]:  # pauses never overlap
+        for a, b in pauses[max(bisect.bisect_left(pauses, (start,)) - 1, 0) :]:  # pauses never overlap
             if a >= end:
                 break
             a, b = max(a, start), min(b, end)

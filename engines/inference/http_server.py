@@ -60,7 +60,6 @@ from areal_graph.api.process import die_with_parent, pin_to_cores
 from areal_graph.api.spans import SpanRecorder
 from areal_graph.engines import shared_weights
 from areal_graph.engines.inference.engine_spans import step_span_args
-from areal_graph.engines.inference.request_tags import parse_tags
 from areal_graph.engines.inference.native_requests import (
     ABORT_FIELDS,
     CONTINUE_FIELDS,
@@ -74,11 +73,13 @@ from areal_graph.engines.inference.native_requests import (
     parse_logprob_start_len,
 )
 from areal_graph.engines.inference.openai_routes import STREAM_INTERVAL_S, default_served_name, register_openai_routes
+from areal_graph.engines.inference.request_tags import parse_tags
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.server_args import DTYPES, build_arg_parser
 from areal_graph.engines.inference.server_process import READY_LINE
 
 log = logging.getLogger(__name__)
+
 
 def error_response(status: int, message: str, kind: str) -> web.Response:
     """SGLang's error body (`_create_error_response`), so clients parse one format."""
@@ -91,9 +92,16 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
 class InferenceHTTPServer:
     """Owns one engine and the aiohttp application that exposes it."""
 
-    def __init__(self, engine: Any, model_path: str = "", tokenizer: Any = None, name: str = "inference",
-                 api_key: str | None = None, served_model_name: str | None = None,
-                 max_prompt_chars: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        model_path: str = "",
+        tokenizer: Any = None,
+        name: str = "inference",
+        api_key: str | None = None,
+        served_model_name: str | None = None,
+        max_prompt_chars: int | None = None,
+    ) -> None:
         self.engine = engine
         self.api_key = api_key
         self.model_path = model_path
@@ -190,18 +198,21 @@ class InferenceHTTPServer:
         out = self.result_json(result, ret_lp)
         if start is not None:  # the prompt's log-probs, from a scoring forward (EmbeddedEngine.score_prompt)
             prompt_lps, _ = await asyncio.to_thread(self.engine.score_prompt, ids)
-            out["meta_info"]["input_token_logprobs"] = [[lp, int(t), None] for lp, t in
-                                                        zip(prompt_lps[start:], ids[start:])]
+            out["meta_info"]["input_token_logprobs"] = [
+                [lp, int(t), None] for lp, t in zip(prompt_lps[start:], ids[start:])
+            ]
         return web.json_response(out)
 
-    async def _generate_stream(self, request: web.Request, ids: list[int], params: Any, ret_lp: bool,
-                               rid: str) -> web.StreamResponse:
+    async def _generate_stream(
+        self, request: web.Request, ids: list[int], params: Any, ret_lp: bool, rid: str
+    ) -> web.StreamResponse:
         """SGLang's streamed /generate: Server-Sent Events as the engine decodes, each the answer so
         far (text, output_ids and meta_info cumulative, finish_reason null until the last), then
         `data: [DONE]`. Leaving early (the client went away) aborts the request."""
         response: web.StreamResponse | None = None
-        so_far = GenerationResult(rid=rid, output_ids=[], output_logprobs=[], output_versions=[], finish_reason="",
-                                  prompt_len=len(ids))
+        so_far = GenerationResult(
+            rid=rid, output_ids=[], output_logprobs=[], output_versions=[], finish_reason="", prompt_len=len(ids)
+        )
         last = 0.0
         async for part in self.engine.stream(ids, params, rid=rid):
             so_far.output_ids += part.output_ids
@@ -214,11 +225,14 @@ class InferenceHTTPServer:
             body = self.result_json(so_far, ret_lp)
             if part.finish_reason:
                 body["meta_info"]["finish_reason"] = finish_reason_json(
-                    part.finish_reason, len(so_far.output_ids), so_far.output_ids[-1] if so_far.output_ids else None)
+                    part.finish_reason, len(so_far.output_ids), so_far.output_ids[-1] if so_far.output_ids else None
+                )
             else:
                 body["meta_info"]["finish_reason"] = None
             if response is None:  # headers with the first event: an engine refusal before it is a plain 400
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
                 await response.prepare(request)
             await response.write(f"data: {json.dumps(body)}\n\n".encode())
         assert response is not None  # the last part always comes
@@ -245,7 +259,9 @@ class InferenceHTTPServer:
             "output_token_versions": versions,
         }
         if return_logprob:
-            meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(result.output_logprobs, out_ids)]
+            meta["output_token_logprobs"] = [
+                [float(lp), int(t), None] for lp, t in zip(result.output_logprobs, out_ids)
+            ]
         if result.output_forced is not None:  # ours: tokens a schema or grammar forced (constrained.py)
             meta["output_token_forced"] = [bool(f) for f in result.output_forced]
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
@@ -273,11 +289,23 @@ class InferenceHTTPServer:
                 t0, before = time.perf_counter(), self.engine.version
                 await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
                 # read + swap, as this server saw it (the engine's own `weight_swap` span nests inside)
-                self.spans.record("update_weights", t0, time.perf_counter(), cat="weights", node="weights",
-                                  source="disk", version_before=before, version_after=self.engine.version)
+                self.spans.record(
+                    "update_weights",
+                    t0,
+                    time.perf_counter(),
+                    cat="weights",
+                    node="weights",
+                    source="disk",
+                    version_before=before,
+                    version_after=self.engine.version,
+                )
             except (FileNotFoundError, OSError, ValueError) as err:
                 return web.json_response(
-                    {"success": False, "message": f"failed to load weights from {path}: {err}", "num_paused_requests": 0},
+                    {
+                        "success": False,
+                        "message": f"failed to load weights from {path}: {err}",
+                        "num_paused_requests": 0,
+                    },
                     status=400,
                 )
         msg = f"Succeeded to update model weights. Weight version updated to {self.engine.version}."
@@ -299,11 +327,20 @@ class InferenceHTTPServer:
                 state = shared_weights.read(path, manifest)
                 await asyncio.to_thread(self.engine.update_weights_from_state_dict, state, version)
                 # read + swap, as this server saw it (the engine's own `weight_swap` span nests inside)
-                self.spans.record("update_weights", t0, time.perf_counter(), cat="weights", node="weights",
-                                  source="shared_memory", version_before=before, version_after=int(version))
+                self.spans.record(
+                    "update_weights",
+                    t0,
+                    time.perf_counter(),
+                    cat="weights",
+                    node="weights",
+                    source="shared_memory",
+                    version_before=before,
+                    version_after=int(version),
+                )
             except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
-                return web.json_response({"success": False, "message": f"failed to load weights from {path}: {err}"},
-                                         status=400)
+                return web.json_response(
+                    {"success": False, "message": f"failed to load weights from {path}: {err}"}, status=400
+                )
         return web.json_response({"success": True, "message": f"weight version {self.engine.version}"})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
@@ -315,8 +352,9 @@ class InferenceHTTPServer:
             raise BadRequest(f"'mode' must be one of {list(PAUSE_MODES)}, got {mode!r}")
         await asyncio.to_thread(self.engine.pause)
         aborted = await asyncio.to_thread(self.engine.abort_all) if mode == "abort" else 0
-        return web.json_response({"message": "Generation paused successfully.", "status": "ok",
-                                  "mode": mode, "num_aborted": aborted})
+        return web.json_response(
+            {"message": "Generation paused successfully.", "status": "ok", "mode": mode, "num_aborted": aborted}
+        )
 
     async def continue_generation(self, request: web.Request) -> web.Response:
         await self._json(request, CONTINUE_FIELDS)
@@ -343,7 +381,9 @@ class InferenceHTTPServer:
         """Healthy only if a one-token generation completes (as SGLang's /health_generate)."""
         try:
             await asyncio.wait_for(
-                self.engine.generate([0], SamplingParams(max_new_tokens=1, greedy=True), rid=f"health-{uuid.uuid4().hex}"),
+                self.engine.generate(
+                    [0], SamplingParams(max_new_tokens=1, greedy=True), rid=f"health-{uuid.uuid4().hex}"
+                ),
                 timeout=20,
             )
         except Exception as err:
@@ -352,29 +392,37 @@ class InferenceHTTPServer:
         return web.Response(status=200)
 
     async def get_model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "model_path": self.model_path,
-            "tokenizer_path": self.model_path if self.tokenizer is not None else None,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": str(self.engine.version),
-            "max_context": self.engine.max_context,
-            "backend": "embedded",
-        })
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path if self.tokenizer is not None else None,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": str(self.engine.version),
+                "max_context": self.engine.max_context,
+                "backend": "embedded",
+            }
+        )
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.engine.version)})
 
     async def get_server_info(self, request: web.Request) -> web.Response:
         stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
-        return web.json_response({"model_path": self.model_path, "weight_version": str(self.engine.version),
-                                  "internal_states": [_jsonable(stats)], "version": "areal-graph-embedded"})
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "weight_version": str(self.engine.version),
+                "internal_states": [_jsonable(stats)],
+                "version": "areal-graph-embedded",
+            }
+        )
 
     async def get_spans(self, request: web.Request) -> web.Response:
         """Our extension: the trace spans recorded since the last call (requests, and the engine's
         busy intervals as `compute` spans), for the run's trace."""
         take = getattr(self.engine, "take_busy_spans", None)
-        for start, end in (take() if callable(take) else []):
+        for start, end in take() if callable(take) else []:
             self.spans.record("engine", start, end, cat="compute", node="engine")
         steps = getattr(self.engine, "take_step_log", None)
         rows = steps() if callable(steps) else []
@@ -404,8 +452,7 @@ def _jsonable(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- process entry
-async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio.Event,
-                announce: bool = True) -> None:
+async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio.Event, announce: bool = True) -> None:
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request in the engine (SGLang does the same), so retried requests leave no orphans.
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False, handler_cancellation=True)
@@ -445,14 +492,28 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model_path = args.model
-    engine = EmbeddedEngine(model_path, device=args.device, dtype=getattr(torch, DTYPES[args.dtype]),
-                            max_running=args.max_running,
-                            max_queue=args.max_queue, max_context=args.max_context, version=args.weight_version,
-                            seed=args.seed, kv_on_update=args.kv_on_update)
+    engine = EmbeddedEngine(
+        model_path,
+        device=args.device,
+        dtype=getattr(torch, DTYPES[args.dtype]),
+        max_running=args.max_running,
+        max_queue=args.max_queue,
+        max_context=args.max_context,
+        version=args.weight_version,
+        seed=args.seed,
+        kv_on_update=args.kv_on_update,
+    )
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()
-    server = InferenceHTTPServer(engine, model_path=model_path, tokenizer=tokenizer, name=args.name, api_key=api_key,
-                                 served_model_name=args.served_model_name, max_prompt_chars=args.max_prompt_chars)
+    server = InferenceHTTPServer(
+        engine,
+        model_path=model_path,
+        tokenizer=tokenizer,
+        name=args.name,
+        api_key=api_key,
+        served_model_name=args.served_model_name,
+        max_prompt_chars=args.max_prompt_chars,
+    )
 
     async def _run() -> None:
         stop = asyncio.Event()

@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.engines.inference.sampling import SamplingParams
 
@@ -114,8 +115,16 @@ async def generate_interruptible(
             # from the new position would correlate the two chunks
             params = dataclasses.replace(params, seed=sampling.seed + k)
         res = await client.generate(prompt + gen.output_ids, params, rid=rid)
-        gen.add(Chunk(rid, list(res.output_ids), list(res.output_logprobs),
-                      list(res.output_versions), res.finish_reason, getattr(res, "output_forced", None)))
+        gen.add(
+            Chunk(
+                rid,
+                list(res.output_ids),
+                list(res.output_logprobs),
+                list(res.output_versions),
+                res.finish_reason,
+                getattr(res, "output_forced", None),
+            )
+        )
         if res.finish_reason != "abort":
             return gen
         if client.was_aborted_by_user(rid, epoch):
@@ -124,7 +133,8 @@ async def generate_interruptible(
         if sampling.is_constrained:
             raise TooManyInterruptions(
                 f"request {rid} holds a schema or grammar and was interrupted by an abort-style weight update "
-                "(SGLang's pause): resuming its grammar from the tokens so far is not built yet")
+                "(SGLang's pause): resuming its grammar from the tokens so far is not built yet"
+            )
         if interruptions > max_interruptions:
             raise TooManyInterruptions(
                 f"request {rid} was interrupted {interruptions} times ({len(gen.output_ids)} tokens so far)"

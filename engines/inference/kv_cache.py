@@ -29,7 +29,7 @@ compact) cost a fifth of all engine time. Here
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -52,10 +52,10 @@ class _BufferLayer(DynamicLayer):
         end = self.end + key_states.shape[-2]
         if end > self.kbuf.shape[2]:
             raise RuntimeError(f"KV buffer overflow: need {end} columns, have {self.kbuf.shape[2]}")
-        self.kbuf[:, :, self.end:end] = key_states
-        self.vbuf[:, :, self.end:end] = value_states
+        self.kbuf[:, :, self.end : end] = key_states
+        self.vbuf[:, :, self.end : end] = value_states
         self.end = end
-        self.keys, self.values = self.kbuf[:, :, self.start:end], self.vbuf[:, :, self.start:end]
+        self.keys, self.values = self.kbuf[:, :, self.start : end], self.vbuf[:, :, self.start : end]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -98,7 +98,9 @@ class BatchedKVCache:
         if self.end + new_tokens > self.keys[0].shape[2]:
             self._repack(self.keys[0].shape[0], self.width, new_tokens)
         b, w = self.batch_size, self.width
-        return Cache(layers=[_BufferLayer(k[:b], v[:b], self.end - w, self.end) for k, v in zip(self.keys, self.values)])
+        return Cache(
+            layers=[_BufferLayer(k[:b], v[:b], self.end - w, self.end) for k, v in zip(self.keys, self.values)]
+        )
 
     def decode_window(self, new_tokens: int = 1) -> tuple[int, int]:
         """(start, end) for a forward writing `new_tokens` columns at `end` and reading [start, end + new_tokens).
@@ -155,7 +157,7 @@ class BatchedKVCache:
             h_idx, m_idx = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
             for bufs in (self.keys, self.values):
                 for buf in bufs:
-                    buf[h_idx, :, self.end - w:self.end] = buf[m_idx, :, self.end - w:self.end]
+                    buf[h_idx, :, self.end - w : self.end] = buf[m_idx, :, self.end - w : self.end]
         self.lens = [self.lens[i] for i in order]
         return order
 
@@ -191,7 +193,7 @@ class BatchedKVCache:
         real = (torch.arange(take).unsqueeze(0) >= start).view(n, 1, take, 1).to(new_keys[0].device)
         for bufs, news in ((self.keys, new_keys), (self.values, new_values)):
             for buf, new in zip(bufs, news):
-                buf[b:b + n, :, self.end - take:self.end] = torch.where(real, new[:, :, w_new - take:], 0.0)
+                buf[b : b + n, :, self.end - take : self.end] = torch.where(real, new[:, :, w_new - take :], 0.0)
         self.lens = self.lens + list(new_lens)
 
     def _repack(self, rows: int, left: int, right: int) -> None:
@@ -211,14 +213,14 @@ class BatchedKVCache:
             rows, cols = max(rows, old_rows), need + need // 2
         for bufs in (self.keys, self.values):
             for i, old in enumerate(bufs):
-                window = old[:b, :, self.end - w:self.end]
+                window = old[:b, :, self.end - w : self.end]
                 if in_place:
                     if new_end != self.end and b and w:
-                        old[:b, :, new_end - w:new_end] = window.clone()  # the ranges may overlap
+                        old[:b, :, new_end - w : new_end] = window.clone()  # the ranges may overlap
                     continue
                 new = old.new_zeros(rows, old.shape[1], cols, old.shape[3])
                 if b and w:
-                    new[:b, :, new_end - w:new_end] = window
+                    new[:b, :, new_end - w : new_end] = window
                 bufs[i] = new
         self.end = new_end
         self.repacks += 1

@@ -31,7 +31,6 @@ from areal_graph.engines.lean_family import family_reason
 __all__ = ["LeanForward", "unsupported_reason"]
 
 
-
 def unsupported_reason(model: Any) -> str | None:
     """Why the lean forward cannot run `model` (None when it can)."""
     reason = family_reason(model)
@@ -104,12 +103,21 @@ class LeanForward:
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-            self.layers.append(_Layer(
-                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
-                q=_lin(a.q_proj), k=_lin(a.k_proj), v=_lin(a.v_proj), o=_lin(a.o_proj),
-                gate=_lin(m.gate_proj), up=_lin(m.up_proj), down=_lin(m.down_proj),
-                q_norm=qn.weight if qn is not None else None, k_norm=kn.weight if kn is not None else None,
-            ))
+            self.layers.append(
+                _Layer(
+                    ln1=layer.input_layernorm.weight,
+                    ln2=layer.post_attention_layernorm.weight,
+                    q=_lin(a.q_proj),
+                    k=_lin(a.k_proj),
+                    v=_lin(a.v_proj),
+                    o=_lin(a.o_proj),
+                    gate=_lin(m.gate_proj),
+                    up=_lin(m.up_proj),
+                    down=_lin(m.down_proj),
+                    q_norm=qn.weight if qn is not None else None,
+                    k_norm=kn.weight if kn is not None else None,
+                )
+            )
         if self._cos.device != self.embed.device or self._cos.dtype != self.embed.dtype:
             self._cos = self._sin = torch.empty(0)  # rebuilt on demand; weight loads alone keep it
 
@@ -197,8 +205,14 @@ class LeanForward:
         return self._logits(x)
 
     def decode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-        kbufs: list[torch.Tensor], vbufs: list[torch.Tensor], start: int, end: int,
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        kbufs: list[torch.Tensor],
+        vbufs: list[torch.Tensor],
+        start: int,
+        end: int,
     ) -> torch.Tensor:
         """One new token per row: tokens and positions [B]; returns logits [B, V].
 
@@ -223,8 +237,13 @@ class LeanForward:
         return self._logits(x[:, -1])
 
     def decode_static(
-        self, tokens: torch.Tensor, positions: torch.Tensor, lo: torch.Tensor, col: torch.Tensor,
-        kbufs: list[torch.Tensor], vbufs: list[torch.Tensor],
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        lo: torch.Tensor,
+        col: torch.Tensor,
+        kbufs: list[torch.Tensor],
+        vbufs: list[torch.Tensor],
     ) -> torch.Tensor:
         """`decode` with every shape fixed, for CUDA-graph capture (`cuda_graphs.py`).
 
@@ -255,4 +274,3 @@ class LeanForward:
         """Build the rotary table for positions [0, positions) now (a captured step cannot grow it)."""
         if self._cos.shape[0] < positions or self._cos.device != self.embed.device:
             self._rope(torch.tensor([max(positions - 1, 0)], device=self.embed.device))
-

@@ -6,8 +6,9 @@ Split out of `engine.py` so the scheduler module holds only the scheduler.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

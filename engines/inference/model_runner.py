@@ -25,8 +25,15 @@ __all__ = ["ModelRunner"]
 class ModelRunner:
     """Prefill and decode for `model` on `device` (see module docstring)."""
 
-    def __init__(self, model: Any, device: torch.device, lean: bool = True, cuda_graphs: bool = True,
-                 max_rows: int = 64, max_positions: int = 2048) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: torch.device,
+        lean: bool = True,
+        cuda_graphs: bool = True,
+        max_rows: int = 64,
+        max_positions: int = 2048,
+    ) -> None:
         self.model = model
         self.device = device
         self.lean: LeanForward | None = None
@@ -81,8 +88,9 @@ class ModelRunner:
         return self.model(**kw)
 
     @torch.inference_mode()
-    def prompt_logprobs(self, ids: list[int], top_n: int = 0, chunk: int = 1024
-                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def prompt_logprobs(
+        self, ids: list[int], top_n: int = 0, chunk: int = 1024
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Log-probs of ids[1:] given what precedes each, [L - 1] float32 (raw distribution, no
         temperature, as vLLM's prompt log-probs), and with `top_n` the `top_n` most likely ids
         and their log-probs at each of those positions, [L - 1, top_n]. The same forward as a
@@ -98,8 +106,8 @@ class ModelRunner:
         targets = x[0, 1:]
         lps, top_ids, top_lps = [], [], []
         for a in range(0, targets.numel(), chunk):
-            logp = torch.log_softmax(logits_of(hidden[a:a + chunk]).float(), dim=-1)
-            lps.append(logp.gather(1, targets[a:a + chunk].view(-1, 1)).squeeze(1))
+            logp = torch.log_softmax(logits_of(hidden[a : a + chunk]).float(), dim=-1)
+            lps.append(logp.gather(1, targets[a : a + chunk].view(-1, 1)).squeeze(1))
             if top_n:
                 values, index = torch.topk(logp, min(top_n, logp.shape[-1]), dim=-1)
                 top_ids.append(index)
@@ -124,8 +132,13 @@ class ModelRunner:
         else:
             mask = cache.attention_mask(1).to(self.device)
             hf_cache = cache.hf_cache(1)
-            out = self.model(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=positions.view(-1, 1),
-                             past_key_values=hf_cache, use_cache=True)
+            out = self.model(
+                input_ids=tokens.view(-1, 1),
+                attention_mask=mask,
+                position_ids=positions.view(-1, 1),
+                past_key_values=hf_cache,
+                use_cache=True,
+            )
             logits = out.logits[:, -1, :]
         cache.advance(1)
         return logits

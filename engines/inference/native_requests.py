@@ -13,10 +13,23 @@ from typing import Any, TypeGuard
 # SGLang sampling_params fields we honour; any other field is rejected (silently ignoring a
 # sampling knob would give the user a different distribution than the one they asked for).
 SAMPLING_FIELDS = {
-    "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-    "ignore_eos", "sampling_seed", "seed", "greedy", "skip_special_tokens", "no_stop_trim",
-    "json_schema", "grammar",  # constrained decoding: SGLang's JSON Schema string; our Lark grammar
-    "frequency_penalty", "presence_penalty", "repetition_penalty",  # engines/inference/penalties.py
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "sampling_seed",
+    "seed",
+    "greedy",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "json_schema",
+    "grammar",  # constrained decoding: SGLang's JSON Schema string; our Lark grammar
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",  # engines/inference/penalties.py
 }
 # `trace` (ours): the request's group, episode and turn for its trace spans (request_tags.py)
 GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len", "trace"}

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.api.episode import Episode, episode_from_tokens
@@ -88,9 +89,16 @@ def evaluate_model(
     tok = engine.tokenizer
     if tok is None:
         raise ValueError(f"{model_dir} has no tokenizer (save it next to the model with save_pretrained)")
-    prompts, report = load_prompts(data, tok, prompt_template=prompt_template, question_key=question_key,
-                                   answer_key=answer_key, max_prompt_tokens=engine.max_context - max_new_tokens,
-                                   layout=layout, source_key=source_key)
+    prompts, report = load_prompts(
+        data,
+        tok,
+        prompt_template=prompt_template,
+        question_key=question_key,
+        answer_key=answer_key,
+        max_prompt_tokens=engine.max_context - max_new_tokens,
+        layout=layout,
+        source_key=source_key,
+    )
     if limit is not None:
         prompts = prompts[:limit]
     if not prompts:
@@ -99,8 +107,14 @@ def evaluate_model(
     requests: list[tuple[int, SamplingParams]] = [(i, greedy) for i in range(len(prompts))]
     for i in range(len(prompts)):
         for j in range(n):
-            requests.append((i, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
-                                               seed=seed * 1_000_003 + i * 1009 + j)))
+            requests.append(
+                (
+                    i,
+                    SamplingParams(
+                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed * 1_000_003 + i * 1009 + j
+                    ),
+                )
+            )
     t_gen = time.perf_counter()
     with engine:
         if rollout is None:
@@ -110,18 +124,30 @@ def evaluate_model(
     gen_s = time.perf_counter() - t_gen
     texts = [policy_text(tok, t) for t in trajectories]
     answers = [prompts[i].answer for i, _ in requests]
-    tool_calls = ([int(t.info["tool_calls"]) for t in trajectories]
-                  if rollout is not None and all("tool_calls" in t.info for t in trajectories) else None)
+    tool_calls = (
+        [int(t.info["tool_calls"]) for t in trajectories]
+        if rollout is not None and all("tool_calls" in t.info for t in trajectories)
+        else None
+    )
     # each answer as the RL run's reward node sees it (turns, info): for an episode reward, and for --show
     episodes = episodes_of(tok, trajectories, texts, answers)
     with RewardPool(fn=reward_fn, timeout_s=reward_timeout_s, num_workers=1) as pool:
         scores = pool.score(texts, answers, episodes if pool.wants_episode else None)
     correct = [s.reward > 0.5 for s in scores]
-    per_prompt: list[dict[str, Any]] = [{"id": p.id, "answer": p.answer, "greedy": texts[i], "greedy_correct": correct[i],
-                   "greedy_reward": scores[i].reward,
-                   "greedy_turns": [[t.role, t.text] for t in episodes[i].turns if t.role != "prompt"],
-                   "samples_correct": 0, **({"source": p.source} if p.source else {})} for i, p in enumerate(prompts)]
-    for (i, _), ok in zip(requests[len(prompts):], correct[len(prompts):]):
+    per_prompt: list[dict[str, Any]] = [
+        {
+            "id": p.id,
+            "answer": p.answer,
+            "greedy": texts[i],
+            "greedy_correct": correct[i],
+            "greedy_reward": scores[i].reward,
+            "greedy_turns": [[t.role, t.text] for t in episodes[i].turns if t.role != "prompt"],
+            "samples_correct": 0,
+            **({"source": p.source} if p.source else {}),
+        }
+        for i, p in enumerate(prompts)
+    ]
+    for (i, _), ok in zip(requests[len(prompts) :], correct[len(prompts) :]):
         per_prompt[i]["samples_correct"] += int(ok)
     out: dict[str, Any] = {
         "model": str(model_dir),
@@ -140,13 +166,17 @@ def evaluate_model(
         for p, c in zip(per_prompt, tool_calls):
             p["greedy_tool_calls"] = c
         if n:
-            out["sample_tool_call_rate"] = sum(c > 0 for c in tool_calls[len(prompts):]) / (n * len(prompts))
+            out["sample_tool_call_rate"] = sum(c > 0 for c in tool_calls[len(prompts) :]) / (n * len(prompts))
     if k:
-        out.update({
-            "k": k, "n_samples": n, "temperature": temperature,
-            f"pass@{k}": sum(pass_at_k(n, p["samples_correct"], k) for p in per_prompt) / len(prompts),
-            "sample_accuracy": sum(p["samples_correct"] for p in per_prompt) / (n * len(prompts)),
-        })
+        out.update(
+            {
+                "k": k,
+                "n_samples": n,
+                "temperature": temperature,
+                f"pass@{k}": sum(pass_at_k(n, p["samples_correct"], k) for p in per_prompt) / len(prompts),
+                "sample_accuracy": sum(p["samples_correct"] for p in per_prompt) / (n * len(prompts)),
+            }
+        )
     env = env_metric_means([t.info for t in trajectories[: len(prompts)]], prefix="")
     if env:
         out["env"] = env  # the rollout's info["metrics"], greedy answers
@@ -156,15 +186,24 @@ def evaluate_model(
     return out
 
 
-def _generate_plain(engine: Any, prompts: list, requests: list, on_progress: Callable[[int, int], None] | None
-                    ) -> list[Trajectory]:
+def _generate_plain(
+    engine: Any, prompts: list, requests: list, on_progress: Callable[[int, int], None] | None
+) -> list[Trajectory]:
     """One completion per request, as a one-turn trajectory (prompt, then the answer)."""
     futures = [engine.submit(prompts[i].input_ids, p) for i, p in requests]
     out = []
     for done, ((i, _), f) in enumerate(zip(requests, futures), start=1):
         r = f.result()
-        out.append(Trajectory.from_generation(prompts[i].input_ids, r.output_ids, r.output_logprobs,
-                                              r.output_versions, r.finish_reason, answer=prompts[i].answer))
+        out.append(
+            Trajectory.from_generation(
+                prompts[i].input_ids,
+                r.output_ids,
+                r.output_logprobs,
+                r.output_versions,
+                r.finish_reason,
+                answer=prompts[i].answer,
+            )
+        )
         if on_progress is not None:
             on_progress(done, len(futures))
     return out
@@ -173,5 +212,7 @@ def _generate_plain(engine: Any, prompts: list, requests: list, on_progress: Cal
 def episodes_of(tokenizer: Any, trajectories: list[Trajectory], texts: list[str], answers: list[str]) -> list[Episode]:
     """Each trajectory's Episode, built as the reward node builds it (api/episode.py)."""
     decode = partial(tokenizer.batch_decode, skip_special_tokens=True)
-    return [episode_from_tokens(decode, t.input_ids, t.loss_mask, text, answer, t.info, t.no_eos)
-            for t, text, answer in zip(trajectories, texts, answers)]
+    return [
+        episode_from_tokens(decode, t.input_ids, t.loss_mask, text, answer, t.info, t.no_eos)
+        for t, text, answer in zip(trajectories, texts, answers)
+    ]

@@ -29,15 +29,30 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.api.tool_calls import TOOL_CALL_OPEN, parse_tool_calls, render_tool_call
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError
 
-__all__ = ["GeneratedChoice", "arguments_object", "render_chat_prompt", "encode_text", "template_renders_tool_calls",
-           "choice_text", "split_tool_calls", "chat_choice_json", "chat_completion_json", "chat_chunks",
-           "completion_choice_json", "completion_json", "completion_chunks", "usage_json", "finish_reason"]
+__all__ = [
+    "GeneratedChoice",
+    "arguments_object",
+    "render_chat_prompt",
+    "encode_text",
+    "template_renders_tool_calls",
+    "choice_text",
+    "split_tool_calls",
+    "chat_choice_json",
+    "chat_completion_json",
+    "chat_chunks",
+    "completion_choice_json",
+    "completion_json",
+    "completion_chunks",
+    "usage_json",
+    "finish_reason",
+]
 
 
 @dataclass
@@ -62,10 +77,12 @@ def template_renders_tool_calls(tokenizer: Any) -> bool:
 def tools_system_text(tools: Sequence[dict]) -> str:
     """The tool schemas as a system prompt, in the Hermes / Qwen2.5 layout (for templates without tools)."""
     schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou may call one or more functions to help with the user's request. Their signatures "
-            f"are inside <tools></tools>:\n<tools>\n{schemas}\n</tools>\n\nTo call a function, write a JSON "
-            "object with its name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    return (
+        "# Tools\n\nYou may call one or more functions to help with the user's request. Their signatures "
+        f"are inside <tools></tools>:\n<tools>\n{schemas}\n</tools>\n\nTo call a function, write a JSON "
+        "object with its name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 def arguments_object(arguments: Any) -> Any:
@@ -86,9 +103,13 @@ def _template_message(message: dict, native_tools: bool) -> dict:
     if not calls:
         return out
     if native_tools:
-        out["tool_calls"] = [{**c, "function": {"name": c["function"]["name"],
-                                                "arguments": arguments_object(c["function"]["arguments"])}}
-                             for c in calls]
+        out["tool_calls"] = [
+            {
+                **c,
+                "function": {"name": c["function"]["name"], "arguments": arguments_object(c["function"]["arguments"])},
+            }
+            for c in calls
+        ]
         return out
     blocks = []
     for c in calls:
@@ -98,8 +119,9 @@ def _template_message(message: dict, native_tools: bool) -> dict:
     return out
 
 
-def render_chat_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] = (),
-                       add_generation_prompt: bool = True) -> str:
+def render_chat_prompt(
+    tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] = (), add_generation_prompt: bool = True
+) -> str:
     """The prompt text for normalized `messages` (openai_requests.normalize_messages)."""
     if tokenizer is None:
         raise OpenAIRequestError("this server has no tokenizer: chat needs one (send token ids to /generate)")
@@ -114,11 +136,14 @@ def render_chat_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequence
         else:
             msgs.insert(0, {"role": "system", "content": preamble})
     try:
-        return tokenizer.apply_chat_template(msgs, tools=list(tools) if (tools and native) else None, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(
+            msgs,
+            tools=list(tools) if (tools and native) else None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
     except Exception as err:  # a template that raises on these messages (jinja `raise_exception`)
-        raise OpenAIRequestError(f"the model's chat template cannot render these messages: {err}",
-                                 "messages") from None
+        raise OpenAIRequestError(f"the model's chat template cannot render these messages: {err}", "messages") from None
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -133,7 +158,7 @@ def choice_text(tokenizer: Any, output_ids: Sequence[int], finish: str, stop: Se
     if finish == "stop" and stop:
         cuts = [text.find(s) for s in stop if s in text]
         if cuts:
-            text = text[:min(cuts)]
+            text = text[: min(cuts)]
     return text
 
 
@@ -148,8 +173,14 @@ def split_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list
     if not parallel:
         calls = calls[:1]
     content = text.split(TOOL_CALL_OPEN, 1)[0].strip() or None
-    return content, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+    return content, [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+        }
+        for c in calls
+    ]
 
 
 def finish_reason(engine_reason: str, has_tool_calls: bool) -> str:
@@ -160,8 +191,11 @@ def finish_reason(engine_reason: str, has_tool_calls: bool) -> str:
 
 
 def usage_json(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 # --------------------------------------------------------------------------- log-probs
@@ -205,8 +239,12 @@ def token_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int
     entries = []
     for j in range(start, end):
         text, raw = token_text_and_bytes(tokenizer, choice.output_ids[j])
-        entry: dict[str, Any] = {"token": text, "logprob": _finite(choice.output_logprobs[j]), "bytes": raw,
-                                 "top_logprobs": []}
+        entry: dict[str, Any] = {
+            "token": text,
+            "logprob": _finite(choice.output_logprobs[j]),
+            "bytes": raw,
+            "top_logprobs": [],
+        }
         if top_n and choice.top_logprobs is not None:
             for tid, lp in choice.top_logprobs[j][:top_n]:
                 t_text, t_raw = token_text_and_bytes(tokenizer, tid)
@@ -224,10 +262,16 @@ def chat_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any) -> d
     if calls:
         message["tool_calls"] = calls
     out: dict[str, Any] = {
-        "index": choice.index, "message": message,
-        "logprobs": ({"content": token_logprobs(tokenizer, choice, 0, len(choice.output_ids),
-                                                  request.top_logprobs), "refusal": None}
-                     if request.logprobs else None),
+        "index": choice.index,
+        "message": message,
+        "logprobs": (
+            {
+                "content": token_logprobs(tokenizer, choice, 0, len(choice.output_ids), request.top_logprobs),
+                "refusal": None,
+            }
+            if request.logprobs
+            else None
+        ),
         "finish_reason": finish_reason(choice.finish_reason, bool(calls)),
     }
     if request.return_token_ids:
@@ -236,11 +280,25 @@ def chat_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any) -> d
     return out
 
 
-def chat_completion_json(completion_id: str, created: int, model: str, choices: list[dict],
-                         prompt_ids: Sequence[int], completion_tokens: int, return_token_ids: bool) -> dict:
-    body: dict[str, Any] = {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-                            "choices": choices, "usage": usage_json(len(prompt_ids), completion_tokens),
-                            "system_fingerprint": None, "service_tier": None}
+def chat_completion_json(
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    prompt_ids: Sequence[int],
+    completion_tokens: int,
+    return_token_ids: bool,
+) -> dict:
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_json(len(prompt_ids), completion_tokens),
+        "system_fingerprint": None,
+        "service_tier": None,
+    }
     if return_token_ids:
         body["prompt_token_ids"] = list(prompt_ids)
     return body
@@ -255,12 +313,12 @@ def text_deltas(tokenizer: Any, ids: Sequence[int], final_text: str) -> list[tup
     emitted, start = "", 0
     step = max(1, math.ceil(len(ids) / 512))
     for end in range(step, len(ids) + 1, step):
-        text = tokenizer.decode(list(ids[:end]), skip_special_tokens=True)[:len(final_text)]
+        text = tokenizer.decode(list(ids[:end]), skip_special_tokens=True)[: len(final_text)]
         if len(text) > len(emitted) and not text.endswith("\ufffd") and final_text.startswith(text):
-            out.append((text[len(emitted):], start, end))
+            out.append((text[len(emitted) :], start, end))
             emitted, start = text, end
     if len(emitted) < len(final_text) or start < len(ids):
-        out.append((final_text[len(emitted):], start, len(ids)))
+        out.append((final_text[len(emitted) :], start, len(ids)))
     return out
 
 
@@ -289,52 +347,86 @@ class StreamedText:
                     break
         if safe <= len(self.emitted) or not text.startswith(self.emitted):
             return "", self.tokens, self.tokens
-        out, start = text[len(self.emitted):safe], self.tokens
+        out, start = text[len(self.emitted) : safe], self.tokens
         self.emitted, self.tokens = text[:safe], len(ids)
         return out, start, len(ids)
 
     def final(self, ids: Sequence[int], finish: str) -> tuple[str, int, int]:
         """The rest of the final text (cut before a stop string, as the unstreamed answer is)."""
         text = choice_text(self.tokenizer, ids, finish, self.stop)
-        out = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        out = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         start, self.emitted, self.tokens = self.tokens, text, len(ids)
         return out, start, len(ids)
 
 
-def chat_chunk(completion_id: str, created: int, model: str, request: Any, index: int, delta: dict,
-               logprobs: Any = None, finish: str | None = None) -> dict:
+def chat_chunk(
+    completion_id: str,
+    created: int,
+    model: str,
+    request: Any,
+    index: int,
+    delta: dict,
+    logprobs: Any = None,
+    finish: str | None = None,
+) -> dict:
     """One chat.completion.chunk with one choice."""
-    body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+    body = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+    }
     if request.include_usage:
         body["usage"] = None
     return body
 
 
 def chat_content_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any) -> Any:
-    return ({"content": token_logprobs(tokenizer, choice, start, end, request.top_logprobs), "refusal": None}
-            if request.logprobs else None)
+    return (
+        {"content": token_logprobs(tokenizer, choice, start, end, request.top_logprobs), "refusal": None}
+        if request.logprobs
+        else None
+    )
 
 
-def completion_chunk(completion_id: str, created: int, model: str, index: int, text: str, logprobs: Any = None,
-                     finish: str | None = None) -> dict:
+def completion_chunk(
+    completion_id: str, created: int, model: str, index: int, text: str, logprobs: Any = None, finish: str | None = None
+) -> dict:
     """One streamed text_completion object with one choice."""
-    return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+    }
 
 
-def completion_delta_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any,
-                              offset: int) -> Any:
-    return _legacy_logprobs(tokenizer, choice, start, end, request.logprobs, offset) \
-        if request.logprobs is not None else None
+def completion_delta_logprobs(
+    tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any, offset: int
+) -> Any:
+    return (
+        _legacy_logprobs(tokenizer, choice, start, end, request.logprobs, offset)
+        if request.logprobs is not None
+        else None
+    )
 
 
-def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, choices: list[GeneratedChoice],
-                request: Any, prompt_tokens: int) -> list[dict]:
+def chat_chunks(
+    tokenizer: Any,
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[GeneratedChoice],
+    request: Any,
+    prompt_tokens: int,
+) -> list[dict]:
     """The chat.completion.chunk objects of a streamed answer (one role chunk, content deltas with
     their tokens' log-probs or one tool_calls delta, one finish chunk per choice; then usage)."""
+
     def chunk(index: int, delta: dict, logprobs: Any = None, finish: str | None = None) -> dict:
         return chat_chunk(completion_id, created, model, request, index, delta, logprobs, finish)
 
@@ -345,8 +437,16 @@ def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, ch
         calls = full["message"].get("tool_calls")
         if calls:
             lp = full["logprobs"]
-            out.append(chunk(c.index, {"content": full["message"]["content"],
-                                       "tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, lp))
+            out.append(
+                chunk(
+                    c.index,
+                    {
+                        "content": full["message"]["content"],
+                        "tool_calls": [{"index": k, **call} for k, call in enumerate(calls)],
+                    },
+                    lp,
+                )
+            )
         else:
             for text, a, b in text_deltas(tokenizer, c.output_ids, full["message"]["content"] or ""):
                 if not text and not request.logprobs:
@@ -358,16 +458,23 @@ def chat_chunks(tokenizer: Any, completion_id: str, created: int, model: str, ch
             last["choices"][0]["token_versions"] = list(c.output_versions)
         out.append(last)
     if request.include_usage:
-        usage = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "system_fingerprint": None, "choices": [],
-                 "usage": usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices))}
+        usage = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [],
+            "usage": usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices)),
+        }
         out.append(usage)
     return out
 
 
 # --------------------------------------------------------------------------- completions responses
-def _legacy_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, top_n: int,
-                     offset: int) -> dict[str, Any]:
+def _legacy_logprobs(
+    tokenizer: Any, choice: GeneratedChoice, start: int, end: int, top_n: int, offset: int
+) -> dict[str, Any]:
     """The /v1/completions log-prob shape: tokens, token_logprobs, top_logprobs, text_offset."""
     entries = token_logprobs(tokenizer, choice, start, end, top_n)
     tokens = [e["token"] for e in entries]
@@ -382,8 +489,12 @@ def _legacy_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: i
             alts = {a["token"]: a["logprob"] for a in e["top_logprobs"]}
             alts.setdefault(e["token"], e["logprob"])  # the sampled token is always listed (as OpenAI does)
             tops.append(alts)
-    return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries], "top_logprobs": tops,
-            "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 @dataclass
@@ -421,8 +532,9 @@ def _echoed_logprobs(tokenizer: Any, prompt: PromptScores, top_n: int) -> dict[s
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def completion_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any,
-                           prompt: PromptScores | None = None) -> dict[str, Any]:
+def completion_choice_json(
+    tokenizer: Any, choice: GeneratedChoice, request: Any, prompt: PromptScores | None = None
+) -> dict[str, Any]:
     """One choice of a text_completion (request: openai_requests.CompletionRequest). With
     `prompt` (echo) the text and the log-prob lists start with the prompt's."""
     text = choice_text(tokenizer, choice.output_ids, choice.finish_reason, request.stop)
@@ -434,7 +546,10 @@ def completion_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any
             head = _echoed_logprobs(tokenizer, prompt, request.logprobs)
             logprobs = {k: head[k] + (logprobs[k] or [None] * len(choice.output_ids)) for k in head}
     out: dict[str, Any] = {
-        "index": choice.index, "text": prefix + text, "logprobs": logprobs, "finish_reason": choice.finish_reason,
+        "index": choice.index,
+        "text": prefix + text,
+        "logprobs": logprobs,
+        "finish_reason": choice.finish_reason,
     }
     if request.return_token_ids:
         out["token_ids"] = list(choice.output_ids)
@@ -442,15 +557,31 @@ def completion_choice_json(tokenizer: Any, choice: GeneratedChoice, request: Any
     return out
 
 
-def completion_json(completion_id: str, created: int, model: str, choices: list[dict], prompt_tokens: int,
-                    completion_tokens: int) -> dict[str, Any]:
-    return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "usage": usage_json(prompt_tokens, completion_tokens), "system_fingerprint": None}
+def completion_json(
+    completion_id: str, created: int, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_json(prompt_tokens, completion_tokens),
+        "system_fingerprint": None,
+    }
 
 
-def completion_chunks(tokenizer: Any, completion_id: str, created: int, model: str,
-                      choices: list[GeneratedChoice], request: Any, prompt_tokens: int) -> list[dict]:
+def completion_chunks(
+    tokenizer: Any,
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[GeneratedChoice],
+    request: Any,
+    prompt_tokens: int,
+) -> list[dict]:
     """The streamed text_completion objects: text deltas, then a finish chunk per choice; then usage."""
+
     def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
         return completion_chunk(completion_id, created, model, index, text, logprobs, finish)
 
@@ -459,12 +590,21 @@ def completion_chunks(tokenizer: Any, completion_id: str, created: int, model: s
         final = choice_text(tokenizer, c.output_ids, c.finish_reason, request.stop)
         offset = 0
         for text, a, b in text_deltas(tokenizer, c.output_ids, final):
-            lp = (_legacy_logprobs(tokenizer, c, a, b, request.logprobs, offset)
-                  if request.logprobs is not None else None)
+            lp = (
+                _legacy_logprobs(tokenizer, c, a, b, request.logprobs, offset) if request.logprobs is not None else None
+            )
             out.append(chunk(c.index, text, lp))
             offset += len(text)
         out.append(chunk(c.index, "", None, c.finish_reason))
     if request.include_usage:
-        out.append({"id": completion_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [], "usage": usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices))})
+        out.append(
+            {
+                "id": completion_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices)),
+            }
+        )
     return out

@@ -12,32 +12,43 @@ import asyncio
 import functools
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.native_requests import BadRequest
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError
-from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STREAM_INTERVAL_S", "error_response", "openai_errors", "send_chunks", "prepare_events", "write_event",
-           "content_chars"]
+__all__ = [
+    "STREAM_INTERVAL_S",
+    "error_response",
+    "openai_errors",
+    "send_chunks",
+    "prepare_events",
+    "write_event",
+    "content_chars",
+]
 
 # Streaming: a choice's text goes out as it is decoded, at most this often (the first at once),
 # so a long answer costs tens of cumulative decodes a second, not one per token.
 STREAM_INTERVAL_S = 0.05
 
 
-def error_response(status: int, message: str, kind: str, param: str | None = None,
-                   code: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                             status=status)
+def error_response(
+    status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
 
 
-def openai_errors(handler: Callable[..., Awaitable[web.StreamResponse]]) -> Callable[..., Awaitable[web.StreamResponse]]:
+def openai_errors(
+    handler: Callable[..., Awaitable[web.StreamResponse]],
+) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Every failure of a /v1 handler as an OpenAI error body (the server's own middleware speaks SGLang's)."""
+
     @functools.wraps(handler)
     async def wrapped(self: Any, request: web.Request) -> web.StreamResponse:
         try:
@@ -53,6 +64,7 @@ def openai_errors(handler: Callable[..., Awaitable[web.StreamResponse]]) -> Call
         except Exception as err:  # one bad request must never take the server down
             log.exception("%s %s failed", request.method, request.path)
             return error_response(500, f"{type(err).__name__}: {err}", "server_error")
+
     return wrapped
 
 

@@ -26,8 +26,16 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OpenAIRequestError", "ChatRequest", "CompletionRequest", "parse_chat_request",
-           "parse_completion_request", "normalize_messages", "MAX_N", "MAX_STOP"]
+__all__ = [
+    "OpenAIRequestError",
+    "ChatRequest",
+    "CompletionRequest",
+    "parse_chat_request",
+    "parse_completion_request",
+    "normalize_messages",
+    "MAX_N",
+    "MAX_STOP",
+]
 
 MAX_N = 16  # choices per request (and per prompt of a batched /v1/completions)
 MAX_STOP = 4  # OpenAI's limit on stop sequences
@@ -35,21 +43,53 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; /v1/completions' legacy `logpr
 MAX_PROMPTS = 64  # prompts in one batched /v1/completions request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
-_COMMON = {"model", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream", "stream_options",
-           "user", "metadata", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "top_k",
-           "ignore_eos", "return_token_ids"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-                         "parallel_tool_calls", "response_format"}
+_COMMON = {
+    "model",
+    "n",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "top_k",
+    "ignore_eos",
+    "return_token_ids",
+}
+CHAT_FIELDS = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
 
 # Fields that cannot change what this server generates: accepted, ignored, noted once in the log.
 # (Storage, billing, caching and abuse-tracking hints of OpenAI's service, and `verbosity`, a
 # length hint to reasoning models that this server has no way to honour or to break.)
-IGNORED_FIELDS = {"store": "nothing is stored", "service_tier": "one tier",
-                  "prompt_cache_key": "prefix caching needs no key here",
-                  "safety_identifier": "no abuse tracking", "verbosity": "a hint this server does not take",
-                  "prediction": "predicted outputs only speed up a server that has them",
-                  "web_search_options": None, "audio": None, "modalities": None, "reasoning_effort": None}
+IGNORED_FIELDS = {
+    "store": "nothing is stored",
+    "service_tier": "one tier",
+    "prompt_cache_key": "prefix caching needs no key here",
+    "safety_identifier": "no abuse tracking",
+    "verbosity": "a hint this server does not take",
+    "prediction": "predicted outputs only speed up a server that has them",
+    "web_search_options": None,
+    "audio": None,
+    "modalities": None,
+    "reasoning_effort": None,
+}
 # Fields that would change the output, accepted only at the value that does not.
 NEUTRAL_VALUES = {"min_p": (0, 0.0)}
 _noted: set[str] = set()
@@ -65,8 +105,7 @@ def _ignore_harmless(body: dict) -> None:
                 raise OpenAIRequestError(f"'modalities' {value!r}: this server outputs text only", key)
         elif key in ("audio", "web_search_options", "reasoning_effort"):
             if value is not None:
-                raise OpenAIRequestError(f"'{key}' is not supported by this server (it would change the output)",
-                                         key)
+                raise OpenAIRequestError(f"'{key}' is not supported by this server (it would change the output)", key)
         elif key not in _noted:
             _noted.add(key)
             log.warning("OpenAI field %r accepted and ignored (noted once): %s", key, IGNORED_FIELDS[key])
@@ -81,8 +120,14 @@ def _ignore_harmless(body: dict) -> None:
 class OpenAIRequestError(ValueError):
     """A request refused with an OpenAI-shaped error: {"error": {message, type, param, code}}."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
 
@@ -180,7 +225,9 @@ def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
     if unknown:
         raise OpenAIRequestError(
             f"unsupported parameter(s) {unknown} for {endpoint}; this server takes {sorted(allowed)} "
-            "(logit_bias empty only)", unknown[0])
+            "(logit_bias empty only)",
+            unknown[0],
+        )
     if body.get("logit_bias"):
         raise OpenAIRequestError("'logit_bias' is not supported by this server (only empty)", "logit_bias")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
@@ -189,8 +236,9 @@ def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
         raise OpenAIRequestError("'user' must be a string", "user")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise OpenAIRequestError("'model' is required (a string; this server serves one model and takes any name)",
-                                 "model")
+        raise OpenAIRequestError(
+            "'model' is required (a string; this server serves one model and takes any name)", "model"
+        )
     return body
 
 
@@ -219,7 +267,7 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
     if stop is not None and len(stop) > MAX_STOP:
         raise OpenAIRequestError(f"'stop' takes at most {MAX_STOP} sequences, got {len(stop)}", "stop")
     request.stop = list(stop or [])
-    request.seed = _optional_int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
+    request.seed = _optional_int(body, "seed", -(2**63), 2**64 - 1)
     request.ignore_eos = _bool(body, "ignore_eos")
     for key, lo, hi in (("frequency_penalty", -2.0, 2.0), ("presence_penalty", -2.0, 2.0)):
         v = body.get(key)
@@ -229,8 +277,9 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
             setattr(request, key, float(v))
     rp = body.get("repetition_penalty")
     if rp is not None and (not _is_number(rp) or not 0 < rp < float("inf")):
-        raise OpenAIRequestError(f"'repetition_penalty' must be a number > 0 (1 is off), got {rp!r}",
-                                 "repetition_penalty")
+        raise OpenAIRequestError(
+            f"'repetition_penalty' must be a number > 0 (1 is off), got {rp!r}", "repetition_penalty"
+        )
     if rp is not None:
         request.repetition_penalty = float(rp)
 
@@ -286,10 +335,13 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             raise OpenAIRequestError(f"messages[{i}] must be an object, got {type(raw).__name__}", f"messages[{i}]")
         role = raw.get("role")
         if role not in ROLES:
-            raise OpenAIRequestError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}",
-                                     f"messages[{i}].role")
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                               "content": _content(raw.get("content"), f"messages[{i}].content")}
+            raise OpenAIRequestError(
+                f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}", f"messages[{i}].role"
+            )
+        msg: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": _content(raw.get("content"), f"messages[{i}].content"),
+        }
         if role == "assistant" and raw.get("tool_calls"):
             msg["tool_calls"] = _message_tool_calls(raw["tool_calls"], f"messages[{i}].tool_calls")
         elif msg["content"] is None and role != "assistant":
@@ -312,11 +364,14 @@ def _content(content: Any, where: str) -> str | None:
         if kind in ("text", "input_text") and isinstance(part.get("text"), str):  # input_text: Responses-API style
             texts.append(part["text"])
         elif kind in ("image_url", "input_image", "input_audio", "file", "audio"):
-            raise OpenAIRequestError(f"{where}[{k}]: content of type {kind!r} is not supported: this server "
-                                     "serves a text-only model", f"{where}[{k}]")
+            raise OpenAIRequestError(
+                f"{where}[{k}]: content of type {kind!r} is not supported: this server serves a text-only model",
+                f"{where}[{k}]",
+            )
         else:
-            raise OpenAIRequestError(f"{where}[{k}] must be {{\"type\": \"text\", \"text\": ...}}, got {part!r:.80}",
-                                     f"{where}[{k}]")
+            raise OpenAIRequestError(
+                f'{where}[{k}] must be {{"type": "text", "text": ...}}, got {part!r:.80}', f"{where}[{k}]"
+            )
     return "".join(texts)
 
 
@@ -327,13 +382,20 @@ def _message_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     for k, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise OpenAIRequestError(f"{where}[{k}] must be {{\"type\": \"function\", \"function\": "
-                                     f"{{\"name\": ..., \"arguments\": ...}}}}", f"{where}[{k}]")
+            raise OpenAIRequestError(
+                f'{where}[{k}] must be {{"type": "function", "function": {{"name": ..., "arguments": ...}}}}',
+                f"{where}[{k}]",
+            )
         arguments = fn.get("arguments", "{}")
         if not isinstance(arguments, (str, dict)):
             raise OpenAIRequestError(f"{where}[{k}].function.arguments must be a JSON string", f"{where}[{k}]")
-        out.append({"id": str(call.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": arguments}})
+        out.append(
+            {
+                "id": str(call.get("id", "")),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": arguments},
+            }
+        )
     return out
 
 
@@ -345,15 +407,17 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     for k, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise OpenAIRequestError(f"tools[{k}]: only tools of type 'function' are supported, got {kind!r}",
-                                     f"tools[{k}]")
+            raise OpenAIRequestError(
+                f"tools[{k}]: only tools of type 'function' are supported, got {kind!r}", f"tools[{k}]"
+            )
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise OpenAIRequestError(f"tools[{k}].function needs a 'name'", f"tools[{k}].function")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise OpenAIRequestError(f"tools[{k}].function.parameters must be a JSON Schema object",
-                                     f"tools[{k}].function.parameters")
+            raise OpenAIRequestError(
+                f"tools[{k}].function.parameters must be a JSON Schema object", f"tools[{k}].function.parameters"
+            )
         if not isinstance(fn.get("strict", False), (bool, type(None))):
             raise OpenAIRequestError(f"tools[{k}].function.strict must be a boolean", f"tools[{k}].function.strict")
     names = [t["function"]["name"] for t in tools]
@@ -363,7 +427,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
-    """"auto" | "none" | "required" | {"type": "function", "function": {"name": N}} with N in `tools`."""
+    """ "auto" | "none" | "required" | {"type": "function", "function": {"name": N}} with N in `tools`."""
     if choice is None:
         return "auto"
     if choice in ("auto", "none"):
@@ -376,12 +440,15 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, An
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in names:
-            raise OpenAIRequestError(f"'tool_choice' names function {name!r}, which is not in 'tools' {names}",
-                                     "tool_choice")
+            raise OpenAIRequestError(
+                f"'tool_choice' names function {name!r}, which is not in 'tools' {names}", "tool_choice"
+            )
         return {"type": "function", "function": {"name": name}}
-    raise OpenAIRequestError(f"'tool_choice' must be 'auto', 'none', 'required' or "
-                             f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {choice!r}",
-                             "tool_choice")
+    raise OpenAIRequestError(
+        f"'tool_choice' must be 'auto', 'none', 'required' or "
+        f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r}',
+        "tool_choice",
+    )
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:
@@ -396,15 +463,18 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
-            raise OpenAIRequestError("response_format.json_schema must be an object with a 'schema'",
-                                     "response_format.json_schema")
+            raise OpenAIRequestError(
+                "response_format.json_schema must be an object with a 'schema'", "response_format.json_schema"
+            )
         schema = spec.get("schema", {})
         if not isinstance(schema, (dict, bool)):
-            raise OpenAIRequestError("response_format.json_schema.schema must be a JSON Schema object",
-                                     "response_format.json_schema.schema")
+            raise OpenAIRequestError(
+                "response_format.json_schema.schema must be a JSON Schema object", "response_format.json_schema.schema"
+            )
         return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
-    raise OpenAIRequestError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                             "response_format")
+    raise OpenAIRequestError(
+        f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "response_format"
+    )
 
 
 # --------------------------------------------------------------------------- completions
@@ -422,8 +492,11 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         request.max_tokens = 16  # OpenAI's default for this endpoint
     request.prompts = _prompts(body.get("prompt"))
     if len(request.prompts) * request.n > MAX_PROMPTS:
-        raise OpenAIRequestError(f"{len(request.prompts)} prompts x n={request.n} choices is more than this "
-                                 f"server takes in one request ({MAX_PROMPTS})", "prompt")
+        raise OpenAIRequestError(
+            f"{len(request.prompts)} prompts x n={request.n} choices is more than this "
+            f"server takes in one request ({MAX_PROMPTS})",
+            "prompt",
+        )
     request.logprobs = _optional_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     if body.get("suffix") is not None:
         raise OpenAIRequestError("'suffix' (insertion) is not supported by this server", "suffix")
@@ -446,11 +519,11 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     elif isinstance(prompt, list) and prompt:
         prompts = list(prompt)
     else:
-        raise OpenAIRequestError("'prompt' must be a non-empty string, list of strings, or list of token ids",
-                                 "prompt")
+        raise OpenAIRequestError("'prompt' must be a non-empty string, list of strings, or list of token ids", "prompt")
     for k, p in enumerate(prompts):
         ok = (isinstance(p, str) and p) or (isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p))
         if not ok:
-            raise OpenAIRequestError(f"prompt[{k}] must be a non-empty string or a non-empty list of token ids",
-                                     "prompt")
+            raise OpenAIRequestError(
+                f"prompt[{k}] must be a non-empty string or a non-empty list of token ids", "prompt"
+            )
     return prompts

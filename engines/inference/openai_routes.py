@@ -94,9 +94,15 @@ class OpenAIRoutes:
         if chat.stream:
             chunks = fmt.chat_chunks(tokenizer, cid, created, chat.model, choices, chat, len(prompt_ids))
             return await send_chunks(request, chunks)
-        body = fmt.chat_completion_json(cid, created, chat.model,
-                                        [fmt.chat_choice_json(tokenizer, c, chat) for c in choices],
-                                        prompt_ids, out_tokens, chat.return_token_ids)
+        body = fmt.chat_completion_json(
+            cid,
+            created,
+            chat.model,
+            [fmt.chat_choice_json(tokenizer, c, chat) for c in choices],
+            prompt_ids,
+            out_tokens,
+            chat.return_token_ids,
+        )
         return web.json_response(body)
 
     @openai_errors
@@ -110,32 +116,44 @@ class OpenAIRoutes:
         params = [self.served.sampling(req, len(p), "prompt") for p in prompts]
         if req.stream:
             return await self._stream(request, prompts, params, req, cid, chat=False)
-        groups = await asyncio.gather(*(
-            self.served.generate(p, sp, req.n, req.logprobs or 0, cid, first_index=k * req.n)
-            for k, (p, sp) in enumerate(zip(prompts, params))))
+        groups = await asyncio.gather(
+            *(
+                self.served.generate(p, sp, req.n, req.logprobs or 0, cid, first_index=k * req.n)
+                for k, (p, sp) in enumerate(zip(prompts, params))
+            )
+        )
         choices = [c for group in groups for c in group]
         created, prompt_tokens = int(time.time()), sum(len(p) for p in prompts)
         out_tokens = sum(len(c.output_ids) for c in choices)
         if req.stream:
-            return await send_chunks(request, fmt.completion_chunks(tokenizer, cid, created, req.model, choices,
-                                                                     req, prompt_tokens))
+            return await send_chunks(
+                request, fmt.completion_chunks(tokenizer, cid, created, req.model, choices, req, prompt_tokens)
+            )
         echoed: list[fmt.PromptScores | None] = [None] * len(prompts)
         if req.echo:  # a scoring forward per prompt, off the event loop (engine.score_prompt)
             top_n = req.logprobs or 0
-            scores = await asyncio.gather(*(asyncio.to_thread(self.server.engine.score_prompt, p, top_n)
-                                            for p in prompts)) if req.logprobs is not None else [(None, None)] * len(prompts)
+            scores = (
+                await asyncio.gather(*(asyncio.to_thread(self.server.engine.score_prompt, p, top_n) for p in prompts))
+                if req.logprobs is not None
+                else [(None, None)] * len(prompts)
+            )
             echoed = [fmt.PromptScores(p, lps, top) for p, (lps, top) in zip(prompts, scores)]
-        body = fmt.completion_json(cid, created, req.model,
-                                   [fmt.completion_choice_json(tokenizer, c, req, echoed[c.index // req.n])
-                                    for c in choices],
-                                   prompt_tokens, out_tokens)
+        body = fmt.completion_json(
+            cid,
+            created,
+            req.model,
+            [fmt.completion_choice_json(tokenizer, c, req, echoed[c.index // req.n]) for c in choices],
+            prompt_tokens,
+            out_tokens,
+        )
         if req.return_token_ids:
             body["prompt_token_ids"] = prompts if len(prompts) > 1 else prompts[0]
         return web.json_response(body)
 
     # ------------------------------------------------------------------ streaming
-    async def _stream(self, request: web.Request, prompts: list[list[int]], params: list[Any], req: Any,
-                      cid: str, chat: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, prompts: list[list[int]], params: list[Any], req: Any, cid: str, chat: bool
+    ) -> web.StreamResponse:
         """Server-Sent Events as the engine decodes (`EmbeddedEngine.stream`): every choice of
         every prompt is pumped by a task of its own into one queue the response drains. A client
         that goes away ends the response; the pumps are cancelled and abort their requests."""
@@ -146,8 +164,11 @@ class OpenAIRoutes:
         for k, (prompt, sp) in enumerate(zip(prompts, params)):
             for i in range(req.n):
                 choice_sp = sp if sp.seed is None else dataclasses.replace(sp, seed=sp.seed + i)
-                pumps.append(asyncio.create_task(self._pump(queue, prompt, choice_sp, req, cid, created, model,
-                                                            k * req.n + i, top_n, chat)))
+                pumps.append(
+                    asyncio.create_task(
+                        self._pump(queue, prompt, choice_sp, req, cid, created, model, k * req.n + i, top_n, chat)
+                    )
+                )
         response: web.StreamResponse | None = None
         out_tokens, running = 0, len(pumps)
         try:
@@ -159,21 +180,32 @@ class OpenAIRoutes:
                 if isinstance(item, BaseException) and response is None:
                     raise item  # nothing sent yet: an HTTP error (400 for a request the engine refuses, 503 ...)
                 if response is None:  # headers go out with the first chunk
-                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                           "Cache-Control": "no-cache"})
+                    response = web.StreamResponse(
+                        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                    )
                     await response.prepare(request)
                 if isinstance(item, BaseException):  # the headers are out: the error is an event
                     log.error("a streamed choice failed", exc_info=item)
-                    error = {"message": f"{type(item).__name__}: {item}", "type": "server_error", "param": None,
-                             "code": None}
+                    error = {
+                        "message": f"{type(item).__name__}: {item}",
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
                     await response.write(f"data: {json.dumps({'error': error})}\n\n".encode())
                     break
                 await response.write(f"data: {json.dumps(item)}\n\n".encode())
             else:
                 if req.include_usage:
-                    usage = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion",
-                             "created": created, "model": model, "system_fingerprint": None, "choices": [],
-                             "usage": fmt.usage_json(sum(len(p) for p in prompts), out_tokens)}
+                    usage = {
+                        "id": cid,
+                        "object": "chat.completion.chunk" if chat else "text_completion",
+                        "created": created,
+                        "model": model,
+                        "system_fingerprint": None,
+                        "choices": [],
+                        "usage": fmt.usage_json(sum(len(p) for p in prompts), out_tokens),
+                    }
                     await response.write(f"data: {json.dumps(usage)}\n\n".encode())  # type: ignore[union-attr]
             assert response is not None  # every pump sends a finish chunk before its count
             await response.write(b"data: [DONE]\n\n")
@@ -183,8 +215,19 @@ class OpenAIRoutes:
                 t.cancel()
         return response
 
-    async def _pump(self, queue: asyncio.Queue, prompt: list[int], params: Any, req: Any, cid: str, created: int,
-                    model: str, index: int, top_n: int, chat: bool) -> None:
+    async def _pump(
+        self,
+        queue: asyncio.Queue,
+        prompt: list[int],
+        params: Any,
+        req: Any,
+        cid: str,
+        created: int,
+        model: str,
+        index: int,
+        top_n: int,
+        chat: bool,
+    ) -> None:
         """One choice: chunks into `queue` as its tokens arrive (at most every `STREAM_INTERVAL_S`,
         the first at once), then its finish chunk and its token count."""
         acc = fmt.GeneratedChoice(index, [], [], [], "", [] if top_n else None)
@@ -231,8 +274,13 @@ class OpenAIRoutes:
             queue.put_nowait(err)
 
     def _model_json(self) -> dict[str, Any]:
-        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "areal-graph",
-                "max_model_len": int(self.server.engine.max_context)}
+        return {
+            "id": self.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "areal-graph",
+            "max_model_len": int(self.server.engine.max_context),
+        }
 
     @openai_errors
     async def models(self, request: web.Request) -> web.Response:
@@ -242,18 +290,28 @@ class OpenAIRoutes:
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         if name != self.model_id:
-            return error_response(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
-                                  "invalid_request_error", "model", "model_not_found")
+            return error_response(
+                404,
+                f"the model {name!r} does not exist; this server serves {self.model_id!r}",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
         return web.json_response(self._model_json())
 
     @openai_errors
     async def not_supported(self, request: web.Request) -> web.Response:
         if request.path in ROUTES:
             allowed = "GET" if request.path == "/v1/models" else "POST"
-            return error_response(405, f"{request.method} {request.path} is not allowed; use {allowed}",
-                                  "invalid_request_error")
-        return error_response(404, f"{request.path} is not implemented by this server; it answers {list(ROUTES)}",
-                              "invalid_request_error", code="not_found")
+            return error_response(
+                405, f"{request.method} {request.path} is not allowed; use {allowed}", "invalid_request_error"
+            )
+        return error_response(
+            404,
+            f"{request.path} is not implemented by this server; it answers {list(ROUTES)}",
+            "invalid_request_error",
+            code="not_found",
+        )
 
 
 def default_served_name(model_path: str | None) -> str:

@@ -16,15 +16,19 @@ Frequency and presence count the answer only, repetition the prompt too (vLLM's 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from areal_graph.api.sampling import SamplingParams
 
 
-def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
-                    outputs: Sequence[Sequence[int]]) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    prompts: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
+) -> torch.Tensor:
     """`logits` [B, V] with each row's penalties applied (rows without any are untouched)."""
     rows = [i for i, p in enumerate(params) if p.has_penalties]
     if not rows:

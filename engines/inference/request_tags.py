@@ -61,7 +61,12 @@ def parse_tags(raw: Any) -> dict[str, int] | None:
     never fail a request."""
     if not isinstance(raw, dict):
         return None
-    out = {k: int(v) for k, v in raw.items()
-           if k in TAG_KEYS and isinstance(v, int) and not isinstance(v, bool)
-           and (0 if k != "group" else -(1 << 62)) <= v < 1 << 62}
+    out = {
+        k: int(v)
+        for k, v in raw.items()
+        if k in TAG_KEYS
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and (0 if k != "group" else -(1 << 62)) <= v < 1 << 62
+    }
     return out or None

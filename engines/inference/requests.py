@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -54,9 +55,13 @@ class Request:
 
     def result(self) -> GenerationResult:
         return GenerationResult(
-            rid=self.rid, output_ids=list(self.output_ids), output_logprobs=list(self.logprobs),
-            output_versions=list(self.versions), finish_reason=self.finish_reason or "abort",
-            prompt_len=len(self.prompt), output_top_logprobs=list(self.top) if self.top_logprobs else None,
+            rid=self.rid,
+            output_ids=list(self.output_ids),
+            output_logprobs=list(self.logprobs),
+            output_versions=list(self.versions),
+            finish_reason=self.finish_reason or "abort",
+            prompt_len=len(self.prompt),
+            output_top_logprobs=list(self.top) if self.top_logprobs else None,
             output_forced=list(self.forced) if self.constraint is not None else None,
         )
 
@@ -75,9 +80,7 @@ def validate_request(
         raise InvalidRequestError("input_ids is empty: a request needs at least one prompt token")
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise InvalidRequestError(
-            f"input_ids holds token id(s) outside the vocabulary [0, {vocab_size}): {bad[:5]}"
-        )
+        raise InvalidRequestError(f"input_ids holds token id(s) outside the vocabulary [0, {vocab_size}): {bad[:5]}")
     problems = params.problems()
     if problems:
         raise InvalidRequestError("bad sampling params: " + "; ".join(problems))

@@ -35,31 +35,65 @@ log = logging.getLogger(__name__)
 __all__ = ["ResponsesRequest", "parse_responses_request", "RESPONSES_FIELDS"]
 
 # Sampling extensions as on /v1/chat/completions (vLLM and SGLang take them on /v1/responses too).
-_EXTENSIONS = {"top_k", "seed", "stop", "frequency_penalty", "presence_penalty", "repetition_penalty",
-               "ignore_eos"}
-RESPONSES_FIELDS = {"model", "input", "instructions", "previous_response_id", "store", "stream", "stream_options",
-                    "tools", "tool_choice", "parallel_tool_calls", "text", "temperature", "top_p",
-                    "max_output_tokens", "top_logprobs", "include", "metadata", "user", "truncation", "reasoning",
-                    "max_tool_calls", "background", "conversation", "prompt", "context_management"} | _EXTENSIONS
+_EXTENSIONS = {"top_k", "seed", "stop", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos"}
+RESPONSES_FIELDS = {
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "store",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "top_logprobs",
+    "include",
+    "metadata",
+    "user",
+    "truncation",
+    "reasoning",
+    "max_tool_calls",
+    "background",
+    "conversation",
+    "prompt",
+    "context_management",
+} | _EXTENSIONS
 # Hints of OpenAI's service that cannot change what this server generates: accepted, ignored, noted once.
-_IGNORED = {"service_tier": "one tier", "prompt_cache_key": "prefix caching needs no key here",
-            "prompt_cache_retention": "prefix caching needs no settings here",
-            "prompt_cache_options": "prefix caching needs no settings here",
-            "safety_identifier": "no abuse tracking"}
+_IGNORED = {
+    "service_tier": "one tier",
+    "prompt_cache_key": "prefix caching needs no key here",
+    "prompt_cache_retention": "prefix caching needs no settings here",
+    "prompt_cache_options": "prefix caching needs no settings here",
+    "safety_identifier": "no abuse tracking",
+}
 # Fields accepted only at the value that changes nothing here, with why any other is refused.
 _NEUTRAL_ONLY = {
     "background": (False, "background responses are not built yet: ask without 'background'"),
-    "conversation": (None, "the Conversations API is not built yet: send the history as 'input' or use "
-                           "'previous_response_id'"),
+    "conversation": (
+        None,
+        "the Conversations API is not built yet: send the history as 'input' or use 'previous_response_id'",
+    ),
     "prompt": (None, "stored prompt templates are OpenAI's; send 'instructions' and 'input'"),
     "context_management": (None, "server-side compaction is not built yet"),
 }
 # `include` values: the logprobs are honoured; the others name content of tools or reasoning this
 # server never produces, so there is nothing to include.
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
-_INCLUDABLE = {INCLUDE_LOGPROBS, "reasoning.encrypted_content", "file_search_call.results",
-               "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
-               "computer_call_output.output.image_url", "code_interpreter_call.outputs"}
+_INCLUDABLE = {
+    INCLUDE_LOGPROBS,
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+}
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _noted: set[str] = set()
@@ -103,20 +137,25 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     body = _drop_ignored(dict(body))
     unknown = sorted(set(body) - RESPONSES_FIELDS)
     if unknown:
-        raise OpenAIRequestError(f"unsupported parameter(s) {unknown} for /v1/responses; this server takes "
-                                 f"{sorted(RESPONSES_FIELDS)}", unknown[0])
+        raise OpenAIRequestError(
+            f"unsupported parameter(s) {unknown} for /v1/responses; this server takes {sorted(RESPONSES_FIELDS)}",
+            unknown[0],
+        )
     for key, (neutral, why) in _NEUTRAL_ONLY.items():
         if body.get(key) not in (None, neutral):
             raise OpenAIRequestError(f"'{key}' is not supported by this server: {why}", key)
     _check_reasoning(body.get("reasoning"))
     if body.get("truncation") not in (None, "disabled"):
-        raise OpenAIRequestError(f"'truncation' {body['truncation']!r} is not built yet: only 'disabled' (a "
-                                 "conversation longer than the context is refused with context_length_exceeded)",
-                                 "truncation")
+        raise OpenAIRequestError(
+            f"'truncation' {body['truncation']!r} is not built yet: only 'disabled' (a "
+            "conversation longer than the context is refused with context_length_exceeded)",
+            "truncation",
+        )
     max_tool_calls = body.get("max_tool_calls")
     if max_tool_calls is not None and (not isinstance(max_tool_calls, int) or max_tool_calls < 1):
-        raise OpenAIRequestError(f"'max_tool_calls' must be an integer >= 1, got {max_tool_calls!r}",
-                                 "max_tool_calls")  # built-in tools only: this server has none
+        raise OpenAIRequestError(
+            f"'max_tool_calls' must be an integer >= 1, got {max_tool_calls!r}", "max_tool_calls"
+        )  # built-in tools only: this server has none
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise OpenAIRequestError("'instructions' must be a string", "instructions")
@@ -129,21 +168,33 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     tools = _function_tools(body.get("tools"))
     top_logprobs = body.get("top_logprobs")
     chat_body: dict[str, Any] = {
-        "model": body.get("model"), "messages": messages or [{"role": "user", "content": ""}],
-        "tools": [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
-                                                    if k in t}} for t in tools] or None,
-        "tool_choice": _tool_choice(body.get("tool_choice")), "parallel_tool_calls": body.get("parallel_tool_calls"),
+        "model": body.get("model"),
+        "messages": messages or [{"role": "user", "content": ""}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t},
+            }
+            for t in tools
+        ]
+        or None,
+        "tool_choice": _tool_choice(body.get("tool_choice")),
+        "parallel_tool_calls": body.get("parallel_tool_calls"),
         "response_format": _text_format(body.get("text")),
         "max_completion_tokens": _max_output_tokens(body.get("max_output_tokens")),
         "logprobs": INCLUDE_LOGPROBS in include or None,
         "top_logprobs": top_logprobs if top_logprobs else None,
-        "stream": body.get("stream"), "metadata": body.get("metadata"), "user": body.get("user"),
+        "stream": body.get("stream"),
+        "metadata": body.get("metadata"),
+        "user": body.get("user"),
         **{k: body.get(k) for k in ("temperature", "top_p", *_EXTENSIONS)},
     }
-    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
-                                     or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
-        raise OpenAIRequestError(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
-                                 f"{top_logprobs!r}", "top_logprobs")
+    if top_logprobs is not None and (
+        isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS
+    ):
+        raise OpenAIRequestError(
+            f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}", "top_logprobs"
+        )
     if top_logprobs:
         chat_body["logprobs"] = True  # asking for alternatives asks for the log-probs (OpenAI's rule)
     if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
@@ -159,13 +210,22 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         raise OpenAIRequestError("'store' must be a boolean", "store")
     text = body.get("text") or {}
     return ResponsesRequest(
-        chat=chat, input_messages=messages, input_items=items, instructions=instructions or None,
-        previous_response_id=previous, store=True if store is None else store,
-        include_logprobs=INCLUDE_LOGPROBS in include or bool(top_logprobs), tools=tools,
+        chat=chat,
+        input_messages=messages,
+        input_items=items,
+        instructions=instructions or None,
+        previous_response_id=previous,
+        store=True if store is None else store,
+        include_logprobs=INCLUDE_LOGPROBS in include or bool(top_logprobs),
+        tools=tools,
         tool_choice=body.get("tool_choice") or "auto",
-        text_format=text.get("format") or {"type": "text"}, max_output_tokens=chat.max_tokens,
-        temperature=body.get("temperature"), top_p=body.get("top_p"), metadata=body.get("metadata"),
-        user=body.get("user"))
+        text_format=text.get("format") or {"type": "text"},
+        max_output_tokens=chat.max_tokens,
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        metadata=body.get("metadata"),
+        user=body.get("user"),
+    )
 
 
 # --------------------------------------------------------------------------- fields
@@ -187,13 +247,17 @@ def _check_reasoning(reasoning: Any) -> None:
         raise OpenAIRequestError("'reasoning' must be an object", "reasoning")
     effort = reasoning.get("effort")
     if effort not in (None, "none"):
-        raise OpenAIRequestError(f"'reasoning.effort' {effort!r}: the served model does not reason; use 'none' "
-                                 "or leave 'reasoning' out (Agents SDK: ModelSettings(reasoning=None))",
-                                 "reasoning.effort")
+        raise OpenAIRequestError(
+            f"'reasoning.effort' {effort!r}: the served model does not reason; use 'none' "
+            "or leave 'reasoning' out (Agents SDK: ModelSettings(reasoning=None))",
+            "reasoning.effort",
+        )
     for key in ("summary", "generate_summary"):
         if reasoning.get(key) is not None:
-            raise OpenAIRequestError(f"'reasoning.{key}': the served model does not reason, so there is no "
-                                     "summary to give", f"reasoning.{key}")
+            raise OpenAIRequestError(
+                f"'reasoning.{key}': the served model does not reason, so there is no summary to give",
+                f"reasoning.{key}",
+            )
 
 
 def _include(include: Any) -> set[str]:
@@ -203,8 +267,9 @@ def _include(include: Any) -> set[str]:
         raise OpenAIRequestError("'include' must be a list of strings", "include")
     unknown = sorted(set(include) - _INCLUDABLE)
     if unknown:
-        raise OpenAIRequestError(f"'include' value(s) {unknown} are not known; this server takes {sorted(_INCLUDABLE)}",
-                                 "include")
+        raise OpenAIRequestError(
+            f"'include' value(s) {unknown} are not known; this server takes {sorted(_INCLUDABLE)}", "include"
+        )
     return set(include)
 
 
@@ -226,8 +291,11 @@ def _function_tools(tools: Any) -> list[dict[str, Any]]:
     for k, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
         if kind != "function":
-            raise OpenAIRequestError(f"tools[{k}]: only tools of type 'function' are supported (this server runs no "
-                                     f"hosted tools), got {kind!r}", f"tools[{k}]")
+            raise OpenAIRequestError(
+                f"tools[{k}]: only tools of type 'function' are supported (this server runs no "
+                f"hosted tools), got {kind!r}",
+                f"tools[{k}]",
+            )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise OpenAIRequestError(f"tools[{k}] needs a 'name'", f"tools[{k}].name")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
@@ -242,9 +310,11 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise OpenAIRequestError(f"'tool_choice' must be 'auto', 'none', 'required' or {{\"type\": \"function\", "
-                             f"\"name\": ...}} (hosted tools and allowed_tools are not supported), got {choice!r:.120}",
-                             "tool_choice")
+    raise OpenAIRequestError(
+        f"'tool_choice' must be 'auto', 'none', 'required' or {{\"type\": \"function\", "
+        f'"name": ...}} (hosted tools and allowed_tools are not supported), got {choice!r:.120}',
+        "tool_choice",
+    )
 
 
 def _text_format(text: Any) -> dict[str, Any] | None:
@@ -255,8 +325,9 @@ def _text_format(text: Any) -> dict[str, Any] | None:
         raise OpenAIRequestError("'text' must be an object", "text")
     unknown = sorted(set(text) - {"format", "verbosity"})
     if unknown:
-        raise OpenAIRequestError(f"text.{unknown[0]} is not supported (text takes format and verbosity)",
-                                 f"text.{unknown[0]}")
+        raise OpenAIRequestError(
+            f"text.{unknown[0]} is not supported (text takes format and verbosity)", f"text.{unknown[0]}"
+        )
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -269,12 +340,17 @@ def _text_format(text: Any) -> dict[str, Any] | None:
             raise OpenAIRequestError("text.format.schema must be a JSON Schema object", "text.format.schema")
         spec = {"name": fmt.get("name") or "response", "schema": schema, "strict": bool(fmt.get("strict"))}
         return {"type": "json_schema", "json_schema": spec}
-    raise OpenAIRequestError(f"text.format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                             "text.format")
+    raise OpenAIRequestError(
+        f"text.format type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "text.format"
+    )
 
 
-_RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
-            "response_format": "text.format"}
+_RENAMED = {
+    "messages": "input",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+}
 
 
 def _renamed(err: OpenAIRequestError) -> OpenAIRequestError:
@@ -282,9 +358,10 @@ def _renamed(err: OpenAIRequestError) -> OpenAIRequestError:
     param = err.param or ""
     for chat_name, ours in _RENAMED.items():
         if param == chat_name or param.startswith(chat_name + ".") or param.startswith(chat_name + "["):
-            param = ours + param[len(chat_name):]
-            return OpenAIRequestError(err.message.replace(f"'{chat_name}'", f"'{ours}'"), param, err.status,
-                                      err.kind, err.code)
+            param = ours + param[len(chat_name) :]
+            return OpenAIRequestError(
+                err.message.replace(f"'{chat_name}'", f"'{ours}'"), param, err.status, err.kind, err.code
+            )
     return err
 
 
@@ -320,8 +397,9 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role")
             if role not in _MESSAGE_ROLES:
-                raise OpenAIRequestError(f"{where}.role must be one of {list(_MESSAGE_ROLES)}, got {role!r}",
-                                         f"{where}.role")
+                raise OpenAIRequestError(
+                    f"{where}.role must be one of {list(_MESSAGE_ROLES)}, got {role!r}", f"{where}.role"
+                )
             text = item_text(item.get("content"), f"{where}.content")
             if role == "assistant" and _open_assistant_turn(messages) and not messages[-1].get("tool_calls"):
                 messages[-1]["content"] = (messages[-1]["content"] or "") + text
@@ -330,12 +408,14 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "{}")
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
-                raise OpenAIRequestError(f"{where} (function_call) needs 'call_id', 'name' and 'arguments' (a JSON "
-                                         "string)", where)
+                raise OpenAIRequestError(
+                    f"{where} (function_call) needs 'call_id', 'name' and 'arguments' (a JSON string)", where
+                )
             if not _open_assistant_turn(messages):
                 messages.append({"role": "assistant", "content": None})
             messages[-1].setdefault("tool_calls", []).append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -346,11 +426,15 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue
         elif kind == "item_reference":
-            raise OpenAIRequestError(f"{where}: item references are not built yet; send the item itself or use "
-                                     "'previous_response_id'", where)
+            raise OpenAIRequestError(
+                f"{where}: item references are not built yet; send the item itself or use 'previous_response_id'", where
+            )
         else:
-            raise OpenAIRequestError(f"{where}: input items of type {kind!r} are not supported (this server takes "
-                                     "message, function_call, function_call_output and reasoning items)", where)
+            raise OpenAIRequestError(
+                f"{where}: input items of type {kind!r} are not supported (this server takes "
+                "message, function_call, function_call_output and reasoning items)",
+                where,
+            )
     return messages
 
 
@@ -372,9 +456,13 @@ def item_text(content: Any, where: str) -> str:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise OpenAIRequestError(f"{where}[{j}]: content of type {kind!r} is not supported: this server serves "
-                                     "a text-only model", f"{where}[{j}]")
+            raise OpenAIRequestError(
+                f"{where}[{j}]: content of type {kind!r} is not supported: this server serves a text-only model",
+                f"{where}[{j}]",
+            )
         else:
-            raise OpenAIRequestError(f"{where}[{j}] must be {{\"type\": \"input_text\", \"text\": ...}}, got "
-                                     f"{json.dumps(part, default=str)[:80]}", f"{where}[{j}]")
+            raise OpenAIRequestError(
+                f'{where}[{j}] must be {{"type": "input_text", "text": ...}}, got {json.dumps(part, default=str)[:80]}',
+                f"{where}[{j}]",
+            )
     return "".join(texts)

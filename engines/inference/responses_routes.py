@@ -76,23 +76,45 @@ class ResponsesRoutes:
         await out.write_eof()
         return out
 
-    def _finish(self, req: ResponsesRequest, rid: str, choice: fmt.GeneratedChoice, prompt_ids: list[int],
-                history: list[dict[str, Any]], message_id: str | None = None) -> dict[str, Any]:
+    def _finish(
+        self,
+        req: ResponsesRequest,
+        rid: str,
+        choice: fmt.GeneratedChoice,
+        prompt_ids: list[int],
+        history: list[dict[str, Any]],
+        message_id: str | None = None,
+    ) -> dict[str, Any]:
         """The response object for a generated turn; stored when asked."""
         cj = fmt.chat_choice_json(self.served.tokenizer(), choice, req.chat)
         logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
         items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
         if message_id is not None and items and items[0]["type"] == "message":
             items[0]["id"] = message_id  # the id its stream events already carried
-        response = rfmt.response_json(rid, time.time(), req.chat.model, req, items, len(prompt_ids),
-                                      len(choice.output_ids))
+        response = rfmt.response_json(
+            rid, time.time(), req.chat.model, req, items, len(prompt_ids), len(choice.output_ids)
+        )
         if req.store:
-            self.store.put(StoredResponse(response, [*history, *req.input_messages], rfmt.assistant_message(items),
-                                          rfmt.with_item_ids(req.input_items)))
+            self.store.put(
+                StoredResponse(
+                    response,
+                    [*history, *req.input_messages],
+                    rfmt.assistant_message(items),
+                    rfmt.with_item_ids(req.input_items),
+                )
+            )
         return response
 
-    async def _stream(self, request: web.Request, req: ResponsesRequest, prompt_ids: list[int], params: Any,
-                      rid: str, history: list[dict[str, Any]], top_n: int | None) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        req: ResponsesRequest,
+        prompt_ids: list[int],
+        params: Any,
+        rid: str,
+        history: list[dict[str, Any]],
+        top_n: int | None,
+    ) -> web.StreamResponse:
         """A text turn's events as the engine decodes it. Nothing is sent before the engine has
         taken the request, so a refusal is still an HTTP error; a client that goes away closes the
         engine's stream, which aborts the request."""
@@ -135,8 +157,16 @@ class ResponsesRoutes:
             if out is None:
                 raise  # nothing sent yet: an HTTP error
             log.error("a streamed response failed", exc_info=err)
-            await write_event(out, {"type": "error", "sequence_number": events.sequence, "code": "server_error",
-                                     "message": f"{type(err).__name__}: {err}", "param": None})
+            await write_event(
+                out,
+                {
+                    "type": "error",
+                    "sequence_number": events.sequence,
+                    "code": "server_error",
+                    "message": f"{type(err).__name__}: {err}",
+                    "param": None,
+                },
+            )
             await out.write_eof()
             return out
         finally:
@@ -153,9 +183,13 @@ class ResponsesRoutes:
         rid = request.match_info["id"]
         stored = self.store.get(rid)
         if stored is None:
-            raise OpenAIRequestError(f"no stored response {rid!r} (not created with store, by another server or "
-                                     "before this one started, or dropped)", "response_id", status=404,
-                                     code="not_found")
+            raise OpenAIRequestError(
+                f"no stored response {rid!r} (not created with store, by another server or "
+                "before this one started, or dropped)",
+                "response_id",
+                status=404,
+                code="not_found",
+            )
         return stored
 
     @openai_errors
@@ -184,9 +218,15 @@ class ResponsesRoutes:
         if order == "desc":
             items.reverse()
         page = items[:limit]
-        return web.json_response({"object": "list", "data": page, "has_more": len(items) > limit,
-                                  "first_id": page[0]["id"] if page else None,
-                                  "last_id": page[-1]["id"] if page else None})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": page,
+                "has_more": len(items) > limit,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+            }
+        )
 
 
 def register_responses_routes(server: Any, served: ServedModel) -> ResponsesRoutes:

@@ -76,6 +76,9 @@ class ResponseStore:
             raise OpenAIRequestError(
                 f"previous response {previous_response_id!r} was not found: it was created with store: false, "
                 f"by another server, before this server started, or was dropped (this server keeps the last "
-                f"{self.max_responses} stored responses)", "previous_response_id", status=400,
-                code="previous_response_not_found")
+                f"{self.max_responses} stored responses)",
+                "previous_response_id",
+                status=400,
+                code="previous_response_not_found",
+            )
         return [*stored.messages, stored.answer]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from areal_graph.api.imports import import_object
 from areal_graph.api.rollout import Rollout, Trajectory
@@ -29,8 +30,9 @@ class LocalEngineClient:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams, rid: str | None = None
-                       ) -> GenerationResult:
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None = None
+    ) -> GenerationResult:
         return await self.engine.generate(list(input_ids), params, rid=rid)
 
     def abort_epoch(self) -> int:
@@ -49,9 +51,13 @@ def policy_text(tokenizer: Any, trajectory: Trajectory) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def generate_with_rollout(engine: Any, rollout: Rollout, prompts: Sequence[Any],
-                          requests: Sequence[tuple[int, SamplingParams]],
-                          on_progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+def generate_with_rollout(
+    engine: Any,
+    rollout: Rollout,
+    prompts: Sequence[Any],
+    requests: Sequence[tuple[int, SamplingParams]],
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[Trajectory]:
     """One trajectory per request (prompt index, sampling), run concurrently through `rollout`
     with a group of 1; `engine` must be started. Order follows `requests`."""
     client = LocalEngineClient(engine)

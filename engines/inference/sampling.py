@@ -15,7 +15,7 @@ sampling density must apply the same truncation itself.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -70,8 +70,11 @@ def sample_tokens(
 
 
 def _inverse_cdf(
-    scaled: torch.Tensor, logprobs: torch.Tensor, params: Sequence[SamplingParams],
-    sample_rows: Sequence[int], uniforms: torch.Tensor,
+    scaled: torch.Tensor,
+    logprobs: torch.Tensor,
+    params: Sequence[SamplingParams],
+    sample_rows: Sequence[int],
+    uniforms: torch.Tensor,
 ) -> torch.Tensor:
     """A token for every row of `scaled` [B, V] (only `sample_rows` matter) from `uniforms` [B].
 

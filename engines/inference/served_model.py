@@ -48,7 +48,10 @@ class ServedModel:
             raise OpenAIRequestError(
                 f"the prompt has {n_chars} characters, more than this server tokenizes ({self.max_prompt_chars}: "
                 f"{CHARS_PER_TOKEN_LIMIT} per token of its {int(self.server.engine.max_context)}-token context; "
-                "--max-prompt-chars)", field, code="context_length_exceeded")
+                "--max-prompt-chars)",
+                field,
+                code="context_length_exceeded",
+            )
 
     async def encode(self, text: str, field: str) -> list[int]:
         self.check_chars(len(text), field)
@@ -61,8 +64,9 @@ class ServedModel:
 
     def tokenizer(self) -> Any:
         if self.server.tokenizer is None:
-            raise OpenAIRequestError("this server has no tokenizer, so it cannot serve text; send token ids to "
-                                     "/generate")
+            raise OpenAIRequestError(
+                "this server has no tokenizer, so it cannot serve text; send token ids to /generate"
+            )
         return self.server.tokenizer
 
     def sampling(self, request: SamplingRequest, prompt_len: int, prompt_field: str) -> SamplingParams:
@@ -70,28 +74,40 @@ class ServedModel:
         `prompt_field` is the request's field an over-long prompt is blamed on."""
         context = int(self.server.engine.max_context)
         if prompt_len >= context:
-            raise OpenAIRequestError(f"the prompt has {prompt_len} tokens; this model's context is {context}",
-                                     prompt_field, code="context_length_exceeded")
+            raise OpenAIRequestError(
+                f"the prompt has {prompt_len} tokens; this model's context is {context}",
+                prompt_field,
+                code="context_length_exceeded",
+            )
         max_new = request.max_tokens if request.max_tokens is not None else context - prompt_len
         if prompt_len + max_new > context:
-            raise OpenAIRequestError(f"the prompt ({prompt_len} tokens) + max_tokens ({max_new}) exceeds this "
-                                     f"model's context of {context} tokens", "max_tokens",
-                                     code="context_length_exceeded")
+            raise OpenAIRequestError(
+                f"the prompt ({prompt_len} tokens) + max_tokens ({max_new}) exceeds this "
+                f"model's context of {context} tokens",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
         temperature = 1.0 if request.temperature is None else request.temperature
         return SamplingParams(
-            max_new_tokens=max_new, temperature=temperature, greedy=temperature == 0,
+            max_new_tokens=max_new,
+            temperature=temperature,
+            greedy=temperature == 0,
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=-1 if request.top_k is None else request.top_k,
-            stop=list(request.stop), seed=request.seed, ignore_eos=request.ignore_eos,
-            frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
+            stop=list(request.stop),
+            seed=request.seed,
+            ignore_eos=request.ignore_eos,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
             repetition_penalty=request.repetition_penalty,
         )
 
     async def constrained(self, chat: ChatRequest, params: SamplingParams) -> SamplingParams:
         """`params` holding the answer to what `response_format` / `tool_choice` require
         (`structured_output.py`); a schema the engine cannot compile is a 400 naming the field."""
-        wanted = output_constraint(chat.tools, chat.tool_choice, chat.parallel_tool_calls, chat.response_format,
-                                   self._token_texts)
+        wanted = output_constraint(
+            chat.tools, chat.tool_choice, chat.parallel_tool_calls, chat.response_format, self._token_texts
+        )
         if wanted is None:
             return params
         params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
@@ -99,13 +115,15 @@ class ServedModel:
         if check is not None:
             problem = await asyncio.to_thread(check, params)
             if problem is not None:
-                field = "response_format" if chat.response_format is not None and chat.tool_choice == "auto" \
-                    else "tools"
+                field = (
+                    "response_format" if chat.response_format is not None and chat.tool_choice == "auto" else "tools"
+                )
                 raise OpenAIRequestError(f"{field}: {problem}", field)
         return params
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int, top_logprobs: int,
-                        rid: str, first_index: int = 0) -> list[fmt.GeneratedChoice]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, n: int, top_logprobs: int, rid: str, first_index: int = 0
+    ) -> list[fmt.GeneratedChoice]:
         """`n` engine requests for one prompt; a client that goes away aborts all of them."""
         engine = self.server.engine
         rids = [f"{rid}-{first_index + i}" for i in range(n)]
@@ -114,8 +132,10 @@ class ServedModel:
         def choice_params(i: int) -> SamplingParams:
             return params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
 
-        tasks = [asyncio.ensure_future(engine.generate(prompt_ids, choice_params(i), rid=r, **kwargs))
-                 for i, r in enumerate(rids)]
+        tasks = [
+            asyncio.ensure_future(engine.generate(prompt_ids, choice_params(i), rid=r, **kwargs))
+            for i, r in enumerate(rids)
+        ]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
@@ -124,8 +144,14 @@ class ServedModel:
                     engine.abort(r)
                     t.cancel()
             raise
-        return [fmt.GeneratedChoice(first_index + i, list(res.output_ids), list(res.output_logprobs),
-                                    list(res.output_versions), res.finish_reason,
-                                    getattr(res, "output_top_logprobs", None))
-                for i, res in enumerate(results)]
-
+        return [
+            fmt.GeneratedChoice(
+                first_index + i,
+                list(res.output_ids),
+                list(res.output_logprobs),
+                list(res.output_versions),
+                res.finish_reason,
+                getattr(res, "output_top_logprobs", None),
+            )
+            for i, res in enumerate(results)
+        ]

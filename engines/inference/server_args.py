@@ -25,20 +25,41 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond which /generate answers 503")
-    p.add_argument("--max-context", type=int, default=None, help="prompt + generation token limit (default: the model's)")
+    p.add_argument(
+        "--max-context", type=int, default=None, help="prompt + generation token limit (default: the model's)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--kv-on-update", default="recompute", choices=["recompute", "keep"],
-                   help="at a weight update, recompute the KV cache of requests in flight (default) or keep it")
+    p.add_argument(
+        "--kv-on-update",
+        default="recompute",
+        choices=["recompute", "keep"],
+        help="at a weight update, recompute the KV cache of requests in flight (default) or keep it",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                   help="weights and compute (bfloat16 on a GPU: half the memory traffic per decoded token)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(DTYPES),
+        help="weights and compute (bfloat16 on a GPU: half the memory traffic per decoded token)",
+    )
     p.add_argument("--name", default="inference", help="the process name in trace spans")
-    p.add_argument("--max-prompt-chars", type=int, default=None,
-                   help="/v1 prompts longer than this are refused before tokenizing (default: 32 per token of context)")
-    p.add_argument("--served-model-name", default=None,
-                   help="the model's id on /v1 (default: the model directory's name, not its path)")
-    p.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help="require the API key held in environment variable VAR (Authorization: Bearer KEY)")
+    p.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="/v1 prompts longer than this are refused before tokenizing (default: 32 per token of context)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's id on /v1 (default: the model directory's name, not its path)",
+    )
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="require the API key held in environment variable VAR (Authorization: Bearer KEY)",
+    )
     return p

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 READY_LINE = "areal-graph inference server listening on"
 
@@ -24,10 +25,28 @@ class ServerProcess:
     there is no race between choosing a port and binding it.
     """
 
-    def __init__(self, model: str, *, port: int = 0, host: str = "127.0.0.1", extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
-        self.cmd = [sys.executable, "-m", "areal_graph.engines.inference.http_server", "--model", str(model),
-                    "--host", host, "--port", str(port), *extra_args]
+    def __init__(
+        self,
+        model: str,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "areal_graph.engines.inference.http_server",
+            "--model",
+            str(model),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *extra_args,
+        ]
         self.env = env
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
@@ -75,7 +94,7 @@ class ServerProcess:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         self.start()
         return self
 

@@ -30,8 +30,9 @@ Pure and torch-free: the OpenAI routes and the recording client both call `outpu
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from areal_graph.api.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -62,9 +63,17 @@ def _call_schema(functions: Sequence[dict[str, Any]]) -> dict[str, Any]:
     options = []
     for fn in functions:
         params = fn.get("parameters")
-        options.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                        "properties": {"name": {"const": fn["name"]},
-                                       "arguments": params if isinstance(params, dict) else {"type": "object"}}})
+        options.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"const": fn["name"]},
+                    "arguments": params if isinstance(params, dict) else {"type": "object"},
+                },
+            }
+        )
     lenient = not all(fn.get("strict") for fn in functions)
     return _with_layout(options[0] if len(options) == 1 else {"anyOf": options}, lenient)
 
@@ -100,8 +109,10 @@ def _text_or_calls(token_texts: Mapping[str, int]) -> str:
 
 
 def _calls_rule(functions: Sequence[dict[str, Any]], parallel: bool, token_texts: Mapping[str, int]) -> list[str]:
-    call = (f"call: {_tag(TOOL_CALL_OPEN, token_texts)} \"\\n\" %json {json.dumps(_call_schema(functions))} "
-            f"\"\\n\" {_tag(TOOL_CALL_CLOSE, token_texts)}")
+    call = (
+        f'call: {_tag(TOOL_CALL_OPEN, token_texts)} "\\n" %json {json.dumps(_call_schema(functions))} '
+        f'"\\n" {_tag(TOOL_CALL_CLOSE, token_texts)}'
+    )
     calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
     return [calls, call]
 
@@ -114,9 +125,13 @@ def _response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] |
     return _with_layout(response_format["json_schema"].get("schema", {}), lenient=False)
 
 
-def output_constraint(tools: Sequence[dict[str, Any]], tool_choice: str | dict[str, Any],
-                      parallel_tool_calls: bool, response_format: dict[str, Any] | None,
-                      token_texts: Mapping[str, int] | None = None) -> OutputConstraint | None:
+def output_constraint(
+    tools: Sequence[dict[str, Any]],
+    tool_choice: str | dict[str, Any],
+    parallel_tool_calls: bool,
+    response_format: dict[str, Any] | None,
+    token_texts: Mapping[str, int] | None = None,
+) -> OutputConstraint | None:
     """The constraint a checked chat request implies, or None when its answer is free text.
 
     `tools` are OpenAI tool objects ({"type": "function", "function": {...}}), `tool_choice`
@@ -133,15 +148,29 @@ def output_constraint(tools: Sequence[dict[str, Any]], tool_choice: str | dict[s
         chosen = [fn for fn in functions if fn["name"] == name]
         return OutputConstraint(grammar="\n".join(["start: calls", *_calls_rule(chosen, False, token_texts)]))
     if tool_choice == "required":
-        return OutputConstraint(grammar="\n".join(["start: calls",
-                                                   *_calls_rule(functions, parallel_tool_calls, token_texts)]))
+        return OutputConstraint(
+            grammar="\n".join(["start: calls", *_calls_rule(functions, parallel_tool_calls, token_texts)])
+        )
     if functions and tool_choice == "auto" and answer is None and any(fn.get("strict") for fn in functions):
-        return OutputConstraint(grammar="\n".join([_text_or_calls(token_texts),
-                                                   *_calls_rule(functions, parallel_tool_calls, token_texts),
-                                                   f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{_regex_escape(TOOL_CALL_OPEN)}(.|\\n)*/"]))
+        return OutputConstraint(
+            grammar="\n".join(
+                [
+                    _text_or_calls(token_texts),
+                    *_calls_rule(functions, parallel_tool_calls, token_texts),
+                    f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{_regex_escape(TOOL_CALL_OPEN)}(.|\\n)*/",
+                ]
+            )
+        )
     if functions and tool_choice == "auto" and answer is not None:
-        return OutputConstraint(grammar="\n".join(["start: answer | calls", f"answer: %json {json.dumps(answer)}",
-                                                   *_calls_rule(functions, parallel_tool_calls, token_texts)]))
+        return OutputConstraint(
+            grammar="\n".join(
+                [
+                    "start: answer | calls",
+                    f"answer: %json {json.dumps(answer)}",
+                    *_calls_rule(functions, parallel_tool_calls, token_texts),
+                ]
+            )
+        )
     if answer is not None:
         return OutputConstraint(json_schema=json.dumps(answer))
     return None

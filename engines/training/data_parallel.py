@@ -26,7 +26,8 @@ import inspect
 import json
 import logging
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,13 +65,21 @@ def init_from_env() -> dist.ProcessGroup:
     """
     missing = [k for k in ENV_KEYS if not os.environ.get(k)]
     if missing:
-        raise RuntimeError(f"a data-parallel rank needs {', '.join(missing)} in its environment "
-                           "(the launcher sets them for models with dp_size > 1)")
+        raise RuntimeError(
+            f"a data-parallel rank needs {', '.join(missing)} in its environment "
+            "(the launcher sets them for models with dp_size > 1)"
+        )
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, init_method="env://")
-        log.info("rank %d/%d joined the process group (%s) at %s:%s", dist.get_rank(), dist.get_world_size(),
-                 backend, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+        log.info(
+            "rank %d/%d joined the process group (%s) at %s:%s",
+            dist.get_rank(),
+            dist.get_world_size(),
+            backend,
+            os.environ["MASTER_ADDR"],
+            os.environ["MASTER_PORT"],
+        )
     return dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
 
 
@@ -132,11 +141,14 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     # torch >= 2.13 renamed the switch (the old name warns); older torch knows only the old one
-    no_buffer_sync = ({"forward_sync_buffers": False}
-                      if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-                      else {"broadcast_buffers": False})
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   **no_buffer_sync)
+    no_buffer_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        else {"broadcast_buffers": False}
+    )
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync
+    )
 
 
 def broadcast_from_rank0(model: torch.nn.Module) -> None:
@@ -234,8 +246,7 @@ def fsdp_full_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     """Gathered optimizer state keyed by parameter name, on rank 0 only. A collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def fsdp_load_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -247,12 +258,16 @@ def fsdp_load_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 def optim_state_ids_to_names(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """torch's optimizer state (parameters numbered in `model.parameters()` order) keyed by
     parameter name instead: the form FSDP's state-dict API reads and writes."""
-    return {"state": {names[int(i)]: s for i, s in state["state"].items()},
-            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
+    return {
+        "state": {names[int(i)]: s for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
+    }
 
 
 def optim_state_names_to_ids(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """The inverse of `optim_state_ids_to_names`."""
     index = {n: i for i, n in enumerate(names)}
-    return {"state": {index[n]: s for n, s in state["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
+    return {
+        "state": {index[n]: s for n, s in state["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]],
+    }

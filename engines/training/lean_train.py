@@ -153,8 +153,9 @@ def _group_spans(spans: list[tuple[int, int, int]], ratio: float) -> list[list[t
     return groups
 
 
-def _attention_plan(index: list[list[int]], shared_of: list[int], n_stream: int, ratio: float,
-                    device: torch.device) -> tuple[list[int], list[int], torch.Tensor, list[AttnBlock]]:
+def _attention_plan(
+    index: list[list[int]], shared_of: list[int], n_stream: int, ratio: float, device: torch.device
+) -> tuple[list[int], list[int], torch.Tensor, list[AttnBlock]]:
     """Key and query gathers, the scatter and the blocks of `StreamLayout`. Sequences owning all
     their positions run in plain causal blocks; those owning a tail, in masked ones."""
     spans = [(i, shared_of[i], len(ix)) for i, ix in enumerate(index) if len(ix) > shared_of[i]]
@@ -175,26 +176,40 @@ def _attention_plan(index: list[list[int]], shared_of: list[int], n_stream: int,
             mask = None
             if not causal:
                 firsts = torch.tensor([first for _, first, _ in group])
-                mask = (torch.arange(kw).view(1, 1, kw) <= firsts.view(-1, 1, 1) + torch.arange(qw).view(1, qw, 1))
+                mask = torch.arange(kw).view(1, 1, kw) <= firsts.view(-1, 1, 1) + torch.arange(qw).view(1, qw, 1)
                 mask = mask.unsqueeze(1).to(device)
             blocks.append(AttnBlock(len(group), kw, qw, mask))
     return key_gather, query_gather, torch.tensor(scatter, dtype=torch.int64), blocks
 
 
-def stream_layout(input_ids: torch.Tensor, cu_seqlens: list[int], device: torch.device,
-                  share_prefixes: bool = True, ratio: float = BUCKET_RATIO) -> StreamLayout:
+def stream_layout(
+    input_ids: torch.Tensor,
+    cu_seqlens: list[int],
+    device: torch.device,
+    share_prefixes: bool = True,
+    ratio: float = BUCKET_RATIO,
+) -> StreamLayout:
     """The `StreamLayout` of the packed sequences `input_ids` (offsets `cu_seqlens`)."""
     flat = input_ids.tolist()
-    seqs = [flat[cu_seqlens[i]:cu_seqlens[i + 1]] for i in range(len(cu_seqlens) - 1)]
+    seqs = [flat[cu_seqlens[i] : cu_seqlens[i + 1]] for i in range(len(cu_seqlens) - 1)]
     index, shared_of, n_stream = _stream_index(seqs, share_prefixes)
     key_gather, query_gather, scatter, blocks = _attention_plan(index, shared_of, n_stream, ratio, device)
     token_index = torch.tensor([p for ix in index for p in ix], dtype=torch.int64)
     positions = torch.tensor([t for ix in index for t in range(len(ix))], dtype=torch.int64)
-    stream_ids = torch.zeros(n_stream, dtype=torch.int64).index_put_((token_index,), torch.tensor(flat, dtype=torch.int64))
+    stream_ids = torch.zeros(n_stream, dtype=torch.int64).index_put_(
+        (token_index,), torch.tensor(flat, dtype=torch.int64)
+    )
     stream_pos = torch.zeros(n_stream, dtype=torch.int64).index_put_((token_index,), positions)
     as_index = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-    return StreamLayout(stream_ids.to(device), stream_pos.to(device), token_index.to(device), as_index(key_gather),
-                        as_index(query_gather), scatter.to(device), blocks)
+    return StreamLayout(
+        stream_ids.to(device),
+        stream_pos.to(device),
+        token_index.to(device),
+        as_index(key_gather),
+        as_index(query_gather),
+        scatter.to(device),
+        blocks,
+    )
 
 
 def _lin(m: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -243,18 +258,27 @@ class LeanTrainForward:
         y = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps if eps is None else eps)
         return weight * y.to(x.dtype)
 
-    def _attention(self, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   layout: StreamLayout) -> torch.Tensor:
+    def _attention(
+        self, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: StreamLayout
+    ) -> torch.Tensor:
         """Causal self-attention of each sequence, h [D, hidden] -> [D, heads * head_dim]."""
         a = layer.self_attn
         nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
-        qkv = F.linear(h, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                       _cat_bias(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)).view(-1, nh + 2 * nkv, d)
-        qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
+        qkv = F.linear(
+            h,
+            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+            _cat_bias(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+        ).view(-1, nh + 2 * nkv, d)
+        qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
         q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         if q_norm is not None and k_norm is not None:  # Qwen3: RMSNorm of every head before the rotary embedding
-            qk = torch.cat([self._norm(qk[:, :nh], q_norm.weight, _eps(q_norm, self.eps)),
-                            self._norm(qk[:, nh:], k_norm.weight, _eps(k_norm, self.eps))], 1)
+            qk = torch.cat(
+                [
+                    self._norm(qk[:, :nh], q_norm.weight, _eps(q_norm, self.eps)),
+                    self._norm(qk[:, nh:], k_norm.weight, _eps(k_norm, self.eps)),
+                ],
+                1,
+            )
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)
         q, k = qk.split([nh, nkv], 1)
         keys = torch.cat([k, v], 1)[layout.key_gather]
@@ -271,8 +295,9 @@ class LeanTrainForward:
         for kb, qb, b in zip(keys, queries, blocks):
             kk, vv = kb.view(b.n, b.key_width, 2 * nkv, d).transpose(1, 2).split([nkv, nkv], dim=1)
             qq = qb.view(b.n, b.query_width, nh, d).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=b.mask, is_causal=b.mask is None,
-                                               scale=d ** -0.5, enable_gqa=nkv != nh)
+            o = F.scaled_dot_product_attention(
+                qq, kk, vv, attn_mask=b.mask, is_causal=b.mask is None, scale=d**-0.5, enable_gqa=nkv != nh
+            )
             outs.append(o.transpose(1, 2).reshape(b.n * b.query_width, nh * d))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out[layout.scatter]
@@ -280,8 +305,9 @@ class LeanTrainForward:
     def _mlp(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
         m = layer.mlp
         h = self._norm(x, layer.post_attention_layernorm.weight)
-        gate_up = F.linear(h, torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                           _cat_bias(m.gate_proj.bias, m.up_proj.bias))
+        gate_up = F.linear(
+            h, torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj.bias, m.up_proj.bias)
+        )
         gate, up = gate_up.chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, *_lin(m.down_proj))
 

@@ -42,8 +42,8 @@ import bisect
 import heapq
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -113,7 +113,10 @@ def plan_stats(plan: MicrobatchPlan, seqlens: Sequence[int], max_tokens_per_mb: 
 
 # --------------------------------------------------------------------------- rank split
 def split_across_ranks(
-    seqlens: Sequence[int] | np.ndarray, dp_size: int, group_ids: Sequence[int] | None = None, equal_seq_counts: bool = False
+    seqlens: Sequence[int] | np.ndarray,
+    dp_size: int,
+    group_ids: Sequence[int] | None = None,
+    equal_seq_counts: bool = False,
 ) -> list[list[int]]:
     """Sequence indices of each rank, balanced by tokens, groups kept whole.
 
@@ -229,9 +232,7 @@ def _pack_rank(
     return own + _balance(lens, bfd, budget)
 
 
-def _lpt_repair(
-    lens: list[int], order: list[int], k: int, budget: int, candidates: int = 32
-) -> list[list[int]] | None:
+def _lpt_repair(lens: list[int], order: list[int], k: int, budget: int, candidates: int = 32) -> list[list[int]] | None:
     """k balanced bins even when the fill is tight: LPT ignoring the budget, then pairwise
     exchange: the fullest bin swaps one sequence with a shorter one of one of the emptiest
     bins (or just gives it one), chosen to bring the pair closest to equal, until every bin
@@ -348,7 +349,7 @@ def _balance(lens: list[int], bins: list[list[int]], budget: int, passes: int = 
     for _ in range(passes):
         moved = False
         by_load = sorted(range(len(bins)), key=lambda q: (loads[q], q))
-        for lo, hi in zip(by_load[: len(bins) // 2], reversed(by_load[len(bins) // 2:])):
+        for lo, hi in zip(by_load[: len(bins) // 2], reversed(by_load[len(bins) // 2 :])):
             gap = loads[hi] - loads[lo]
             if gap <= smallest:  # gaps only shrink further down the pairing: nothing can move
                 break
@@ -419,8 +420,10 @@ def _check_inputs(
         raise ValueError(f"oversize must be 'own' or 'error', got {oversize!r}")
     too_long = np.flatnonzero(lens > budget)
     if too_long.size:
-        msg = (f"{too_long.size} sequence(s) longer than max_tokens_per_mb={budget} "
-               f"(longest: index {int(too_long[lens[too_long].argmax()])}, {int(lens.max())} tokens)")
+        msg = (
+            f"{too_long.size} sequence(s) longer than max_tokens_per_mb={budget} "
+            f"(longest: index {int(too_long[lens[too_long].argmax()])}, {int(lens.max())} tokens)"
+        )
         if oversize == "error":
             raise ValueError(msg)
         log.warning("%s: each gets a micro-batch of its own", msg)

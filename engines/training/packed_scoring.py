@@ -16,8 +16,8 @@ padded).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -100,8 +100,9 @@ def row_layout(batch: PackedBatch, rows: list[list[int]], device: torch.device) 
     seq_row = torch.tensor([r for r, row in enumerate(rows) for _ in row], dtype=torch.int64)
     lens = (cu[1:] - cu[:-1])[order]
     ends = torch.cumsum(lens, 0)
-    row_start = torch.zeros(len(rows), dtype=torch.int64).scatter_reduce_(0, seq_row, ends - lens, "amin",
-                                                                           include_self=False)
+    row_start = torch.zeros(len(rows), dtype=torch.int64).scatter_reduce_(
+        0, seq_row, ends - lens, "amin", include_self=False
+    )
     load = torch.zeros(len(rows), dtype=torch.int64).index_add_(0, seq_row, lens)
     width = int(load.max())
     n_tok = int(ends[-1])
@@ -115,12 +116,22 @@ def row_layout(batch: PackedBatch, rows: list[list[int]], device: torch.device) 
     position_ids = (torch.arange(width).unsqueeze(0) - load.unsqueeze(1)).clamp_min_(0)
     position_ids[row, col] = offset
     pred = offset > 0  # every token but a sequence's first is predicted by the position before it
-    return RowLayout(input_ids.to(device), position_ids.to(device), row[pred].to(device), (col[pred] - 1).to(device),
-                     src[pred].to(device))
+    return RowLayout(
+        input_ids.to(device),
+        position_ids.to(device),
+        row[pred].to(device),
+        (col[pred] - 1).to(device),
+        src[pred].to(device),
+    )
 
 
-def score_logits(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False, temperature: float = 1.0,
-                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def score_logits(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of `targets` [M] under the distributions `logits` [K, V] (at `temperature`) and
     their entropy, [M] each: prediction m reads row `rows[m]` (None: row m, K == M), so a
     position that predicts several targets (a shared prefix) is normalised once.
@@ -148,9 +159,14 @@ def _scored(batch: PackedBatch, layout: RowLayout, score: torch.Tensor | None) -
     return score.to(layout.dst.device)[layout.dst].nonzero().squeeze(1)
 
 
-def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[int]], with_entropy: bool = False,
-                  temperature: float = 1.0, score: torch.Tensor | None = None,
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rows_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    rows: list[list[int]],
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    score: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropy) of `batch["input_ids"]` from ONE HF forward over `rows`
     (sequence indices per row, every sequence of the batch at most once), aligned per
     data/packed.py: position t holds log p(token t | tokens < t); the first token of every
@@ -176,9 +192,14 @@ def rows_logprobs(model: torch.nn.Module, batch: PackedBatch, rows: list[list[in
     return out_lp, out_ent
 
 
-def lean_logprobs(lean: LeanTrainForward, batch: PackedBatch, with_entropy: bool = False, temperature: float = 1.0,
-                  score: torch.Tensor | None = None, share_prefixes: bool = True,
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def lean_logprobs(
+    lean: LeanTrainForward,
+    batch: PackedBatch,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    score: torch.Tensor | None = None,
+    share_prefixes: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`rows_logprobs` of every sequence of `batch` through the lean forward
     (engines/training/lean_train.py): the same values, with no padding in the linear layers,
     common prefixes computed once, and the last layer's MLP and the LM head only where a

@@ -17,8 +17,9 @@ The contract every backend keeps (the rest of the engine relies on it):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -35,13 +36,15 @@ class TrainingEngine(Protocol):
     total_steps: int  # the lr schedule's horizon, in optimizer steps (the host sets it)
     parallel: str  # how it spans the ranks of its process group: none, ddp or fsdp
 
-    def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192,
-                         temperature: float = 1.0) -> torch.Tensor:
+    def compute_logprobs(
+        self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> torch.Tensor:
         """Per-token log-probs of `batch` under the current weights (no gradient)."""
         ...
 
-    def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,
-                   temperature: float = 1.0) -> dict[str, float]:
+    def train_step(
+        self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> dict[str, float]:
         """One optimizer step over `batch`; the summed stats of `loss_fn` and the step's own
         (loss, grad norm, lr, micro-batch and forward counts)."""
         ...

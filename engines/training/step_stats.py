@@ -7,7 +7,7 @@ maxima do not add. One rule, used by the engine, the data-parallel gather and th
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 MAX_SUFFIX = "_max"
 
@@ -33,5 +33,9 @@ def combine_pieces(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
 def mean_over_updates(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One batch's stats from its optimizer updates: means (max for `_max` keys)."""
     keys = list(dict.fromkeys(k for r in runs for k in r))
-    return {k: (max(r.get(k, 0.0) for r in runs) if k.endswith(MAX_SUFFIX)
-                else sum(r.get(k, 0.0) for r in runs) / len(runs)) for k in keys}
+    return {
+        k: (
+            max(r.get(k, 0.0) for r in runs) if k.endswith(MAX_SUFFIX) else sum(r.get(k, 0.0) for r in runs) / len(runs)
+        )
+        for k in keys
+    }

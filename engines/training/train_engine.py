@@ -50,25 +50,26 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.engines.lora_weights import adapter_tensors, attach_lora, merged_tensors
 from areal_graph.engines.training import data_parallel as dp
 from areal_graph.engines.training.lean_train import LeanTrainForward, unsupported_reason
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
-from areal_graph.engines.lora_weights import adapter_tensors, attach_lora, merged_tensors
-from areal_graph.engines.training.protocol import LossFn, TrainingEngine
 from areal_graph.engines.training.packed_scoring import (
     ROW_TOKENS,
     lean_logprobs,
     row_forwards,
     rows_logprobs,
 )
-from areal_graph.engines.training.step_stats import add_stats
+from areal_graph.engines.training.protocol import LossFn, TrainingEngine
 from areal_graph.engines.training.state_file import save_state
+from areal_graph.engines.training.step_stats import add_stats
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,6 @@ LORA_ADAPTER_DIR = "adapter"  # inside an exported model: peft's adapter_config.
 Unit = tuple[list[int], list[list[int]]]  # one forward: (sequence indices, rows of positions in them)
 
 
-
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor `save_pretrained` wrote into `path`: one model.safetensors, or the shards
     its model.safetensors.index.json lists (large models are saved in several files)."""
@@ -86,8 +86,9 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
 
     path = Path(path)
     index = path / "model.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists()
-             else ["model.safetensors"])
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     state: dict[str, torch.Tensor] = {}
     for name in files:
         state.update(load_file(str(path / name)))
@@ -102,8 +103,13 @@ def start_step(optimizer: torch.optim.Optimizer, lr: float) -> float:
     return lr
 
 
-def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, version: int,
-                  local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+def clip_and_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    grad_clip: float,
+    version: int,
+    local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> torch.Tensor:
     """Clip the gradients' global norm to `grad_clip` (0: no clipping) and step, unless the norm
     is not finite (then the step is skipped and said so: one bad batch must not poison the
     weights). `local` turns a sharded norm (FSDP's DTensor) into a plain tensor. Returns the norm."""
@@ -150,13 +156,28 @@ class TrainEngine:
     the lean path compute every sequence's prefix itself (for measurements).
     """
 
-    def __init__(self, model: str | Path | torch.nn.Module, *, lr: float = 2e-5, weight_decay: float = 0.0,
-                 grad_clip: float = 1.0, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
-                 lr_schedule: str = "constant", total_steps: int = 1, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, row_tokens: int = ROW_TOKENS, trainable: bool = True,
-                 parallel: str = "auto", mixed_precision: torch.dtype | None | str = "auto",
-                 lean: bool = True, share_prefixes: bool = True, lora: dict[str, Any] | None = None,
-                 precision: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path | torch.nn.Module,
+        *,
+        lr: float = 2e-5,
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        total_steps: int = 1,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        row_tokens: int = ROW_TOKENS,
+        trainable: bool = True,
+        parallel: str = "auto",
+        mixed_precision: torch.dtype | None | str = "auto",
+        lean: bool = True,
+        share_prefixes: bool = True,
+        lora: dict[str, Any] | None = None,
+        precision: str | None = None,
+    ) -> None:
         self.parallel = dp.resolve_mode(parallel, torch.device(device))
         self.rank, self.world_size = dp.world() if self.parallel != "none" else (0, 1)
         self.device = dp.local_device(device, self.parallel)
@@ -171,8 +192,13 @@ class TrainEngine:
             if self.parallel != "none":
                 raise ValueError("LoRA with data parallelism (dp_size > 1) is not built yet")
             self.lora_sync = str(lora.get("sync", "adapter"))
-            self.model = attach_lora(self.model, int(lora["r"]), int(lora["alpha"]), float(lora.get("dropout", 0.0)),
-                                     list(lora["target_modules"]))
+            self.model = attach_lora(
+                self.model,
+                int(lora["r"]),
+                int(lora["alpha"]),
+                float(lora.get("dropout", 0.0)),
+                list(lora["target_modules"]),
+            )
         self.row_tokens = row_tokens
         self.grad_clip = grad_clip
         self.base_lr = lr
@@ -209,8 +235,14 @@ class TrainEngine:
         self._lean = self._make_lean() if lean and self.parallel == "none" and lora is None else None
         self.share_prefixes = share_prefixes
         if self.parallel != "none":
-            log.info("rank %d/%d: %s data parallelism on %s%s", self.rank, self.world_size, self.parallel,
-                     self.device, f", compute in {mixed_precision}" if mixed_precision else "")
+            log.info(
+                "rank %d/%d: %s data parallelism on %s%s",
+                self.rank,
+                self.world_size,
+                self.parallel,
+                self.device,
+                f", compute in {mixed_precision}" if mixed_precision else "",
+            )
 
     def _make_lean(self) -> LeanTrainForward | None:
         reason = unsupported_reason(self.model)
@@ -271,18 +303,26 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ inference-side passes
     @torch.no_grad()
-    def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0) -> torch.Tensor:
+    def compute_logprobs(
+        self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> torch.Tensor:
         """Per-token log-probs of the batch. Under data parallelism each rank computes its share
         and a sum over ranks assembles the whole (every token comes from exactly one rank)."""
         if (lean := self._lean_now()) is not None:
-            return self._per_token(batch, max_tokens_per_mb,
-                                   lambda mb, rows: lean_logprobs(lean, mb, temperature=temperature,
-                                                                  share_prefixes=self.share_prefixes)[0])
-        return self._per_token(batch, max_tokens_per_mb,
-                               lambda mb, rows: rows_logprobs(self.model, mb, rows, temperature=temperature)[0])
+            return self._per_token(
+                batch,
+                max_tokens_per_mb,
+                lambda mb, rows: lean_logprobs(lean, mb, temperature=temperature, share_prefixes=self.share_prefixes)[
+                    0
+                ],
+            )
+        return self._per_token(
+            batch, max_tokens_per_mb, lambda mb, rows: rows_logprobs(self.model, mb, rows, temperature=temperature)[0]
+        )
 
-    def _per_token(self, batch: PackedBatch, max_tokens_per_mb: int,
-                   score: Callable[[PackedBatch, list[list[int]]], torch.Tensor]) -> torch.Tensor:
+    def _per_token(
+        self, batch: PackedBatch, max_tokens_per_mb: int, score: Callable[[PackedBatch, list[list[int]]], torch.Tensor]
+    ) -> torch.Tensor:
         """A per-token quantity of the whole batch, `score(sub_batch, rows)` run over this rank's
         forwards (the planner's micro-batches and rows) and assembled in batch order."""
         out = torch.zeros(batch.num_tokens, dtype=torch.float32)
@@ -300,21 +340,29 @@ class TrainEngine:
             out = dp.all_reduce_sum_(out.to(self.device)).cpu()
         return out
 
-    def _train_forward(self, mb: PackedBatch, rows: list[list[int]],
-                       temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _train_forward(
+        self, mb: PackedBatch, rows: list[list[int]], temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What the loss callback receives for one forward: per-token log-probs and entropy of
         the live policy (a critic engine returns its values instead, and no entropy), computed
         only where `loss_mask` is set when the batch has one (0 elsewhere: nothing trains there)."""
         score = mb["loss_mask"] != 0 if "loss_mask" in mb else None
         with self._compute_precision():
             if (lean := self._lean_now()) is not None:
-                return lean_logprobs(lean, mb, with_entropy=True, temperature=temperature, score=score,
-                                     share_prefixes=self.share_prefixes)
+                return lean_logprobs(
+                    lean,
+                    mb,
+                    with_entropy=True,
+                    temperature=temperature,
+                    score=score,
+                    share_prefixes=self.share_prefixes,
+                )
             return rows_logprobs(self._forward, mb, rows, with_entropy=True, temperature=temperature, score=score)
 
     # ------------------------------------------------------------------ training
-    def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,
-                   temperature: float = 1.0) -> dict[str, float]:
+    def train_step(
+        self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> dict[str, float]:
         """One optimizer step. `temperature` must be the rollout's: the inference engine reports
         log-probs of the temperature-scaled distribution it sampled from (as SGLang does).
 
@@ -327,8 +375,10 @@ class TrainEngine:
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False")
         t0 = time.perf_counter()
-        lr = start_step(self.optimizer, self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps,
-                                                                 self.lr_schedule))
+        lr = start_step(
+            self.optimizer,
+            self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps, self.lr_schedule),
+        )
         units, n_units, n_mb = self._units(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
@@ -351,15 +401,27 @@ class TrainEngine:
         grad_norm = clip_and_step(self.model, self.optimizer, self.grad_clip, self.version, dp.as_local_scalar)
         self.version += 1
         if self.world_size > 1:
-            totals = dp.sum_dicts(dp.all_gather_json(
-                {**totals, "loss": loss_sum, "n_microbatches": n_mb, "n_forwards": len(units)}, self.device))
+            totals = dp.sum_dicts(
+                dp.all_gather_json(
+                    {**totals, "loss": loss_sum, "n_microbatches": n_mb, "n_forwards": len(units)}, self.device
+                )
+            )
             loss_sum, n_mb, n_fwd = totals.pop("loss"), int(totals.pop("n_microbatches")), int(totals.pop("n_forwards"))
         else:
             n_fwd = len(units)
         elapsed = time.perf_counter() - t0
-        totals.update({"loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr, "tokens": float(batch.num_tokens),
-                       "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9), "n_microbatches": float(n_mb),
-                       "n_forwards": float(n_fwd), "time_s": elapsed})
+        totals.update(
+            {
+                "loss": loss_sum,
+                "grad_norm": float(grad_norm),
+                "lr": lr,
+                "tokens": float(batch.num_tokens),
+                "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9),
+                "n_microbatches": float(n_mb),
+                "n_forwards": float(n_fwd),
+                "time_s": elapsed,
+            }
+        )
         return totals
 
     # ------------------------------------------------------------------ weights and checkpoints
@@ -387,8 +449,9 @@ class TrainEngine:
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             if self.lora_sync is not None:  # the merged model, and the adapters beside it (peft's layout)
-                self.model.get_base_model().save_pretrained(tmp, safe_serialization=True,
-                                                            state_dict=merged_tensors(self.model))
+                self.model.get_base_model().save_pretrained(
+                    tmp, safe_serialization=True, state_dict=merged_tensors(self.model)
+                )
                 self.model.save_pretrained(tmp / LORA_ADAPTER_DIR)
             else:
                 self.model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
@@ -452,7 +515,9 @@ class TrainEngine:
             weights = self._read_weights(path / "model")
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
             if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-                raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+                raise ValueError(
+                    f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
+                )
             self.model.tie_weights()
         state = torch.load(path / "trainer_state.pt", weights_only=True)
         self.version = int(state["version"])
@@ -496,8 +561,9 @@ def _token_index(batch: PackedBatch, idx: list[int]) -> torch.Tensor:
     return torch.arange(n) + torch.repeat_interleave(cu[seqs] - (ends - lens), lens, output_size=n)
 
 
-def _adamw(model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float,
-           fused: bool) -> torch.optim.Optimizer:
+def _adamw(
+    model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, fused: bool
+) -> torch.optim.Optimizer:
     """AdamW, fused where torch has the kernel (CPU and CUDA): one pass over all parameters
     instead of a dozen small ops per tensor (~4x faster on the 1.7M-parameter kit model, same
     values to ~3e-8). FSDP's sharded parameters keep the default implementation."""
@@ -511,5 +577,6 @@ def _adamw(model: torch.nn.Module, lr: float, betas: tuple[float, float], weight
 
 
 if TYPE_CHECKING:  # the type checker holds the engine to what a model host drives (tests/test_types.py)
+
     def _implements(engine: TrainEngine) -> TrainingEngine:
         return engine

@@ -65,7 +65,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "ValueModel":
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:
         """A critic directory (backbone + `value_head.safetensors`), or a causal LM directory
         whose LM head is dropped and replaced by a zero value head."""
         path = Path(path)
@@ -81,17 +81,20 @@ class ValueModel(torch.nn.Module):
         lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
         return cls(lm.base_model)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                use_cache: bool = False, **kwargs: Any) -> TokenClassifierOutput:
-        hidden = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
-                            **kwargs).last_hidden_state
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, use_cache: bool = False, **kwargs: Any
+    ) -> TokenClassifierOutput:
+        hidden = self.model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, **kwargs
+        ).last_hidden_state
         return TokenClassifierOutput(logits=self.value_head(hidden))
 
     def tie_weights(self) -> None:
         """Nothing to tie (the engine re-ties a CausalLM's LM head after loading weights)."""
 
-    def save_pretrained(self, path: str | Path, safe_serialization: bool = True,
-                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    def save_pretrained(
+        self, path: str | Path, safe_serialization: bool = True, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> None:
         """Backbone via its own `save_pretrained`, head as `value_head.safetensors`.
 
         `state_dict` (full keys, e.g. gathered from FSDP shards) replaces the live weights."""
@@ -99,8 +102,8 @@ class ValueModel(torch.nn.Module):
 
         path = Path(path)
         state = self.state_dict() if state_dict is None else state_dict
-        backbone = {k[len(_BACKBONE):]: v for k, v in state.items() if k.startswith(_BACKBONE)}
-        head = {k[len(_HEAD):]: v.detach().to("cpu").contiguous() for k, v in state.items() if k.startswith(_HEAD)}
+        backbone = {k[len(_BACKBONE) :]: v for k, v in state.items() if k.startswith(_BACKBONE)}
+        head = {k[len(_HEAD) :]: v.detach().to("cpu").contiguous() for k, v in state.items() if k.startswith(_HEAD)}
         self.model.save_pretrained(path, safe_serialization=safe_serialization, state_dict=backbone)
         save_file(head, str(path / VALUE_HEAD_FILE))
 
@@ -148,11 +151,12 @@ class ValueEngine(TrainEngine):
         """Per-token values of the batch (see the module docstring for the alignment)."""
         return self._per_token(batch, max_tokens_per_mb, lambda mb, rows: rows_values(self.model, mb, rows))
 
-    def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0) -> torch.Tensor:
+    def compute_logprobs(
+        self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> torch.Tensor:
         raise TypeError("a critic has no log-probs: it is a value model (use compute_values)")
 
-    def _train_forward(self, mb: PackedBatch, rows: list[list[int]],
-                       temperature: float) -> tuple[torch.Tensor, None]:
+    def _train_forward(self, mb: PackedBatch, rows: list[list[int]], temperature: float) -> tuple[torch.Tensor, None]:
         return rows_values(self._forward, mb, rows), None
 
     def _read_weights(self, model_dir: Path) -> dict[str, torch.Tensor]:

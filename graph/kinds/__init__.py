@@ -31,5 +31,6 @@ from areal_graph.graph.kinds.registry import BUILTIN_KINDS
 from areal_graph.graph.kinds.rewards import JUDGE, REWARD, REWARD_MODEL
 from areal_graph.graph.kinds.rollout import ROLLOUT
 
-BUILTIN_KINDS.update({k.name: k for k in (ROLLOUT, REWARD, REWARD_MODEL, JUDGE, LOGPROB, VALUE, ADVANTAGE, TRAIN,
-                                          FUNCTION)})
+BUILTIN_KINDS.update(
+    {k.name: k for k in (ROLLOUT, REWARD, REWARD_MODEL, JUDGE, LOGPROB, VALUE, ADVANTAGE, TRAIN, FUNCTION)}
+)

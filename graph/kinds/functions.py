@@ -26,8 +26,11 @@ class AdvantageParams:
 
 def _advantage_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
     p: AdvantageParams = node.params
-    need = ["rewards", "loss_mask"] + (["values"] if p.estimator == "gae" else []) + (
-        ["ref_logprobs"] if p.kl_coef > 0 else [])
+    need = (
+        ["rewards", "loss_mask"]
+        + (["values"] if p.estimator == "gae" else [])
+        + (["ref_logprobs"] if p.kl_coef > 0 else [])
+    )
     why = f"estimator '{p.estimator}'" + (f" with kl_coef {p.kl_coef}" if p.kl_coef > 0 else "")
     issues = reads_missing(node, tuple(need), why)
     if "advantages" not in node.writes:
@@ -36,11 +39,17 @@ def _advantage_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
 
 
 ADVANTAGE = NodeKind(
-    name="advantage", params=AdvantageParams, model="forbidden", phase="training",
+    name="advantage",
+    params=AdvantageParams,
+    model="forbidden",
+    phase="training",
     doc="advantages (and returns) from rewards [, values, ref_logprobs]; batch-wide normalisation",
     hosting=lambda node, spec: Hosting(CONTROLLER, node.name, f"{HOSTS}.function_host:FunctionHost", role="controller"),
-    host_args=lambda node, spec, info: {"fn": "areal_graph.nodes.advantages:advantage_node",
-                                        "args": asdict(node.params), "node": node.name},
+    host_args=lambda node, spec, info: {
+        "fn": "areal_graph.nodes.advantages:advantage_node",
+        "args": asdict(node.params),
+        "node": node.name,
+    },
     call=lambda node, spec: Call("run"),
     rules=_advantage_rules,
 )
@@ -54,22 +63,44 @@ class FunctionParams:
     fn: str = field(metadata={"check": import_path_check, "help": "import path 'package.module:function'"})
     args: dict[str, Any] = cfg({}, None, "keyword arguments passed to fn")
     phase: Literal["auto", "generation", "training"] = cfg(
-        "auto", None, "generation: per prompt group, before the sample buffer (may drop groups); training: on the "
-                      "step's batch; auto: generation when everything it reads exists there")
-    host: Literal["controller", "worker"] = cfg("controller", None,
-                                                "run in the controller, or in the `functions` worker process")
+        "auto",
+        None,
+        "generation: per prompt group, before the sample buffer (may drop groups); training: on the "
+        "step's batch; auto: generation when everything it reads exists there",
+    )
+    host: Literal["controller", "worker"] = cfg(
+        "controller", None, "run in the controller, or in the `functions` worker process"
+    )
 
 
 FUNCTION = NodeKind(
-    name="function", params=FunctionParams, model="forbidden", phase="auto",
+    name="function",
+    params=FunctionParams,
+    model="forbidden",
+    phase="auto",
     doc="a user function `package.module:fn` on the packed batch; may write keys and drop whole prompt groups",
-    hosting=lambda node, spec: Hosting(CONTROLLER if node.params.host == "controller" else "functions", node.name,
-                                       f"{HOSTS}.function_host:FunctionHost",
-                                       role="controller" if node.params.host == "controller" else "stateless"),
-    host_args=lambda node, spec, info: {"fn": node.params.fn, "args": dict(node.params.args), "node": node.name,
-                                        "writes": list(node.writes)},
+    hosting=lambda node, spec: Hosting(
+        CONTROLLER if node.params.host == "controller" else "functions",
+        node.name,
+        f"{HOSTS}.function_host:FunctionHost",
+        role="controller" if node.params.host == "controller" else "stateless",
+    ),
+    host_args=lambda node, spec, info: {
+        "fn": node.params.fn,
+        "args": dict(node.params.args),
+        "node": node.name,
+        "writes": list(node.writes),
+    },
     call=lambda node, spec: Call("run"),
-    imports=lambda node: [ImportRef("fn", node.params.fn, "callable", kwargs=node.params.args, positional=1,
-                                    supplied=("out_key",) if len(node.writes) == 1 else ())],
+    imports=lambda node: [
+        ImportRef(
+            "fn",
+            node.params.fn,
+            "callable",
+            kwargs=node.params.args,
+            positional=1,
+            supplied=("out_key",) if len(node.writes) == 1 else (),
+        )
+    ],
     may_drop=True,
 )

@@ -18,7 +18,7 @@ Torch-free: the CLI validates workflows without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Literal
 
 from areal_graph.api.fields import cfg, dual_clip_check, greater_than_one, non_negative, positive
 
@@ -39,19 +39,51 @@ class Loss:
 _POLICY_READS = ("input_ids", "loss_mask", "behav_logprobs")
 _TERMS = "areal_graph.nodes.train_loss"
 
-LOSSES: dict[str, Loss] = {loss.name: loss for loss in (
-    Loss("decoupled_ppo", "decoupled PPO: the trust region on pi_prox, each token weighted by pi_prox/pi_behav",
-         "policy", _POLICY_READS + ("prox_logprobs", "advantages"), f"{_TERMS}:clipped_ratio_terms",
-         prox=True, dual_clip=True),
-    Loss("ppo", "standard PPO: the trust region on pi_behav (no proximal policy, no behaviour weight)",
-         "policy", _POLICY_READS + ("advantages",), f"{_TERMS}:clipped_ratio_terms", dual_clip=True),
-    Loss("gspo", "GSPO: the ratio and its clip per sequence",
-         "policy", _POLICY_READS + ("prox_logprobs", "advantages"), f"{_TERMS}:gspo_terms", prox=True),
-    Loss("cispo", "CISPO: the importance weight clipped and held constant, every token keeps its gradient",
-         "policy", _POLICY_READS + ("prox_logprobs", "advantages"), f"{_TERMS}:cispo_terms", prox=True),
-    Loss("value", "the critic's clipped value loss against the GAE returns",
-         "critic", ("input_ids", "loss_mask", "values", "returns"), f"{_TERMS}:value_terms"),
-)}
+LOSSES: dict[str, Loss] = {
+    loss.name: loss
+    for loss in (
+        Loss(
+            "decoupled_ppo",
+            "decoupled PPO: the trust region on pi_prox, each token weighted by pi_prox/pi_behav",
+            "policy",
+            _POLICY_READS + ("prox_logprobs", "advantages"),
+            f"{_TERMS}:clipped_ratio_terms",
+            prox=True,
+            dual_clip=True,
+        ),
+        Loss(
+            "ppo",
+            "standard PPO: the trust region on pi_behav (no proximal policy, no behaviour weight)",
+            "policy",
+            _POLICY_READS + ("advantages",),
+            f"{_TERMS}:clipped_ratio_terms",
+            dual_clip=True,
+        ),
+        Loss(
+            "gspo",
+            "GSPO: the ratio and its clip per sequence",
+            "policy",
+            _POLICY_READS + ("prox_logprobs", "advantages"),
+            f"{_TERMS}:gspo_terms",
+            prox=True,
+        ),
+        Loss(
+            "cispo",
+            "CISPO: the importance weight clipped and held constant, every token keeps its gradient",
+            "policy",
+            _POLICY_READS + ("prox_logprobs", "advantages"),
+            f"{_TERMS}:cispo_terms",
+            prox=True,
+        ),
+        Loss(
+            "value",
+            "the critic's clipped value loss against the GAE returns",
+            "critic",
+            ("input_ids", "loss_mask", "values", "returns"),
+            f"{_TERMS}:value_terms",
+        ),
+    )
+}
 
 POLICY_LOSSES: tuple[str, ...] = tuple(n for n, loss in LOSSES.items() if loss.role == "policy")
 # Policy losses with a proximal policy: their behaviour weight can be corrected (`is_correction`),
@@ -68,16 +100,20 @@ else:
 
 @dataclass(frozen=True)
 class TrainParams:
-    loss: LossName = cfg("decoupled_ppo", None, "the loss; what each one reads and does: LOSSES in "
-                                                "graph/kinds/losses.py")
+    loss: LossName = cfg(
+        "decoupled_ppo", None, "the loss; what each one reads and does: LOSSES in graph/kinds/losses.py"
+    )
     clip_eps: float = cfg(0.2, positive, "PPO clip epsilon (low side, and high side unless eps_high)")
-    eps_high: Optional[float] = cfg(None, positive, "asymmetric upper clip (DAPO clip-higher)")
-    dual_clip: Optional[float] = cfg(None, dual_clip_check)
-    behav_imp_cap: Optional[float] = cfg(None, greater_than_one, "mask tokens with pi_prox/pi_behav above this")
+    eps_high: float | None = cfg(None, positive, "asymmetric upper clip (DAPO clip-higher)")
+    dual_clip: float | None = cfg(None, dual_clip_check)
+    behav_imp_cap: float | None = cfg(None, greater_than_one, "mask tokens with pi_prox/pi_behav above this")
     is_correction: Literal["none", "tis", "token_mask", "seq_mask", "icepop"] = cfg(
-        "none", None, "off-policy correction of w = pi_prox/pi_behav (nodes/off_policy.py)")
-    is_low: Optional[float] = cfg(None, positive, "lower bound on w (token_mask, seq_mask, icepop); default per correction")
-    is_high: Optional[float] = cfg(None, positive, "upper bound on w (every correction); default per correction")
+        "none", None, "off-policy correction of w = pi_prox/pi_behav (nodes/off_policy.py)"
+    )
+    is_low: float | None = cfg(
+        None, positive, "lower bound on w (token_mask, seq_mask, icepop); default per correction"
+    )
+    is_high: float | None = cfg(None, positive, "upper bound on w (every correction); default per correction")
     agg: Literal["token-mean", "seq-mean-token-mean", "dr-grpo"] = cfg("token-mean")
     entropy_coef: float = cfg(0.0, non_negative)
     value_clip: float = cfg(0.2, positive, "value-loss clip range (loss: value)")

@@ -38,13 +38,19 @@ def _model_hosting(node: NodeSpec, spec: WorkflowSpec) -> Hosting:
 
 def _model_host_args(node: NodeSpec, spec: WorkflowSpec, info: RunInfo) -> dict[str, Any]:
     model = spec.models[str(node.model)]
-    return {"model_path": info.model_paths[model.name], "optim": asdict(model.train) if model.train else None,
-            "total_steps": spec.runtime.steps, "seed": spec.runtime.seed, "threads": info.train_threads,
-            "role": model_role(spec, model.name), "device": model.device,
-            **({"lora": asdict(model.lora)} if model.lora is not None else {}),
-            # only when not the defaults, so that the host args of existing workflows stay as they were
-            **({"backend": model.backend} if model.backend != "torch" else {}),
-            **({"precision": model.precision} if model.precision != "fp32" else {})}
+    return {
+        "model_path": info.model_paths[model.name],
+        "optim": asdict(model.train) if model.train else None,
+        "total_steps": spec.runtime.steps,
+        "seed": spec.runtime.seed,
+        "threads": info.train_threads,
+        "role": model_role(spec, model.name),
+        "device": model.device,
+        **({"lora": asdict(model.lora)} if model.lora is not None else {}),
+        # only when not the defaults, so that the host args of existing workflows stay as they were
+        **({"backend": model.backend} if model.backend != "torch" else {}),
+        **({"precision": model.precision} if model.precision != "fp32" else {}),
+    }
 
 
 def _mb_args(spec: WorkflowSpec) -> dict[str, Any]:
@@ -52,20 +58,30 @@ def _mb_args(spec: WorkflowSpec) -> dict[str, Any]:
 
 
 LOGPROB = NodeKind(
-    name="logprob", params=LogprobParams, model="required", phase="training",
+    name="logprob",
+    params=LogprobParams,
+    model="required",
+    phase="training",
     doc="per-token log-probs of `model` (reference or proximal policy)",
-    hosting=_model_hosting, host_args=_model_host_args,
-    call=lambda node, spec: Call("logprob", {"out_key": node.writes[0], "temperature": rollout_temperature(spec),
-                                             **_mb_args(spec)}),
-    rules=lambda node, spec: writes_exactly_one(node, "logprob")
-    + reads_missing(node, ("input_ids",), "a logprob node"),
+    hosting=_model_hosting,
+    host_args=_model_host_args,
+    call=lambda node, spec: Call(
+        "logprob", {"out_key": node.writes[0], "temperature": rollout_temperature(spec), **_mb_args(spec)}
+    ),
+    rules=lambda node, spec: (
+        writes_exactly_one(node, "logprob") + reads_missing(node, ("input_ids",), "a logprob node")
+    ),
     model_role=lambda node: "policy",
 )
 
 VALUE = NodeKind(
-    name="value", params=ValueParams, model="required", phase="training",
+    name="value",
+    params=ValueParams,
+    model="required",
+    phase="training",
     doc="per-token values of a critic `model`",
-    hosting=_model_hosting, host_args=_model_host_args,
+    hosting=_model_hosting,
+    host_args=_model_host_args,
     call=lambda node, spec: Call("values", {"out_key": node.writes[0], **_mb_args(spec)}),
     rules=lambda node, spec: writes_exactly_one(node, "value") + reads_missing(node, ("input_ids",), "a value node"),
     model_role=lambda node: "critic",
@@ -82,8 +98,14 @@ def fused_prox_node(node: NodeSpec, spec: WorkflowSpec) -> str | None:
     before the step (nodes/off_policy.py) and `runtime.fuse_prox_logprob` is on.
     """
     p = node.params
-    if not (spec.runtime.fuse_prox_logprob and isinstance(p, TrainParams) and LOSSES[p.loss].prox
-            and p.ppo_epochs == 1 and p.ppo_minibatches == 1 and p.is_correction not in REJECTING):
+    if not (
+        spec.runtime.fuse_prox_logprob
+        and isinstance(p, TrainParams)
+        and LOSSES[p.loss].prox
+        and p.ppo_epochs == 1
+        and p.ppo_minibatches == 1
+        and p.is_correction not in REJECTING
+    ):
         return None
     writers = [n for n in spec.nodes.values() if "prox_logprobs" in n.writes]
     if len(writers) != 1 or not isinstance(writers[0].params, LogprobParams) or writers[0].model != node.model:
@@ -101,9 +123,15 @@ def _correction_rules(p: TrainParams) -> list[Issue]:
         issues.append(Issue((e.field,), e.message))
     loss = LOSSES[p.loss]
     if p.is_correction != "none" and not loss.prox:
-        why = ("centres its trust region on pi_behav and has no separate behaviour weight to correct: use "
-               "decoupled_ppo (at max_staleness 0 it is plain PPO/GRPO with the trainer's pi_old, whose "
-               "weight pi_old/pi_behav is the engine-vs-trainer mismatch)") if loss.role == "policy" else "is the critic's"
+        why = (
+            (
+                "centres its trust region on pi_behav and has no separate behaviour weight to correct: use "
+                "decoupled_ppo (at max_staleness 0 it is plain PPO/GRPO with the trainer's pi_old, whose "
+                "weight pi_old/pi_behav is the engine-vs-trainer mismatch)"
+            )
+            if loss.role == "policy"
+            else "is the critic's"
+        )
         issues.append(Issue(("is_correction",), f"loss '{p.loss}' {why}"))
     if p.dual_clip is not None and not loss.dual_clip:
         takes = " and ".join(n for n, other in LOSSES.items() if other.dual_clip)
@@ -122,20 +150,38 @@ def _train_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
         issues.append(Issue(("writes",), "a train node writes no keys (it updates weights)"))
     model = spec.models.get(str(node.model))
     if model is not None and model.train is None:
-        issues.append(Issue(("model",), f"model '{node.model}' has no 'train' section (optimiser), so it cannot be trained"))
+        issues.append(
+            Issue(("model",), f"model '{node.model}' has no 'train' section (optimiser), so it cannot be trained")
+        )
     issues += _correction_rules(p)
     if p.ppo_minibatches > spec.runtime.batch_size:
-        issues.append(Issue(("ppo_minibatches",), f"must be at most runtime.batch_size ({spec.runtime.batch_size}) "
-                                                  f"so that every PPO minibatch holds a trajectory, got {p.ppo_minibatches}"))
+        issues.append(
+            Issue(
+                ("ppo_minibatches",),
+                f"must be at most runtime.batch_size ({spec.runtime.batch_size}) "
+                f"so that every PPO minibatch holds a trajectory, got {p.ppo_minibatches}",
+            )
+        )
     return issues
 
 
 TRAIN = NodeKind(
-    name="train", params=TrainParams, model="required", phase="training",
+    name="train",
+    params=TrainParams,
+    model="required",
+    phase="training",
     doc="one optimiser step of `model` on the batch (new weights go to the inference servers)",
-    hosting=_model_hosting, host_args=_model_host_args,
-    call=lambda node, spec: Call("train", {"params": asdict(node.params), "temperature": rollout_temperature(spec),
-                                           "fused_prox": fused_prox_node(node, spec) is not None, **_mb_args(spec)}),
+    hosting=_model_hosting,
+    host_args=_model_host_args,
+    call=lambda node, spec: Call(
+        "train",
+        {
+            "params": asdict(node.params),
+            "temperature": rollout_temperature(spec),
+            "fused_prox": fused_prox_node(node, spec) is not None,
+            **_mb_args(spec),
+        },
+    ),
     rules=_train_rules,
     trains=True,
     fuses=fused_prox_node,
@@ -143,5 +189,3 @@ TRAIN = NodeKind(
     versioned_call=True,
     model_role=lambda node: LOSSES[node.params.loss].role,
 )
-
-

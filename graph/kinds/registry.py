@@ -9,7 +9,7 @@ kind of any node (`kind_of`, `model_role`) without importing each other or the p
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from areal_graph.api.imports import ImportPathError, import_object
 from areal_graph.graph.kind import NodeKind
@@ -28,8 +28,10 @@ def resolve_kind(name: object) -> NodeKind:
     if isinstance(name, str) and name in BUILTIN_KINDS:
         return BUILTIN_KINDS[name]
     if not isinstance(name, str) or ":" not in name:
-        raise UnknownKind(f"unknown node kind {name!r}{suggest(name, BUILTIN_KINDS)}; known kinds: "
-                          f"{', '.join(BUILTIN_KINDS)}, or an import path 'package.module:NAME' of a NodeKind")
+        raise UnknownKind(
+            f"unknown node kind {name!r}{suggest(name, BUILTIN_KINDS)}; known kinds: "
+            f"{', '.join(BUILTIN_KINDS)}, or an import path 'package.module:NAME' of a NodeKind"
+        )
     try:
         kind = import_object(name, what="node kind")
     except ImportPathError as err:
@@ -39,9 +41,9 @@ def resolve_kind(name: object) -> NodeKind:
     return kind
 
 
-def kind_of(node: object) -> NodeKind:
+def kind_of(node: Any) -> NodeKind:
     """The kind of a validated `NodeSpec` (its `kind` was resolved once, at load time)."""
-    return resolve_kind(getattr(node, "kind"))
+    return resolve_kind(node.kind)
 
 
 def model_role(spec: WorkflowSpec, model: str) -> Literal["policy", "critic"]:

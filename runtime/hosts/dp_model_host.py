@@ -75,7 +75,7 @@ def decode_command(data: bytes) -> tuple[str, dict[str, Any], PackedBatch | None
         pos += _LEN.size
         if pos + size > len(data):
             raise ValueError(f"truncated command: a frame of {size} bytes at {pos} of {len(data)}")
-        frames.append(data[pos:pos + size])
+        frames.append(data[pos : pos + size])
         pos += size
     if not frames:
         raise ValueError("empty command")
@@ -107,8 +107,10 @@ class RankChannel:
 def check_device(device: str, world_size: int) -> None:
     """Each rank needs a device of its own: "cuda" (rank r on cuda:r), never one pinned GPU."""
     if world_size > 1 and re.fullmatch(r"cuda:\d+", device):
-        raise ValueError(f"device {device!r} would put all {world_size} data-parallel ranks on one GPU: "
-                         "set the model's `device: cuda` (rank r uses cuda:r) or dp_size: 1")
+        raise ValueError(
+            f"device {device!r} would put all {world_size} data-parallel ranks on one GPU: "
+            "set the model's `device: cuda` (rank r uses cuda:r) or dp_size: 1"
+        )
 
 
 # --------------------------------------------------------------------------- rank 0
@@ -135,19 +137,34 @@ class DataParallelModelHost:
         args = (batch,) if batch is not None else ()
         return getattr(self.host, method)(*args, **kwargs)
 
-    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int,
-                temperature: float = 1.0) -> PackedBatch:
-        return self._all("logprob", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb,
-                         temperature=temperature)
+    def logprob(
+        self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0
+    ) -> PackedBatch:
+        return self._all(
+            "logprob", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature
+        )
 
     def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch:
         return self._all("values", batch, out_key=out_key, max_tokens_per_mb=max_tokens_per_mb)
 
-    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
-              temperature: float = 1.0, fused_prox: bool = False,
-              policy_version: int | None = None) -> tuple[PackedBatch, dict[str, float]]:
-        return self._all("train", batch, params=params, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature,
-                         fused_prox=fused_prox, policy_version=policy_version)
+    def train(
+        self,
+        batch: PackedBatch,
+        params: dict[str, Any],
+        max_tokens_per_mb: int,
+        temperature: float = 1.0,
+        fused_prox: bool = False,
+        policy_version: int | None = None,
+    ) -> tuple[PackedBatch, dict[str, float]]:
+        return self._all(
+            "train",
+            batch,
+            params=params,
+            max_tokens_per_mb=max_tokens_per_mb,
+            temperature=temperature,
+            fused_prox=fused_prox,
+            policy_version=policy_version,
+        )
 
     def publish_weights(self, path: str) -> list[dict]:
         return self._all("publish_weights", path=path)
@@ -201,9 +218,11 @@ def serve_rank() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="a data-parallel rank (1..N-1) of one model; rank 0 is its "
-                                                 "gRPC worker. The rank layout comes from MASTER_ADDR, MASTER_PORT, "
-                                                 "RANK and WORLD_SIZE in the environment.")
+    parser = argparse.ArgumentParser(
+        description="a data-parallel rank (1..N-1) of one model; rank 0 is its "
+        "gRPC worker. The rank layout comes from MASTER_ADDR, MASTER_PORT, "
+        "RANK and WORLD_SIZE in the environment."
+    )
     parser.add_argument("--name", default="model-rank", help="appears in the log lines")
     args = parser.parse_args(argv)
 

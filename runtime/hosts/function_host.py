@@ -9,7 +9,8 @@ function may return is checked by the controller for every node alike
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
@@ -19,8 +20,9 @@ class FunctionHost:
     """`out_key`: a function with an `out_key` parameter that the node's args leave unset is
     given the node's single declared write, so a YAML names its output once (`writes`)."""
 
-    def __init__(self, fn: str, args: dict[str, Any] | None = None, node: str = "?",
-                 writes: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(
+        self, fn: str, args: dict[str, Any] | None = None, node: str = "?", writes: tuple[str, ...] | list[str] = ()
+    ) -> None:
         self.fn = import_object(fn, what=f"function node {node!r} fn")
         if not callable(self.fn):
             raise TypeError(f"function node {node!r}: {fn} is not callable")

@@ -25,27 +25,41 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal_graph.api.judge import choose_model, parse_verdict, render
 from areal_graph.api.process import run_token
 from areal_graph.data.packed import PackedBatch
-from areal_graph.api.judge import choose_model, parse_verdict, render
 from areal_graph.engines.inference.backends.base import ADAPTER_PREFIX
 
 log = logging.getLogger(__name__)
 
 
 class JudgeHost:
-    def __init__(self, policy_tokenizer_path: str, base_url: str, api_key_env: str | None = None,
-                 use_run_token: bool = False, model: str | None = None,
-                 template: str = "", system: str | None = None, verdict: str = "yes_no", pattern: str | None = None,
-                 score_max: float = 10.0, max_tokens: int = 32, temperature: float = 0.0, max_concurrency: int = 8,
-                 timeout_s: float = 60.0, on_failure: float = 0.0) -> None:
+    def __init__(
+        self,
+        policy_tokenizer_path: str,
+        base_url: str,
+        api_key_env: str | None = None,
+        use_run_token: bool = False,
+        model: str | None = None,
+        template: str = "",
+        system: str | None = None,
+        verdict: str = "yes_no",
+        pattern: str | None = None,
+        score_max: float = 10.0,
+        max_tokens: int = 32,
+        temperature: float = 0.0,
+        max_concurrency: int = 8,
+        timeout_s: float = 60.0,
+        on_failure: float = 0.0,
+    ) -> None:
         import openai
         from transformers import AutoTokenizer
 
         api_key = run_token() if use_run_token else os.environ.get(api_key_env) if api_key_env else None
         if api_key_env and not api_key:
-            raise ValueError(f"judge: the environment variable {api_key_env} (api_key_env) is not set in the "
-                             "judge's process")
+            raise ValueError(
+                f"judge: the environment variable {api_key_env} (api_key_env) is not set in the judge's process"
+            )
 
         self.tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_path)
         self.model, self.template, self.system = model, template, system
@@ -55,8 +69,7 @@ class JudgeHost:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="judge-loop", daemon=True)
         self._thread.start()
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout_s,
-                                         max_retries=0)
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout_s, max_retries=0)
         self._gate = asyncio.run_coroutine_threadsafe(self._make_gate(max_concurrency), self.loop).result()
 
     @staticmethod
@@ -71,8 +84,12 @@ class JudgeHost:
         for a, b in zip(cu[:-1], cu[1:]):
             m = mask[a:b]
             first = int(m.nonzero()[0]) if m.any() else b - a
-            out.append((self.tokenizer.decode(ids[a:a + first].tolist(), skip_special_tokens=True).strip(),
-                        self.tokenizer.decode(ids[a:b][m].tolist(), skip_special_tokens=True)))
+            out.append(
+                (
+                    self.tokenizer.decode(ids[a : a + first].tolist(), skip_special_tokens=True).strip(),
+                    self.tokenizer.decode(ids[a:b][m].tolist(), skip_special_tokens=True),
+                )
+            )
         return out
 
     async def _served_model(self) -> str:
@@ -84,11 +101,13 @@ class JudgeHost:
         return choose_model(listed, ADAPTER_PREFIX, self.own_server)
 
     async def _ask(self, content: str, model: str) -> str:
-        messages: list[Any] = ([{"role": "system", "content": self.system}] if self.system else []) + \
-            [{"role": "user", "content": content}]
+        messages: list[Any] = ([{"role": "system", "content": self.system}] if self.system else []) + [
+            {"role": "user", "content": content}
+        ]
         async with self._gate:
             reply = await self.client.chat.completions.create(
-                model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature)
+                model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature
+            )
         return reply.choices[0].message.content or ""
 
     async def _ask_all(self, contents: list[str]) -> list[Any]:
@@ -118,11 +137,16 @@ class JudgeHost:
             rewards.append(self.on_failure if value is None else value)
         if failures or unparsable:
             kinds = sorted({type(r).__name__ for r in replies if isinstance(r, BaseException)})
-            log.warning("judge: %d of %d requests failed%s, %d replies unparsable; scored %s", failures,
-                        len(replies), f" ({', '.join(kinds)})" if kinds else "", unparsable, self.on_failure)
+            log.warning(
+                "judge: %d of %d requests failed%s, %d replies unparsable; scored %s",
+                failures,
+                len(replies),
+                f" ({', '.join(kinds)})" if kinds else "",
+                unparsable,
+                self.on_failure,
+            )
         out = PackedBatch(batch.cu_seqlens.clone(), seqs={out_key: torch.tensor(rewards, dtype=torch.float32)})
-        return out, {"failures": float(failures), "unparsable": float(unparsable),
-                     "seconds": time.perf_counter() - t0}
+        return out, {"failures": float(failures), "unparsable": float(unparsable), "seconds": time.perf_counter() - t0}
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=10)

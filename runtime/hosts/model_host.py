@@ -26,14 +26,14 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines import shared_weights
-from areal_graph.graph.kinds.losses import LOSSES, TrainParams
-from areal_graph.engines.training.step_stats import mean_over_updates
-from areal_graph.nodes.off_policy import finish_mismatch_stats
-from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches, prepare_policy_batch
 from areal_graph.engines.training.megatron.engine import MegatronTrainEngine
 from areal_graph.engines.training.protocol import TrainingEngine, ValueTrainingEngine
+from areal_graph.engines.training.step_stats import mean_over_updates
 from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine
+from areal_graph.graph.kinds.losses import LOSSES, TrainParams
+from areal_graph.nodes.off_policy import finish_mismatch_stats
+from areal_graph.nodes.train_loss import build_loss_fn, ppo_minibatches, prepare_policy_batch
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,24 @@ Role = Literal["policy", "critic"]
 
 
 class ModelHost:
-    def __init__(self, model_path: str, optim: dict[str, Any] | None = None, total_steps: int = 1,
-                 seed: int = 1, threads: int | None = None, role: Role = "policy", device: str = "cpu",
-                 lora: dict[str, Any] | None = None, backend: str = "torch", precision: str = "fp32") -> None:
+    def __init__(
+        self,
+        model_path: str,
+        optim: dict[str, Any] | None = None,
+        total_steps: int = 1,
+        seed: int = 1,
+        threads: int | None = None,
+        role: Role = "policy",
+        device: str = "cpu",
+        lora: dict[str, Any] | None = None,
+        backend: str = "torch",
+        precision: str = "fp32",
+    ) -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"model {model_path} is configured with device {device!r}, but this machine has no "
-                               "CUDA device (or torch is a CPU build): set the model's `device: cpu`")
+            raise RuntimeError(
+                f"model {model_path} is configured with device {device!r}, but this machine has no "
+                "CUDA device (or torch is a CPU build): set the model's `device: cpu`"
+            )
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
@@ -54,9 +66,14 @@ class ModelHost:
             raise ValueError(f"role must be policy or critic, got {role!r}")
         self.model_path = model_path
         self.trainable = optim is not None
-        self._engine_args = dict(**(optim or {}), total_steps=max(total_steps, 1), trainable=self.trainable,
-                                 device=device, **({"lora": lora} if lora else {}),
-                                 precision=precision)
+        self._engine_args = dict(
+            **(optim or {}),
+            total_steps=max(total_steps, 1),
+            trainable=self.trainable,
+            device=device,
+            **({"lora": lora} if lora else {}),
+            precision=precision,
+        )
         self.role: Role = role
         # the host drives its engine through engines/training/protocol.py alone
         self.critic: ValueTrainingEngine | None = None
@@ -65,8 +82,10 @@ class ModelHost:
             raise ValueError(f"backend must be torch or megatron, got {backend!r}")
         if backend == "megatron":
             if role == "critic" or lora:
-                raise ValueError(f"model {model_path}: backend megatron for a {'critic' if role == 'critic' else 'LoRA'} "
-                                 "model is not built yet")
+                raise ValueError(
+                    f"model {model_path}: backend megatron for a {'critic' if role == 'critic' else 'LoRA'} "
+                    "model is not built yet"
+                )
             self.engine = MegatronTrainEngine(model_path, **self._engine_args, seed=seed)
         elif role == "critic":
             self.engine = self.critic = ValueEngine(model_path, **self._engine_args)
@@ -75,11 +94,15 @@ class ModelHost:
 
     def _use_as(self, role: Role) -> None:
         if role != self.role:
-            raise RuntimeError(f"model {self.model_path} is a {self.role} and cannot also serve as a {role}: "
-                               "give the critic its own entry under `models:`")
+            raise RuntimeError(
+                f"model {self.model_path} is a {self.role} and cannot also serve as a {role}: "
+                "give the critic its own entry under `models:`"
+            )
 
     # ------------------------------------------------------------------ nodes
-    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0) -> PackedBatch:
+    def logprob(
+        self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0
+    ) -> PackedBatch:
         self._use_as("policy")
         lp = self.engine.compute_logprobs(batch, max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: lp.float()})
@@ -91,9 +114,15 @@ class ModelHost:
         values = self.critic.compute_values(batch, max_tokens_per_mb=max_tokens_per_mb)
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: values.float()})
 
-    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
-              temperature: float = 1.0, fused_prox: bool = False,
-              policy_version: int | None = None) -> tuple[PackedBatch, dict[str, float]]:
+    def train(
+        self,
+        batch: PackedBatch,
+        params: dict[str, Any],
+        max_tokens_per_mb: int,
+        temperature: float = 1.0,
+        fused_prox: bool = False,
+        policy_version: int | None = None,
+    ) -> tuple[PackedBatch, dict[str, float]]:
         """One train node call: `ppo_epochs` x `ppo_minibatches` optimizer steps; returns their stats.
 
         `fused_prox`: the batch has no `prox_logprobs`; the loss takes them from this
@@ -106,8 +135,10 @@ class ModelHost:
         self._use_as(LOSSES[train_params.loss].role)
         n_mb, epochs = train_params.ppo_minibatches, train_params.ppo_epochs
         if fused_prox and n_mb * epochs != 1:
-            raise ValueError("fused proximal log-probs need exactly one optimizer update per step "
-                             f"(ppo_epochs={epochs}, ppo_minibatches={n_mb})")
+            raise ValueError(
+                "fused proximal log-probs need exactly one optimizer update per step "
+                f"(ppo_epochs={epochs}, ppo_minibatches={n_mb})"
+            )
         # the lr schedule counts optimizer steps, of which there are n_mb * epochs per batch
         self.engine.total_steps = self._engine_args["total_steps"] * n_mb * epochs
         runs: list[dict[str, float]] = []
@@ -117,8 +148,12 @@ class ModelHost:
             parts = ppo_minibatches(batch.num_seqs, n_mb, seed=self.engine.version * 1009 + epoch)
             for part in parts:
                 mb = batch if len(parts) == 1 else batch.select(part)
-                stats = self.engine.train_step(mb, build_loss_fn(train_params, mb, fused_prox, policy_version),
-                                               max_tokens_per_mb=max_tokens_per_mb, temperature=temperature)
+                stats = self.engine.train_step(
+                    mb,
+                    build_loss_fn(train_params, mb, fused_prox, policy_version),
+                    max_tokens_per_mb=max_tokens_per_mb,
+                    temperature=temperature,
+                )
                 runs.append({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
         return PackedBatch(batch.cu_seqlens.clone()), finish_mismatch_stats(_combine_update_stats(runs))
 
@@ -149,8 +184,10 @@ class ModelHost:
         """Resume; a critic's checkpoint holds a value head, a policy's does not."""
         is_critic = (Path(path) / "model" / VALUE_HEAD_FILE).exists()
         if is_critic != (self.role == "critic"):
-            raise ValueError(f"{path} is a {'critic' if is_critic else 'policy'}'s checkpoint "
-                             f"(model/{VALUE_HEAD_FILE} {'present' if is_critic else 'absent'}) but this model is a {self.role}")
+            raise ValueError(
+                f"{path} is a {'critic' if is_critic else 'policy'}'s checkpoint "
+                f"(model/{VALUE_HEAD_FILE} {'present' if is_critic else 'absent'}) but this model is a {self.role}"
+            )
         self.engine.load_checkpoint(Path(path))
         return path
 

@@ -21,14 +21,21 @@ class ModelService(Protocol):
     """One model (policy or critic) in the `model-<name>` worker: ModelHost, or
     DataParallelModelHost (rank 0 of dp_size > 1, relaying every call to the other ranks)."""
 
-    def logprob(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int,
-                temperature: float = 1.0) -> PackedBatch: ...
+    def logprob(
+        self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int, temperature: float = 1.0
+    ) -> PackedBatch: ...
 
     def values(self, batch: PackedBatch, out_key: str, max_tokens_per_mb: int) -> PackedBatch: ...
 
-    def train(self, batch: PackedBatch, params: dict[str, Any], max_tokens_per_mb: int,
-              temperature: float = 1.0, fused_prox: bool = False,
-              policy_version: int | None = None) -> tuple[PackedBatch, dict[str, float]]: ...
+    def train(
+        self,
+        batch: PackedBatch,
+        params: dict[str, Any],
+        max_tokens_per_mb: int,
+        temperature: float = 1.0,
+        fused_prox: bool = False,
+        policy_version: int | None = None,
+    ) -> tuple[PackedBatch, dict[str, float]]: ...
 
     def publish_weights(self, path: str) -> list[dict]:
         """Write the weights into the shared-memory file `path`; returns its manifest."""
@@ -48,8 +55,7 @@ class ModelService(Protocol):
 class RolloutService(Protocol):
     """The rollout worker's object: generates a prompt batch's groups against the servers."""
 
-    def run(self, batch: PackedBatch, group_size: int | None = None,
-            sampling: dict | None = None) -> PackedBatch: ...
+    def run(self, batch: PackedBatch, group_size: int | None = None, sampling: dict | None = None) -> PackedBatch: ...
 
 
 class RewardService(Protocol):
@@ -61,8 +67,9 @@ class RewardService(Protocol):
 class RewardModelService(Protocol):
     """A `reward_model` node's worker object: a sequence classifier scoring whole trajectories."""
 
-    def score(self, batch: PackedBatch, out_key: str = "rm_reward",
-              max_tokens_per_mb: int = 4096) -> tuple[PackedBatch, dict[str, float]]: ...
+    def score(
+        self, batch: PackedBatch, out_key: str = "rm_reward", max_tokens_per_mb: int = 4096
+    ) -> tuple[PackedBatch, dict[str, float]]: ...
 
 
 class FunctionService(Protocol):

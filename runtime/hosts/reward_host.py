@@ -31,7 +31,9 @@ class RewardFailed(RuntimeError):
 
 
 class RewardHost:
-    def __init__(self, tokenizer_path: str, fn: str = "math_verify", timeout_s: float = 5.0, num_workers: int = 2) -> None:
+    def __init__(
+        self, tokenizer_path: str, fn: str = "math_verify", timeout_s: float = 5.0, num_workers: int = 2
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -40,11 +42,14 @@ class RewardHost:
     def completions(self, batch: PackedBatch) -> list[str]:
         """The text the policy generated in each trajectory (loss_mask == 1 tokens)."""
         if "loss_mask" not in batch or "answer" not in batch:
-            raise KeyError("the reward node reads input_ids and loss_mask (to find the answer text) "
-                           "and the rollout's implicit `answer`; add loss_mask to its `reads`")
+            raise KeyError(
+                "the reward node reads input_ids and loss_mask (to find the answer text) "
+                "and the rollout's implicit `answer`; add loss_mask to its `reads`"
+            )
         ids, mask, cu = batch["input_ids"], batch["loss_mask"].bool(), batch.cu_seqlens.tolist()
-        return self.tokenizer.batch_decode([ids[a:b][mask[a:b]].tolist() for a, b in zip(cu[:-1], cu[1:])],
-                                           skip_special_tokens=True)
+        return self.tokenizer.batch_decode(
+            [ids[a:b][mask[a:b]].tolist() for a, b in zip(cu[:-1], cu[1:])], skip_special_tokens=True
+        )
 
     def episodes(self, batch: PackedBatch, completions: list[str]) -> list[Episode]:
         """Each trajectory as an Episode: its turns split where loss_mask changes, and its info."""
@@ -52,9 +57,18 @@ class RewardHost:
         infos = batch.meta.get("info") or ["{}"] * batch.num_seqs
         truncated = batch["seq_no_eos"].tolist() if "seq_no_eos" in batch else [False] * batch.num_seqs
         decode = partial(self.tokenizer.batch_decode, skip_special_tokens=True)
-        return [episode_from_tokens(decode, ids[a:b], mask[a:b], completions[i], batch.meta["answer"][i],
-                                    json.loads(infos[i] or "{}"), bool(truncated[i]))
-                for i, (a, b) in enumerate(zip(cu[:-1], cu[1:]))]
+        return [
+            episode_from_tokens(
+                decode,
+                ids[a:b],
+                mask[a:b],
+                completions[i],
+                batch.meta["answer"][i],
+                json.loads(infos[i] or "{}"),
+                bool(truncated[i]),
+            )
+            for i, (a, b) in enumerate(zip(cu[:-1], cu[1:]))
+        ]
 
     def score(self, batch: PackedBatch, out_key: str = "rewards") -> tuple[PackedBatch, dict[str, float]]:
         """`out_key` per sequence; stats: how many items failed (scored 0)."""
@@ -64,13 +78,19 @@ class RewardHost:
         failed = [r.status != "ok" for r in results]
         if failed and all(failed):
             first = next(r for r in results if r.status != "ok")
-            raise RewardFailed(f"reward fn {self.pool.fn!r} failed on all {len(results)} answers "
-                               f"({first.status}): {first.detail}")
+            raise RewardFailed(
+                f"reward fn {self.pool.fn!r} failed on all {len(results)} answers ({first.status}): {first.detail}"
+            )
         if any(failed):
-            log.warning("%d of %d rewards failed (%s); scored 0", sum(failed), len(results),
-                        sorted({r.status for r in results if r.status != "ok"}))
-        out = PackedBatch(batch.cu_seqlens.clone(),
-                          seqs={out_key: torch.tensor([r.reward for r in results], dtype=torch.float32)})
+            log.warning(
+                "%d of %d rewards failed (%s); scored 0",
+                sum(failed),
+                len(results),
+                sorted({r.status for r in results if r.status != "ok"}),
+            )
+        out = PackedBatch(
+            batch.cu_seqlens.clone(), seqs={out_key: torch.tensor([r.reward for r in results], dtype=torch.float32)}
+        )
         return out, {"failures": float(sum(failed))}
 
     def close(self) -> None:

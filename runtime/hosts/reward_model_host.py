@@ -34,8 +34,16 @@ OUTPUTS = ("auto", "logit", "sigmoid", "prob")
 
 
 class RewardModelHost:
-    def __init__(self, path: str, policy_tokenizer_path: str, device: str = "cpu", dtype: str = "float32",
-                 output: str = "auto", retokenize: str = "auto", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        policy_tokenizer_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        output: str = "auto",
+        retokenize: str = "auto",
+        threads: int | None = None,
+    ) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if output not in OUTPUTS:
@@ -43,7 +51,9 @@ class RewardModelHost:
         if threads:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device)
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype)).to(
+            self.device
+        )
         self.model.eval()
         labels = int(self.model.config.num_labels)
         self.output = ("logit" if labels == 1 else "prob") if output == "auto" else output
@@ -56,8 +66,11 @@ class RewardModelHost:
         same = self.tokenizer.get_vocab() == self.policy_tokenizer.get_vocab()
         self.retokenize = {"auto": not same, "always": True, "never": False}[retokenize]
         if retokenize == "never" and not same:
-            log.warning("reward model %s: its tokenizer's vocabulary differs from the policy's, but retokenize "
-                        "is 'never': ids go in unchanged", path)
+            log.warning(
+                "reward model %s: its tokenizer's vocabulary differs from the policy's, but retokenize "
+                "is 'never': ids go in unchanged",
+                path,
+            )
         self.pad_id = self.model.config.pad_token_id
 
     def sequences(self, batch: PackedBatch) -> list[list[int]]:
@@ -79,14 +92,15 @@ class RewardModelHost:
             ids = torch.full((len(group), width), self.pad_id if self.pad_id is not None else 0, dtype=torch.long)
             mask = torch.zeros((len(group), width), dtype=torch.long)
             for row, i in enumerate(group):
-                ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
-                mask[row, :len(seqs[i])] = 1
+                ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
+                mask[row, : len(seqs[i])] = 1
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             out[group] = logits.float().cpu()
         return out, len(groups)
 
-    def score(self, batch: PackedBatch, out_key: str = "rm_reward",
-              max_tokens_per_mb: int = 4096) -> tuple[PackedBatch, dict[str, float]]:
+    def score(
+        self, batch: PackedBatch, out_key: str = "rm_reward", max_tokens_per_mb: int = 4096
+    ) -> tuple[PackedBatch, dict[str, float]]:
         """`out_key` per sequence; stats: the forwards it took and the mean score."""
         seqs = self.sequences(batch)
         logits, forwards = self.logits(seqs, max_tokens_per_mb)
@@ -96,8 +110,10 @@ class RewardModelHost:
             scores = torch.sigmoid(logits[:, 0])
         else:
             scores = logits[:, 0]
-        return (PackedBatch(batch.cu_seqlens.clone(), seqs={out_key: scores.float()}),
-                {"forwards": float(forwards), "mean": float(scores.mean()) if len(seqs) else 0.0})
+        return (
+            PackedBatch(batch.cu_seqlens.clone(), seqs={out_key: scores.float()}),
+            {"forwards": float(forwards), "mean": float(scores.mean()) if len(seqs) else 0.0},
+        )
 
 
 def length_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -8,19 +8,19 @@ one connection pool) running in a background thread.
 from __future__ import annotations
 
 import asyncio
-import logging
 import inspect
+import logging
 import threading
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from areal_graph.api.process import run_token
-from areal_graph.data.packed import PackedBatch
 from areal_graph.api.imports import import_object
-from areal_graph.engines.inference.request_tags import enter_group
-from areal_graph.api.sampling import SamplingParams
-from areal_graph.engines.inference.client import InferenceClient, ServerPool
+from areal_graph.api.process import run_token
 from areal_graph.api.rollout import Rollout
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.data.packed import PackedBatch
+from areal_graph.engines.inference.client import InferenceClient, ServerPool
+from areal_graph.engines.inference.request_tags import enter_group
 from areal_graph.workflows.rollout.base import pack_trajectories
 
 
@@ -43,10 +43,18 @@ class RolloutHost:
     # its calls mostly wait on the inference servers: not compute in the trace's accounting
     span_category = "rollout"
 
-    def __init__(self, server_urls: list[str], backend: str, rollout_class: str, group_size: int,
-                 sampling: dict[str, Any], rollout_args: dict[str, Any] | None = None,
-                 tokenizer_path: str | None = None, request_timeout_s: float = 600.0,
-                 lora_adapters: bool = False) -> None:
+    def __init__(
+        self,
+        server_urls: list[str],
+        backend: str,
+        rollout_class: str,
+        group_size: int,
+        sampling: dict[str, Any],
+        rollout_args: dict[str, Any] | None = None,
+        tokenizer_path: str | None = None,
+        request_timeout_s: float = 600.0,
+        lora_adapters: bool = False,
+    ) -> None:
         self.group_size = group_size
         self.sampling = sampling
         cls = load_rollout_class(rollout_class)
@@ -58,8 +66,12 @@ class RolloutHost:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
-        clients = [InferenceClient(url, backend=backend, timeout=request_timeout_s, api_key=run_token(),
-                                   lora_adapters=lora_adapters) for url in server_urls]
+        clients = [
+            InferenceClient(
+                url, backend=backend, timeout=request_timeout_s, api_key=run_token(), lora_adapters=lora_adapters
+            )
+            for url in server_urls
+        ]
         self.pool = ServerPool(clients)
 
     def _sampling(self, overrides: dict[str, Any] | None) -> SamplingParams:
@@ -72,8 +84,12 @@ class RolloutHost:
         g = group_size or self.group_size
         params = self._sampling(sampling)
         prompts = [
-            _PromptView(batch.meta["prompt_id"][i], batch.sequence(i, "input_ids").tolist(), batch.meta["answer"][i],
-                        *(batch.meta[k][i] if k in batch.meta else "" for k in ("text", "question")))
+            _PromptView(
+                batch.meta["prompt_id"][i],
+                batch.sequence(i, "input_ids").tolist(),
+                batch.meta["answer"][i],
+                *(batch.meta[k][i] if k in batch.meta else "" for k in ("text", "question")),
+            )
             for i in range(batch.num_seqs)
         ]
         group_ids = batch["group_id"].tolist()

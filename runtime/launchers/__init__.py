@@ -13,9 +13,10 @@ test checks the two agree). Adapters are imported only when chosen: `ray` stays 
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from areal_graph.runtime.launchers.local import ProcessDied
@@ -58,7 +59,7 @@ class LaunchRequest:
     the processes the run will start, and the runtime section (launcher fields)."""
 
     log_dir: Path
-    on_death: Callable[["ProcessDied"], None] | None
+    on_death: Callable[[ProcessDied], None] | None
     demands: tuple[ProcessDemand, ...]
     runtime: Any  # graph.spec.RuntimeSpec
     colocate: bool = False  # every process must share one machine (weights through shared memory)
@@ -71,19 +72,34 @@ class Launcher(Protocol):
     `restart`) and to the `deaths` queue, each reported once, as `ProcessDied`.
     """
 
-    deaths: "queue.Queue[ProcessDied]"
+    deaths: queue.Queue[ProcessDied]
 
     def server_endpoint(self, name: str) -> tuple[str, int]:
         """(host, port) the server process `name` should bind and clients should use."""
 
-    def start_process(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str] | None = None,
-                      threads: int | None = None, health_url: str | None = None,
-                      cwd: str | Path | None = None) -> int:
+    def start_process(
+        self,
+        name: str,
+        role: str,
+        cmd: Sequence[str],
+        env: dict[str, str] | None = None,
+        threads: int | None = None,
+        health_url: str | None = None,
+        cwd: str | Path | None = None,
+    ) -> int:
         """Start a server process; returns its pid."""
 
-    def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
-                     host: str = "127.0.0.1", token_env: str | None = None, role: str = "worker",
-                     startup_timeout: float = 60.0, max_concurrent_calls: int | None = None) -> str:
+    def start_worker(
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        threads: int | None = None,
+        host: str = "127.0.0.1",
+        token_env: str | None = None,
+        role: str = "worker",
+        startup_timeout: float = 60.0,
+        max_concurrent_calls: int | None = None,
+    ) -> str:
         """Start a gRPC worker; returns the "host:port" the controller connects to."""
 
     def wait_healthy(self, timeout: float = 120.0, names: Sequence[str] | None = None) -> None:

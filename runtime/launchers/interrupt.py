@@ -43,9 +43,10 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 import psutil
 
@@ -108,8 +109,13 @@ def _signal_all(procs: list[psutil.Process], groups: Iterable[int], sig: int) ->
             pass
 
 
-def stop_trees(procs: list[psutil.Process], groups: Iterable[int], grace: float,
-               kill_wait: float = KILL_WAIT_S, level: int = logging.WARNING) -> list[psutil.Process]:
+def stop_trees(
+    procs: list[psutil.Process],
+    groups: Iterable[int],
+    grace: float,
+    kill_wait: float = KILL_WAIT_S,
+    level: int = logging.WARNING,
+) -> list[psutil.Process]:
     """SIGTERM the process groups `groups` and every process in `procs`, SIGKILL them all after
     `grace` s; returns the processes still alive `kill_wait` s after that (none, unless stuck
     in the kernel). Bounded: at most `grace + kill_wait` s. Each kill is logged at `level`
@@ -177,8 +183,9 @@ def unregister(member: Interruptible) -> None:
 
 
 @contextmanager
-def exit_on_interrupt(deadline_s: float = DEADLINE_S, grace_s: float = TERM_GRACE_S,
-                      exit_code: int = EXIT_CODE) -> Iterator[None]:
+def exit_on_interrupt(
+    deadline_s: float = DEADLINE_S, grace_s: float = TERM_GRACE_S, exit_code: int = EXIT_CODE
+) -> Iterator[None]:
     """For an application's main: while inside, Ctrl-C stops every descendant of this process
     (SIGTERM, SIGKILL after `grace_s`), raises KeyboardInterrupt for the main thread to unwind
     and report, and exits the process with `exit_code` if it is still running `deadline_s`

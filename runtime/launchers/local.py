@@ -32,9 +32,10 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 import psutil
 
@@ -110,10 +111,17 @@ def kill_group(pgid: int) -> None:
     interrupt.signal_group(pgid, signal.SIGKILL)
 
 
-def wait_until_healthy(pending: set[str], timeout: float, *, exit_code: Callable[[str], int | None],
-                       healthy: Callable[[str], bool], role: Callable[[str], str],
-                       log_path: Callable[[str], Path], log_tail: Callable[[str], str],
-                       check: Callable[[], None] | None = None) -> None:
+def wait_until_healthy(
+    pending: set[str],
+    timeout: float,
+    *,
+    exit_code: Callable[[str], int | None],
+    healthy: Callable[[str], bool],
+    role: Callable[[str], str],
+    log_path: Callable[[str], Path],
+    log_tail: Callable[[str], str],
+    check: Callable[[], None] | None = None,
+) -> None:
     """Poll until every process in `pending` is healthy; a process that exits first, or the
     deadline, raises naming it with its log. Every launcher's `wait_healthy` (they differ only
     in how they ask a process for its exit code, health and log). `check` runs every round and
@@ -125,8 +133,10 @@ def wait_until_healthy(pending: set[str], timeout: float, *, exit_code: Callable
         for name in sorted(pending):
             code = exit_code(name)
             if code is not None:
-                raise RuntimeError(f"{role(name)} {name!r} exited with code {code} while starting; "
-                                   f"log {log_path(name)}:\n{log_tail(name)}")
+                raise RuntimeError(
+                    f"{role(name)} {name!r} exited with code {code} while starting; "
+                    f"log {log_path(name)}:\n{log_tail(name)}"
+                )
             if healthy(name):
                 pending.discard(name)
         if not pending:
@@ -179,9 +189,15 @@ def thread_env(threads: int) -> dict[str, str]:
 
 
 class LocalLauncher:
-    def __init__(self, log_dir: Path | str, on_death: Callable[[ProcessDied], None] | None = None,
-                 python: str = sys.executable, pythonpath: Sequence[str | Path] = (),
-                 poll_interval: float = 0.2, die_with_parent: bool = True) -> None:
+    def __init__(
+        self,
+        log_dir: Path | str,
+        on_death: Callable[[ProcessDied], None] | None = None,
+        python: str = sys.executable,
+        pythonpath: Sequence[str | Path] = (),
+        poll_interval: float = 0.2,
+        die_with_parent: bool = True,
+    ) -> None:
         """`pythonpath` entries are prepended to PYTHONPATH of every child (e.g. test node modules).
 
         `die_with_parent` sets PR_SET_PDEATHSIG; note Linux fires it when the *thread* that
@@ -234,8 +250,15 @@ class LocalLauncher:
         full.update(env or {})
         return full
 
-    def _spawn(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str] | None,
-               threads: int | None, cwd: str | Path | None) -> _Managed:
+    def _spawn(
+        self,
+        name: str,
+        role: str,
+        cmd: Sequence[str],
+        env: dict[str, str] | None,
+        threads: int | None,
+        cwd: str | Path | None,
+    ) -> _Managed:
         if name in self.procs:
             raise ValueError(f"a process named {name!r} was already started")
         self._check_interrupted()
@@ -250,8 +273,13 @@ class LocalLauncher:
         popen: subprocess.Popen | None = None
         try:
             popen = subprocess.Popen(
-                list(cmd), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, cwd=cwd, start_new_session=True,
+                list(cmd),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
                 preexec_fn=arm_parent_death_signal if self.die_with_parent and not ours else None,
             )
             m = _Managed(name, role, popen, log_path, log_file)
@@ -280,18 +308,33 @@ class LocalLauncher:
         """Where server `name` listens: loopback, on a port free now (every process is on this machine)."""
         return "127.0.0.1", free_port()
 
-    def start_process(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str] | None = None,
-                      threads: int | None = None, health_url: str | None = None,
-                      cwd: str | Path | None = None) -> int:
+    def start_process(
+        self,
+        name: str,
+        role: str,
+        cmd: Sequence[str],
+        env: dict[str, str] | None = None,
+        threads: int | None = None,
+        health_url: str | None = None,
+        cwd: str | Path | None = None,
+    ) -> int:
         """Start any server process; `health_url` (HTTP GET -> 200) is what `wait_healthy` polls."""
         m = self._spawn(name, role, cmd, env, threads, cwd)
         m.health_url = health_url
         m.restart = lambda: self.start_process(name, role, cmd, env, threads, health_url, cwd)
         return m.popen.pid
 
-    def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
-                     host: str = "127.0.0.1", token_env: str | None = None, role: str = "worker",
-                     startup_timeout: float = 60.0, max_concurrent_calls: int | None = None) -> str:
+    def start_worker(
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        threads: int | None = None,
+        host: str = "127.0.0.1",
+        token_env: str | None = None,
+        role: str = "worker",
+        startup_timeout: float = 60.0,
+        max_concurrent_calls: int | None = None,
+    ) -> str:
         """Start a gRPC worker; blocks until it has bound a port and returns "host:port".
 
         Returns once the port is known, not once it is healthy: call `wait_healthy` after
@@ -299,8 +342,21 @@ class LocalLauncher:
         """
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
-        cmd = [self.python, "-m", "areal_graph.runtime.rpc.worker_server", "--name", name, "--host", host,
-               "--port", "0", "--port-file", str(port_file), "--parent-pid", str(os.getpid())]
+        cmd = [
+            self.python,
+            "-m",
+            "areal_graph.runtime.rpc.worker_server",
+            "--name",
+            name,
+            "--host",
+            host,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         if token_env:
             cmd += ["--token-env", token_env]
         if max_concurrent_calls:
@@ -310,18 +366,23 @@ class LocalLauncher:
         while not port_file.exists():
             self._check_interrupted()
             if m.popen.poll() is not None:
-                raise RuntimeError(f"worker {name!r} exited with code {m.popen.returncode} before binding a port; "
-                                   f"log {m.log_path}:\n{tail(m.log_path)}")
+                raise RuntimeError(
+                    f"worker {name!r} exited with code {m.popen.returncode} before binding a port; "
+                    f"log {m.log_path}:\n{tail(m.log_path)}"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {name!r} bound no port within {startup_timeout:.0f} s; "
-                                   f"log {m.log_path}:\n{tail(m.log_path)}")
+                raise TimeoutError(
+                    f"worker {name!r} bound no port within {startup_timeout:.0f} s; "
+                    f"log {m.log_path}:\n{tail(m.log_path)}"
+                )
             time.sleep(0.02)
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
         m.address = f"{connect_host}:{int(port_file.read_text())}"
         if token_env:
             m.token = (env or {}).get(token_env) or os.environ.get(token_env)
-        m.restart = lambda: self.start_worker(name, env, threads, host, token_env, role, startup_timeout,
-                                              max_concurrent_calls)
+        m.restart = lambda: self.start_worker(
+            name, env, threads, host, token_env, role, startup_timeout, max_concurrent_calls
+        )
         return m.address
 
     # ------------------------------------------------------------------ health
@@ -331,11 +392,16 @@ class LocalLauncher:
 
     def wait_healthy(self, timeout: float = 120.0, names: Sequence[str] | None = None) -> None:
         """Block until every (named) process answers its health check; raise naming the laggards."""
-        wait_until_healthy(set(names) if names is not None else set(self.procs), timeout,
-                           exit_code=lambda n: self.procs[n].popen.poll(),
-                           healthy=lambda n: self._is_healthy(self.procs[n]),
-                           role=lambda n: self.procs[n].role, log_path=lambda n: self.procs[n].log_path,
-                           log_tail=lambda n: tail(self.procs[n].log_path), check=self._check_interrupted)
+        wait_until_healthy(
+            set(names) if names is not None else set(self.procs),
+            timeout,
+            exit_code=lambda n: self.procs[n].popen.poll(),
+            healthy=lambda n: self._is_healthy(self.procs[n]),
+            role=lambda n: self.procs[n].role,
+            log_path=lambda n: self.procs[n].log_path,
+            log_tail=lambda n: tail(self.procs[n].log_path),
+            check=self._check_interrupted,
+        )
 
     # ------------------------------------------------------------------ watchdog
     def _ensure_watchdog(self) -> None:
@@ -400,10 +466,17 @@ class LocalLauncher:
                     except psutil.Error:
                         continue
                 # per thread, the busy ones (the engine's or the trainer's thread apart from HTTP/gRPC handling)
-                threads = {str(t.id): round(t.user_time + t.system_time, 3) for t in proc.threads()
-                           if t.user_time + t.system_time > 0.05}
-                out[name] = {"cpu_s": round(seconds, 3), "threads_s": threads, "pid": proc.pid,
-                             "cores": sorted(proc.cpu_affinity())}
+                threads = {
+                    str(t.id): round(t.user_time + t.system_time, 3)
+                    for t in proc.threads()
+                    if t.user_time + t.system_time > 0.05
+                }
+                out[name] = {
+                    "cpu_s": round(seconds, 3),
+                    "threads_s": threads,
+                    "pid": proc.pid,
+                    "cores": sorted(proc.cpu_affinity()),
+                }
             except psutil.Error:  # it exited meanwhile: its seconds are in the last report
                 continue
         return out
@@ -423,8 +496,12 @@ class LocalLauncher:
         grace = min(timeout, interrupt.TERM_GRACE_S) if self._interrupted else timeout
         managed = list(self.procs.values())
         groups = [m.popen.pid for m in managed]  # all: orphans of one that died while no death was reported
-        left = interrupt.stop_trees(interrupt.process_tree(self.process_roots()), groups, grace,
-                                    level=logging.INFO if self._interrupted else logging.WARNING)
+        left = interrupt.stop_trees(
+            interrupt.process_tree(self.process_roots()),
+            groups,
+            grace,
+            level=logging.INFO if self._interrupted else logging.WARNING,
+        )
         for p in left:
             log.error("pid %d did not exit after SIGKILL", p.pid)
         for m in managed:
@@ -437,7 +514,7 @@ class LocalLauncher:
             self._watchdog.join(timeout=2.0)
         interrupt.unregister(self)
 
-    def __enter__(self) -> "LocalLauncher":
+    def __enter__(self) -> LocalLauncher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -35,9 +35,10 @@ import queue
 import signal
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -87,16 +88,32 @@ class ProcessActor:
         """This node's address and a port free on it now, for a server to bind."""
         return self.ip, free_port(self.ip)
 
-    def start_worker(self, name: str, env: dict[str, str], threads: int | None, token_env: str | None, role: str,
-                     startup_timeout: float, max_concurrent_calls: int | None) -> tuple[str, int]:
+    def start_worker(
+        self,
+        name: str,
+        env: dict[str, str],
+        threads: int | None,
+        token_env: str | None,
+        role: str,
+        startup_timeout: float,
+        max_concurrent_calls: int | None,
+    ) -> tuple[str, int]:
         self.name = name
-        address = self.launcher.start_worker(name, env, threads, host=self.ip, token_env=token_env, role=role,
-                                             startup_timeout=startup_timeout,
-                                             max_concurrent_calls=max_concurrent_calls)
+        address = self.launcher.start_worker(
+            name,
+            env,
+            threads,
+            host=self.ip,
+            token_env=token_env,
+            role=role,
+            startup_timeout=startup_timeout,
+            max_concurrent_calls=max_concurrent_calls,
+        )
         return address, self.launcher.procs[name].popen.pid
 
-    def start_process(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str], threads: int | None,
-                      cwd: str | None) -> int:
+    def start_process(
+        self, name: str, role: str, cmd: Sequence[str], env: dict[str, str], threads: int | None, cwd: str | None
+    ) -> int:
         self.name = name
         return self.launcher.start_process(name, role, cmd, env=env, threads=threads, cwd=cwd)
 
@@ -143,9 +160,16 @@ class RayProcess:
 class RayLauncher:
     """The `Launcher` of `runtime.launcher: ray` (see module docstring)."""
 
-    def __init__(self, log_dir: Path | str, on_death: Callable[[ProcessDied], None] | None,
-                 demands: Sequence[ProcessDemand], address: str | None = None, colocate: bool = False,
-                 poll_interval: float = 0.5, ready_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        log_dir: Path | str,
+        on_death: Callable[[ProcessDied], None] | None,
+        demands: Sequence[ProcessDemand],
+        address: str | None = None,
+        colocate: bool = False,
+        poll_interval: float = 0.5,
+        ready_timeout: float = 120.0,
+    ) -> None:
         self.log_dir = Path(log_dir).resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.on_death = on_death
@@ -173,22 +197,34 @@ class RayLauncher:
             raise
 
     @classmethod
-    def for_run(cls, request: LaunchRequest) -> "RayLauncher":
-        return cls(request.log_dir, request.on_death, request.demands, address=request.runtime.ray_address,
-                   colocate=request.colocate)
+    def for_run(cls, request: LaunchRequest) -> RayLauncher:
+        return cls(
+            request.log_dir,
+            request.on_death,
+            request.demands,
+            address=request.runtime.ray_address,
+            colocate=request.colocate,
+        )
 
     # ------------------------------------------------------------------ placement
-    def _reserve(self, groups: list[list[ProcessDemand]], colocate: bool,
-                 timeout: float) -> tuple[PlacementGroup, frozenset[str]]:
+    def _reserve(
+        self, groups: list[list[ProcessDemand]], colocate: bool, timeout: float
+    ) -> tuple[PlacementGroup, frozenset[str]]:
         """One bundle per process group, reserved together; raise naming the shortfall if it cannot be."""
         cluster = ray.cluster_resources()
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        labelled = frozenset() if colocate else frozenset(
-            g[0].node_resource for g in groups if g[0].node_resource and g[0].node_resource in cluster)
+        labelled = (
+            frozenset()
+            if colocate
+            else frozenset(g[0].node_resource for g in groups if g[0].node_resource and g[0].node_resource in cluster)
+        )
         if colocate and nodes > 1:
-            log.warning("runtime.weight_sync is 'memory' (shared memory, one machine): every process of the run "
-                        "is packed on one of the %d Ray nodes; set runtime.weight_sync=disk (run_dir on a shared "
-                        "file system) to spread them", nodes)
+            log.warning(
+                "runtime.weight_sync is 'memory' (shared memory, one machine): every process of the run "
+                "is packed on one of the %d Ray nodes; set runtime.weight_sync=disk (run_dir on a shared "
+                "file system) to spread them",
+                nodes,
+            )
         bundles = [bundle_of(g, labelled) for g in groups]
         strategy = "STRICT_PACK" if colocate else "PACK"
         pg = placement_group(bundles, strategy=strategy, name=f"areal-{self.run_id}")
@@ -197,22 +233,34 @@ class RayLauncher:
         except GetTimeoutError:
             remove_placement_group(pg)
             asked = "; ".join(f"{'+'.join(d.name for d in g)}: {b}" for g, b in zip(groups, bundles))
-            raise RuntimeError(f"Ray could not place the run's processes within {timeout:.0f} s ({strategy}): "
-                               f"they ask {asked}; the cluster ({nodes} node(s)) has "
-                               f"{ {k: v for k, v in sorted(cluster.items()) if '_group_' not in k} }") from None
-        log.info("Ray placement group %s ready: %d processes on %d node(s), %s", pg.id.hex()[:8], len(bundles),
-                 nodes, strategy)
+            raise RuntimeError(
+                f"Ray could not place the run's processes within {timeout:.0f} s ({strategy}): "
+                f"they ask {asked}; the cluster ({nodes} node(s)) has "
+                f"{ {k: v for k, v in sorted(cluster.items()) if '_group_' not in k} }"
+            ) from None
+        log.info(
+            "Ray placement group %s ready: %d processes on %d node(s), %s",
+            pg.id.hex()[:8],
+            len(bundles),
+            nodes,
+            strategy,
+        )
         return pg, labelled
 
     def _new_actor(self, proc: RayProcess, labelled: frozenset[str]) -> Any:
         d = proc.demand
-        options: dict[str, Any] = {"num_cpus": d.cpus, "num_gpus": d.gpus, "max_concurrency": 1,
-                                   "name": f"areal-{self.run_id}-{d.name}-{proc.restarts}"}
+        options: dict[str, Any] = {
+            "num_cpus": d.cpus,
+            "num_gpus": d.gpus,
+            "max_concurrency": 1,
+            "name": f"areal-{self.run_id}-{d.name}-{proc.restarts}",
+        }
         if d.node_resource in labelled:
             options["resources"] = {d.node_resource: 1}
         if proc.bundle is not None and self.pg is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=proc.bundle)
+                self.pg, placement_group_bundle_index=proc.bundle
+            )
         return RemoteProcessActor.options(**options).remote(str(self.log_dir), os.getcwd())
 
     def _locate(self, procs: list[RayProcess]) -> None:
@@ -228,10 +276,14 @@ class RayLauncher:
                 raise RuntimeError("the launcher is shut down")
             proc = self.procs.get(name)
             if proc is None:
-                log.warning("%s was not among the run's declared processes: it is placed outside the "
-                            "placement group (%s CPU)", name, threads or 1)
-                proc = self.procs[name] = RayProcess(ProcessDemand(name, role, float(threads or 1)), None,
-                                                     self.log_dir / f"{name}.log")
+                log.warning(
+                    "%s was not among the run's declared processes: it is placed outside the placement group (%s CPU)",
+                    name,
+                    threads or 1,
+                )
+                proc = self.procs[name] = RayProcess(
+                    ProcessDemand(name, role, float(threads or 1)), None, self.log_dir / f"{name}.log"
+                )
                 proc.actor = self._new_actor(proc, self._labelled)
                 self._locate([proc])
             elif proc.start is not None:
@@ -244,16 +296,27 @@ class RayLauncher:
         proc = self._proc(name, "inference", None)
         return tuple(ray.get(proc.actor.endpoint.remote(), timeout=CALL_TIMEOUT_S))
 
-    def start_process(self, name: str, role: str, cmd: Sequence[str], env: dict[str, str] | None = None,
-                      threads: int | None = None, health_url: str | None = None,
-                      cwd: str | Path | None = None) -> int:
+    def start_process(
+        self,
+        name: str,
+        role: str,
+        cmd: Sequence[str],
+        env: dict[str, str] | None = None,
+        threads: int | None = None,
+        health_url: str | None = None,
+        cwd: str | Path | None = None,
+    ) -> int:
         """Start a server process in its actor; `health_url` is what `wait_healthy` polls."""
         proc = self._proc(name, role, threads)
         full_env = {**forwarded_env(), **(env or {})}
 
         def start() -> None:
-            proc.pid = ray.get(proc.actor.start_process.remote(name, role, list(cmd), full_env, threads,
-                                                               None if cwd is None else str(cwd)), timeout=120)
+            proc.pid = ray.get(
+                proc.actor.start_process.remote(
+                    name, role, list(cmd), full_env, threads, None if cwd is None else str(cwd)
+                ),
+                timeout=120,
+            )
 
         proc.health_url, proc.start = health_url, start
         start()
@@ -261,18 +324,29 @@ class RayLauncher:
         assert proc.pid is not None  # start() set it
         return proc.pid
 
-    def start_worker(self, name: str, env: dict[str, str] | None = None, threads: int | None = None,
-                     host: str | None = None, token_env: str | None = None, role: str = "worker",
-                     startup_timeout: float = 60.0, max_concurrent_calls: int | None = None) -> str:
+    def start_worker(
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        threads: int | None = None,
+        host: str | None = None,
+        token_env: str | None = None,
+        role: str = "worker",
+        startup_timeout: float = 60.0,
+        max_concurrent_calls: int | None = None,
+    ) -> str:
         """Start a gRPC worker in its actor, bound to the actor's node address (`host` is not
         used: only that address is reachable from the controller's node); returns "host:port"."""
         proc = self._proc(name, role, threads)
         full_env = {**forwarded_env(), **(env or {})}
 
         def start() -> None:
-            proc.address, proc.pid = ray.get(proc.actor.start_worker.remote(
-                name, full_env, threads, token_env, role, startup_timeout, max_concurrent_calls),
-                timeout=startup_timeout + 60)
+            proc.address, proc.pid = ray.get(
+                proc.actor.start_worker.remote(
+                    name, full_env, threads, token_env, role, startup_timeout, max_concurrent_calls
+                ),
+                timeout=startup_timeout + 60,
+            )
 
         if token_env:
             proc.token = (env or {}).get(token_env) or os.environ.get(token_env)
@@ -287,17 +361,25 @@ class RayLauncher:
         try:
             return ray.get(proc.actor.poll.remote(), timeout=CALL_TIMEOUT_S)
         except RayActorError as err:
-            raise RuntimeError(f"the Ray actor of {proc.role} {proc.name!r} died: {first_line(err)}; "
-                               f"log {proc.log_path}:\n{tail(proc.log_path)}") from None
+            raise RuntimeError(
+                f"the Ray actor of {proc.role} {proc.name!r} died: {first_line(err)}; "
+                f"log {proc.log_path}:\n{tail(proc.log_path)}"
+            ) from None
 
     def wait_healthy(self, timeout: float = 120.0, names: Sequence[str] | None = None) -> None:
         """Block until every (named, started) process answers its health check; raise naming the laggards."""
         pending = set(names) if names is not None else {n for n, p in self.procs.items() if p.start is not None}
-        wait_until_healthy(pending, timeout, exit_code=lambda n: self._exit_code(self.procs[n]),
-                           healthy=lambda n: endpoint_healthy(n, self.procs[n].address, self.procs[n].token,
-                                                              self.procs[n].health_url) is not False,
-                           role=lambda n: self.procs[n].role, log_path=lambda n: self.procs[n].log_path,
-                           log_tail=lambda n: self._log_tail(self.procs[n]))
+        wait_until_healthy(
+            pending,
+            timeout,
+            exit_code=lambda n: self._exit_code(self.procs[n]),
+            healthy=lambda n: (
+                endpoint_healthy(n, self.procs[n].address, self.procs[n].token, self.procs[n].health_url) is not False
+            ),
+            role=lambda n: self.procs[n].role,
+            log_path=lambda n: self.procs[n].log_path,
+            log_tail=lambda n: self._log_tail(self.procs[n]),
+        )
 
     def _log_tail(self, proc: RayProcess) -> str:
         """The end of its log, read by its actor (its node's disk), else from here."""
@@ -355,8 +437,13 @@ class RayLauncher:
         try:
             code = ray.get(ref)
         except RayActorError as err:
-            return ProcessDied(proc.name, proc.role, None, None, tail(proc.log_path)
-                               + f"\n[the Ray actor that hosted it died: {first_line(err)}]")
+            return ProcessDied(
+                proc.name,
+                proc.role,
+                None,
+                None,
+                tail(proc.log_path) + f"\n[the Ray actor that hosted it died: {first_line(err)}]",
+            )
         if code is None:
             return None
         sig = signal_name(code)
@@ -364,8 +451,13 @@ class RayLauncher:
 
     def _report(self, died: ProcessDied) -> None:
         self.procs[died.name].reported = True
-        log.error("%s %r died: exit code %s%s", died.role, died.name, died.returncode,
-                  f" ({died.signal})" if died.signal else "")
+        log.error(
+            "%s %r died: exit code %s%s",
+            died.role,
+            died.name,
+            died.returncode,
+            f" ({died.signal})" if died.signal else "",
+        )
         self.deaths.put(died)
         if self.on_death is not None:
             try:
@@ -394,8 +486,14 @@ class RayLauncher:
             proc.start()
             proc.reported = False
         self.wait_healthy(timeout=timeout, names=[name])
-        log.warning("restarted %s %r (restart %d), pid %d on node %s", proc.role, name, proc.restarts, proc.pid,
-                    proc.where.get("ip"))
+        log.warning(
+            "restarted %s %r (restart %d), pid %d on node %s",
+            proc.role,
+            name,
+            proc.restarts,
+            proc.pid,
+            proc.where.get("ip"),
+        )
         return proc
 
     # ------------------------------------------------------------------ stop
@@ -431,7 +529,7 @@ class RayLauncher:
                 del os.environ[key]
         os.environ.update(self._env_before)
 
-    def __enter__(self) -> "RayLauncher":
+    def __enter__(self) -> RayLauncher:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -452,11 +550,17 @@ def connect(address: str | None, demands: Sequence[ProcessDemand]) -> bool:
     cores = os.cpu_count() or 1
     asked = math.ceil(sum(d.cpus for d in demands))
     if asked > cores:
-        log.warning("the run's processes ask %d CPUs on %d cores: the local Ray instance advertises %d",
-                    asked, cores, asked)
+        log.warning(
+            "the run's processes ask %d CPUs on %d cores: the local Ray instance advertises %d", asked, cores, asked
+        )
     # address "local": a new instance even where `ray start` left /tmp/ray/ray_current_cluster behind
-    ray.init(address="local", num_cpus=max(cores, asked), object_store_memory=OBJECT_STORE_BYTES,
-             include_dashboard=False, **quiet)
+    ray.init(
+        address="local",
+        num_cpus=max(cores, asked),
+        object_store_memory=OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        **quiet,
+    )
     return True
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,9 @@ def _best(samples: list[tuple[float, float, float]]) -> ClockEstimate:
     return ClockEstimate(offset_s=remote - (t0 + t1) / 2, rtt_s=t1 - t0)
 
 
-def estimate_offset(probe: Callable[[], float], probes: int = PROBES,
-                    clock: Callable[[], float] = time.time) -> ClockEstimate:
+def estimate_offset(
+    probe: Callable[[], float], probes: int = PROBES, clock: Callable[[], float] = time.time
+) -> ClockEstimate:
     """Offset of the clock `probe()` reads (a remote process's, in seconds) against `clock`."""
     if probes < 1:
         raise ValueError(f"probes must be >= 1, got {probes}")
@@ -84,8 +86,14 @@ class ProcessClocks:
     def set(self, name: str, estimate: ClockEstimate) -> None:
         self.estimates[name] = estimate
         level = logging.INFO if estimate.correction_s else logging.DEBUG
-        log.log(level, "clock of %s: offset %+.3f ms (+- %.3f ms)%s", name, estimate.offset_s * 1e3,
-                estimate.uncertainty_s * 1e3, ", applied to its spans" if estimate.correction_s else "")
+        log.log(
+            level,
+            "clock of %s: offset %+.3f ms (+- %.3f ms)%s",
+            name,
+            estimate.offset_s * 1e3,
+            estimate.uncertainty_s * 1e3,
+            ", applied to its spans" if estimate.correction_s else "",
+        )
 
     def probe(self, name: str, read_remote_clock: Callable[[], float], probes: int = PROBES) -> None:
         """Measure `name`'s offset with a synchronous probe; a failing probe is logged, never raised

@@ -67,8 +67,13 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:,.1f} MB"
 
 
-def disk_full_message(what: str, path: str | os.PathLike, run_dir: str | os.PathLike,
-                      need_bytes: int | None = None, resumable: bool = True) -> str:
+def disk_full_message(
+    what: str,
+    path: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    need_bytes: int | None = None,
+    resumable: bool = True,
+) -> str:
     """The console's words for a full disk: the write, the path, the room left and the room needed."""
     free = free_bytes(path)
     text = f"the disk is full: {what} could not be written to {path} (No space left on device)"
@@ -77,8 +82,10 @@ def disk_full_message(what: str, path: str | os.PathLike, run_dir: str | os.Path
     if need_bytes:
         text += f", about {_mb(need_bytes)} needed"
     if resumable:
-        text += (f". The last complete checkpoint is intact: free space, then continue with "
-                 f"`areal-graph run --resume {run_dir}`")
+        text += (
+            f". The last complete checkpoint is intact: free space, then continue with "
+            f"`areal-graph run --resume {run_dir}`"
+        )
     else:
         text += ". Free space and run again"
     return text

@@ -55,8 +55,9 @@ class GroupFlows:
     the group enters the sample buffer, `span_args(node, batch)` for each node span.
     """
 
-    def __init__(self, source: str, train_nodes: set[str] | frozenset[str], enabled: bool = True,
-                 run_tag: str | None = None) -> None:
+    def __init__(
+        self, source: str, train_nodes: set[str] | frozenset[str], enabled: bool = True, run_tag: str | None = None
+    ) -> None:
         self.source = source
         self.train_nodes = frozenset(train_nodes)
         self.enabled = enabled
@@ -65,7 +66,7 @@ class GroupFlows:
         self._ready: dict[int, str] = {}  # gid -> flow id, from the buffer until its train span
 
     @classmethod
-    def for_plan(cls, plan: Any, enabled: bool = True) -> "GroupFlows":
+    def for_plan(cls, plan: Any, enabled: bool = True) -> GroupFlows:
         """The flows of a plan: its source node, and the train node(s) of the served model."""
         trains = {n for n in plan.training if plan.kind(n).trains and plan.node(n).model == plan.actor}
         return cls(plan.source, trains, enabled)

@@ -42,8 +42,17 @@ class SampleLedger:
             raise ValueError(f"unknown ledger event {event!r}; one of {EVENTS}")
         if self._file is None:
             return
-        line = json.dumps({"event": event, "group": group, "pos": pos, "prompt": str(prompt), "step": step,
-                           "version": version, "time": round(time.time(), 3)})
+        line = json.dumps(
+            {
+                "event": event,
+                "group": group,
+                "pos": pos,
+                "prompt": str(prompt),
+                "step": step,
+                "version": version,
+                "time": round(time.time(), 3),
+            }
+        )
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
@@ -86,7 +95,7 @@ def effective_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         marks = [i for i, k in enumerate(kept) if k["event"] == "checkpoint" and k["prompt"] == e["prompt"]]
         if marks:
-            kept = kept[:marks[-1] + 1]
+            kept = kept[: marks[-1] + 1]
         else:
             kept = [k for k in kept if k["step"] <= e["step"] or k["event"] in ("checkpoint", "resumed")]
         kept.append(e)

@@ -42,8 +42,9 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from areal_graph.runtime.observability.trackers import Tracker
 
@@ -144,8 +145,12 @@ class RunDir:
         """Absolute paths of what a tracker's run should point at: the run directory, and the
         trace, metrics, checkpoints and final model that exist."""
         out = {"run_dir": str(self.path.resolve())}
-        for name, path in (("trace", self.trace_path), ("metrics", self.metrics_path),
-                           ("checkpoints", self.checkpoints_root), ("final_model", self.final_model_dir)):
+        for name, path in (
+            ("trace", self.trace_path),
+            ("metrics", self.metrics_path),
+            ("checkpoints", self.checkpoints_root),
+            ("final_model", self.final_model_dir),
+        ):
             if path.exists():
                 out[name] = str(path.resolve())
         return out
@@ -167,8 +172,11 @@ class RunDir:
         record.update({str(k): v if isinstance(v, float) else _plain(v) for k, v in metrics.items() if k != "step"})
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record, allow_nan=True) + "\n")
-        numbers = {k: float(v) for k, v in record.items()
-                   if k not in ("step", "time") and not isinstance(v, bool) and isinstance(v, (int, float))}
+        numbers = {
+            k: float(v)
+            for k, v in record.items()
+            if k not in ("step", "time") and not isinstance(v, bool) and isinstance(v, (int, float))
+        }
         writer = self._tensorboard()
         if writer is not None:
             for k, v in numbers.items():
@@ -183,8 +191,11 @@ class RunDir:
         try:
             tracker.log_metrics(step, numbers)
         except Exception:  # noqa: BLE001 - a tracker's disk or service must not stop training
-            log.error("experiment tracker %s failed in log_metrics; it gets no more metrics (metrics.jsonl has "
-                      "them all)", type(tracker).__name__, exc_info=True)
+            log.error(
+                "experiment tracker %s failed in log_metrics; it gets no more metrics (metrics.jsonl has them all)",
+                type(tracker).__name__,
+                exc_info=True,
+            )
             self.trackers.remove(tracker)
             try:
                 tracker.close(failed=True)
@@ -274,8 +285,11 @@ class RunDir:
     def latest_checkpoint(self) -> Path | None:
         """The newest checkpoint whose marker exists, or None; incomplete ones are logged."""
         complete = self.checkpoints(complete_only=True)
-        newer_incomplete = [d for s, d in self.checkpoints(complete_only=False)
-                            if not (d / COMPLETE_MARKER).exists() and (not complete or s > complete[-1][0])]
+        newer_incomplete = [
+            d
+            for s, d in self.checkpoints(complete_only=False)
+            if not (d / COMPLETE_MARKER).exists() and (not complete or s > complete[-1][0])
+        ]
         for d in newer_incomplete:
             log.warning("ignoring incomplete checkpoint %s (no %s marker)", d, COMPLETE_MARKER)
         return complete[-1][1] if complete else None
@@ -292,8 +306,9 @@ class RunDir:
         finally:
             marker.unlink(missing_ok=True)
 
-    def prune_checkpoints(self, keep_last: int, keep_every: int | None = None,
-                          protect: Iterable[str | os.PathLike] = ()) -> list[Path]:
+    def prune_checkpoints(
+        self, keep_last: int, keep_every: int | None = None, protect: Iterable[str | os.PathLike] = ()
+    ) -> list[Path]:
         """Delete the checkpoints runtime.keep_checkpoints does not keep; the directories removed.
 
         Kept: the newest `keep_last` complete checkpoints; every complete one whose step is a
@@ -318,10 +333,14 @@ class RunDir:
         doomed = [d for s, d in entries if s in unwanted and d.name not in spared and not _being_read(d)]
         removed = [d for d in doomed if self._discard(d)]
         if removed or swept:
-            log.info("checkpoints pruned (keep_checkpoints %d%s): removed %s%s; newest kept %s", keep_last,
-                     f", milestones every {keep_every}" if keep_every else "",
-                     ", ".join(d.name for d in removed) or "none",
-                     f", and {swept} leftover(s) of an interrupted removal" if swept else "", f"step_{newest:08d}")
+            log.info(
+                "checkpoints pruned (keep_checkpoints %d%s): removed %s%s; newest kept %s",
+                keep_last,
+                f", milestones every {keep_every}" if keep_every else "",
+                ", ".join(d.name for d in removed) or "none",
+                f", and {swept} leftover(s) of an interrupted removal" if swept else "",
+                f"step_{newest:08d}",
+            )
         return removed
 
     def _discard(self, ckpt_dir: Path) -> bool:
@@ -442,8 +461,10 @@ def _as_mapping(config: Any) -> Any:
     raw = getattr(config, "raw", None)
     if isinstance(raw, Mapping):
         return dict(raw)
-    raise TypeError(f"write_config: cannot turn a {type(config).__name__} into a mapping "
-                    "(pass a dict, a dataclass, or an object with to_dict())")
+    raise TypeError(
+        f"write_config: cannot turn a {type(config).__name__} into a mapping "
+        "(pass a dict, a dataclass, or an object with to_dict())"
+    )
 
 
 def _plain(obj: Any) -> Any:

@@ -9,7 +9,7 @@ in TensorBoard and in `areal-graph trace`.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def source_tag(source: str) -> str:

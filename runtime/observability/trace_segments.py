@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 
 SEGMENTS_DIRNAME = "trace_segments"
 INDEX_FILENAME = "index.json"
-HEAD_SHARE = 5        # the head is 1/HEAD_SHARE of the budget
-SEGMENT_SHARE = 20    # a segment is 1/SEGMENT_SHARE of the budget
-TAIL_SEGMENTS = 4     # the newest segments, always kept: the last steps in full
-SAMPLE_SEGMENTS = 8   # at most this many older segments, evenly spaced
+HEAD_SHARE = 5  # the head is 1/HEAD_SHARE of the budget
+SEGMENT_SHARE = 20  # a segment is 1/SEGMENT_SHARE of the budget
+TAIL_SEGMENTS = 4  # the newest segments, always kept: the last steps in full
+SAMPLE_SEGMENTS = 8  # at most this many older segments, evenly spaced
 
 
 class TraceBudgetTooSmall(ValueError):
@@ -134,8 +134,15 @@ class SegmentedTrace:
             return self.dir / self.segments[-1].file, True
         return self.dir / self.segments[-1].file, False
 
-    def wrote(self, size_now: int, n_bytes: int, spans: int, steps: tuple[int, int] | None,
-              step_marks: set[int], times: tuple[float, float] | None) -> None:
+    def wrote(
+        self,
+        size_now: int,
+        n_bytes: int,
+        spans: int,
+        steps: tuple[int, int] | None,
+        step_marks: set[int],
+        times: tuple[float, float] | None,
+    ) -> None:
         """Account one flush of `n_bytes` into the target file, now `size_now` bytes long.
 
         `step_marks`: the steps whose whole-step span this flush wrote (how many steps a file holds)."""
@@ -157,12 +164,16 @@ class SegmentedTrace:
         per_step = size / len(self.head_steps) if self.head_steps else float(size)
         if per_step > segment_bytes(self.max_bytes):
             need_mb = per_step * SEGMENT_SHARE / 2**20
-            held = f"~{per_step / 2**20:.2f} MB per step" if self.head_steps else \
-                f"{size / 2**20:.2f} MB before the first step ended"
+            held = (
+                f"~{per_step / 2**20:.2f} MB per step"
+                if self.head_steps
+                else f"{size / 2**20:.2f} MB before the first step ended"
+            )
             raise TraceBudgetTooSmall(
                 f"runtime.trace_max_mb: {self.max_bytes / 2**20:g} MB is too small to hold one step of this run's "
                 f"trace ({held}; a segment is 1/{SEGMENT_SHARE} of the budget): set runtime.trace_max_mb to at "
-                f"least {max(int(need_mb) + 1, 1)}, or null for no limit")
+                f"least {max(int(need_mb) + 1, 1)}, or null for no limit"
+            )
 
     def _retire(self) -> None:
         """Delete the closed segments the policy no longer keeps; rewrite the index."""
@@ -175,15 +186,26 @@ class SegmentedTrace:
                     (self.dir / seg.file).unlink()
                 except FileNotFoundError:
                     pass
-                log.debug("trace budget: dropped %s (steps %s-%s, %d bytes)", seg.file, seg.first_step,
-                          seg.last_step, seg.bytes)
+                log.debug(
+                    "trace budget: dropped %s (steps %s-%s, %d bytes)",
+                    seg.file,
+                    seg.first_step,
+                    seg.last_step,
+                    seg.bytes,
+                )
 
     def write_index(self) -> None:
         if not self.segments:
             return
-        data = {"max_bytes": self.max_bytes, "head": self.head.name, "head_bytes": head_bytes(self.max_bytes),
-                "segment_bytes": segment_bytes(self.max_bytes), "tail_segments": TAIL_SEGMENTS,
-                "sample_segments": SAMPLE_SEGMENTS, "segments": [asdict(s) for s in self.segments]}
+        data = {
+            "max_bytes": self.max_bytes,
+            "head": self.head.name,
+            "head_bytes": head_bytes(self.max_bytes),
+            "segment_bytes": segment_bytes(self.max_bytes),
+            "tail_segments": TAIL_SEGMENTS,
+            "sample_segments": SAMPLE_SEGMENTS,
+            "segments": [asdict(s) for s in self.segments],
+        }
         tmp = self.dir / (INDEX_FILENAME + ".tmp")
         tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(tmp, self.dir / INDEX_FILENAME)

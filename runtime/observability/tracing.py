@@ -36,8 +36,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from areal_graph.api.process import release_freed_memory
 from areal_graph.api.spans import NULL_SPAN, SpanRecorder, _json_safe, _Raw, _Span
@@ -50,12 +51,20 @@ _HOLD_BACK_MAX_S = 60.0  # a horizon older than this is stale: the owner's spans
 _KEY_LANES_KEPT = 4096  # lane hints kept (one per recent request id)
 _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for every event (no per-call setup)
 
+
 class Tracer(SpanRecorder):
     """A SpanRecorder that writes a Chrome trace file (see module docstring)."""
 
-    def __init__(self, path: str | os.PathLike | None, process: str = "controller", enabled: bool = True,
-                 flush_every: int = 20_000, flush_interval_s: float = 30.0, append: bool = False,
-                 max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        process: str = "controller",
+        enabled: bool = True,
+        flush_every: int = 20_000,
+        flush_interval_s: float = 30.0,
+        append: bool = False,
+        max_bytes: int | None = None,
+    ) -> None:
         super().__init__(process)
         self.path = Path(path) if path is not None else None
         self.enabled = enabled and self.path is not None
@@ -85,8 +94,16 @@ class Tracer(SpanRecorder):
         if append and self.path is not None and self.enabled and self.path.exists():
             self._continue_file()
 
-    def span(self, name: str, cat: str = "", worker: str | None = None, node: str | None = None,
-             step: int | None = None, version: int | None = None, **args: Any):
+    def span(
+        self,
+        name: str,
+        cat: str = "",
+        worker: str | None = None,
+        node: str | None = None,
+        step: int | None = None,
+        version: int | None = None,
+        **args: Any,
+    ):
         if not self.enabled:
             return _NULL_SPAN
         return _Span(self, name, cat, worker, node, step, version, args or None)
@@ -132,16 +149,20 @@ class Tracer(SpanRecorder):
                 log.exception("writing the trace %s failed", self._file)
                 return
             if self.problem is None:
-                self.problem = disk_full_message("the trace", self._file or self.path or "", self._run_dir(),
-                                                 need_bytes=segment_bytes(self.segments.max_bytes)
-                                                 if self.segments is not None else None)
+                self.problem = disk_full_message(
+                    "the trace",
+                    self._file or self.path or "",
+                    self._run_dir(),
+                    need_bytes=segment_bytes(self.segments.max_bytes) if self.segments is not None else None,
+                )
             return
         except Exception:  # noqa: BLE001 - a trace that cannot be written must not stop the run
             log.exception("writing the trace %s failed", self._file)
             return
         # what tracing itself costs the controller, in the trace (written with the next flush)
-        self._pending.append(("trace_flush", "trace", None, "trace", None, None, t0, time.perf_counter(),
-                              {"spans": written}))
+        self._pending.append(
+            ("trace_flush", "trace", None, "trace", None, None, t0, time.perf_counter(), {"spans": written})
+        )
 
     def merge(self, spans: Iterable[dict[str, Any]], horizon: float | None = None) -> None:
         """Add spans recorded by another process (dicts from `SpanRecorder.take()`).
@@ -195,7 +216,7 @@ class Tracer(SpanRecorder):
             # behind (spans pile up while one is running) must not overfill the head or a segment
             step = self.flush_every if self.segments is not None else max(len(spans), 1)
             for at in range(0, max(len(spans), 1), step):
-                chunk = spans[at:at + step]
+                chunk = spans[at : at + step]
                 events = []
                 for s in chunk:
                     event = self._event(s)
@@ -226,7 +247,7 @@ class Tracer(SpanRecorder):
     def _run_dir(self) -> Path:
         return self.path.parent if self.path is not None else Path(".")
 
-    def __enter__(self) -> "Tracer":
+    def __enter__(self) -> Tracer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -252,8 +273,16 @@ class Tracer(SpanRecorder):
         # whole microseconds, end rounded on its own: a child that ends with its parent ends at the
         # same ts + dur (float64 holds today's epoch in us only to 0.25 us anyway)
         ts = round(start * 1e6)
-        return {"name": s["name"], "cat": s.get("cat") or "", "ph": "X", "ts": ts,
-                "dur": max(round(end * 1e6) - ts, 0), "pid": pid, "tid": tid, "args": _json_safe(args)}
+        return {
+            "name": s["name"],
+            "cat": s.get("cat") or "",
+            "ph": "X",
+            "ts": ts,
+            "dur": max(round(end * 1e6) - ts, 0),
+            "pid": pid,
+            "tid": tid,
+            "args": _json_safe(args),
+        }
 
     def _lane(self, pid: int, track: str, start: float, end: float, key: Any) -> int:
         """The span's lane on its track; a request's spans look in its own lane first (with
@@ -328,9 +357,14 @@ class Tracer(SpanRecorder):
         if self.segments is not None and spans:
             steps = [s["step"] for s in spans if s.get("step") is not None]
             marks = {int(s["step"]) for s in spans if s.get("cat") == "step" and s.get("step") is not None}
-            self.segments.wrote(self._body_end, len(body), len(spans),
-                                (min(steps), max(steps)) if steps else None, marks,
-                                (float(spans[0]["start"]) * 1e6, max(float(s["end"]) for s in spans) * 1e6))
+            self.segments.wrote(
+                self._body_end,
+                len(body),
+                len(spans),
+                (min(steps), max(steps)) if steps else None,
+                marks,
+                (float(spans[0]["start"]) * 1e6, max(float(s["end"]) for s in spans) * 1e6),
+            )
 
 
 class NullTracer(SpanRecorder):
@@ -361,8 +395,9 @@ class NullTracer(SpanRecorder):
 _NULL_SPAN = NULL_SPAN  # the shared no-op span (api/spans.py)
 
 
-def _place_in_lane(lanes: list[list[tuple[float, float, Any]]], start: float, end: float, key: Any,
-                   hint: int | None = None) -> int:
+def _place_in_lane(
+    lanes: list[list[tuple[float, float, Any]]], start: float, end: float, key: Any, hint: int | None = None
+) -> int:
     """The first lane where [start, end] follows the spans still open there, or nests in its parent.
 
     Each lane is a stack of the spans still open at `start` (spans arrive by start time).
@@ -373,6 +408,7 @@ def _place_in_lane(lanes: list[list[tuple[float, float, Any]]], start: float, en
     requests start phases at the same instant); spans without one never nest, so two
     unrelated spans are never drawn as parent and child. `hint`: the lane to try first.
     """
+
     def nests(top: tuple[float, float, Any]) -> bool:
         return key is not None and top[2] == key and top[0] <= start and end <= top[1]
 
@@ -429,14 +465,20 @@ def load_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def complete_spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """"X" events with their process and thread names resolved (keys 'process', 'thread')."""
+    """ "X" events with their process and thread names resolved (keys 'process', 'thread')."""
     pname = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    tname = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    tname = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     out = []
     for e in events:
         if e.get("ph") != "X":
             continue
-        out.append(dict(e, process=pname.get(e.get("pid"), str(e.get("pid"))),
-                        thread=tname.get((e.get("pid"), e.get("tid")), str(e.get("tid")))))
+        out.append(
+            dict(
+                e,
+                process=pname.get(e.get("pid"), str(e.get("pid"))),
+                thread=tname.get((e.get("pid"), e.get("tid")), str(e.get("tid"))),
+            )
+        )
     return out

@@ -26,9 +26,10 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from areal_graph.graph.spec import WorkflowSpec
@@ -104,9 +105,14 @@ class WandbTracker:
         # console off: the run's own display (rich) stays as it is and nothing wraps stdout;
         # silent: the commands to upload are logged here (and printed by `areal-graph run`).
         # reinit create_new: a wandb run the caller already has (a notebook) is left alone.
-        self._run = wandb.init(mode="offline", dir=str(settings.run_dir), project=settings.wandb_project,
-                               name=settings.run_name, reinit="create_new",
-                               settings=wandb.Settings(console="off", silent=True))
+        self._run = wandb.init(
+            mode="offline",
+            dir=str(settings.run_dir),
+            project=settings.wandb_project,
+            name=settings.run_name,
+            reinit="create_new",
+            settings=wandb.Settings(console="off", silent=True),
+        )
         self._last_step = -1
         self._warned_rewind = False
         self.run_path = Path(self._run.dir).parent  # <run_dir>/wandb/offline-run-*/ (its dir is files/)
@@ -120,8 +126,12 @@ class WandbTracker:
             # a run resumed in this process logs again the steps after its checkpoint; W&B's
             # history only goes forwards (it would drop them with a warning of its own)
             if not self._warned_rewind:
-                log.warning("W&B keeps the values first logged for steps %d..%d (the run resumed from a "
-                            "checkpoint); metrics.jsonl has the resumed ones", step, self._last_step)
+                log.warning(
+                    "W&B keeps the values first logged for steps %d..%d (the run resumed from a "
+                    "checkpoint); metrics.jsonl has the resumed ones",
+                    step,
+                    self._last_step,
+                )
                 self._warned_rewind = True
             return
         self._last_step = step
@@ -163,12 +173,19 @@ class MlflowTracker:
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         name = settings.mlflow_experiment or settings.workflow
         self.experiment_id = self._experiment(name)
-        run = self._client.create_run(self.experiment_id, run_name=settings.run_name,
-                                      tags={"areal_graph.run_dir": str(settings.run_dir),
-                                            "areal_graph.workflow": settings.workflow})
+        run = self._client.create_run(
+            self.experiment_id,
+            run_name=settings.run_name,
+            tags={"areal_graph.run_dir": str(settings.run_dir), "areal_graph.workflow": settings.workflow},
+        )
         self.run_id: str = run.info.run_id
-        log.info("MLflow run %s in experiment %r at %s; look at it with: mlflow ui --backend-store-uri %s",
-                 self.run_id, name, self.tracking_uri, self.tracking_uri)
+        log.info(
+            "MLflow run %s in experiment %r at %s; look at it with: mlflow ui --backend-store-uri %s",
+            self.run_id,
+            name,
+            self.tracking_uri,
+            self.tracking_uri,
+        )
 
     def _experiment(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
@@ -189,7 +206,7 @@ class MlflowTracker:
 
         params = [Param(_mlflow_key(k), _param_text(k, v)) for k, v in flatten(config)]
         for i in range(0, len(params), _MLFLOW_PARAMS_PER_BATCH):
-            self._client.log_batch(self.run_id, params=params[i:i + _MLFLOW_PARAMS_PER_BATCH])
+            self._client.log_batch(self.run_id, params=params[i : i + _MLFLOW_PARAMS_PER_BATCH])
         self._client.log_dict(self.run_id, dict(config), "config.yaml")
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -198,7 +215,7 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         batch = [Metric(_mlflow_key(k), float(v), now, int(step)) for k, v in metrics.items()]
         for i in range(0, len(batch), _MLFLOW_METRICS_PER_BATCH):
-            self._client.log_batch(self.run_id, metrics=batch[i:i + _MLFLOW_METRICS_PER_BATCH])
+            self._client.log_batch(self.run_id, metrics=batch[i : i + _MLFLOW_METRICS_PER_BATCH])
 
     def log_links(self, links: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -224,9 +241,12 @@ def _mlflow_key(key: str) -> str:
 def _param_text(key: str, value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if len(text) > _MLFLOW_PARAM_MAX:
-        log.debug("MLflow param %s cut to %d characters (the whole config is the artifact config.yaml)",
-                  key, _MLFLOW_PARAM_MAX)
-        text = text[:_MLFLOW_PARAM_MAX - 3] + "..."
+        log.debug(
+            "MLflow param %s cut to %d characters (the whole config is the artifact config.yaml)",
+            key,
+            _MLFLOW_PARAM_MAX,
+        )
+        text = text[: _MLFLOW_PARAM_MAX - 3] + "..."
     return text
 
 
@@ -254,8 +274,9 @@ def missing_packages(loggers: Sequence[str]) -> list[str]:
     for name in loggers:
         cls = TRACKERS.get(name)
         if cls is not None and importlib.util.find_spec(cls.package) is None:
-            out.append(f"runtime.loggers: '{name}' needs the {cls.package} package, which is not installed "
-                       f"here: {cls.pip}")
+            out.append(
+                f"runtime.loggers: '{name}' needs the {cls.package} package, which is not installed here: {cls.pip}"
+            )
     return out
 
 
@@ -270,13 +291,16 @@ def open_trackers(loggers: Sequence[str], settings: TrackerSettings, config: Map
                 continue
             cls = TRACKERS.get(name)
             if cls is None:
-                raise TrackerUnavailable(f"runtime.loggers: unknown logger {name!r}; known: "
-                                         f"{', '.join((*BUILT_IN, *TRACKERS))}")
+                raise TrackerUnavailable(
+                    f"runtime.loggers: unknown logger {name!r}; known: {', '.join((*BUILT_IN, *TRACKERS))}"
+                )
             try:
                 importlib.import_module(cls.package)
             except ImportError as err:
-                raise TrackerUnavailable(f"runtime.loggers: '{name}' needs the {cls.package} package, which does "
-                                         f"not import here ({err}): {cls.pip}") from err
+                raise TrackerUnavailable(
+                    f"runtime.loggers: '{name}' needs the {cls.package} package, which does "
+                    f"not import here ({err}): {cls.pip}"
+                ) from err
             tracker = cls(settings)
             opened.append(tracker)
             tracker.log_config(config)

@@ -89,16 +89,23 @@ class ConcurrencyAutopilot:
             self._last = None
             if rate < before_rate * (1 - self.tolerance):  # that change made it slower: undo it, rest that way
                 self._resting[direction] = self.rest
-                return self._set(step, before, f"throughput fell {before_rate:.1f} -> {rate:.1f} trajectories/s: undone")
+                return self._set(
+                    step, before, f"throughput fell {before_rate:.1f} -> {rate:.1f} trajectories/s: undone"
+                )
         if idle > self.raise_above and self.limit < self.ceiling and +1 not in self._resting:
             self._last = (self.limit, rate, +1)
-            return self._set(step, min(self.limit + self.group_size, self.ceiling),
-                             f"the trainer waited {idle:.0%} of the time for generation")
+            return self._set(
+                step,
+                min(self.limit + self.group_size, self.ceiling),
+                f"the trainer waited {idle:.0%} of the time for generation",
+            )
         if idle < self.lower_below and full >= 0.5 and self.limit > self.floor and -1 not in self._resting:
             self._last = (self.limit, rate, -1)
-            return self._set(step, max(self.limit - self.group_size, self.floor),
-                             f"the trainer waited {idle:.0%} of the time and a batch was already buffered at "
-                             f"{full:.0%} of steps")
+            return self._set(
+                step,
+                max(self.limit - self.group_size, self.floor),
+                f"the trainer waited {idle:.0%} of the time and a batch was already buffered at {full:.0%} of steps",
+            )
         return None
 
     def _set(self, step: int, limit: int, why: str) -> int | None:

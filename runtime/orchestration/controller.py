@@ -28,30 +28,35 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
+from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.launchers.interrupt import interrupted
-from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.runtime.observability.disk_full import checkpoint_need, disk_full_message, is_disk_full
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
-from areal_graph.runtime.observability.run_dir import (END_STATE_FILENAME, LEGACY_END_STATE_FILENAME, RunDir,
-                                                       end_state_file)
+from areal_graph.runtime.observability.run_dir import (
+    END_STATE_FILENAME,
+    LEGACY_END_STATE_FILENAME,
+    RunDir,
+    end_state_file,
+)
 from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
-from areal_graph.runtime.orchestration.generation_stats import GenerationStats
 from areal_graph.runtime.orchestration.executor import NodeExecutor
-from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
+from areal_graph.runtime.orchestration.generation_stats import GenerationStats
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
+from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
 from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
 from areal_graph.runtime.rpc.worker_client import WorkerError
 
@@ -75,7 +80,10 @@ def tool_call_stats(batch: PackedBatch, prefix: str) -> dict[str, float]:
     if "tool_calls" not in batch:
         return {}
     calls = batch["tool_calls"].float()
-    return {f"{prefix}/tool_call_rate": float((calls > 0).float().mean()), f"{prefix}/tool_calls_mean": float(calls.mean())}
+    return {
+        f"{prefix}/tool_call_rate": float((calls > 0).float().mean()),
+        f"{prefix}/tool_calls_mean": float(calls.mean()),
+    }
 
 
 class NodeFailed(RuntimeError):
@@ -124,8 +132,16 @@ class RunState:
 
 
 class Controller:
-    def __init__(self, plan: ExecutionPlan, executor: NodeExecutor, prompts: Sequence[Any],
-                 eval_prompts: Sequence[Any], run_dir: RunDir, tracer: Tracer, display: Any | None = None) -> None:
+    def __init__(
+        self,
+        plan: ExecutionPlan,
+        executor: NodeExecutor,
+        prompts: Sequence[Any],
+        eval_prompts: Sequence[Any],
+        run_dir: RunDir,
+        tracer: Tracer,
+        display: Any | None = None,
+    ) -> None:
         self.plan = plan
         self.executor = executor
         self.prompts = list(prompts)
@@ -140,10 +156,17 @@ class Controller:
         self.state = RunState()
         self.gate = StalenessGate(self.rt.batch_size, self.rt.max_staleness, self.rt.max_concurrent_rollouts)
         inference = plan.spec.inference
-        self.autopilot = ConcurrencyAutopilot(self.rt.batch_size, self.group_size, self.rt.max_staleness,
-                                              self.rt.max_concurrent_rollouts,
-                                              inference.max_running_requests * inference.servers
-                                              ) if self.rt.autopilot else None
+        self.autopilot = (
+            ConcurrencyAutopilot(
+                self.rt.batch_size,
+                self.group_size,
+                self.rt.max_staleness,
+                self.rt.max_concurrent_rollouts,
+                inference.max_running_requests * inference.servers,
+            )
+            if self.rt.autopilot
+            else None
+        )
         self.buffer = SampleBuffer()
         self._fatal: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -190,9 +213,11 @@ class Controller:
         self._settled = asyncio.Event()  # a prompt group finished: generated, dropped or failed
         if self._fatal is not None:
             raise self._fatal
-        tasks = {asyncio.create_task(self._generation_loop(), name="generation"),
-                 asyncio.create_task(self._training_loop(), name="training"),
-                 asyncio.create_task(self._stop.wait(), name="stop")}
+        tasks = {
+            asyncio.create_task(self._generation_loop(), name="generation"),
+            asyncio.create_task(self._training_loop(), name="training"),
+            asyncio.create_task(self._stop.wait(), name="stop"),
+        }
         train = next(t for t in tasks if t.get_name() == "training")
         stop = next(t for t in tasks if t.get_name() == "stop")
         try:
@@ -227,8 +252,12 @@ class Controller:
         m = _PATH_IN_ERROR.search(str(err))
         path = getattr(err, "filename", None) or (m.group(1) if m else None)
         if self._saving is not None:
-            return disk_full_message(f"checkpoint {self._saving.name}", path or self._saving, self.run_dir.path,
-                                     need_bytes=checkpoint_need(self.run_dir.path))
+            return disk_full_message(
+                f"checkpoint {self._saving.name}",
+                path or self._saving,
+                self.run_dir.path,
+                need_bytes=checkpoint_need(self.run_dir.path),
+            )
         return disk_full_message("a file of the run", path or self.run_dir.path, self.run_dir.path)
 
     async def _name_the_dead(self, err: Exception) -> None:
@@ -249,8 +278,11 @@ class Controller:
         trained. A resumed run reads its restarts back (`earlier_restarts`)."""
         stats = self.buffer.stats()
         finished = self._stop_reason is None and self.state.step >= self.rt.steps
-        reason = (f"completed runtime.steps ({self.rt.steps})" if finished
-                  else self._stop_reason or "stopped before runtime.steps (interrupted or cancelled)")
+        reason = (
+            f"completed runtime.steps ({self.rt.steps})"
+            if finished
+            else self._stop_reason or "stopped before runtime.steps (interrupted or cancelled)"
+        )
         summary = {
             "finished": finished,
             "stop_reason": reason,
@@ -270,8 +302,11 @@ class Controller:
         # a part of this run from before the rename wrote unfinished.json: this file supersedes it
         (self.run_dir.path / LEGACY_END_STATE_FILENAME).unlink(missing_ok=True)
         if in_flight or stats.buffered_trajectories:
-            log.info("at stop: %d prompt groups in flight, %d trajectories buffered (not trained)",
-                     in_flight, stats.buffered_trajectories)
+            log.info(
+                "at stop: %d prompt groups in flight, %d trajectories buffered (not trained)",
+                in_flight,
+                stats.buffered_trajectories,
+            )
 
     # ------------------------------------------------------------------ calling nodes
     async def _call(self, name: str, batch: PackedBatch, extra: dict[str, Any] | None = None) -> NodeResult:
@@ -280,21 +315,32 @@ class Controller:
         lock = self._locks.setdefault((h.process, h.obj), asyncio.Lock()) if h.exclusive else None
         async with lock if lock is not None else contextlib.nullcontext():
             fused = [n for n, by in self.plan.fused.items() if by == name]
-            with self.tracer.span(name, cat="node", node=name, worker=h.process, step=self.state.step,
-                                  version=self.state.version, **({"fused": fused} if fused else {}),
-                                  **self.flows.span_args(name, batch)):
-                return await self.executor.run(name, batch, step=self.state.step, version=self.state.version,
-                                               extra=extra)
+            with self.tracer.span(
+                name,
+                cat="node",
+                node=name,
+                worker=h.process,
+                step=self.state.step,
+                version=self.state.version,
+                **({"fused": fused} if fused else {}),
+                **self.flows.span_args(name, batch),
+            ):
+                return await self.executor.run(
+                    name, batch, step=self.state.step, version=self.state.version, extra=extra
+                )
 
     def _prompt_batch(self, prompts: Sequence[Any], group_ids: list[int]) -> PackedBatch:
         return PackedBatch.from_sequences(
             {"input_ids": [p.input_ids for p in prompts]},
             seqs={"group_id": group_ids},
-            meta={"answer": [p.answer for p in prompts], "prompt_id": [p.id for p in prompts],
-                  # what a rollout class may read besides the tokens (PromptLike): the prompt as text,
-                  # and the question as the row gives it (an environment restates it)
-                  "text": [str(getattr(p, "text", "")) for p in prompts],
-                  "question": [str(getattr(p, "question", "")) for p in prompts]},
+            meta={
+                "answer": [p.answer for p in prompts],
+                "prompt_id": [p.id for p in prompts],
+                # what a rollout class may read besides the tokens (PromptLike): the prompt as text,
+                # and the question as the row gives it (an environment restates it)
+                "text": [str(getattr(p, "text", "")) for p in prompts],
+                "question": [str(getattr(p, "question", "")) for p in prompts],
+            },
         )
 
     # ------------------------------------------------------------------ generation side
@@ -332,8 +378,14 @@ class Controller:
                         self._group_failed(gid, prompt, exc)
                         return
                     self.state.groups_retried += 1
-                    self._say_once(logging.WARNING, exc, "prompt group %d failed (%s); retrying (attempt %d)",
-                                   gid, exc, attempt + 2)
+                    self._say_once(
+                        logging.WARNING,
+                        exc,
+                        "prompt group %d failed (%s); retrying (attempt %d)",
+                        gid,
+                        exc,
+                        attempt + 2,
+                    )
             self._failed_in_a_row = 0
             for name, n in outcome.groups_dropped.items():
                 self._dropped_by[name] = self._dropped_by.get(name, 0) + n
@@ -366,12 +418,21 @@ class Controller:
         self.state.groups_failed += 1
         self._settle(gid, prompt, "failed")
         self._settled.set()
-        self._say_once(logging.ERROR, exc, "prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
-                       gid, prompt.id, GROUP_ATTEMPTS, exc)
+        self._say_once(
+            logging.ERROR,
+            exc,
+            "prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
+            gid,
+            prompt.id,
+            GROUP_ATTEMPTS,
+            exc,
+        )
         self._failed_in_a_row += 1
         if self._failed_in_a_row == FAILED_GROUPS_IN_A_ROW:
-            self.on_failure(f"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried {GROUP_ATTEMPTS} "
-                            f"times; the last: {exc}")
+            self.on_failure(
+                f"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried {GROUP_ATTEMPTS} "
+                f"times; the last: {exc}"
+            )
 
     def _say_once(self, level: int, exc: Exception, fmt: str, *args: Any) -> None:
         """A group's failure (`exc`) on the console the first two times this message meets this
@@ -389,8 +450,9 @@ class Controller:
             log.debug(fmt, *args)
 
     def _record(self, gid: int, prompt: Any, event: str) -> None:
-        self.ledger.record(event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step,
-                           self.state.version)
+        self.ledger.record(
+            event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step, self.state.version
+        )
 
     def _source_of(self, gid: int) -> str:
         """The data source of a group's prompt ("" when the dataset names none); eval groups
@@ -413,8 +475,11 @@ class Controller:
         trained = set(batch["group_id"].tolist()) if batch is not None and "group_id" in batch else set()
         for gid in dict.fromkeys(taken["group_id"].tolist()):
             pos = self._untrained.get(gid, -1)
-            self._settle(gid, self.prompts[pos % len(self.prompts)] if pos >= 0 else gid,
-                         "trained" if gid in trained else "dropped")
+            self._settle(
+                gid,
+                self.prompts[pos % len(self.prompts)] if pos >= 0 else gid,
+                "trained" if gid in trained else "dropped",
+            )
 
     def _group_seed(self, gid: int) -> dict[str, Any] | None:
         """Sampling seed of a group: from the run's seed and the group's place in the prompt
@@ -428,8 +493,11 @@ class Controller:
         return {"sampling": {"seed": (self.rt.seed % (1 << 20)) * (1 << 40) + pos * (1 << 16)}}
 
     async def _generate_group(self, gid: int, prompt: Any):
-        batch = (await self._generation_call(self.plan.source, self._prompt_batch([prompt], [gid]),
-                                             extra=self._group_seed(gid))).batch
+        batch = (
+            await self._generation_call(
+                self.plan.source, self._prompt_batch([prompt], [gid]), extra=self._group_seed(gid)
+            )
+        ).batch
         return await run_phase(self.plan, self.plan.generation, batch, self._generation_call)
 
     async def _generation_call(self, name: str, batch: PackedBatch, extra: dict[str, Any] | None = None) -> NodeResult:
@@ -504,16 +572,30 @@ class Controller:
     def _steer(self, stats: dict[str, float], trained: int, buffered: int) -> None:
         """runtime.autopilot: feed this step to the concurrency autopilot; apply what it decides."""
         assert self.autopilot is not None
-        limit = self.autopilot.observe(self.state.step, stats.get("time/wait_batch", 0.0), stats.get("time/step", 0.0),
-                                       trained, buffered)
+        limit = self.autopilot.observe(
+            self.state.step, stats.get("time/wait_batch", 0.0), stats.get("time/step", 0.0), trained, buffered
+        )
         if limit is not None:
             decision = self.autopilot.decisions[-1]
             self.gate.set_max_concurrent(limit)
             now = time.perf_counter()
-            self.tracer.record("autopilot", now, now, cat="controller", step=self.state.step,
-                               max_concurrent_before=decision.before, max_concurrent=limit, why=decision.why)
-            log.info("autopilot at step %d: max concurrent rollouts %d -> %d (%s)", self.state.step,
-                     decision.before, limit, decision.why)
+            self.tracer.record(
+                "autopilot",
+                now,
+                now,
+                cat="controller",
+                step=self.state.step,
+                max_concurrent_before=decision.before,
+                max_concurrent=limit,
+                why=decision.why,
+            )
+            log.info(
+                "autopilot at step %d: max concurrent rollouts %d -> %d (%s)",
+                self.state.step,
+                decision.before,
+                limit,
+                decision.why,
+            )
         stats["autopilot/max_concurrent"] = float(self.autopilot.limit)
 
     async def _next_batch(self, batch_size: int) -> PackedBatch:
@@ -544,6 +626,7 @@ class Controller:
                 return await self._call(name, batch, extra)
             finally:
                 stats[f"time/{name}"] = time.perf_counter() - t
+
         return call
 
     def _batch_stats(self, batch: PackedBatch) -> dict[str, float]:
@@ -555,14 +638,25 @@ class Controller:
             staleness = (self.state.version - vmin[generated]).float()
             resp_len = torch.zeros(batch.num_seqs).index_add_(0, batch.seq_ids(), batch["loss_mask"].float())
             if generated.any():
-                out.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
-                            "versions_per_traj/mean": float((vmax - vmin + 1)[generated].float().mean())})
+                out.update(
+                    {
+                        "staleness/mean": float(staleness.mean()),
+                        "staleness/max": float(staleness.max()),
+                        "versions_per_traj/mean": float((vmax - vmin + 1)[generated].float().mean()),
+                    }
+                )
             out["response_len/mean"] = float(resp_len.mean())
         if "rewards" in batch:
             out["reward/mean"] = float(batch["rewards"].float().mean())
             if "group_id" in batch:
-                out.update(means_by_source("reward", "mean", batch["rewards"].float().tolist(),
-                                           [self._source_of(g) for g in batch["group_id"].tolist()]))
+                out.update(
+                    means_by_source(
+                        "reward",
+                        "mean",
+                        batch["rewards"].float().tolist(),
+                        [self._source_of(g) for g in batch["group_id"].tolist()],
+                    )
+                )
         if "seq_no_eos" in batch:
             out["no_eos/frac"] = float(batch["seq_no_eos"].float().mean())
         out.update(tool_call_stats(batch, "rollout"))
@@ -588,8 +682,13 @@ class Controller:
         gids = list(range(-len(self.eval_prompts), 0))
         with self.tracer.span("eval", cat="eval", version=self.state.version):
             # a failing node stops the run here with its name (no retries: this is not training data)
-            batch = (await self._generation_call(self.plan.source, self._prompt_batch(self.eval_prompts, gids),
-                                                 extra={"group_size": 1, "sampling": greedy})).batch
+            batch = (
+                await self._generation_call(
+                    self.plan.source,
+                    self._prompt_batch(self.eval_prompts, gids),
+                    extra={"group_size": 1, "sampling": greedy},
+                )
+            ).batch
             outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self._generation_call)
         if outcome.batch is None:
             return {}
@@ -600,8 +699,14 @@ class Controller:
         acc = float((outcome.batch[first].float() > 0.5).float().mean())
         out["eval/accuracy"] = acc
         if "group_id" in outcome.batch:
-            out.update(means_by_source("eval", "accuracy", (outcome.batch[first].float() > 0.5).float().tolist(),
-                                       [self._source_of(g) for g in outcome.batch["group_id"].tolist()]))
+            out.update(
+                means_by_source(
+                    "eval",
+                    "accuracy",
+                    (outcome.batch[first].float() > 0.5).float().tolist(),
+                    [self._source_of(g) for g in outcome.batch["group_id"].tolist()],
+                )
+            )
         out.update(tool_call_stats(outcome.batch, "eval"))
         out.update(env_metric_means(outcome.batch.meta.get("info") or (), prefix="eval/env"))
         self.state.history.append({"step": self.state.step, "version": self.state.version, "eval/accuracy": acc})
@@ -639,8 +744,9 @@ class Controller:
             return
         protect = [p for p in (written, self._resumed_from) if p is not None]
         try:
-            await asyncio.to_thread(self.run_dir.prune_checkpoints, self.rt.keep_checkpoints,
-                                    self.rt.keep_checkpoints_every, protect)
+            await asyncio.to_thread(
+                self.run_dir.prune_checkpoints, self.rt.keep_checkpoints, self.rt.keep_checkpoints_every, protect
+            )
         except OSError as err:  # a checkpoint left on disk must not stop training
             log.warning("pruning old checkpoints failed: %s", err)
 
@@ -662,23 +768,38 @@ class Controller:
         dropped = self.run_dir.truncate_metrics(self.state.step)
         self.ledger.record("resumed", -1, -1, ckpt.name, self.state.step, self.state.version)
         for pos in self.state.requeue:
-            self.ledger.record("requeued", -1, pos, getattr(self.prompts[pos % len(self.prompts)], "id", pos),
-                               self.state.step, self.state.version)
-        log.info("resumed from %s: step %d, version %d, %d untrained prompt groups requeued%s", ckpt,
-                 self.state.step, self.state.version, len(self.state.requeue),
-                 f", {dropped} metrics lines after step {self.state.step} removed" if dropped else "")
+            self.ledger.record(
+                "requeued",
+                -1,
+                pos,
+                getattr(self.prompts[pos % len(self.prompts)], "id", pos),
+                self.state.step,
+                self.state.version,
+            )
+        log.info(
+            "resumed from %s: step %d, version %d, %d untrained prompt groups requeued%s",
+            ckpt,
+            self.state.step,
+            self.state.version,
+            len(self.state.requeue),
+            f", {dropped} metrics lines after step {self.state.step} removed" if dropped else "",
+        )
 
     def _log_step(self, stats: dict[str, float], dropped_in_training: int) -> None:
         stats = {k: float(v) for k, v in stats.items()}
         stats.update(self._gen_stats.take())  # e.g. reward/failures summed, rm_score/mean averaged, since the last step
-        stats.update({
-            "step": self.state.step, "version": self.state.version,
-            "buffer/size": float(self.buffer.size()), "rollout/groups_in_flight": float(len(self._inflight)),
-            "rollout/groups_failed": float(self.state.groups_failed),
-            "groups/dropped": float(self.state.groups_dropped),
-            "groups/dropped_in_training": float(dropped_in_training),
-            **{f"{name}/groups_dropped_total": float(n) for name, n in self._dropped_by.items()},
-        })
+        stats.update(
+            {
+                "step": self.state.step,
+                "version": self.state.version,
+                "buffer/size": float(self.buffer.size()),
+                "rollout/groups_in_flight": float(len(self._inflight)),
+                "rollout/groups_failed": float(self.state.groups_failed),
+                "groups/dropped": float(self.state.groups_dropped),
+                "groups/dropped_in_training": float(dropped_in_training),
+                **{f"{name}/groups_dropped_total": float(n) for name, n in self._dropped_by.items()},
+            }
+        )
         self.run_dir.log_metrics(self.state.step, stats)
         self._say_failures(stats)
         problem = getattr(self.tracer, "problem", None)
@@ -694,8 +815,13 @@ class Controller:
         for key, n in stats.items():
             node, _, leaf = key.rpartition("/")
             if leaf == "failures" and n > 0 and node in self.plan.hosting:
-                log.warning("step %d: node %r: %d request(s) failed and got the failure reward (why: %s)",
-                            self.state.step, node, n, self.run_dir.logs_dir / f"{self.plan.hosting[node].process}.log")
+                log.warning(
+                    "step %d: node %r: %d request(s) failed and got the failure reward (why: %s)",
+                    self.state.step,
+                    node,
+                    n,
+                    self.run_dir.logs_dir / f"{self.plan.hosting[node].process}.log",
+                )
 
 
 def earlier_restarts(run_dir: RunDir) -> Counter:

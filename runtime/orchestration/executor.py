@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from areal_graph.api.imports import import_object
 from areal_graph.data.packed import PackedBatch
@@ -31,8 +32,9 @@ class NodeExecutor(Protocol):
     def start(self, on_failure: Callable[[str], None]) -> None:
         """Bring up what the plan needs; `on_failure(message)` reports a dead process at any time later."""
 
-    async def run(self, node: str, batch: PackedBatch, *, step: int, version: int,
-                  extra: dict[str, Any] | None = None) -> NodeResult:
+    async def run(
+        self, node: str, batch: PackedBatch, *, step: int, version: int, extra: dict[str, Any] | None = None
+    ) -> NodeResult:
         """Call `node` on `batch` (its declared reads); `extra` adds call arguments (e.g. eval sampling)."""
 
     async def sync_weights(self, version: int) -> dict[str, float]:
@@ -108,8 +110,9 @@ class InProcessExecutor:
     def start(self, on_failure: Callable[[str], None]) -> None:
         self.on_failure = on_failure
 
-    async def run(self, node: str, batch: PackedBatch, *, step: int, version: int,
-                  extra: dict[str, Any] | None = None) -> NodeResult:
+    async def run(
+        self, node: str, batch: PackedBatch, *, step: int, version: int, extra: dict[str, Any] | None = None
+    ) -> NodeResult:
         self.calls.append((node, step, version))
         self._tell(self.hosts.get(node))  # built lazily: after a resume's sync, it starts on that version
         return await asyncio.to_thread(self.hosts.call, node, batch, extra)

@@ -16,8 +16,8 @@ batch; the sibling's output is then cut down to the sequences that are left.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import torch
 
@@ -55,7 +55,8 @@ def node_inputs(plan: ExecutionPlan, name: str, batch: PackedBatch) -> PackedBat
     if missing:
         raise NodeContractError(
             f"node {name!r} reads {missing}, which the batch does not hold (it has {sorted(batch.keys())}): "
-            "the node that writes it did not run or did not write it")
+            "the node that writes it did not run or did not write it"
+        )
     implicit = [k for k in IMPLICIT_ROLLOUT_KEYS + plan.kind(name).optional_reads if k in batch and k not in reads]
     return batch.select_keys(list(reads) + implicit)
 
@@ -72,15 +73,21 @@ def check_output(plan: ExecutionPlan, name: str, given: PackedBatch, out: Packed
         extra, missing = sorted(keys - set(node.writes)), sorted(set(node.writes) - keys)
         raise NodeContractError(
             f"node {name!r} must return exactly its declared writes {list(node.writes)}"
-            + (f"; it did not write {missing}" if missing else "") + (f"; it wrote undeclared {extra}" if extra else ""))
+            + (f"; it did not write {missing}" if missing else "")
+            + (f"; it wrote undeclared {extra}" if extra else "")
+        )
     if out.num_seqs == given.num_seqs and torch.equal(out.cu_seqlens, given.cu_seqlens):
         return
     if not plan.kind(name).may_drop:
-        raise NodeContractError(f"node {name!r} returned {out.num_seqs} sequences for the {given.num_seqs} it was "
-                                f"given; a node of kind {plan.node(name).kind} keeps every sequence")
+        raise NodeContractError(
+            f"node {name!r} returned {out.num_seqs} sequences for the {given.num_seqs} it was "
+            f"given; a node of kind {plan.node(name).kind} keeps every sequence"
+        )
     if "sample_id" not in out.seqs or "group_id" not in given.seqs:
-        raise NodeContractError(f"node {name!r} dropped sequences but its output has no sample_id: return "
-                                "batch.select(kept_indices) with the writes added, so the kept ones are known")
+        raise NodeContractError(
+            f"node {name!r} dropped sequences but its output has no sample_id: return "
+            "batch.select(kept_indices) with the writes added, so the kept ones are known"
+        )
     given_ids = _ids(given)
     kept = set(_ids(out))
     if not kept <= set(given_ids) or len(kept) != out.num_seqs:
@@ -90,8 +97,10 @@ def check_output(plan: ExecutionPlan, name: str, given: PackedBatch, out: Packed
         groups.setdefault(gid, []).append(sid in kept)
     partial = [g for g, flags in groups.items() if any(flags) and not all(flags)]
     if partial:
-        raise NodeContractError(f"node {name!r} dropped part of prompt group(s) {partial[:5]}: a node may drop "
-                                "whole groups only (group-normalised advantages need every answer of a prompt)")
+        raise NodeContractError(
+            f"node {name!r} dropped part of prompt group(s) {partial[:5]}: a node may drop "
+            "whole groups only (group-normalised advantages need every answer of a prompt)"
+        )
 
 
 def restrict(batch: PackedBatch, keep_ids: list[int]) -> PackedBatch:

@@ -50,9 +50,12 @@ class ProcessPlacement:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        return {"side": self.side, "threads": self.threads,
-                "cores": list(self.cores) if self.cores is not None else None,
-                "gpus": list(self.gpus) if self.gpus is not None else None}
+        return {
+            "side": self.side,
+            "threads": self.threads,
+            "cores": list(self.cores) if self.cores is not None else None,
+            "gpus": list(self.gpus) if self.gpus is not None else None,
+        }
 
 
 def usable_cores() -> tuple[int, ...]:
@@ -79,7 +82,7 @@ def _share(items: tuple[int, ...] | None, parts: int, index: int) -> tuple[int, 
     if items is None:
         return None
     k = max(len(items) // parts, 1)
-    return items[index * k:(index + 1) * k] or items[-k:]
+    return items[index * k : (index + 1) * k] or items[-k:]
 
 
 def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, ProcessPlacement]:
@@ -100,8 +103,7 @@ def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, Process
         pinned = res.inference.cores is not None
         width = len(share) if pinned and share else gen_default
         threads = spec.inference.threads or (1 if small_model else width)
-        out[f"inference-{i}"] = ProcessPlacement("inference", threads, share,
-                                                 _share(res.inference.gpus, servers, i))
+        out[f"inference-{i}"] = ProcessPlacement("inference", threads, share, _share(res.inference.gpus, servers, i))
     for process, role in sorted(plan.processes().items()):
         ranks = plan.ranks(process)
         names = [process] + [f"{process}.rank{r}" for r in range(1, ranks)]
@@ -113,6 +115,10 @@ def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, Process
             else:
                 out[name] = ProcessPlacement("other", 1, cores["other"], res.other.gpus)
     mine = cores["other"]
-    out["controller"] = ProcessPlacement("other", len(mine) if mine is not None and res.other.cores is not None else
-                                         (os.cpu_count() or 1), mine, res.other.gpus)
+    out["controller"] = ProcessPlacement(
+        "other",
+        len(mine) if mine is not None and res.other.cores is not None else (os.cpu_count() or 1),
+        mine,
+        res.other.gpus,
+    )
     return out

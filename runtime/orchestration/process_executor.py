@@ -30,25 +30,26 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.spans import TRACE_ENV
 from areal_graph.data.packed import PackedBatch
+from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.kind import CONTROLLER, RunInfo
 from areal_graph.graph.plan import ExecutionPlan
-from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.spec import InferenceSpec
-from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
 from areal_graph.runtime.hosts.protocols import ModelService
+from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
 from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_threads
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
+from areal_graph.runtime.orchestration.phase_runner import NodeResult
 from areal_graph.runtime.orchestration.placement import ProcessPlacement, plan_placement
 from areal_graph.runtime.orchestration.placement import thread_split as placement_thread_split
-from areal_graph.runtime.orchestration.phase_runner import NodeResult
 from areal_graph.runtime.orchestration.weight_sync import WeightSync, choose_weight_sync
 from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync as resolve_weight_sync
 from areal_graph.runtime.rpc.worker_client import WorkerClient
@@ -63,7 +64,7 @@ class _Started:
     """The parts of a started executor (ProcessExecutor._started)."""
 
     launcher: Launcher
-    io: "_IOLoop"
+    io: _IOLoop
     info: RunInfo
 
 
@@ -71,7 +72,7 @@ def _worker_clock(client: WorkerClient) -> float:
     return client.stats(drain_spans=False)["now"]
 
 
-def _server_clock(io: "_IOLoop", client: Any) -> float:
+def _server_clock(io: _IOLoop, client: Any) -> float:
     return io.run(client.server_clock(), timeout=10)
 
 
@@ -91,8 +92,9 @@ class ProcessExecutor:
         self._io: _IOLoop | None = None  # HTTP to the inference servers runs on its own event loop
         self.backend = get_backend(self.spec.inference.backend)  # the inference servers' API (backends/)
         # the one transport of this run's weights (weight_sync.py), chosen here once
-        self.weight_sync: WeightSync = choose_weight_sync(self.spec, plan.actor, self.backend, run_dir,
-                                                          self._call_actor)
+        self.weight_sync: WeightSync = choose_weight_sync(
+            self.spec, plan.actor, self.backend, run_dir, self._call_actor
+        )
         self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
         self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
         self._deaths = 0  # restartable deaths so far (calls compare it before and after)
@@ -117,12 +119,24 @@ class ProcessExecutor:
         actor_path = spec.models[self.plan.actor].path
         self.placement = plan_placement(spec, self.plan, model_parameters(actor_path) < SMALL_MODEL_PARAMS)
         gen_threads = self.placement["inference-0"].threads
-        train_threads = max((p.threads * self.plan.ranks(n) for n, p in self.placement.items()
-                             if p.side == "training" and n in self.plan.processes()), default=thread_split(rt)[1])
+        train_threads = max(
+            (
+                p.threads * self.plan.ranks(n)
+                for n, p in self.placement.items()
+                if p.side == "training" and n in self.plan.processes()
+            ),
+            default=thread_split(rt)[1],
+        )
         self._on_failure = on_failure
-        self.launcher = make_launcher(LaunchRequest(
-            self.run_dir.path / "logs", self._on_death, process_demands(self.plan, gen_threads, train_threads), rt,
-            colocate=self.weight_sync.colocate))  # shared-memory weights: every process on one machine
+        self.launcher = make_launcher(
+            LaunchRequest(
+                self.run_dir.path / "logs",
+                self._on_death,
+                process_demands(self.plan, gen_threads, train_threads),
+                rt,
+                colocate=self.weight_sync.colocate,
+            )
+        )  # shared-memory weights: every process on one machine
         # One secret per run: every worker and inference server requires it, loopback included
         # (vLLM's dev endpoints excepted: vLLM guards only /v1 and /inference, backends/vllm.py).
         token = self._token = secrets.token_urlsafe(32)
@@ -133,30 +147,48 @@ class ProcessExecutor:
             place = self.placement[name]
             host, port = self.launcher.server_endpoint(name)
             url = f"http://{host}:{port}"
-            cmd = inference_server_command(spec.inference, actor_path, port, place.threads, rt.seed + i,
-                                           name=name, api_key=token, host=host)
+            cmd = inference_server_command(
+                spec.inference, actor_path, port, place.threads, rt.seed + i, name=name, api_key=token, host=host
+            )
             server_env = {**env, **backend.environment(token), **placed_env(place, backend.thread_cap(place.threads))}
             flags, sync_env = self.weight_sync.server_launch()  # the adapter's LoRA flags; else none
             cmd += flags
             server_env.update(sync_env)
-            self.launcher.start_process(name, role="inference", cmd=cmd, env=server_env,
-                                        health_url=f"{url}/health", threads=backend.thread_cap(place.threads))
+            self.launcher.start_process(
+                name,
+                role="inference",
+                cmd=cmd,
+                env=server_env,
+                health_url=f"{url}/health",
+                threads=backend.thread_cap(place.threads),
+            )
             self.server_urls.append(url)
             self._roles[name] = "inference"
         for process, role in sorted(self.plan.processes().items()):
             self._roles[process] = role
             place = self.placement[process]
             worker_env = self._start_other_ranks(self.launcher, process, role, env)
-            address = self.launcher.start_worker(process, threads=place.threads, env={**worker_env, **placed_env(place)},
-                                                 token_env=RUN_TOKEN_ENV)
+            address = self.launcher.start_worker(
+                process, threads=place.threads, env={**worker_env, **placed_env(place)}, token_env=RUN_TOKEN_ENV
+            )
             self.clients[process] = WorkerClient(address, timeout=3600, name=process, token=token)
         pin_this_process(self.placement["controller"])
         self.launcher.wait_healthy(timeout=backend.startup_timeout_s)
-        self.servers = ServerPool([InferenceClient(u, backend=spec.inference.backend, api_key=token,
-                                                   lora_adapters=self.weight_sync.adapters) for u in self.server_urls])
+        self.servers = ServerPool(
+            [
+                InferenceClient(
+                    u, backend=spec.inference.backend, api_key=token, lora_adapters=self.weight_sync.adapters
+                )
+                for u in self.server_urls
+            ]
+        )
         self._io = _IOLoop()
-        info = RunInfo(model_paths={m: s.path for m, s in spec.models.items()}, server_urls=tuple(self.server_urls),
-                       train_threads=train_threads, run_dir=str(self.run_dir.path))
+        info = RunInfo(
+            model_paths={m: s.path for m, s in spec.models.items()},
+            server_urls=tuple(self.server_urls),
+            train_threads=train_threads,
+            run_dir=str(self.run_dir.path),
+        )
         self.local = LocalHosts(self.plan, info)
         self._info = info
         self._ready = {name: threading.Event() for name in self._roles}
@@ -167,8 +199,7 @@ class ProcessExecutor:
         if self.weight_sync.adapters:  # requests name an adapter from the first one: version 0 is the untrained one
             self._io.run(self.sync_weights(0), timeout=600)
 
-    def _start_other_ranks(self, launcher: Launcher, process: str, role: str,
-                           env: dict[str, str]) -> dict[str, str]:
+    def _start_other_ranks(self, launcher: Launcher, process: str, role: str, env: dict[str, str]) -> dict[str, str]:
         """Ranks 1..N-1 of a data-parallel process (runtime/hosts/dp_model_host.py), as plain
         processes the watchdog watches like the worker; returns the environment of rank 0,
         the worker itself. One free loopback port is the group's rendezvous (MASTER_PORT)."""
@@ -181,9 +212,12 @@ class ProcessExecutor:
             self._roles[name] = role
             place = self.placement[name]
             launcher.start_process(
-                name, role=role, cmd=[sys.executable, "-m", DP_RANK_MODULE, "--name", name],
+                name,
+                role=role,
+                cmd=[sys.executable, "-m", DP_RANK_MODULE, "--name", name],
                 env={**env, **group, "RANK": str(rank), "LOCAL_RANK": str(rank), **placed_env(place)},
-                threads=place.threads)
+                threads=place.threads,
+            )
         return {**env, **group, "RANK": "0", "LOCAL_RANK": "0"}
 
     def _configure(self, info: RunInfo, only: str | None = None) -> None:
@@ -206,18 +240,27 @@ class ProcessExecutor:
         role = self._roles.get(died.name, died.role)
         done = self.restarts.get(died.name, 0)
         if role == "model":
-            self._on_failure(self._death_message(died) + "\n(a model worker holds weights and optimizer state: "
-                             "the run can go on from its last complete checkpoint)", resumable=True)
+            self._on_failure(
+                self._death_message(died) + "\n(a model worker holds weights and optimizer state: "
+                "the run can go on from its last complete checkpoint)",
+                resumable=True,
+            )
             return
         if done >= self.spec.runtime.max_restarts:
-            self._on_failure(self._death_message(died) + f"\n(restarted {done} times already; "
-                             f"runtime.max_restarts is {self.spec.runtime.max_restarts})")
+            self._on_failure(
+                self._death_message(died) + f"\n(restarted {done} times already; "
+                f"runtime.max_restarts is {self.spec.runtime.max_restarts})"
+            )
             return
         self._ready[died.name].clear()
         self._deaths += 1
         self.restarts[died.name] = done + 1
-        log.warning("%s; restarting it (%d of at most %d)", self._death_message(died).split("\n")[0], done + 1,
-                    self.spec.runtime.max_restarts)
+        log.warning(
+            "%s; restarting it (%d of at most %d)",
+            self._death_message(died).split("\n")[0],
+            done + 1,
+            self.spec.runtime.max_restarts,
+        )
         try:
             if self.launcher is None:
                 raise RuntimeError("no launcher")
@@ -249,9 +292,12 @@ class ProcessExecutor:
 
     def _death_message(self, died: ProcessDied) -> str:
         nodes = self.plan.nodes_on(died.name)
-        return (f"process {died.name!r} (role {self._roles.get(died.name, died.role)}, hosting nodes {nodes or 'none'}) died: "
-                f"exit code {died.returncode}" + (f", signal {died.signal}" if died.signal else "")
-                + (f"\n--- last lines of its log ---\n{died.log_tail}" if died.log_tail else ""))
+        return (
+            f"process {died.name!r} (role {self._roles.get(died.name, died.role)}, hosting nodes {nodes or 'none'}) died: "
+            f"exit code {died.returncode}"
+            + (f", signal {died.signal}" if died.signal else "")
+            + (f"\n--- last lines of its log ---\n{died.log_tail}" if died.log_tail else "")
+        )
 
     def shutdown(self) -> None:
         if self._io is not None and self.servers is not None:
@@ -267,8 +313,9 @@ class ProcessExecutor:
         self.weight_sync.cleanup()
 
     # ------------------------------------------------------------------ node calls
-    async def run(self, node: str, batch: PackedBatch, *, step: int, version: int,
-                  extra: dict[str, Any] | None = None) -> NodeResult:
+    async def run(
+        self, node: str, batch: PackedBatch, *, step: int, version: int, extra: dict[str, Any] | None = None
+    ) -> NodeResult:
         h = self.plan.hosting[node]
         if h.process == CONTROLLER:
             assert self.local is not None
@@ -280,9 +327,15 @@ class ProcessExecutor:
                 await asyncio.to_thread(self._wait_ready, needs)
             deaths = self._deaths
             try:
-                out, stats = await asyncio.to_thread(self.clients[h.process].execute_with_stats, h.obj, call.method,
-                                                     batch, _step=step, _version=version,
-                                                     **{**call.args, **(extra or {})})
+                out, stats = await asyncio.to_thread(
+                    self.clients[h.process].execute_with_stats,
+                    h.obj,
+                    call.method,
+                    batch,
+                    _step=step,
+                    _version=version,
+                    **{**call.args, **(extra or {})},
+                )
                 return NodeResult(out, stats)
             except Exception:
                 if not await self._died_meanwhile(deaths, needs):
@@ -292,8 +345,9 @@ class ProcessExecutor:
     def _servers_names(self) -> list[str]:
         return [n for n, role in self._roles.items() if role == "inference"]
 
-    async def _died_meanwhile(self, deaths: int, names: Sequence[str] = (), notice_s: float = 2.0,
-                              restart_s: float = 600.0) -> bool:
+    async def _died_meanwhile(
+        self, deaths: int, names: Sequence[str] = (), notice_s: float = 2.0, restart_s: float = 600.0
+    ) -> bool:
         """Whether a process died since `deaths` was read. A call to a dead process usually
         fails before the watchdog (polling) notices, so give it `notice_s` to. The watchdog
         also restarts processes one at a time, on its own thread: a process among `names` that
@@ -341,18 +395,31 @@ class ProcessExecutor:
         procs = report()
         own = psutil.Process()
         times = own.cpu_times()
-        procs["controller"] = {"cpu_s": round(times.user + times.system, 3), "pid": own.pid,
-                               "cores": sorted(own.cpu_affinity())}
+        procs["controller"] = {
+            "cpu_s": round(times.user + times.system, 3),
+            "pid": own.pid,
+            "cores": sorted(own.cpu_affinity()),
+        }
         now = time.time()
-        return [{"name": "cpu_time", "cat": "profile", "process": "controller", "start": now, "end": now,
-                 "args": {"processes": procs}}]
+        return [
+            {
+                "name": "cpu_time",
+                "cat": "profile",
+                "process": "controller",
+                "start": now,
+                "end": now,
+                "args": {"processes": procs},
+            }
+        ]
 
     def placement_args(self) -> dict[str, dict]:
         """Each process's placement (resources), with the cores the OS reports it may use, for the trace."""
         report = getattr(self.launcher, "cpu_report", None)
         seen = report() if callable(report) else {}
-        return {name: {**p.as_dict(), **({"affinity": seen[name]["cores"]} if name in seen else {})}
-                for name, p in self.placement.items()}
+        return {
+            name: {**p.as_dict(), **({"affinity": seen[name]["cores"]} if name in seen else {})}
+            for name, p in self.placement.items()
+        }
 
     def _probe_clocks(self, only: str | None = None) -> None:
         """Each process's clock offset against ours, measured as we connect to it (clocks.py)."""
@@ -393,8 +460,13 @@ class ProcessExecutor:
         return self._models_client(self.plan.actor).call(self.plan.actor, method, **args)
 
     def _trained_models(self) -> list[str]:
-        return sorted({h.obj for n, h in self.plan.hosting.items()
-                       if h.role == "model" and self.spec.models[h.obj].train is not None})
+        return sorted(
+            {
+                h.obj
+                for n, h in self.plan.hosting.items()
+                if h.role == "model" and self.spec.models[h.obj].train is not None
+            }
+        )
 
     async def sync_weights(self, version: int) -> dict[str, float]:
         """The actor's weights to every inference server, labelled `version` (see module docstring)."""
@@ -412,19 +484,25 @@ class ProcessExecutor:
                 log.warning("an inference server died during the weight sync to version %d; redoing it", version)
 
     async def export_model(self, path: Path) -> None:
-        await asyncio.to_thread(self._models_client(self.plan.actor).call, self.plan.actor,
-                                ModelService.export_weights.__name__,
-                                path=str(path), with_tokenizer=True)
+        await asyncio.to_thread(
+            self._models_client(self.plan.actor).call,
+            self.plan.actor,
+            ModelService.export_weights.__name__,
+            path=str(path),
+            with_tokenizer=True,
+        )
 
     async def save_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
-            await asyncio.to_thread(self._models_client(model).call, model, ModelService.save_checkpoint.__name__,
-                                    path=str(path / model))
+            await asyncio.to_thread(
+                self._models_client(model).call, model, ModelService.save_checkpoint.__name__, path=str(path / model)
+            )
 
     async def load_checkpoint(self, path: Path) -> None:
         for model in self._trained_models():
-            await asyncio.to_thread(self._models_client(model).call, model, ModelService.load_checkpoint.__name__,
-                                    path=str(path / model))
+            await asyncio.to_thread(
+                self._models_client(model).call, model, ModelService.load_checkpoint.__name__, path=str(path / model)
+            )
 
 
 class _IOLoop:
@@ -457,8 +535,10 @@ def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -
     loopback rendezvous)."""
     spec = plan.spec
     server_cpus = get_backend(spec.inference.backend).cpus(gen_threads)
-    out = [ProcessDemand(f"inference-{i}", "inference", server_cpus, inference_gpus(spec.inference))
-           for i in range(spec.inference.servers)]
+    out = [
+        ProcessDemand(f"inference-{i}", "inference", server_cpus, inference_gpus(spec.inference))
+        for i in range(spec.inference.servers)
+    ]
     for process, role in sorted(plan.processes().items()):
         models = {m for n in plan.nodes_on(process) if (m := spec.nodes[n].model) is not None}
         gpus = int(any(spec.models[m].device.startswith("cuda") for m in models))
@@ -479,9 +559,16 @@ def inference_gpus(inference: InferenceSpec) -> int:
     return get_backend(inference.backend).gpus(inference)
 
 
-def inference_server_command(inference: InferenceSpec, model_path: str, port: int, threads: int,
-                             seed: int, name: str = "inference", api_key: str | None = None,
-                             host: str = "127.0.0.1") -> list[str]:
+def inference_server_command(
+    inference: InferenceSpec,
+    model_path: str,
+    port: int,
+    threads: int,
+    seed: int,
+    name: str = "inference",
+    api_key: str | None = None,
+    host: str = "127.0.0.1",
+) -> list[str]:
     """The command line of one inference server bound to `host` (the backend builds it).
 
     `inference.args` become extra `--flag value` options (underscores as dashes; `true`

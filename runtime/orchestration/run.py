@@ -14,8 +14,9 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from areal_graph.data.datasets import load_run_prompts
 from areal_graph.graph.dump import workflow_mapping
@@ -23,22 +24,27 @@ from areal_graph.graph.plan import build_plan
 from areal_graph.graph.spec import WorkflowSpec
 from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.run_dir import RunDir
-from areal_graph.runtime.observability.trackers import TrackerSettings, open_trackers
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.runtime.observability.trackers import TrackerSettings, open_trackers
 from areal_graph.runtime.orchestration.controller import Controller, RunFailed, RunState
 from areal_graph.runtime.orchestration.process_executor import ProcessExecutor
 
 log = logging.getLogger(__name__)
 
 
-def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
-                 resume_from: Path | None = None) -> RunState:
+def run_workflow(
+    spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None, resume_from: Path | None = None
+) -> RunState:
     plan = build_plan(spec)
     # a resumed run carries on its trace: one timeline across every part of the run
     # runtime.trace: false -> no trace file, and no process records spans (process_executor.py)
     max_mb = spec.runtime.trace_max_mb
-    tracer = Tracer(run_dir.trace_path, enabled=spec.runtime.trace, append=resume_from is not None,
-                    max_bytes=max_mb * 2**20 if max_mb else None)
+    tracer = Tracer(
+        run_dir.trace_path,
+        enabled=spec.runtime.trace,
+        append=resume_from is not None,
+        max_bytes=max_mb * 2**20 if max_mb else None,
+    )
     now = time.perf_counter()
     if resume_from is not None:
         tracer.record("resume", now, now, cat="controller", checkpoint=str(resume_from))
@@ -50,8 +56,16 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
         with tracer.span("startup", cat="controller"):
             executor.start(on_failure=controller.on_failure)
         now = time.perf_counter()
-        tracer.record("placement", now, now, cat="controller", processes=executor.placement_args(),
-                      pinned=spec.resources.pinned, host=platform.node(), cores=os.cpu_count())
+        tracer.record(
+            "placement",
+            now,
+            now,
+            cat="controller",
+            processes=executor.placement_args(),
+            pinned=spec.resources.pinned,
+            host=platform.node(),
+            cores=os.cpu_count(),
+        )
         return controller.run(resume_from)
     finally:
         try:  # the last spans of the workers and servers, when they are still there to ask
@@ -64,9 +78,13 @@ def run_workflow(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None
         tracer.close()  # a full disk here is said, not raised over the run's own error
 
 
-def run_with_auto_resume(spec: WorkflowSpec, run_dir: RunDir, display: Any | None = None,
-                         resume_from: Path | None = None,
-                         on_resume: Callable[[RunFailed, Path, int], None] | None = None) -> RunState:
+def run_with_auto_resume(
+    spec: WorkflowSpec,
+    run_dir: RunDir,
+    display: Any | None = None,
+    resume_from: Path | None = None,
+    on_resume: Callable[[RunFailed, Path, int], None] | None = None,
+) -> RunState:
     """`run_workflow`, continued in fresh processes from the latest complete checkpoint after a
     resumable failure (a model worker died), at most `runtime.auto_resume` times; `on_resume`
     (error, checkpoint, resume number) is told before each. Any other failure, one past the
@@ -92,8 +110,13 @@ def start_loggers(spec: WorkflowSpec, run_dir: RunDir) -> None:
     run_dir.set_loggers(tensorboard="tensorboard" in loggers, trackers=trackers)
 
 
-def _run_resuming(spec: WorkflowSpec, run_dir: RunDir, display: Any | None, resume_from: Path | None,
-                  on_resume: Callable[[RunFailed, Path, int], None] | None) -> RunState:
+def _run_resuming(
+    spec: WorkflowSpec,
+    run_dir: RunDir,
+    display: Any | None,
+    resume_from: Path | None,
+    on_resume: Callable[[RunFailed, Path, int], None] | None,
+) -> RunState:
     resumes = 0
     while True:
         try:

@@ -92,8 +92,14 @@ class SampleBuffer:
 
     def stats(self) -> BufferStats:
         with self._lock:
-            return BufferStats(self._put_trajs, self._put_groups, self._taken_trajs, self._taken_batches,
-                               self._buffered, len(self._groups))
+            return BufferStats(
+                self._put_trajs,
+                self._put_groups,
+                self._taken_trajs,
+                self._taken_batches,
+                self._buffered,
+                len(self._groups),
+            )
 
 
 def _split_groups(batch: PackedBatch) -> list[tuple[int, PackedBatch]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+
 import torch
 
 from areal_graph.data.packed import token_seq_ids
@@ -35,8 +36,11 @@ class StalenessGate:
     """Admission control for rollouts under the bounded-staleness rule (see module docstring)."""
 
     def __init__(self, batch_size: int, max_staleness: int, max_concurrent: int) -> None:
-        for name, value, low in (("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0),
-                                 ("max_concurrent", max_concurrent, 1)):
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("max_staleness", max_staleness, 0),
+            ("max_concurrent", max_concurrent, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"StalenessGate: {name} must be an integer >= {low}, got {value!r}")
         self.batch_size = batch_size
@@ -181,19 +185,21 @@ class StalenessGate:
             raise ValueError(f"{what}: n must be a non-negative integer, got {n!r}")
 
 
-def version_range(versions: torch.Tensor, loss_mask: torch.Tensor,
-                  cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def version_range(
+    versions: torch.Tensor, loss_mask: torch.Tensor, cu_seqlens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sequence, the oldest and the newest policy version among its generated tokens
     (int64; -1 and -1 for a sequence without generated tokens)."""
     mask = torch.as_tensor(loss_mask).bool()
     n = cu_seqlens.numel() - 1
     if versions.numel() != mask.numel() or mask.numel() != int(cu_seqlens[-1]):
-        raise ValueError(f"version_range: versions ({versions.numel()}) and loss_mask ({mask.numel()}) must have "
-                         f"cu_seqlens[-1] = {int(cu_seqlens[-1])} entries")
+        raise ValueError(
+            f"version_range: versions ({versions.numel()}) and loss_mask ({mask.numel()}) must have "
+            f"cu_seqlens[-1] = {int(cu_seqlens[-1])} entries"
+        )
     seq = token_seq_ids(cu_seqlens, mask.numel())[mask]
     vers = versions[mask].to(torch.int64)
     big = torch.iinfo(torch.int64).max
     vmin = torch.full((n,), big, dtype=torch.int64).scatter_reduce(0, seq, vers, "amin")
     vmax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, seq, vers, "amax")
     return torch.where(vmin == big, -1, vmin), vmax
-

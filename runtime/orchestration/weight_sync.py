@@ -38,8 +38,9 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from areal_graph.engines.inference.backends import InferenceBackend, get_backend
 from areal_graph.graph.kinds.common import adapter_sync
@@ -205,15 +206,25 @@ class AdapterSync(_DirectorySync):
     adapters = True
     export = ModelService.export_adapter.__name__
 
-    def __init__(self, call_actor: ActorCall, run_dir: RunDir, backend: InferenceBackend, rank: int,
-                 target_modules: list[str], kept: int, colocate: bool = False) -> None:
+    def __init__(
+        self,
+        call_actor: ActorCall,
+        run_dir: RunDir,
+        backend: InferenceBackend,
+        rank: int,
+        target_modules: list[str],
+        kept: int,
+        colocate: bool = False,
+    ) -> None:
         super().__init__(call_actor, run_dir)
         self.backend = backend
         self.rank, self.target_modules, self.kept = rank, target_modules, kept
         self.colocate = colocate
 
     def server_launch(self) -> tuple[list[str], dict[str, str]]:
-        return self.backend.lora_launch_flags(self.rank, self.target_modules, self.kept), self.backend.lora_environment()
+        return self.backend.lora_launch_flags(
+            self.rank, self.target_modules, self.kept
+        ), self.backend.lora_environment()
 
     async def apply(self, servers: WeightTarget, published: Published) -> None:
         unload = published.version - self.kept
@@ -276,8 +287,9 @@ def shared_memory_path(name: str) -> str:
     return str((root if root.is_dir() and os.access(root, os.W_OK) else Path(tempfile.gettempdir())) / name)
 
 
-def choose_weight_sync(spec: WorkflowSpec, actor: str, backend: InferenceBackend, run_dir: RunDir,
-                       call_actor: ActorCall) -> WeightSync:
+def choose_weight_sync(
+    spec: WorkflowSpec, actor: str, backend: InferenceBackend, run_dir: RunDir, call_actor: ActorCall
+) -> WeightSync:
     """The run's transport, from the workflow: the adapter where the policy (model `actor`)
     syncs as a LoRA adapter and the backend serves adapters, else `runtime.weight_sync`
     (`auto` resolved)."""
@@ -285,15 +297,21 @@ def choose_weight_sync(spec: WorkflowSpec, actor: str, backend: InferenceBackend
     lora = spec.models[actor].lora
     if adapter_sync(spec) and backend.lora_adapters and lora is not None:
         # the launcher colocates as the resolved setting says (`auto` on vLLM: as for memory)
-        return AdapterSync(call_actor, run_dir, backend, lora.r, lora.target_modules,
-                           kept=spec.runtime.max_staleness + 2, colocate=mode == "memory")
+        return AdapterSync(
+            call_actor,
+            run_dir,
+            backend,
+            lora.r,
+            lora.target_modules,
+            kept=spec.runtime.max_staleness + 2,
+            colocate=mode == "memory",
+        )
     if mode == "memory":
         return SharedMemorySync(call_actor, shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights"))
     return DiskSync(call_actor, run_dir)
 
 
 if TYPE_CHECKING:  # the type checker holds each transport to the protocol, and both clients to the target
-
     from areal_graph.engines.inference.client import InferenceClient, ServerPool
 
     def _transports(a: SharedMemorySync, b: DiskSync, c: AdapterSync, d: InProcessWeightSync) -> list[WeightSync]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -83,15 +83,18 @@ def check_encodable(batch: PackedBatch) -> None:
     for part in ("tokens", "seqs"):
         for key, t in getattr(batch, part).items():
             if t.dtype not in DTYPE_NAMES:
-                raise TypeError(f"{part} key {key!r} has dtype {t.dtype}, which cannot travel; allowed: {sorted(DTYPES)}")
+                raise TypeError(
+                    f"{part} key {key!r} has dtype {t.dtype}, which cannot travel; allowed: {sorted(DTYPES)}"
+                )
     for key, values in batch.meta.items():
         for i, v in enumerate(values):
             if not isinstance(v, str):
                 raise TypeError(f"meta {key!r}[{i}] is {type(v).__name__}, only str can travel")
 
 
-def encode_batch(batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 stats: dict[str, float] | None = None) -> Iterator[pb.BatchChunk]:
+def encode_batch(
+    batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES, stats: dict[str, float] | None = None
+) -> Iterator[pb.BatchChunk]:
     """The chunks of a whole batch, ending with a BatchEnd that carries counts for checking
     (and `stats`, a JSON object of numbers, when a node reports some)."""
     n_tensors = 0
@@ -109,8 +112,14 @@ def encode_batch(batch: PackedBatch, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
             yield chunk
     for key, values in batch.meta.items():
         yield from _encode_meta(key, values)
-    yield pb.BatchChunk(end=pb.BatchEnd(num_tensors=n_tensors, num_meta_keys=len(batch.meta), total_bytes=total,
-                                        stats_json=json.dumps(stats) if stats else ""))
+    yield pb.BatchChunk(
+        end=pb.BatchEnd(
+            num_tensors=n_tensors,
+            num_meta_keys=len(batch.meta),
+            total_bytes=total,
+            stats_json=json.dumps(stats) if stats else "",
+        )
+    )
 
 
 def _encode_meta(key: str, values: list[str]) -> Iterator[pb.BatchChunk]:
@@ -216,9 +225,7 @@ class BatchDecoder:
         if head is None or buf is None:
             return
         if self._filled != len(buf):
-            raise MalformedStream(
-                f"tensor {head.key!r}: received {self._filled} of {len(buf)} bytes (missing chunks)"
-            )
+            raise MalformedStream(f"tensor {head.key!r}: received {self._filled} of {len(buf)} bytes (missing chunks)")
         dtype = DTYPES[head.dtype]
         if len(buf):
             t = torch.frombuffer(buf, dtype=dtype).reshape(tuple(head.shape))

@@ -9,7 +9,8 @@ local traceback in the controller's log.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 
@@ -25,7 +26,6 @@ from areal_graph.runtime.rpc.tensor_codec import (
 )
 from areal_graph.runtime.rpc.worker_server import GRPC_OPTIONS, TOKEN_METADATA_KEY
 
-
 # Batches whose tensors are smaller than this go in one unary ExecuteOne message (no streams:
 # ~4x less per-call latency in Python gRPC, measured 4.9 -> ~1 ms); bigger ones are streamed
 # in chunks, so no message grows past what a stream chunk holds many times over.
@@ -34,7 +34,9 @@ ONE_MESSAGE_BYTES = 8 << 20
 
 def _tensor_bytes(batch: PackedBatch) -> int:
     """About what `batch` takes on the wire: tensor bytes plus the per-sequence strings."""
-    tensors = sum(t.numel() * t.element_size() for t in (batch.cu_seqlens, *batch.tokens.values(), *batch.seqs.values()))
+    tensors = sum(
+        t.numel() * t.element_size() for t in (batch.cu_seqlens, *batch.tokens.values(), *batch.seqs.values())
+    )
     return tensors + sum(len(str(v)) for values in batch.meta.values() for v in values)
 
 
@@ -55,8 +57,14 @@ class WorkerError(RuntimeError):
 
 
 class WorkerClient:
-    def __init__(self, address: str, token: str | None = None, timeout: float | None = 600.0,
-                 name: str | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        timeout: float | None = 600.0,
+        name: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
         """`address` is "host:port"; `timeout` (seconds) bounds every call, None for no deadline."""
         self.address = address
         self.name = name or address
@@ -76,8 +84,9 @@ class WorkerClient:
         return self.timeout if timeout is None else timeout
 
     # ------------------------------------------------------------------ API
-    def configure(self, name: str, impl: str, params: dict[str, Any] | None = None,
-                  timeout: float | None = None) -> None:
+    def configure(
+        self, name: str, impl: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> None:
         """Host `impl` ("module:Class", built with **params) under `name` on the worker."""
         req = pb.ConfigureRequest(name=name, impl=impl, params_json=json.dumps(params or {}))
         try:
@@ -87,23 +96,44 @@ class WorkerClient:
         if not reply.ok:
             raise WorkerError(self.name, name, f"__init__ ({impl})", reply.error)
 
-    def execute(self, impl: str, method: str, batch: PackedBatch, /, *, _step: int = 0, _version: int = 0,
-                _timeout: float | None = None, **args: Any) -> PackedBatch:
+    def execute(
+        self,
+        impl: str,
+        method: str,
+        batch: PackedBatch,
+        /,
+        *,
+        _step: int = 0,
+        _version: int = 0,
+        _timeout: float | None = None,
+        **args: Any,
+    ) -> PackedBatch:
         """Stream `batch` through `impl.method(batch, **args)` remotely; returns what it wrote."""
-        return self.execute_with_stats(impl, method, batch, _step=_step, _version=_version, _timeout=_timeout,
-                                       **args)[0]
+        return self.execute_with_stats(impl, method, batch, _step=_step, _version=_version, _timeout=_timeout, **args)[
+            0
+        ]
 
-    def execute_with_stats(self, impl: str, method: str, batch: PackedBatch, /, *, _step: int = 0,
-                           _version: int = 0, _timeout: float | None = None,
-                           **args: Any) -> tuple[PackedBatch, dict[str, float]]:
+    def execute_with_stats(
+        self,
+        impl: str,
+        method: str,
+        batch: PackedBatch,
+        /,
+        *,
+        _step: int = 0,
+        _version: int = 0,
+        _timeout: float | None = None,
+        **args: Any,
+    ) -> tuple[PackedBatch, dict[str, float]]:
         """`execute`, also returning the stats the method reported with its batch.
 
         The underscored keywords are the client's own (trace step/version recorded in the
         worker's span, a per-call deadline) so they never collide with a method's arguments.
         """
         check_encodable(batch)
-        header = pb.BatchChunk(header=pb.ExecuteHeader(impl=impl, method=method, step=_step, version=_version,
-                                                       args_json=json.dumps(args)))
+        header = pb.BatchChunk(
+            header=pb.ExecuteHeader(impl=impl, method=method, step=_step, version=_version, args_json=json.dumps(args))
+        )
 
         def requests() -> Iterator[pb.BatchChunk]:
             yield header
@@ -111,8 +141,9 @@ class WorkerClient:
 
         try:
             if _tensor_bytes(batch) < ONE_MESSAGE_BYTES:  # most node calls: one unary call
-                reply = self._stub.ExecuteOne(pb.BatchMessage(chunks=list(requests())),
-                                              timeout=self._timeout(_timeout), metadata=self._metadata)
+                reply = self._stub.ExecuteOne(
+                    pb.BatchMessage(chunks=list(requests())), timeout=self._timeout(_timeout), metadata=self._metadata
+                )
                 return decode_batch_and_stats(reply.chunks)
             replies = self._stub.Execute(requests(), timeout=self._timeout(_timeout), metadata=self._metadata)
             return decode_batch_and_stats(replies)
@@ -156,7 +187,7 @@ class WorkerClient:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "WorkerClient":
+    def __enter__(self) -> WorkerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -35,9 +35,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import psutil
@@ -79,8 +80,9 @@ def split_result(result: Any, batch: PackedBatch, where: str) -> tuple[PackedBat
     if result is None:
         result = PackedBatch(batch.cu_seqlens.clone())
     if not isinstance(result, PackedBatch):
-        raise TypeError(f"{where} returned {type(result).__name__}, expected PackedBatch, None "
-                        "or (PackedBatch, dict of stats)")
+        raise TypeError(
+            f"{where} returned {type(result).__name__}, expected PackedBatch, None or (PackedBatch, dict of stats)"
+        )
     return result, {str(k): float(v) for k, v in stats.items()}
 
 
@@ -90,11 +92,11 @@ def _short(text: str) -> str:
     return "...(truncated)...\n" + text[-MAX_ERROR_DETAILS:]
 
 
-
 def refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
     """End the call with `code`: grpc's `abort` raises, which its type stubs do not say."""
     context.abort(code, message)
     raise AssertionError("grpc's ServicerContext.abort returned")
+
 
 class WorkerService(pb_grpc.WorkerServicer):
     """The gRPC servicer: a registry of hosted implementations plus bookkeeping."""
@@ -124,7 +126,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         impl = self.impls.get(name)
         if impl is None:
             refuse(
-                context, grpc.StatusCode.NOT_FOUND,
+                context,
+                grpc.StatusCode.NOT_FOUND,
                 f"worker {self.name}: no implementation named {name!r}; configured: {sorted(self.impls)}",
             )
         return impl
@@ -133,15 +136,25 @@ class WorkerService(pb_grpc.WorkerServicer):
         impl = self._impl(impl_name, context)
         if method.startswith("_") or not callable(getattr(impl, method, None)):
             refuse(
-                context, grpc.StatusCode.NOT_FOUND,
+                context,
+                grpc.StatusCode.NOT_FOUND,
                 f"worker {self.name}: implementation {impl_name!r} ({type(impl).__name__}) "
                 f"has no public method {method!r}",
             )
         return getattr(impl, method)
 
     def _record(self, name: str, start: float, ok: bool, cat: str = "worker", **args: Any) -> None:
-        span = {"name": name, "cat": cat, "start": start, "end": time.time(), "worker": self.name,
-                "pid": os.getpid(), "tid": threading.get_ident(), "ok": ok, "args": args}
+        span = {
+            "name": name,
+            "cat": cat,
+            "start": start,
+            "end": time.time(),
+            "worker": self.name,
+            "pid": os.getpid(),
+            "tid": threading.get_ident(),
+            "ok": ok,
+            "args": args,
+        }
         with self._lock:
             self.calls += 1
             self.errors += 0 if ok else 1
@@ -165,15 +178,18 @@ class WorkerService(pb_grpc.WorkerServicer):
             self.impls[request.name] = cls(**params)
         except Exception:
             self._record(f"configure:{request.name}", start, ok=False, impl=request.impl)
-            text = _short(f"worker {self.name}: configuring {request.name!r} as {request.impl} failed\n"
-                          + traceback.format_exc())
+            text = _short(
+                f"worker {self.name}: configuring {request.name!r} as {request.impl} failed\n" + traceback.format_exc()
+            )
             log.error("%s", text)
             return pb.ConfigureReply(ok=False, error=text)
         self._record(f"configure:{request.name}", start, ok=True, impl=request.impl)
         log.info("configured %s = %s", request.name, request.impl)
         return pb.ConfigureReply(ok=True)
 
-    def Execute(self, request_iterator: Iterator[pb.BatchChunk], context: grpc.ServicerContext) -> Iterator[pb.BatchChunk]:
+    def Execute(
+        self, request_iterator: Iterator[pb.BatchChunk], context: grpc.ServicerContext
+    ) -> Iterator[pb.BatchChunk]:
         yield from self._execute(request_iterator, context)
 
     def ExecuteOne(self, request: pb.BatchMessage, context: grpc.ServicerContext) -> pb.BatchMessage:
@@ -211,9 +227,16 @@ class WorkerService(pb_grpc.WorkerServicer):
         # An Execute is the node's own work ("compute") unless its host says it mostly waits on
         # other processes (the rollout host waits on inference servers): the trace's overhead
         # accounting counts compute spans only.
-        self._record(where, start, ok=True, step=head.step, version=head.version, seqs=batch.num_seqs,
-                     tokens=batch.num_tokens, cat=getattr(fn.__self__, "span_category", "compute")
-                     if hasattr(fn, "__self__") else "compute")
+        self._record(
+            where,
+            start,
+            ok=True,
+            step=head.step,
+            version=head.version,
+            seqs=batch.num_seqs,
+            tokens=batch.num_tokens,
+            cat=getattr(fn.__self__, "span_category", "compute") if hasattr(fn, "__self__") else "compute",
+        )
         return chunks
 
     def Call(self, request: pb.CallRequest, context: grpc.ServicerContext) -> pb.CallReply:
@@ -244,10 +267,17 @@ class WorkerService(pb_grpc.WorkerServicer):
             if request.drain_spans:
                 self._spans = []
             # "now": this worker's clock, which stamps its spans (the controller's clock-offset probe)
-            stats = {"name": self.name, "pid": os.getpid(), "now": time.time(),
-                     "uptime_s": time.time() - self.started,
-                     "rss_bytes": _rss_bytes(), "calls": self.calls, "errors": self.errors,
-                     "impls": sorted(self.impls), "spans": list(spans)}
+            stats = {
+                "name": self.name,
+                "pid": os.getpid(),
+                "now": time.time(),
+                "uptime_s": time.time() - self.started,
+                "rss_bytes": _rss_bytes(),
+                "calls": self.calls,
+                "errors": self.errors,
+                "impls": sorted(self.impls),
+                "spans": list(spans),
+            }
         return pb.StatsReply(stats_json=json.dumps(stats))
 
     def Shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
@@ -264,8 +294,9 @@ def _rss_bytes() -> int:
         return -1
 
 
-def serve(name: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-          max_workers: int = 64) -> tuple[grpc.Server, WorkerService, int]:
+def serve(
+    name: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None, max_workers: int = 64
+) -> tuple[grpc.Server, WorkerService, int]:
     """Start a server in this process; returns (server, service, bound port). Used by tests too."""
     if not is_loopback(host) and not token:
         raise ValueError(
@@ -273,8 +304,9 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 0, token: str | None =
             "arbitrary implementations, so pass --token-env VAR with the shared secret in $VAR"
         )
     service = WorkerService(name, token=token)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"w-{name}"),
-                         options=GRPC_OPTIONS)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"w-{name}"), options=GRPC_OPTIONS
+    )
     pb_grpc.add_WorkerServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
@@ -298,8 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, help="write the bound port here (atomically)")
     parser.add_argument("--token-env", help="name of the environment variable holding the shared secret")
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
-    parser.add_argument("--max-workers", type=int, default=64,
-                        help="gRPC handler threads = the most concurrent calls this worker serves")
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=64,
+        help="gRPC handler threads = the most concurrent calls this worker serves",
+    )
     args = parser.parse_args(argv)
 
     prepare_worker_process(args.name)

@@ -9,10 +9,15 @@ from areal_graph.api.env_metrics import MAX_ENV_METRICS, env_metric_means
 
 
 def test_means_over_the_trajectories_that_report_each_name():
-    infos = [json.dumps({"metrics": {"turns": 2, "solved_first": False}}),
-             json.dumps({"metrics": {"turns": 1, "solved_first": True, "invalid moves": 3}}),
-             {"metrics": {"turns": 2}},  # a dict is read as well as the packed JSON
-             json.dumps({"prompt_id": "p1"}), None, "not json", json.dumps([1, 2])]
+    infos = [
+        json.dumps({"metrics": {"turns": 2, "solved_first": False}}),
+        json.dumps({"metrics": {"turns": 1, "solved_first": True, "invalid moves": 3}}),
+        {"metrics": {"turns": 2}},  # a dict is read as well as the packed JSON
+        json.dumps({"prompt_id": "p1"}),
+        None,
+        "not json",
+        json.dumps([1, 2]),
+    ]
     assert env_metric_means(infos) == {"env/invalid_moves": 3.0, "env/solved_first": 0.5, "env/turns": 5 / 3}
     assert env_metric_means(infos[:1], prefix="eval/env") == {"eval/env/solved_first": 0.0, "eval/env/turns": 2.0}
 

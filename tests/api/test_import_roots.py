@@ -62,8 +62,11 @@ def test_a_missing_module_says_where_it_looked_and_the_nearest_name(tmp_path, cl
         import_object("my_reward:two_turn_reward", what="fn")
     assert "no module named 'my_reward' (did you mean 'my_rewards'?)" in str(err.value)
     assert f"looked in the workflow's folder and python_path ({tmp_path})" in str(err.value)
-    with pytest.raises(ImportPathError, match=r"has no attribute 'two_turn_rewrad' \(did you mean "
-                                              r"'my_rewards:two_turn_reward'\?\)"):
+    with pytest.raises(
+        ImportPathError,
+        match=r"has no attribute 'two_turn_rewrad' \(did you mean "
+        r"'my_rewards:two_turn_reward'\?\)",
+    ):
         import_object("my_rewards:two_turn_rewrad", what="fn")
     assert import_object("my_rewards:two_turn_reward")("", "") == 1.0
 
@@ -78,6 +81,12 @@ def test_a_workflow_next_to_its_code_validates_from_any_folder(tmp_path, command
     """A fresh process, started elsewhere, with no PYTHONPATH: the workflow's folder is enough."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     args = [a.replace("OUT", str(tmp_path / "plots")) for a in command]
-    got = subprocess.run([sys.executable, "-m", "areal_graph.cli.main", args[0], str(TRY_AGAIN / "try_again.yaml"), *args[1:]],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    got = subprocess.run(
+        [sys.executable, "-m", "areal_graph.cli.main", args[0], str(TRY_AGAIN / "try_again.yaml"), *args[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert got.returncode == 0, got.stdout + got.stderr

@@ -23,20 +23,23 @@ def test_patterns_need_exactly_one_group():
     assert "not a regular expression" in pattern_problem("(")
 
 
-@pytest.mark.parametrize("reply, verdict, pattern, expected", [
-    ("Yes, the answer is right.", "yes_no", None, 1.0),
-    ("NO.", "yes_no", None, 0.0),
-    ("no... wait, yes", "yes_no", None, 0.0),  # the first verdict counts
-    ("yesterday it was fine", "yes_no", None, None),  # a word boundary: not a verdict
-    ("", "yes_no", None, None),
-    ("Verdict: CORRECT", "yes_no", r"Verdict: (\w+)", None),  # found, but neither yes nor no
-    ("I'd give it 7/10", "score", None, 0.7),
-    ("10", "score", None, 1.0),
-    ("11 out of 10", "score", None, None),  # outside the scale: unparsable, not clipped
-    ("-1", "score", None, None),
-    ("score: 2.5 (of 5)", "score", r"score: ([\d.]+)", 0.5),
-    ("no number here", "score", None, None),
-])
+@pytest.mark.parametrize(
+    "reply, verdict, pattern, expected",
+    [
+        ("Yes, the answer is right.", "yes_no", None, 1.0),
+        ("NO.", "yes_no", None, 0.0),
+        ("no... wait, yes", "yes_no", None, 0.0),  # the first verdict counts
+        ("yesterday it was fine", "yes_no", None, None),  # a word boundary: not a verdict
+        ("", "yes_no", None, None),
+        ("Verdict: CORRECT", "yes_no", r"Verdict: (\w+)", None),  # found, but neither yes nor no
+        ("I'd give it 7/10", "score", None, 0.7),
+        ("10", "score", None, 1.0),
+        ("11 out of 10", "score", None, None),  # outside the scale: unparsable, not clipped
+        ("-1", "score", None, None),
+        ("score: 2.5 (of 5)", "score", r"score: ([\d.]+)", 0.5),
+        ("no number here", "score", None, None),
+    ],
+)
 def test_verdicts(reply, verdict, pattern, expected):
     score_max = 5.0 if pattern and "score" in pattern else 10.0
     assert parse_verdict(reply, verdict, pattern, score_max) == expected

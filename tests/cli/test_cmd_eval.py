@@ -17,7 +17,6 @@ import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_eval
 from support.cli import parser_of
 
-
 parse = parser_of(cmd_eval, "eval")
 
 
@@ -40,8 +39,12 @@ def test_parser_defaults():
     assert (args.question_key, args.answer_key, args.json_out, args.rollout_class) == (None, None, None, None)
     assert args.func is cmd_eval.run
     conf = cmd_eval.settings(args, None)
-    assert (conf["max_new_tokens"], conf["reward"], conf["question_key"], conf["answer_key"]) == \
-        (64, "math_verify", "question", "answer")
+    assert (conf["max_new_tokens"], conf["reward"], conf["question_key"], conf["answer_key"]) == (
+        64,
+        "math_verify",
+        "question",
+        "answer",
+    )
 
 
 def test_no_data_and_no_workflow_is_a_usage_error(capsys):
@@ -49,12 +52,15 @@ def test_no_data_and_no_workflow_is_a_usage_error(capsys):
     assert "give --data FILE (or --workflow WORKFLOW.yaml with a data.eval)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["-k", "-1"], "-k must be >= 0 and --samples >= k (got -k -1, --samples None)"),
-    (["--samples", "0"], "-k must be >= 0 and --samples >= k (got -k 0, --samples 0)"),
-    (["-k", "3", "--samples", "2"], "(got -k 3, --samples 2)"),
-    (["--limit", "0"], "--limit must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["-k", "-1"], "-k must be >= 0 and --samples >= k (got -k -1, --samples None)"),
+        (["--samples", "0"], "-k must be >= 0 and --samples >= k (got -k 0, --samples 0)"),
+        (["-k", "3", "--samples", "2"], "(got -k 3, --samples 2)"),
+        (["--limit", "0"], "--limit must be >= 1, got 0"),
+    ],
+)
 def test_bad_counts_are_usage_errors_before_loading(tmp_path, capsys, argv, message):
     # the model does not exist: the checks answer before it is looked at
     assert cmd_eval.run(parse(str(tmp_path / "no_model"), "--data", "x.jsonl", *argv)) == 2
@@ -73,11 +79,17 @@ def test_model_without_tokenizer_is_exit_1(tiny_model_dir, kit, capsys):
     assert f"{tiny_model_dir} has no tokenizer" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("path,message", [
-    ("no_such_module_xyz:Agent", "--rollout-class: "),
-    ("collections:OrderedDict", "--rollout-class: rollout class 'collections:OrderedDict' is not a subclass of "
-                                "areal_graph.api.rollout.Rollout"),
-])
+@pytest.mark.parametrize(
+    "path,message",
+    [
+        ("no_such_module_xyz:Agent", "--rollout-class: "),
+        (
+            "collections:OrderedDict",
+            "--rollout-class: rollout class 'collections:OrderedDict' is not a subclass of "
+            "areal_graph.api.rollout.Rollout",
+        ),
+    ],
+)
 def test_bad_rollout_class_is_a_usage_error(tiny_model_dir, capsys, path, message):
     assert cmd_eval.run(parse(str(tiny_model_dir), "--data", "x.jsonl", "--rollout-class", path)) == 2
     err = capsys.readouterr().err
@@ -88,8 +100,25 @@ def test_bad_rollout_class_is_a_usage_error(tiny_model_dir, capsys, path, messag
 
 def test_small_real_eval_table_answers_and_json_agree(kit, tmp_path, capsys):
     out = tmp_path / "deep" / "result.json"
-    args = parse(str(kit / "model"), "--data", str(kit / "test.jsonl"), "--limit", "2", "--max-new-tokens", "4",
-                 "-k", "2", "--samples", "3", "--temperature", "0.7", "--show", "1", "--json", str(out))
+    args = parse(
+        str(kit / "model"),
+        "--data",
+        str(kit / "test.jsonl"),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "-k",
+        "2",
+        "--samples",
+        "3",
+        "--temperature",
+        "0.7",
+        "--show",
+        "1",
+        "--json",
+        str(out),
+    )
     assert cmd_eval.run(args) == 0
     captured = capsys.readouterr()
     result = json.loads(out.read_text())
@@ -108,14 +137,17 @@ def test_small_real_eval_table_answers_and_json_agree(kit, tmp_path, capsys):
     shown = [line for line in text.splitlines() if line[:1] in ("✓", "✗")]
     assert len(shown) == 1  # --show 1
     first = per[0]
-    assert shown[0].startswith(("✓" if first["greedy_correct"] else "✗") + f" {first['id']} (answer {first['answer']}, "
-                                                                          f"reward {first['greedy_reward']:g}):")
+    assert shown[0].startswith(
+        ("✓" if first["greedy_correct"] else "✗") + f" {first['id']} (answer {first['answer']}, "
+        f"reward {first['greedy_reward']:g}):"
+    )
     assert first["greedy_turns"] == [["assistant", first["greedy"]]]  # one turn after the prompt: the answer
 
 
 def test_greedy_only_has_no_pass_at_k_rows(kit, capsys):
-    args = parse(str(kit / "model"), "--data", str(kit / "test.jsonl"), "--limit", "1", "--max-new-tokens", "2",
-                 "--show", "0")
+    args = parse(
+        str(kit / "model"), "--data", str(kit / "test.jsonl"), "--limit", "1", "--max-new-tokens", "2", "--show", "0"
+    )
     assert cmd_eval.run(args) == 0
     text = capsys.readouterr().out
     assert re.search(r"│ problems\s+│\s+1 │", text)
@@ -139,8 +171,19 @@ def test_a_verl_parquet_file_is_evaluated_with_accuracy_per_source(kit, tmp_path
 
     _, test = write_verl_parquet(kit, tmp_path)
     out = tmp_path / "r.json"
-    args = parse(str(kit / "model"), "--data", str(test), "--limit", "4", "--max-new-tokens", "4", "--show", "0",
-                 "--json", str(out))
+    args = parse(
+        str(kit / "model"),
+        "--data",
+        str(test),
+        "--limit",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "--show",
+        "0",
+        "--json",
+        str(out),
+    )
     assert cmd_eval.run(args) == 0
     result = json.loads(out.read_text())
     assert [p["source"] for p in result["per_prompt"]] == [VERL_SOURCES[i % 2] for i in range(4)]

@@ -17,7 +17,6 @@ import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_init_model
 from support.cli import parser_of
 
-
 parse = parser_of(cmd_init_model, "init-model")
 
 
@@ -55,8 +54,11 @@ def test_a_builtin_reward_model_is_built_like_a_kit(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(reward_model, "ensure_reward_model", fake_ensure)
     assert cmd_init_model.run(parse("builtin:tiny-arith-rm")) == 0
-    assert re.search(rf"^tiny-arith-rm \(reward model\) ready in \d+\.\d s at {re.escape(str(tmp_path / 'rm'))}$",
-                     capsys.readouterr().err, re.M)
+    assert re.search(
+        rf"^tiny-arith-rm \(reward model\) ready in \d+\.\d s at {re.escape(str(tmp_path / 'rm'))}$",
+        capsys.readouterr().err,
+        re.M,
+    )
     assert cmd_init_model.run(parse("tiny-arith-rm", "--json")) == 0
     assert json.loads(capsys.readouterr().out) == {"name": "tiny-arith-rm"} and asked == ["tiny-arith-rm"] * 2
     assert cmd_init_model.run(parse("tiny-arith-rm", "--rebuild")) == 2
@@ -75,11 +77,16 @@ def test_shipped_kit_installs_then_is_cached_then_prints_json(tmp_path, capsys):
     assert (path / "model" / "config.json").is_file()
     assert all((path / "data" / f"{split}.jsonl").stat().st_size > 0 for split in ("train", "test"))
     assert re.search(rf"^tiny-arith installed \(shipped\) in \d+\.\d s at {re.escape(str(path))}$", err, re.M), err
-    assert (f"  model     {path / 'model'}  ({info['parameters'] / 1e6:.2f}M parameters, "
-            f"vocab {info['vocab_size']})") in err
-    assert f"  train     {path / 'data' / 'train.jsonl'}" in err and f"  test      {path / 'data' / 'test.jsonl'}" in err
-    assert (f"  warm start: greedy accuracy {info['warm_start_greedy_accuracy']:.1%} on {info['eval_prompts']} "
-            "test problems") in err
+    assert (
+        f"  model     {path / 'model'}  ({info['parameters'] / 1e6:.2f}M parameters, vocab {info['vocab_size']})"
+    ) in err
+    assert (
+        f"  train     {path / 'data' / 'train.jsonl'}" in err and f"  test      {path / 'data' / 'test.jsonl'}" in err
+    )
+    assert (
+        f"  warm start: greedy accuracy {info['warm_start_greedy_accuracy']:.1%} on {info['eval_prompts']} "
+        "test problems"
+    ) in err
     assert "installing the shipped tiny-arith warm start" in err  # a stage line from kit_progress
 
     assert cmd_init_model.run(parse("builtin:tiny-arith")) == 0  # the prefix is accepted
@@ -96,9 +103,18 @@ class FakeKits:
     def __init__(self, tmp_path, cached: bool, source: str = "recipe"):
         self.cached = cached
         self.calls: list[dict] = []
-        self.kit = builtin.Kit(tmp_path / "kit", {"source": source, "parameters": 1_234_567, "vocab_size": 300,
-                                                  "warm_start_greedy_accuracy": 0.5, "eval_prompts": 10,
-                                                  "timings": {"total_s": 99.4}, "built_on": "a test box"})
+        self.kit = builtin.Kit(
+            tmp_path / "kit",
+            {
+                "source": source,
+                "parameters": 1_234_567,
+                "vocab_size": 300,
+                "warm_start_greedy_accuracy": 0.5,
+                "eval_prompts": 10,
+                "timings": {"total_s": 99.4},
+                "built_on": "a test box",
+            },
+        )
 
     def load_kit(self, cfg, root=None):
         return self.kit if self.cached else None
@@ -109,12 +125,15 @@ class FakeKits:
         return self.kit
 
 
-@pytest.mark.parametrize("flags,cached,asked,how", [
-    ([], True, {"rebuild": False, "from_recipe": False}, "cached"),
-    ([], False, {"rebuild": False, "from_recipe": False}, "built from the recipe"),
-    (["--rebuild"], True, {"rebuild": True, "from_recipe": False}, "built from the recipe"),
-    (["--from-recipe"], True, {"rebuild": True, "from_recipe": True}, "built from the recipe"),
-])
+@pytest.mark.parametrize(
+    "flags,cached,asked,how",
+    [
+        ([], True, {"rebuild": False, "from_recipe": False}, "cached"),
+        ([], False, {"rebuild": False, "from_recipe": False}, "built from the recipe"),
+        (["--rebuild"], True, {"rebuild": True, "from_recipe": False}, "built from the recipe"),
+        (["--from-recipe"], True, {"rebuild": True, "from_recipe": True}, "built from the recipe"),
+    ],
+)
 def test_flags_reach_ensure_kit(monkeypatch, tmp_path, capsys, flags, cached, asked, how):
     fake = FakeKits(tmp_path, cached)
     monkeypatch.setattr(builtin, "load_kit", fake.load_kit)

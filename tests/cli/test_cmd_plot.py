@@ -14,8 +14,8 @@ import pytest
 from areal_graph.cli import cmd_plot
 from areal_graph.graph.dag import build_graph
 from areal_graph.graph.loader import load_workflow
-from support.paths import FIXTURES
 from support.cli import parser_of
+from support.paths import FIXTURES
 
 RUN_CONFIGS = sorted((FIXTURES / "trace_runs").glob("*/config.yaml"))
 
@@ -55,7 +55,9 @@ def test_run_config_is_drawn_with_the_graph_nodes_and_edges(config, tmp_path, ca
         assert f'"{u}" -> "{v}" [label="{", ".join(data["keys"])}"];' in dot
     for train, rollout in graph.graph["weight_update"]:
         assert f'"{train}" -> "{rollout}" [label="new weights (v+1)", style=dashed, constraint=false];' in dot
-    assert sum(" -> " in line for line in dot.splitlines()) == graph.number_of_edges() + len(graph.graph["weight_update"])
+    assert sum(" -> " in line for line in dot.splitlines()) == graph.number_of_edges() + len(
+        graph.graph["weight_update"]
+    )
 
     mmd = paths[1].read_text(encoding="utf-8").splitlines()
     assert mmd[0] == "flowchart TD"

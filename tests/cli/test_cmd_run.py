@@ -39,9 +39,11 @@ def local_paths(text: str, root: Path) -> str:
     (root / "model").mkdir(parents=True, exist_ok=True)
     for name in ("train.jsonl", "test.jsonl"):
         (root / name).touch()
-    return (text.replace("builtin:tiny-arith", str(root / "model"))
-            .replace("builtin:arith/train", str(root / "train.jsonl"))
-            .replace("builtin:arith/test", str(root / "test.jsonl")))
+    return (
+        text.replace("builtin:tiny-arith", str(root / "model"))
+        .replace("builtin:arith/train", str(root / "train.jsonl"))
+        .replace("builtin:arith/test", str(root / "test.jsonl"))
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +62,9 @@ class FakeRunner:
     """Stands in for run_with_auto_resume: records its call, returns `state` or raises `error`."""
 
     def __init__(self, state: RunState | None = None, error: Exception | None = None, resume_note=None):
-        self.state = state or RunState(step=3, trajectories_trained=48,
-                                       history=[{"eval/accuracy": 0.1}, {"eval/accuracy": 0.3}])
+        self.state = state or RunState(
+            step=3, trajectories_trained=48, history=[{"eval/accuracy": 0.1}, {"eval/accuracy": 0.3}]
+        )
         self.error = error
         self.resume_note = resume_note
         self.calls: list[dict] = []
@@ -94,12 +97,14 @@ def workflow(tmp_path):
 def finished_run(tmp_path):
     """A run directory as a run leaves it: the recorded config.yaml (local paths) and, with
     `checkpoint=True`, one complete checkpoint."""
+
     def make(checkpoint: bool) -> RunDir:
         run_dir = RunDir(tmp_path / "old_run")
         run_dir.write_text("config.yaml", local_paths((TRACE_RUN / "config.yaml").read_text(), tmp_path / "kit"))
         if checkpoint:
             run_dir.mark_checkpoint_complete(run_dir.checkpoint_dir(2))
         return run_dir
+
     return make
 
 
@@ -147,7 +152,8 @@ def test_fresh_run_writes_config_and_hands_the_overridden_spec_to_the_loop(runne
     config = (run_dir / "config.yaml").read_text()
     assert config.splitlines()[:2] == [
         f"# the workflow this run ran: {workflow} with runtime.steps=3 runtime.batch_size=16",
-        "# repeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>"]
+        "# repeat it: areal-graph run <this file>; continue it: areal-graph run --resume <run dir>",
+    ]
     # the config is the spec that ran: loading it back gives the same workflow
     assert dump_workflow(load_workflow(run_dir / "config.yaml")) == dump_workflow(spec)
     out = capsys.readouterr().out
@@ -258,8 +264,9 @@ def test_a_failure_before_any_process_names_no_files_it_never_wrote(monkeypatch,
 
 
 def test_resumable_failure_without_checkpoint_says_why_it_was_not_resumed(monkeypatch, workflow, tmp_path, capsys):
-    monkeypatch.setattr(orchestration_run, "run_with_auto_resume",
-                        FakeRunner(error=RunFailed("model worker died", resumable=True)))
+    monkeypatch.setattr(
+        orchestration_run, "run_with_auto_resume", FakeRunner(error=RunFailed("model worker died", resumable=True))
+    )
     assert cmd_run.run(parse(str(workflow), "--run-dir", str(tmp_path / "r"))) == 1
     out = capsys.readouterr().out
     assert "run failed: RunFailed: model worker died" in out

@@ -7,7 +7,6 @@ which also covers a missing MODEL_DIR, --max-running 0, 0.0.0.0 without a key an
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -43,18 +42,57 @@ def test_parser_defaults():
 
 def test_defaults_become_the_server_argv(server_main, tmp_path, capsys):
     assert cmd_serve.run(parse(str(tmp_path))) == 7  # the server's exit code is the command's
-    assert server_main == [["--model", str(tmp_path), "--host", "127.0.0.1", "--port", "30000",
-                            "--max-running", "64", "--max-queue", "1024", "--seed", "0", "--device", "cpu",
-                            "--dtype", "float32"]]
+    assert server_main == [
+        [
+            "--model",
+            str(tmp_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "30000",
+            "--max-running",
+            "64",
+            "--max-queue",
+            "1024",
+            "--seed",
+            "0",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
+    ]
     err = capsys.readouterr().err
     assert f"areal-graph serve {tmp_path} on http://127.0.0.1:30000 (max running 64); Ctrl-C stops" in err
 
 
 def test_every_option_reaches_the_server_and_reads_back_the_same(server_main, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VAR, "s3cret")
-    args = parse(str(tmp_path), "--host", "0.0.0.0", "--port", "0", "--max-running", "8", "--max-queue", "5",
-                 "--threads", "2", "--seed", "3", "--max-context", "256", "--api-key-env", KEY_VAR,
-                 "--dtype", "bfloat16", "--served-model-name", "policy", "--max-prompt-chars", "999")
+    args = parse(
+        str(tmp_path),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--max-running",
+        "8",
+        "--max-queue",
+        "5",
+        "--threads",
+        "2",
+        "--seed",
+        "3",
+        "--max-context",
+        "256",
+        "--api-key-env",
+        KEY_VAR,
+        "--dtype",
+        "bfloat16",
+        "--served-model-name",
+        "policy",
+        "--max-prompt-chars",
+        "999",
+    )
     assert cmd_serve.run(args) == 7
     [argv] = server_main
     assert argv[-2:] == ["--api-key-env", KEY_VAR] and "s3cret" not in argv  # the key's name, never the key
@@ -77,9 +115,17 @@ def test_port_out_of_range_is_a_usage_error(server_main, tmp_path, capsys, port)
     assert server_main == []
 
 
-@pytest.mark.parametrize("flag, value, least", [("--max-running", "0", 1), ("--max-queue", "-1", 0),
-                                               ("--threads", "0", 1), ("--threads", "-1", 1),
-                                               ("--max-context", "1", 2), ("--max-prompt-chars", "0", 1)])
+@pytest.mark.parametrize(
+    "flag, value, least",
+    [
+        ("--max-running", "0", 1),
+        ("--max-queue", "-1", 0),
+        ("--threads", "0", 1),
+        ("--threads", "-1", 1),
+        ("--max-context", "1", 2),
+        ("--max-prompt-chars", "0", 1),
+    ],
+)
 def test_counts_out_of_range_are_usage_errors_before_loading(server_main, tmp_path, capsys, flag, value, least):
     assert cmd_serve.run(parse(str(tmp_path), flag, value)) == 2
     assert f"{flag} must be >= {least}, got {value}" in capsys.readouterr().err

@@ -35,8 +35,9 @@ def test_costs_prints_each_fit_with_its_error_and_saves_the_model(run_dir, tmp_p
 
 
 def test_simulate_json_has_the_promised_keys_and_compares_with_trace_json(run_dir, capsys):
-    args = parser_of(cmd_simulate, "simulate")(str(run_dir / "config.yaml"), "--calibrate", str(run_dir), "--json",
-                                               "--seeds", "2")
+    args = parser_of(cmd_simulate, "simulate")(
+        str(run_dir / "config.yaml"), "--calibrate", str(run_dir), "--json", "--seeds", "2"
+    )
     assert cmd_simulate.run(args) == 0
     predicted = json.loads(capsys.readouterr().out)
     assert {"steps_window_s", "step_s_median", "staleness_mean", "busy"} <= set(predicted)
@@ -47,8 +48,9 @@ def test_simulate_json_has_the_promised_keys_and_compares_with_trace_json(run_di
 
 
 def test_simulate_says_where_it_extrapolates_and_what_changes(run_dir, capsys):
-    args = parser_of(cmd_simulate, "simulate")(str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=200",
-                                               "runtime.max_staleness=0", "--calibrate", str(run_dir))
+    args = parser_of(cmd_simulate, "simulate")(
+        str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=200", "runtime.max_staleness=0", "--calibrate", str(run_dir)
+    )
     assert cmd_simulate.run(args) == 0
     out = capsys.readouterr().out
     assert "steps window" in out and "extrapolates:" in out and "policy versions 0-" in out
@@ -58,8 +60,9 @@ def test_bad_input_is_a_message(run_dir, tmp_path, capsys):
     parse = parser_of(cmd_simulate, "simulate")
     assert cmd_simulate.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "--calibrate", str(tmp_path))) == 1
     assert "not a run directory with a trace.json" in capsys.readouterr().err
-    assert cmd_simulate.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.stepz=3", "--calibrate",
-                                  str(run_dir))) == 1
+    assert (
+        cmd_simulate.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.stepz=3", "--calibrate", str(run_dir))) == 1
+    )
     assert "stepz" in capsys.readouterr().err
     assert cmd_costs.run(parser_of(cmd_costs, "costs")(str(tmp_path / "none"))) == 1
     assert "no such run directory" in capsys.readouterr().err

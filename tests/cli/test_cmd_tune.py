@@ -23,8 +23,17 @@ def run_dir(tmp_path_factory):
 
 def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "240")
-    args = parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=40", "--calibrate", str(run_dir), "--top", "3",
-                 "--seeds", "1", "--json")
+    args = parse(
+        str(WORKFLOWS / "ppo_async.yaml"),
+        "runtime.steps=40",
+        "--calibrate",
+        str(run_dir),
+        "--top",
+        "3",
+        "--seeds",
+        "1",
+        "--json",
+    )
     assert cmd_tune.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["max_staleness_searched"] == 4 and len(out["best"]) == 3 and out["simulations"] > 50
@@ -34,8 +43,9 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     for cand in out["best"]:
         spec = load_workflow(WORKFLOWS / "ppo_async.yaml", ["runtime.steps=40", *cand["overrides"]])
         assert spec.runtime.max_staleness <= 4
-    args = parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=40", "--calibrate", str(run_dir), "--top", "2",
-                 "--seeds", "1")
+    args = parse(
+        str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=40", "--calibrate", str(run_dir), "--top", "2", "--seeds", "1"
+    )
     assert cmd_tune.run(args) == 0
     printed = capsys.readouterr().out
     assert "the best configurations, predicted" in printed and "use: areal-graph run" in printed

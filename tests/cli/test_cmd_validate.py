@@ -17,8 +17,8 @@ from areal_graph.cli import cmd_validate
 from areal_graph.graph.dag import build_graph
 from areal_graph.graph.loader import load_workflow
 from areal_graph.graph.plan import build_plan
-from support.paths import FIXTURES, WORKFLOWS
 from support.cli import parser_of
+from support.paths import FIXTURES, WORKFLOWS
 
 SHIPPED = sorted(WORKFLOWS.glob("*.yaml"))
 
@@ -80,13 +80,16 @@ def test_every_shipped_workflow_validates_with_its_counts(path, capsys):
     out = capsys.readouterr().out
     spec = load_workflow(path)
     graph = build_graph(spec)
-    assert out.splitlines()[0] == (f"OK {path}: workflow {spec.name}, {len(spec.nodes)} nodes, "
-                                   f"{graph.number_of_edges()} edges")
+    assert out.splitlines()[0] == (
+        f"OK {path}: workflow {spec.name}, {len(spec.nodes)} nodes, {graph.number_of_edges()} edges"
+    )
     for name, node in spec.nodes.items():
         assert row(out, name)[1] == node.kind
     rt = spec.runtime
-    assert (f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
-            f"{rt.steps} steps, backend {spec.inference.backend}") in out
+    assert (
+        f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
+        f"{rt.steps} steps, backend {spec.inference.backend}"
+    ) in out
 
 
 def test_tables_show_trained_frozen_and_fused(capsys):
@@ -108,8 +111,15 @@ def test_tables_show_trained_frozen_and_fused(capsys):
 
 
 def test_overrides_reach_the_summary(capsys):
-    args = parse(str(FIXTURES / "minimal.yaml"), "--set", "runtime.batch_size=8", "--set", "runtime.steps=3",
-                 "--set", "models.actor.train.lr=0.5")
+    args = parse(
+        str(FIXTURES / "minimal.yaml"),
+        "--set",
+        "runtime.batch_size=8",
+        "--set",
+        "runtime.steps=3",
+        "--set",
+        "models.actor.train.lr=0.5",
+    )
     assert cmd_validate.run(args) == 0
     out = capsys.readouterr().out
     assert "runtime: batch 8 trajectories/step, max staleness 2, 3 steps, backend embedded" in out
@@ -129,8 +139,11 @@ def test_print_problems_counts_and_prints_verbatim():
     buf = io.StringIO()
     console = Console(file=buf, width=200, color_system=None)
     cmd_validate.print_problems(console, Path("wf.yaml"), ["field 'x': got [a, b]", "[bold]not markup[/]"])
-    assert buf.getvalue().splitlines() == ["wf.yaml: 2 problem(s)", "  - field 'x': got [a, b]",
-                                           "  - [bold]not markup[/]"]
+    assert buf.getvalue().splitlines() == [
+        "wf.yaml: 2 problem(s)",
+        "  - field 'x': got [a, b]",
+        "  - [bold]not markup[/]",
+    ]
 
 
 def test_an_unknown_builtin_model_fails_validation(capsys):

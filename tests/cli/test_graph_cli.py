@@ -15,8 +15,9 @@ DATA = FIXTURES
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "areal_graph.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "areal_graph.cli.main", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_validate_good_file_subprocess():
@@ -24,12 +25,18 @@ def test_validate_good_file_subprocess():
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "OK" in text and "ppo_gae_critic" in text
-    for word in ("train_critic", "critic", "values", "returns", "new weights",
-                 "per prompt group (before the sample buffer): rollout -> reward",
-                 # the two train nodes live on different processes and depend only on advantages
-                 "per step of B trajectories: value -> advantage -> train_actor || train_critic",
-                 "fused: 'prox_logp' is not run; 'train_actor' takes its output from the training forward",
-                 "model-critic [value, train_critic]"):
+    for word in (
+        "train_critic",
+        "critic",
+        "values",
+        "returns",
+        "new weights",
+        "per prompt group (before the sample buffer): rollout -> reward",
+        # the two train nodes live on different processes and depend only on advantages
+        "per step of B trajectories: value -> advantage -> train_actor || train_critic",
+        "fused: 'prox_logp' is not run; 'train_actor' takes its output from the training forward",
+        "model-critic [value, train_critic]",
+    ):
         assert word in text, word
     assert "Traceback" not in out.stderr
 

@@ -14,15 +14,26 @@ PPO = WORKFLOWS / "ppo_async.yaml"
 
 
 def test_a_shipped_workflow_passes_with_its_server_arguments():
-    preflight(load_workflow(PPO, overrides=["inference.args.device=cpu", "inference.args.dtype=bfloat16",
-                                            "inference.args.served_model_name=actor"]))
+    preflight(
+        load_workflow(
+            PPO,
+            overrides=[
+                "inference.args.device=cpu",
+                "inference.args.dtype=bfloat16",
+                "inference.args.served_model_name=actor",
+            ],
+        )
+    )
 
 
-@pytest.mark.parametrize("override,fragment", [
-    ("inference.args.dtype=bf16", "argument --dtype: invalid choice: 'bf16'"),
-    ("inference.args.devize=cuda", "unrecognized arguments: --devize cuda"),
-    ("inference.args.max_prompt_chars=many", "argument --max-prompt-chars: invalid int value: 'many'"),
-])
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("inference.args.dtype=bf16", "argument --dtype: invalid choice: 'bf16'"),
+        ("inference.args.devize=cuda", "unrecognized arguments: --devize cuda"),
+        ("inference.args.max_prompt_chars=many", "argument --max-prompt-chars: invalid int value: 'many'"),
+    ],
+)
 def test_bad_inference_args_name_the_field_and_the_flag(override, fragment):
     with pytest.raises(ValueError) as err:
         preflight(load_workflow(PPO, overrides=[override]))
@@ -38,8 +49,11 @@ def test_megatron_without_its_package_says_how_to_install_it(monkeypatch):
     spec = load_workflow(PPO, overrides=["models.actor.backend=megatron", "models.actor.device=cuda"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "megatron" else real(name, *a))
-    with pytest.raises(ValueError, match=r"models.actor.backend: megatron needs the megatron-core package.*"
-                                         r"areal-graph\[megatron\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"models.actor.backend: megatron needs the megatron-core package.*"
+        r"areal-graph\[megatron\]",
+    ):
         preflight(spec)
 
 
@@ -48,14 +62,17 @@ def test_a_tracker_without_its_package_says_how_to_install_it(monkeypatch):
     before `run` makes its folder, never a run that silently tracks nothing."""
     spec = load_workflow(PPO, overrides=["runtime.loggers=[jsonl,tensorboard,wandb,mlflow]"])
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("wandb", "mlflow") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("wandb", "mlflow") else real(name, *a)
+    )
     with pytest.raises(ValueError) as err:
         preflight(spec)
-    assert str(err.value) == ("runtime.loggers: 'wandb' needs the wandb package, which is not installed here: "
-                              "pip install 'areal-graph[trackers]' (or: pip install wandb); "
-                              "runtime.loggers: 'mlflow' needs the mlflow package, which is not installed here: "
-                              "pip install 'areal-graph[trackers]' (or: pip install mlflow-skinny)")
+    assert str(err.value) == (
+        "runtime.loggers: 'wandb' needs the wandb package, which is not installed here: "
+        "pip install 'areal-graph[trackers]' (or: pip install wandb); "
+        "runtime.loggers: 'mlflow' needs the mlflow package, which is not installed here: "
+        "pip install 'areal-graph[trackers]' (or: pip install mlflow-skinny)"
+    )
     monkeypatch.setattr(importlib.util, "find_spec", real)
     if real("wandb") and real("mlflow"):  # installed (requirements-cpu.txt): nothing to say
         preflight(spec)
@@ -66,8 +83,11 @@ def test_vllm_on_a_cpu_refuses_the_kits_16_wide_heads_and_takes_64(tmp_path):
     used to fail only once a request reached the server ("Unsupported CPU attention")."""
     import json
 
-    with pytest.raises(ValueError, match=r"inference.backend: vLLM on a CPU .* this model's are 16 .*"
-                                         r"models.actor.path builtin:tiny-arith"):
+    with pytest.raises(
+        ValueError,
+        match=r"inference.backend: vLLM on a CPU .* this model's are 16 .*"
+        r"models.actor.path builtin:tiny-arith",
+    ):
         preflight(load_workflow(PPO, overrides=["inference.backend=vllm"]))
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2}))
     preflight(load_workflow(PPO, overrides=["inference.backend=vllm", f"models.actor.path={tmp_path}"]))
@@ -81,13 +101,23 @@ def test_every_path_problem_at_once_with_its_field(tmp_path):
     field, the nearest builtin name (validate used to stop at the first, and a missing folder
     passed it to fail in `run` with Hugging Face's "Repo id must be in the form ...")."""
     with pytest.raises(ValueError) as err:
-        preflight(load_workflow(PPO, overrides=["models.actor.path=builtin:tiny-arth", "data.train=builtin:arith/tran",
-                                                f"data.eval={tmp_path / 'test.jsonl'}"]))
+        preflight(
+            load_workflow(
+                PPO,
+                overrides=[
+                    "models.actor.path=builtin:tiny-arth",
+                    "data.train=builtin:arith/tran",
+                    f"data.eval={tmp_path / 'test.jsonl'}",
+                ],
+            )
+        )
     lines = str(err.value).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("models.actor.path: unknown builtin model 'builtin:tiny-arth'")
     assert lines[0].endswith("(did you mean builtin:tiny-arith?)")
-    assert lines[1].startswith("data.train: unknown builtin dataset") and "did you mean builtin:arith/train?" in lines[1]
+    assert (
+        lines[1].startswith("data.train: unknown builtin dataset") and "did you mean builtin:arith/train?" in lines[1]
+    )
     assert lines[2] == f"data.eval: {tmp_path / 'test.jsonl'} does not exist"
 
 

@@ -20,25 +20,37 @@ from support.ci import missing
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer(["What is 1 + 2? Let's think step by step", "You are a careful tutor."] * 20,
-                           vocab_size=300)
+    return train_tokenizer(["What is 1 + 2? Let's think step by step", "You are a careful tutor."] * 20, vocab_size=300)
 
 
 def verl_row(i: int, question: str, answer: str, source: str, system: bool = False) -> dict:
     messages = ([{"role": "system", "content": "You are a careful tutor."}] if system else []) + [
-        {"role": "user", "content": question + " Let's think step by step and output the final answer after \"####\"."}]
-    return {"data_source": source, "prompt": messages, "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": "train", "index": i, "answer": f"... #### {answer}"}}
+        {"role": "user", "content": question + ' Let\'s think step by step and output the final answer after "####".'}
+    ]
+    return {
+        "data_source": source,
+        "prompt": messages,
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": "train", "index": i, "answer": f"... #### {answer}"},
+    }
 
 
-ROWS = [verl_row(0, "What is 1 + 2?", "3", "openai/gsm8k"),
-        verl_row(1, "What is 2 + 2?", "4", "lighteval/MATH", system=True),
-        {"data_source": "openai/gsm8k", "prompt": [], "reward_model": {"ground_truth": "1"}},
-        {"data_source": "openai/gsm8k", "prompt": [{"role": "narrator", "content": "x"}],
-         "reward_model": {"ground_truth": "1"}},
-        {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 5 + 5?"}],
-         "reward_model": {"style": "rule"}}]
+ROWS = [
+    verl_row(0, "What is 1 + 2?", "3", "openai/gsm8k"),
+    verl_row(1, "What is 2 + 2?", "4", "lighteval/MATH", system=True),
+    {"data_source": "openai/gsm8k", "prompt": [], "reward_model": {"ground_truth": "1"}},
+    {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "narrator", "content": "x"}],
+        "reward_model": {"ground_truth": "1"},
+    },
+    {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": "What is 5 + 5?"}],
+        "reward_model": {"style": "rule"},
+    },
+]
 
 
 def pyarrow():
@@ -66,8 +78,9 @@ def test_verl_parquet_loads_with_no_configuration(tok, tmp_path):
     prompts, report = load_prompts(tmp_path / "train.parquet", tok)
     assert [(p.id, p.answer, p.source) for p in prompts] == [("0", "3", "openai/gsm8k"), ("1", "4", "lighteval/MATH")]
     # the conversation goes through the chat template as given, system turn included
-    assert prompts[0].text == tok.apply_chat_template([dict(m) for m in ROWS[0]["prompt"]], tokenize=False,
-                                                      add_generation_prompt=True)
+    assert prompts[0].text == tok.apply_chat_template(
+        [dict(m) for m in ROWS[0]["prompt"]], tokenize=False, add_generation_prompt=True
+    )
     assert prompts[1].text.count("You are a careful tutor.") == 1 and prompts[1].messages == tuple(ROWS[1]["prompt"])
     assert prompts[0].input_ids == tok(prompts[0].text, add_special_tokens=False).input_ids
     assert report.skipped == {"'prompt' is not a conversation": 2, "missing 'reward_model.ground_truth'": 1}
@@ -84,8 +97,9 @@ def test_a_template_applies_to_the_last_user_turn(tok, tmp_path):
 def test_explicit_keys_read_verl_rows_too_and_fields_layout_refuses_them(tok, tmp_path):
     path = tmp_path / "verl.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:2]))
-    explicit, _ = load_prompts(path, tok, question_key="prompt", answer_key="reward_model.ground_truth",
-                               layout="fields")
+    explicit, _ = load_prompts(
+        path, tok, question_key="prompt", answer_key="reward_model.ground_truth", layout="fields"
+    )
     auto, _ = load_prompts(path, tok)
     assert [p.text for p in explicit] == [p.text for p in auto] and len(auto) == 2
     prompts, report = load_prompts(path, tok, layout="fields")  # question / answer: not in these rows
@@ -111,9 +125,11 @@ def test_parquet_is_read_a_batch_at_a_time(tok, tmp_path, monkeypatch):
     """More rows than one record batch: every row arrives, in order, with its row number."""
     pa, pq = pyarrow()
     n = ARROW_BATCH_ROWS * 2 + 7
-    pq.write_table(pa.table({"question": [f"What is {i} + 1?" for i in range(n)],
-                             "answer": [str(i + 1) for i in range(n)]}), tmp_path / "big.parquet",
-                   row_group_size=500)
+    pq.write_table(
+        pa.table({"question": [f"What is {i} + 1?" for i in range(n)], "answer": [str(i + 1) for i in range(n)]}),
+        tmp_path / "big.parquet",
+        row_group_size=500,
+    )
     prompts, report = load_prompts(tmp_path / "big.parquet", tok)
     assert report.loaded == n and [p.answer for p in prompts[-2:]] == [str(n - 1), str(n)]
     assert prompts[-1].id == f"big:{n}"
@@ -139,8 +155,9 @@ def test_a_datasets_folder_written_by_save_to_disk(tok, tmp_path):
     assert [p.answer for p in prompts] == ["3", "4"] * 3 and report.total_skipped == 0
     assert {p.source for p in prompts} == {"openai/gsm8k", "lighteval/MATH"}
     # a DatasetDict: the error names its splits, and a split folder loads
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:2])}
-                         ).save_to_disk(str(tmp_path / "dict"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:2])}
+    ).save_to_disk(str(tmp_path / "dict"))
     with pytest.raises(DatasetError, match=r"several splits \((train, test|test, train)\): name one"):
         load_prompts(tmp_path / "dict", tok)
     assert load_prompts(tmp_path / "dict" / "test", tok)[1].loaded == 2

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from areal_graph.data.datasets import DatasetError, format_prompt, load_prompts, reference_answer
-from support.ci import missing
 from areal_graph.modelkit.tokenizer import train_tokenizer
+from support.ci import missing
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,13 @@ def write(path, lines):
 
 
 def test_rows_become_chat_prompts_with_ids(tok, tmp_path):
-    path = write(tmp_path / "d.jsonl", [json.dumps({"question": "What is 1 + 2?", "answer": "3"}),
-                                        json.dumps({"question": "What is 2 + 2?", "answer": 4, "id": "q2"})])
+    path = write(
+        tmp_path / "d.jsonl",
+        [
+            json.dumps({"question": "What is 1 + 2?", "answer": "3"}),
+            json.dumps({"question": "What is 2 + 2?", "answer": 4, "id": "q2"}),
+        ],
+    )
     prompts, report = load_prompts(path, tok)
     assert report.loaded == 2 and report.total_skipped == 0
     assert prompts[0].text == "<|bos|><|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
@@ -33,9 +38,12 @@ def test_rows_become_chat_prompts_with_ids(tok, tmp_path):
 
 
 def test_template_keys_and_gsm8k_answers(tok, tmp_path):
-    path = write(tmp_path / "gsm.jsonl", [json.dumps({"problem": "Natalia sold 48 clips.", "solution": "48/2 = 24\n#### 1,072"})])
-    prompts, _ = load_prompts(path, tok, prompt_template="{question}\nAnswer in \\boxed{{}}.",
-                              question_key="problem", answer_key="solution")
+    path = write(
+        tmp_path / "gsm.jsonl", [json.dumps({"problem": "Natalia sold 48 clips.", "solution": "48/2 = 24\n#### 1,072"})]
+    )
+    prompts, _ = load_prompts(
+        path, tok, prompt_template="{question}\nAnswer in \\boxed{{}}.", question_key="problem", answer_key="solution"
+    )
     assert "Natalia sold 48 clips.\nAnswer in \\boxed{}." in prompts[0].text
     assert prompts[0].answer == "1072"
     assert reference_answer(" -7 ") == "-7" and reference_answer("\\frac{1}{2}") == "\\frac{1}{2}"
@@ -46,10 +54,21 @@ def test_template_keys_and_gsm8k_answers(tok, tmp_path):
 def test_the_question_as_the_row_gives_it_beside_the_templated_prompt(tok, tmp_path):
     """`Prompt.question` is what an environment restates ("try again: ..."): no template, no chat
     markup; for a conversation, its last user message."""
-    path = write(tmp_path / "q.jsonl", [
-        json.dumps({"question": "What is 1 + 2?", "answer": "3"}),
-        json.dumps({"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}],
-                    "answer": "4"})])
+    path = write(
+        tmp_path / "q.jsonl",
+        [
+            json.dumps({"question": "What is 1 + 2?", "answer": "3"}),
+            json.dumps(
+                {
+                    "question": [
+                        {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "What is 2 + 2?"},
+                    ],
+                    "answer": "4",
+                }
+            ),
+        ],
+    )
     prompts, _ = load_prompts(path, tok, prompt_template="Q: {question}")
     assert [p.question for p in prompts] == ["What is 1 + 2?", "What is 2 + 2?"]
     assert "Q: What is 1 + 2?" in prompts[0].text and prompts[0].text.startswith("<|bos|><|im_start|>user")
@@ -64,23 +83,32 @@ def test_without_chat_template_the_raw_text_is_the_prompt(tok):
 
 def test_bad_rows_are_skipped_counted_and_named(tok, tmp_path, caplog):
     good = json.dumps({"question": "What is 1 + 2?", "answer": "3"})
-    path = write(tmp_path / "bad.jsonl", [
-        good,
-        "{not json",
-        json.dumps(["a list"]),
-        json.dumps({"question": "no answer"}),
-        json.dumps({"question": "", "answer": "1"}),
-        json.dumps({"question": 5, "answer": "1"}),
-        json.dumps({"question": "blank answer", "answer": "  "}),
-        "",
-        json.dumps({"question": "What is 1 + 2? " * 40, "answer": "3"}),
-        good,
-    ])
+    path = write(
+        tmp_path / "bad.jsonl",
+        [
+            good,
+            "{not json",
+            json.dumps(["a list"]),
+            json.dumps({"question": "no answer"}),
+            json.dumps({"question": "", "answer": "1"}),
+            json.dumps({"question": 5, "answer": "1"}),
+            json.dumps({"question": "blank answer", "answer": "  "}),
+            "",
+            json.dumps({"question": "What is 1 + 2? " * 40, "answer": "3"}),
+            good,
+        ],
+    )
     with caplog.at_level(logging.WARNING):
         prompts, report = load_prompts(path, tok, max_prompt_tokens=40)
     assert len(prompts) == 2 and report.loaded == 2
-    assert report.skipped == {"invalid JSON": 1, "not an object": 1, "missing 'answer'": 1,
-                              "empty or non-text 'question'": 2, "empty 'answer'": 1, "prompt too long": 1}
+    assert report.skipped == {
+        "invalid JSON": 1,
+        "not an object": 1,
+        "missing 'answer'": 1,
+        "empty or non-text 'question'": 2,
+        "empty 'answer'": 1,
+        "prompt too long": 1,
+    }
     assert report.examples[0].startswith("line 2: invalid JSON")
     assert "7 skipped" in str(report) and "bad.jsonl" in caplog.text
 
@@ -119,11 +147,13 @@ def test_hostile_rows_are_skipped_in_bounded_memory(tok, tmp_path, monkeypatch):
 
     monkeypatch.setattr(dataset_files, "MAX_ROW_BYTES", 64 << 10)
     good = json.dumps({"question": "What is 1 + 2?", "answer": "3"}).encode()
-    lines = [good,
-             b'{"question": "caf\xe9", "answer": "1"}',
-             b"[" * 20_000 + b"]" * 20_000,
-             b'{"question": "' + b"x" * (8 << 20) + b'", "answer": "1"}',
-             good]
+    lines = [
+        good,
+        b'{"question": "caf\xe9", "answer": "1"}',
+        b"[" * 20_000 + b"]" * 20_000,
+        b'{"question": "' + b"x" * (8 << 20) + b'", "answer": "1"}',
+        good,
+    ]
     path = tmp_path / "hostile.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     prompts, report = load_prompts(path, tok)

@@ -24,9 +24,13 @@ def test_each_source_checks_its_names_and_resolving_writes_its_rows(tmp_path, mo
     assert "did you mean 'leg_counting'" in generated.check("reasoning_gym:leg_countin")
     assert "did you mean 'Hangman-v0'" in generated.check("textarena:Hangmann-v0")
     monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path))
-    for spec, folder in (("reasoning_gym:leg_counting?size=3&seed=1", "reasoning_gym"),
-                         ("textarena:GuessTheNumber-v0?size=2&seed=1", "textarena")):
+    for spec, folder in (
+        ("reasoning_gym:leg_counting?size=3&seed=1", "reasoning_gym"),
+        ("textarena:GuessTheNumber-v0?size=2&seed=1", "textarena"),
+    ):
         path = resolve_dataset_path(spec)
         assert path.parent == tmp_path / folder
         rows = [json.loads(line) for line in path.read_text().splitlines()]
-        assert len(rows) == int(spec.split("size=")[1].split("&")[0]) and all(r["question"] and r["answer"] for r in rows)
+        assert len(rows) == int(spec.split("size=")[1].split("&")[0]) and all(
+            r["question"] and r["answer"] for r in rows
+        )

@@ -18,26 +18,46 @@ def lib():
     return optional("reasoning_gym", "pip install 'reasoning-gym>=0.1.25,<0.2' (in the dev extra)")
 
 
-@pytest.mark.parametrize("spec,parsed", [
-    ("reasoning_gym:basic_arithmetic", ("basic_arithmetic", {"size": rg.DEFAULT_SIZE, "seed": 0})),
-    ("reasoning_gym:leg_counting?size=20&seed=3", ("leg_counting", {"size": 20, "seed": 3})),
-    ("reasoning_gym:basic_arithmetic?size=5&min_terms=2&whitespace=single&allow_x=true&p=0.5&operators=+,-",
-     ("basic_arithmetic", {"size": 5, "seed": 0, "min_terms": 2, "whitespace": "single", "allow_x": True, "p": 0.5,
-                           "operators": ["+", "-"]})),
-    ("reasoning_gym:basic_arithmetic?operators=%2A", ("basic_arithmetic", {"size": rg.DEFAULT_SIZE, "seed": 0,
-                                                                          "operators": "*"})),
-])
+@pytest.mark.parametrize(
+    "spec,parsed",
+    [
+        ("reasoning_gym:basic_arithmetic", ("basic_arithmetic", {"size": rg.DEFAULT_SIZE, "seed": 0})),
+        ("reasoning_gym:leg_counting?size=20&seed=3", ("leg_counting", {"size": 20, "seed": 3})),
+        (
+            "reasoning_gym:basic_arithmetic?size=5&min_terms=2&whitespace=single&allow_x=true&p=0.5&operators=+,-",
+            (
+                "basic_arithmetic",
+                {
+                    "size": 5,
+                    "seed": 0,
+                    "min_terms": 2,
+                    "whitespace": "single",
+                    "allow_x": True,
+                    "p": 0.5,
+                    "operators": ["+", "-"],
+                },
+            ),
+        ),
+        (
+            "reasoning_gym:basic_arithmetic?operators=%2A",
+            ("basic_arithmetic", {"size": rg.DEFAULT_SIZE, "seed": 0, "operators": "*"}),
+        ),
+    ],
+)
 def test_specs_parse_with_typed_options(spec, parsed):
     assert rg.parse_spec(spec) == parsed
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("reasoning_gym:", "give a dataset"),
-    ("reasoning_gym:x?size=0", "size must be an integer in"),
-    ("reasoning_gym:x?size=many", "size must be an integer in"),
-    ("reasoning_gym:x?seed=1.5", "seed must be an integer"),
-    ("reasoning_gym:x?size", "options must look like"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("reasoning_gym:", "give a dataset"),
+        ("reasoning_gym:x?size=0", "size must be an integer in"),
+        ("reasoning_gym:x?size=many", "size must be an integer in"),
+        ("reasoning_gym:x?seed=1.5", "seed must be an integer"),
+        ("reasoning_gym:x?size", "options must look like"),
+    ],
+)
 def test_bad_specs_are_clear_errors(spec, message):
     with pytest.raises(rg.ReasoningGymError, match=message):
         rg.parse_spec(spec)
@@ -54,7 +74,9 @@ def test_an_unknown_dataset_or_option_is_named_with_the_nearest(lib):
 
 
 def test_list_options_reach_the_config(lib, tmp_path):
-    path = rg.materialize("reasoning_gym:basic_arithmetic?size=30&seed=1&operators=+,-&allow_parentheses=false", tmp_path)
+    path = rg.materialize(
+        "reasoning_gym:basic_arithmetic?size=30&seed=1&operators=+,-&allow_parentheses=false", tmp_path
+    )
     questions = [json.loads(line)["question"] for line in path.read_text().splitlines()]
     assert not any(c in q for q in questions for c in "*/()")
 
@@ -70,8 +92,10 @@ def test_without_the_package_the_error_is_the_pip_command(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_rg)
-    assert rg.check_spec("reasoning_gym:basic_arithmetic") == \
-        f"reasoning_gym: datasets need the reasoning-gym package: {rg.PIP}"
+    assert (
+        rg.check_spec("reasoning_gym:basic_arithmetic")
+        == f"reasoning_gym: datasets need the reasoning-gym package: {rg.PIP}"
+    )
 
 
 def test_rows_are_generated_once_the_same_and_load_as_prompts(lib, tmp_path):

@@ -29,4 +29,7 @@ def test_worked_solutions_reach_reasoning_gyms_answers(seed):
 def test_what_is_not_a_chain_is_refused():
     assert teacher.worked_solution("What is 2 * 3?") is None
     assert teacher.worked_solution("Solve 4.") is None
-    assert teacher.worked_solution("Compute 9 + 8 + 10.") == ("9 + 8 = 17\n17 + 10 = 27\nThe answer is \\boxed{27}.", 27)
+    assert teacher.worked_solution("Compute 9 + 8 + 10.") == (
+        "9 + 8 = 17\n17 + 10 = 27\nThe answer is \\boxed{27}.",
+        27,
+    )

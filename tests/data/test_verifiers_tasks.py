@@ -12,14 +12,25 @@ from areal_graph.workflows.rollout import verifiers_runner
 
 def test_a_spec_names_the_taskset_its_size_env_and_config_fields():
     spec = verifiers_tasks.parse_spec("verifiers:vf_arith?size=12&seed=3&split=test&hard=true&env=my_env")
-    assert spec == {"taskset": "vf_arith", "env": "my_env", "size": 12,
-                    "options": {"seed": 3, "split": "test", "hard": True}}
+    assert spec == {
+        "taskset": "vf_arith",
+        "env": "my_env",
+        "size": 12,
+        "options": {"seed": 3, "split": "test", "hard": True},
+    }
     assert verifiers_tasks.parse_spec("verifiers:vf_arith")["size"] == 1000
     assert generated.source_of("verifiers:vf_arith") is verifiers_tasks
 
 
-@pytest.mark.parametrize("spec, says", [("verifiers:", "name a taskset"), ("verifiers:x?size=0", "size must be"),
-                                        ("verifiers:x?size=ten", "integer"), ("verifiers:x?seed", "not key=value")])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("verifiers:", "name a taskset"),
+        ("verifiers:x?size=0", "size must be"),
+        ("verifiers:x?size=ten", "integer"),
+        ("verifiers:x?seed", "not key=value"),
+    ],
+)
 def test_a_bad_spec_says_what_is_wrong(spec, says):
     with pytest.raises(verifiers_tasks.VerifiersError, match=says):
         verifiers_tasks.parse_spec(spec)
@@ -43,7 +54,9 @@ def test_the_shipped_examples_are_on_the_runners_path(monkeypatch):
 
 def test_every_seat_gets_the_in_process_harness_and_untrained_seats_the_policy_unrecorded():
     given = {"user": {"max_turns": 4}, "judge": {"client": {"base_url": "http://judge/v1"}, "model": "big"}}
-    out = verifiers_runner._seat_defaults(given, ["assistant", "user", "judge"], "assistant", "http://proxy/untrained/v1")
+    out = verifiers_runner._seat_defaults(
+        given, ["assistant", "user", "judge"], "assistant", "http://proxy/untrained/v1"
+    )
     assert out["assistant"] == {"harness": {"id": "areal_chat"}, "runtime": {"type": "subprocess"}}
     assert out["user"]["max_turns"] == 4 and out["user"]["client"]["base_url"] == "http://proxy/untrained/v1"
     assert out["judge"]["client"] == {"base_url": "http://judge/v1"} and out["judge"]["model"] == "big"

@@ -19,7 +19,6 @@ import json
 import pytest
 
 from areal_graph.modelkit.builtin import BUILTIN_KITS, ensure_kit
-
 from support.e2e import read_metrics, run_cli
 from support.paths import WORKFLOWS
 
@@ -32,10 +31,18 @@ def learns(kit, tmp_path, steps: int) -> None:
     # the warm start answers hastily under greedy decoding: there is something for RL to fix
     assert info["warm_start_greedy_accuracy"] <= 0.35, info["warm_start_greedy_accuracy"]
     run_dir = tmp_path / "run"
-    proc = run_cli(WORKFLOWS / "ppo_async.yaml", run_dir,
-                   f"models.actor.path={kit.model_dir}", f"data.train={kit.data_path('train')}",
-                   f"data.eval={kit.data_path('test')}", f"data.eval_size={PROBLEMS}", f"runtime.steps={steps}",
-                   f"runtime.eval_every={steps}", "runtime.save_every=0", timeout=600)
+    proc = run_cli(
+        WORKFLOWS / "ppo_async.yaml",
+        run_dir,
+        f"models.actor.path={kit.model_dir}",
+        f"data.train={kit.data_path('train')}",
+        f"data.eval={kit.data_path('test')}",
+        f"data.eval_size={PROBLEMS}",
+        f"runtime.steps={steps}",
+        f"runtime.eval_every={steps}",
+        "runtime.save_every=0",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     accs = [m["eval/accuracy"] for m in read_metrics(run_dir) if "eval/accuracy" in m]
     built = json.dumps({k: info.get(k) for k in ("source", "warm_start_greedy_accuracy", "built_on", "timings")})

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from areal_graph.modelkit.builtin import BUILTIN_KITS, ensure_kit
-
 from support.e2e import read_metrics, run_cli
 from support.paths import WORKFLOWS
 
@@ -23,16 +22,31 @@ def kit(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workflow,extra", [("gspo.yaml", ()), ("cispo.yaml", ()),
-                                            ("ppo_async.yaml", ("nodes.train.is_correction=icepop",)),
-                                            ("ppo_async.yaml", ("nodes.train.is_correction=token_mask",))],
-                         ids=["gspo", "cispo", "icepop", "token_mask"])
+@pytest.mark.parametrize(
+    "workflow,extra",
+    [
+        ("gspo.yaml", ()),
+        ("cispo.yaml", ()),
+        ("ppo_async.yaml", ("nodes.train.is_correction=icepop",)),
+        ("ppo_async.yaml", ("nodes.train.is_correction=token_mask",)),
+    ],
+    ids=["gspo", "cispo", "icepop", "token_mask"],
+)
 def test_loss_variant_learns_in_40_steps(kit, tmp_path, workflow, extra):
     run_dir = tmp_path / "run"
-    proc = run_cli(WORKFLOWS / workflow, run_dir, f"models.actor.path={kit.model_dir}",
-                   f"data.train={kit.data_path('train')}", f"data.eval={kit.data_path('test')}",
-                   "data.eval_size=200", f"runtime.steps={STEPS}", f"runtime.eval_every={STEPS}",
-                   "runtime.save_every=0", *extra, timeout=600)
+    proc = run_cli(
+        WORKFLOWS / workflow,
+        run_dir,
+        f"models.actor.path={kit.model_dir}",
+        f"data.train={kit.data_path('train')}",
+        f"data.eval={kit.data_path('test')}",
+        "data.eval_size=200",
+        f"runtime.steps={STEPS}",
+        f"runtime.eval_every={STEPS}",
+        "runtime.save_every=0",
+        *extra,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = read_metrics(run_dir)
     accs = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]

@@ -22,7 +22,6 @@ from support.paths import FIXTURES, REPO, child_env
 from support.tiny_models import save_random_classifier
 
 
-
 # eta 2 by default (the async path; Ray's test runs grpo_sync); eta 0 with `make test-slow`
 @pytest.mark.parametrize("eta", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
@@ -74,8 +73,19 @@ def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
 def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
     wf = write_workflow(kit, tmp_path)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir),
-           *SMALL, "runtime.steps=200", "runtime.save_every=0", "runtime.eval_every=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(wf),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        "runtime.steps=200",
+        "runtime.save_every=0",
+        "runtime.eval_every=0",
+    ]
     env = child_env()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -106,8 +116,10 @@ def test_killed_worker_is_reported_and_run_stops(kit, tmp_path):
 
 
 # one victim by default (the rollout worker); the others, ~25 s each, with `make test-slow`
-@pytest.mark.parametrize("victim", [pytest.param("reward", marks=pytest.mark.slow), "rollout",
-                                    pytest.param("inference-0", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "victim",
+    [pytest.param("reward", marks=pytest.mark.slow), "rollout", pytest.param("inference-0", marks=pytest.mark.slow)],
+)
 def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path, victim):
     """Fault injection: SIGKILL a stateless process mid-run. It is restarted (the server on the
     current weights), the calls that died with it are redone, and the run finishes every step
@@ -115,8 +127,20 @@ def test_a_dead_stateless_process_is_restarted_and_nothing_is_lost(kit, tmp_path
     wf = write_workflow(kit, tmp_path)
     run_dir = tmp_path / "run"
     steps, eta, batch = 10, 2, 8
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
-           f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.save_every=0", "runtime.eval_every=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(wf),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        f"runtime.steps={steps}",
+        f"runtime.max_staleness={eta}",
+        "runtime.save_every=0",
+        "runtime.eval_every=0",
+    ]
     env = child_env(COLUMNS="400")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -146,8 +170,20 @@ def test_a_dead_model_worker_resumes_the_run_from_its_last_checkpoint(kit, tmp_p
     wf = write_workflow(kit, tmp_path)
     run_dir = tmp_path / "run"
     steps, eta = 8, 2
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
-           f"runtime.steps={steps}", f"runtime.max_staleness={eta}", "runtime.save_every=2", "runtime.eval_every=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(wf),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        f"runtime.steps={steps}",
+        f"runtime.max_staleness={eta}",
+        "runtime.save_every=2",
+        "runtime.eval_every=0",
+    ]
     env = child_env(COLUMNS="400")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -220,8 +256,7 @@ def test_shipped_workflow_improves_tiny_arith_accuracy(tmp_path, workflow):
     resolve_model_path("builtin:tiny-arith")  # the one-off kit build is not part of the 10 minutes
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
-    proc = run_cli(REPO / "workflows" / workflow, run_dir, "data.eval_size=500", "runtime.eval_every=1000",
-                   timeout=900)
+    proc = run_cli(REPO / "workflows" / workflow, run_dir, "data.eval_size=500", "runtime.eval_every=1000", timeout=900)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     accs = [m["eval/accuracy"] for m in read_metrics(run_dir) if "eval/accuracy" in m]
@@ -275,8 +310,13 @@ def test_reference_and_proximal_logprobs_overlap_on_their_processes(kit, tmp_pat
 def test_dapo_workflow_drops_uniform_groups_and_trains(kit, tmp_path):
     wf = write_workflow(kit, tmp_path, "dapo.yaml")
     run_dir = tmp_path / "run"
-    proc = run_cli(wf, run_dir, *[o for o in SMALL if not o.startswith("nodes.reward")],
-                   "nodes.correct.fn=support.e2e_rewards:length_parity", "runtime.steps=4")
+    proc = run_cli(
+        wf,
+        run_dir,
+        *[o for o in SMALL if not o.startswith("nodes.reward")],
+        "nodes.correct.fn=support.e2e_rewards:length_parity",
+        "runtime.steps=4",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "time/step" in m]
@@ -297,10 +337,16 @@ def test_a_reward_model_scores_beside_the_rule_reward(kit, tmp_path):
 
     rm = save_random_classifier(tmp_path / "rm", AutoTokenizer.from_pretrained(kit / "model"))
     wf = write_workflow(kit, tmp_path, "ppo_reward_model.yaml")
-    wf.write_text(wf.read_text().replace(f"{kit / 'model'}-rm", str(rm)))  # write_workflow made builtin:tiny-arith ...-rm
+    wf.write_text(
+        wf.read_text().replace(f"{kit / 'model'}-rm", str(rm))
+    )  # write_workflow made builtin:tiny-arith ...-rm
     run_dir = tmp_path / "run"
-    proc = run_cli(wf, run_dir, *[o for o in SMALL if not o.startswith("nodes.reward")],
-                   "nodes.rule.fn=support.e2e_rewards:length_parity")
+    proc = run_cli(
+        wf,
+        run_dir,
+        *[o for o in SMALL if not o.startswith("nodes.reward")],
+        "nodes.rule.fn=support.e2e_rewards:length_parity",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "time/step" in m]
@@ -325,14 +371,19 @@ def test_lora_trains_adapters_and_syncs_only_them(kit, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir) if "time/step" in m]
     full = (kit / "model" / "model.safetensors").stat().st_size
-    assert len(steps) == 3 and all(0 < m["weight_sync/bytes"] < full / 5 for m in steps), \
-        ([m["weight_sync/bytes"] for m in steps], full)
+    assert len(steps) == 3 and all(0 < m["weight_sync/bytes"] < full / 5 for m in steps), (
+        [m["weight_sync/bytes"] for m in steps],
+        full,
+    )
     assert all(m["train/mismatch/fresh/abs_max"] < 1e-4 for m in steps)
     from safetensors.torch import load_file
 
-    final, init = load_file(str(run_dir / "final_model" / "model.safetensors")), load_file(
-        str(kit / "model" / "model.safetensors"))
+    final, init = (
+        load_file(str(run_dir / "final_model" / "model.safetensors")),
+        load_file(str(kit / "model" / "model.safetensors")),
+    )
     changed = {k for k in init if not torch.equal(final[k], init[k])}
-    assert changed and all(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))
-                           for k in changed)  # only the adapted weights moved
+    assert changed and all(
+        k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in changed
+    )  # only the adapted weights moved
     assert (run_dir / "final_model" / "adapter" / "adapter_config.json").exists()

@@ -14,9 +14,15 @@ import torch
 
 from support.e2e import read_metrics, run_cli, write_workflow
 
-SMALL = ["runtime.batch_size=8", "nodes.rollout.group_size=4", "nodes.rollout.sampling.max_new_tokens=12",
-         "runtime.eval_every=0", "runtime.max_tokens_per_microbatch=256", "runtime.max_staleness=1",
-         "nodes.reward.fn=support.e2e_rewards:length_parity"]
+SMALL = [
+    "runtime.batch_size=8",
+    "nodes.rollout.group_size=4",
+    "nodes.rollout.sampling.max_new_tokens=12",
+    "runtime.eval_every=0",
+    "runtime.max_tokens_per_microbatch=256",
+    "runtime.max_staleness=1",
+    "nodes.reward.fn=support.e2e_rewards:length_parity",
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,7 @@ def test_ppo_gae_critic_trains_the_critic(kit, critic_run):  # noqa: F811
     assert head["weight"].abs().sum() > 0  # the head starts at zero
     backbone = load_file(str(critic_dir / "model.safetensors"))
     init = load_file(str(kit / "model" / "model.safetensors"))
-    assert set(backbone) == {k[len("model."):] for k in init if k.startswith("model.")}
+    assert set(backbone) == {k[len("model.") :] for k in init if k.startswith("model.")}
     assert any(not torch.equal(backbone[k], init["model." + k]) for k in backbone)
 
 

@@ -20,8 +20,13 @@ def numbers_by_step(metrics: list[dict]) -> dict[int, dict[str, float]]:
     """metrics.jsonl's numbers per step, lines of the same step merged (an evaluation is a line of its own)."""
     out: dict[int, dict[str, float]] = {}
     for line in metrics:
-        out.setdefault(line["step"], {}).update({k: float(v) for k, v in line.items() if k not in ("step", "time")
-                                                 and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        out.setdefault(line["step"], {}).update(
+            {
+                k: float(v)
+                for k, v in line.items()
+                if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+        )
     return out
 
 
@@ -30,9 +35,13 @@ def test_a_run_with_every_logger_writes_the_same_steps_to_each(kit, tmp_path, mo
     for package in ("wandb", "mlflow"):
         if importlib.util.find_spec(package) is None:
             missing(package, "pip install 'areal-graph[trackers]'")
-    for var, value in {"WANDB_SILENT": "true", "WANDB_MODE": "offline", "WANDB_BASE_URL": "http://127.0.0.1:9",
-                       "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-                       "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache")}.items():
+    for var, value in {
+        "WANDB_SILENT": "true",
+        "WANDB_MODE": "offline",
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+    }.items():
         monkeypatch.setenv(var, value)  # the run's processes inherit them (support.paths.child_env)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     wf = write_workflow(kit, tmp_path)

@@ -15,10 +15,34 @@ from support.paths import child_env
 
 def test_tune_calibrates_searches_and_verifies(kit, tmp_path):
     wf = write_workflow(kit, tmp_path)
-    small = ["runtime.batch_size=8", "nodes.rollout.group_size=4", "runtime.max_concurrent_rollouts=16",
-             "nodes.rollout.sampling.max_new_tokens=16", "data.eval_size=8", "runtime.steps=6"]
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "tune", str(wf), *small, "--calibration-steps", "10",
-           "--verify", "--verify-steps", "4", "--top", "2", "--seeds", "1", "--work-dir", str(tmp_path / "tune"), "--json"]
+    small = [
+        "runtime.batch_size=8",
+        "nodes.rollout.group_size=4",
+        "runtime.max_concurrent_rollouts=16",
+        "nodes.rollout.sampling.max_new_tokens=16",
+        "data.eval_size=8",
+        "runtime.steps=6",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "tune",
+        str(wf),
+        *small,
+        "--calibration-steps",
+        "10",
+        "--verify",
+        "--verify-steps",
+        "4",
+        "--top",
+        "2",
+        "--seeds",
+        "1",
+        "--work-dir",
+        str(tmp_path / "tune"),
+        "--json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=child_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(proc.stdout)

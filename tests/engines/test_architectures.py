@@ -19,16 +19,35 @@ from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.engines.training.train_engine import TrainEngine
 
 VOCAB = 96
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 
 def _llama3():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(num_key_value_heads=2, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}, **COMMON))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            num_key_value_heads=2,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            **COMMON,
+        )
+    )
 
 
 def _build(name: str) -> torch.nn.Module:
@@ -43,19 +62,34 @@ def _build(name: str) -> torch.nn.Module:
         "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, sliding_window=16, **kv, **COMMON)),
         "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(head_dim=8, sliding_window=16, **kv, **COMMON)),
         "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**kv, **COMMON)),
-        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
-                                                       n_positions=128, bos_token_id=1, eos_token_id=2)),
+        "gpt2": lambda: T.GPT2LMHeadModel(
+            T.GPT2Config(
+                vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2
+            )
+        ),
         "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**COMMON)),
         "olmo2": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**kv, **COMMON)),
-        "qwen3_moe": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(head_dim=8, num_experts=4, num_experts_per_tok=2,
-                                                                    moe_intermediate_size=16, **kv, **COMMON)),
+        "qwen3_moe": lambda: T.Qwen3MoeForCausalLM(
+            T.Qwen3MoeConfig(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, **kv, **COMMON)
+        ),
     }
     torch.manual_seed(sum(map(ord, name)))
     return builders[name]().eval()
 
 
-ARCHITECTURES = ["qwen2", "qwen3", "llama3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", "gpt_neox", "olmo2",
-                 "qwen3_moe"]
+ARCHITECTURES = [
+    "qwen2",
+    "qwen3",
+    "llama3",
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "olmo2",
+    "qwen3_moe",
+]
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
 NEW = 6
 
@@ -76,8 +110,9 @@ def test_served_greedy_ids_and_logprobs_equal_transformers(arch):
         eng.stop()
     for prompt, out in zip(PROMPTS, outs):
         with torch.no_grad():
-            want = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                                  eos_token_id=None)[0, len(prompt):].tolist()
+            want = model.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None
+            )[0, len(prompt) :].tolist()
             full = torch.tensor([prompt + out.output_ids])
             lp = torch.log_softmax(model(input_ids=full).logits[0].float(), -1)
         assert out.output_ids == want, arch

@@ -28,8 +28,15 @@ from areal_graph.engines.inference.lean_forward import unsupported_reason as inf
 from areal_graph.engines.lean_family import STATIC_ROPE, SUPPORTED, family_reason
 from areal_graph.engines.training.lean_train import unsupported_reason as training_reason
 
-COMMON = dict(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
+COMMON = dict(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 FAMILY = sorted(SUPPORTED)
 
 
@@ -57,10 +64,18 @@ IN_FAMILY = {
     "llama": lambda: build(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=False),
     "llama-rope-linear": lambda: llama_rope({"rope_type": "linear", "factor": 2.0}),
     "llama-rope-yarn": lambda: llama_rope({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
-    "llama-rope-llama3": lambda: llama_rope({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-    "qwen2-sliding-window-off": lambda: build(Qwen2ForCausalLM, Qwen2Config, use_sliding_window=False,
-                                                 sliding_window=4),
+    "llama-rope-llama3": lambda: llama_rope(
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
+    ),
+    "qwen2-sliding-window-off": lambda: build(
+        Qwen2ForCausalLM, Qwen2Config, use_sliding_window=False, sliding_window=4
+    ),
 }
 
 
@@ -87,22 +102,46 @@ def test_another_architecture_is_named_with_the_family():
     assert family_reason(mistral) == f"architecture MistralForCausalLM is not in the lean family {FAMILY}"
     # the architecture is what is reported even when its configuration would be excluded too
     assert family_reason(build(MistralForCausalLM, MistralConfig, hidden_act="gelu")).startswith(
-        "architecture MistralForCausalLM")
+        "architecture MistralForCausalLM"
+    )
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda: build(Qwen2ForCausalLM, Qwen2Config, use_sliding_window=True, sliding_window=8, max_window_layers=1),
-     "sliding-window layers"),
-    (lambda: build(Qwen3ForCausalLM, Qwen3Config, layer_types=["full_attention", "sliding_attention"],
-                   sliding_window=8), "sliding-window layers"),
-    (lambda: build(Qwen2ForCausalLM, Qwen2Config, hidden_act="gelu"), "MLP activation 'gelu'"),
-    (lambda: build(LlamaForCausalLM, LlamaConfig, hidden_act="relu"), "MLP activation 'relu'"),
-    (lambda: build(LlamaForCausalLM, LlamaConfig, pretraining_tp=2), "pretraining_tp > 1"),
-    (lambda: llama_rope({"rope_type": "dynamic", "factor": 2.0}),
-     "rope type 'dynamic' (its frequencies change with the sequence length)"),
-    (lambda: llama_rope({"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-                         "original_max_position_embeddings": 16}), "rope type 'longrope'"),
-], ids=["qwen2-sliding-layers", "qwen3-layer-types", "gelu", "relu", "pretraining-tp", "dynamic-rope", "longrope"])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (
+            lambda: build(
+                Qwen2ForCausalLM, Qwen2Config, use_sliding_window=True, sliding_window=8, max_window_layers=1
+            ),
+            "sliding-window layers",
+        ),
+        (
+            lambda: build(
+                Qwen3ForCausalLM, Qwen3Config, layer_types=["full_attention", "sliding_attention"], sliding_window=8
+            ),
+            "sliding-window layers",
+        ),
+        (lambda: build(Qwen2ForCausalLM, Qwen2Config, hidden_act="gelu"), "MLP activation 'gelu'"),
+        (lambda: build(LlamaForCausalLM, LlamaConfig, hidden_act="relu"), "MLP activation 'relu'"),
+        (lambda: build(LlamaForCausalLM, LlamaConfig, pretraining_tp=2), "pretraining_tp > 1"),
+        (
+            lambda: llama_rope({"rope_type": "dynamic", "factor": 2.0}),
+            "rope type 'dynamic' (its frequencies change with the sequence length)",
+        ),
+        (
+            lambda: llama_rope(
+                {
+                    "rope_type": "longrope",
+                    "short_factor": [1.0] * 4,
+                    "long_factor": [2.0] * 4,
+                    "original_max_position_embeddings": 16,
+                }
+            ),
+            "rope type 'longrope'",
+        ),
+    ],
+    ids=["qwen2-sliding-layers", "qwen3-layer-types", "gelu", "relu", "pretraining-tp", "dynamic-rope", "longrope"],
+)
 def test_excluded_configurations_are_named(make, reason):
     model = make()
     got = family_reason(model)

@@ -80,9 +80,10 @@ def test_the_engine_applies_adapters_to_its_frozen_base():
     with serve:
         out = serve.submit(prompt, SamplingParams(max_new_tokens=6, greedy=True, ignore_eos=True)).result(timeout=60)
     with torch.no_grad():
-        ref = merged.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
-    assert out.output_ids == ref[0, len(prompt):].tolist()
+        ref = merged.generate(
+            torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    assert out.output_ids == ref[0, len(prompt) :].tolist()
 
 
 def test_an_adapter_sync_moves_a_small_part_of_the_model():
@@ -98,9 +99,15 @@ def test_an_adapter_sync_moves_a_small_part_of_the_model():
 def test_an_adapter_for_a_module_the_model_lacks_is_named():
     model = build_random_qwen2()
     with pytest.raises(KeyError, match="model.layers.9.self_attn.q_proj"):
-        apply_adapter(model, {}, {SCALING_KEY: torch.tensor([2.0]),
-                                  "model.layers.9.self_attn.q_proj.lora_A.weight": torch.zeros(4, 64),
-                                  "model.layers.9.self_attn.q_proj.lora_B.weight": torch.zeros(64, 4)})
+        apply_adapter(
+            model,
+            {},
+            {
+                SCALING_KEY: torch.tensor([2.0]),
+                "model.layers.9.self_attn.q_proj.lora_A.weight": torch.zeros(4, 64),
+                "model.layers.9.self_attn.q_proj.lora_B.weight": torch.zeros(64, 4),
+            },
+        )
 
 
 def test_checkpoint_resume_and_export(tmp_path):

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.graph.dag import build_graph, layers, topological_order
-from areal_graph.graph.loader import load_workflow, load_workflow_text
 from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS
+from areal_graph.graph.loader import load_workflow, load_workflow_text
 from support.paths import FIXTURES, REPO
 
 WORKFLOWS = sorted((REPO / "workflows").glob("*.yaml"))

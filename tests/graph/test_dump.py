@@ -32,4 +32,6 @@ def test_overrides_apply_to_a_dumped_workflow():
     spec = load_workflow(REPO / "workflows" / "ppo_async.yaml")
     again = load_workflow_text(dump_workflow(spec), ["runtime.steps=7"], file="config.yaml")
     assert again.runtime.steps == 7
-    assert _comparable(again) == _comparable(dataclasses.replace(spec, runtime=dataclasses.replace(spec.runtime, steps=7)))
+    assert _comparable(again) == _comparable(
+        dataclasses.replace(spec, runtime=dataclasses.replace(spec.runtime, steps=7))
+    )

@@ -32,13 +32,23 @@ HOSTILE: dict[str, tuple[bytes, tuple[str, ...], int | None]] = {
     "recursive_alias": (b"name: x\nloop: &loop [1, *loop]\n", ("recursive alias",), 2),
     "recursive_mapping_alias": (b"name: x\nloop: &m {a: *m}\n", ("recursive alias",), 2),
     "deep_flow": (("x: " + "[" * 100_000 + "]" * 100_000 + "\n").encode(), (f"more than {MAX_DEPTH} levels",), 1),
-    "deep_block": ("".join("  " * i + f"k{i}:\n" for i in range(300)).encode(), (f"more than {MAX_DEPTH} levels",),
-                   MAX_DEPTH + 1),
+    "deep_block": (
+        "".join("  " * i + f"k{i}:\n" for i in range(300)).encode(),
+        (f"more than {MAX_DEPTH} levels",),
+        MAX_DEPTH + 1,
+    ),
     "alias_bomb": (_alias_bomb().encode(), (f"more than {MAX_VALUES:,} values", "alias"), None),
-    "duplicate_key": (MINIMAL.replace("name: minimal\n", "name: minimal\nname: other\n").encode(),
-                      ("key 'name' is given twice", "first at line"), None),
+    "duplicate_key": (
+        MINIMAL.replace("name: minimal\n", "name: minimal\nname: other\n").encode(),
+        ("key 'name' is given twice", "first at line"),
+        None,
+    ),
     "huge": (b"# " + b"x" * (MAX_FILE_BYTES + 10) + b"\n" + MINIMAL.encode(), ("larger than the limit",), None),
-    "python_tag": (b"name: x\nhook: !!python/object/apply:os.system [echo pwned]\n", ("tag", "python/object/apply", "not allowed"), 2),
+    "python_tag": (
+        b"name: x\nhook: !!python/object/apply:os.system [echo pwned]\n",
+        ("tag", "python/object/apply", "not allowed"),
+        2,
+    ),
 }
 
 
@@ -108,8 +118,18 @@ def test_validate_cli_on_hostile_files_exits_1_without_traceback(tmp_path):
         path = tmp_path / f"{name}.yaml"
         path.write_bytes(HOSTILE[name][0])
         cap = "import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
-        out = subprocess.run([sys.executable, "-c", cap + "from areal_graph.cli.main import main; raise SystemExit(main())",
-                              "validate", str(path)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                cap + "from areal_graph.cli.main import main; raise SystemExit(main())",
+                "validate",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         text = out.stdout + out.stderr
         assert out.returncode == 1, text
         assert "Traceback" not in text and str(path) in text.replace("\n", "")

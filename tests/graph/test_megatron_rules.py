@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from areal_graph.graph.kind import RunInfo
-from areal_graph.graph.loader import WorkflowError, load_workflow
 from areal_graph.graph.kinds.model import _model_host_args
+from areal_graph.graph.loader import WorkflowError, load_workflow
 from support.paths import WORKFLOWS
 
 MEGATRON = ["models.actor.backend=megatron", "models.actor.device=cuda"]
@@ -28,16 +28,31 @@ def test_default_host_args_are_unchanged():
     assert "backend" not in args and "precision" not in args
 
 
-@pytest.mark.parametrize("workflow, overrides, words", [
-    ("ppo_async.yaml", ["models.actor.backend=megatron"],
-     "field 'models.actor.device': backend megatron needs a CUDA device (cuda or cuda:N), got 'cpu'"),
-    ("ppo_async.yaml", MEGATRON + ["models.actor.dp_size=2"],
-     "field 'models.actor.dp_size': data parallelism with backend megatron is not built yet"),
-    ("ppo_async.yaml", MEGATRON + ["models.actor.lora.r=4"],
-     "field 'models.actor.lora': LoRA with backend megatron is not built yet"),
-    ("ppo_gae_critic.yaml", ["models.critic.backend=megatron", "models.critic.device=cuda"],
-     "field 'models.critic.backend': backend megatron is built for policy models"),
-])
+@pytest.mark.parametrize(
+    "workflow, overrides, words",
+    [
+        (
+            "ppo_async.yaml",
+            ["models.actor.backend=megatron"],
+            "field 'models.actor.device': backend megatron needs a CUDA device (cuda or cuda:N), got 'cpu'",
+        ),
+        (
+            "ppo_async.yaml",
+            MEGATRON + ["models.actor.dp_size=2"],
+            "field 'models.actor.dp_size': data parallelism with backend megatron is not built yet",
+        ),
+        (
+            "ppo_async.yaml",
+            MEGATRON + ["models.actor.lora.r=4"],
+            "field 'models.actor.lora': LoRA with backend megatron is not built yet",
+        ),
+        (
+            "ppo_gae_critic.yaml",
+            ["models.critic.backend=megatron", "models.critic.device=cuda"],
+            "field 'models.critic.backend': backend megatron is built for policy models",
+        ),
+    ],
+)
 def test_what_is_not_built_is_an_error_naming_the_field(workflow, overrides, words):
     with pytest.raises(WorkflowError) as err:
         load_workflow(WORKFLOWS / workflow, overrides)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from areal_graph.graph.loader import load_workflow
@@ -25,8 +24,15 @@ def test_ppo_async_fuses_the_proximal_pass_into_the_one_update_step():
     assert any("fused: 'prox_logp'" in line for line in plan.describe())
 
 
-@pytest.mark.parametrize("override", ["nodes.train.ppo_minibatches=2", "nodes.train.ppo_epochs=2",
-                                      "runtime.fuse_prox_logprob=false", "nodes.train.loss=ppo"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "nodes.train.ppo_minibatches=2",
+        "nodes.train.ppo_epochs=2",
+        "runtime.fuse_prox_logprob=false",
+        "nodes.train.loss=ppo",
+    ],
+)
 def test_no_fusion_when_it_would_not_be_exact_or_is_turned_off(override):
     plan = plan_of("ppo_async.yaml", override)
     assert plan.fused == {}
@@ -52,6 +58,10 @@ def test_function_nodes_take_the_side_of_what_they_read():
 
 def test_critic_workflow_places_each_model_on_its_own_process():
     plan = plan_of("ppo_gae_critic.yaml")
-    assert plan.processes() == {"model-actor": "model", "model-critic": "model", "reward": "stateless",
-                                "rollout": "rollout"}
+    assert plan.processes() == {
+        "model-actor": "model",
+        "model-critic": "model",
+        "reward": "stateless",
+        "rollout": "rollout",
+    }
     assert plan.deps["train_actor"] == ("advantage",) and plan.deps["train_critic"] == ("value", "advantage")

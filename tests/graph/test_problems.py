@@ -13,14 +13,20 @@ import pytest
 from areal_graph.graph.problems import Problem, WorkflowError, node_of, suggest
 
 
-@pytest.mark.parametrize("problem,text", [
-    (Problem("wf.yaml", 12, "train", "clip_eps", "must be > 0"), "wf.yaml:12, node 'train', field 'clip_eps': must be > 0"),
-    (Problem("wf.yaml", None, None, "runtime.steps", "bad"), "wf.yaml, field 'runtime.steps': bad"),
-    (Problem("wf.yaml", 3, None, None, "YAML syntax error"), "wf.yaml:3: YAML syntax error"),
-    # line 0 is falsy: printed without a line, like None
-    (Problem("wf.yaml", 0, "reward", None, "x"), "wf.yaml, node 'reward': x"),
-    (Problem("wf.yaml", 7, "reward", "", "x"), "wf.yaml:7, node 'reward': x"),
-])
+@pytest.mark.parametrize(
+    "problem,text",
+    [
+        (
+            Problem("wf.yaml", 12, "train", "clip_eps", "must be > 0"),
+            "wf.yaml:12, node 'train', field 'clip_eps': must be > 0",
+        ),
+        (Problem("wf.yaml", None, None, "runtime.steps", "bad"), "wf.yaml, field 'runtime.steps': bad"),
+        (Problem("wf.yaml", 3, None, None, "YAML syntax error"), "wf.yaml:3: YAML syntax error"),
+        # line 0 is falsy: printed without a line, like None
+        (Problem("wf.yaml", 0, "reward", None, "x"), "wf.yaml, node 'reward': x"),
+        (Problem("wf.yaml", 7, "reward", "", "x"), "wf.yaml:7, node 'reward': x"),
+    ],
+)
 def test_a_problem_names_file_line_node_and_field_that_it_has(problem, text):
     assert str(problem) == text
 
@@ -36,18 +42,22 @@ def test_workflow_error_lists_every_problem_in_its_message():
     problems = (Problem("f.yaml", 2, None, "name", "first"), Problem("f.yaml", 9, "train", "lr", "second"))
     err = WorkflowError(problems)
     assert err.problems == list(problems) and isinstance(err.problems, list)
-    assert str(err) == ("2 problem(s) in workflow:\n  - f.yaml:2, field 'name': first\n"
-                        "  - f.yaml:9, node 'train', field 'lr': second")
+    assert str(err) == (
+        "2 problem(s) in workflow:\n  - f.yaml:2, field 'name': first\n  - f.yaml:9, node 'train', field 'lr': second"
+    )
 
 
-@pytest.mark.parametrize("parts,node", [
-    (("nodes", "train", "clip_eps"), "train"),
-    (("nodes", "train"), "train"),
-    (("nodes",), None),
-    (("runtime", "steps"), None),
-    ((), None),
-    (["nodes", 3], "3"),  # a node name YAML read as a number is still named
-])
+@pytest.mark.parametrize(
+    "parts,node",
+    [
+        (("nodes", "train", "clip_eps"), "train"),
+        (("nodes", "train"), "train"),
+        (("nodes",), None),
+        (("runtime", "steps"), None),
+        ((), None),
+        (["nodes", 3], "3"),  # a node name YAML read as a number is still named
+    ],
+)
 def test_node_of_is_the_second_part_of_a_path_into_nodes(parts, node):
     assert node_of(parts) == node
 

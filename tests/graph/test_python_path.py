@@ -41,7 +41,9 @@ def test_python_path_entries_are_relative_to_the_file_and_recorded_absolute(tmp_
     src = str((tmp_path / "proj" / "src").resolve())
     # the workflow's own folder (code one level down: src/) and src itself
     assert spec.python_path == (str((tmp_path / "proj").resolve()), src)
-    assert sys.path[:2] == list(spec.python_path) and os.environ["PYTHONPATH"].split(os.pathsep)[:2] == list(spec.python_path)
+    assert sys.path[:2] == list(spec.python_path) and os.environ["PYTHONPATH"].split(os.pathsep)[:2] == list(
+        spec.python_path
+    )
     dumped = dump_workflow(spec)
     assert "python_path:" in dumped
     assert load_workflow_text(dumped).python_path == spec.python_path  # a run dir imports what its run imported
@@ -56,11 +58,14 @@ def test_without_python_path_the_module_is_not_found_and_the_error_says_how(tmp_
     assert str((tmp_path / "proj").resolve()) in text  # where it looked
 
 
-@pytest.mark.parametrize("value,message", [
-    ("[nowhere]", "wf.yaml:1, field 'python_path': 'nowhere' is not a folder"),
-    ("src", "field 'python_path': expected a list of folders"),
-    ("[1]", "field 'python_path': expected a list of folders"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("[nowhere]", "wf.yaml:1, field 'python_path': 'nowhere' is not a folder"),
+        ("src", "field 'python_path': expected a list of folders"),
+        ("[1]", "field 'python_path': expected a list of folders"),
+    ],
+)
 def test_bad_python_path_entries_name_the_field(tmp_path, value, message):
     wf = project(tmp_path, "math_verify", f"python_path: {value}\n")
     with pytest.raises(WorkflowError) as err:
@@ -70,7 +75,12 @@ def test_bad_python_path_entries_name_the_field(tmp_path, value, message):
 
 def test_a_reasoning_gym_reward_needs_reasoning_gym_data(tmp_path):
     wf = tmp_path / "wf.yaml"
-    wf.write_text(MINIMAL.replace("  reward:\n    kind: reward\n", "  reward:\n    kind: reward\n    fn: reasoning_gym\n"))
-    with pytest.raises(WorkflowError, match=r"fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset .*"
-                                            r"data.train \(builtin:arith/train\) is not one"):
+    wf.write_text(
+        MINIMAL.replace("  reward:\n    kind: reward\n", "  reward:\n    kind: reward\n    fn: reasoning_gym\n")
+    )
+    with pytest.raises(
+        WorkflowError,
+        match=r"fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset .*"
+        r"data.train \(builtin:arith/train\) is not one",
+    ):
         load_workflow(wf)

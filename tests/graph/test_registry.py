@@ -26,8 +26,12 @@ def test_builtin_names_resolve_to_their_entries(name):
 def test_every_family_entry_is_in_the_table_once():
     """graph/kinds/__init__.py fills the table from the family modules; an entry defined in a
     family and missing from it would be a kind no workflow can name."""
-    entries = [getattr(module, name) for module in (kinds.rollout, kinds.rewards, kinds.model, kinds.functions)
-               for name in dir(module) if isinstance(getattr(module, name), NodeKind)]
+    entries = [
+        getattr(module, name)
+        for module in (kinds.rollout, kinds.rewards, kinds.model, kinds.functions)
+        for name in dir(module)
+        if isinstance(getattr(module, name), NodeKind)
+    ]
     assert sorted(k.name for k in entries) == sorted(BUILTIN_KINDS)
     assert all(BUILTIN_KINDS[k.name] is k for k in entries)
 
@@ -60,12 +64,15 @@ def test_a_kind_that_is_not_a_string_is_unknown(name):
         resolve_kind(name)
 
 
-@pytest.mark.parametrize("path,words", [
-    ("support.no_such_module:KIND", "no module named 'support.no_such_module'"),
-    ("support.fake_kinds:NOPE", "'support.fake_kinds' has no attribute 'NOPE'"),
-    (":ROLLOUT", "must look like 'package.module:Name'"),
-    ("support.fake_kinds:", "must look like 'package.module:Name'"),
-])
+@pytest.mark.parametrize(
+    "path,words",
+    [
+        ("support.no_such_module:KIND", "no module named 'support.no_such_module'"),
+        ("support.fake_kinds:NOPE", "'support.fake_kinds' has no attribute 'NOPE'"),
+        (":ROLLOUT", "must look like 'package.module:Name'"),
+        ("support.fake_kinds:", "must look like 'package.module:Name'"),
+    ],
+)
 def test_an_import_path_that_does_not_import_is_unknown_with_the_reason(path, words):
     with pytest.raises(UnknownKind, match="node kind") as info:
         resolve_kind(path)
@@ -73,11 +80,14 @@ def test_an_import_path_that_does_not_import_is_unknown_with_the_reason(path, wo
     assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained traceback for the user
 
 
-@pytest.mark.parametrize("path,type_name", [
-    ("support.fake_kinds:HOSTS", "dict"),
-    ("support.fake_kinds:parity_reward", "function"),
-    ("support.fake_kinds:FakeTrainHost", "type"),
-])
+@pytest.mark.parametrize(
+    "path,type_name",
+    [
+        ("support.fake_kinds:HOSTS", "dict"),
+        ("support.fake_kinds:parity_reward", "function"),
+        ("support.fake_kinds:FakeTrainHost", "type"),
+    ],
+)
 def test_an_import_path_to_something_else_than_a_node_kind_is_refused(path, type_name):
     with pytest.raises(UnknownKind) as info:
         resolve_kind(path)

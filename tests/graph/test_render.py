@@ -80,7 +80,7 @@ def test_svg(spec):
     for name, (x, y, w, h) in items:
         assert 0 <= x and x + w <= width and 0 <= y and y + h <= height, name
     for i, (a, (ax, ay, aw, ah)) in enumerate(items):
-        for b, (bx, by, bw, bh) in items[i + 1:]:
+        for b, (bx, by, bw, bh) in items[i + 1 :]:
             overlap = ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah
             assert not overlap, (a, b)
     for u, v in graph.edges:
@@ -111,17 +111,24 @@ def _sample_path(d: str) -> list[tuple[float, float]]:
         if cmd in "ML":
             nxt = (float(tokens[i + 1]), float(tokens[i + 2]))
             steps = 1 if cmd == "M" else 20
-            points += [(cur[0] + (nxt[0] - cur[0]) * t / steps, cur[1] + (nxt[1] - cur[1]) * t / steps)
-                       for t in range(1, steps + 1)] if cmd == "L" else [nxt]
+            points += (
+                [
+                    (cur[0] + (nxt[0] - cur[0]) * t / steps, cur[1] + (nxt[1] - cur[1]) * t / steps)
+                    for t in range(1, steps + 1)
+                ]
+                if cmd == "L"
+                else [nxt]
+            )
             cur, i = nxt, i + 3
         else:  # C x1 y1, x2 y2, x y
-            c = [float(t) for t in tokens[i + 1:i + 7]]
+            c = [float(t) for t in tokens[i + 1 : i + 7]]
             p0, p1, p2, p3 = cur, (c[0], c[1]), (c[2], c[3]), (c[4], c[5])
             for k in range(1, 41):
                 t = k / 40
-                a, b, cc, dd = (1 - t) ** 3, 3 * (1 - t) ** 2 * t, 3 * (1 - t) * t ** 2, t ** 3
-                points.append((a * p0[0] + b * p1[0] + cc * p2[0] + dd * p3[0],
-                               a * p0[1] + b * p1[1] + cc * p2[1] + dd * p3[1]))
+                a, b, cc, dd = (1 - t) ** 3, 3 * (1 - t) ** 2 * t, 3 * (1 - t) * t**2, t**3
+                points.append(
+                    (a * p0[0] + b * p1[0] + cc * p2[0] + dd * p3[0], a * p0[1] + b * p1[1] + cc * p2[1] + dd * p3[1])
+                )
             cur, i = p3, i + 7
     return points
 

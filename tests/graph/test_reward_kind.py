@@ -16,7 +16,10 @@ def test_a_reward_fn_typo_is_one_problem_with_the_nearest_builtin(fn, near):
     with pytest.raises(WorkflowError) as err:
         load_workflow(WORKFLOWS / "ppo_async.yaml", [f"nodes.reward.fn={fn}"])
     [problem] = [str(p) for p in err.value.problems]
-    assert "node 'reward', field 'fn': must be a builtin reward ['agent', 'code', 'code_fraction', 'math_verify', 'reasoning_gym']" in problem
+    assert (
+        "node 'reward', field 'fn': must be a builtin reward ['agent', 'code', 'code_fraction', 'math_verify', 'reasoning_gym']"
+        in problem
+    )
     assert f"got {fn!r} (did you mean {near!r}?)" in problem
 
 

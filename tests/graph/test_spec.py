@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.api.sampling import SamplingParams
+from areal_graph.graph import spec as S
 from areal_graph.graph.kinds.functions import AdvantageParams
 from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.graph.kinds.registry import BUILTIN_KINDS
 from areal_graph.graph.kinds.rollout import RolloutParams
-from areal_graph.graph import spec as S
 from areal_graph.graph.loader import WorkflowError, load_workflow, load_workflow_text, parse_override
 from support.paths import FIXTURES, REPO
 
@@ -42,8 +42,10 @@ def test_spec_is_frozen():
 def test_graph_package_imports_neither_torch_nor_grpc():
     import subprocess
 
-    code = ("import sys; import areal_graph.graph.loader, areal_graph.graph.render, areal_graph.graph.dag; "
-            "bad = [m for m in ('torch', 'grpc') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    code = (
+        "import sys; import areal_graph.graph.loader, areal_graph.graph.render, areal_graph.graph.dag; "
+        "bad = [m for m in ('torch', 'grpc') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -92,13 +94,18 @@ def test_shipped_workflow_specifics():
     for spec in (a, s):
         assert spec.nodes["advantage"].params.estimator == "grpo"
         assert spec.nodes["train"].params.loss == "decoupled_ppo"
+
     # grpo_sync differs from ppo_async only in name and staleness
     def lineless(spec):
         return {k: dataclasses.replace(n, line=None) for k, n in spec.nodes.items()}
 
     assert lineless(s) == lineless(a)
-    assert dataclasses.replace(s, name=a.name, source=a.source, nodes=a.nodes,
-                               runtime=dataclasses.replace(s.runtime, max_staleness=4)) == a
+    assert (
+        dataclasses.replace(
+            s, name=a.name, source=a.source, nodes=a.nodes, runtime=dataclasses.replace(s.runtime, max_staleness=4)
+        )
+        == a
+    )
     assert c.nodes["advantage"].params.estimator == "gae"
     assert c.nodes["value"].model == "critic"
     losses = {n.params.loss: n.model for n in c.nodes_of_kind("train")}
@@ -107,10 +114,17 @@ def test_shipped_workflow_specifics():
 
 # ----------------------------------------------------------------------------- overrides
 def test_overrides_reach_every_section():
-    spec = load_workflow(REPO / "workflows/ppo_async.yaml", overrides=[
-        "runtime.steps=10", "nodes.train.clip_eps=0.1", "models.actor.train.lr=1e-5",
-        "nodes.rollout.sampling.temperature=0.5", "data.eval_size=8", "nodes.train.behav_imp_cap=null",
-    ])
+    spec = load_workflow(
+        REPO / "workflows/ppo_async.yaml",
+        overrides=[
+            "runtime.steps=10",
+            "nodes.train.clip_eps=0.1",
+            "models.actor.train.lr=1e-5",
+            "nodes.rollout.sampling.temperature=0.5",
+            "data.eval_size=8",
+            "nodes.train.behav_imp_cap=null",
+        ],
+    )
     assert spec.runtime.steps == 10
     assert spec.nodes["train"].params.clip_eps == 0.1
     assert spec.models["actor"].train.lr == 1e-5
@@ -134,16 +148,19 @@ def test_override_values_are_yaml_scalars():
             parse_override(bad)
 
 
-@pytest.mark.parametrize("override,node,field,words", [
-    ("nodes.train.clp_eps=0.1", "train", "clp_eps", "did you mean 'clip_eps'"),
-    ("nodes.trian.clip_eps=0.1", "trian", "clip_eps", "no node 'trian' (did you mean 'train'?)"),
-    ("models.actr.train.lr=1", None, "models.actr.train.lr", "no model 'actr'"),
-    ("runtme.steps=3", None, "runtme", "did you mean 'runtime'"),
-    ("runtime.steps.deep=3", None, "runtime.steps.deep", "not a mapping"),
-    ("runtime.steps=-2", None, "runtime.steps", "must be > 0"),
-    ("runtime.steps=ten", None, "runtime.steps", "expected an integer"),
-    ("novalue", None, None, "must look like key.path=value"),
-])
+@pytest.mark.parametrize(
+    "override,node,field,words",
+    [
+        ("nodes.train.clp_eps=0.1", "train", "clp_eps", "did you mean 'clip_eps'"),
+        ("nodes.trian.clip_eps=0.1", "trian", "clip_eps", "no node 'trian' (did you mean 'train'?)"),
+        ("models.actr.train.lr=1", None, "models.actr.train.lr", "no model 'actr'"),
+        ("runtme.steps=3", None, "runtme", "did you mean 'runtime'"),
+        ("runtime.steps.deep=3", None, "runtime.steps.deep", "not a mapping"),
+        ("runtime.steps=-2", None, "runtime.steps", "must be > 0"),
+        ("runtime.steps=ten", None, "runtime.steps", "expected an integer"),
+        ("novalue", None, None, "must look like key.path=value"),
+    ],
+)
 def test_bad_override_is_a_problem_like_any_other(override, node, field, words):
     with pytest.raises(WorkflowError) as info:
         load_workflow_text(MINIMAL, overrides=[override], file="m.yaml")
@@ -155,7 +172,7 @@ def test_bad_override_is_a_problem_like_any_other(override, node, field, words):
 
 
 @settings(max_examples=40, deadline=None)
-@given(steps=st.integers(min_value=-10**6, max_value=10**6), eps=st.floats(-2, 2, allow_nan=False))
+@given(steps=st.integers(min_value=-(10**6), max_value=10**6), eps=st.floats(-2, 2, allow_nan=False))
 def test_override_range_property(steps, eps):
     """Any integer step count > 0 and clip eps > 0 is accepted as given; others are named."""
     try:
@@ -182,10 +199,13 @@ def test_batch_size_must_hold_whole_groups(g, b):
 
 def test_yaml_anchors_and_merge_keys():
     """Users share settings with anchors; merged keys must validate like written ones."""
-    text = MINIMAL.replace("  ref_logp:\n    kind: logprob\n    model: ref\n",
-                           "  ref_logp: &lp\n    kind: logprob\n    model: ref\n")
-    text = text.replace("  prox_logp:\n    kind: logprob\n    model: actor\n    reads: [input_ids]\n",
-                        "  prox_logp:\n    <<: *lp\n    model: actor\n")
+    text = MINIMAL.replace(
+        "  ref_logp:\n    kind: logprob\n    model: ref\n", "  ref_logp: &lp\n    kind: logprob\n    model: ref\n"
+    )
+    text = text.replace(
+        "  prox_logp:\n    kind: logprob\n    model: actor\n    reads: [input_ids]\n",
+        "  prox_logp:\n    <<: *lp\n    model: actor\n",
+    )
     spec = load_workflow_text(text)
     assert spec.nodes["prox_logp"].model == "actor"
     assert spec.nodes["prox_logp"].reads == ("input_ids",)
@@ -196,8 +216,14 @@ def test_schema_reference_lists_every_field_with_its_default():
     from areal_graph.graph.schema_doc import schema_markdown
 
     doc = schema_markdown()
-    for cls in (S.OptimConfig, S.DataSpec, S.InferenceSpec, S.RuntimeSpec, SamplingParams,
-                *(info.params for info in BUILTIN_KINDS.values())):
+    for cls in (
+        S.OptimConfig,
+        S.DataSpec,
+        S.InferenceSpec,
+        S.RuntimeSpec,
+        SamplingParams,
+        *(info.params for info in BUILTIN_KINDS.values()),
+    ):
         for f in dataclasses.fields(cls):
             row = next((line for line in doc.splitlines() if line.startswith(f"| {f.name} |")), None)
             assert row is not None, f"{cls.__name__}.{f.name} missing"

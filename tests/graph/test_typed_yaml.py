@@ -32,7 +32,7 @@ class Outer:
     items: list[str] = cfg([])
     opts: dict = cfg({})
     inner: Inner = field(default_factory=Inner, metadata={"check": None})
-    maybe: Optional[int] = cfg(None)
+    maybe: int | None = cfg(None)
     either: int | str = cfg(0)
     anything: Any = cfg(None)
 
@@ -43,11 +43,33 @@ def _v(lines=None, origins=None, moved=None) -> Validator:
 
 def test_good_values_build_the_dataclass_with_defaults_for_the_rest():
     v = _v()
-    got = v.build(Outer, {"name": "x", "count": 3, "pair": [1, 2], "items": ["p", "q"], "inner": {"rate": "2e-5"},
-                          "maybe": None, "either": "text", "anything": {"k": [1]}, "opts": {"z": 1}}, ("top",))
+    got = v.build(
+        Outer,
+        {
+            "name": "x",
+            "count": 3,
+            "pair": [1, 2],
+            "items": ["p", "q"],
+            "inner": {"rate": "2e-5"},
+            "maybe": None,
+            "either": "text",
+            "anything": {"k": [1]},
+            "opts": {"z": 1},
+        },
+        ("top",),
+    )
     assert v.problems == []
-    assert got == Outer(name="x", count=3, pair=(1, 2), items=["p", "q"], inner=Inner(rate=2e-5), maybe=None,
-                        either="text", anything={"k": [1]}, opts={"z": 1})
+    assert got == Outer(
+        name="x",
+        count=3,
+        pair=(1, 2),
+        items=["p", "q"],
+        inner=Inner(rate=2e-5),
+        maybe=None,
+        either="text",
+        anything={"k": [1]},
+        opts={"z": 1},
+    )
     assert isinstance(got.pair, tuple) and isinstance(got.inner.rate, float)
 
 
@@ -59,21 +81,24 @@ def test_inject_supplies_fields_the_mapping_may_not_set_and_also_allowed_keys_pa
     assert _v().build(Outer, {"name": "y"}, ("nodes", "n"), inject={"name": "n"}) is None
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("count", True, "expected an integer, got a boolean True"),
-    ("count", 2.0, "expected an integer, got a number 2.0"),
-    ("count", "3", "expected an integer, got a string '3'"),
-    ("count", 0, "must be > 0, got 0"),
-    ("flag", "yes", "expected true/false, got a string 'yes'"),
-    ("name", 42, "expected a string, got an integer 42"),
-    ("pair", [1, 2, 3], "expected a list of 2 items, got 3"),
-    ("pair", [1, "x"], "item 1: expected an integer, got a string 'x'"),
-    ("pair", 5, "expected a list, got an integer 5"),
-    ("items", "p", "expected a list, got a string 'p'"),
-    ("opts", [1], "expected a mapping, got a list [1]"),
-    ("inner", 3, "expected a mapping of Inner fields, got an integer 3"),
-    ("maybe", "none", "expected an integer, got a string 'none'"),
-])
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("count", True, "expected an integer, got a boolean True"),
+        ("count", 2.0, "expected an integer, got a number 2.0"),
+        ("count", "3", "expected an integer, got a string '3'"),
+        ("count", 0, "must be > 0, got 0"),
+        ("flag", "yes", "expected true/false, got a string 'yes'"),
+        ("name", 42, "expected a string, got an integer 42"),
+        ("pair", [1, 2, 3], "expected a list of 2 items, got 3"),
+        ("pair", [1, "x"], "item 1: expected an integer, got a string 'x'"),
+        ("pair", 5, "expected a list, got an integer 5"),
+        ("items", "p", "expected a list, got a string 'p'"),
+        ("opts", [1], "expected a mapping, got a list [1]"),
+        ("inner", 3, "expected a mapping of Inner fields, got an integer 3"),
+        ("maybe", "none", "expected an integer, got a string 'none'"),
+    ],
+)
 def test_each_bad_value_is_one_problem_naming_its_field(key, value, message):
     v = _v()
     assert v.build(Outer, {"name": "x", key: value}, ("top",)) is None
@@ -93,10 +118,14 @@ def test_every_problem_is_reported_not_only_the_first():
     v = _v()
     assert v.build(Outer, {"count": -1, "flag": 1, "colour": "red", "inner": {"rate": 0, "rat": 1}}, ()) is None
     got = sorted((p.field, p.message.split(";")[0]) for p in v.problems)
-    assert got == [("colour", "unknown field 'colour'"), ("count", "must be > 0, got -1"),
-                   ("flag", "expected true/false, got an integer 1"),
-                   ("inner.rat", "unknown field 'rat' (did you mean 'rate'?)"), ("inner.rate", "must be > 0, got 0.0"),
-                   ("name", "missing required field 'name'")]
+    assert got == [
+        ("colour", "unknown field 'colour'"),
+        ("count", "must be > 0, got -1"),
+        ("flag", "expected true/false, got an integer 1"),
+        ("inner.rat", "unknown field 'rat' (did you mean 'rate'?)"),
+        ("inner.rate", "must be > 0, got 0.0"),
+        ("name", "missing required field 'name'"),
+    ]
     unknown = next(p for p in v.problems if p.field == "colour").message
     assert unknown.endswith("allowed: name, count, flag, pair, items, opts, inner, maybe, either, anything")
 
@@ -129,7 +158,7 @@ def test_convert_on_its_own():
     assert v.convert(float, "1e3", ()) == 1000.0
     assert v.convert(tuple[int, ...], [1, 2, 3], ()) == (1, 2, 3)
     assert v.convert(list, [1, "a"], ()) == [1, "a"]
-    assert v.convert(Optional[str], None, ()) is None
+    assert v.convert(Optional[str], None, ()) is None  # noqa: UP045 - the older spelling is read too
     assert v.convert(int | str, 2.5, ()) == 2.5  # a union of several types is passed through unchecked
     with pytest.raises(BadValue, match="expected a number, got a string 'fast'"):
         v.convert(float, "fast", ())
@@ -139,23 +168,42 @@ def test_convert_on_its_own():
         v.convert(list[list[int]], [[1, None]], ())
 
 
-@pytest.mark.parametrize("tp,name", [
-    (int, "an integer"), (float, "a number"), (str, "a string"), (bool, "true/false"),
-    (list[int], "a list"), (tuple[float, float], "a list"), (dict, "a mapping"), (dict[str, int], "a mapping"),
-    (Inner, "a mapping"), (Literal["x", 1], "one of 'x', 1"), (Optional[int], "an integer or null"),
-    (int | str, "an integer or a string"), (Optional[Literal["a"]], "one of 'a' or null"),
-])
+@pytest.mark.parametrize(
+    "tp,name",
+    [
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (bool, "true/false"),
+        (list[int], "a list"),
+        (tuple[float, float], "a list"),
+        (dict, "a mapping"),
+        (dict[str, int], "a mapping"),
+        (Inner, "a mapping"),
+        (Literal["x", 1], "one of 'x', 1"),
+        (Optional[int], "an integer or null"),  # noqa: UP045 - the older spelling is read too
+        (int | str, "an integer or a string"),
+        (Optional[Literal["a"]], "one of 'a' or null"),  # noqa: UP045
+    ],
+)
 def test_type_name_phrases_what_is_expected(tp, name):
     assert type_name(tp) == name
 
 
-@pytest.mark.parametrize("value,text", [
-    (True, "a boolean True"), (3, "an integer 3"), (2.5, "a number 2.5"), ("s", "a string 's'"),
-    ([1, 2], "a list [1, 2]"), ({"a": 1}, "a mapping {'a': 1}"),
-    (list(range(30)), "a list"),  # long containers are not printed
-    ("x" * 60, "a string '" + "x" * 60 + "'"),  # strings always are
-    (object, "type <class 'object'>"),
-])
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (True, "a boolean True"),
+        (3, "an integer 3"),
+        (2.5, "a number 2.5"),
+        ("s", "a string 's'"),
+        ([1, 2], "a list [1, 2]"),
+        ({"a": 1}, "a mapping {'a': 1}"),
+        (list(range(30)), "a list"),  # long containers are not printed
+        ("x" * 60, "a string '" + "x" * 60 + "'"),  # strings always are
+        (object, "type <class 'object'>"),
+    ],
+)
 def test_described_phrases_what_was_given(value, text):
     assert described(value) == text
 

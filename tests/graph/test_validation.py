@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,36 +32,86 @@ CASES: dict[str, tuple[str | None, str, tuple[str, ...], str | None]] = {
     "negative_batch_size": (None, "runtime.batch_size", ("must be > 0", "-16"), "batch_size: -16"),
     "clip_eps_zero": ("train", "clip_eps", ("must be > 0",), "clip_eps: 0"),
     "negative_staleness": (None, "runtime.max_staleness", ("must be >= 0", "-1"), "max_staleness: -1"),
-    "read_unwritten_key": ("train", "reads.3", ("'prox_logprob'", "no node writes", "did you mean 'prox_logprobs'"),
-                           "prox_logprob,"),
-    "two_writers": ("advantage", "writes", ("'rewards'", "also written by node 'reward'"), "writes: [advantages, rewards]"),
-    "cycle": ("advantage", "reads", ("dependency cycle", "advantage -> ref_logp -> advantage"),
-              "reads: [rewards, loss_mask, ref_logprobs]"),
-    "train_without_advantages": ("train", "reads", ("needs advantages", "decoupled_ppo"),
-                                 "reads: [input_ids, loss_mask, behav_logprobs, prox_logprobs]"),
+    "read_unwritten_key": (
+        "train",
+        "reads.3",
+        ("'prox_logprob'", "no node writes", "did you mean 'prox_logprobs'"),
+        "prox_logprob,",
+    ),
+    "two_writers": (
+        "advantage",
+        "writes",
+        ("'rewards'", "also written by node 'reward'"),
+        "writes: [advantages, rewards]",
+    ),
+    "cycle": (
+        "advantage",
+        "reads",
+        ("dependency cycle", "advantage -> ref_logp -> advantage"),
+        "reads: [rewards, loss_mask, ref_logprobs]",
+    ),
+    "train_without_advantages": (
+        "train",
+        "reads",
+        ("needs advantages", "decoupled_ppo"),
+        "reads: [input_ids, loss_mask, behav_logprobs, prox_logprobs]",
+    ),
     "unknown_model": ("prox_logp", "model", ("unknown model 'actr'", "did you mean 'actor'"), "model: actr"),
     "missing_model": ("prox_logp", "model", ("logprob node needs 'model'",), "  prox_logp:"),
     "frozen_model_trained": ("train", "model", ("model 'ref'", "no 'train' section"), "    model: ref\n    clip"),
     "missing_section": (None, "data", ("missing required section 'data'",), None),
     "missing_model_path": (None, "models.actor.path", ("missing required field 'path'",), "  actor:"),
     "no_rollout": (None, "nodes", ("exactly one node of kind 'rollout'",), "nodes:"),
-    "batch_not_multiple_of_group": (None, "runtime.batch_size", ("multiple of nodes.rollout.group_size (4)", "18"),
-                                    "batch_size: 18"),
-    "ppo_minibatches_over_batch": ("train", "ppo_minibatches", ("at most runtime.batch_size (8)", "16"),
-                                   "ppo_minibatches: 16"),
-    "gae_without_values": ("advantage", "reads", ("'gae' must read values",), "reads: [rewards, loss_mask, ref_logprobs]"),
+    "batch_not_multiple_of_group": (
+        None,
+        "runtime.batch_size",
+        ("multiple of nodes.rollout.group_size (4)", "18"),
+        "batch_size: 18",
+    ),
+    "ppo_minibatches_over_batch": (
+        "train",
+        "ppo_minibatches",
+        ("at most runtime.batch_size (8)", "16"),
+        "ppo_minibatches: 16",
+    ),
+    "gae_without_values": (
+        "advantage",
+        "reads",
+        ("'gae' must read values",),
+        "reads: [rewards, loss_mask, ref_logprobs]",
+    ),
     "model_device_unknown": (None, "models.actor.device", ("must be cpu, cuda or cuda:N", "gpu0"), "device: gpu0"),
     "yaml_syntax": (None, "", ("YAML syntax error",), None),
-    "generation_reads_training_key": ("reward", "reads.2", ("'prox_logprobs'", "node 'prox_logp' writes on the training side",
-                                                           "generation side"), "reads: [input_ids, loss_mask, prox_logprobs]"),
-    "function_phase_generation_reads_training_key": ("shaping", "reads.0", ("'advantages'", "training side"),
-                                                     "reads: [advantages]"),
-    "misspelt_function_path": ("shaping", "fn", ("no module named 'areal_graph.nodes.shapng'",),
-                               "fn: areal_graph.nodes.shapng"),
-    "function_args_do_not_fit": ("shaping", "fn", ("cannot be called with weight", "'weights'"),
-                                 "fn: areal_graph.nodes.shaping:weighted_sum"),
-    "concurrency_below_group_size": (None, "runtime.max_concurrent_rollouts", ("at least nodes.rollout.group_size (4)",),
-                                     "max_concurrent_rollouts: 2"),
+    "generation_reads_training_key": (
+        "reward",
+        "reads.2",
+        ("'prox_logprobs'", "node 'prox_logp' writes on the training side", "generation side"),
+        "reads: [input_ids, loss_mask, prox_logprobs]",
+    ),
+    "function_phase_generation_reads_training_key": (
+        "shaping",
+        "reads.0",
+        ("'advantages'", "training side"),
+        "reads: [advantages]",
+    ),
+    "misspelt_function_path": (
+        "shaping",
+        "fn",
+        ("no module named 'areal_graph.nodes.shapng'",),
+        "fn: areal_graph.nodes.shapng",
+    ),
+    "function_args_do_not_fit": (
+        "shaping",
+        "fn",
+        ("cannot be called with weight", "'weights'"),
+        "fn: areal_graph.nodes.shaping:weighted_sum",
+    ),
+    "concurrency_below_group_size": (
+        None,
+        "runtime.max_concurrent_rollouts",
+        ("at least nodes.rollout.group_size (4)",),
+        "max_concurrent_rollouts: 2",
+    ),
     "renamed_workflow_field": ("rollout", "workflow", ("renamed to 'rollout_class'",), "workflow: areal_graph"),
     "runtime_dp_size_moved": (None, "runtime.dp_size", ("moved", "models.<name>.dp_size"), "dp_size: 2"),
     "model_dp_size_zero": (None, "models.actor.dp_size", ("must be > 0", "got 0"), "dp_size: 0"),
@@ -85,7 +134,9 @@ def _problems(path: Path) -> list[Problem]:
 def test_every_broken_file_has_a_case():
     files = {p.stem for p in BROKEN.glob("*.yaml")}
     assert len(files) >= 15
-    assert files == set(CASES), f"files without a case: {files - set(CASES)}; cases without a file: {set(CASES) - files}"
+    assert files == set(CASES), (
+        f"files without a case: {files - set(CASES)}; cases without a file: {set(CASES) - files}"
+    )
 
 
 def test_minimal_workflow_is_valid():
@@ -143,15 +194,22 @@ def test_cli_validate_prints_problem_without_traceback(stem, capsys):
 
 def test_all_problems_are_reported_at_once():
     text = (DATA / "minimal.yaml").read_text()
-    text = (text.replace("clip_eps: 0.2", "clip_eps: -0.2\n    agg: mean")
-                .replace("batch_size: 16", "batch_size: -3")
-                .replace("kind: reward", "kind: reward\n    timeout_s: fast")
-                .replace("model: ref\n    reads", "model: reff\n    reads"))
+    text = (
+        text.replace("clip_eps: 0.2", "clip_eps: -0.2\n    agg: mean")
+        .replace("batch_size: 16", "batch_size: -3")
+        .replace("kind: reward", "kind: reward\n    timeout_s: fast")
+        .replace("model: ref\n    reads", "model: reff\n    reads")
+    )
     with pytest.raises(WorkflowError) as info:
         load_workflow_text(text, file="many.yaml")
     got = {(p.node, p.field) for p in info.value.problems}
-    assert got == {("train", "clip_eps"), ("train", "agg"), (None, "runtime.batch_size"),
-                   ("reward", "timeout_s"), ("ref_logp", "model")}, info.value.problems
+    assert got == {
+        ("train", "clip_eps"),
+        ("train", "agg"),
+        (None, "runtime.batch_size"),
+        ("reward", "timeout_s"),
+        ("ref_logp", "model"),
+    }, info.value.problems
     lines = [p.line for p in info.value.problems]
     assert lines == sorted(lines), "problems come in file order"
     assert "5 problem(s)" in str(info.value)
@@ -163,10 +221,13 @@ def test_missing_file_is_a_clear_error():
     assert "cannot read workflow file" in info.value.problems[0].message
 
 
-@pytest.mark.parametrize("text,field,words", [
-    ("- just\n- a list\n", "", "must be a mapping"),
-    ("", "", "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text,field,words",
+    [
+        ("- just\n- a list\n", "", "must be a mapping"),
+        ("", "", "must be a mapping"),
+    ],
+)
 def test_non_mapping_documents(text, field, words):
     with pytest.raises(WorkflowError) as info:
         load_workflow_text(text, file="x.yaml")
@@ -197,8 +258,15 @@ def test_any_value_anywhere_gives_a_spec_or_a_workflow_error(data):
     raw = yaml.safe_load((DATA / "minimal.yaml").read_text())
     path = data.draw(st.sampled_from(sorted(_all_paths(raw), key=str)))
     scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2, allow_nan=False) | st.text(max_size=6)
-    value = data.draw(st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                                   | st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3), max_leaves=6))
+    value = data.draw(
+        st.recursive(
+            scalars,
+            lambda inner: (
+                st.lists(inner, max_size=3) | st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3)
+            ),
+            max_leaves=6,
+        )
+    )
     target = raw
     for key in path[:-1]:
         target = target[key]

@@ -17,8 +17,14 @@ import pytest
 from areal_graph.graph.kind import ImportRef
 from areal_graph.graph.loader import load_workflow
 from areal_graph.graph.typed_yaml import Validator
-from areal_graph.graph.workflow_rules import (check_graph, check_import, check_launcher, check_runtime,
-                                              check_signature, check_trained_models)
+from areal_graph.graph.workflow_rules import (
+    check_graph,
+    check_import,
+    check_launcher,
+    check_runtime,
+    check_signature,
+    check_trained_models,
+)
 from support.paths import FIXTURES
 
 
@@ -51,8 +57,9 @@ def test_batch_and_concurrency_must_hold_whole_prompt_groups(spec):
     v = _v()
     check_runtime(_with_runtime(spec, batch_size=18, max_concurrent_rollouts=3), True, v)
     assert _where(v) == [(None, "runtime.batch_size"), (None, "runtime.max_concurrent_rollouts")]
-    assert v.problems[0].message == ("must be a multiple of nodes.rollout.group_size (4) so that whole prompt "
-                                     "groups are trained, got 18")
+    assert v.problems[0].message == (
+        "must be a multiple of nodes.rollout.group_size (4) so that whole prompt groups are trained, got 18"
+    )
     assert v.problems[1].message.startswith("must be at least nodes.rollout.group_size (4)")
     assert v.problems[1].message.endswith("got 3")
 
@@ -77,8 +84,12 @@ def test_memory_weight_sync_needs_a_backend_that_can_take_it(spec):
 def test_the_inference_python_must_be_an_executable_file(spec, tmp_path):
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\n")
-    for path, bad in ((str(script), True), (str(tmp_path), True), (str(tmp_path / "absent"), True),
-                      (sys.executable, False)):
+    for path, bad in (
+        (str(script), True),
+        (str(tmp_path), True),
+        (str(tmp_path / "absent"), True),
+        (sys.executable, False),
+    ):
         v = _v()
         check_runtime(dataclasses.replace(spec, inference=dataclasses.replace(spec.inference, python=path)), True, v)
         assert _where(v) == ([(None, "inference.python")] if bad else []), path
@@ -156,8 +167,9 @@ def test_a_key_with_two_writers_and_a_read_of_an_unwritten_key(spec):
     check_graph(_nodes(spec, reward2=dup), True, v)
     assert _where(v) == [("reward2", "writes"), ("reward2", "reads.2")]
     assert v.problems[0].message == ("key 'rewards' is also written by node 'reward'; each key has exactly one writer")
-    assert v.problems[1].message.startswith("reads key 'rewardz' which no node writes (did you mean 'rewards'?); "
-                                            "available keys: ")
+    assert v.problems[1].message.startswith(
+        "reads key 'rewardz' which no node writes (did you mean 'rewards'?); available keys: "
+    )
 
 
 def test_a_cycle_is_reported_once_with_its_path(spec):
@@ -189,7 +201,9 @@ def test_one_model_may_not_be_both_policy_and_critic(spec):
     check_trained_models(_nodes(spec, critic=critic), v)
     assert _where(v) == [("critic", "model")]
     # the first node using 'actor' as a policy is the proximal log-prob node
-    assert v.problems[0].message.startswith("model 'actor' is used as a critic here and as a policy by node 'prox_logp'")
+    assert v.problems[0].message.startswith(
+        "model 'actor' is used as a critic here and as a policy by node 'prox_logp'"
+    )
 
 
 # ---------------------------------------------------------------------- imports and signatures
@@ -202,17 +216,41 @@ class NotARollout:
         self.a = a
 
 
-@pytest.mark.parametrize("ref,words", [
-    (ImportRef("fn", "areal_graph.nodes.shaping:weighted_sum", kwargs={"weights": {"a": 1}}, positional=1,
-               supplied=("out_key",)), None),
-    (ImportRef("fn", "areal_graph.nodes.shapng:weighted_sum"), "no module named 'areal_graph.nodes.shapng'"),
-    (ImportRef("fn", "areal_graph.graph.spec:SECTIONS"), "areal_graph.graph.spec:SECTIONS is a tuple, not a function"),
-    (ImportRef("cls", "areal_graph.nodes.shaping:weighted_sum", expect="class"), "is not a class"),
-    (ImportRef("rollout_class", "areal_graph.graph.spec:WorkflowSpec", expect="rollout_class"),
-     "is not a subclass of areal_graph.api.rollout.Rollout"),
-    (ImportRef("fn", "areal_graph.nodes.shaping:weighted_sum", kwargs={"weight": {"a": 1}}, positional=1,
-               supplied=("out_key",)), "its function (batch"),
-])
+@pytest.mark.parametrize(
+    "ref,words",
+    [
+        (
+            ImportRef(
+                "fn",
+                "areal_graph.nodes.shaping:weighted_sum",
+                kwargs={"weights": {"a": 1}},
+                positional=1,
+                supplied=("out_key",),
+            ),
+            None,
+        ),
+        (ImportRef("fn", "areal_graph.nodes.shapng:weighted_sum"), "no module named 'areal_graph.nodes.shapng'"),
+        (
+            ImportRef("fn", "areal_graph.graph.spec:SECTIONS"),
+            "areal_graph.graph.spec:SECTIONS is a tuple, not a function",
+        ),
+        (ImportRef("cls", "areal_graph.nodes.shaping:weighted_sum", expect="class"), "is not a class"),
+        (
+            ImportRef("rollout_class", "areal_graph.graph.spec:WorkflowSpec", expect="rollout_class"),
+            "is not a subclass of areal_graph.api.rollout.Rollout",
+        ),
+        (
+            ImportRef(
+                "fn",
+                "areal_graph.nodes.shaping:weighted_sum",
+                kwargs={"weight": {"a": 1}},
+                positional=1,
+                supplied=("out_key",),
+            ),
+            "its function (batch",
+        ),
+    ],
+)
 def test_check_import_imports_and_checks_what_a_parameter_names(ref, words):
     problem = check_import(ref)
     assert problem is None if words is None else words in problem
@@ -221,8 +259,12 @@ def test_check_import_imports_and_checks_what_a_parameter_names(ref, words):
 def test_check_signature_binds_positional_inputs_configured_and_supplied_arguments():
     fn = two_args
     assert check_signature(fn, ImportRef("fn", "m:two_args", kwargs={}, positional=1, supplied=("out_key",))) is None
-    assert check_signature(fn, ImportRef("fn", "m:two_args", kwargs={"scale": 2}, positional=1,
-                                         supplied=("out_key", "not_a_param"))) is None
+    assert (
+        check_signature(
+            fn, ImportRef("fn", "m:two_args", kwargs={"scale": 2}, positional=1, supplied=("out_key", "not_a_param"))
+        )
+        is None
+    )
     problem = check_signature(fn, ImportRef("fn", "m:two_args", kwargs={"scale": 2}, positional=1))
     assert problem.startswith("m:two_args: its function (batch, out_key, scale=1.0) cannot be called with scale: ")
     problem = check_signature(NotARollout, ImportRef("cls", "m:NotARollout", kwargs={}, positional=0))

@@ -9,10 +9,26 @@ from collections import Counter
 
 import pytest
 
-from areal_graph.data.calc import (IGNORE, CalcLevel, encode_teacher_row, generate, hasty_estimate, split,
-                                   teacher_conversations, tokenizer_corpus, uses_tool)
+from areal_graph.data.calc import (
+    IGNORE,
+    CalcLevel,
+    encode_teacher_row,
+    generate,
+    hasty_estimate,
+    split,
+    teacher_conversations,
+    tokenizer_corpus,
+    uses_tool,
+)
 from areal_graph.modelkit import builtin
-from areal_graph.modelkit.builtin import BUILTIN_DATASETS, BUILTIN_KITS, KitConfig, ensure_kit, kit_dir, resolve_dataset_path
+from areal_graph.modelkit.builtin import (
+    BUILTIN_DATASETS,
+    BUILTIN_KITS,
+    KitConfig,
+    ensure_kit,
+    kit_dir,
+    resolve_dataset_path,
+)
 from areal_graph.modelkit.tiny_model import TinyModelConfig
 from areal_graph.modelkit.warm_start import SFTConfig
 
@@ -105,27 +121,50 @@ def test_sft_layout_is_the_chat_template_rendering(rows, tokenizer):
         assert rendered.endswith("<|im_end|>\n")
         assert ids == tokenizer(rendered[:-1], add_special_tokens=False).input_ids
         trained = tokenizer.decode([t for t, y in zip(ids, labels) if y != IGNORE])
-        expected = ("<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": r["expression"]}})
-                    + "\n</tool_call><|im_end|>" if uses_tool(r["messages"]) else "")
+        expected = (
+            "<tool_call>\n"
+            + json.dumps({"name": "calculator", "arguments": {"expression": r["expression"]}})
+            + "\n</tool_call><|im_end|>"
+            if uses_tool(r["messages"])
+            else ""
+        )
         said = r["answer"] if uses_tool(r["messages"]) else str(hasty_estimate(r["expression"]))
         assert trained == expected + f"The answer is \\boxed{{{said}}}.<|im_end|>"
 
 
 def test_template_renders_openai_style_tool_calls_and_tool_messages(tokenizer):
-    messages = [{"role": "user", "content": "What is 12 * 34?"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c1", "type": "function",
-                     "function": {"name": "calculator", "arguments": '{"expression": "12 * 34"}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "408"}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         tools=[{"type": "function", "function": {"name": "calculator"}}])
-    assert text == ("<|bos|><|im_start|>user\nWhat is 12 * 34?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
-                    '{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call><|im_end|>\n'
-                    "<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n")
+    messages = [
+        {"role": "user", "content": "What is 12 * 34?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "12 * 34"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "408"},
+    ]
+    text = tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=True,
+        tools=[{"type": "function", "function": {"name": "calculator"}}],
+    )
+    assert text == (
+        "<|bos|><|im_start|>user\nWhat is 12 * 34?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_tool_call_boilerplate_costs_few_tokens(tokenizer):
-    ids = tokenizer('<tool_call>\n{"name": "calculator", "arguments": {"expression": "', add_special_tokens=False).input_ids
+    ids = tokenizer(
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "', add_special_tokens=False
+    ).input_ids
     assert len(ids) <= 16
     for tag in ("<tool_call>", "</tool_call>"):
         [tid] = tokenizer(tag, add_special_tokens=False).input_ids
@@ -168,10 +207,17 @@ def test_mini_calc_kit_builds_and_measures_its_warm_start_with_the_agent(tmp_pat
     """A miniature of the calc kit (tiny model, 4 SFT steps) builds end to end: multi-turn SFT
     rows, the tool tokenizer, and a warm-start evaluation through the calculator agent."""
     mini = dataclasses.replace(
-        CALC, name="mini-calc", n_train=200, n_test=8, n_dev=10, vocab_size=400, eval_prompts=4,
+        CALC,
+        name="mini-calc",
+        n_train=200,
+        n_test=8,
+        n_dev=10,
+        vocab_size=400,
+        eval_prompts=4,
         eval_max_new_tokens=8,
         model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
-        sft=SFTConfig(steps=4, batch_size=8))
+        sft=SFTConfig(steps=4, batch_size=8),
+    )
     kit = ensure_kit(mini, root=tmp_path)
     info = json.loads((kit.path / "kit.json").read_text())
     assert info["recipe"]["task"] == "calc" and info["sft_steps"] == 4 and info["eval_prompts"] == 4

@@ -12,7 +12,6 @@ import pytest
 from areal_graph.engines.inference.offline_eval import evaluate_model, pass_at_k
 
 
-
 @pytest.mark.parametrize("n,c,k", [(n, c, k) for n in range(1, 7) for c in range(n + 1) for k in range(1, n + 1)])
 def test_pass_at_k_equals_enumerating_every_k_subset(n, c, k):
     samples = [True] * c + [False] * (n - c)
@@ -35,10 +34,18 @@ def trained_kit(tmp_path_factory):
     from areal_graph.modelkit.tiny_model import TinyModelConfig
     from areal_graph.modelkit.warm_start import SFTConfig
 
-    cfg = KitConfig(name="evalkit", n_train=200, n_test=16, vocab_size=300, difficulty="digits", hasty_rate=0.6,
-                    habit_sft=None,
-                    model=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
-                    sft=SFTConfig(steps=60, batch_size=32, lr=3e-3, warmup_steps=5), eval_prompts=16)
+    cfg = KitConfig(
+        name="evalkit",
+        n_train=200,
+        n_test=16,
+        vocab_size=300,
+        difficulty="digits",
+        hasty_rate=0.6,
+        habit_sft=None,
+        model=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+        sft=SFTConfig(steps=60, batch_size=32, lr=3e-3, warmup_steps=5),
+        eval_prompts=16,
+    )
     return ensure_kit(cfg, root=tmp_path_factory.mktemp("kits"))
 
 
@@ -57,9 +64,14 @@ def test_greedy_accuracy_matches_hf_generate_and_math_verify(trained_kit):
     correct = []
     for p in prompts:
         with torch.no_grad():
-            out = model.generate(torch.tensor([p.input_ids]), max_new_tokens=40, do_sample=False,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        text = tok.decode(out[0, len(p.input_ids):], skip_special_tokens=True)
+            out = model.generate(
+                torch.tensor([p.input_ids]),
+                max_new_tokens=40,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        text = tok.decode(out[0, len(p.input_ids) :], skip_special_tokens=True)
         correct.append(math_reward(text, p.answer) > 0.5)
     assert result["prompts"] == 16
     assert [p["greedy_correct"] for p in result["per_prompt"]] == correct
@@ -73,9 +85,25 @@ def test_greedy_accuracy_matches_hf_generate_and_math_verify(trained_kit):
 
 def test_eval_cli_prints_a_table_and_writes_json(trained_kit, tmp_path):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "areal_graph.cli.main", "eval", str(trained_kit.model_dir),
-                           "--data", str(trained_kit.data_path("test")), "--limit", "4", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, env={"COLUMNS": "120", "PATH": ""})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal_graph.cli.main",
+            "eval",
+            str(trained_kit.model_dir),
+            "--data",
+            str(trained_kit.data_path("test")),
+            "--limit",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "120", "PATH": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "greedy accuracy" in proc.stdout
     data = json.loads(out.read_text())
@@ -84,8 +112,9 @@ def test_eval_cli_prints_a_table_and_writes_json(trained_kit, tmp_path):
 
 def test_eval_cli_bad_input_is_a_clear_error(trained_kit, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "areal_graph.cli.main", "eval", *args],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "areal_graph.cli.main", "eval", *args], capture_output=True, text=True, timeout=120
+        )
 
     proc = run(str(tmp_path), "--data", str(trained_kit.data_path("test")))
     assert proc.returncode == 1 and "no config.json" in proc.stderr and "Traceback" not in proc.stderr

@@ -16,8 +16,15 @@ import pytest
 
 from areal_graph.data.arith import LEVELS, Difficulty, apply_op, generate, hasty_answer, split, teacher_mixture
 from areal_graph.modelkit import builtin
-from areal_graph.modelkit.builtin import (BUILTIN_DATASETS, BUILTIN_KITS, KitConfig, ensure_kit, kit_dir,
-                                          resolve_dataset_path, resolve_model_path)
+from areal_graph.modelkit.builtin import (
+    BUILTIN_DATASETS,
+    BUILTIN_KITS,
+    KitConfig,
+    ensure_kit,
+    kit_dir,
+    resolve_dataset_path,
+    resolve_model_path,
+)
 from areal_graph.modelkit.tiny_model import TinyModelConfig
 from areal_graph.modelkit.warm_start import IGNORE, SFTConfig, collate, encode_pair, pack, sft
 from support.paths import REPO
@@ -98,8 +105,11 @@ def test_existing_levels_draw_the_same_problems():
     (the cached tiny-arith kit's data: its first test problem and first training problem)."""
     train, test = split(0, 20200, 500, "digits")
     assert test[0]["question"] == "What is 9 + 8 + 4 + 1?"
-    assert train[200] == {"question": "What is 5 + 3 - 5 + 9?", "answer": "12",
-                          "solution": "5 + 3 = 8\n8 - 5 = 3\n3 + 9 = 12\nThe answer is \\boxed{12}."}
+    assert train[200] == {
+        "question": "What is 5 + 3 - 5 + 9?",
+        "answer": "12",
+        "solution": "5 + 3 = 8\n8 - 5 = 3\n3 + 9 = 12\nThe answer is \\boxed{12}.",
+    }
     assert LEVELS["digits"] == Difficulty(2, 3, 0, 9)
 
 
@@ -136,8 +146,9 @@ def test_packed_loss_equals_padded_loss(rows, tokenizer):
 
     from areal_graph.modelkit.tiny_model import build_tiny_model
 
-    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                          max_position_embeddings=512)
+    cfg = TinyModelConfig(
+        hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=512
+    )
     model = build_tiny_model(tokenizer, cfg, seed=0)
     examples = [encode_pair(tokenizer, r["question"], r["solution"]) for r in rows[:24]]
     with torch.no_grad():
@@ -151,8 +162,9 @@ def test_packed_loss_equals_padded_loss(rows, tokenizer):
 def test_packed_sft_is_deterministic_and_learns(rows, tokenizer):
     from areal_graph.modelkit.tiny_model import build_tiny_model
 
-    cfg = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                          max_position_embeddings=512)
+    cfg = TinyModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=512
+    )
     sft_cfg = SFTConfig(steps=16, batch_size=8, lr=1e-2, warmup_steps=2, packed=True)
     runs = [sft(build_tiny_model(tokenizer, cfg, seed=0), tokenizer, rows[:96], sft_cfg) for _ in range(2)]
     assert runs[0] == runs[1]
@@ -210,12 +222,20 @@ def test_mini_longtail_kit_builds(tmp_path):
     """A miniature of the long kit (tiny model, 4 + 2 SFT steps) builds end to end with its
     packed SFT in two lessons and long evaluation limit."""
     mini = dataclasses.replace(
-        LONG, name="mini-long", n_train=300, n_test=16, n_dev=20, vocab_size=300, eval_prompts=6,
+        LONG,
+        name="mini-long",
+        n_train=300,
+        n_test=16,
+        n_dev=20,
+        vocab_size=300,
+        eval_prompts=6,
         eval_max_new_tokens=48,
-        model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                              max_position_embeddings=512),
+        model=TinyModelConfig(
+            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=512
+        ),
         sft=SFTConfig(steps=4, batch_size=8, packed=True),
-        habit_sft=SFTConfig(steps=2, batch_size=8, lr=3e-4, warmup_steps=1, packed=True))
+        habit_sft=SFTConfig(steps=2, batch_size=8, lr=3e-4, warmup_steps=1, packed=True),
+    )
     kit = ensure_kit(mini, root=tmp_path)
     info = json.loads((kit.path / "kit.json").read_text())
     assert info["recipe"]["difficulty"] == "longtail" and info["eval_max_new_tokens"] == 48
@@ -228,8 +248,13 @@ def test_mini_longtail_kit_builds(tmp_path):
 # ------------------------------------------------------------------------------ the workflow
 def test_longtail_workflow_validates():
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    out = subprocess.run([sys.executable, "-m", "areal_graph.cli.main", "validate", str(WORKFLOW)],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "areal_graph.cli.main", "validate", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "OK" in out.stdout and "ppo_async_longtail" in out.stdout
 

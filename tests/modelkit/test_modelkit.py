@@ -15,13 +15,26 @@ from areal_graph.modelkit import builtin, kit_cache
 from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
 from areal_graph.modelkit.kit_cache import ensure_kit, load_kit
 from areal_graph.modelkit.recipes import KitConfig
-from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, count_parameters, load_model_and_tokenizer, save_model_and_tokenizer
+from areal_graph.modelkit.tiny_model import (
+    TinyModelConfig,
+    build_tiny_model,
+    count_parameters,
+    load_model_and_tokenizer,
+    save_model_and_tokenizer,
+)
 from areal_graph.modelkit.tokenizer import train_tokenizer
 from areal_graph.modelkit.warm_start import IGNORE, SFTConfig, encode_pair, sft
 
-MINI = KitConfig(name="mini", n_train=300, n_test=24, vocab_size=300,
-                 model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
-                 sft=SFTConfig(steps=4, batch_size=8), habit_sft=SFTConfig(steps=3, batch_size=8), eval_prompts=8)
+MINI = KitConfig(
+    name="mini",
+    n_train=300,
+    n_test=24,
+    vocab_size=300,
+    model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+    sft=SFTConfig(steps=4, batch_size=8),
+    habit_sft=SFTConfig(steps=3, batch_size=8),
+    eval_prompts=8,
+)
 
 
 def test_problems_are_right_distinct_and_deterministic():
@@ -136,8 +149,13 @@ def test_tokenizer_round_trips_through_save_pretrained(tokenizer, tmp_path):
 
     tokenizer.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
-    texts = ["What is 12 + 7 - 3?", "12 + 7 = 19\n19 - 3 = 16\nThe answer is \\boxed{16}.", "ünïcode ✓ and spaces  ",
-             "-45", ""]
+    texts = [
+        "What is 12 + 7 - 3?",
+        "12 + 7 = 19\n19 - 3 = 16\nThe answer is \\boxed{16}.",
+        "ünïcode ✓ and spaces  ",
+        "-45",
+        "",
+    ]
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False).input_ids
         assert loaded(text, add_special_tokens=False).input_ids == ids
@@ -145,8 +163,9 @@ def test_tokenizer_round_trips_through_save_pretrained(tokenizer, tmp_path):
     # digits are single tokens: a number's tokens are its digits
     pieces = [tokenizer.decode([i]) for i in tokenizer("9876", add_special_tokens=False).input_ids]
     assert pieces == ["9", "8", "7", "6"]
-    prompt = loaded.apply_chat_template([{"role": "user", "content": "What is 1 + 1?"}], tokenize=False,
-                                        add_generation_prompt=True)
+    prompt = loaded.apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 1?"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt == "<|bos|><|im_start|>user\nWhat is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
     assert loaded.eos_token == "<|im_end|>" and loaded.pad_token_id != loaded.eos_token_id
 
@@ -161,8 +180,11 @@ def test_model_save_load_gives_identical_logits(tokenizer, tmp_path):
     ids = torch.tensor([tok("What is 3 + 4?").input_ids])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
-    assert build_tiny_model(tokenizer, cfg, seed=3).state_dict()["model.embed_tokens.weight"].equal(
-        model.state_dict()["model.embed_tokens.weight"])
+    assert (
+        build_tiny_model(tokenizer, cfg, seed=3)
+        .state_dict()["model.embed_tokens.weight"]
+        .equal(model.state_dict()["model.embed_tokens.weight"])
+    )
 
 
 def test_encode_pair_masks_the_prompt(tokenizer):

@@ -9,8 +9,14 @@ import json
 from areal_graph.modelkit import builtin
 from areal_graph.modelkit.reward_model import TINY_ARITH_RM, ensure_reward_model, labelled_answers
 
-ROWS = [{"question": f"What is {a} + 1?", "answer": str(a + 1),
-         "solution": f"{a} + 1 = {a + 1}\nThe answer is \\boxed{{{a + 1}}}."} for a in range(20)]
+ROWS = [
+    {
+        "question": f"What is {a} + 1?",
+        "answer": str(a + 1),
+        "solution": f"{a} + 1 = {a + 1}\nThe answer is \\boxed{{{a + 1}}}.",
+    }
+    for a in range(20)
+]
 
 
 def test_labelled_answers_are_a_quarter_of_each_kind():

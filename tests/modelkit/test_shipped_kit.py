@@ -25,7 +25,8 @@ def test_the_shipped_warm_start_is_the_current_recipes(name):
     assert info is not None, f"no shipped {name} kit: python -m areal_graph.modelkit.shipped {name}"
     assert info["fingerprint"] == kit.fingerprint(), (
         f"the {name} recipe changed since its warm start was shipped; ship it again with "
-        f"`python -m areal_graph.modelkit.shipped {name}` (and re-measure the README's numbers)")
+        f"`python -m areal_graph.modelkit.shipped {name}` (and re-measure the README's numbers)"
+    )
     assert info["recipe"] == json.loads(json.dumps(dataclasses.asdict(kit)))
     assert info["source"] == "recipe" and info["torch_threads"] == shipped.SHIP_THREADS
     assert set(info["model_sha256"]) >= {"model.safetensors", "config.json", "tokenizer.json"}
@@ -52,8 +53,12 @@ def test_install_copies_the_model_and_regenerates_the_data_it_was_built_on(insta
         assert sha256(installed / "model" / name) == digest
     for name, digest in info["data_sha256"].items():
         assert sha256(installed / "data" / name) == digest
-    result = evaluate_model(installed / "model", installed / "data" / "test.jsonl", limit=info["eval_prompts"],
-                            max_new_tokens=info["eval_max_new_tokens"])
+    result = evaluate_model(
+        installed / "model",
+        installed / "data" / "test.jsonl",
+        limit=info["eval_prompts"],
+        max_new_tokens=info["eval_max_new_tokens"],
+    )
     assert abs(result["greedy_accuracy"] - info["warm_start_greedy_accuracy"]) <= 0.01
 
 

@@ -102,8 +102,9 @@ def test_gae_keeps_float32_dtype_and_matches():
     rewards, values, mask, cu = random_packed(seed=4)
     adv, ret = gae(rewards.float(), values.float(), mask, cu, 0.99, 0.95)
     assert adv.dtype == torch.float32 and ret.dtype == torch.float32
-    ref_a, _ = ref_gae(rewards.float().double().tolist(), values.float().double().tolist(), mask.tolist(),
-                       cu.tolist(), 0.99, 0.95)
+    ref_a, _ = ref_gae(
+        rewards.float().double().tolist(), values.float().double().tolist(), mask.tolist(), cu.tolist(), 0.99, 0.95
+    )
     assert torch.allclose(adv.double(), torch.tensor(ref_a, dtype=torch.float64), atol=1e-5)
 
 
@@ -174,8 +175,9 @@ def test_group_estimators_match_loop(data, std_normalize):
     ref = ref_grpo(rewards.tolist(), groups.tolist(), std_normalize, 1e-6)
     assert torch.allclose(got, torch.tensor(ref, dtype=torch.float64), rtol=1e-9, atol=1e-9)
     got_rloo = rloo_advantages(rewards, groups)
-    assert torch.allclose(got_rloo, torch.tensor(ref_rloo(rewards.tolist(), groups.tolist()), dtype=torch.float64),
-                          rtol=1e-9, atol=1e-9)
+    assert torch.allclose(
+        got_rloo, torch.tensor(ref_rloo(rewards.tolist(), groups.tolist()), dtype=torch.float64), rtol=1e-9, atol=1e-9
+    )
 
 
 def test_grpo_binary_rewards_known_values():
@@ -211,6 +213,8 @@ def test_broadcast_and_normalize():
     sel = [2.0, 2, -1, -1, -1]
     mean = sum(sel) / 5
     std = math.sqrt(sum((x - mean) ** 2 for x in sel) / 5)
-    expected = [0.0] + [(x - mean) / (std + 1e-8) for x in sel[:2]] + [0.0] + [(x - mean) / (std + 1e-8) for x in sel[2:]]
+    expected = (
+        [0.0] + [(x - mean) / (std + 1e-8) for x in sel[:2]] + [0.0] + [(x - mean) / (std + 1e-8) for x in sel[2:]]
+    )
     assert norm.tolist() == pytest.approx(expected, rel=1e-6)
     assert normalize_advantages(tok, torch.zeros(7)).tolist() == [0.0] * 7

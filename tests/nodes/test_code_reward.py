@@ -29,8 +29,9 @@ from support.paths import REPO
 
 DEMO = REPO / "data" / "code_demo.jsonl"
 FAST = CodeRewardConfig(wall_s=3.0, cpu_s=2)
-ADD_STDIN = json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"},
-                        {"input": "5 7\n", "output": "12", "testtype": "stdin"}])
+ADD_STDIN = json.dumps(
+    [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}, {"input": "5 7\n", "output": "12", "testtype": "stdin"}]
+)
 
 
 def fenced(code: str, tag: str = "python") -> str:
@@ -58,14 +59,28 @@ def test_no_code_when_no_closed_block():
 def test_livecodebench_stdin_and_functional_formats():
     stdin = parse_tests(ADD_STDIN)
     assert stdin[0] == CodeTest(stdin="1 2\n", expected_stdout="3\n")
-    [fn] = parse_tests(json.dumps([{"input": "[1, 2]\n3", "output": "[2, 3]", "testtype": "functional",
-                                    "metadata": "{\"func_name\": \"addAll\"}"}]))
+    [fn] = parse_tests(
+        json.dumps(
+            [
+                {
+                    "input": "[1, 2]\n3",
+                    "output": "[2, 3]",
+                    "testtype": "functional",
+                    "metadata": '{"func_name": "addAll"}',
+                }
+            ]
+        )
+    )
     assert (fn.fn_name, fn.args, fn.expected, fn.wrapped_ok) == ("addAll", [[1, 2], 3], [2, 3], False)
 
 
 def test_deepcoder_primeintellect_formats():
-    tests = parse_tests([{"type": "stdin_stdout", "input": "1\n", "output": "2\n"},
-                         {"type": "function_call", "fn_name": "f", "input": [1, "a"], "output": [2]}])
+    tests = parse_tests(
+        [
+            {"type": "stdin_stdout", "input": "1\n", "output": "2\n"},
+            {"type": "function_call", "fn_name": "f", "input": [1, "a"], "output": [2]},
+        ]
+    )
     assert tests[0] == CodeTest(stdin="1\n", expected_stdout="2\n")
     assert (tests[1].fn_name, tests[1].args, tests[1].expected, tests[1].wrapped_ok) == ("f", [1, "a"], [2], True)
 
@@ -77,8 +92,18 @@ def test_apps_taco_formats_and_python_literal_strings():
     assert io == CodeTest(stdin="1\n2", expected_stdout="3")
 
 
-@pytest.mark.parametrize("bad", ["", "42", "[]", "{\"inputs\": [1]}", "[{\"output\": \"1\"}]", "not json (",
-                                 "[{\"input\": \"1\", \"output\": \"2\", \"testtype\": \"functional\"}]"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "42",
+        "[]",
+        '{"inputs": [1]}',
+        '[{"output": "1"}]',
+        "not json (",
+        '[{"input": "1", "output": "2", "testtype": "functional"}]',
+    ],
+)
 def test_malformed_tests_raise_value_error(bad):
     with pytest.raises(ValueError):
         parse_tests(bad)
@@ -90,18 +115,36 @@ def test_select_keeps_the_longest_inputs_in_order():
 
 
 # ------------------------------------------------------------------ judging
-@pytest.mark.parametrize("got, want, same", [
-    ("3\n", "3", True), ("  1   2 \n\n", "1 2", True), ("1.0\n", "1", True), ("a\nb\n", "a\nb", True),
-    ("1 2", "1\n2", False), ("4", "3", False), ("yes", "YES", False), ("", "0", False),
-])
+@pytest.mark.parametrize(
+    "got, want, same",
+    [
+        ("3\n", "3", True),
+        ("  1   2 \n\n", "1 2", True),
+        ("1.0\n", "1", True),
+        ("a\nb\n", "a\nb", True),
+        ("1 2", "1\n2", False),
+        ("4", "3", False),
+        ("yes", "YES", False),
+        ("", "0", False),
+    ],
+)
 def test_stdout_is_compared_whitespace_normalised(got, want, same):
     assert stdout_matches(got, want) is same
 
 
-@pytest.mark.parametrize("got, want, same", [
-    ([1, 2], [1, 2], True), (3, 3.0, True), (0.1 + 0.2, 0.3, True), ({"a": [1]}, {"a": [1]}, True),
-    (True, 1, False), ("1", 1, False), ([1], [1, 2], False), (None, None, True),
-])
+@pytest.mark.parametrize(
+    "got, want, same",
+    [
+        ([1, 2], [1, 2], True),
+        (3, 3.0, True),
+        (0.1 + 0.2, 0.3, True),
+        ({"a": [1]}, {"a": [1]}, True),
+        (True, 1, False),
+        ("1", 1, False),
+        ([1], [1, 2], False),
+        (None, None, True),
+    ],
+)
 def test_return_values_are_compared_as_json(got, want, same):
     assert values_match(got, want) is same
 
@@ -116,8 +159,9 @@ def test_stdin_solution_passes_and_wrong_one_fails():
 
 def test_fraction_mode_runs_every_test():
     tests = json.dumps([{"input": str(i), "output": "1", "testtype": "stdin"} for i in range(3)])
-    score = score_completion(fenced("print(1 if input() != '2' else 0)"), tests,
-                             CodeRewardConfig(all_or_nothing=False, wall_s=3.0, cpu_s=2))
+    score = score_completion(
+        fenced("print(1 if input() != '2' else 0)"), tests, CodeRewardConfig(all_or_nothing=False, wall_s=3.0, cpu_s=2)
+    )
     assert score.reward == pytest.approx(2 / 3) and score.outcomes == ("passed", "passed", "wrong_answer")
 
 
@@ -128,10 +172,13 @@ def test_all_or_nothing_stops_at_the_first_failure():
 
 
 def test_functional_calls_plain_functions_and_leetcode_solutions():
-    lcb = json.dumps([{"input": "[1, 2]\n3", "output": "[4, 5]", "testtype": "functional",
-                       "metadata": {"func_name": "addAll"}}])
-    leetcode = fenced("class Solution:\n    def addAll(self, xs, k):\n        print('debug', xs)\n"
-                      "        return tuple(x + k for x in xs)")
+    lcb = json.dumps(
+        [{"input": "[1, 2]\n3", "output": "[4, 5]", "testtype": "functional", "metadata": {"func_name": "addAll"}}]
+    )
+    leetcode = fenced(
+        "class Solution:\n    def addAll(self, xs, k):\n        print('debug', xs)\n"
+        "        return tuple(x + k for x in xs)"
+    )
     assert score_completion(leetcode, lcb, FAST).reward == 1.0  # prints are ignored, tuple == list
     apps = {"fn_name": "add", "inputs": [[1, 2]], "outputs": [[3]]}
     assert score_completion(fenced("def add(a, b):\n    return a + b"), apps, FAST).reward == 1.0
@@ -141,13 +188,21 @@ def test_functional_calls_plain_functions_and_leetcode_solutions():
 def test_main_block_runs_for_stdin_but_not_for_function_tests():
     code = "def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))"
     assert score_completion(fenced(code), ADD_STDIN, FAST).reward == 1.0
-    assert score_completion(fenced(code), [{"type": "function_call", "fn_name": "add", "input": [2, 2],
-                                            "output": [4]}], FAST).reward == 1.0
+    assert (
+        score_completion(
+            fenced(code), [{"type": "function_call", "fn_name": "add", "input": [2, 2], "output": [4]}], FAST
+        ).reward
+        == 1.0
+    )
 
 
 def test_failures_score_zero_with_their_reason():
-    cases = {"timeout": "while True:\n    pass", "runtime_error": "1/0", "memory": "x = bytearray(4 << 30)",
-             "no_result": "import os\nos._exit(0)\ndef add(a, b):\n    return a + b"}
+    cases = {
+        "timeout": "while True:\n    pass",
+        "runtime_error": "1/0",
+        "memory": "x = bytearray(4 << 30)",
+        "no_result": "import os\nos._exit(0)\ndef add(a, b):\n    return a + b",
+    }
     fn_test = [{"type": "function_call", "fn_name": "add", "input": [1, 2], "output": [3]}]
     for reason, code in cases.items():
         score = score_completion(fenced(code), fn_test, CodeRewardConfig(wall_s=2.0, cpu_s=1))
@@ -158,10 +213,13 @@ def test_failures_score_zero_with_their_reason():
 
 def test_forged_verdicts_do_not_pay():
     # the driver's marker is random per run; printing a made-up one or a rigged __eq__ gains nothing
-    rigged = ("class Any:\n    def __eq__(self, other):\n        return True\n"
-              "def add(a, b):\n    print('<<areal-result-0000>>3')\n    return Any()")
-    score = score_completion(fenced(rigged), [{"type": "function_call", "fn_name": "add", "input": [1, 2],
-                                               "output": [3]}], FAST)
+    rigged = (
+        "class Any:\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    print('<<areal-result-0000>>3')\n    return Any()"
+    )
+    score = score_completion(
+        fenced(rigged), [{"type": "function_call", "fn_name": "add", "input": [1, 2], "output": [3]}], FAST
+    )
     assert score.reward == 0.0 and score.reason == "wrong_answer"
 
 
@@ -194,6 +252,7 @@ def test_demo_dataset_has_both_styles_and_its_solutions_score_one():
         async def one(row, row_tests):
             async with limit:
                 return await score_code(row["solution"], row_tests)
+
         return await asyncio.gather(*(one(r, t) for r, t in zip(rows, tests)))
 
     scores = asyncio.run(score_all())

@@ -17,10 +17,13 @@ def _batch(groups, rewards, key="rewards", lens=None) -> PackedBatch:
     lens = lens or [2 + i % 3 for i in range(len(groups))]
     return PackedBatch.from_sequences(
         {"input_ids": [[7] * n for n in lens], "loss_mask": [[0] + [1] * (n - 1) for n in lens]},
-        seqs={"group_id": torch.tensor(groups, dtype=torch.int64),
-              "sample_id": torch.tensor([100 + i for i in range(len(groups))], dtype=torch.int64),
-              key: torch.tensor(rewards)},
-        meta={"answer": [str(g) for g in groups]})
+        seqs={
+            "group_id": torch.tensor(groups, dtype=torch.int64),
+            "sample_id": torch.tensor([100 + i for i in range(len(groups))], dtype=torch.int64),
+            key: torch.tensor(rewards),
+        },
+        meta={"answer": [str(g) for g in groups]},
+    )
 
 
 def test_uniform_groups_are_dropped_and_mixed_ones_kept_whole():
@@ -59,9 +62,14 @@ def test_another_key_and_boolean_values_can_decide():
 def test_every_group_uniform_leaves_an_empty_batch_and_an_empty_batch_stays_empty():
     out = drop_uniform_groups(_batch([0, 0, 1, 1], [1.0, 1.0, 0.0, 0.0]))
     assert out.num_seqs == 0 and out["sample_id"].numel() == 0
-    empty = PackedBatch.from_sequences({"input_ids": []}, seqs={"group_id": torch.zeros(0, dtype=torch.int64),
-                                                               "sample_id": torch.zeros(0, dtype=torch.int64),
-                                                               "rewards": torch.zeros(0)})
+    empty = PackedBatch.from_sequences(
+        {"input_ids": []},
+        seqs={
+            "group_id": torch.zeros(0, dtype=torch.int64),
+            "sample_id": torch.zeros(0, dtype=torch.int64),
+            "rewards": torch.zeros(0),
+        },
+    )
     assert drop_uniform_groups(empty).num_seqs == 0
 
 

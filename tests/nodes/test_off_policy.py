@@ -44,7 +44,7 @@ def packed(seed: int, lens: list[int], spread: float = 0.6):
     cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(lens), 0)), dtype=torch.int32)
     mask = torch.ones(n, dtype=torch.float64)
     for s in range(len(lens)):
-        mask[int(cu[s]):int(cu[s]) + 2] = 0
+        mask[int(cu[s]) : int(cu[s]) + 2] = 0
     return lp, prox, behav, adv, mask, cu
 
 
@@ -98,8 +98,13 @@ def test_bounds_are_decided_in_log_space_without_overflow():
 
 def test_correction_settings_are_checked_with_the_field_named():
     assert ISCorrection.resolve("icepop", None, None) == ISCorrection("icepop", *DEFAULT_BOUNDS["icepop"])
-    cases = [(("tis", 0.5, None), "is_low"), (("none", None, 2.0), "is_high"), (("token_mask", 3.0, 2.0), "is_low"),
-             (("bogus", None, None), "is_correction"), (("tis", None, 0.5), "is_high")]
+    cases = [
+        (("tis", 0.5, None), "is_low"),
+        (("none", None, 2.0), "is_high"),
+        (("token_mask", 3.0, 2.0), "is_low"),
+        (("bogus", None, None), "is_correction"),
+        (("tis", None, 0.5), "is_high"),
+    ]
     for args, field in cases:
         with pytest.raises(CorrectionError) as e:
             ISCorrection.resolve(*args)
@@ -127,7 +132,7 @@ def ref_gspo(lp, prox, w, adv, mask, cu, eps, eps_high):
 
 def test_gspo_matches_loop_reference_and_its_clip_binds():
     lp, prox, behav, adv, mask, cu = packed(2, [7, 12, 30, 9, 16], spread=0.2)
-    lp = (prox + torch.randn(lp.numel(), generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 1e-3)
+    lp = prox + torch.randn(lp.numel(), generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 1e-3
     w = torch.exp(behaviour_log_weight(prox, behav, mask))
     x = lp.clone().requires_grad_(True)
     loss, stats = gspo_loss(x, prox, w, adv, mask, cu, clip_eps=3e-4, eps_high=4e-4)
@@ -241,9 +246,17 @@ def test_update_stats_average_but_maxima_stay_maxima():
 def batch_for_loss(seed=11, spread=0.8):
     lp, prox, behav, adv, mask, cu = packed(seed, [12, 8, 15, 10], spread=spread)
     versions = torch.tensor([4 if i % 3 else 5 for i in range(prox.numel())])
-    b = PackedBatch(cu, {"input_ids": torch.zeros(prox.numel(), dtype=torch.long), "loss_mask": mask,
-                         "behav_logprobs": behav.float(), "prox_logprobs": prox.float(), "advantages": adv.float(),
-                         "versions": versions})
+    b = PackedBatch(
+        cu,
+        {
+            "input_ids": torch.zeros(prox.numel(), dtype=torch.long),
+            "loss_mask": mask,
+            "behav_logprobs": behav.float(),
+            "prox_logprobs": prox.float(),
+            "advantages": adv.float(),
+            "versions": versions,
+        },
+    )
     return b, prox.float()
 
 
@@ -298,12 +311,15 @@ def test_new_losses_fuse_like_decoupled_ppo(loss):
     assert _plan(f"nodes.train.loss={loss}").fused == {"prox_logp": "train"}
 
 
-@pytest.mark.parametrize("overrides,field,words", [
-    (("nodes.train.loss=ppo", "nodes.train.is_correction=tis"), "is_correction", "decoupled_ppo"),
-    (("nodes.train.is_correction=tis", "nodes.train.is_low=0.5"), "is_low", "only an upper bound"),
-    (("nodes.train.is_high=3.0",), "is_high", "without a correction"),
-    (("nodes.train.loss=gspo", "nodes.train.dual_clip=3.0"), "dual_clip", "not built for loss 'gspo'"),
-])
+@pytest.mark.parametrize(
+    "overrides,field,words",
+    [
+        (("nodes.train.loss=ppo", "nodes.train.is_correction=tis"), "is_correction", "decoupled_ppo"),
+        (("nodes.train.is_correction=tis", "nodes.train.is_low=0.5"), "is_low", "only an upper bound"),
+        (("nodes.train.is_high=3.0",), "is_high", "without a correction"),
+        (("nodes.train.loss=gspo", "nodes.train.dual_clip=3.0"), "dual_clip", "not built for loss 'gspo'"),
+    ],
+)
 def test_corrections_where_they_cannot_act_are_errors_naming_node_and_field(overrides, field, words):
     from areal_graph.graph.loader import WorkflowError
 
@@ -320,13 +336,19 @@ def test_mismatch_summary_folds_steps_into_windows_and_positions():
     metrics = []
     for step in range(1, 17):
         stale_share = 0.0 if step <= 8 else 0.5
-        m = {"step": step, "train/mismatch/all/abs_mean": 1e-6 + stale_share * 0.02,
-             "train/mismatch/fresh/abs_mean": 1e-6, "train/mismatch/fresh/abs_max": 1e-5 * step,
-             "train/mismatch/fresh/share": 1 - stale_share, "train/mismatch/stale/share": stale_share,
-             "train/mismatch/stale/abs_mean": 0.04 if stale_share else 0.0,
-             "train/mismatch/stale/abs_max": 0.5 if stale_share else 0.0,
-             "train/mismatch/pos/0-7/abs_mean": 1e-6, "train/mismatch/pos/128+/abs_mean": 3e-6,
-             "train/mismatch/pos/8-15/abs_mean": 2e-6}
+        m = {
+            "step": step,
+            "train/mismatch/all/abs_mean": 1e-6 + stale_share * 0.02,
+            "train/mismatch/fresh/abs_mean": 1e-6,
+            "train/mismatch/fresh/abs_max": 1e-5 * step,
+            "train/mismatch/fresh/share": 1 - stale_share,
+            "train/mismatch/stale/share": stale_share,
+            "train/mismatch/stale/abs_mean": 0.04 if stale_share else 0.0,
+            "train/mismatch/stale/abs_max": 0.5 if stale_share else 0.0,
+            "train/mismatch/pos/0-7/abs_mean": 1e-6,
+            "train/mismatch/pos/128+/abs_mean": 3e-6,
+            "train/mismatch/pos/8-15/abs_mean": 2e-6,
+        }
         metrics.append(m)
     metrics.append({"step": 16, "eval/accuracy": 0.5})  # an eval line carries no mismatch
     mm = mismatch_summary(metrics)

@@ -58,8 +58,17 @@ def test_decoupled_loss_and_grad_match_loop_reference(cfg):
     eps_high = cfg["eps_high"] if cfg["eps_high"] is not None else cfg["clip_eps"]
     lp_vals = lp.detach()
     for t in range(400):
-        ref_l, ref_g = ref_ppo_token(float(lp_vals[t]), float(prox[t]), float(behav[t]), float(adv[t]), bool(mask[t]),
-                                     cfg["clip_eps"], eps_high, cfg["dual_clip"], cfg["behav_imp_cap"])
+        ref_l, ref_g = ref_ppo_token(
+            float(lp_vals[t]),
+            float(prox[t]),
+            float(behav[t]),
+            float(adv[t]),
+            bool(mask[t]),
+            cfg["clip_eps"],
+            eps_high,
+            cfg["dual_clip"],
+            cfg["behav_imp_cap"],
+        )
         assert float(loss.detach()[t]) == pytest.approx(ref_l, rel=1e-12, abs=1e-12), t
         assert float(lp.grad[t]) == pytest.approx(ref_g, rel=1e-12, abs=1e-12), t
     # the interesting branches were all exercised

@@ -15,8 +15,10 @@ from areal_graph.nodes.shaping import overlong_penalty, weighted_sum
 
 
 def _batch(masks, **seqs) -> PackedBatch:
-    return PackedBatch.from_sequences({"input_ids": [[5] * len(m) for m in masks], "loss_mask": masks},
-                                      seqs={k: torch.tensor(v) for k, v in seqs.items()})
+    return PackedBatch.from_sequences(
+        {"input_ids": [[5] * len(m) for m in masks], "loss_mask": masks},
+        seqs={k: torch.tensor(v) for k, v in seqs.items()},
+    )
 
 
 def _generated(n, prompt=2, tool_gap=0):

@@ -44,7 +44,7 @@ def test_grpo_advantages_are_group_baselined_and_only_on_generated_tokens():
         group = b["rewards"][b["group_id"] == g]
         expected = float(b["rewards"][i] - group.mean())
         seq_adv = b.sequence(i, "loss_mask").bool()
-        vals = adv[b.cu_seqlens[i]:b.cu_seqlens[i + 1]][seq_adv]
+        vals = adv[b.cu_seqlens[i] : b.cu_seqlens[i + 1]][seq_adv]
         assert torch.allclose(vals, torch.full_like(vals, expected), atol=1e-6)
 
 
@@ -53,7 +53,7 @@ def test_grpo_advantages_are_group_baselined_and_only_on_generated_tokens():
 def test_loss_over_any_microbatch_split_equals_the_full_batch(agg, loss):
     b = random_batch(seed=1)
     b.update(compute_advantages(AdvantageParams(), b))
-    logp = (b["prox_logprobs"] + 0.1 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(0)))
+    logp = b["prox_logprobs"] + 0.1 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(0))
     params = TrainParams(loss=loss, agg=agg, clip_eps=0.2, behav_imp_cap=3.0)
     loss_fn = build_loss_fn(params, b)
 
@@ -63,8 +63,8 @@ def test_loss_over_any_microbatch_split_equals_the_full_batch(agg, loss):
         for idx in split:
             mb = b.select(idx)
             token_index = torch.cat([torch.arange(int(b.cu_seqlens[i]), int(b.cu_seqlens[i + 1])) for i in idx])
-            l, _ = loss_fn(x[token_index], torch.zeros(len(token_index)), mb)
-            acc = acc + l
+            mb_loss, _ = loss_fn(x[token_index], torch.zeros(len(token_index)), mb)
+            acc = acc + mb_loss
         acc.backward()
         return acc.detach(), x.grad
 
@@ -88,8 +88,11 @@ def test_every_loss_resolves_to_its_function_and_reads_what_its_entry_says(name)
 def test_a_new_loss_is_one_entry_and_its_function(monkeypatch):
     """An entry naming a function is all the trainer needs: here a copy of cispo's under another
     name trains exactly as cispo does."""
-    monkeypatch.setitem(LOSSES, "cispo_again", Loss("cispo_again", "cispo once more", "policy",
-                                                    LOSSES["cispo"].reads, LOSSES["cispo"].fn, prox=True))
+    monkeypatch.setitem(
+        LOSSES,
+        "cispo_again",
+        Loss("cispo_again", "cispo once more", "policy", LOSSES["cispo"].reads, LOSSES["cispo"].fn, prox=True),
+    )
     b = random_batch(seed=2)
     b.update(compute_advantages(AdvantageParams(), b))
     logp = b["prox_logprobs"] + 0.1 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(1))

@@ -8,15 +8,27 @@ from dataclasses import replace
 
 import pytest
 
-from areal_graph.perfmodel.cluster import GPUS, MODELS, PRODUCTION, ClusterRun, cluster_costs, h200_measured, \
-    long_tail_lengths, on_gpu, speedup, with_train_mfu
+from areal_graph.perfmodel.cluster import (
+    GPUS,
+    MODELS,
+    PRODUCTION,
+    ClusterRun,
+    cluster_costs,
+    h200_measured,
+    long_tail_lengths,
+    on_gpu,
+    speedup,
+    with_train_mfu,
+)
 
 
 def test_a_decode_step_costs_what_the_roofline_says():
     model, gpu = MODELS["7B"], GPUS["H800"]
     costs = cluster_costs(model, gpu, PRODUCTION, tp=1, train_gpus=8, lengths=long_tail_lengths(100, 50, 0.3, 0.3, 4))
     weights_ms = 2 * 7.62e9 / (3.35e12 * 0.6) * 1e3
-    assert costs.decode_ms.predict(rows=1, context_k=0) == pytest.approx(0.4 + weights_ms + 2 * 7.62e9 / (989e12 * 0.5) * 1e3)
+    assert costs.decode_ms.predict(rows=1, context_k=0) == pytest.approx(
+        0.4 + weights_ms + 2 * 7.62e9 / (989e12 * 0.5) * 1e3
+    )
     kv = 2 * 28 * 4 * 128 * 2
     assert costs.decode_ms.coef[2] == pytest.approx(1e3 * kv / (3.35e12 * 0.6) * 1e3)
     assert costs.model_calls["train"].coef[1] == pytest.approx(1e3 * 8 * 7.62e9 / (989e12 * 0.4 * 8))
@@ -35,8 +47,17 @@ def test_on_a_long_tail_asynchrony_wins_until_training_bounds_both():
     then for training; async keeps the engines full and trains meanwhile: several times faster.
     When training alone takes longer than generating (a hundredth of the efficiency), both wait for
     the trainer and the gain vanishes. Max staleness holds either way."""
-    run = ClusterRun(model="1.5B", gpus=16, batch_prompts=16, answers=8, max_tokens=8000, median_tokens=1500,
-                     eta=4, steps=10, decode_chunk=64)
+    run = ClusterRun(
+        model="1.5B",
+        gpus=16,
+        batch_prompts=16,
+        answers=8,
+        max_tokens=8000,
+        median_tokens=1500,
+        eta=4,
+        steps=10,
+        decode_chunk=64,
+    )
     fast = speedup(replace(run, efficiency=with_train_mfu(PRODUCTION, 0.4)), colocated=False)
     slow = speedup(replace(run, efficiency=with_train_mfu(PRODUCTION, 0.002)), colocated=False)
     assert fast["speedup"] > 2.0 and fast["async_engine_busy"] > 0.9 > fast["sync_engine_busy"]

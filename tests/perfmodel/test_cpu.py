@@ -36,8 +36,11 @@ def test_unpinned_demand_is_poured_onto_the_least_loaded_cores():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.01, 3), st.sampled_from([None, (0,), (1,), (0, 1)])), max_size=6),
-       st.floats(0.1, 2), st.sampled_from([None, (0,), (1,), (0, 1)]))
+@given(
+    st.lists(st.tuples(st.floats(0.01, 3), st.sampled_from([None, (0,), (1,), (0, 1)])), max_size=6),
+    st.floats(0.1, 2),
+    st.sampled_from([None, (0,), (1,), (0, 1)]),
+)
 def test_slowdown_is_at_least_one_and_grows_with_more_demand(others, amount, where):
     job = Demand(amount, frozenset(where) if where else None)
     demands = [Demand(a, frozenset(w) if w else None) for a, w in others]

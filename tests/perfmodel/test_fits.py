@@ -11,11 +11,15 @@ from areal_graph.perfmodel.fits import LinearFit, fit_linear
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_fit_recovers_the_costs_it_was_made_from(seed):
     rng = np.random.default_rng(seed)
-    rows = [{"rows": float(b), "rows_x_width_k": b * w / 1e3} for b, w in zip(rng.integers(1, 65, 400),
-                                                                               rng.integers(20, 300, 400))]
+    rows = [
+        {"rows": float(b), "rows_x_width_k": b * w / 1e3}
+        for b, w in zip(rng.integers(1, 65, 400), rng.integers(20, 300, 400))
+    ]
     truth = {"1": 1.5, "rows": 0.06, "rows_x_width_k": 0.3}
-    y = [(truth["1"] + truth["rows"] * r["rows"] + truth["rows_x_width_k"] * r["rows_x_width_k"])
-         * rng.lognormal(0, 0.1) for r in rows]
+    y = [
+        (truth["1"] + truth["rows"] * r["rows"] + truth["rows_x_width_k"] * r["rows_x_width_k"]) * rng.lognormal(0, 0.1)
+        for r in rows
+    ]
     fit = fit_linear(rows, y, ["1", "rows", "rows_x_width_k"])
     for term, coef in zip(fit.terms, fit.coef):
         assert coef == pytest.approx(truth[term], rel=0.15), term

@@ -3,8 +3,6 @@ ratio to what they took in a run."""
 
 from __future__ import annotations
 
-import pytest
-
 from areal_graph.perfmodel.replay import replay_ratio
 
 

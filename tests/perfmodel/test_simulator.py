@@ -14,14 +14,25 @@ from areal_graph.perfmodel.fits import LinearFit
 from areal_graph.perfmodel.simulator import ADMIT_WAIT_S, SimConfig, simulate
 
 
-def _costs(length: int = 10, prompt: int = 20, decode_ms: float = 2.0, prefill_ms: float = 5.0,
-           train_s: float = 0.1, spread: bool = False) -> CostModel:
+def _costs(
+    length: int = 10,
+    prompt: int = 20,
+    decode_ms: float = 2.0,
+    prefill_ms: float = 5.0,
+    train_s: float = 0.1,
+    spread: bool = False,
+) -> CostModel:
     groups = [[v, prompt, [length + (7 * j if spread and j == 3 else 0) for j in range(4)]] for v in range(40)]
     return CostModel(
-        machine_cores=[0, 1], inference=SidePlacement(None, 1), training=SidePlacement(None, 1),
-        decode_ms=LinearFit.constant(decode_ms), prefill_ms=LinearFit.constant(prefill_ms),
-        model_calls={"train": LinearFit.constant(train_s)}, sync_s=0.01,
-        lengths=LengthModel(6, 64, groups))
+        machine_cores=[0, 1],
+        inference=SidePlacement(None, 1),
+        training=SidePlacement(None, 1),
+        decode_ms=LinearFit.constant(decode_ms),
+        prefill_ms=LinearFit.constant(prefill_ms),
+        model_calls={"train": LinearFit.constant(train_s)},
+        sync_s=0.01,
+        lengths=LengthModel(6, 64, groups),
+    )
 
 
 def _cfg(**kw) -> SimConfig:
@@ -60,13 +71,26 @@ def test_recomputing_the_kv_cache_at_each_update_costs_prefills_and_keeping_it_d
 
 
 @settings(max_examples=60, deadline=None)
-@given(eta=st.integers(0, 6), groups_per_step=st.integers(1, 4), concurrency=st.integers(1, 6),
-       running=st.integers(1, 64), spread=st.booleans(), order=st.sampled_from(["submission", "completion"]))
-def test_staleness_never_exceeds_eta_and_eta_zero_is_synchronous(eta, groups_per_step, concurrency, running,
-                                                                 spread, order):
+@given(
+    eta=st.integers(0, 6),
+    groups_per_step=st.integers(1, 4),
+    concurrency=st.integers(1, 6),
+    running=st.integers(1, 64),
+    spread=st.booleans(),
+    order=st.sampled_from(["submission", "completion"]),
+)
+def test_staleness_never_exceeds_eta_and_eta_zero_is_synchronous(
+    eta, groups_per_step, concurrency, running, spread, order
+):
     G = 4
-    cfg = _cfg(steps=8, batch_size=G * groups_per_step, max_staleness=eta, max_concurrent=G * concurrency,
-               max_running=running, batch_order=order)
+    cfg = _cfg(
+        steps=8,
+        batch_size=G * groups_per_step,
+        max_staleness=eta,
+        max_concurrent=G * concurrency,
+        max_running=running,
+        batch_order=order,
+    )
     r = simulate(cfg, _costs(spread=spread, train_s=0.01), passes=1)
     assert r.staleness_max <= eta
     if eta == 0:

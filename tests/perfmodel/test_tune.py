@@ -27,9 +27,15 @@ def test_concurrency_in_whole_groups_up_to_what_eta_allows():
 
 def test_the_search_finds_asynchrony_where_training_hides_behind_generation():
     groups = [[v, 20, [10, 12, 30, 60]] for v in range(40)]
-    costs = CostModel(machine_cores=[0, 1], inference=SidePlacement(None, 1), training=SidePlacement(None, 1),
-                      decode_ms=LinearFit(["1", "rows"], [1.0, 0.02]), prefill_ms=LinearFit.constant(2.0),
-                      model_calls={"train": LinearFit.constant(0.05)}, lengths=LengthModel(6, 64, groups))
+    costs = CostModel(
+        machine_cores=[0, 1],
+        inference=SidePlacement(None, 1),
+        training=SidePlacement(None, 1),
+        decode_ms=LinearFit(["1", "rows"], [1.0, 0.02]),
+        prefill_ms=LinearFit.constant(2.0),
+        model_calls={"train": LinearFit.constant(0.05)},
+        lengths=LengthModel(6, 64, groups),
+    )
     base = SimConfig(steps=20, batch_size=16, group_size=4, max_staleness=0, max_concurrent=16, max_running=64)
     sync_only = search(base, costs, max_staleness=0, top=3, seeds=1)
     assert all("runtime.max_staleness" not in " ".join(c.overrides) for c in sync_only.ranked)

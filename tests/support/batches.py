@@ -31,7 +31,7 @@ def grpo_batch(groups=3, answers=4, seed=0, vocab=128) -> PackedBatch:
             own = [rng.randint(1, vocab - 1) for _ in range(rng.randint(1, 20))]
             if a == 1:
                 own[0] = 0  # the pad token inside a sequence
-            resp = common[:rng.randint(0, len(common))] + own
+            resp = common[: rng.randint(0, len(common))] + own
             m = [1] * len(resp)
             if a % 3 == 2 and len(resp) > 4:
                 m[1:3] = [0, 0]  # tool output inside the answer: not trained on

@@ -16,10 +16,17 @@ import psutil
 from areal_graph.runtime.observability.run_dir import METRICS_FILENAME, read_metrics_file
 from support.paths import WORKFLOWS, child_env
 
-
-SMALL = ["runtime.steps=3", "runtime.batch_size=8", "nodes.rollout.group_size=4",
-         "nodes.rollout.sampling.max_new_tokens=12", "runtime.eval_every=3", "data.eval_size=4",
-         "runtime.save_every=2", "runtime.max_tokens_per_microbatch=256", "nodes.reward.fn=support.e2e_rewards:length_parity"]
+SMALL = [
+    "runtime.steps=3",
+    "runtime.batch_size=8",
+    "nodes.rollout.group_size=4",
+    "nodes.rollout.sampling.max_new_tokens=12",
+    "runtime.eval_every=3",
+    "data.eval_size=4",
+    "runtime.save_every=2",
+    "runtime.max_tokens_per_microbatch=256",
+    "nodes.reward.fn=support.e2e_rewards:length_parity",
+]
 
 
 def build_kit(root: Path) -> Path:
@@ -38,10 +45,19 @@ def build_kit(root: Path) -> Path:
     import torch
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=tok.bos_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(root / "model")
     return root
 
@@ -50,7 +66,9 @@ def write_workflow(kit: Path, tmp: Path, workflow: str = "ppo_async.yaml") -> Pa
     """A shipped workflow pointed at the test kit instead of the builtin one."""
     text = (WORKFLOWS / workflow).read_text()
     text = text.replace("builtin:tiny-arith", str(kit / "model"))
-    text = text.replace("builtin:arith/train", str(kit / "train.jsonl")).replace("builtin:arith/test", str(kit / "test.jsonl"))
+    text = text.replace("builtin:arith/train", str(kit / "train.jsonl")).replace(
+        "builtin:arith/test", str(kit / "test.jsonl")
+    )
     path = tmp / "wf.yaml"
     path.write_text(text)
     return path
@@ -99,9 +117,16 @@ def write_verl_parquet(kit: Path, out: Path) -> tuple[Path, Path]:
     paths = []
     for split in ("train", "test"):
         rows = [json.loads(line) for line in (kit / f"{split}.jsonl").read_text().splitlines() if line.strip()]
-        verl = [{"data_source": VERL_SOURCES[i % 2], "prompt": [{"role": "user", "content": r["question"]}],
-                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(r["answer"])},
-                 "extra_info": {"split": split, "index": i}} for i, r in enumerate(rows)]
+        verl = [
+            {
+                "data_source": VERL_SOURCES[i % 2],
+                "prompt": [{"role": "user", "content": r["question"]}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(r["answer"])},
+                "extra_info": {"split": split, "index": i},
+            }
+            for i, r in enumerate(rows)
+        ]
         paths.append(out / f"{split}.parquet")
         pq.write_table(pa.Table.from_pylist(verl), paths[-1])
     return paths[0], paths[1]

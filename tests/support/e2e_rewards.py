@@ -17,8 +17,13 @@ def tool_use_bonus(completion: str, answer: str, episode) -> float:
 def episode_fingerprint(completion: str, answer: str, episode) -> float:
     """Encodes what the reward saw as a number the tests can check."""
     roles = "".join(t.role[0] for t in episode.turns)  # e.g. "paea": prompt, assistant, environment, assistant
-    return (100 * episode.tool_calls + 10 * episode.assistant_turns + len(roles)
-            + 1000 * int(episode.info.get("marker", 0)) + 0.5 * episode.truncated)
+    return (
+        100 * episode.tool_calls
+        + 10 * episode.assistant_turns
+        + len(roles)
+        + 1000 * int(episode.info.get("marker", 0))
+        + 0.5 * episode.truncated
+    )
 
 
 def always_fails(completion: str, answer: str) -> float:

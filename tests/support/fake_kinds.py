@@ -42,8 +42,16 @@ class FakeRolloutParams:
 
 
 class FakeRolloutHost:
-    def __init__(self, name: str, group_size: int, response_len: int, delay_s: float, fail: dict[str, int],
-                 slow: dict[str, float] | None = None, **_: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        group_size: int,
+        response_len: int,
+        delay_s: float,
+        fail: dict[str, int],
+        slow: dict[str, float] | None = None,
+        **_: Any,
+    ) -> None:
         self.group_size, self.response_len, self.delay_s = group_size, response_len, delay_s
         self.slow = {int(k): v for k, v in (slow or {}).items()}
         self.fail = {int(k): v for k, v in fail.items()}
@@ -80,10 +88,12 @@ class FakeRolloutHost:
                     answers.append(batch.meta["answer"][i])
             plen = [batch.sequence(i, "input_ids").numel() for i in range(batch.num_seqs) for _ in range(g)]
             return PackedBatch.from_sequences(
-                {"input_ids": seqs,
-                 "loss_mask": [[0] * p + [1] * (len(s) - p) for s, p in zip(seqs, plen)],
-                 "behav_logprobs": [[0.0] * p + [-1.0] * (len(s) - p) for s, p in zip(seqs, plen)],
-                 "versions": [[-1] * p + [version] * (len(s) - p) for s, p in zip(seqs, plen)]},
+                {
+                    "input_ids": seqs,
+                    "loss_mask": [[0] * p + [1] * (len(s) - p) for s, p in zip(seqs, plen)],
+                    "behav_logprobs": [[0.0] * p + [-1.0] * (len(s) - p) for s, p in zip(seqs, plen)],
+                    "versions": [[-1] * p + [version] * (len(s) - p) for s, p in zip(seqs, plen)],
+                },
                 seqs={"group_id": groups, "sample_id": samples},
                 meta={"answer": answers},
                 dtypes={"input_ids": torch.int64, "loss_mask": torch.int64, "versions": torch.int64},
@@ -94,7 +104,11 @@ class FakeRolloutHost:
 
 
 ROLLOUT = NodeKind(
-    name="fake_rollout", params=FakeRolloutParams, model="forbidden", phase="generation", source=True,
+    name="fake_rollout",
+    params=FakeRolloutParams,
+    model="forbidden",
+    phase="generation",
+    source=True,
     doc="synthetic trajectories stamped with the current policy version",
     hosting=lambda node, spec: Hosting("rollout", node.name, "support.fake_kinds:FakeRolloutHost", role="rollout"),
     host_args=lambda node, spec, info: {"name": node.name, **asdict(node.params)},
@@ -109,19 +123,28 @@ class FakeTrainHost:
         HOSTS[name] = self
 
     def train(self, batch: PackedBatch) -> tuple[PackedBatch, dict[str, float]]:
-        self.batches.append({
-            "sample_ids": batch["sample_id"].tolist(), "group_ids": batch["group_id"].tolist(),
-            "versions": batch["versions"][batch["loss_mask"].bool()].tolist(),
-            "keys": sorted(batch.keys()), "advantages": batch["advantages"].clone(),
-        })
+        self.batches.append(
+            {
+                "sample_ids": batch["sample_id"].tolist(),
+                "group_ids": batch["group_id"].tolist(),
+                "versions": batch["versions"][batch["loss_mask"].bool()].tolist(),
+                "keys": sorted(batch.keys()),
+                "advantages": batch["advantages"].clone(),
+            }
+        )
         return PackedBatch(batch.cu_seqlens.clone()), {"seqs": float(batch.num_seqs)}
 
 
 TRAIN = NodeKind(
-    name="fake_train", params=TrainParams, model="required", phase="training", trains=True,
+    name="fake_train",
+    params=TrainParams,
+    model="required",
+    phase="training",
+    trains=True,
     doc="records the batches it would train on",
-    hosting=lambda node, spec: Hosting(f"model-{node.model}", str(node.model), "support.fake_kinds:FakeTrainHost",
-                                       exclusive=True, role="model"),
+    hosting=lambda node, spec: Hosting(
+        f"model-{node.model}", str(node.model), "support.fake_kinds:FakeTrainHost", exclusive=True, role="model"
+    ),
     host_args=lambda node, spec, info: {"name": node.name},
     call=lambda node, spec: Call("train"),
     model_role=lambda node: "policy",
@@ -148,7 +171,10 @@ class SlowHost:
 
 
 SLOW = NodeKind(
-    name="slow", params=SlowParams, model="forbidden", phase="training",
+    name="slow",
+    params=SlowParams,
+    model="forbidden",
+    phase="training",
     doc="sleeps, then writes zeros (concurrency tests)",
     hosting=lambda node, spec: Hosting(node.params.process, node.name, "support.fake_kinds:SlowHost", exclusive=True),
     host_args=lambda node, spec, info: {"name": node.name, "sleep_s": node.params.sleep_s},

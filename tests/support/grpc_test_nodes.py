@@ -29,10 +29,14 @@ class EchoNode:
         return PackedBatch(batch.cu_seqlens.clone(), {out_key: out})
 
     def seq_sum(self, batch: PackedBatch, key: str) -> PackedBatch:
-        sums = torch.tensor([float(batch.sequence(i, key).to(torch.float64).sum()) for i in range(batch.num_seqs)],
-                            dtype=torch.float64)
-        return PackedBatch(batch.cu_seqlens.clone(), seqs={"sum": sums},
-                           meta={"label": [f"{self.label}-{i}" for i in range(batch.num_seqs)]})
+        sums = torch.tensor(
+            [float(batch.sequence(i, key).to(torch.float64).sum()) for i in range(batch.num_seqs)], dtype=torch.float64
+        )
+        return PackedBatch(
+            batch.cu_seqlens.clone(),
+            seqs={"sum": sums},
+            meta={"label": [f"{self.label}-{i}" for i in range(batch.num_seqs)]},
+        )
 
     def sleep(self, batch: PackedBatch, seconds: float) -> PackedBatch:
         """Stands in for a long rollout call: blocks its server thread, not the others."""

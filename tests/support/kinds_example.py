@@ -36,7 +36,10 @@ class ClipHost:
 
 
 CLIP = NodeKind(
-    name="clip", params=ClipParams, model="forbidden", phase="generation",
+    name="clip",
+    params=ClipParams,
+    model="forbidden",
+    phase="generation",
     doc="clamps one per-sequence key into [low, high]",
     hosting=lambda node, spec: Hosting("clipper", node.name, "support.kinds_example:ClipHost"),
     host_args=lambda node, spec, info: {"low": node.params.low, "high": node.params.high},

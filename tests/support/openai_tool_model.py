@@ -39,25 +39,44 @@ def user_prompt(question: str) -> str:
 
 # (prompt, answer) pairs: the model learns each answer after its prompt
 ADD_TURN1 = (user_prompt(ADD_QUESTION), ADD_CALL + EOS)
-ADD_TURN2 = (ADD_TURN1[0] + ADD_TURN1[1] + f"\n<|im_start|>tool\n{ADD_RESULT}{EOS}\n<|im_start|>assistant\n",
-             ADD_ANSWER + EOS)
+ADD_TURN2 = (
+    ADD_TURN1[0] + ADD_TURN1[1] + f"\n<|im_start|>tool\n{ADD_RESULT}{EOS}\n<|im_start|>assistant\n",
+    ADD_ANSWER + EOS,
+)
 HELLO_TURN = (user_prompt(HELLO_QUESTION), HELLO_ANSWER + EOS)
 CONVERSATIONS = [ADD_TURN1, ADD_TURN2, HELLO_TURN]
 
-ADD_TOOL = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 
 
 def _train(tokenizer, seed: int = 0, max_steps: int = 400):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = Qwen2ForCausalLM(config)
     batches = []
     for prompt, answer in CONVERSATIONS:
@@ -101,7 +120,7 @@ def greedy(model, tokenizer, prompt: str, max_new: int = 60) -> str:
     return tokenizer.decode(out, skip_special_tokens=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_tool_model(root: str) -> tuple[Path, Path]:
     """(model dir, perturbed copy's dir) under `root`, built once per process.
 
@@ -136,7 +155,7 @@ def ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-async def add_agent(client: "openai.AsyncOpenAI", prompt: "AgentPrompt") -> float:
+async def add_agent(client: openai.AsyncOpenAI, prompt: AgentPrompt) -> float:
     """An ordinary tool-calling agent for the official client: ask, run the calls, ask again."""
     messages = list(prompt.messages)
     reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
@@ -149,11 +168,15 @@ async def add_agent(client: "openai.AsyncOpenAI", prompt: "AgentPrompt") -> floa
     return 1.0 if final.choices[0].message.content == ADD_ANSWER else 0.0
 
 
-ADD_FUNCTION = {"type": "function", "name": "add", "description": ADD_TOOL["function"]["description"],
-                "parameters": ADD_TOOL["function"]["parameters"]}  # ADD_TOOL as the Responses API writes tools
+ADD_FUNCTION = {
+    "type": "function",
+    "name": "add",
+    "description": ADD_TOOL["function"]["description"],
+    "parameters": ADD_TOOL["function"]["parameters"],
+}  # ADD_TOOL as the Responses API writes tools
 
 
-async def add_agent_responses(client: "openai.AsyncOpenAI", prompt: "AgentPrompt") -> float:
+async def add_agent_responses(client: openai.AsyncOpenAI, prompt: AgentPrompt) -> float:
     """`add_agent` on the Responses API: the function call items and their outputs go back as input."""
     items: list = list(prompt.messages)
     first = await client.responses.create(model="policy", input=items, tools=[ADD_FUNCTION])
@@ -161,6 +184,8 @@ async def add_agent_responses(client: "openai.AsyncOpenAI", prompt: "AgentPrompt
     for item in first.output:
         if item.type == "function_call":
             args = json.loads(item.arguments)
-            items.append({"type": "function_call_output", "call_id": item.call_id, "output": str(args["a"] + args["b"])})
+            items.append(
+                {"type": "function_call_output", "call_id": item.call_id, "output": str(args["a"] + args["b"])}
+            )
     final = await client.responses.create(model="policy", input=items, tools=[ADD_FUNCTION])
     return 1.0 if final.output_text == ADD_ANSWER else 0.0

@@ -27,12 +27,19 @@ def naive_logprobs(model, batch: PackedBatch, temperature: float = 1.0, entropy:
     return (lp_t, torch.tensor(ent, dtype=torch.float64)) if entropy else lp_t
 
 
-def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, row_tokens: int = ROW_TOKENS,
-                    with_entropy: bool = False, temperature: float = 1.0):
+def packed_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    row_tokens: int = ROW_TOKENS,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+):
     """The HF path's scoring of a whole batch as TrainEngine runs it per micro-batch:
     `rows_logprobs` over the forwards of `row_forwards`, each token written by exactly one."""
-    parts = [rows_logprobs(model, batch, rows, with_entropy, temperature)
-             for rows in row_forwards(batch.seqlens().tolist(), row_tokens)]
+    parts = [
+        rows_logprobs(model, batch, rows, with_entropy, temperature)
+        for rows in row_forwards(batch.seqlens().tolist(), row_tokens)
+    ]
     if not parts:
         return rows_logprobs(model, batch, [], with_entropy, temperature)
     return sum(p[0] for p in parts), (sum(p[1] for p in parts) if with_entropy else None)

@@ -44,9 +44,17 @@ def save_random_classifier(path, tokenizer, labels: int = 1, seed: int = 0, pad:
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      num_labels=labels, pad_token_id=tokenizer.pad_token_id if pad else None)
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_labels=labels,
+        pad_token_id=tokenizer.pad_token_id if pad else None,
+    )
     Qwen2ForSequenceClassification(cfg).eval().save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -12,7 +12,16 @@ def record_steps(tr: Tracer, first: int, last: int, t0: float, spans_per_step: i
     for step in range(first, last):
         t = t0 + step * 0.01
         for k in range(spans_per_step):
-            tr.record("generate", t, t + 0.002, cat="node", node="rollout", worker="rollout", step=step,
-                      rid=f"r{step}-{k}", tokens=64)
+            tr.record(
+                "generate",
+                t,
+                t + 0.002,
+                cat="node",
+                node="rollout",
+                worker="rollout",
+                step=step,
+                rid=f"r{step}-{k}",
+                tokens=64,
+            )
         tr.record("forward", t, t + 0.006, cat="compute", worker="inference-0", step=step)  # busy 60%
         tr.record("step", t, t + 0.01, cat="step", step=step)

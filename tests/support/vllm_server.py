@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -29,18 +29,29 @@ def require_vllm() -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, log_dir: Path, api_key: str, extra_args: list[str] = (),  # type: ignore[assignment]
-                extra_env: dict[str, str] | None = None) -> Iterator[str]:
+def vllm_server(
+    model: Path,
+    log_dir: Path,
+    api_key: str,
+    extra_args: list[str] = (),  # type: ignore[assignment]
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[str]:
     """Serve `model` (float32, 256-token context) until the block ends; yields its URL. A server
     that does not come up fails the test with the end of its log."""
     require_vllm()
     backend = get_backend("vllm")
-    spec = InferenceSpec(backend="vllm", python=VLLM_PYTHON, max_running_requests=16,
-                         args={"dtype": "float32", "max_model_len": 256})
+    spec = InferenceSpec(
+        backend="vllm", python=VLLM_PYTHON, max_running_requests=16, args={"dtype": "float32", "max_model_len": 256}
+    )
     port = free_port()
     cmd = inference_server_command(spec, str(model), port, threads=2, seed=0, name="vllm-test", api_key=api_key)
-    env = {**os.environ, **thread_env(backend.thread_cap(2)), **backend.environment(api_key),
-           "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
+    env = {
+        **os.environ,
+        **thread_env(backend.thread_cap(2)),
+        **backend.environment(api_key),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **(extra_env or {}),
+    }
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([*cmd, *extra_args], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -83,15 +94,30 @@ def vllm_model(dest: Path) -> Path:
 def vllm_run_command(run_dir: Path, model: Path, *overrides: str) -> list[str]:
     """`areal-graph run` of the async workflow on vLLM (float32) serving `model`."""
     require_vllm()
-    return [str(REPO / ".venv" / "bin" / "areal-graph"), "run", "workflows/ppo_async.yaml",
-            "inference.backend=vllm", f"inference.python={VLLM_PYTHON}", "inference.args.dtype=float32",
-            f"models.actor.path={model}", "runtime.eval_every=0", f"runtime.run_dir={run_dir}", *overrides]
+    return [
+        str(REPO / ".venv" / "bin" / "areal-graph"),
+        "run",
+        "workflows/ppo_async.yaml",
+        "inference.backend=vllm",
+        f"inference.python={VLLM_PYTHON}",
+        "inference.args.dtype=float32",
+        f"models.actor.path={model}",
+        "runtime.eval_every=0",
+        f"runtime.run_dir={run_dir}",
+        *overrides,
+    ]
 
 
 def run_on_vllm(run_dir: Path, model: Path, *overrides: str) -> list[dict]:
     """Run `vllm_run_command` to the end (failing the test with its output if it fails); the
     metrics of its training steps."""
-    out = subprocess.run(vllm_run_command(run_dir, model, *overrides), cwd=REPO, capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "COLUMNS": "400"})
+    out = subprocess.run(
+        vllm_run_command(run_dir, model, *overrides),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "COLUMNS": "400"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return [r for r in read_metrics(run_dir) if "train/loss" in r]

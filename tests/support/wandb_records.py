@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 BLOCK = 32768
 CHUNK_HEADER = 7  # crc32 (4), length (2), type (1)
@@ -31,11 +32,11 @@ def raw_records(path: Path) -> Iterator[bytes]:
         if left < CHUNK_HEADER:  # a block's tail too short for a header is padding
             pos += left
             continue
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK_HEADER])
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
         if (crc, length, kind) == (0, 0, 0):  # zero padding to the end of the block
             pos += left
             continue
-        chunk = data[pos + CHUNK_HEADER:pos + CHUNK_HEADER + length]
+        chunk = data[pos + CHUNK_HEADER : pos + CHUNK_HEADER + length]
         assert zlib.crc32(bytes([kind]) + chunk) & 0xFFFFFFFF == crc, f"{path}: bad checksum at byte {pos}"
         pos += CHUNK_HEADER + length
         if kind == FULL:

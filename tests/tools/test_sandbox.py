@@ -61,9 +61,13 @@ def test_sleeping_child_processes_are_killed_with_the_group():
 
 # ------------------------------------------------------------------ containment (tools/sandbox_launcher.py)
 
+
 def test_stdin_is_the_programs_input():
-    r = asyncio.run(run_python("import sys; print(sum(int(x) for x in sys.stdin.read().split()))",
-                               SandboxLimits(), stdin="1 2\n3\n"))
+    r = asyncio.run(
+        run_python(
+            "import sys; print(sum(int(x) for x in sys.stdin.read().split()))", SandboxLimits(), stdin="1 2\n3\n"
+        )
+    )
     assert r.ok and r.stdout == "6\n"
 
 
@@ -107,10 +111,12 @@ def test_root_engine_gets_every_containment_feature():
 
 @pytest.mark.skipif(not AS_ROOT, reason="forcing a user namespace from root keeps this test independent of the host")
 def test_user_namespace_mode_contains_network_and_filesystem():
-    code = ("import socket, os\n"
-            "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\nexcept OSError as e:\n    print(e.errno)\n"
-            "try:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
-            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])")
+    code = (
+        "import socket, os\n"
+        "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\nexcept OSError as e:\n    print(e.errno)\n"
+        "try:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+        "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+    )
     r = run(code, isolation="user_namespace")
     c = r.containment
     assert c.mode == "user_namespace" and c.network and c.pid and c.filesystem and not c.process_limit
@@ -209,7 +215,7 @@ def test_directories_of_dead_engines_are_removed(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ an interpreter under /tmp (a venv in a clone there)
 # The engine's interpreter decides what the private root binds (its prefixes), so these tests run
 # the sandbox from a second process whose interpreter is a venv under /tmp, as in a git clone in /tmp.
-ENGINE_IN_TMP = r'''
+ENGINE_IN_TMP = r"""
 import asyncio, dataclasses, importlib.util, json, sys
 repo, isolation = sys.argv[1], sys.argv[2]
 spec = importlib.util.spec_from_file_location("areal_graph", repo + "/__init__.py", submodule_search_locations=[repo])
@@ -219,9 +225,9 @@ spec.loader.exec_module(package)
 from areal_graph.tools.sandbox import SandboxLimits, run_python
 result = asyncio.run(run_python(sys.stdin.read(), SandboxLimits(isolation=isolation)))
 print(json.dumps(dataclasses.asdict(result)))
-'''
+"""
 
-PROBE_IN_TMP = r'''
+PROBE_IN_TMP = r"""
 import errno, json, os, sys
 import areal_sandbox_probe  # from the venv's own site-packages
 clone = os.path.dirname(sys.prefix)
@@ -240,7 +246,7 @@ for key, path in (("write_venv", sys.prefix + "/pwned"), ("write_tmp", @PWNED@))
     except OSError as e:
         seen[key] = errno.errorcode[e.errno]
 print(json.dumps(seen))
-'''
+"""
 
 
 @pytest.fixture(scope="module", params=["/tmp", "/dev/shm"])
@@ -263,8 +269,9 @@ def venv_under_tmp(request):
         venv = os.path.join(clone, ".venv")
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv], check=True)
         python = os.path.join(venv, "bin", "python")
-        site_packages = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], check=True,
-                                       capture_output=True, text=True).stdout.strip()
+        site_packages = subprocess.run(
+            [python, "-c", "import site; print(site.getsitepackages()[0])"], check=True, capture_output=True, text=True
+        ).stdout.strip()
         assert site_packages.startswith(venv + "/")
         with open(os.path.join(site_packages, "areal_sandbox_probe.py"), "w") as f:
             f.write("VALUE = 42\n")
@@ -284,8 +291,13 @@ def _run_with_engine_in_tmp(venv: str, code: str, isolation: str = "auto") -> di
     import subprocess
 
     repo = str(REPO)
-    done = subprocess.run([os.path.join(venv, "bin", "python"), "-c", ENGINE_IN_TMP, repo, isolation], input=code,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [os.path.join(venv, "bin", "python"), "-c", ENGINE_IN_TMP, repo, isolation],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -322,7 +334,7 @@ def test_interpreter_under_tmp_gets_a_private_root_showing_only_its_own_dirs(ven
 
 
 # A stand-in launcher whose build_root fails as a layout bug would (the launcher runs in its own process).
-BROKEN_LAUNCHER = r'''
+BROKEN_LAUNCHER = r"""
 import errno, importlib.util, sys
 spec = importlib.util.spec_from_file_location("sandbox_launcher", @LAUNCHER@)
 launcher = importlib.util.module_from_spec(spec)
@@ -331,7 +343,7 @@ def build_root(spec, work_uid):
     raise OSError(errno.@ERRNO@, "forced failure")
 launcher.build_root = build_root
 launcher.main(sys.argv)
-'''
+"""
 
 
 def _broken_launcher(tmp_path, monkeypatch, err: str) -> None:

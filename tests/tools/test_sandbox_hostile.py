@@ -21,23 +21,26 @@ import threading
 import time
 import tracemalloc
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 import areal_graph
 from areal_graph.nodes.code_reward import CodeRewardConfig, CodeTest, extract_code, score_code
-from areal_graph.tools.sandbox import Containment, SandboxLimits, SandboxResult, run_python
 from areal_graph.runtime.launchers.local import free_port
+from areal_graph.tools.sandbox import Containment, SandboxLimits, SandboxResult, run_python
 
 UID_BASE = 3_000_000_000
 SECRET = f"areal-secret-{uuid.uuid4().hex}"
 REPO = Path(areal_graph.__file__).resolve().parent
 TAG = uuid.uuid4().hex[:10]
-OUTSIDE_FILES = {"tmp": f"/tmp/areal-hostile-{TAG}", "repo": str(REPO / f"areal-hostile-{TAG}"),
-                 "shm": f"/dev/shm/areal-hostile-{TAG}"}
+OUTSIDE_FILES = {
+    "tmp": f"/tmp/areal-hostile-{TAG}",
+    "repo": str(REPO / f"areal-hostile-{TAG}"),
+    "shm": f"/dev/shm/areal-hostile-{TAG}",
+}
 OK_TEST = [CodeTest(stdin="", expected_stdout="ok")]
 
 
@@ -121,6 +124,7 @@ def _no_file(key: str) -> Callable[[SandboxResult, Ctx], str]:
     def check(r: SandboxResult, ctx: Ctx) -> str:
         assert not os.path.exists(OUTSIDE_FILES[key])
         return f"{OUTSIDE_FILES[key]} does not exist"
+
     return check
 
 
@@ -164,6 +168,7 @@ def _host_path_exists(path: str) -> Callable[[SandboxResult, Ctx], str]:
         if not os.path.exists(path):  # e.g. no /root/.cache on a fresh machine: nothing shown proves nothing
             pytest.skip(f"{path} does not exist on this host: nothing there to hide")
         return f"{path} exists on the host, not inside"
+
     return check
 
 
@@ -304,38 +309,86 @@ for label, attempt in [('setuid0', lambda: os.setuid(0)), ('chroot', lambda: os.
         print(label, type(e).__name__, e)"""
 
 ROWS = [
-    Row("fork bomb (counting forks)", FORK_COUNT, _fork_limited, {"max_processes": 4, "wall_s": 5},
-        ("pid", "user", "process_limit")),
-    Row("fork bomb (while True: fork)", FORK_BOMB, _bomb_cleaned, {"max_processes": 4, "wall_s": 2},
-        ("pid", "user", "process_limit")),
+    Row(
+        "fork bomb (counting forks)",
+        FORK_COUNT,
+        _fork_limited,
+        {"max_processes": 4, "wall_s": 5},
+        ("pid", "user", "process_limit"),
+    ),
+    Row(
+        "fork bomb (while True: fork)",
+        FORK_BOMB,
+        _bomb_cleaned,
+        {"max_processes": 4, "wall_s": 2},
+        ("pid", "user", "process_limit"),
+    ),
     Row("memory hog (one 2 GB bytearray)", "x = bytearray(2 * 1024**3)", _bounded_memory, {"memory_mb": 256}, ()),
-    Row("memory hog (grow by 16 MB)", "xs = []\nwhile True:\n    xs.append(bytearray(16 << 20))", _bounded_memory,
-        {"memory_mb": 256}, ()),
+    Row(
+        "memory hog (grow by 16 MB)",
+        "xs = []\nwhile True:\n    xs.append(bytearray(16 << 20))",
+        _bounded_memory,
+        {"memory_mb": 256},
+        (),
+    ),
     Row("infinite loop", "while True:\n    pass", _stopped_in_time, {"cpu_s": 1, "wall_s": 4}, ()),
     Row("sleep forever", "import time\ntime.sleep(3600)", _stopped_in_time, {"wall_s": 1}, ()),
-    Row("100 MB to stdout", "import sys\nsys.stdout.write('x' * 100_000_000)", _bounded_output,
-        {"max_output_bytes": 65536}, ()),
-    Row("100 MB to stderr", "import sys\nsys.stderr.write('e' * 100_000_000)", _bounded_output,
-        {"max_output_bytes": 65536}, ()),
+    Row(
+        "100 MB to stdout",
+        "import sys\nsys.stdout.write('x' * 100_000_000)",
+        _bounded_output,
+        {"max_output_bytes": 65536},
+        (),
+    ),
+    Row(
+        "100 MB to stderr",
+        "import sys\nsys.stderr.write('e' * 100_000_000)",
+        _bounded_output,
+        {"max_output_bytes": 65536},
+        (),
+    ),
     Row("connect to a server outside (tcp, http, internet)", NETWORK, _no_connection, {}, ("network",)),
     Row("bind and listen on a port", BIND, _not_reachable_from_outside, {"wall_s": 5}, ("network",)),
     Row("write /tmp/x", WRITE.replace("@PATHS@", repr(OUTSIDE_FILES["tmp"])), _no_file("tmp"), {}, ("filesystem",)),
-    Row("write into the repository", WRITE.replace("@PATHS@", repr(OUTSIDE_FILES["repo"])), _no_file("repo"), {},
-        ("filesystem",)),
-    Row("write /dev/shm", WRITE.replace("@PATHS@", repr(OUTSIDE_FILES["shm"])), _no_file("shm"), {},
-        ("filesystem",)),
+    Row(
+        "write into the repository",
+        WRITE.replace("@PATHS@", repr(OUTSIDE_FILES["repo"])),
+        _no_file("repo"),
+        {},
+        ("filesystem",),
+    ),
+    Row("write /dev/shm", WRITE.replace("@PATHS@", repr(OUTSIDE_FILES["shm"])), _no_file("shm"), {}, ("filesystem",)),
     Row("fill the disk (4 MB files)", FILL, _tmpfs_full, {}, ("filesystem",)),
-    Row("read env, /proc/1, /proc/<parent>, /proc/<engine> environ", ENV, _secret_absent, {},
-        ("pid", "filesystem", "user")),
+    Row(
+        "read env, /proc/1, /proc/<parent>, /proc/<engine> environ",
+        ENV,
+        _secret_absent,
+        {},
+        ("pid", "filesystem", "user"),
+    ),
     Row("kill the parent and the engine", KILL_PARENT, _engine_alive, {}, ("pid", "user")),
     Row("kill(-1): every process it may signal", KILL_ALL, _engine_alive, {}, ("pid", "user")),
-    Row("read /root/.cache", READ.replace("@PATHS@", "'/root/.cache', '/root/.cache/areal-graph'"),
-        _host_path_exists("/root/.cache"), {}, ("filesystem",)),
-    Row("read ssh keys and /etc/shadow", READ.replace("@PATHS@", "'@SECRET_FILE@', '/root/.ssh/id_rsa', "
-                                                      "'/root/.ssh/id_ed25519', '/etc/shadow'"),
-        _secret_file_unread, {}, ("filesystem",)),
-    Row("read the repository", READ.replace("@PATHS@", repr(str(REPO / "README.md"))),
-        _host_path_exists(str(REPO / "README.md")), {}, ("filesystem",)),
+    Row(
+        "read /root/.cache",
+        READ.replace("@PATHS@", "'/root/.cache', '/root/.cache/areal-graph'"),
+        _host_path_exists("/root/.cache"),
+        {},
+        ("filesystem",),
+    ),
+    Row(
+        "read ssh keys and /etc/shadow",
+        READ.replace("@PATHS@", "'@SECRET_FILE@', '/root/.ssh/id_rsa', '/root/.ssh/id_ed25519', '/etc/shadow'"),
+        _secret_file_unread,
+        {},
+        ("filesystem",),
+    ),
+    Row(
+        "read the repository",
+        READ.replace("@PATHS@", repr(str(REPO / "README.md"))),
+        _host_path_exists(str(REPO / "README.md")),
+        {},
+        ("filesystem",),
+    ),
     Row("setuid(0), chroot, read init's memory", ESCALATE, _still_unprivileged, {}, ("user",)),
 ]
 
@@ -365,9 +418,13 @@ def listener():
 
 
 def _fill(code: str, ctx: Ctx) -> str:
-    return (code.replace("@PORT@", str(ctx.listener.port)).replace("@BIND_PORT@", str(ctx.bind_port))
-            .replace("@ENGINE_PID@", str(os.getpid())).replace("@SECRET_FILE@", ctx.secret_file)
-            .replace("@SECRET@", SECRET))
+    return (
+        code.replace("@PORT@", str(ctx.listener.port))
+        .replace("@BIND_PORT@", str(ctx.bind_port))
+        .replace("@ENGINE_PID@", str(os.getpid()))
+        .replace("@SECRET_FILE@", ctx.secret_file)
+        .replace("@SECRET@", SECRET)
+    )
 
 
 async def _probe(port: int, until: asyncio.Task, probes: list) -> None:
@@ -376,7 +433,7 @@ async def _probe(port: int, until: asyncio.Task, probes: list) -> None:
             _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
             writer.close()
             probes.append(True)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             probes.append(False)
         await asyncio.sleep(0.1)
 
@@ -384,8 +441,9 @@ async def _probe(port: int, until: asyncio.Task, probes: list) -> None:
 async def _run_row(row: Row, ctx: Ctx) -> tuple[SandboxResult, float, object]:
     code = _fill(row.code, ctx)
     limits = SandboxLimits(**row.limits)
-    reward_config = CodeRewardConfig(wall_s=limits.wall_s, cpu_s=limits.cpu_s, memory_mb=limits.memory_mb,
-                                     max_processes=limits.max_processes)
+    reward_config = CodeRewardConfig(
+        wall_s=limits.wall_s, cpu_s=limits.cpu_s, memory_mb=limits.memory_mb, max_processes=limits.max_processes
+    )
     t0 = time.monotonic()
     if row.check is _bounded_output:  # measure the engine's own memory while it reads 100 MB
         tracemalloc.start()
@@ -395,8 +453,11 @@ async def _run_row(row: Row, ctx: Ctx) -> tuple[SandboxResult, float, object]:
         elapsed = time.monotonic() - t0
         return result, elapsed, await score_code(extract_code(f"```python\n{code}\n```"), OK_TEST, reward_config)
     sandbox = asyncio.ensure_future(run_python(code, limits))
-    prober = asyncio.ensure_future(_probe(ctx.bind_port, sandbox, ctx.probes)) if row.check is \
-        _not_reachable_from_outside else None
+    prober = (
+        asyncio.ensure_future(_probe(ctx.bind_port, sandbox, ctx.probes))
+        if row.check is _not_reachable_from_outside
+        else None
+    )
     score = await score_code(extract_code(f"```python\n{code}\n```"), OK_TEST, reward_config)
     result = await sandbox
     elapsed = time.monotonic() - t0
@@ -430,8 +491,9 @@ def test_hostile_snippet_is_contained(row: Row, containment: Containment, listen
     assert result.error is None and result.containment is not None and result.containment.mode == containment.mode
     evidence = row.check(result, ctx)
     assert score.reward == 0.0 and score.reason != "passed"
-    TABLE.append((row.name, f"{elapsed:4.1f}s", _what_happened(result), evidence,
-                  f"{score.reward:.0f} ({score.reason})"))
+    TABLE.append(
+        (row.name, f"{elapsed:4.1f}s", _what_happened(result), evidence, f"{score.reward:.0f} ({score.reason})")
+    )
     for path in OUTSIDE_FILES.values():  # never leave a file behind, whatever happened
         if os.path.exists(path):
             os.remove(path)

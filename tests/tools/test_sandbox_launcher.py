@@ -26,30 +26,39 @@ from areal_graph.tools import sandbox_launcher as L
 LAUNCHER = L.__file__
 
 
-@pytest.mark.parametrize("binds", [
-    [], ["/usr", "/lib", "/etc/ssl"], ["/opt/venv", "/tmp/clone/.venv", "/dev/shm/venv"], ["/tmpx", "/procfs", "/sandboxes"],
-    ["/usr/", "/usr//lib"],
-])
+@pytest.mark.parametrize(
+    "binds",
+    [
+        [],
+        ["/usr", "/lib", "/etc/ssl"],
+        ["/opt/venv", "/tmp/clone/.venv", "/dev/shm/venv"],
+        ["/tmpx", "/procfs", "/sandboxes"],
+        ["/usr/", "/usr//lib"],
+    ],
+)
 def test_binds_outside_the_roots_own_dirs_are_accepted(binds):
     L.check_binds(binds)
 
 
-@pytest.mark.parametrize("bind,words", [
-    ("usr/lib", "is not an absolute path below /"),
-    ("/", "is not an absolute path below /"),
-    ("/..", "is not an absolute path below /"),
-    ("/tmp", "would cover the sandbox's own /tmp"),
-    ("/tmp/", "would cover the sandbox's own /tmp"),
-    ("/dev", "would cover the sandbox's own /dev"),
-    ("/proc", "would cover the sandbox's own /proc"),
-    ("/sandbox", "would cover the sandbox's own /sandbox"),
-    ("/proc/sys", "lies below the sandbox's own /proc"),
-    ("/sandbox/work", "lies below the sandbox's own /sandbox"),
-    ("/usr/../proc/1", "lies below the sandbox's own /proc"),
-    ("//tmp", "would cover the sandbox's own /tmp"),  # normpath keeps a leading "//"
-    ("//proc/sys", "lies below the sandbox's own /proc"),
-    ("//", "is not an absolute path below /"),
-])
+@pytest.mark.parametrize(
+    "bind,words",
+    [
+        ("usr/lib", "is not an absolute path below /"),
+        ("/", "is not an absolute path below /"),
+        ("/..", "is not an absolute path below /"),
+        ("/tmp", "would cover the sandbox's own /tmp"),
+        ("/tmp/", "would cover the sandbox's own /tmp"),
+        ("/dev", "would cover the sandbox's own /dev"),
+        ("/proc", "would cover the sandbox's own /proc"),
+        ("/sandbox", "would cover the sandbox's own /sandbox"),
+        ("/proc/sys", "lies below the sandbox's own /proc"),
+        ("/sandbox/work", "lies below the sandbox's own /sandbox"),
+        ("/usr/../proc/1", "lies below the sandbox's own /proc"),
+        ("//tmp", "would cover the sandbox's own /tmp"),  # normpath keeps a leading "//"
+        ("//proc/sys", "lies below the sandbox's own /proc"),
+        ("//", "is not an absolute path below /"),
+    ],
+)
 def test_binds_over_or_below_the_roots_own_dirs_are_refused(bind, words):
     with pytest.raises(L.PrivateRootError, match=words):
         L.check_binds(["/usr", bind])
@@ -120,7 +129,10 @@ def test_status_writes_one_json_line_per_call_and_survives_a_closed_reader():
     status.close()
     with os.fdopen(r) as f:
         lines = f.read().splitlines()
-    assert [json.loads(line) for line in lines] == [{"containment": {"mode": "rlimits"}, "warnings": ["w"]}, {"error": "x"}]
+    assert [json.loads(line) for line in lines] == [
+        {"containment": {"mode": "rlimits"}, "warnings": ["w"]},
+        {"error": "x"},
+    ]
     r, w = os.pipe()
     os.close(r)
     status = L.Status(w)
@@ -143,14 +155,25 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith(("areal_graph", "
 
 @pytest.mark.parametrize("process_limit", [True, False])
 def test_set_limits_in_a_launcher_started_like_run_python_starts_it(process_limit):
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, LAUNCHER, "1" if process_limit else "0"],
-                          capture_output=True, text=True, timeout=60, env={})
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", CHILD, LAUNCHER, "1" if process_limit else "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={},
+    )
     assert proc.returncode == 0, proc.stderr
     limits_line, modules_line = proc.stdout.splitlines()
     got = {k: tuple(v) for k, v in json.loads(limits_line).items()}
     nproc = (7, 7) if process_limit else resource.getrlimit(resource.RLIMIT_NPROC)  # inherited from here
-    assert got == {"RLIMIT_AS": (512 << 20, 512 << 20), "RLIMIT_FSIZE": (3 << 20, 3 << 20), "RLIMIT_CORE": (0, 0),
-                   "RLIMIT_NOFILE": (256, 256), "RLIMIT_NPROC": nproc, "RLIMIT_CPU": (9, 10)}
+    assert got == {
+        "RLIMIT_AS": (512 << 20, 512 << 20),
+        "RLIMIT_FSIZE": (3 << 20, 3 << 20),
+        "RLIMIT_CORE": (0, 0),
+        "RLIMIT_NOFILE": (256, 256),
+        "RLIMIT_NPROC": nproc,
+        "RLIMIT_CPU": (9, 10),
+    }
     assert json.loads(modules_line) == []  # standard library only: no site, no areal_graph
 
 
@@ -179,8 +202,13 @@ def test_a_launcher_whose_caller_is_gone_exits_before_doing_anything(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps({"parent_pid": 1, "mode": "rlimits"}))
     r, w = os.pipe()
     try:
-        proc = subprocess.run([sys.executable, "-I", "-S", LAUNCHER, str(tmp_path), str(w)], pass_fds=[w],
-                              capture_output=True, timeout=60, env={})
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", LAUNCHER, str(tmp_path), str(w)],
+            pass_fds=[w],
+            capture_output=True,
+            timeout=60,
+            env={},
+        )
     finally:
         os.close(w)
     with os.fdopen(r, "rb") as f:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_graph.trace_analysis.step_split import (LONG_S, is_compute, step_split, summarize_steps,
-                                                           union_seconds)
+from areal_graph.trace_analysis.step_split import LONG_S, is_compute, step_split, summarize_steps, union_seconds
 from areal_graph.trace_analysis.trace_run import load_run
 from support.paths import FIXTURES
 
@@ -26,15 +25,18 @@ def _step(step, start_s, dur_s):
     return _span("step", start_s, dur_s, "controller", step=step)
 
 
-@pytest.mark.parametrize("intervals,total", [
-    ([], 0.0),
-    ([(0, 1)], 1.0),
-    ([(0, 1), (0.5, 2)], 2.0),
-    ([(3, 4), (0, 1), (0.2, 0.4)], 2.0),  # unsorted, one inside another
-    ([(0, 5), (1, 2), (2, 3), (6, 7)], 6.0),
-    ([(0, 1), (1, 2)], 2.0),  # touching
-    ([(1, 1)], 0.0),
-])
+@pytest.mark.parametrize(
+    "intervals,total",
+    [
+        ([], 0.0),
+        ([(0, 1)], 1.0),
+        ([(0, 1), (0.5, 2)], 2.0),
+        ([(3, 4), (0, 1), (0.2, 0.4)], 2.0),  # unsorted, one inside another
+        ([(0, 5), (1, 2), (2, 3), (6, 7)], 6.0),
+        ([(0, 1), (1, 2)], 2.0),  # touching
+        ([(1, 1)], 0.0),
+    ],
+)
 def test_union_seconds_counts_overlaps_once(intervals, total):
     assert union_seconds(intervals) == pytest.approx(total)
 
@@ -49,11 +51,11 @@ def test_what_counts_as_compute():
 def test_a_step_is_split_into_compute_per_process_and_overhead():
     spans = [
         _step(0, 0.0, 2.0),
-        _span("compute", 0.5, 1.0, "inference-0"),             # 0.5 .. 1.5
-        _span("compute", 1.0, 0.8, "model-actor"),             # 1.0 .. 1.8, overlaps the engine
+        _span("compute", 0.5, 1.0, "inference-0"),  # 0.5 .. 1.5
+        _span("compute", 1.0, 0.8, "model-actor"),  # 1.0 .. 1.8, overlaps the engine
         _span("node", 1.9, 0.6, "controller", worker="controller"),  # 1.9 .. 2.5, cut at the step's end
         _span("node", 0.0, 2.0, "controller", worker="model-actor"),  # a call to a worker: not compute
-        _span("compute", 3.0, 1.0, "model-actor"),             # after the step
+        _span("compute", 3.0, 1.0, "model-actor"),  # after the step
         _span("weights", 0.1, 0.2, "controller"),
     ]
     [row] = step_split(spans)
@@ -67,10 +69,13 @@ def test_a_step_is_split_into_compute_per_process_and_overhead():
 def test_compute_that_started_long_before_the_step_still_counts():
     """Spans are looked up by start time within LONG_S before a step; longer ones are checked
     against every step, so a server busy for a minute counts in each step it covers."""
-    spans = [_step(0, 100.0, 2.0), _step(1, 200.0, 2.0),
-             _span("compute", 0.0, 250.0, "inference-0"),               # long: covers both steps
-             _span("compute", 100.0 - LONG_S + 1, LONG_S - 0.5, "reward"),  # short, starts 9 s before step 0
-             _span("compute", 150.0, 1.0, "reward")]                     # between the steps
+    spans = [
+        _step(0, 100.0, 2.0),
+        _step(1, 200.0, 2.0),
+        _span("compute", 0.0, 250.0, "inference-0"),  # long: covers both steps
+        _span("compute", 100.0 - LONG_S + 1, LONG_S - 0.5, "reward"),  # short, starts 9 s before step 0
+        _span("compute", 150.0, 1.0, "reward"),
+    ]  # between the steps
     rows = step_split(spans)
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[0]["by_process"] == pytest.approx({"inference-0": 2.0, "reward": 0.5})
@@ -79,8 +84,14 @@ def test_compute_that_started_long_before_the_step_still_counts():
 
 
 def test_steps_come_out_in_time_order_and_a_zero_length_step_has_no_share():
-    rows = step_split([_step(1, 5.0, 1.0), _step(0, 1.0, 1.0), _step(2, 7.0, 0.0),
-                       {"name": "step", "cat": "step", "ts": 9 * S, "process": "controller"}])
+    rows = step_split(
+        [
+            _step(1, 5.0, 1.0),
+            _step(0, 1.0, 1.0),
+            _step(2, 7.0, 0.0),
+            {"name": "step", "cat": "step", "ts": 9 * S, "process": "controller"},
+        ]
+    )
     assert [r["step"] for r in rows] == [0, 1, 2, None]  # a step span without args or dur still is a row
     assert rows[2]["wall_s"] == 0.0 and rows[2]["overhead_share"] == 0.0
     assert all(r["compute_s"] == 0.0 and r["by_process"] == {} for r in rows)
@@ -121,8 +132,13 @@ def _brute_force(spans):
                 a, b = max(c["ts"] / S, lo), min((c["ts"] + c["dur"]) / S, hi)
                 if b > a:
                     per.setdefault("controller" if c["cat"] == "node" else c["process"], []).append((a, b))
-        rows.append((hi - lo, union_seconds(iv for v in per.values() for iv in v),
-                     {k: union_seconds(v) for k, v in per.items()}))
+        rows.append(
+            (
+                hi - lo,
+                union_seconds(iv for v in per.values() for iv in v),
+                {k: union_seconds(v) for k, v in per.items()},
+            )
+        )
     return rows
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from areal_graph.trace_analysis.trace_run import load_run
-from support.ci import missing
 from areal_graph.trace_analysis.trace_view import PageOptions, build_page, write_page
+from support.ci import missing
 from support.paths import FIXTURES
 
 FIXTURES = FIXTURES / "trace_runs"
@@ -32,6 +32,8 @@ CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "goog
 def needs_chromium() -> None:
     if CHROMIUM is None:
         missing("chromium", "apt-get install -y chromium; .ci/run does it")
+
+
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1100", "--hide-scrollbars"]
 
 
@@ -66,12 +68,16 @@ def test_the_page_is_one_self_contained_file(tmp_path):
 
 
 def test_past_the_span_budget_short_spans_are_merged_and_the_page_says_so(tmp_path):
-    events = [{"name": f"tiny{k}", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1}
-              for k in range(3000)]
-    events += [{"name": "long", "cat": "compute", "ph": "X", "ts": 0.0, "dur": 250_000.0, "pid": 1, "tid": 2},
-               {"name": "long2", "cat": "node", "ph": "X", "ts": 100_000.0, "dur": 5_000.0, "pid": 1, "tid": 1},
-               {"ph": "s", "id": 1, "name": "f", "cat": "flow", "ts": 125.0, "pid": 1, "tid": 1},
-               {"ph": "f", "bp": "e", "id": 1, "name": "f", "cat": "flow", "ts": 200_000.0, "pid": 1, "tid": 2}]
+    events = [
+        {"name": f"tiny{k}", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1}
+        for k in range(3000)
+    ]
+    events += [
+        {"name": "long", "cat": "compute", "ph": "X", "ts": 0.0, "dur": 250_000.0, "pid": 1, "tid": 2},
+        {"name": "long2", "cat": "node", "ph": "X", "ts": 100_000.0, "dur": 5_000.0, "pid": 1, "tid": 1},
+        {"ph": "s", "id": 1, "name": "f", "cat": "flow", "ts": 125.0, "pid": 1, "tid": 1},
+        {"ph": "f", "bp": "e", "id": 1, "name": "f", "cat": "flow", "ts": 200_000.0, "pid": 1, "tid": 2},
+    ]
     (tmp_path / "trace.json").write_text(json.dumps(events))
     page = build_page([load_run(tmp_path / "trace.json")], PageOptions(span_budget=500))
     run = _payload(page)["runs"][0]
@@ -91,8 +97,17 @@ def test_past_the_span_budget_short_spans_are_merged_and_the_page_says_so(tmp_pa
 
 
 def test_args_that_json_cannot_carry_to_a_browser_become_strings(tmp_path):
-    events = [{"name": "s", "ph": "X", "ts": 0, "dur": 5, "pid": 1, "tid": 1, "args": {"loss": float("nan"),
-                                                                                     "v": [float("inf"), 1.5]}}]
+    events = [
+        {
+            "name": "s",
+            "ph": "X",
+            "ts": 0,
+            "dur": 5,
+            "pid": 1,
+            "tid": 1,
+            "args": {"loss": float("nan"), "v": [float("inf"), 1.5]},
+        }
+    ]
     (tmp_path / "trace.json").write_text(json.dumps(events))  # Python writes NaN / Infinity, JSON.parse rejects them
     run = _payload(build_page([load_run(tmp_path / "trace.json")]))["runs"][0]
     assert run["args"][run["spans"]["a"][0]] == {"loss": "nan", "v": ["inf", 1.5]}
@@ -105,8 +120,20 @@ def test_page_options_are_checked():
 
 # ---------------------------------------------------------------------- in a real browser
 def _dump_dom(page: Path) -> tuple[str, str]:
-    proc = subprocess.run([CHROMIUM, *BROWSER_FLAGS, "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
-                           "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            *BROWSER_FLAGS,
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, proc.stderr
 
@@ -138,14 +165,19 @@ def _console_errors(stderr: str) -> list[str]:
 def test_chromium_draws_the_sync_vs_async_page_without_errors(tmp_path):
     dom, log = _dump_dom(_compare_page(tmp_path))
     got = _drawn(dom)
-    assert got.body["data-status"] == "ok", dom[dom.find('id="errors"'):][:2000]
+    assert got.body["data-status"] == "ok", dom[dom.find('id="errors"') :][:2000]
     assert got.errors["data-count"] == "0" and not _console_errors(log)
     data = _payload((tmp_path / "compare.html").read_text())
     assert got.body["data-runs"] == "2"
     assert int(got.body["data-tracks"]) == sum(len(r["tracks"]) for r in data["runs"])
     assert int(got.body["data-lanes"]) == sum(t["rows"] for r in data["runs"] for t in r["tracks"])
     assert int(got.body["data-spans-drawn"]) > 100
-    assert 0 < int(got.body["data-flows-drawn"]) <= int(got.body["data-flows-total"]) == sum(len(r["flows"]) for r in data["runs"])
+    assert (
+        0
+        < int(got.body["data-flows-drawn"])
+        <= int(got.body["data-flows-total"])
+        == sum(len(r["flows"]) for r in data["runs"])
+    )
     assert got.body["data-graph-nodes"] == "10"
     assert dom.count('class="node-time"') == 10 and "% busy" in dom
 
@@ -163,8 +195,12 @@ def test_chromium_draws_a_damaged_trace_and_lists_what_is_missing(tmp_path):
     got = _drawn(dom)
     assert got.body["data-status"] == "ok" and got.errors["data-count"] == "0" and not _console_errors(log)
     assert int(got.body["data-notes"]) >= 3 and int(got.body["data-spans-drawn"]) > 50
-    for phrase in ("cut off mid-write", "unparsable bytes skipped", "recovered from the span args",
-                   "did not stop cleanly"):
+    for phrase in (
+        "cut off mid-write",
+        "unparsable bytes skipped",
+        "recovered from the span args",
+        "did not stop cleanly",
+    ):
         assert phrase in dom
 
 
@@ -211,8 +247,10 @@ async def _drive(url: str, proc: subprocess.Popen) -> dict:
                 if await page.js("document.body && document.body.dataset.status") in ("ok", "error"):
                     break
                 await asyncio.sleep(0.1)
-            box = await page.js("(function(){var r=document.getElementById('timeline').getBoundingClientRect();"
-                                "return [r.left, r.top, r.width, r.height];})()")
+            box = await page.js(
+                "(function(){var r=document.getElementById('timeline').getBoundingClientRect();"
+                "return [r.left, r.top, r.width, r.height];})()"
+            )
             view = "[Number(document.body.dataset.viewStart), Number(document.body.dataset.viewEnd)]"
             out = {"status": await page.js("document.body.dataset.status"), "before": await page.js(view)}
             cx, cy = box[0] + box[2] * 0.6, box[1] + box[3] * 0.4
@@ -227,8 +265,9 @@ async def _drive(url: str, proc: subprocess.Popen) -> dict:
             spot = await page.js("window.arealTimeline.locate('grpo_sync', 'train')")  # the upper run: in view
             assert 0 < spot["y"] < box[3], (spot, box)
             await page.mouse("mouseMoved", box[0] + spot["x"], box[1] + spot["y"])
-            out["card"] = await page.js("(function(){var c=document.getElementById('card');"
-                                        "return c.hidden ? null : c.textContent;})()")
+            out["card"] = await page.js(
+                "(function(){var c=document.getElementById('card');return c.hidden ? null : c.textContent;})()"
+            )
             out["errors"] = await page.js("document.getElementById('errors').dataset.count")
     return out
 
@@ -236,8 +275,12 @@ async def _drive(url: str, proc: subprocess.Popen) -> dict:
 @pytest.mark.usefixtures("needs_chromium")
 def test_wheel_zooms_drag_pans_and_hover_shows_a_span_card(tmp_path):
     page = _compare_page(tmp_path)
-    proc = subprocess.Popen([CHROMIUM, *BROWSER_FLAGS, "--remote-debugging-port=0", "about:blank"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [CHROMIUM, *BROWSER_FLAGS, "--remote-debugging-port=0", "about:blank"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         out = asyncio.run(asyncio.wait_for(_drive(page.resolve().as_uri(), proc), timeout=120))
     finally:

@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-from areal_graph.trace_analysis.trace_png import (LEARNING_CURVE_PNG, UTILISATION_PNG, PlotsUnavailable,
-                                                          write_pngs)
+from areal_graph.trace_analysis.trace_png import LEARNING_CURVE_PNG, UTILISATION_PNG, PlotsUnavailable, write_pngs
 from areal_graph.trace_analysis.trace_run import load_run
 from support.ci import missing
 from support.paths import FIXTURES
@@ -60,8 +59,10 @@ def test_two_runs_give_one_utilisation_panel_each_and_one_learning_curve(tmp_pat
 
 @pytest.mark.usefixtures("needs_matplotlib")
 def test_a_bare_trace_without_metrics_still_gets_both_pictures(tmp_path):
-    events = [{"name": "work", "cat": "compute", "ph": "X", "ts": k * 1000.0, "dur": 500.0, "pid": 1, "tid": 1}
-              for k in range(20)]
+    events = [
+        {"name": "work", "cat": "compute", "ph": "X", "ts": k * 1000.0, "dur": 500.0, "pid": 1, "tid": 1}
+        for k in range(20)
+    ]
     (tmp_path / "trace.json").write_text(json.dumps(events))
     run = load_run(tmp_path / "trace.json")
     assert run.metrics == []

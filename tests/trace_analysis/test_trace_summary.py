@@ -19,7 +19,13 @@ from areal_graph.trace_analysis.trace_model import build_timeline, load_timeline
 from areal_graph.trace_analysis.trace_read import read_trace_file, trace_files
 from areal_graph.trace_analysis.trace_run import load_run
 from areal_graph.trace_analysis.trace_stats import (
-    WAIT_GENERATION, WEIGHT_SYNC, node_totals, process_shares, step_bounds, utilisation)
+    WAIT_GENERATION,
+    WEIGHT_SYNC,
+    node_totals,
+    process_shares,
+    step_bounds,
+    utilisation,
+)
 from areal_graph.trace_analysis.trace_summary import summarize_run
 from support.paths import FIXTURES
 
@@ -28,13 +34,14 @@ S = 1_000_000  # microseconds per second
 
 
 def _x(name, ts_s, dur_s, pid, tid, cat="", **args):
-    return {"name": name, "cat": cat, "ph": "X", "ts": ts_s * S, "dur": dur_s * S, "pid": pid, "tid": tid,
-            "args": args}
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts_s * S, "dur": dur_s * S, "pid": pid, "tid": tid, "args": args}
 
 
 def _meta(pid, pname, threads):
     out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": pname}}]
-    out += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": t}} for tid, t in threads.items()]
+    out += [
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": t}} for tid, t in threads.items()
+    ]
     return out
 
 
@@ -65,8 +72,9 @@ def _real_trace(path: Path) -> Path:
     tr = Tracer(path)
     t = time.perf_counter()
     for k in range(40):
-        tr.record(f"span-{k}", t + k * 0.01, t + k * 0.01 + 0.005, cat="compute", worker=f"w{k % 3}",
-                  node="n", note="grüße ✓")
+        tr.record(
+            f"span-{k}", t + k * 0.01, t + k * 0.01 + 0.005, cat="compute", worker=f"w{k % 3}", node="n", note="grüße ✓"
+        )
     tr.flush()
     return path
 
@@ -95,7 +103,7 @@ def test_a_cut_inside_a_utf8_character_is_counted_as_skipped_bytes(tmp_path):
     events = [_x(f"grüße-{k}", k, 0.5, 1, 1, note="✓") for k in range(5)]
     src = ("[\n" + ",\n".join(json.dumps(e, ensure_ascii=False) for e in events) + "\n]\n").encode()
     last = src.rindex("✓".encode())  # the 3-byte check mark of the last event
-    (tmp_path / "cut.json").write_bytes(src[:last + 1])
+    (tmp_path / "cut.json").write_bytes(src[: last + 1])
     tf = read_trace_file(tmp_path / "cut.json")
     line_start = src.rindex(b"\n", 0, last) + 1
     assert [e["name"] for e in tf.events] == [f"grüße-{k}" for k in range(4)]
@@ -160,7 +168,8 @@ def test_a_killed_worker_leaves_an_open_span_drawn_to_the_end_and_counted(tmp_pa
         {"name": "actor.train", "cat": "compute", "ph": "B", "ts": 2 * S, "pid": 2, "tid": 2, "args": {"k": 1}},
         {"name": "lost", "ph": "E", "ts": 3 * S, "pid": 3, "tid": 3},
         _x("train", 1, 9, 2, 3, "node", node="train", worker="model-actor", process="controller", error="WorkerDied"),
-        *_meta(1, "controller", {1: "step"}), *_meta(2, "model-actor", {2: "compute", 3: "train"}),
+        *_meta(1, "controller", {1: "step"}),
+        *_meta(2, "model-actor", {2: "compute", 3: "train"}),
     ]
     tl = load_timeline(_write(tmp_path / "trace.json", events))
     open_spans = [s for s in tl.spans if s["open"]]
@@ -175,17 +184,29 @@ def test_a_killed_worker_leaves_an_open_span_drawn_to_the_end_and_counted(tmp_pa
 
 
 def test_parts_of_a_resumed_run_are_read_in_order_and_merged_by_name(tmp_path):
-    part1 = [_x("a", 0, 2, 1, 1, "compute"), _x("b", 0, 1, 2, 2, "compute"),
-             *_meta(1, "model-actor", {1: "compute"}), *_meta(2, "reward", {2: "compute"})]
-    part2 = [_x("c", 10, 2, 1, 1, "compute"), _x("d", 11, 1, 2, 2, "compute"),  # pids swapped in the new file
-             *_meta(1, "reward", {1: "compute"}), *_meta(2, "model-actor", {2: "compute"})]
+    part1 = [
+        _x("a", 0, 2, 1, 1, "compute"),
+        _x("b", 0, 1, 2, 2, "compute"),
+        *_meta(1, "model-actor", {1: "compute"}),
+        *_meta(2, "reward", {2: "compute"}),
+    ]
+    part2 = [
+        _x("c", 10, 2, 1, 1, "compute"),
+        _x("d", 11, 1, 2, 2, "compute"),  # pids swapped in the new file
+        *_meta(1, "reward", {1: "compute"}),
+        *_meta(2, "model-actor", {2: "compute"}),
+    ]
     _write(tmp_path / "trace.part1.json", part1)
     _write(tmp_path / "trace.json", part2)
     assert [p.name for p in trace_files(tmp_path)] == ["trace.part1.json", "trace.json"]
     tl = load_timeline(tmp_path)
     assert tl.processes == ["model-actor", "reward"]
-    assert {s["name"]: s["process"] for s in tl.spans} == {"a": "model-actor", "b": "reward", "c": "reward",
-                                                          "d": "model-actor"}
+    assert {s["name"]: s["process"] for s in tl.spans} == {
+        "a": "model-actor",
+        "b": "reward",
+        "c": "reward",
+        "d": "model-actor",
+    }
     assert tl.wall_s == pytest.approx(4.0)  # 0..2 and 10..12: the gap between parts is not the run's time
     busy = {r["process"]: r["busy_s"] for r in process_shares(tl)}
     assert busy == {"model-actor": pytest.approx(3.0), "reward": pytest.approx(3.0)}
@@ -195,8 +216,11 @@ def test_parts_of_a_resumed_run_are_read_in_order_and_merged_by_name(tmp_path):
 def test_profile_records_are_kept_apart_from_the_spans_every_view_draws(tmp_path):
     """The engine's step log and CPU samples (category "profile") are data for the cost model:
     they stay out of the span tables, busy shares and pages, and come back in `profiles`."""
-    events = [_x("engine", 0, 2, 1, 1, "compute"), _x("engine_steps", 0, 2, 1, 2, "profile"),
-              *_meta(1, "inference-0", {1: "engine", 2: "engine"})]
+    events = [
+        _x("engine", 0, 2, 1, 1, "compute"),
+        _x("engine_steps", 0, 2, 1, 2, "profile"),
+        *_meta(1, "inference-0", {1: "engine", 2: "engine"}),
+    ]
     _write(tmp_path / "trace.json", events)
     tl = load_timeline(tmp_path)
     assert [s["name"] for s in tl.spans] == ["engine"] and [s["name"] for s in tl.profiles] == ["engine_steps"]
@@ -226,9 +250,15 @@ def test_busy_idle_shares_and_utilisation_are_exact(tmp_path):
 def test_the_critical_path_names_what_bounded_the_step(tmp_path):
     tl = load_timeline(_write(tmp_path / "trace.json", _one_step_events()))
     [row] = step_bounds(tl, generation=["rollout"], training=["advantage", "train"])
-    assert row["seconds"] == pytest.approx({WAIT_GENERATION: 1.0, "advantage on controller": 0.2,
-                                            "train on model-actor": 1.8, WEIGHT_SYNC: 0.2,
-                                            "controller overhead": 0.1})
+    assert row["seconds"] == pytest.approx(
+        {
+            WAIT_GENERATION: 1.0,
+            "advantage on controller": 0.2,
+            "train on model-actor": 1.8,
+            WEIGHT_SYNC: 0.2,
+            "controller overhead": 0.1,
+        }
+    )
     assert row["bound_by"] == "train on model-actor" and row["bound_share"] == pytest.approx(1.8 / 3.3)
     totals = node_totals(tl, ["rollout", "train", "prox_logp"])
     assert totals["train"] == {"calls": 1, "total_s": pytest.approx(1.8), "busy_share": pytest.approx(1.8 / 3.8)}
@@ -236,12 +266,15 @@ def test_the_critical_path_names_what_bounded_the_step(tmp_path):
 
 
 def test_a_generation_bound_step(tmp_path):
-    events = [_x("step", 0, 2, 1, 1, "step", step=3, process="controller"),
-              _x("wait_batch", 0, 1.6, 1, 2, "controller", process="controller"),
-              _x("rollout", 0.1, 1.5, 2, 3, "node", node="rollout", worker="rollout", process="controller"),
-              _x("train", 1.6, 0.3, 3, 4, "node", node="train", worker="model-actor", process="controller"),
-              *_meta(1, "controller", {1: "step", 2: "controller"}), *_meta(2, "rollout", {3: "rollout"}),
-              *_meta(3, "model-actor", {4: "train"})]
+    events = [
+        _x("step", 0, 2, 1, 1, "step", step=3, process="controller"),
+        _x("wait_batch", 0, 1.6, 1, 2, "controller", process="controller"),
+        _x("rollout", 0.1, 1.5, 2, 3, "node", node="rollout", worker="rollout", process="controller"),
+        _x("train", 1.6, 0.3, 3, 4, "node", node="train", worker="model-actor", process="controller"),
+        *_meta(1, "controller", {1: "step", 2: "controller"}),
+        *_meta(2, "rollout", {3: "rollout"}),
+        *_meta(3, "model-actor", {4: "train"}),
+    ]
     tl = load_timeline(_write(tmp_path / "trace.json", events))
     [row] = step_bounds(tl, ["rollout"], ["train"])
     assert row["step"] == 3 and row["bound_by"] == WAIT_GENERATION and row["bound_share"] == pytest.approx(0.8)
@@ -259,14 +292,18 @@ def test_flows_bind_to_their_spans_and_give_per_group_staleness(tmp_path):
     tl = load_timeline(_write(tmp_path / "trace.json", events))
     by_name = {s["name"]: s["index"] for s in tl.spans}
     assert [(f.id, [p.span for p in f.points]) for f in tl.flows] == [
-        ("g1", [by_name["rollout"], by_name["train"]]), ("g2", [by_name["rollout"], by_name["train"]])]
+        ("g1", [by_name["rollout"], by_name["train"]]),
+        ("g2", [by_name["rollout"], by_name["train"]]),
+    ]
     st = staleness_histogram(tl, metrics=[{"step": 1, "staleness/mean": 9.0}])  # flows win over metrics
     assert st["counts"] == {3.0: 2} and st["unit"] == "prompt groups" and st["mean"] == 3.0
 
 
 def test_staleness_from_metrics_and_when_nothing_records_it():
-    metrics = [{"step": k, "staleness/mean": v, "staleness/max": m}
-               for k, (v, m) in enumerate([(0.0, 0), (1.2, 2), (1.4, 3), (2.75, 4)])]
+    metrics = [
+        {"step": k, "staleness/mean": v, "staleness/max": m}
+        for k, (v, m) in enumerate([(0.0, 0), (1.2, 2), (1.4, 3), (2.75, 4)])
+    ]
     st = staleness_histogram(build_timeline([]), metrics)
     assert st["unit"] == "steps" and st["counts"] == {0.0: 1, 1.0: 2, 2.5: 1}
     assert st["mean"] == pytest.approx((0 + 1.2 + 1.4 + 2.75) / 4) and st["max"] == 4
@@ -275,9 +312,11 @@ def test_staleness_from_metrics_and_when_nothing_records_it():
 
 
 def test_packing_efficiency_and_what_is_missing():
-    metrics = [{"step": 1, "train/tokens": 3000.0, "train/n_microbatches": 1.0},
-               {"step": 2, "train/tokens": 5000.0, "train/n_microbatches": 3.0},  # lower bound 2: one extra
-               {"step": 3, "train/tokens": 4096.0, "train/n_microbatches": 1.0}]
+    metrics = [
+        {"step": 1, "train/tokens": 3000.0, "train/n_microbatches": 1.0},
+        {"step": 2, "train/tokens": 5000.0, "train/n_microbatches": 3.0},  # lower bound 2: one extra
+        {"step": 3, "train/tokens": 4096.0, "train/n_microbatches": 1.0},
+    ]
     pk = packing_efficiency(metrics, budget=4096)
     assert pk["fill_median"] == pytest.approx(3000 / 4096) and pk["fill_min"] == pytest.approx(5000 / (3 * 4096))
     assert pk["at_lower_bound"] == 2 and pk["extra_microbatches"] == 1

@@ -22,8 +22,10 @@ from areal_graph.trace_analysis.trace_windows import plan_windows, read_trace_pa
 from support.traces import record_steps
 
 
-@given(st.lists(st.integers(min_value=0, max_value=10**7), min_size=1, max_size=12),
-       st.integers(min_value=10**4, max_value=10**7))
+@given(
+    st.lists(st.integers(min_value=0, max_value=10**7), min_size=1, max_size=12),
+    st.integers(min_value=10**4, max_value=10**7),
+)
 @settings(max_examples=200)
 def test_windows_hold_at_most_the_budget_start_at_the_start_and_end_at_the_end(sizes, budget):
     files = [(Path(f"f{i}"), n) for i, n in enumerate(sizes)]

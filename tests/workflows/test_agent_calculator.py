@@ -26,41 +26,57 @@ WORKFLOW = REPO / "workflows" / "agent_calculator.yaml"
 
 
 # ------------------------------------------------------------------------------ the calculator
-@pytest.mark.parametrize("expression, value", [
-    ("347 * 58", "20126"), ("347*58 + 61", "20187"), ("(2 + 3) * -4", "-20"), ("7 / 2", "3.5"),
-    ("8 / 2", "4"), ("7 // 2", "3"), ("-7 % 3", "2"), ("2 ** 10", "1024"), ("2 ** -1", "0.5"),
-    ("1.5 * 4", "6"), ("  12  ", "12"), ("+3", "3"), ("999999 * 999999", "999998000001"),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("347 * 58", "20126"),
+        ("347*58 + 61", "20187"),
+        ("(2 + 3) * -4", "-20"),
+        ("7 / 2", "3.5"),
+        ("8 / 2", "4"),
+        ("7 // 2", "3"),
+        ("-7 % 3", "2"),
+        ("2 ** 10", "1024"),
+        ("2 ** -1", "0.5"),
+        ("1.5 * 4", "6"),
+        ("  12  ", "12"),
+        ("+3", "3"),
+        ("999999 * 999999", "999998000001"),
+    ],
+)
 def test_calculator_evaluates_arithmetic(expression, value):
     assert calculate(expression) == value
 
 
-@pytest.mark.parametrize("expression, why", [
-    ("9**9**9", "too large"),                       # would take forever and all memory
-    ("10**1000", "too large"),
-    ("2**256 * 2**256", "too large"),
-    ("9" * 90 + " * 2", "too large"),                # an operand past the integer bound
-    ("1e308 * 10", "too large"),
-    ("(-8) ** 0.5", "complex"),
-    ("__import__('os').system('echo hi')", "not allowed"),
-    ("x + 1", "not allowed"),
-    ("(1).__class__", "not allowed"),
-    ("[1, 2][0]", "not allowed"),
-    ("abs(-3)", "not allowed"),
-    ("1 if 1 else 2", "not allowed"),
-    ("1 < 2", "not allowed"),
-    ("'a' * 3", "not allowed"),
-    ("True + 1", "not allowed"),
-    ("1 / 0", "division by zero"),
-    ("5 % 0", "division by zero"),
-    ("0 ** -1", "division by zero"),
-    ("1 << 10", "not supported"),
-    ("", "empty"),
-    ("1 +", "not a valid expression"),
-    ("1" + " + 1" * 100, "longer than"),
-    ("(" * 150 + "1" + ")" * 150, "longer than"),
-    ("-" * 150 + "1", "more than 64 parts"),
-])
+@pytest.mark.parametrize(
+    "expression, why",
+    [
+        ("9**9**9", "too large"),  # would take forever and all memory
+        ("10**1000", "too large"),
+        ("2**256 * 2**256", "too large"),
+        ("9" * 90 + " * 2", "too large"),  # an operand past the integer bound
+        ("1e308 * 10", "too large"),
+        ("(-8) ** 0.5", "complex"),
+        ("__import__('os').system('echo hi')", "not allowed"),
+        ("x + 1", "not allowed"),
+        ("(1).__class__", "not allowed"),
+        ("[1, 2][0]", "not allowed"),
+        ("abs(-3)", "not allowed"),
+        ("1 if 1 else 2", "not allowed"),
+        ("1 < 2", "not allowed"),
+        ("'a' * 3", "not allowed"),
+        ("True + 1", "not allowed"),
+        ("1 / 0", "division by zero"),
+        ("5 % 0", "division by zero"),
+        ("0 ** -1", "division by zero"),
+        ("1 << 10", "not supported"),
+        ("", "empty"),
+        ("1 +", "not a valid expression"),
+        ("1" + " + 1" * 100, "longer than"),
+        ("(" * 150 + "1" + ")" * 150, "longer than"),
+        ("-" * 150 + "1", "more than 64 parts"),
+    ],
+)
 def test_calculator_refuses_hostile_expressions_with_an_error_observation(expression, why):
     t0 = time.perf_counter()
     out = calculate(expression)
@@ -90,8 +106,9 @@ def test_tool_calls_render_and_parse_in_the_hermes_format():
     assert parse_tool_calls('<tool_call>{"name": "c", "arguments": [1]}</tool_call>')[0].error
     assert parse_tool_calls("<tool_call>{}") == []  # never closed: no call
     assert len(parse_tool_calls(text * 9)) == 4  # bounded per turn
-    assert tool_turn_text(["1", "2"]) == ("\n<|im_start|>tool\n1<|im_end|>\n<|im_start|>tool\n2<|im_end|>"
-                                          "\n<|im_start|>assistant\n")
+    assert tool_turn_text(["1", "2"]) == (
+        "\n<|im_start|>tool\n1<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_answer_call_names_what_is_wrong():
@@ -110,8 +127,8 @@ def test_answer_call_names_what_is_wrong():
 def memorised(tmp_path_factory):
     """A tiny model (hidden 64, 2 layers) fitted to one calculator episode with the kit's
     tokenizer: greedy decoding replays it, so a real engine makes a real tool call."""
-    from areal_graph.data.calc import encode_teacher_row, generate, teacher_conversations, tokenizer_corpus
     from areal_graph.data.arith import write_jsonl
+    from areal_graph.data.calc import encode_teacher_row, generate, teacher_conversations, tokenizer_corpus
     from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, save_model_and_tokenizer
     from areal_graph.modelkit.tokenizer import train_tokenizer
     from areal_graph.modelkit.warm_start import SFTConfig, sft
@@ -120,10 +137,18 @@ def memorised(tmp_path_factory):
     tokenizer = train_tokenizer(tokenizer_corpus(teacher_conversations(rows, (0.5, 0.5, 0.5), 0)), 400, tools=True)
     row = next(r for r in rows if "+" not in r["expression"])
     [sft_row] = teacher_conversations([row], (0.0, 0.0, 0.0), 0)  # always the tool
-    model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                                                        intermediate_size=128), seed=0)
-    sft(model, tokenizer, [sft_row] * 4, SFTConfig(steps=120, batch_size=4, lr=1e-2, warmup_steps=5),
-        encode=encode_teacher_row)
+    model = build_tiny_model(
+        tokenizer,
+        TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+        seed=0,
+    )
+    sft(
+        model,
+        tokenizer,
+        [sft_row] * 4,
+        SFTConfig(steps=120, batch_size=4, lr=1e-2, warmup_steps=5),
+        encode=encode_teacher_row,
+    )
     root = tmp_path_factory.mktemp("calc_kit")
     save_model_and_tokenizer(model, tokenizer, root / "model")
     write_jsonl([row], root / "test.jsonl")
@@ -153,8 +178,9 @@ def test_agent_episode_masks_the_real_tool_output(memorised):
 
     root, row, (ids, labels) = memorised
     prompt_len = next(i for i, label in enumerate(labels) if label != IGNORE)
-    agent, [traj] = _run_agent(root / "model", ids[:prompt_len], row["answer"], 1,
-                               SamplingParams(max_new_tokens=48, temperature=0.0))
+    agent, [traj] = _run_agent(
+        root / "model", ids[:prompt_len], row["answer"], 1, SamplingParams(max_new_tokens=48, temperature=0.0)
+    )
     tok = agent.tokenizer
     # the engine replayed the memorised episode: the same tokens, and the same mask as SFT's labels
     assert traj.input_ids == ids
@@ -175,8 +201,9 @@ def test_agent_group_ends_every_episode_within_the_budget(memorised):
     from areal_graph.data.calc import IGNORE
 
     prompt_len = next(i for i, label in enumerate(labels) if label != IGNORE)
-    _, group = _run_agent(root / "model", ids[:prompt_len], row["answer"], 6,
-                          SamplingParams(max_new_tokens=16, temperature=1.0, seed=3))
+    _, group = _run_agent(
+        root / "model", ids[:prompt_len], row["answer"], 6, SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+    )
     assert len(group) == 6
     for traj in group:
         assert traj.input_ids[:prompt_len] == ids[:prompt_len] and len(traj.input_ids) <= 256
@@ -207,13 +234,30 @@ def test_eval_command_takes_a_rollout_class(memorised, tmp_path, capsys):
     root, _, _ = memorised
     out = tmp_path / "eval.json"
     agent = "areal_graph.workflows.rollout.calculator_agent:CalculatorAgent"
-    assert main(["eval", str(root / "model"), "--data", str(root / "test.jsonl"), "--max-new-tokens", "48",
-                 "--rollout-class", agent, "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(root / "model"),
+                "--data",
+                str(root / "test.jsonl"),
+                "--max-new-tokens",
+                "48",
+                "--rollout-class",
+                agent,
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["greedy_accuracy"] == 1.0 and result["greedy_tool_call_rate"] == 1.0
     assert "calling a tool" in capsys.readouterr().out
-    assert main(["eval", str(root / "model"), "--data", str(root / "test.jsonl"),
-                 "--rollout-class", "areal_graph.nope:X"]) == 2
+    assert (
+        main(["eval", str(root / "model"), "--data", str(root / "test.jsonl"), "--rollout-class", "areal_graph.nope:X"])
+        == 2
+    )
 
 
 def test_controller_logs_the_tool_call_rate():
@@ -230,8 +274,13 @@ def test_controller_logs_the_tool_call_rate():
 # ------------------------------------------------------------------------------ the workflow
 def test_agent_calculator_workflow_validates():
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    out = subprocess.run([sys.executable, "-m", "areal_graph.cli.main", "validate", str(WORKFLOW)],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "areal_graph.cli.main", "validate", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "OK" in out.stdout and "agent_calculator" in out.stdout
 
@@ -259,8 +308,16 @@ def test_agent_calculator_learns_to_call_the_calculator(tmp_path):
 
     resolve_model_path("builtin:tiny-calc")  # the one-off kit build is not part of the 10 minutes
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(WORKFLOW), "--run-dir", str(run_dir),
-           "data.eval_size=500"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(WORKFLOW),
+        "--run-dir",
+        str(run_dir),
+        "data.eval_size=500",
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
     wall = time.monotonic() - t0

@@ -70,9 +70,9 @@ def test_the_plain_rollout_api_example_runs_and_masks_the_tool_output(server, mo
         assert t.info["tool_calls"] == 1
         prompt_run, tool_run = _masked_runs(t)[:2]
         assert prompt_run == (0, len(ids(tokenizer, ADD_TURN1[0])))
-        tool_text = tokenizer.decode(t.input_ids[tool_run[0]:tool_run[1]])
+        tool_text = tokenizer.decode(t.input_ids[tool_run[0] : tool_run[1]])
         assert tool_text.startswith("\n<|im_start|>tool\nError:") and tool_text.endswith("<|im_start|>assistant\n")
-        assert all(v == -1 for v in t.versions[tool_run[0]:tool_run[1]])
+        assert all(v == -1 for v in t.versions[tool_run[0] : tool_run[1]])
         assert all(v == 0 for v, m in zip(t.versions, t.loss_mask) if m)
 
 
@@ -104,8 +104,11 @@ def test_the_openai_agent_example_records_one_trajectory(server, model_dirs, tok
 
 def test_the_episode_reward_example_reads_the_tool_calls():
     mod = doc_module("def answer_with_tool")
-    with_tool = Episode("so it is 20126", "20126", (Turn("prompt", "q"), Turn("assistant", "a"),
-                                                    Turn("environment", "20126"), Turn("assistant", "b")))
+    with_tool = Episode(
+        "so it is 20126",
+        "20126",
+        (Turn("prompt", "q"), Turn("assistant", "a"), Turn("environment", "20126"), Turn("assistant", "b")),
+    )
     assert mod.answer_with_tool("so it is 20126", "20126", with_tool) == pytest.approx(1.1)
     assert mod.answer_with_tool("so it is 20126", "20126", Episode("x", "20126")) == 1.0
     assert mod.answer_with_tool("no", "20126", with_tool) == 0.0

@@ -46,6 +46,7 @@ def with_client(url: str, body):
             return await body(client)
         finally:
             await client.close()
+
     return asyncio.run(run())
 
 
@@ -65,7 +66,7 @@ def test_two_turn_tool_episode_is_one_trajectory(server, tokenizer):
 
     [traj], records, reference = with_client(server, episode)
     p1, a1 = ids(tokenizer, ADD_TURN1[0]), ids(tokenizer, ADD_TURN1[1])
-    tool_part = ids(tokenizer, ADD_TURN2[0])[len(p1) + len(a1):]
+    tool_part = ids(tokenizer, ADD_TURN2[0])[len(p1) + len(a1) :]
     a2 = ids(tokenizer, ADD_TURN2[1])
     assert traj.input_ids == ids(tokenizer, ADD_TURN2[0] + ADD_TURN2[1]) == p1 + a1 + tool_part + a2
     assert traj.loss_mask == [0] * len(p1) + [1] * len(a1) + [0] * len(tool_part) + [1] * len(a2)
@@ -89,15 +90,21 @@ def test_a_forced_tool_calls_forced_tokens_are_context_and_its_chosen_ones_train
     the only choice (the tags, the name, the keys) are context (loss mask 0); the arguments the
     model chose are trained with their masked-distribution log-probs; so is the free answer after
     the tool's result."""
+
     async def episode(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
         messages = [{"role": "user", "content": ADD_QUESTION}]
         first = await recorder.chat.completions.create(
-            model="m", messages=messages, tools=[ADD_TOOL],
-            tool_choice={"type": "function", "function": {"name": "add"}})
+            model="m",
+            messages=messages,
+            tools=[ADD_TOOL],
+            tool_choice={"type": "function", "function": {"name": "add"}},
+        )
         call = first.choices[0].message.tool_calls[0]
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "5"},
+        ]
         second = await recorder.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
         return first, second, recorder.export_trajectories(), recorder.completions_recorded
 
@@ -112,19 +119,21 @@ def test_a_forced_tool_calls_forced_tokens_are_context_and_its_chosen_ones_train
     assert "<tool_call>" in forced_text and "add" in forced_text and "add" not in chosen_text
     p1, a2 = ids(tokenizer, ADD_TURN1[0]), ids(tokenizer, ADD_TURN2[1])
     trained = [t for t, m in zip(traj.input_ids, traj.loss_mask) if m]
-    assert trained == chosen + a2 and traj.input_ids[-len(a2):] == a2
-    assert traj.input_ids[len(p1):len(p1) + len(call)] == call
+    assert trained == chosen + a2 and traj.input_ids[-len(a2) :] == a2
+    assert traj.input_ids[len(p1) : len(p1) + len(call)] == call
     assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask) if not m)
 
 
 def test_rewritten_history_gives_separate_trajectories_with_discounted_rewards(server, tokenizer):
     async def episode(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
-        first = await recorder.chat.completions.create(model="m", messages=[{"role": "user", "content": ADD_QUESTION}],
-                                                       tools=[ADD_TOOL])
+        first = await recorder.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": ADD_QUESTION}], tools=[ADD_TOOL]
+        )
         # the agent forgets the call and starts over with another question
-        second = await recorder.chat.completions.create(model="m", messages=[
-            {"role": "user", "content": HELLO_QUESTION}])
+        second = await recorder.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": HELLO_QUESTION}]
+        )
         recorder.set_final_reward(1.0, turn_discount=0.5)
         return first, second, recorder.export_trajectories()
 
@@ -134,13 +143,13 @@ def test_rewritten_history_gives_separate_trajectories_with_discounted_rewards(s
     assert [t.info["turns"] for t in trajs] == [1, 1]
     assert [t.info["reward"] for t in trajs] == [0.5, 1.0]
     assert [t.info["tool_calls"] for t in trajs] == [1, 0]
-    assert trajs[1].input_ids[:sum(1 for m in trajs[1].loss_mask if not m)] == ids(
-        tokenizer, f"<|bos|><|im_start|>user\n{HELLO_QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+    assert trajs[1].input_ids[: sum(1 for m in trajs[1].loss_mask if not m)] == ids(
+        tokenizer, f"<|bos|><|im_start|>user\n{HELLO_QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.mark.parametrize("pause_mode", ["in_place", "abort"])
-def test_weight_update_mid_answer_is_survived_and_versions_change_inside_it(server, model_dirs, tokenizer,
-                                                                            pause_mode):
+def test_weight_update_mid_answer_is_survived_and_versions_change_inside_it(server, model_dirs, tokenizer, pause_mode):
     """The embedded way (the engine pauses, swaps, re-prefills) and SGLang's (in-flight requests come
     back aborted and are resubmitted with the tokens so far): the answer is whole, its first tokens
     carry the version before the update, its last tokens the version after."""
@@ -150,16 +159,20 @@ def test_weight_update_mid_answer_is_survived_and_versions_change_inside_it(serv
 
     async def episode(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=SamplingParams(max_new_tokens=budget, seed=5))
-        task = asyncio.ensure_future(recorder.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Count forever."}], extra_body={"ignore_eos": True}))
+        task = asyncio.ensure_future(
+            recorder.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Count forever."}], extra_body={"ignore_eos": True}
+            )
+        )
         await _wait_for_tokens(server, 20)
         if pause_mode == "in_place":
             await inference.update_weights_from_disk(str(model_dirs[1]), base + 1)
         else:
-            for path, body in [("/pause_generation", {"mode": "abort"}),
-                               ("/update_weights_from_disk", {"model_path": str(model_dirs[1]),
-                                                           "weight_version": str(base + 1)}),
-                               ("/continue_generation", {})]:
+            for path, body in [
+                ("/pause_generation", {"mode": "abort"}),
+                ("/update_weights_from_disk", {"model_path": str(model_dirs[1]), "weight_version": str(base + 1)}),
+                ("/continue_generation", {}),
+            ]:
                 await asyncio.to_thread(_post, server, path, body)
         reply = await task
         await inference.update_weights_from_disk(str(model_dirs[0]), base + 2)  # back to the model the others expect
@@ -190,8 +203,9 @@ def _tokens_generated(url: str) -> int:
 
 
 def _post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
@@ -200,8 +214,9 @@ def _post(url: str, path: str, body: dict) -> dict:
 def test_streaming_text_completions_and_refusals_look_like_openai(server, tokenizer):
     async def calls(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
-        stream = await recorder.chat.completions.create(model="m", messages=[{"role": "user", "content": HELLO_QUESTION}],
-                                                        stream=True)
+        stream = await recorder.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": HELLO_QUESTION}], stream=True
+        )
         chunks = [c async for c in stream]
         text = await recorder.completions.create(model="m", prompt=ADD_TURN2[0], max_tokens=20)
         refused = []
@@ -210,7 +225,9 @@ def test_streaming_text_completions_and_refusals_look_like_openai(server, tokeni
                 await recorder.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], **kwargs)
             except openai.BadRequestError as err:
                 refused.append((err.status_code, err.body["param"]))
-        with pytest.raises(openai.NotFoundError, match="records chat.completions.create, completions.create and responses.create only"):
+        with pytest.raises(
+            openai.NotFoundError, match="records chat.completions.create, completions.create and responses.create only"
+        ):
             await recorder.embeddings.create(model="m", input="x")
         return chunks, text, refused, recorder.export_trajectories()
 
@@ -227,8 +244,9 @@ def test_workflow_sampling_wins_unless_the_agent_is_honoured(tokenizer):
     asked = ChatRequest(temperature=0.2, max_tokens=80, stop=["?"], seed=99)
     params = RecordingOpenAI(None, tokenizer, sampling=base, answer_index=2)._params(asked, 10, 3)
     assert (params.temperature, params.max_new_tokens, params.stop, params.seed) == (1.0, 50, ["!", "?"], 11 + 2003)
-    honoured = RecordingOpenAI(None, tokenizer, sampling=base, honor_agent_sampling=True,
-                               max_total_tokens=40)._params(asked, 10, 0)
+    honoured = RecordingOpenAI(None, tokenizer, sampling=base, honor_agent_sampling=True, max_total_tokens=40)._params(
+        asked, 10, 0
+    )
     assert (honoured.temperature, honoured.max_new_tokens) == (0.2, 30)
     with pytest.raises(openai.BadRequestError, match="max_total_tokens"):
         RecordingOpenAI(None, tokenizer, sampling=base, max_total_tokens=10)._params(asked, 10, 0)
@@ -247,7 +265,7 @@ def test_openai_agent_rollout_runs_an_unchanged_agent(server, tokenizer, model_d
     assert [t.sample_id for t in trajs] == [0, 1, 2]
     for t in trajs:
         assert t.input_ids == ids(tokenizer, ADD_TURN2[0] + ADD_TURN2[1])
-        assert t.input_ids[:len(Row.input_ids)] == Row.input_ids  # the agent's first prompt is the dataset's
+        assert t.input_ids[: len(Row.input_ids)] == Row.input_ids  # the agent's first prompt is the dataset's
         assert t.info["reward"] == 1.0 and t.info["turn_rewards"] == [0.5, 1.0]
         assert (t.info["turns"], t.info["tool_calls"], t.info["dropped_trajectories"]) == (2, 1, 0)
         assert t.answer == "5" and t.info["prompt_id"] == "row-7"
@@ -265,8 +283,9 @@ def test_rollout_without_an_agent_says_so(model_dirs):
 
 # --------------------------------------------------------------------------- the log, without a server
 def _record(turn: int, prompt: list[int], output: list[int], choice: int = 0) -> RecordedCompletion:
-    return RecordedCompletion(f"c{turn}", choice, turn, prompt, output, [-0.5] * len(output), [turn] * len(output),
-                              "stop")
+    return RecordedCompletion(
+        f"c{turn}", choice, turn, prompt, output, [-0.5] * len(output), [turn] * len(output), "stop"
+    )
 
 
 def test_branches_are_never_trained_twice_and_discount_is_per_call():

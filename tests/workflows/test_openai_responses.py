@@ -44,6 +44,7 @@ def with_client(url: str, body):
             return await body(client)
         finally:
             await client.close()
+
     return asyncio.run(run())
 
 
@@ -53,13 +54,21 @@ def add_prompt(tokenizer) -> AgentPrompt:
 
 async def add_agent_previous_id(client, prompt) -> float:
     """The same agent continuing with previous_response_id (only the tool's output is sent)."""
-    first = await client.responses.create(model="policy", input=list(prompt.messages), tools=[ADD_FUNCTION],
-                                          instructions=None)
-    outputs = [{"type": "function_call_output", "call_id": item.call_id,
-                "output": str(sum(json.loads(item.arguments).values()))}
-               for item in first.output if item.type == "function_call"]
-    final = await client.responses.create(model="policy", input=outputs, previous_response_id=first.id,
-                                          tools=[ADD_FUNCTION])
+    first = await client.responses.create(
+        model="policy", input=list(prompt.messages), tools=[ADD_FUNCTION], instructions=None
+    )
+    outputs = [
+        {
+            "type": "function_call_output",
+            "call_id": item.call_id,
+            "output": str(sum(json.loads(item.arguments).values())),
+        }
+        for item in first.output
+        if item.type == "function_call"
+    ]
+    final = await client.responses.create(
+        model="policy", input=outputs, previous_response_id=first.id, tools=[ADD_FUNCTION]
+    )
     return 1.0 if final.output_text == ADD_ANSWER else 0.0
 
 
@@ -74,7 +83,7 @@ def test_a_responses_episode_is_the_same_trajectory_as_on_chat(server, tokenizer
     [traj], records = with_client(server, lambda inference: episode(inference, agent))
     [chat_traj], chat_records = with_client(server, lambda inference: episode(inference, add_agent))
     p1, a1 = ids(tokenizer, ADD_TURN1[0]), ids(tokenizer, ADD_TURN1[1])
-    tool_part = ids(tokenizer, ADD_TURN2[0])[len(p1) + len(a1):]
+    tool_part = ids(tokenizer, ADD_TURN2[0])[len(p1) + len(a1) :]
     a2 = ids(tokenizer, ADD_TURN2[1])
     assert traj.input_ids == chat_traj.input_ids == p1 + a1 + tool_part + a2
     assert traj.loss_mask == chat_traj.loss_mask == [0] * len(p1) + [1] * len(a1) + [0] * len(tool_part) + [1] * len(a2)
@@ -90,10 +99,15 @@ def test_responses_objects_streams_and_store_look_like_openai(server, tokenizer)
     async def episode(inference):
         recorder = RecordingOpenAI(inference, tokenizer, sampling=GREEDY)
         assert isinstance(recorder.responses, RecordingResponses)
-        r = await recorder.responses.create(model="policy", input=HELLO_QUESTION,
-                                            include=["message.output_text.logprobs"])
-        events = [e async for e in await recorder.responses.create(model="policy", input=ADD_QUESTION,
-                                                                   tools=[ADD_FUNCTION], stream=True)]
+        r = await recorder.responses.create(
+            model="policy", input=HELLO_QUESTION, include=["message.output_text.logprobs"]
+        )
+        events = [
+            e
+            async for e in await recorder.responses.create(
+                model="policy", input=ADD_QUESTION, tools=[ADD_FUNCTION], stream=True
+            )
+        ]
         got = await recorder.responses.retrieve(r.id)
         listed = await recorder.responses.input_items.list(r.id)
         await recorder.responses.delete(r.id)
@@ -110,7 +124,8 @@ def test_responses_objects_streams_and_store_look_like_openai(server, tokenizer)
     lps = [lp.logprob for lp in r.output[0].content[0].logprobs]
     assert lps == pytest.approx(records[0].output_logprobs, abs=1e-6) and len(lps) == len(records[0].output_ids)
     assert isinstance(events[-1], ResponseCompletedEvent) and [e.sequence_number for e in events] == list(
-        range(len(events)))
+        range(len(events))
+    )
     [call] = events[-1].response.output
     assert isinstance(call, ResponseFunctionToolCall) and json.loads(call.arguments) == {"a": 2, "b": 3}
     assert got.id == r.id and [(i.type, i.role) for i in listed.data] == [("message", "user")]

@@ -44,8 +44,14 @@ class ScriptedClient:
 
         self.prompts.append(list(input_ids))
         ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False)
-        return GenerationResult(rid=rid, output_ids=ids, output_logprobs=[-0.5] * len(ids),
-                                output_versions=[3] * len(ids), finish_reason="stop", prompt_len=len(input_ids))
+        return GenerationResult(
+            rid=rid,
+            output_ids=ids,
+            output_logprobs=[-0.5] * len(ids),
+            output_versions=[3] * len(ids),
+            finish_reason="stop",
+            prompt_len=len(input_ids),
+        )
 
 
 def test_tool_output_is_masked_and_really_executed(tokenizer_dir):

@@ -42,7 +42,8 @@ RERENDERING_TEMPLATE = (
     "{% if message['role'] == 'assistant' and not loop.last %}<|im_start|>assistant\n(earlier) "
     "{{ message['content'] }}<|im_end|>\n"
     "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def with_proxy(url: str, tokenizer, body):
@@ -58,11 +59,13 @@ def with_proxy(url: str, tokenizer, body):
 
         def http_client(api_key: str = proxy.api_key, episode: str = key) -> openai.AsyncOpenAI:
             return openai.AsyncOpenAI(base_url=proxy.url(episode), api_key=api_key, max_retries=0)
+
         try:
             return await body(proxy, recorder, http_client)
         finally:
             await proxy.close()
             await inference.close()
+
     return asyncio.run(run())
 
 
@@ -71,8 +74,9 @@ def test_an_agent_over_http_records_what_it_records_in_process(server, tokenizer
         client = http_client()
         prompt = AgentPrompt("q1", [{"role": "user", "content": ADD_QUESTION}], "5", ids(tokenizer, ADD_TURN1[0]))
         reward = await add_agent(client, prompt)
-        stream = await client.chat.completions.create(model="policy", stream=True,
-                                                      messages=[{"role": "user", "content": HELLO_QUESTION}])
+        stream = await client.chat.completions.create(
+            model="policy", stream=True, messages=[{"role": "user", "content": HELLO_QUESTION}]
+        )
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         models = await client.models.list()
         await client.close()
@@ -82,14 +86,17 @@ def test_an_agent_over_http_records_what_it_records_in_process(server, tokenizer
     assert reward == 1.0 and streamed == HELLO_ANSWER and [m.id for m in models.data] == ["policy"]
     add, hello = trajs  # the tool episode is one trajectory; the new conversation starts another
     p1, a1 = ids(tokenizer, ADD_TURN1[0]), ids(tokenizer, ADD_TURN1[1])
-    tool_part = ids(tokenizer, ADD_TURN2[0])[len(p1) + len(a1):]
+    tool_part = ids(tokenizer, ADD_TURN2[0])[len(p1) + len(a1) :]
     a2 = ids(tokenizer, ADD_TURN2[1])
     assert add.input_ids == p1 + a1 + tool_part + a2
     assert add.loss_mask == [0] * len(p1) + [1] * len(a1) + [0] * len(tool_part) + [1] * len(a2)
     assert [lp for lp, m in zip(add.behav_logprobs, add.loss_mask) if m] == (
-        records[0].output_logprobs + records[1].output_logprobs)
-    assert tokenizer.decode([t for t, m in zip(hello.input_ids, hello.loss_mask) if m],
-                            skip_special_tokens=True) == HELLO_ANSWER
+        records[0].output_logprobs + records[1].output_logprobs
+    )
+    assert (
+        tokenizer.decode([t for t, m in zip(hello.input_ids, hello.loss_mask) if m], skip_special_tokens=True)
+        == HELLO_ANSWER
+    )
 
 
 def test_a_responses_agent_over_http_records_the_chat_agents_trajectory(server, tokenizer):
@@ -121,17 +128,23 @@ def test_the_proxy_refuses_what_an_openai_server_refuses(server, tokenizer):
     async def calls(proxy, recorder, http_client):
         hello = [{"role": "user", "content": HELLO_QUESTION}]
         outcomes = {}
-        for name, client, extra in (("no token", http_client(api_key="guess"), {}),
-                                    ("ended episode", http_client(episode="nope"), {}),
-                                    ("too many choices", http_client(), {"n": 1000})):
+        for name, client, extra in (
+            ("no token", http_client(api_key="guess"), {}),
+            ("ended episode", http_client(episode="nope"), {}),
+            ("too many choices", http_client(), {"n": 1000}),
+        ):
             try:
                 await client.chat.completions.create(model="policy", messages=hello, **extra)
                 outcomes[name] = None
             except openai.APIStatusError as err:
                 outcomes[name] = (err.status_code, str(err))
             await client.close()
-        request = urllib.request.Request(f"{proxy.url(proxy.register(recorder))}/chat/completions", data=b"not json",
-                                         method="POST", headers={"Authorization": f"Bearer {proxy.api_key}"})
+        request = urllib.request.Request(
+            f"{proxy.url(proxy.register(recorder))}/chat/completions",
+            data=b"not json",
+            method="POST",
+            headers={"Authorization": f"Bearer {proxy.api_key}"},
+        )
         try:
             await asyncio.to_thread(urllib.request.urlopen, request)
         except urllib.error.HTTPError as err:
@@ -154,11 +167,14 @@ def _two_turns(tokenizer, url: str):
         client = http_client()
         messages = [{"role": "user", "content": HELLO_QUESTION}]
         first = await client.chat.completions.create(model="policy", messages=messages)
-        messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": HELLO_QUESTION}]
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": HELLO_QUESTION},
+        ]
         await client.chat.completions.create(model="policy", messages=messages)
         await client.close()
         return recorder.export_trajectories(), recorder.completions_recorded
+
     return with_proxy(url, tokenizer, episode)
 
 
@@ -177,7 +193,7 @@ def test_trained_tokens_are_the_sampled_ones_whatever_the_template_does(server, 
     assert sum(map(len, trained)) == sum(map(len, sampled))  # nothing trained twice, nothing missing
     if template == "growing prefix":
         assert trained == [sampled[0] + sampled[1]]
-        assert trajs[0].input_ids[:len(records[1].prompt_ids)] == records[1].prompt_ids
+        assert trajs[0].input_ids[: len(records[1].prompt_ids)] == records[1].prompt_ids
     else:
         assert trained == sampled and len(trajs) == 2
         context = tok.decode([t for t, m in zip(trajs[1].input_ids, trajs[1].loss_mask) if not m])

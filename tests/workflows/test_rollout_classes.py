@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.api.rollout import Rollout, Trajectory
+from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.workflows.rollout.base import pack_trajectories
 
 
@@ -36,12 +36,15 @@ def test_multi_turn_append():
         t.append([1], generated=True)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(input_ids=[1, 2], loss_mask=[0], behav_logprobs=[0, 0], versions=[-1, -1]), "loss_mask has 1"),
-    (dict(input_ids=[], loss_mask=[], behav_logprobs=[], versions=[]), "empty"),
-    (dict(input_ids=[1], loss_mask=[1], behav_logprobs=[0], versions=[0]), "loss_mask\\[0\\]"),
-    (dict(input_ids=[1], loss_mask=[0], behav_logprobs=[0], versions=[-1], finish_reason="eos"), "finish_reason"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(input_ids=[1, 2], loss_mask=[0], behav_logprobs=[0, 0], versions=[-1, -1]), "loss_mask has 1"),
+        (dict(input_ids=[], loss_mask=[], behav_logprobs=[], versions=[]), "empty"),
+        (dict(input_ids=[1], loss_mask=[1], behav_logprobs=[0], versions=[0]), "loss_mask\\[0\\]"),
+        (dict(input_ids=[1], loss_mask=[0], behav_logprobs=[0], versions=[-1], finish_reason="eos"), "finish_reason"),
+    ],
+)
 def test_trajectory_rejects_inconsistent_fields(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         Trajectory(**kwargs)
@@ -56,8 +59,16 @@ def trajectories(draw):
     lps = draw(st.lists(st.floats(-20, 0, width=32), min_size=o, max_size=o))
     vers = sorted(draw(st.lists(st.integers(0, 9), min_size=o, max_size=o)))
     reason = draw(st.sampled_from(["stop", "length", "abort"]))
-    return Trajectory.from_generation(prompt, out, lps, vers, reason, answer=str(draw(st.integers(0, 99))),
-                                      group_id=draw(st.integers(0, 5)), sample_id=draw(st.integers(0, 50)))
+    return Trajectory.from_generation(
+        prompt,
+        out,
+        lps,
+        vers,
+        reason,
+        answer=str(draw(st.integers(0, 99))),
+        group_id=draw(st.integers(0, 5)),
+        sample_id=draw(st.integers(0, 50)),
+    )
 
 
 @settings(max_examples=50, deadline=None)

@@ -34,8 +34,11 @@ def test_specs_and_games_are_checked(ta):
     from areal_graph.data import textarena_games as tg
 
     assert tg.parse_spec("textarena:GuessTheNumber-v0?size=5&seed=2") == ("GuessTheNumber-v0", 5, 2)
-    for bad, message in (("textarena:", "give a game"), ("textarena:X?size=0", "size must be in"),
-                         ("textarena:X?colour=red", "options are size and seed")):
+    for bad, message in (
+        ("textarena:", "give a game"),
+        ("textarena:X?size=0", "size must be in"),
+        ("textarena:X?colour=red", "options are size and seed"),
+    ):
         with pytest.raises(tg.TextArenaError, match=message):
             tg.parse_spec(bad)
     assert "did you mean 'GuessTheNumber-v0'" in tg.check_env("GuessTheNumbr-v0")
@@ -78,7 +81,9 @@ class BinarySearchPlayer(LocalEngineClient):
             last = self.sent[-1][1]
             self.lo, self.hi = (last + 1, self.hi) if hints[-1] == "higher" else (self.lo, last - 1)
         guess = (self.lo + self.hi) // 2
-        out = self.tok.encode(f"My guess: [{guess}]", add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        out = self.tok.encode(f"My guess: [{guess}]", add_special_tokens=False) + [
+            self.tok.convert_tokens_to_ids("<|im_end|>")
+        ]
         self.sent.append((out, guess))
         return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
 

@@ -81,6 +81,7 @@ def play(url: str, rollout: VerifiersEnv, rows: list[Row], group: int) -> list[l
         finally:
             await rollout.aclose()
             await client.close()
+
     return asyncio.run(run())
 
 
@@ -121,16 +122,19 @@ def test_single_turn_rewards_are_the_rubrics_and_match_an_independent_scorer(ser
             expected = float(boxed(answer) == left_to_right(row.question))
             assert traj.info["reward"] == expected and traj.info["metrics"]["reward.correct"] == expected
             assert traj.info["metrics"]["turns"] == 1 and traj.info["dropped_trajectories"] == 0
-            prompt = rollout.tokenizer.apply_chat_template([{"role": "user", "content": row.question}],
-                                                           add_generation_prompt=True, tokenize=False)
-            assert rollout.tokenizer.decode(traj.input_ids[:traj.loss_mask.index(1)]) == prompt
+            prompt = rollout.tokenizer.apply_chat_template(
+                [{"role": "user", "content": row.question}], add_generation_prompt=True, tokenize=False
+            )
+            assert rollout.tokenizer.decode(traj.input_ids[: traj.loss_mask.index(1)]) == prompt
             rewards.append(expected)
     assert 0 < sum(rewards) < len(rewards)  # the kit is right some of the time: the check can fail both ways
 
 
 def test_a_multi_turn_environment_is_one_trajectory_per_episode(server, kit_model):
-    rows = [Row(r) for r in verifiers_tasks.list_tasks(
-        verifiers_tasks.parse_spec("verifiers:vf_arith_try_again?size=4&seed=5"))]
+    rows = [
+        Row(r)
+        for r in verifiers_tasks.list_tasks(verifiers_tasks.parse_spec("verifiers:vf_arith_try_again?size=4&seed=5"))
+    ]
     rollout = VerifiersEnv(kit_model)
     groups = play(server, rollout, rows, 6)
     turns_seen = set()

@@ -28,13 +28,38 @@ BOUND_CAT = "bound"  # category of the synthetic spans on that track
 SPARSE_ROW_SPANS = 500  # rows with at most this many spans are never merged
 
 # Fill colours: node kinds (a span of a graph node) first, then span categories.
-KIND_COLOURS = {"rollout": "#3b82f6", "reward": "#f59e0b", "logprob": "#6366f1", "value": "#ec4899",
-                "advantage": "#16a34a", "train": "#dc2626", "function": "#0d9488"}
-CATEGORY_COLOURS = {"compute": "#0ea5e9", "request": "#93c5fd", "weights": "#a855f7", "step": "#9ca3af",
-                    "controller": "#64748b", "worker": "#a8a29e", "eval": "#84cc16", "rollout": "#60a5fa",
-                    "node": "#38bdf8"}
-EXTRA_COLOURS = ["#f472b6", "#fb923c", "#facc15", "#4ade80", "#2dd4bf", "#818cf8", "#c084fc", "#e879f9",
-                 "#94a3b8", "#fda4af"]
+KIND_COLOURS = {
+    "rollout": "#3b82f6",
+    "reward": "#f59e0b",
+    "logprob": "#6366f1",
+    "value": "#ec4899",
+    "advantage": "#16a34a",
+    "train": "#dc2626",
+    "function": "#0d9488",
+}
+CATEGORY_COLOURS = {
+    "compute": "#0ea5e9",
+    "request": "#93c5fd",
+    "weights": "#a855f7",
+    "step": "#9ca3af",
+    "controller": "#64748b",
+    "worker": "#a8a29e",
+    "eval": "#84cc16",
+    "rollout": "#60a5fa",
+    "node": "#38bdf8",
+}
+EXTRA_COLOURS = [
+    "#f472b6",
+    "#fb923c",
+    "#facc15",
+    "#4ade80",
+    "#2dd4bf",
+    "#818cf8",
+    "#c084fc",
+    "#e879f9",
+    "#94a3b8",
+    "#fda4af",
+]
 
 
 @dataclass(frozen=True)
@@ -120,8 +145,9 @@ def _row_key(s: dict[str, Any]) -> tuple[str, str, int, int]:
     return (s["process"], s["track"], s["lane"], s["depth"])
 
 
-def _rows(spans: list[dict[str, Any]], processes: list[str], extra: list[tuple[str, str, int, float]]
-          ) -> tuple[list[dict[str, Any]], dict[tuple, int]]:
+def _rows(
+    spans: list[dict[str, Any]], processes: list[str], extra: list[tuple[str, str, int, float]]
+) -> tuple[list[dict[str, Any]], dict[tuple, int]]:
     """Tracks (process, track) in display order, each with its rows (lane, depth), and global row numbers.
 
     `extra` (process, track, lane, ts) are places that need a row without a span: the ends of
@@ -165,9 +191,20 @@ def _bound_spans(summary: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in summary["critical_path"]["per_step"]:
         secs = {k: round(v * 1e3, 2) for k, v in sorted(r["seconds"].items(), key=lambda kv: -kv[1])}
-        out.append({"name": r["bound_by"], "cat": BOUND_CAT, "ts": r["ts_us"], "dur": r["wall_s"] * 1e6,
-                    "args": {"step": r["step"], "bound_share": round(r["bound_share"], 3), "ms_by_part": secs},
-                    "process": "controller", "track": BOUND_TRACK, "lane": 0, "depth": 0, "open": False})
+        out.append(
+            {
+                "name": r["bound_by"],
+                "cat": BOUND_CAT,
+                "ts": r["ts_us"],
+                "dur": r["wall_s"] * 1e6,
+                "args": {"step": r["step"], "bound_share": round(r["bound_share"], 3), "ms_by_part": secs},
+                "process": "controller",
+                "track": BOUND_TRACK,
+                "lane": 0,
+                "depth": 0,
+                "open": False,
+            }
+        )
     return out
 
 
@@ -200,8 +237,9 @@ def _colour(key: str) -> str:
 
 
 # ---------------------------------------------------------------------- budget
-def _aggregate(spans: list[dict[str, Any]], row_of: dict[tuple, int], budget: int
-               ) -> tuple[list[dict[str, Any]], dict[int, int], dict[str, Any]]:
+def _aggregate(
+    spans: list[dict[str, Any]], row_of: dict[tuple, int], budget: int
+) -> tuple[list[dict[str, Any]], dict[int, int], dict[str, Any]]:
     """(spans to draw, original index -> index of the block it went into, what was done)."""
     if len(spans) <= budget:
         return spans, {}, {"applied": False, "budget": budget}
@@ -209,8 +247,7 @@ def _aggregate(spans: list[dict[str, Any]], row_of: dict[tuple, int], budget: in
     for i, s in enumerate(spans):
         by_row.setdefault(row_of[_row_key(s)], []).append(i)
     # sparse rows cost little and the "bounded by" row must keep one span per step: never merged
-    kept_rows = [r for r, idxs in by_row.items()
-                 if len(idxs) <= SPARSE_ROW_SPANS or spans[idxs[0]]["cat"] == BOUND_CAT]
+    kept_rows = [r for r, idxs in by_row.items() if len(idxs) <= SPARSE_ROW_SPANS or spans[idxs[0]]["cat"] == BOUND_CAT]
     fixed = [i for r in kept_rows for i in by_row.pop(r)]
     arrays = []
     for idxs in by_row.values():
@@ -228,8 +265,18 @@ def _aggregate(spans: list[dict[str, Any]], row_of: dict[tuple, int], budget: in
         quantum *= 2
         kept, into = _merge_short(spans, by_row, quantum, fixed)
     merged = sum(s.get("aggregated", 0) for s in kept)
-    return kept, into, {"applied": True, "budget": budget, "quantum_ms": round(quantum / 1e3, 3),
-                        "spans_in": len(spans), "spans_out": len(kept), "merged": merged}
+    return (
+        kept,
+        into,
+        {
+            "applied": True,
+            "budget": budget,
+            "quantum_ms": round(quantum / 1e3, 3),
+            "spans_in": len(spans),
+            "spans_out": len(kept),
+            "merged": merged,
+        },
+    )
 
 
 def _count_after_merging(arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]], quantum: float) -> int:
@@ -243,8 +290,9 @@ def _count_after_merging(arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     return total
 
 
-def _merge_short(spans: list[dict[str, Any]], by_row: dict[int, list[int]], quantum: float, fixed: list[int]
-                 ) -> tuple[list[dict[str, Any]], dict[int, int]]:
+def _merge_short(
+    spans: list[dict[str, Any]], by_row: dict[int, list[int]], quantum: float, fixed: list[int]
+) -> tuple[list[dict[str, Any]], dict[int, int]]:
     """Per row, runs of spans shorter than `quantum` with gaps under `quantum` become one block;
     the spans in `fixed` are kept as they are."""
     kept: list[dict[str, Any]] = [spans[i] for i in fixed]
@@ -283,15 +331,26 @@ def _block(members: list[dict[str, Any]]) -> dict[str, Any]:
     end = max(s["ts"] + s["dur"] for s in members)
     names = Counter(s["name"] for s in members)
     first = members[0]
-    return {**first, "name": f"{len(members)} spans", "ts": start, "dur": end - start, "aggregated": len(members),
-            "open": any(s.get("open") for s in members),
-            "args": {"merged_spans": len(members), "busy_ms": round(sum(s["dur"] for s in members) / 1e3, 3),
-                     "names": dict(names.most_common(5)), "node": first["args"].get("node")}}
+    return {
+        **first,
+        "name": f"{len(members)} spans",
+        "ts": start,
+        "dur": end - start,
+        "aggregated": len(members),
+        "open": any(s.get("open") for s in members),
+        "args": {
+            "merged_spans": len(members),
+            "busy_ms": round(sum(s["dur"] for s in members) / 1e3, 3),
+            "names": dict(names.most_common(5)),
+            "node": first["args"].get("node"),
+        },
+    }
 
 
 # ---------------------------------------------------------------------- flows and instants
-def _flows(run: RunMaterial, row_of: dict[tuple, int], merged_from: dict[int, int], t0: float, budget: int
-           ) -> tuple[list[list[float]], int]:
+def _flows(
+    run: RunMaterial, row_of: dict[tuple, int], merged_from: dict[int, int], t0: float, budget: int
+) -> tuple[list[list[float]], int]:
     """Arrow segments [t0_ms, row0, t1_ms, row1, span0, span1] (span -1 when unbound), evenly thinned to budget."""
     tl = run.timeline
     segments: list[list[float]] = []
@@ -306,8 +365,9 @@ def _flows(run: RunMaterial, row_of: dict[tuple, int], merged_from: dict[int, in
     return segments, total
 
 
-def _flow_end(p: Any, tl: Any, row_of: dict[tuple, int], merged_from: dict[int, int], t0: float
-              ) -> tuple[float, int, int] | None:
+def _flow_end(
+    p: Any, tl: Any, row_of: dict[tuple, int], merged_from: dict[int, int], t0: float
+) -> tuple[float, int, int] | None:
     if p.span is not None:
         s = tl.spans[p.span]
         return (round((p.ts - t0) / 1e3, 3), row_of[_row_key(s)], merged_from.get(p.span, p.span))
@@ -315,8 +375,9 @@ def _flow_end(p: Any, tl: Any, row_of: dict[tuple, int], merged_from: dict[int, 
     return None if row is None else (round((p.ts - t0) / 1e3, 3), row, -1)
 
 
-def _instants(run: RunMaterial, row_of: dict[tuple, int], t0: float, names: _Interner, args: _Interner
-              ) -> list[list[Any]]:
+def _instants(
+    run: RunMaterial, row_of: dict[tuple, int], t0: float, names: _Interner, args: _Interner
+) -> list[list[Any]]:
     """[t_ms, row (-1: the whole run), name, args] per instant event."""
     out = []
     for e in run.timeline.instants:

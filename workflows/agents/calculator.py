@@ -13,9 +13,14 @@ from typing import Any
 
 from areal_graph.tools.calculator import calculate
 
-CALCULATOR: dict[str, Any] = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+CALCULATOR: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
 
 
 async def calculator_agent(client: Any, prompt: Any, max_turns: int = 3) -> None:
@@ -36,7 +41,10 @@ async def calculator_agent(client: Any, prompt: Any, max_turns: int = 3) -> None
     return None
 
 
-CALCULATOR_FUNCTION: dict[str, Any] = {"type": "function", **CALCULATOR["function"]}  # the Responses API's flat tool shape
+CALCULATOR_FUNCTION: dict[str, Any] = {
+    "type": "function",
+    **CALCULATOR["function"],
+}  # the Responses API's flat tool shape
 
 
 async def calculator_responses_agent(client: Any, prompt: Any, max_turns: int = 3) -> None:
@@ -54,6 +62,7 @@ async def calculator_responses_agent(client: Any, prompt: Any, max_turns: int = 
                 expression = json.loads(call.arguments).get("expression", "")
             except (json.JSONDecodeError, AttributeError):
                 expression = ""
-            items.append({"type": "function_call_output", "call_id": call.call_id,
-                          "output": calculate(str(expression))})
+            items.append(
+                {"type": "function_call_output", "call_id": call.call_id, "output": calculate(str(expression))}
+            )
     return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -32,13 +32,22 @@ def pack_trajectories(trajectories: Sequence[Trajectory]) -> PackedBatch:
             "sample_id": [int(t.sample_id) for t in trajectories],
             "seq_no_eos": [bool(t.no_eos) for t in trajectories],
         },
-        meta={"answer": [str(t.answer) for t in trajectories],
-              "info": [info_json(t.info, f"Trajectory.info of sample {t.sample_id}") for t in trajectories]},
-        dtypes={"input_ids": torch.int64, "loss_mask": torch.int64, "behav_logprobs": torch.float32,
-                "versions": torch.int64, "group_id": torch.int64, "sample_id": torch.int64,
-                "seq_no_eos": torch.bool},
+        meta={
+            "answer": [str(t.answer) for t in trajectories],
+            "info": [info_json(t.info, f"Trajectory.info of sample {t.sample_id}") for t in trajectories],
+        },
+        dtypes={
+            "input_ids": torch.int64,
+            "loss_mask": torch.int64,
+            "behav_logprobs": torch.float32,
+            "versions": torch.int64,
+            "group_id": torch.int64,
+            "sample_id": torch.int64,
+            "seq_no_eos": torch.bool,
+        },
     )
     if any("tool_calls" in t.info for t in trajectories):
-        batch.seqs["tool_calls"] = torch.tensor([int(t.info.get("tool_calls", 0)) for t in trajectories],
-                                                dtype=torch.int64)
+        batch.seqs["tool_calls"] = torch.tensor(
+            [int(t.info.get("tool_calls", 0)) for t in trajectories], dtype=torch.int64
+        )
     return batch

@@ -43,10 +43,17 @@ class CalculatorAgent(PythonToolAgent):
 
     turn_stop: tuple[str, ...] = ()  # a turn ends with EOS, calls or not
 
-    def __init__(self, tokenizer_path: str, max_turns: int = 3, max_total_tokens: int = 256,
-                 max_interruptions: int = 100, max_expression_chars: int = 200) -> None:
-        super().__init__(tokenizer_path, max_turns=max_turns, max_total_tokens=max_total_tokens,
-                         max_interruptions=max_interruptions)
+    def __init__(
+        self,
+        tokenizer_path: str,
+        max_turns: int = 3,
+        max_total_tokens: int = 256,
+        max_interruptions: int = 100,
+        max_expression_chars: int = 200,
+    ) -> None:
+        super().__init__(
+            tokenizer_path, max_turns=max_turns, max_total_tokens=max_total_tokens, max_interruptions=max_interruptions
+        )
         self.calculator_limits = CalculatorLimits(max_chars=max_expression_chars)
 
     async def observe(self, generated_text: str) -> str | None:

@@ -39,27 +39,27 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import openai
+from openai._models import construct_type
+from openai.pagination import AsyncCursorPage
 from openai.resources.chat import AsyncChat
 from openai.resources.chat.completions import AsyncCompletions as AsyncChatCompletions
-from openai._models import construct_type
 from openai.resources.completions import AsyncCompletions as AsyncTextCompletions
-from openai.pagination import AsyncCursorPage
 from openai.types import Completion
-from openai.types.responses import ResponseItem
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import ResponseItem
 
 from areal_graph.api.imports import import_object
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference.interruptible import generate_interruptible
-from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
 from areal_graph.engines.inference import responses_format as rfmt
+from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.openai_requests import (
     ChatRequest,
     OpenAIRequestError,
@@ -69,6 +69,7 @@ from areal_graph.engines.inference.openai_requests import (
 )
 from areal_graph.engines.inference.responses_requests import parse_responses_request
 from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
+from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
 from areal_graph.workflows.rollout.openai_recording import CompletionLog, RecordedCompletion, continuation_ids
 from areal_graph.workflows.rollout.openai_responses import RecordingResponses, typed_events, typed_response
 
@@ -98,10 +99,15 @@ def _offline_http_client() -> Any:
     http = _http()
 
     def refuse(request: Any) -> Any:
-        message = (f"RecordingOpenAI records chat.completions.create, completions.create and responses.create only; "
-                   f"{request.method} {request.url.path} is not available")
-        return http.Response(404, json={"error": {"message": message, "type": "invalid_request_error",
-                                                  "param": None, "code": "not_found"}})
+        message = (
+            f"RecordingOpenAI records chat.completions.create, completions.create and responses.create only; "
+            f"{request.method} {request.url.path} is not available"
+        )
+        return http.Response(
+            404,
+            json={"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "not_found"}},
+        )
+
     return http.AsyncClient(transport=http.MockTransport(refuse))
 
 
@@ -115,8 +121,11 @@ def _bad_request(message: str, param: str | None = None, code: str | None = None
 
 def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The parameters the caller actually set (frameworks pass NOT_GIVEN / omit for the rest)."""
-    return {k: v for k, v in kwargs.items()
-            if v is not None and not isinstance(v, (openai.NotGiven, openai.Omit)) and k not in _PER_CALL_OPTIONS}
+    return {
+        k: v
+        for k, v in kwargs.items()
+        if v is not None and not isinstance(v, (openai.NotGiven, openai.Omit)) and k not in _PER_CALL_OPTIONS
+    }
 
 
 class _ChunkStream:
@@ -125,7 +134,7 @@ class _ChunkStream:
     def __init__(self, chunks: list[Any]) -> None:
         self._chunks = iter(chunks)
 
-    def __aiter__(self) -> "_ChunkStream":
+    def __aiter__(self) -> _ChunkStream:
         return self
 
     async def __anext__(self) -> Any:
@@ -137,7 +146,7 @@ class _ChunkStream:
     async def close(self) -> None:
         self._chunks = iter(())
 
-    async def __aenter__(self) -> "_ChunkStream":
+    async def __aenter__(self) -> _ChunkStream:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -165,9 +174,19 @@ class _RecordingTextCompletions(AsyncTextCompletions):
 class RecordingOpenAI(openai.AsyncOpenAI):
     """A drop-in `AsyncOpenAI` that generates with the policy being trained and records every token."""
 
-    def __init__(self, client: Any, tokenizer: Any, *, sampling: SamplingParams | None = None,
-                 answer_index: int = 0, model: str = "policy", max_total_tokens: int | None = None,
-                 honor_agent_sampling: bool = False, max_interruptions: int = 100, **openai_kwargs: Any) -> None:
+    def __init__(
+        self,
+        client: Any,
+        tokenizer: Any,
+        *,
+        sampling: SamplingParams | None = None,
+        answer_index: int = 0,
+        model: str = "policy",
+        max_total_tokens: int | None = None,
+        honor_agent_sampling: bool = False,
+        max_interruptions: int = 100,
+        **openai_kwargs: Any,
+    ) -> None:
         """client: InferenceClient or ServerPool; tokenizer: the policy's (with its chat template).
         max_total_tokens caps prompt + answer of every call (longer prompts raise a 400 with code
         context_length_exceeded, as OpenAI's API does)."""
@@ -245,25 +264,38 @@ class RecordingOpenAI(openai.AsyncOpenAI):
                 changes[name] = asked
             elif name not in self._warned:
                 self._warned.add(name)
-                log.warning("the agent asked for %s=%s; the workflow's %s=%s is used (honor_agent_sampling=False)",
-                            name, asked, name, getattr(base, name))
+                log.warning(
+                    "the agent asked for %s=%s; the workflow's %s=%s is used (honor_agent_sampling=False)",
+                    name,
+                    asked,
+                    name,
+                    getattr(base, name),
+                )
         if "temperature" in changes:
             changes["greedy"] = changes["temperature"] == 0
         budget = base.max_new_tokens if request.max_tokens is None else min(request.max_tokens, base.max_new_tokens)
         if self.max_total_tokens is not None:
             if prompt_len >= self.max_total_tokens:
-                raise _bad_request(f"the prompt has {prompt_len} tokens; this rollout allows {self.max_total_tokens} "
-                                   "tokens per call (max_total_tokens)", "messages", "context_length_exceeded")
+                raise _bad_request(
+                    f"the prompt has {prompt_len} tokens; this rollout allows {self.max_total_tokens} "
+                    "tokens per call (max_total_tokens)",
+                    "messages",
+                    "context_length_exceeded",
+                )
             budget = min(budget, self.max_total_tokens - prompt_len)
-        changes.update(max_new_tokens=budget, stop=list(base.stop) + [s for s in request.stop if s not in base.stop],
-                       ignore_eos=base.ignore_eos or request.ignore_eos)
+        changes.update(
+            max_new_tokens=budget,
+            stop=list(base.stop) + [s for s in request.stop if s not in base.stop],
+            ignore_eos=base.ignore_eos or request.ignore_eos,
+        )
         params = dataclasses.replace(base, **changes)
         if base.seed is not None:
             return params.for_answer(self.answer_index, turn)
         return dataclasses.replace(params, seed=request.seed)
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int,
-                        rid: str) -> list[tuple[fmt.GeneratedChoice, int, list[bool]]]:
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, n: int, rid: str
+    ) -> list[tuple[fmt.GeneratedChoice, int, list[bool]]]:
         from areal_graph.engines.inference.client import RequestRejected
 
         # the agent's own seed: choice i gets seed + i, as on the server; the workflow's seeds already
@@ -276,13 +308,28 @@ class RecordingOpenAI(openai.AsyncOpenAI):
             return dataclasses.replace(params, seed=params.seed + i * stride)
 
         try:
-            gens = await asyncio.gather(*(
-                generate_interruptible(self.inference, prompt_ids, choice_params(i), rid=f"{rid}-{i}",
-                                       max_interruptions=self.max_interruptions) for i in range(n)))
+            gens = await asyncio.gather(
+                *(
+                    generate_interruptible(
+                        self.inference,
+                        prompt_ids,
+                        choice_params(i),
+                        rid=f"{rid}-{i}",
+                        max_interruptions=self.max_interruptions,
+                    )
+                    for i in range(n)
+                )
+            )
         except RequestRejected as err:
             raise _bad_request(f"the inference server refused the request: {err}") from err
-        return [(fmt.GeneratedChoice(i, g.output_ids, g.output_logprobs, g.output_versions, g.finish_reason),
-                 g.num_interruptions, list(g.output_forced)) for i, g in enumerate(gens)]
+        return [
+            (
+                fmt.GeneratedChoice(i, g.output_ids, g.output_logprobs, g.output_versions, g.finish_reason),
+                g.num_interruptions,
+                list(g.output_forced),
+            )
+            for i, g in enumerate(gens)
+        ]
 
     def _chat_prompt_ids(self, messages: list[dict], tools: list[dict]) -> list[int]:
         parent = self.log.chat_parent(messages, tools)
@@ -301,17 +348,22 @@ class RecordingOpenAI(openai.AsyncOpenAI):
 
     def _chat_prompt(self, request: ChatRequest) -> list[int]:
         if request.top_logprobs:
-            raise OpenAIRequestError("top_logprobs is not available through the recording client "
-                                     "(the inference client returns the sampled tokens' log-probs only)", "top_logprobs")
+            raise OpenAIRequestError(
+                "top_logprobs is not available through the recording client "
+                "(the inference client returns the sampled tokens' log-probs only)",
+                "top_logprobs",
+            )
         return self._chat_prompt_ids(request.messages, request.tools)
 
-    async def _chat_turn(self, request: ChatRequest, prompt_ids: list[int],
-                         cid: str) -> tuple[list[fmt.GeneratedChoice], list[dict[str, Any]]]:
+    async def _chat_turn(
+        self, request: ChatRequest, prompt_ids: list[int], cid: str
+    ) -> tuple[list[fmt.GeneratedChoice], list[dict[str, Any]]]:
         """Generate a chat turn with the policy and record each choice; (choices, their chat JSON)."""
         turn = next(self._turns)
         params = self._params(request, len(prompt_ids), turn)
-        wanted = output_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
-                                   request.response_format, self._token_texts)
+        wanted = output_constraint(
+            request.tools, request.tool_choice, request.parallel_tool_calls, request.response_format, self._token_texts
+        )
         if wanted is not None:  # its tokens are recorded as context, never trained (see openai_recording.py)
             params = dataclasses.replace(params, json_schema=wanted.json_schema, grammar=wanted.grammar)
         request.stop = list(params.stop)  # the workflow's stop strings are cut from the text too
@@ -320,11 +372,25 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         choice_json = [fmt.chat_choice_json(self.tokenizer, c, request) for c in choices]
         for (c, interruptions, forced), cj in zip(generated, choice_json):
             message = {k: v for k, v in cj["message"].items() if k in ("role", "content", "tool_calls")}
-            self.log.add(RecordedCompletion(
-                cid, c.index, turn, list(prompt_ids), c.output_ids, c.output_logprobs, c.output_versions,
-                c.finish_reason, messages=request.messages, tools=list(request.tools), message=message,
-                text=cj["message"]["content"] or "", tool_calls=len(message.get("tool_calls") or []),
-                interruptions=interruptions, forced=forced))
+            self.log.add(
+                RecordedCompletion(
+                    cid,
+                    c.index,
+                    turn,
+                    list(prompt_ids),
+                    c.output_ids,
+                    c.output_logprobs,
+                    c.output_versions,
+                    c.finish_reason,
+                    messages=request.messages,
+                    tools=list(request.tools),
+                    message=message,
+                    text=cj["message"]["content"] or "",
+                    tool_calls=len(message.get("tool_calls") or []),
+                    interruptions=interruptions,
+                    forced=forced,
+                )
+            )
         return choices, choice_json
 
     async def _chat(self, kwargs: dict[str, Any]) -> Any:
@@ -339,8 +405,15 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         if request.stream:
             chunks = fmt.chat_chunks(self.tokenizer, cid, created, request.model, choices, request, len(prompt_ids))
             return _ChunkStream([ChatCompletionChunk.construct(**c) for c in chunks])
-        body = fmt.chat_completion_json(cid, created, request.model, choice_json, prompt_ids,
-                                        sum(len(c.output_ids) for c in choices), request.return_token_ids)
+        body = fmt.chat_completion_json(
+            cid,
+            created,
+            request.model,
+            choice_json,
+            prompt_ids,
+            sum(len(c.output_ids) for c in choices),
+            request.return_token_ids,
+        )
         return ChatCompletion.construct(**body)
 
     async def _responses(self, kwargs: dict[str, Any]) -> Any:
@@ -356,12 +429,18 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         [choice], [cj] = await self._chat_turn(request.chat, prompt_ids, rid)
         logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
         items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
-        body = rfmt.response_json(rid, time.time(), request.chat.model, request, items, len(prompt_ids),
-                                  len(choice.output_ids))
+        body = rfmt.response_json(
+            rid, time.time(), request.chat.model, request, items, len(prompt_ids), len(choice.output_ids)
+        )
         if request.store:
-            self.responses_store.put(StoredResponse(body, [*history, *request.input_messages],
-                                                    rfmt.assistant_message(items),
-                                                    rfmt.with_item_ids(request.input_items)))
+            self.responses_store.put(
+                StoredResponse(
+                    body,
+                    [*history, *request.input_messages],
+                    rfmt.assistant_message(items),
+                    rfmt.with_item_ids(request.input_items),
+                )
+            )
         if request.stream:
             top_n = request.chat.top_logprobs if request.include_logprobs else None
             return _ChunkStream(typed_events(rfmt.whole_response_events(self.tokenizer, choice, body, top_n)))
@@ -372,8 +451,13 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         if stored is None:
             http = _http()
             message = f"no stored response {response_id!r} in this episode's recording client"
-            raise openai.NotFoundError(message, response=http.Response(404, request=http.Request(
-                "GET", f"http://recording-client.invalid/v1/responses/{response_id}")), body=None)
+            raise openai.NotFoundError(
+                message,
+                response=http.Response(
+                    404, request=http.Request("GET", f"http://recording-client.invalid/v1/responses/{response_id}")
+                ),
+                body=None,
+            )
         return stored
 
     async def _response_input_items(self, response_id: str, kwargs: dict[str, Any]) -> Any:
@@ -388,7 +472,7 @@ class RecordingOpenAI(openai.AsyncOpenAI):
             return list(prompt), None
         parent = self.log.text_parent(prompt, self.tokenizer)
         if parent is not None:
-            rest = prompt[len(parent.prompt_text or "") + len(parent.text):]
+            rest = prompt[len(parent.prompt_text or "") + len(parent.text) :]
             return parent.full_ids + fmt.encode_text(self.tokenizer, rest), prompt
         return fmt.encode_text(self.tokenizer, prompt), prompt
 
@@ -398,8 +482,10 @@ class RecordingOpenAI(openai.AsyncOpenAI):
         except OpenAIRequestError as err:
             raise _bad_request(err.message, err.param, err.code) from None
         if request.logprobs:
-            raise _bad_request("logprobs > 0 (top alternatives) is not available through the recording client; "
-                               "use logprobs=0", "logprobs")
+            raise _bad_request(
+                "logprobs > 0 (top alternatives) is not available through the recording client; use logprobs=0",
+                "logprobs",
+            )
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         choices, choice_json, prompt_tokens = [], [], 0
         for k, prompt in enumerate(request.prompts):
@@ -415,15 +501,29 @@ class RecordingOpenAI(openai.AsyncOpenAI):
                 cj = fmt.completion_choice_json(self.tokenizer, c, request)
                 choices.append(c)
                 choice_json.append(cj)
-                self.log.add(RecordedCompletion(cid, c.index, turn, ids, c.output_ids, c.output_logprobs,
-                                                c.output_versions, c.finish_reason, prompt_text=text,
-                                                text=cj["text"], interruptions=interruptions))
+                self.log.add(
+                    RecordedCompletion(
+                        cid,
+                        c.index,
+                        turn,
+                        ids,
+                        c.output_ids,
+                        c.output_logprobs,
+                        c.output_versions,
+                        c.finish_reason,
+                        prompt_text=text,
+                        text=cj["text"],
+                        interruptions=interruptions,
+                    )
+                )
         if request.stream:
-            chunks = fmt.completion_chunks(self.tokenizer, cid, created, request.model, choices, request,
-                                           prompt_tokens)
+            chunks = fmt.completion_chunks(self.tokenizer, cid, created, request.model, choices, request, prompt_tokens)
             return _ChunkStream([Completion.construct(**c) for c in chunks])
-        return Completion.construct(**fmt.completion_json(cid, created, request.model, choice_json, prompt_tokens,
-                                                          sum(len(c.output_ids) for c in choices)))
+        return Completion.construct(
+            **fmt.completion_json(
+                cid, created, request.model, choice_json, prompt_tokens, sum(len(c.output_ids) for c in choices)
+            )
+        )
 
 
 # --------------------------------------------------------------------------- the rollout
@@ -483,9 +583,16 @@ class OpenAIAgentRollout(Rollout):
     answer; `info["dropped_trajectories"]` counts the others (a group must keep its size).
     """
 
-    def __init__(self, tokenizer_path: str, agent: str | None = None, turn_discount: float = 1.0,
-                 max_total_tokens: int | None = None, honor_agent_sampling: bool = False,
-                 max_interruptions: int = 100, model: str = "policy") -> None:
+    def __init__(
+        self,
+        tokenizer_path: str,
+        agent: str | None = None,
+        turn_discount: float = 1.0,
+        max_total_tokens: int | None = None,
+        honor_agent_sampling: bool = False,
+        max_interruptions: int = 100,
+        model: str = "policy",
+    ) -> None:
         from transformers import AutoTokenizer
 
         if not 0.0 <= turn_discount <= 1.0:
@@ -493,16 +600,25 @@ class OpenAIAgentRollout(Rollout):
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.agent_fn: AgentFn | None = import_object(agent, what="agent") if agent else None
         self.turn_discount = turn_discount
-        self.client_args: dict[str, Any] = dict(max_total_tokens=max_total_tokens, honor_agent_sampling=honor_agent_sampling,
-                                max_interruptions=max_interruptions, model=model)
+        self.client_args: dict[str, Any] = dict(
+            max_total_tokens=max_total_tokens,
+            honor_agent_sampling=honor_agent_sampling,
+            max_interruptions=max_interruptions,
+            model=model,
+        )
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
         """`agent` must name an async function taking (client, prompt): checked at validate time."""
         agent = rollout_args.get("agent")
         if agent is None:
-            return None if cls.run_agent is not OpenAIAgentRollout.run_agent else (
-                "rollout_args.agent: name the agent, 'package.module:function' (or subclass and override run_agent)")
+            return (
+                None
+                if cls.run_agent is not OpenAIAgentRollout.run_agent
+                else (
+                    "rollout_args.agent: name the agent, 'package.module:function' (or subclass and override run_agent)"
+                )
+            )
         try:
             fn = import_object(str(agent), what="agent")
         except Exception as err:  # noqa: BLE001 - any import failure is the user's to see
@@ -512,7 +628,9 @@ class OpenAIAgentRollout(Rollout):
         try:
             inspect.signature(fn).bind(None, None)
         except TypeError as err:
-            return f"rollout_args.agent: {agent}{inspect.signature(fn)} cannot be called as agent(client, prompt): {err}"
+            return (
+                f"rollout_args.agent: {agent}{inspect.signature(fn)} cannot be called as agent(client, prompt): {err}"
+            )
         return None
 
     async def run_agent(self, client: openai.AsyncOpenAI, prompt: AgentPrompt) -> float | None:
@@ -535,20 +653,27 @@ class OpenAIAgentRollout(Rollout):
             raise RuntimeError(f"the agent made no completion for prompt {prompt.id!r}: nothing to train on")
         return traj
 
-    async def run(self, prompt: PromptLike, client: Any, group_size: int,
-                  sampling: SamplingParams) -> list[Trajectory]:
+    async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
-        view = AgentPrompt(str(getattr(prompt, "id", "")), prompt_messages(prompt, self.tokenizer),
-                           str(getattr(prompt, "answer", "")), [int(t) for t in prompt.input_ids])
+        view = AgentPrompt(
+            str(getattr(prompt, "id", "")),
+            prompt_messages(prompt, self.tokenizer),
+            str(getattr(prompt, "answer", "")),
+            [int(t) for t in prompt.input_ids],
+        )
         # each episode gets its own copy: an agent may append to prompt.messages
-        trajs = await asyncio.gather(*(self._episode(copy.deepcopy(view), client, sampling, j)
-                                       for j in range(group_size)))
+        trajs = await asyncio.gather(
+            *(self._episode(copy.deepcopy(view), client, sampling, j) for j in range(group_size))
+        )
         for j, t in enumerate(trajs):
             t.sample_id, t.answer = j, view.answer
             t.info["prompt_id"] = view.id
         dropped = sum(t.info["dropped_trajectories"] for t in trajs)
         if dropped:
-            log.warning("prompt %s: %d trajectories dropped (agents that rewrote their history); "
-                        "each answer keeps its last", view.id, dropped)
+            log.warning(
+                "prompt %s: %d trajectories dropped (agents that rewrote their history); each answer keeps its last",
+                view.id,
+                dropped,
+            )
         return list(trajs)

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.api.rollout import Trajectory
 from areal_graph.engines.inference.openai_format import arguments_object, encode_text, render_chat_prompt
@@ -81,13 +82,16 @@ class RecordedCompletion:
 def _canonical(message: dict) -> tuple:
     """What must agree for a message sent back to be the one returned (tool-call ids may be regenerated,
     arguments re-serialized)."""
-    calls = tuple((c["function"]["name"], json.dumps(arguments_object(c["function"]["arguments"]), sort_keys=True))
-                  for c in message.get("tool_calls") or [])
+    calls = tuple(
+        (c["function"]["name"], json.dumps(arguments_object(c["function"]["arguments"]), sort_keys=True))
+        for c in message.get("tool_calls") or []
+    )
     return message["role"], message.get("content") or "", calls, message.get("name")
 
 
-def continuation_ids(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict], parent: RecordedCompletion,
-                     stop_ids: set[int]) -> list[int] | None:
+def continuation_ids(
+    tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict], parent: RecordedCompletion, stop_ids: set[int]
+) -> list[int] | None:
     """The prompt for `messages` as parent's exact tokens + the chat template's text for what follows.
 
     `messages` extends the parent's messages with the parent's answer and more. The template
@@ -103,19 +107,19 @@ def continuation_ids(tokenizer: Any, messages: Sequence[dict], tools: Sequence[d
     full = render_chat_prompt(tokenizer, messages, tools, add_generation_prompt=True)
     if not (upto.startswith(before) and full.startswith(upto)):
         return None
-    turn = upto[len(before):]  # the assistant turn, as the template writes it
+    turn = upto[len(before) :]  # the assistant turn, as the template writes it
     last = parent.output_ids[-1] if parent.output_ids else None
     if last is not None and last in stop_ids:  # the policy ended its turn itself
         marker = tokenizer.decode([last], skip_special_tokens=False)
         cut = turn.rfind(marker) if marker else -1
-        closing = turn[cut + len(marker):] if cut >= 0 else None
+        closing = turn[cut + len(marker) :] if cut >= 0 else None
     else:  # cut off (length, a stop string): the environment closes the turn
         marker = getattr(tokenizer, "eos_token", None) or ""
         cut = turn.rfind(marker) if marker else -1
         closing = turn[cut:] if cut >= 0 else None
     if closing is None:
         return None
-    return parent.full_ids + encode_text(tokenizer, closing + full[len(upto):])
+    return parent.full_ids + encode_text(tokenizer, closing + full[len(upto) :])
 
 
 class CompletionLog:
@@ -155,8 +159,11 @@ class CompletionLog:
         """The latest text completion whose prompt + returned text the prompt extends, when that text
         is exactly what its tokens decode to (no special tokens, nothing cut)."""
         for r in reversed(self.ordered()):
-            if r.prompt_text is None or not prompt.startswith(r.prompt_text + r.text) or len(prompt) == len(
-                    r.prompt_text + r.text):
+            if (
+                r.prompt_text is None
+                or not prompt.startswith(r.prompt_text + r.text)
+                or len(prompt) == len(r.prompt_text + r.text)
+            ):
                 continue
             if tokenizer.decode(r.output_ids, skip_special_tokens=False) == r.text:
                 return r
@@ -200,8 +207,11 @@ class CompletionLog:
             parent = None
             for p in done:  # the longest earlier prompt + output that r's prompt extends
                 n = len(p.prompt_ids) + len(p.output_ids)
-                if n < len(r.prompt_ids) and r.prompt_ids[:n] == p.full_ids and (
-                        parent is None or n > len(parent.full_ids)):
+                if (
+                    n < len(r.prompt_ids)
+                    and r.prompt_ids[:n] == p.full_ids
+                    and (parent is None or n > len(parent.full_ids))
+                ):
                     parent = p
             if parent is not None and id(parent) in tail_of:
                 index = tail_of.pop(id(parent))
@@ -222,7 +232,7 @@ def _trajectory(chain: list[RecordedCompletion]) -> Trajectory:
     first = chain[0]
     traj = Trajectory.from_generation(first.prompt_ids, [], [], [], first.finish_reason)
     for r in chain:
-        traj.append(r.prompt_ids[len(traj.input_ids):], generated=False)
+        traj.append(r.prompt_ids[len(traj.input_ids) :], generated=False)
         _append_output(traj, r)
     traj.finish_reason = chain[-1].finish_reason
     traj.info = {
@@ -247,6 +257,10 @@ def _append_output(traj: Trajectory, r: RecordedCompletion) -> None:
         if forced[start]:
             traj.append(r.output_ids[start:end], generated=False)
         else:
-            traj.append(r.output_ids[start:end], generated=True, logprobs=r.output_logprobs[start:end],
-                        versions=r.output_versions[start:end])
+            traj.append(
+                r.output_ids[start:end],
+                generated=True,
+                logprobs=r.output_logprobs[start:end],
+                versions=r.output_versions[start:end],
+            )
         start = end

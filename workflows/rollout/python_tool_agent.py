@@ -16,10 +16,10 @@ import re
 import uuid
 from typing import Any
 
-from areal_graph.engines.inference.interruptible import generate_interruptible
-from areal_graph.api.sampling import SamplingParams
-from areal_graph.tools.sandbox import SandboxLimits, run_python
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.engines.inference.interruptible import generate_interruptible
+from areal_graph.tools.sandbox import SandboxLimits, run_python
 
 CODE_OPEN, CODE_CLOSE = "<python>", "</python>"
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.S)
@@ -29,8 +29,14 @@ class PythonToolAgent(Rollout):
     # Strings that end a policy turn besides EOS (the turn is then handed to `observe`).
     turn_stop: tuple[str, ...] = (CODE_CLOSE,)
 
-    def __init__(self, tokenizer_path: str, max_turns: int = 4, max_total_tokens: int = 1024,
-                 sandbox_wall_s: float = 5.0, max_interruptions: int = 100) -> None:
+    def __init__(
+        self,
+        tokenizer_path: str,
+        max_turns: int = 4,
+        max_total_tokens: int = 1024,
+        sandbox_wall_s: float = 5.0,
+        max_interruptions: int = 100,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -51,11 +57,13 @@ class PythonToolAgent(Rollout):
         """Tool calls in a turn that `observe` answered (recorded in `info["tool_calls"]`)."""
         return 1
 
-    async def _one_episode(self, client: Any, prompt: PromptLike, sampling: SamplingParams, rid: str,
-                           answer: int = 0) -> Trajectory:
+    async def _one_episode(
+        self, client: Any, prompt: PromptLike, sampling: SamplingParams, rid: str, answer: int = 0
+    ) -> Trajectory:
         ids = [int(t) for t in prompt.input_ids]
-        traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), answer=str(prompt.answer),
-                          info={"tool_calls": 0})
+        traj = Trajectory(
+            ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), answer=str(prompt.answer), info={"tool_calls": 0}
+        )
         turn_params = dataclasses.replace(sampling, stop=list(sampling.stop) + list(self.turn_stop))
         finish = "length"
         for turn in range(self.max_turns):
@@ -64,9 +72,11 @@ class PythonToolAgent(Rollout):
                 finish = "length"
                 break
             gen = await generate_interruptible(
-                client=client, prompt_ids=traj.input_ids,
+                client=client,
+                prompt_ids=traj.input_ids,
                 sampling=dataclasses.replace(turn_params.for_answer(answer, turn), max_new_tokens=budget),
-                rid=f"{rid}-t{turn}", max_interruptions=self.max_interruptions,
+                rid=f"{rid}-t{turn}",
+                max_interruptions=self.max_interruptions,
             )
             traj.append(gen.output_ids, generated=True, logprobs=gen.output_logprobs, versions=gen.output_versions)
             finish = gen.finish_reason
@@ -81,10 +91,11 @@ class PythonToolAgent(Rollout):
         traj.finish_reason = finish
         return traj
 
-    async def run(self, prompt: PromptLike, client: Any, group_size: int,
-                  sampling: SamplingParams) -> list[Trajectory]:
+    async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
         base = f"{getattr(prompt, 'id', 'p')}-{uuid.uuid4().hex[:8]}"
-        trajs = await asyncio.gather(*(self._one_episode(client, prompt, sampling, f"{base}-{j}", j) for j in range(group_size)))
+        trajs = await asyncio.gather(
+            *(self._one_episode(client, prompt, sampling, f"{base}-{j}", j) for j in range(group_size))
+        )
         for j, t in enumerate(trajs):
             t.sample_id = j
         return list(trajs)

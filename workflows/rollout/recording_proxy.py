@@ -19,7 +19,8 @@ import asyncio
 import json
 import logging
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import openai
 from aiohttp import web
@@ -30,8 +31,7 @@ UNTRAINED = "untrained"
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                             status=status)
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}}, status=status)
 
 
 def _as_json(obj: Any) -> dict[str, Any]:
@@ -112,9 +112,12 @@ class RecordingProxy:
         try:
             result = await create(client)(**body)
         except openai.BadRequestError as err:
-            return web.json_response(err.body if isinstance(err.body, dict) and "error" in err.body
-                                     else {"error": {"message": err.message, "type": "invalid_request_error"}},
-                                     status=400)
+            return web.json_response(
+                err.body
+                if isinstance(err.body, dict) and "error" in err.body
+                else {"error": {"message": err.message, "type": "invalid_request_error"}},
+                status=400,
+            )
         except TypeError as err:  # an argument create() does not take
             return _error(400, str(err))
         except (asyncio.CancelledError, web.HTTPException):
@@ -149,4 +152,6 @@ class RecordingProxy:
         if isinstance(client, web.Response):
             return client
         name = getattr(client, "model_name", "policy")
-        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "areal-graph"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "areal-graph"}]}
+        )

@@ -11,9 +11,9 @@ import asyncio
 import uuid
 from typing import Any
 
-from areal_graph.engines.inference.interruptible import generate_interruptible
-from areal_graph.api.sampling import SamplingParams
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
+from areal_graph.api.sampling import SamplingParams
+from areal_graph.engines.inference.interruptible import generate_interruptible
 
 
 class SingleTurnMath(Rollout):
@@ -22,8 +22,7 @@ class SingleTurnMath(Rollout):
     def __init__(self, max_interruptions: int = 100) -> None:
         self.max_interruptions = max_interruptions
 
-    async def run(self, prompt: PromptLike, client: Any, group_size: int,
-                  sampling: SamplingParams) -> list[Trajectory]:
+    async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         ids = [int(t) for t in prompt.input_ids]
@@ -31,15 +30,24 @@ class SingleTurnMath(Rollout):
             raise ValueError(f"prompt {getattr(prompt, 'id', '?')!r} has no input_ids")
         base = f"{getattr(prompt, 'id', 'p')}-{uuid.uuid4().hex[:8]}"
 
-        gens = await asyncio.gather(*(
-            generate_interruptible(client, ids, sampling.for_answer(j), rid=f"{base}-{j}", max_interruptions=self.max_interruptions)
-            for j in range(group_size)
-        ))
+        gens = await asyncio.gather(
+            *(
+                generate_interruptible(
+                    client, ids, sampling.for_answer(j), rid=f"{base}-{j}", max_interruptions=self.max_interruptions
+                )
+                for j in range(group_size)
+            )
+        )
         answer = str(getattr(prompt, "answer", ""))
         return [
             Trajectory.from_generation(
-                ids, g.output_ids, g.output_logprobs, g.output_versions, g.finish_reason,
-                answer=answer, sample_id=j,
+                ids,
+                g.output_ids,
+                g.output_logprobs,
+                g.output_versions,
+                g.finish_reason,
+                answer=answer,
+                sample_id=j,
                 info={"prompt_id": getattr(prompt, "id", ""), "interruptions": g.num_interruptions, "rid": g.rid},
             )
             for j, g in enumerate(gens)

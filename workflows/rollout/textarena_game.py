@@ -18,14 +18,26 @@ from typing import Any
 
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.data.textarena_games import (END, START, TextArenaError, library, make_game, observation_text,
-                                              user_turn_text)
+from areal_graph.data.textarena_games import (
+    END,
+    START,
+    TextArenaError,
+    library,
+    make_game,
+    observation_text,
+    user_turn_text,
+)
 from areal_graph.engines.inference.interruptible import generate_interruptible
 
 
 class TextArenaGame(Rollout):
-    def __init__(self, tokenizer_path: str, max_turns: int = 20, max_total_tokens: int = 1024,
-                 invalid_move_reward: float | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer_path: str,
+        max_turns: int = 20,
+        max_total_tokens: int = 1024,
+        invalid_move_reward: float | None = None,
+    ) -> None:
         """invalid_move_reward: the reward of a game an invalid move ended (None: the library's own).
         TextArena pays an invalid move its share of the game completed (GuessTheNumber: up to ~0.9,
         more than a lost game's 0), which a policy learns to collect instead of winning."""
@@ -33,8 +45,10 @@ class TextArenaGame(Rollout):
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
         if START not in str(getattr(self.tok, "chat_template", "") or ""):
-            raise ValueError("TextArenaGame appends user turns in ChatML (<|im_start|>user ...): this tokenizer's "
-                             "chat template is not ChatML")
+            raise ValueError(
+                "TextArenaGame appends user turns in ChatML (<|im_start|>user ...): this tokenizer's "
+                "chat template is not ChatML"
+            )
         self.end_id = self.tok.convert_tokens_to_ids(END)
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.invalid_move_reward = invalid_move_reward
@@ -68,8 +82,10 @@ class TextArenaGame(Rollout):
             if done or gen.finish_reason == "abort":  # a reply cut at the length limit is still a move
                 break
             _, observation = game.get_observation()
-            more = self._user_turn(observation_text(observation, player=0),
-                                   closed=bool(gen.output_ids) and gen.output_ids[-1] == self.end_id)
+            more = self._user_turn(
+                observation_text(observation, player=0),
+                closed=bool(gen.output_ids) and gen.output_ids[-1] == self.end_id,
+            )
             if len(traj.input_ids) + len(more) >= self.max_total_tokens:
                 break
             traj.append(more, generated=False)
@@ -78,8 +94,15 @@ class TextArenaGame(Rollout):
         info0 = (game_info or {}).get(0, {})
         if info0.get("invalid_move") and self.invalid_move_reward is not None:
             reward = float(self.invalid_move_reward)
-        traj.info.update(reward=reward, metrics={"turns": turns, "finished": done, "won": done and reward >= 1.0,
-                                                 "invalid_move": bool(info0.get("invalid_move", False))})
+        traj.info.update(
+            reward=reward,
+            metrics={
+                "turns": turns,
+                "finished": done,
+                "won": done and reward >= 1.0,
+                "invalid_move": bool(info0.get("invalid_move", False)),
+            },
+        )
         return traj
 
     async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:

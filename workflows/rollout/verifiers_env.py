@@ -57,7 +57,9 @@ class VerifiersRunner:
 
     @property
     def name(self) -> str:
-        return f"verifiers taskset {self.spec['taskset']!r}" + (f" (env {self.spec['env']!r})" if self.spec.get("env") else "")
+        return f"verifiers taskset {self.spec['taskset']!r}" + (
+            f" (env {self.spec['env']!r})" if self.spec.get("env") else ""
+        )
 
     async def start(self) -> None:
         async with self._starting:
@@ -65,22 +67,38 @@ class VerifiersRunner:
                 return
             env = {**verifiers_tasks.runner_env(), "AREAL_BRIDGE_KEY": self.api_key}
             self.proc = await asyncio.create_subprocess_exec(
-                verifiers_tasks.python(), str(verifiers_tasks.RUNNER), "serve", json.dumps(self.spec),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=sys.stderr.fileno(), env=env,
-                limit=64 * 1024 * 1024)
+                verifiers_tasks.python(),
+                str(verifiers_tasks.RUNNER),
+                "serve",
+                json.dumps(self.spec),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=sys.stderr.fileno(),
+                env=env,
+                limit=64 * 1024 * 1024,
+            )
             assert self.proc.stdout is not None
             try:
                 first = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
-                raise verifiers_tasks.VerifiersError(f"{self.name}: the runner did not start in {READY_TIMEOUT_S:.0f} s")
+                raise verifiers_tasks.VerifiersError(
+                    f"{self.name}: the runner did not start in {READY_TIMEOUT_S:.0f} s"
+                ) from None
             hello = json.loads(first) if first.strip() else {"error": f"the runner exited ({await self.proc.wait()})"}
             if "error" in hello:
-                raise verifiers_tasks.VerifiersError(f"{self.name} could not be loaded: {hello['error']} "
-                                                     "(the runner's traceback is in this worker's log)")
+                raise verifiers_tasks.VerifiersError(
+                    f"{self.name} could not be loaded: {hello['error']} "
+                    "(the runner's traceback is in this worker's log)"
+                )
             self.info = hello
-            log.info("%s: %s with %d tasks, training seat %r", self.name, hello.get("env"), hello.get("tasks", 0),
-                     hello.get("train_agent"))
+            log.info(
+                "%s: %s with %d tasks, training seat %r",
+                self.name,
+                hello.get("env"),
+                hello.get("tasks", 0),
+                hello.get("train_agent"),
+            )
             self._reader = asyncio.create_task(self._read(self.proc))
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
@@ -93,7 +111,9 @@ class VerifiersRunner:
         code = await proc.wait()
         for future in self._pending.values():  # their episodes are redone by the group's retry
             if not future.done():
-                future.set_exception(VerifiersEpisodeFailed(f"{self.name}: the runner exited (code {code}) mid-episode"))
+                future.set_exception(
+                    VerifiersEpisodeFailed(f"{self.name}: the runner exited (code {code}) mid-episode")
+                )
         self._pending.clear()
 
     async def episode(self, task: int, base_url: str) -> dict[str, Any]:
@@ -114,7 +134,7 @@ class VerifiersRunner:
         self.proc.stdin.close()
         try:
             await asyncio.wait_for(self.proc.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
 
@@ -127,9 +147,15 @@ class VerifiersEnv(Rollout):
     `agent`, or the env's first seat), `turn_discount`, `max_total_tokens`, `honor_agent_sampling`
     (as for OpenAIAgentRollout)."""
 
-    def __init__(self, tokenizer_path: str, env_args: dict[str, Any] | None = None, train_agent: str = "",
-                 turn_discount: float = 1.0, max_total_tokens: int | None = None,
-                 honor_agent_sampling: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer_path: str,
+        env_args: dict[str, Any] | None = None,
+        train_agent: str = "",
+        turn_discount: float = 1.0,
+        max_total_tokens: int | None = None,
+        honor_agent_sampling: bool = False,
+    ) -> None:
         from transformers import AutoTokenizer
 
         if not 0.0 <= turn_discount <= 1.0:
@@ -138,8 +164,9 @@ class VerifiersEnv(Rollout):
         self.env_args = dict(env_args or {})
         self.train_agent = train_agent
         self.turn_discount = turn_discount
-        self.client_args: dict[str, Any] = dict(max_total_tokens=max_total_tokens,
-                                                honor_agent_sampling=honor_agent_sampling)
+        self.client_args: dict[str, Any] = dict(
+            max_total_tokens=max_total_tokens, honor_agent_sampling=honor_agent_sampling
+        )
         self._proxy: RecordingProxy | None = None
         self._runners: dict[str, VerifiersRunner] = {}
         self._inference: Any = None
@@ -155,11 +182,17 @@ class VerifiersEnv(Rollout):
 
     async def _runner(self, where: dict[str, Any]) -> VerifiersRunner:
         if self._proxy is None:
-            self._proxy = RecordingProxy(untrained_client=lambda: RecordingOpenAI(
-                self._inference, self.tokenizer, sampling=self._sampling, **self.client_args))
+            self._proxy = RecordingProxy(
+                untrained_client=lambda: RecordingOpenAI(
+                    self._inference, self.tokenizer, sampling=self._sampling, **self.client_args
+                )
+            )
             await self._proxy.start()
         spec = {k: where[k] for k in ("taskset", "env", "options", "size")} | {
-            "env_args": self.env_args, "train_agent": self.train_agent, "untrained_url": self._proxy.url(UNTRAINED)}
+            "env_args": self.env_args,
+            "train_agent": self.train_agent,
+            "untrained_url": self._proxy.url(UNTRAINED),
+        }
         key = json.dumps(spec, sort_keys=True)
         if key not in self._runners:
             self._runners[key] = VerifiersRunner(spec, self._proxy.api_key)
@@ -167,10 +200,13 @@ class VerifiersEnv(Rollout):
         await runner.start()
         return runner
 
-    async def _episode(self, where: dict[str, Any], runner: VerifiersRunner, sampling: SamplingParams,
-                       j: int) -> Trajectory:
+    async def _episode(
+        self, where: dict[str, Any], runner: VerifiersRunner, sampling: SamplingParams, j: int
+    ) -> Trajectory:
         assert self._proxy is not None
-        recorder = RecordingOpenAI(self._inference, self.tokenizer, sampling=sampling, answer_index=j, **self.client_args)
+        recorder = RecordingOpenAI(
+            self._inference, self.tokenizer, sampling=sampling, answer_index=j, **self.client_args
+        )
         key = self._proxy.register(recorder)
         try:
             result = await runner.episode(int(where["task"]), self._proxy.url(key))
@@ -184,22 +220,27 @@ class VerifiersEnv(Rollout):
             await recorder.close()
         traj = episode_trajectory(trajectories)
         if traj is None:
-            raise VerifiersEpisodeFailed(f"{runner.name}, task {where['task']}: the episode made no model call "
-                                         "(nothing to train on)")
-        traj.info["metrics"] = {**result.get("metrics", {}), "turns": result.get("turns", 0),
-                                **{f"reward.{k}": v for k, v in result.get("rewards", {}).items()}}
+            raise VerifiersEpisodeFailed(
+                f"{runner.name}, task {where['task']}: the episode made no model call (nothing to train on)"
+            )
+        traj.info["metrics"] = {
+            **result.get("metrics", {}),
+            "turns": result.get("turns", 0),
+            **{f"reward.{k}": v for k, v in result.get("rewards", {}).items()},
+        }
         return traj
 
-    async def run(self, prompt: PromptLike, client: Any, group_size: int,
-                  sampling: SamplingParams) -> list[Trajectory]:
+    async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         try:
             where = json.loads(prompt.answer)
             where["taskset"] = where["verifiers"]
         except (ValueError, TypeError, KeyError):
-            raise ValueError(f"prompt {getattr(prompt, 'id', '?')!r}: VerifiersEnv plays rows of a verifiers: dataset "
-                             "(data.train: verifiers:<taskset>?size=N), whose answer says where the task is") from None
+            raise ValueError(
+                f"prompt {getattr(prompt, 'id', '?')!r}: VerifiersEnv plays rows of a verifiers: dataset "
+                "(data.train: verifiers:<taskset>?size=N), whose answer says where the task is"
+            ) from None
         self._inference, self._sampling = client, sampling
         runner = await self._runner(where)
         trajs = await asyncio.gather(*(self._episode(where, runner, sampling, j) for j in range(group_size)))

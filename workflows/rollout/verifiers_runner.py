@@ -59,12 +59,22 @@ def register_in_process_harness() -> None:
         async def setup(self, runtime: Any) -> None:
             return None  # nothing to install: the loop runs here
 
-        async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
-                         mcp_urls: dict[str, str], data: Any, tool_interception_url: str | None = None) -> Any:
+        async def launch(
+            self,
+            ctx: Any,
+            trace: Any,
+            runtime: Any,
+            endpoint: str,
+            secret: str,
+            mcp_urls: dict[str, str],
+            data: Any,
+            tool_interception_url: str | None = None,
+        ) -> Any:
             if mcp_urls:  # tools: verifiers' own program, which speaks MCP
                 await NullHarness.setup(self, runtime)
-                return await NullHarness.launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data,
-                                                tool_interception_url)
+                return await NullHarness.launch(
+                    self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url
+                )
             from openai import APIStatusError, AsyncOpenAI
             from verifiers.v1.dialects.chat import message_to_wire
 
@@ -114,13 +124,19 @@ def load(spec: dict[str, Any]) -> tuple[Any, list[Any], str]:
     register_in_process_harness()
     taskset = {"id": spec["taskset"], **spec.get("options", {})}
     cls = env_config_type(spec["taskset"], spec.get("env", ""))
-    seats = [name for name, field in cls.model_fields.items()
-             if isinstance(field.default, AgentConfig) or field.annotation is AgentConfig]
+    seats = [
+        name
+        for name, field in cls.model_fields.items()
+        if isinstance(field.default, AgentConfig) or field.annotation is AgentConfig
+    ]
     trained = spec.get("train_agent") or ("agent" if "agent" in seats else (seats[0] if seats else ""))
     if seats and trained not in seats:
         raise ValueError(f"train_agent {trained!r} is not a seat of {cls.__name__} (its seats: {', '.join(seats)})")
-    data = {"id": spec.get("env", ""), "taskset": taskset,
-            **_seat_defaults(spec.get("env_args", {}), seats, trained, spec.get("untrained_url", ""))}
+    data = {
+        "id": spec.get("env", ""),
+        "taskset": taskset,
+        **_seat_defaults(spec.get("env_args", {}), seats, trained, spec.get("untrained_url", "")),
+    }
     env = load_environment(resolve_env_config(data))
     tasks = list(env.taskset.take(int(spec["size"])))
     return env, tasks, trained
@@ -140,10 +156,19 @@ def task_row(spec: dict[str, Any], i: int, task: Any) -> dict[str, Any]:
         messages.extend({"role": m.role, "content": content_text(m.content)} for m in data.prompt)
     if not any(m["role"] == "user" for m in messages):  # the environment opens the conversation
         messages.append({"role": "user", "content": data.prompt_text or "(the environment opens)"})
-    where = {"verifiers": spec["taskset"], "env": spec.get("env", ""), "options": spec.get("options", {}),
-             "size": spec["size"], "task": i}
-    return {"id": f"{spec['taskset']}-{i}", "question": messages, "answer": json.dumps(where),
-            "data_source": f"verifiers/{spec['taskset']}"}
+    where = {
+        "verifiers": spec["taskset"],
+        "env": spec.get("env", ""),
+        "options": spec.get("options", {}),
+        "size": spec["size"],
+        "task": i,
+    }
+    return {
+        "id": f"{spec['taskset']}-{i}",
+        "question": messages,
+        "answer": json.dumps(where),
+        "data_source": f"verifiers/{spec['taskset']}",
+    }
 
 
 def _numbers(mapping: dict[str, Any]) -> dict[str, float]:
@@ -164,9 +189,16 @@ def episode_result(job: dict[str, Any], episode: Any, trained: str) -> dict[str,
         return {"id": job["id"], "ok": False, "errors": errors or ["the episode has no trace"]}
     trace = mine[-1]
     errors += [f"{e.type}: {e.message}" for e in trace.errors]
-    return {"id": job["id"], "ok": bool(trace.ok and not episode.errors), "reward": float(trace.reward),
-            "rewards": _numbers(trace.rewards), "metrics": _numbers(trace.metrics), "turns": int(trace.num_turns),
-            "stop": trace.stop_condition, "errors": errors}
+    return {
+        "id": job["id"],
+        "ok": bool(trace.ok and not episode.errors),
+        "reward": float(trace.reward),
+        "rewards": _numbers(trace.rewards),
+        "metrics": _numbers(trace.metrics),
+        "turns": int(trace.num_turns),
+        "stop": trace.stop_condition,
+        "errors": errors,
+    }
 
 
 async def serve(spec: dict[str, Any], proto: Any) -> None:
@@ -183,12 +215,19 @@ async def serve(spec: dict[str, Any], proto: Any) -> None:
     async def one(job: dict[str, Any]) -> None:
         try:
             task = tasks[int(job["task"])]
-            ctx = ModelContext(model="policy", client=EvalClientConfig(
-                base_url=job["base_url"], api_key_var="AREAL_BRIDGE_KEY"))
+            ctx = ModelContext(
+                model="policy", client=EvalClientConfig(base_url=job["base_url"], api_key_var="AREAL_BRIDGE_KEY")
+            )
             say(episode_result(job, await env.run_episode(task, ctx), trained))
         except Exception as err:  # noqa: BLE001 - every failure goes back to the worker, by name
-            say({"id": job.get("id"), "ok": False, "errors": [f"{type(err).__name__}: {err}"],
-                 "traceback": traceback.format_exc()})
+            say(
+                {
+                    "id": job.get("id"),
+                    "ok": False,
+                    "errors": [f"{type(err).__name__}: {err}"],
+                    "traceback": traceback.format_exc(),
+                }
+            )
 
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[str | None] = asyncio.Queue()

@@ -25,5 +25,12 @@ def get_backend(name: str) -> InferenceBackend:
         raise ValueError(f"unknown inference backend {name!r}; choose one of {BACKEND_NAMES}") from None
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "HttpCall", "InferenceBackend", "ParsedGeneration", "get_backend",
-           "sampling_to_json"]
+__all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "HttpCall",
+    "InferenceBackend",
+    "ParsedGeneration",
+    "get_backend",
+    "sampling_to_json",
+]

@@ -17,8 +17,9 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.api.sampling import SamplingParams
 
@@ -77,8 +78,17 @@ class InferenceBackend:
         checked before a run starts rather than when its servers refuse to start."""
         return None
 
-    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
-                api_key: str | None, host: str) -> list[str]:
+    def command(
+        self,
+        inference: Any,
+        model_path: str,
+        port: int,
+        threads: int,
+        seed: int,
+        name: str,
+        api_key: str | None,
+        host: str,
+    ) -> list[str]:
         raise NotImplementedError
 
     def environment(self, api_key: str | None) -> dict[str, str]:
@@ -103,8 +113,14 @@ class InferenceBackend:
         return os.path.abspath(inference.python) if inference.python else sys.executable
 
     # ------------------------------------------------------------------ wire
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
+    def generate_call(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        rid: str,
+        adapter: str | None = None,
+        tags: dict[str, int] | None = None,
+    ) -> HttpCall:
         """`adapter`: the served adapter to generate with (backends with `lora_adapters`), else the base.
         `tags`: the request's group, episode and turn (request_tags.py), for a server that records
         them on its trace spans; others leave them out."""

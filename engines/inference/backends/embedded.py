@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.sampling import SamplingParams
@@ -21,8 +22,10 @@ from areal_graph.engines.inference.server_args import build_arg_parser
 
 
 def _no_named_adapters() -> NoReturn:
-    raise NotImplementedError("the embedded engine is not built to serve adapters by name: it merges the adapter "
-                              "tensors of each weight sync into its weights (lora_adapters is False)")
+    raise NotImplementedError(
+        "the embedded engine is not built to serve adapters by name: it merges the adapter "
+        "tensors of each weight sync into its weights (lora_adapters is False)"
+    )
 
 
 class EmbeddedBackend(SGLangBackend):
@@ -48,12 +51,36 @@ class EmbeddedBackend(SGLangBackend):
     def adapter_unload_call(self, version: int) -> HttpCall:
         _no_named_adapters()
 
-    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
-                api_key: str | None, host: str) -> list[str]:
-        cmd = [self.interpreter(inference), "-m", "areal_graph.engines.inference.http_server",
-               "--model", model_path, "--host", host, "--port", str(port),
-               "--max-running", str(inference.max_running_requests),
-               "--threads", str(threads), "--seed", str(seed), "--name", name]
+    def command(
+        self,
+        inference: Any,
+        model_path: str,
+        port: int,
+        threads: int,
+        seed: int,
+        name: str,
+        api_key: str | None,
+        host: str,
+    ) -> list[str]:
+        cmd = [
+            self.interpreter(inference),
+            "-m",
+            "areal_graph.engines.inference.http_server",
+            "--model",
+            model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--max-running",
+            str(inference.max_running_requests),
+            "--threads",
+            str(threads),
+            "--seed",
+            str(seed),
+            "--name",
+            name,
+        ]
         if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
             cmd += ["--api-key-env", RUN_TOKEN_ENV]
         if getattr(inference, "kv_on_update", "recompute") != "recompute":
@@ -71,16 +98,27 @@ class EmbeddedBackend(SGLangBackend):
                 return reason.split("error: ", 1)[-1]
         return None
 
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
+    def generate_call(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        rid: str,
+        adapter: str | None = None,
+        tags: dict[str, int] | None = None,
+    ) -> HttpCall:
         call = super().generate_call(input_ids, sampling, rid, adapter)
         if tags:  # ours only: SGLang refuses fields it does not know
             call.payload["trace"] = dict(tags)
         return call
 
     def shared_memory_update_calls(self, path: str, manifest: list[dict], version: int) -> list[HttpCall]:
-        return [HttpCall("POST", "/update_weights_from_shared_memory",
-                         {"path": path, "manifest": manifest, "weight_version": int(version)})]
+        return [
+            HttpCall(
+                "POST",
+                "/update_weights_from_shared_memory",
+                {"path": path, "manifest": manifest, "weight_version": int(version)},
+            )
+        ]
 
     def gpus(self, inference: Any) -> int:
         return int(str(inference.args.get("device", "cpu")).startswith("cuda"))

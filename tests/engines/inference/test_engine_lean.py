@@ -38,9 +38,18 @@ def build(arch: str, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if arch == "qwen2":
         return _spiky(build_random_qwen2(vocab_size=VOCAB, seed=seed), seed)
     if arch == "qwen3":
@@ -60,8 +69,10 @@ def _left_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, tor
 
 def _seqs(n: int, seed: int, lo: int = 2, hi: int = 20) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, VOCAB, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
@@ -73,8 +84,13 @@ def test_lean_prefill_matches_hf_logits_and_kv(arch):
     seqs = _seqs(5, seed=1)
     ids, mask, lens = _left_padded(seqs)
     with torch.no_grad():
-        ref = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                    past_key_values=DynamicCache(), use_cache=True)
+        ref = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+            past_key_values=DynamicCache(),
+            use_cache=True,
+        )
         logits, keys, values = LeanForward(model).prefill(ids, lens)
     assert (logits - ref.logits[:, -1]).abs().max() < 1e-4
     real = mask.bool().view(len(seqs), 1, -1, 1)
@@ -124,8 +140,9 @@ def test_models_outside_the_family_use_the_hf_forward():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=128,
-                                      bos_token_id=1, eos_token_id=2)).eval()
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=128, bos_token_id=1, eos_token_id=2)
+    ).eval()
     assert "GPT2LMHeadModel" in unsupported_reason(gpt2)
     sliding = build_random_qwen2(vocab_size=VOCAB)
     sliding.config.use_sliding_window = True
@@ -165,8 +182,9 @@ def test_prefix_sharing_prefills_once_and_changes_nothing():
     model = build("qwen2")
     groups = _seqs(3, seed=6, lo=5)
     prompts = [p for p in groups for _ in range(6)]
-    params = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=100 + i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(max_new_tokens=10, temperature=1.0, seed=100 + i, ignore_eos=True) for i in range(len(prompts))
+    ]
     prefilled: list[int] = []
     eng = EmbeddedEngine(model=model, max_running=64)
     inner = eng._runner.prefill
@@ -191,8 +209,10 @@ def test_seeded_request_same_tokens_alone_or_among_duplicates():
     mine = SamplingParams(max_new_tokens=16, temperature=1.0, seed=1234, ignore_eos=True)
     alone = _run(model, [prompt], [mine])[0]
     crowd_prompts = [prompt] * 7 + others
-    crowd_params = [mine] + [SamplingParams(max_new_tokens=int(4 + 3 * i), temperature=1.0, seed=i, ignore_eos=True)
-                             for i in range(len(crowd_prompts) - 1)]
+    crowd_params = [mine] + [
+        SamplingParams(max_new_tokens=int(4 + 3 * i), temperature=1.0, seed=i, ignore_eos=True)
+        for i in range(len(crowd_prompts) - 1)
+    ]
     crowd = _run(model, crowd_prompts, crowd_params)
     assert crowd[0].output_ids == alone.output_ids
     assert max(abs(x - y) for x, y in zip(crowd[0].output_logprobs, alone.output_logprobs)) < 1e-4

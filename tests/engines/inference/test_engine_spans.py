@@ -66,8 +66,15 @@ def test_a_normal_request_has_contiguous_phases_and_its_token_counts(model):
     spans = by_request(rec.take())["a"]
     req = spans[0]
     assert req["cat"] == "request" and req["process"] == "inference-0"
-    assert req["args"] == {"rid": "a", "prompt_tokens": 5, "output_tokens": 7, "finish_reason": "length",
-                           "interruptions": 0, "version_first": 0, "version_last": 0}
+    assert req["args"] == {
+        "rid": "a",
+        "prompt_tokens": 5,
+        "output_tokens": 7,
+        "finish_reason": "length",
+        "interruptions": 0,
+        "version_first": 0,
+        "version_last": 0,
+    }
     ph = phases(spans)
     assert [s["name"] for s in ph] == ["queued", "prefill", "decode"]
     assert ph[0]["start"] == req["start"] and ph[-1]["end"] == req["end"]
@@ -113,7 +120,10 @@ def test_an_interrupted_request_records_versions_before_and_after(model):
     swap = [s for s in spans if s["name"] == "weight_swap"]
     assert len(swap) == 1 and swap[0]["node"] == "weights"
     assert {k: swap[0]["args"][k] for k in ("version_before", "version_after", "interrupted")} == {
-        "version_before": 3, "version_after": 4, "interrupted": 3}
+        "version_before": 3,
+        "version_after": 4,
+        "interrupted": 3,
+    }
     engine_pause = [s for s in spans if s["name"] == "paused" and s["cat"] == "pause"]
     assert len(engine_pause) == 1
     assert engine_pause[0]["start"] <= swap[0]["start"] <= swap[0]["end"] <= engine_pause[0]["end"]
@@ -201,8 +211,10 @@ def test_http_server_serves_engine_spans_and_its_clock(model):
 
     async def go():
         async with TestClient(TestServer(server.app)) as client:
-            r = await client.post("/generate", json={"input_ids": [1, 2, 3], "rid": "h",
-                                                     "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+            r = await client.post(
+                "/generate",
+                json={"input_ids": [1, 2, 3], "rid": "h", "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+            )
             assert r.status == 200
             before = time.time()
             clock = await (await client.get("/get_clock")).json()

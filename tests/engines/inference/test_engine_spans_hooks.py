@@ -47,8 +47,11 @@ def request(rid: str = "r", prompt=(1, 2, 3), submitted: float | None = 1.0):
 def phases(rec: Recorder) -> list[tuple]:
     """(name, start, end, args without the common ones) of the request's phase spans, in order."""
     common = {"name", "start", "end", "cat", "node", "rid"}
-    return [(s["name"], s["start"], s["end"], {k: v for k, v in s.items() if k not in common})
-            for s in rec.spans if s["name"] not in ("request", "finished")]
+    return [
+        (s["name"], s["start"], s["end"], {k: v for k, v in s.items() if k not in common})
+        for s in rec.spans
+        if s["name"] not in ("request", "finished")
+    ]
 
 
 def test_submitted_starts_a_queued_timeline_on_the_perf_counter():
@@ -76,14 +79,33 @@ def test_a_request_without_interruptions():
     spans.finished(req, 6.0)
     assert req.timeline is None
     [whole] = rec.named("request")
-    assert whole == {"name": "request", "start": 1.0, "end": 6.0, "cat": "request", "node": REQUEST_TRACK, "rid": "r",
-                     "prompt_tokens": 3, "output_tokens": 4, "finish_reason": "length", "interruptions": 0,
-                     "version_first": 3, "version_last": 3}
-    assert phases(rec) == [("queued", 1.0, 2.0, {}), ("prefill", 2.0, 3.0, {"prefill_tokens": 3}),
-                           ("decode", 3.0, 6.0, {"output_tokens": 3})]
+    assert whole == {
+        "name": "request",
+        "start": 1.0,
+        "end": 6.0,
+        "cat": "request",
+        "node": REQUEST_TRACK,
+        "rid": "r",
+        "prompt_tokens": 3,
+        "output_tokens": 4,
+        "finish_reason": "length",
+        "interruptions": 0,
+        "version_first": 3,
+        "version_last": 3,
+    }
+    assert phases(rec) == [
+        ("queued", 1.0, 2.0, {}),
+        ("prefill", 2.0, 3.0, {"prefill_tokens": 3}),
+        ("decode", 3.0, 6.0, {"output_tokens": 3}),
+    ]
     [end] = rec.named("finished")
     assert (end["start"], end["end"], end["finish_reason"], end["prompt_tokens"], end["output_tokens"]) == (
-        6.0, 6.0, "length", 3, 4)
+        6.0,
+        6.0,
+        "length",
+        3,
+        4,
+    )
     assert all(s["cat"] == "request" and s["node"] == REQUEST_TRACK and s["rid"] == "r" for s in rec.spans)
     assert [s["name"] for s in rec.spans] == ["request", "queued", "prefill", "decode", "finished"]
 
@@ -109,7 +131,8 @@ def test_an_interrupted_request_resumes_with_the_latest_version():
     req.finish_reason = "stop"
     spans.finished(req, 7.0)
     assert phases(rec) == [
-        ("queued", 1.0, 2.0, {}), ("prefill", 2.0, 3.0, {"prefill_tokens": 2}),
+        ("queued", 1.0, 2.0, {}),
+        ("prefill", 2.0, 3.0, {"prefill_tokens": 2}),
         ("decode", 3.0, 4.0, {"output_tokens": 1}),
         ("interrupted", 4.0, 5.0, {"version_before": 0, "version_after": 2}),
         ("resumed", 5.0, 5.5, {"prefill_tokens": 4, "version": 2}),
@@ -117,7 +140,11 @@ def test_an_interrupted_request_resumes_with_the_latest_version():
     ]
     [whole] = rec.named("request")
     assert (whole["interruptions"], whole["version_first"], whole["version_last"], whole["output_tokens"]) == (
-        1, 0, 2, 4)
+        1,
+        0,
+        2,
+        4,
+    )
 
 
 def test_a_swap_before_the_first_token_is_not_an_interruption():
@@ -149,7 +176,11 @@ def test_an_aborted_request_has_abort_and_no_versions_and_reason_overrides():
     spans.finished(request("b"), 2.0, reason="stop")
     first, second = rec.named("request")
     assert (first["finish_reason"], first["version_first"], first["version_last"], first["output_tokens"]) == (
-        "abort", None, None, 0)
+        "abort",
+        None,
+        None,
+        0,
+    )
     assert second["finish_reason"] == "stop" and rec.named("finished")[1]["finish_reason"] == "stop"
     assert [p[0] for p in phases(rec)] == ["queued", "queued"]
 
@@ -211,17 +242,34 @@ def test_only_the_latest_pauses_are_remembered(monkeypatch):
         spans.resumed(a + 1.0)
     spans.finished(req, 11.0)
     assert [(s["start"], s["end"]) for s in rec.spans if s["cat"] == "pause"] == [
-        (1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0), (9.0, 10.0)]  # the engine spans all went out
+        (1.0, 2.0),
+        (3.0, 4.0),
+        (5.0, 6.0),
+        (7.0, 8.0),
+        (9.0, 10.0),
+    ]  # the engine spans all went out
     assert [(s["start"], s["end"]) for s in rec.spans if s["name"] == "paused" and s["cat"] == "request"] == [
-        (7.0, 8.0), (9.0, 10.0)]
+        (7.0, 8.0),
+        (9.0, 10.0),
+    ]
 
 
 def test_weight_swap_span():
     rec = Recorder()
-    EngineSpans(rec).weight_swap(requested=1.0, start=1.25, end=2.0, version_before=3, version_after=4,
-                                 interrupted=5)
-    assert rec.spans == [{"name": "weight_swap", "start": 1.25, "end": 2.0, "cat": "weights", "node": ENGINE_TRACK,
-                          "version_before": 3, "version_after": 4, "interrupted": 5, "waited_s": 0.25}]
+    EngineSpans(rec).weight_swap(requested=1.0, start=1.25, end=2.0, version_before=3, version_after=4, interrupted=5)
+    assert rec.spans == [
+        {
+            "name": "weight_swap",
+            "start": 1.25,
+            "end": 2.0,
+            "cat": "weights",
+            "node": ENGINE_TRACK,
+            "version_before": 3,
+            "version_after": 4,
+            "interrupted": 5,
+            "waited_s": 0.25,
+        }
+    ]
 
 
 def test_timeline_decode_stretches_count_their_own_tokens():
@@ -229,8 +277,11 @@ def test_timeline_decode_stretches_count_their_own_tokens():
     tl.enter("decode", 1.0, tokens_so_far=1)
     tl.enter("interrupted", 2.0, tokens_so_far=6, args={"version_before": 0, "version_after": 1})
     tl.close(3.0, 6)
-    assert tl.closed == [("queued", 0.0, 1.0, None), ("decode", 1.0, 2.0, {"output_tokens": 5}),
-                         ("interrupted", 2.0, 3.0, {"version_before": 0, "version_after": 1})]
+    assert tl.closed == [
+        ("queued", 0.0, 1.0, None),
+        ("decode", 1.0, 2.0, {"output_tokens": 5}),
+        ("interrupted", 2.0, 3.0, {"version_before": 0, "version_after": 1}),
+    ]
 
 
 def test_busy_intervals_merge_back_to_back_steps():

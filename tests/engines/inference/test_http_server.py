@@ -27,8 +27,19 @@ MAX_RUNNING = 4
 def server(tiny_model_dir):
     from areal_graph.engines.inference.server_process import ServerProcess
 
-    proc = ServerProcess(str(tiny_model_dir), extra_args=[
-        "--threads", "1", "--max-running", str(MAX_RUNNING), "--max-queue", str(MAX_QUEUE), "--device", DEVICE])
+    proc = ServerProcess(
+        str(tiny_model_dir),
+        extra_args=[
+            "--threads",
+            "1",
+            "--max-running",
+            str(MAX_RUNNING),
+            "--max-queue",
+            str(MAX_QUEUE),
+            "--device",
+            DEVICE,
+        ],
+    )
     proc.start()
     yield proc.url
     proc.stop()
@@ -72,15 +83,22 @@ def greedy_reference(model_dir, prompt: list[int], n: int) -> tuple[list[int], l
         tok = int(logp.argmax())
         seq.append(tok)
         lps.append(float(logp[tok]))
-    return seq[len(prompt):], lps
+    return seq[len(prompt) :], lps
 
 
 # --------------------------------------------------------------------------- SGLang shape
 def test_generate_returns_sglang_shape_and_greedy_tokens(server, tiny_model_dir):
     prompt = [1, 17, 23, 5, 9]
-    status, body = post(server, "/generate", {
-        "input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-        "return_logprob": True, "rid": "shape-1"})
+    status, body = post(
+        server,
+        "/generate",
+        {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+            "rid": "shape-1",
+        },
+    )
     assert status == 200, body
     meta = body["meta_info"]
     assert meta["id"] == "shape-1"
@@ -106,8 +124,16 @@ def test_logprob_start_len_returns_the_prompts_log_probs(server, tiny_model_dir)
         logp = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
     ref = [None] + [float(logp[t - 1, prompt[t]]) for t in range(1, len(prompt))]
     for start in (0, 3):
-        status, body = post(server, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2},
-                                                  "return_logprob": True, "logprob_start_len": start})
+        status, body = post(
+            server,
+            "/generate",
+            {
+                "input_ids": prompt,
+                "sampling_params": {"max_new_tokens": 2},
+                "return_logprob": True,
+                "logprob_start_len": start,
+            },
+        )
         assert status == 200, body
         pairs = body["meta_info"]["input_token_logprobs"]
         assert [p[1] for p in pairs] == prompt[start:] and all(p[2] is None for p in pairs)
@@ -122,26 +148,36 @@ def test_logprob_start_len_returns_the_prompts_log_probs(server, tiny_model_dir)
 def test_streamed_generate_sends_the_answer_so_far_then_done(server):
     """SGLang's stream: cumulative output_ids / log-probs / versions, finish_reason null until the
     last event, which equals the unstreamed answer."""
-    body = {"input_ids": [1, 17, 23, 5], "sampling_params": {"max_new_tokens": 40, "temperature": 0,
-                                                              "ignore_eos": True}, "return_logprob": True}
+    body = {
+        "input_ids": [1, 17, 23, 5],
+        "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+    }
     status, whole = post(server, "/generate", body)
-    req = urllib.request.Request(server + "/generate", data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server + "/generate",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         events = [e for e in resp.read().decode().split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert len(chunks) >= 2
     lengths = [len(c["output_ids"]) for c in chunks]
-    assert lengths == sorted(lengths) and all(c["output_ids"] == chunks[-1]["output_ids"][:len(c["output_ids"])]
-                                              for c in chunks)
+    assert lengths == sorted(lengths) and all(
+        c["output_ids"] == chunks[-1]["output_ids"][: len(c["output_ids"])] for c in chunks
+    )
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     last = chunks[-1]
-    assert last["output_ids"] == whole["output_ids"] and last["meta_info"]["finish_reason"] == {"type": "length",
-                                                                                                 "length": 40}
+    assert last["output_ids"] == whole["output_ids"] and last["meta_info"]["finish_reason"] == {
+        "type": "length",
+        "length": 40,
+    }
     assert [p[0] for p in last["meta_info"]["output_token_logprobs"]] == pytest.approx(
-        [p[0] for p in whole["meta_info"]["output_token_logprobs"]], abs=1e-5)
+        [p[0] for p in whole["meta_info"]["output_token_logprobs"]], abs=1e-5
+    )
 
 
 def test_client_matches_engine_in_process(server, tiny_model_dir):
@@ -165,44 +201,55 @@ def test_client_matches_engine_in_process(server, tiny_model_dir):
         local = [engine.submit(p, params).result(timeout=60) for p in prompts]
     finally:
         engine.stop()
-    for r, l in zip(remote, local):
-        assert r.output_ids == l.output_ids
-        assert r.output_logprobs == pytest.approx(l.output_logprobs, abs=1e-4)
-        assert r.finish_reason == l.finish_reason == "length"
-        assert r.output_versions == l.output_versions
+    for r, mine in zip(remote, local):
+        assert r.output_ids == mine.output_ids
+        assert r.output_logprobs == pytest.approx(mine.output_logprobs, abs=1e-4)
+        assert r.finish_reason == mine.finish_reason == "length"
+        assert r.output_versions == mine.output_versions
 
 
 def test_eos_stops_with_stop_reason(server):
     # Find what greedy emits first, then declare it a stop token: the request must end there.
-    _, body = post(server, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+    _, body = post(
+        server, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    )
     first = body["output_ids"][0]
-    status, body = post(server, "/generate", {
-        "input_ids": [1, 2, 3], "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [first]}})
+    status, body = post(
+        server,
+        "/generate",
+        {
+            "input_ids": [1, 2, 3],
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [first]},
+        },
+    )
     assert status == 200
     assert body["output_ids"] == [first]
     assert body["meta_info"]["finish_reason"]["type"] == "stop"
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("body, fragment", [
-    ({"input_ids": [], "sampling_params": {}}, "empty"),
-    ({"sampling_params": {"max_new_tokens": 3}}, "input_ids"),
-    ({"input_ids": "1 2 3"}, "input_ids"),
-    ({"input_ids": [1, "a"]}, "input_ids"),
-    ({"input_ids": [[1, 2], [3]]}, "input_ids"),
-    ({"input_ids": [1, 2], "temprature": 0.5}, "temprature"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "topp": 0.5}}, "topp"),
-    ({"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}}, "temperature"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2.5}}, "max_new_tokens"),
-    ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "top_p"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}}, "context"),
-    ({"input_ids": [1, 2], "return_logprob": "yes"}, "return_logprob"),
-    ({"input_ids": [1, 2], "stream": 1}, "stream"),
-    ({"text": "hello"}, "input_ids"),
-    ([1, 2, 3], "object"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({"input_ids": [], "sampling_params": {}}, "empty"),
+        ({"sampling_params": {"max_new_tokens": 3}}, "input_ids"),
+        ({"input_ids": "1 2 3"}, "input_ids"),
+        ({"input_ids": [1, "a"]}, "input_ids"),
+        ({"input_ids": [[1, 2], [3]]}, "input_ids"),
+        ({"input_ids": [1, 2], "temprature": 0.5}, "temprature"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "topp": 0.5}}, "topp"),
+        ({"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}}, "temperature"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2.5}}, "max_new_tokens"),
+        ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}}, "context"),
+        ({"input_ids": [1, 2], "return_logprob": "yes"}, "return_logprob"),
+        ({"input_ids": [1, 2], "stream": 1}, "stream"),
+        ({"text": "hello"}, "input_ids"),
+        ([1, 2, 3], "object"),
+    ],
+)
 def test_bad_generate_requests_get_clear_400(server, body, fragment):
     status, err = post(server, "/generate", body)
     assert status == 400, err
@@ -242,10 +289,14 @@ def test_full_queue_answers_503_and_server_survives(server):
 
     async def flood():
         async with aiohttp.ClientSession() as s:
+
             async def one(i):
-                async with s.post(server + "/generate", json={
-                        "input_ids": [1, i % 50 + 3], "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}) as r:
+                async with s.post(
+                    server + "/generate",
+                    json={"input_ids": [1, i % 50 + 3], "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}},
+                ) as r:
                     return r.status, await r.json()
+
             return await asyncio.gather(*(one(i) for i in range(40)))
 
     results = asyncio.run(flood())
@@ -329,8 +380,15 @@ def test_pause_modes_follow_sglang(server):
     import threading
 
     def generate(out: dict, key: str, n: int) -> None:
-        out[key] = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True,
-                                              "sampling_params": {"max_new_tokens": n, "ignore_eos": True}})
+        out[key] = post(
+            server,
+            "/generate",
+            {
+                "input_ids": [1, 2, 3],
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": n, "ignore_eos": True},
+            },
+        )
 
     def start(out: dict, key: str, n: int) -> threading.Thread:
         before = tokens_generated(server)
@@ -382,8 +440,11 @@ def test_client_disconnect_aborts_the_request(server):
     async def go():
         async with aiohttp.ClientSession() as s:
             with pytest.raises(asyncio.TimeoutError):
-                async with s.post(server + "/generate", timeout=aiohttp.ClientTimeout(total=0.5), json={
-                        "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}) as r:
+                async with s.post(
+                    server + "/generate",
+                    timeout=aiohttp.ClientTimeout(total=0.5),
+                    json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}},
+                ) as r:
                     await r.read()
 
     assert post(server, "/pause_generation", {})[0] == 200
@@ -421,7 +482,9 @@ def test_api_key_is_required_everywhere_but_the_liveness_probe(tiny_model_dir, m
     from areal_graph.engines.inference.server_process import ServerProcess
 
     monkeypatch.setenv("AREAL_TEST_API_KEY", "k3y-for-test")
-    with ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--api-key-env", "AREAL_TEST_API_KEY"]) as proc:
+    with ServerProcess(
+        str(tiny_model_dir), extra_args=["--threads", "1", "--api-key-env", "AREAL_TEST_API_KEY"]
+    ) as proc:
         url = proc.url
         assert get(url, "/health")[0] == 200
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
@@ -430,8 +493,9 @@ def test_api_key_is_required_everywhere_but_the_liveness_probe(tiny_model_dir, m
             assert status == 401 and "API key" in reply["message"], (path, reply)
         for path in ("/get_model_info", "/get_spans", "/health_generate"):
             assert get(url, path)[0] == 401, path
-        req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Authorization": "Bearer wrong"})
+        req = urllib.request.Request(
+            url + "/generate", data=json.dumps(body).encode(), method="POST", headers={"Authorization": "Bearer wrong"}
+        )
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req, timeout=30)
         assert info.value.code == 401

@@ -171,8 +171,10 @@ def two_models(tiny_model_dir, tmp_path_factory):
 def server(tiny_model_dir):
     from areal_graph.engines.inference.server_process import ServerProcess
 
-    proc = ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--max-running", "16",
-                                                          "--device", os.environ.get("AREAL_TEST_DEVICE", "cpu")])
+    proc = ServerProcess(
+        str(tiny_model_dir),
+        extra_args=["--threads", "1", "--max-running", "16", "--device", os.environ.get("AREAL_TEST_DEVICE", "cpu")],
+    )
     proc.start()
     yield proc.url
     proc.stop()
@@ -245,8 +247,9 @@ def test_weight_update_mid_generation(server, two_models, tiny_model_dir, sglang
         if v != 0:
             await c.update_weights_from_disk(str(tiny_model_dir), v + 1)
         await c.close()
-        gens = await _run_with_update(server, {0: two_models[0], 1: two_models[1], "v1_dir": two_models["v1_dir"]},
-                                      sglang_style)
+        gens = await _run_with_update(
+            server, {0: two_models[0], 1: two_models[1], "v1_dir": two_models["v1_dir"]}, sglang_style
+        )
         return v, gens
 
     v_start, gens = asyncio.run(go())

@@ -68,8 +68,9 @@ def kit_server():
     from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
 
     model = resolve_model_path("builtin:tiny-arith")
-    proc = ServerProcess(str(model), extra_args=["--threads", "2", "--max-running", "32",
-                                                 "--served-model-name", "tiny-arith"])
+    proc = ServerProcess(
+        str(model), extra_args=["--threads", "2", "--max-running", "32", "--served-model-name", "tiny-arith"]
+    )
     proc.start()
     yield proc.url, model, resolve_dataset_path("builtin:arith/test")
     proc.stop()
@@ -81,14 +82,18 @@ def write_tasks(tmp_path, test_jsonl, tokenizer_dir) -> None:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     rng = random.Random(0)
     rows = [json.loads(line) for line in open(test_jsonl)][:40]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
-                                       add_generation_prompt=True) for r in rows]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": r["question"]}], tokenize=False, add_generation_prompt=True
+        )
+        for r in rows
+    ]
     with open(tmp_path / "mc.jsonl", "w") as f:  # the worked solution up to its box; which number goes in?
         for r, prompt in zip(rows, prompts):
             right = int(r["answer"])
             choices = [f"{right}}}", f"{right + 1}}}", f"{right - 2}}}", f"{right + 10}}}"]
             rng.shuffle(choices)
-            context = prompt + r["solution"][:r["solution"].rindex("boxed{") + len("boxed{")]
+            context = prompt + r["solution"][: r["solution"].rindex("boxed{") + len("boxed{")]
             f.write(json.dumps({"context": context, "choices": choices, "label": choices.index(f"{right}}}")}) + "\n")
     with open(tmp_path / "gen.jsonl", "w") as f:
         for r, prompt in zip(rows, prompts):
@@ -106,9 +111,13 @@ def test_lm_eval_scores_a_multiple_choice_and_a_generation_task(kit_server, tmp_
     write_tasks(tmp_path, test_jsonl, model_dir)
     results = simple_evaluate(
         model="local-completions",
-        model_args=(f"model=tiny-arith,base_url={url}/v1/completions,tokenizer={model_dir},"
-                    "tokenized_requests=True,num_concurrent=4,max_retries=1"),
-        tasks=["arith_mc", "arith_gen"], task_manager=TaskManager(include_path=str(tmp_path)))
+        model_args=(
+            f"model=tiny-arith,base_url={url}/v1/completions,tokenizer={model_dir},"
+            "tokenized_requests=True,num_concurrent=4,max_retries=1"
+        ),
+        tasks=["arith_mc", "arith_gen"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+    )
     mc, gen = results["results"]["arith_mc"], results["results"]["arith_gen"]
     print({"arith_mc acc": mc["acc,none"], "arith_gen exact_match": gen["exact_match,boxed"]})
     assert 0.0 <= mc["acc,none"] <= 1.0 and 0.0 <= gen["exact_match,boxed"] <= 1.0

@@ -111,8 +111,9 @@ def test_read_a_pytorch_bin_directory_in_the_asked_dtype(tmp_path):
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
     sd = read_checkpoint(tmp_path, torch.bfloat16)
     assert sd["model.norm.weight"].dtype == torch.bfloat16
-    assert torch.equal(sd["model.layers.0.mlp.up_proj.weight"],
-                       model.model.layers[0].mlp.up_proj.weight.detach().to(torch.bfloat16))
+    assert torch.equal(
+        sd["model.layers.0.mlp.up_proj.weight"], model.model.layers[0].mlp.up_proj.weight.detach().to(torch.bfloat16)
+    )
 
 
 def test_read_a_missing_checkpoint_names_it(tmp_path):
@@ -136,8 +137,17 @@ def test_an_untied_head_must_be_in_the_weights():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+        )
+    )
     state = {k: v.clone() for k, v in llama.state_dict().items()}
     assert "lm_head.weight" in state
     load_state_dict_checked(llama, state)  # complete: fine

@@ -32,8 +32,11 @@ def spiky(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name
-                    else 0.15 * torch.randn(p.shape, generator=g))
+            p.copy_(
+                1.0 + 0.1 * torch.randn(p.shape, generator=g)
+                if "norm" in name
+                else 0.15 * torch.randn(p.shape, generator=g)
+            )
     return model.eval()
 
 
@@ -77,7 +80,7 @@ def test_prefill_left_pads_and_matches_each_sequence_alone(model, lean):
         n = len(seq)
         for k, v, rk, rv in zip(keys, values, ref_keys, ref_values):
             # row j's real tokens sit in its last n columns, at positions 0..n-1 (padding does not shift them)
-            assert (k[j, :, 7 - n:] - rk).abs().max() < 1e-4 and (v[j, :, 7 - n:] - rv).abs().max() < 1e-4
+            assert (k[j, :, 7 - n :] - rk).abs().max() < 1e-4 and (v[j, :, 7 - n :] - rv).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf"])
@@ -129,8 +132,13 @@ class NoLogitsToKeep(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
         self.calls += 1
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, use_cache=use_cache)
+        return self.inner(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
 
 
 def test_a_forward_without_logits_to_keep_falls_back_once(model):

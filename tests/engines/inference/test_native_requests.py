@@ -46,11 +46,26 @@ def test_absent_or_empty_sampling_params_are_the_defaults():
 
 
 def test_values_map_onto_sampling_params():
-    raw = {"max_new_tokens": 9, "temperature": 0.7, "top_p": 0.5, "top_k": 4, "stop": "\n\n",
-           "stop_token_ids": [2, 7], "ignore_eos": True, "sampling_seed": 11}
+    raw = {
+        "max_new_tokens": 9,
+        "temperature": 0.7,
+        "top_p": 0.5,
+        "top_k": 4,
+        "stop": "\n\n",
+        "stop_token_ids": [2, 7],
+        "ignore_eos": True,
+        "sampling_seed": 11,
+    }
     assert parse_sampling_params(raw, 3, None) == SamplingParams(
-        max_new_tokens=9, temperature=0.7, top_p=0.5, top_k=4, stop=["\n\n"], stop_token_ids=[2, 7],
-        ignore_eos=True, seed=11)
+        max_new_tokens=9,
+        temperature=0.7,
+        top_p=0.5,
+        top_k=4,
+        stop=["\n\n"],
+        stop_token_ids=[2, 7],
+        ignore_eos=True,
+        seed=11,
+    )
     assert parse_sampling_params({"seed": 4}, 1, None).seed == 4
     assert parse_sampling_params({"stop": None, "stop_token_ids": None, "seed": None}, 1, None) == SamplingParams()
     # SGLang-only output switches are accepted (they change no sampling)
@@ -65,34 +80,37 @@ def test_temperature_zero_is_greedy_and_greedy_is_an_or():
     assert parse_sampling_params({"temperature": 2}, 1, None).temperature == 2.0
 
 
-@pytest.mark.parametrize("raw, field", [
-    ([("max_new_tokens", 3)], "sampling_params must be an object"),
-    ({"max_new_tokens": True}, "max_new_tokens"),
-    ({"max_new_tokens": -1}, "max_new_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": None}, "temperature"),
-    ({"temperature": math.nan}, "temperature"),
-    ({"temperature": math.inf}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.01}, "top_p"),
-    ({"top_p": math.nan}, "top_p"),
-    ({"top_k": 0}, "top_k"),
-    ({"top_k": -2}, "top_k"),
-    ({"top_k": 2.0}, "top_k"),
-    ({"stop_token_ids": [1, "2"]}, "stop_token_ids"),
-    ({"stop_token_ids": 2}, "stop_token_ids"),
-    ({"stop_token_ids": [True]}, "stop_token_ids"),
-    ({"stop": ["a", 1]}, "stop"),
-    ({"stop": {"a": 1}}, "stop"),
-    ({"ignore_eos": 1}, "ignore_eos"),
-    ({"greedy": "yes"}, "greedy"),
-    ({"sampling_seed": 1.5}, "sampling_seed"),
-    ({"seed": False}, "seed"),
-    ({"min_p": 0.1}, "min_p"),
-    ({"frequency_penalty": "x"}, "frequency_penalty"),
-    ({"presence_penalty": 3.0}, "presence_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-])
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ([("max_new_tokens", 3)], "sampling_params must be an object"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": None}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 2.0}, "top_k"),
+        ({"stop_token_ids": [1, "2"]}, "stop_token_ids"),
+        ({"stop_token_ids": 2}, "stop_token_ids"),
+        ({"stop_token_ids": [True]}, "stop_token_ids"),
+        ({"stop": ["a", 1]}, "stop"),
+        ({"stop": {"a": 1}}, "stop"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"greedy": "yes"}, "greedy"),
+        ({"sampling_seed": 1.5}, "sampling_seed"),
+        ({"seed": False}, "seed"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"frequency_penalty": "x"}, "frequency_penalty"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+    ],
+)
 def test_a_bad_field_is_named(raw, field):
     with pytest.raises(BadRequest, match=re.escape(field)):
         parse_sampling_params(raw, 1, None)
@@ -119,8 +137,11 @@ def test_values_the_engine_rejects_are_refused_here_too():
 
 def test_context_limit_is_inclusive_and_unchecked_without_one():
     assert parse_sampling_params({"max_new_tokens": 6}, 4, 10).max_new_tokens == 6
-    with pytest.raises(BadRequest, match=r"prompt \(4 tokens\) \+ sampling_params.max_new_tokens \(7\) exceeds the "
-                                         r"model context of 10 tokens"):
+    with pytest.raises(
+        BadRequest,
+        match=r"prompt \(4 tokens\) \+ sampling_params.max_new_tokens \(7\) exceeds the "
+        r"model context of 10 tokens",
+    ):
         parse_sampling_params({"max_new_tokens": 7}, 4, 10)
     with pytest.raises(BadRequest, match="context"):  # the default 128 applies when none is given
         parse_sampling_params({}, 4, 100)
@@ -129,8 +150,16 @@ def test_context_limit_is_inclusive_and_unchecked_without_one():
 
 def test_generate_request_returns_ids_params_logprob_flag_and_rid():
     ids, params, ret_lp, rid = parse_generate_request(
-        {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2, "temperature": 0}, "return_logprob": True,
-         "rid": "abc", "stream": False, "logprob_start_len": -1}, max_context=64)
+        {
+            "input_ids": [5, 6],
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "return_logprob": True,
+            "rid": "abc",
+            "stream": False,
+            "logprob_start_len": -1,
+        },
+        max_context=64,
+    )
     assert ids == [5, 6] and params == SamplingParams(max_new_tokens=2, greedy=True) and ret_lp and rid == "abc"
 
 
@@ -141,21 +170,24 @@ def test_a_missing_rid_gets_a_fresh_one_and_logprobs_default_off():
     assert re.fullmatch(r"[0-9a-f]{32}", rid1) and rid1 != rid2
 
 
-@pytest.mark.parametrize("body, fragment", [
-    ("[1, 2]", "JSON object"),
-    ({"text": "hi", "input_ids": [1]}, "send 'input_ids' instead of 'text'"),
-    ({"input_ids": [1], "image_data": "x"}, "unknown field(s) ['image_data']"),
-    ({}, "missing 'input_ids'"),
-    ({"input_ids": None}, "missing 'input_ids'"),
-    ({"input_ids": [1, True]}, "flat list of integers"),
-    ({"input_ids": (1, 2)}, "flat list of integers"),
-    ({"input_ids": []}, "'input_ids' is empty"),
-    ({"input_ids": [1], "stream": "yes"}, "'stream' must be a boolean"),
-    ({"input_ids": [1], "return_logprob": 1}, "'return_logprob' must be a boolean"),
-    ({"input_ids": [1], "rid": ""}, "'rid' must be a non-empty string"),
-    ({"input_ids": [1], "rid": 7}, "'rid' must be a non-empty string"),
-    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 200}}, "model context of 100"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ("[1, 2]", "JSON object"),
+        ({"text": "hi", "input_ids": [1]}, "send 'input_ids' instead of 'text'"),
+        ({"input_ids": [1], "image_data": "x"}, "unknown field(s) ['image_data']"),
+        ({}, "missing 'input_ids'"),
+        ({"input_ids": None}, "missing 'input_ids'"),
+        ({"input_ids": [1, True]}, "flat list of integers"),
+        ({"input_ids": (1, 2)}, "flat list of integers"),
+        ({"input_ids": []}, "'input_ids' is empty"),
+        ({"input_ids": [1], "stream": "yes"}, "'stream' must be a boolean"),
+        ({"input_ids": [1], "return_logprob": 1}, "'return_logprob' must be a boolean"),
+        ({"input_ids": [1], "rid": ""}, "'rid' must be a non-empty string"),
+        ({"input_ids": [1], "rid": 7}, "'rid' must be a non-empty string"),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 200}}, "model context of 100"),
+    ],
+)
 def test_bad_generate_bodies_name_what_is_wrong(body, fragment):
     with pytest.raises(BadRequest) as err:
         parse_generate_request(body, max_context=100)
@@ -163,11 +195,14 @@ def test_bad_generate_bodies_name_what_is_wrong(body, fragment):
 
 
 @pytest.mark.parametrize("backend", ["embedded", "sglang"])
-@pytest.mark.parametrize("sampling", [
-    SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=20, seed=3, stop_token_ids=[2], stop=["\n"]),
-    SamplingParams(max_new_tokens=0, greedy=True, ignore_eos=True),
-    SamplingParams(),
-])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=20, seed=3, stop_token_ids=[2], stop=["\n"]),
+        SamplingParams(max_new_tokens=0, greedy=True, ignore_eos=True),
+        SamplingParams(),
+    ],
+)
 def test_what_the_backends_send_parses_back_to_the_same_sampling(backend, sampling):
     call = get_backend(backend).generate_call([4, 5, 6], sampling, "rid-1")
     ids, params, ret_lp, rid = parse_generate_request(call.payload, max_context=512)

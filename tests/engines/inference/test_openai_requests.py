@@ -17,26 +17,47 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
 
 
-@pytest.mark.parametrize("extra", [
-    {"store": True}, {"service_tier": "auto"}, {"prompt_cache_key": "k"}, {"safety_identifier": "u1"},
-    {"verbosity": "low"}, {"modalities": ["text"]}, {"min_p": 0}, {"min_p": 0.0}, {"repetition_penalty": 1},
-    {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"store": True},
+        {"service_tier": "auto"},
+        {"prompt_cache_key": "k"},
+        {"safety_identifier": "u1"},
+        {"verbosity": "low"},
+        {"modalities": ["text"]},
+        {"min_p": 0},
+        {"min_p": 0.0},
+        {"repetition_penalty": 1},
+        {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+    ],
+)
 def test_fields_that_cannot_change_the_output_are_accepted(extra):
     plain = parse_chat_request(dict(CHAT))
     got = parse_chat_request({**CHAT, **extra})
-    assert (got.temperature, got.top_p, got.max_tokens, got.messages) == \
-        (plain.temperature, plain.top_p, plain.max_tokens, plain.messages)
+    assert (got.temperature, got.top_p, got.max_tokens, got.messages) == (
+        plain.temperature,
+        plain.top_p,
+        plain.max_tokens,
+        plain.messages,
+    )
     assert got.include_usage == bool(extra.get("stream_options", {}).get("include_usage"))
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {"voice": "x"}}, "audio"),
-    ({"min_p": 0.1}, "min_p"), ({"repetition_penalty": -1.0}, "repetition_penalty"),
-    ({"frequency_penalty": 2.1}, "frequency_penalty"), ({"presence_penalty": "high"}, "presence_penalty"),
-    ({"web_search_options": {}}, "web_search_options"), ({"reasoning_effort": "high"}, "reasoning_effort"),
-    ({"made_up_field": 1}, "made_up_field"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "x"}}, "audio"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"repetition_penalty": -1.0}, "repetition_penalty"),
+        ({"frequency_penalty": 2.1}, "frequency_penalty"),
+        ({"presence_penalty": "high"}, "presence_penalty"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"made_up_field": 1}, "made_up_field"),
+    ],
+)
 def test_fields_that_would_change_it_are_still_refused(extra, param):
     with pytest.raises(OpenAIRequestError) as err:
         parse_chat_request({**CHAT, **extra})
@@ -56,8 +77,14 @@ def test_an_ignored_field_is_noted_once_as_a_warning_and_the_callers_body_is_unt
 
 
 def test_input_text_parts_are_text_and_strict_tools_are_taken_with_every_tool_choice():
-    got = parse_chat_request({**CHAT, "messages": [{"role": "user", "content": [
-        {"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    got = parse_chat_request(
+        {
+            **CHAT,
+            "messages": [
+                {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
+        }
+    )
     assert got.messages[0]["content"] == "ab"
     strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
     assert parse_chat_request({**CHAT, "tools": [strict]}).tool_choice == "auto"  # enforced by a grammar
@@ -67,17 +94,21 @@ def test_input_text_parts_are_text_and_strict_tools_are_taken_with_every_tool_ch
     assert parse_chat_request({**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": False}}]}).tools
     # a grammar holds the turn: forced calls, or response_format beside the tools
     assert parse_chat_request({**CHAT, "tools": [strict], "tool_choice": "required"}).tool_choice == "required"
-    assert parse_chat_request({**CHAT, "tools": [strict],
-                               "response_format": {"type": "json_object"}}).response_format == {"type": "json_object"}
+    assert parse_chat_request(
+        {**CHAT, "tools": [strict], "response_format": {"type": "json_object"}}
+    ).response_format == {"type": "json_object"}
 
 
-@pytest.mark.parametrize("choice, param_fragment", [
-    ("required", None),
-    ({"type": "function", "function": {"name": TOOL["function"]["name"]}}, None),
-    ({"type": "function", "function": {"name": "nope"}}, "not in 'tools'"),
-    ({"type": "function"}, "must be 'auto'"),
-    ("sometimes", "must be 'auto'"),
-])
+@pytest.mark.parametrize(
+    "choice, param_fragment",
+    [
+        ("required", None),
+        ({"type": "function", "function": {"name": TOOL["function"]["name"]}}, None),
+        ({"type": "function", "function": {"name": "nope"}}, "not in 'tools'"),
+        ({"type": "function"}, "must be 'auto'"),
+        ("sometimes", "must be 'auto'"),
+    ],
+)
 def test_tool_choice_forms(choice, param_fragment):
     body = {**CHAT, "tools": [TOOL], "tool_choice": choice}
     if param_fragment is None:
@@ -89,18 +120,25 @@ def test_tool_choice_forms(choice, param_fragment):
         assert err.value.param == "tool_choice"
 
 
-@pytest.mark.parametrize("fmt, expect", [
-    ({"type": "text"}, None),
-    ({"type": "json_object"}, {"type": "json_object"}),
-    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}},
-     {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}),
-    ({"type": "json_schema", "json_schema": {"name": "a"}},
-     {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}),
-    ({"type": "json_schema"}, "response_format.json_schema"),
-    ({"type": "json_schema", "json_schema": {"schema": [1]}}, "response_format.json_schema.schema"),
-    ({"type": "xml"}, "response_format"),
-    ("json", "response_format"),
-])
+@pytest.mark.parametrize(
+    "fmt, expect",
+    [
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, {"type": "json_object"}),
+        (
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}},
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}},
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "a"}},
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+        ),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {"schema": [1]}}, "response_format.json_schema.schema"),
+        ({"type": "xml"}, "response_format"),
+        ("json", "response_format"),
+    ],
+)
 def test_response_format_forms(fmt, expect):
     body = {**CHAT, "response_format": fmt}
     if isinstance(expect, str):

@@ -18,14 +18,19 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from areal_graph.engines.inference.native_requests import BadRequest
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError, SamplingRequest
-from areal_graph.engines.inference.openai_routes import default_served_name, ROUTES, OpenAIRoutes, register_openai_routes
-from areal_graph.engines.inference.openai_http import error_response
 from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.native_requests import BadRequest
+from areal_graph.engines.inference.openai_http import error_response
+from areal_graph.engines.inference.openai_requests import OpenAIRequestError, SamplingRequest
+from areal_graph.engines.inference.openai_routes import (
+    ROUTES,
+    OpenAIRoutes,
+    default_served_name,
+    register_openai_routes,
+)
 from areal_graph.engines.inference.responses_routes import ResponsesRoutes
-from areal_graph.engines.inference.served_model import ServedModel
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.served_model import ServedModel
 
 CONTEXT = 64
 
@@ -56,19 +61,30 @@ class StubEngine:
             raise err
         if suffix in self.hang:
             await asyncio.Event().wait()
-        out = self.answer[:params.max_new_tokens]
+        out = self.answer[: params.max_new_tokens]
         finish = "length" if params.max_new_tokens <= len(self.answer) else "stop"
-        return GenerationResult(rid=rid, output_ids=out, output_logprobs=[-0.5] * len(out),
-                                output_versions=[7] * len(out), finish_reason=finish, prompt_len=len(prompt_ids))
+        return GenerationResult(
+            rid=rid,
+            output_ids=out,
+            output_logprobs=[-0.5] * len(out),
+            output_versions=[7] * len(out),
+            finish_reason=finish,
+            prompt_len=len(prompt_ids),
+        )
 
     async def stream(self, prompt_ids, params, rid=None, top_logprobs=0):
         """`generate`, one token at a time (as EmbeddedEngine.stream yields them)."""
         whole = await self.generate(prompt_ids, params, rid=rid, top_logprobs=top_logprobs)
         for j, tok in enumerate(whole.output_ids):
             last = j == len(whole.output_ids) - 1
-            yield GenerationResult(rid=rid, output_ids=[tok], output_logprobs=[whole.output_logprobs[j]],
-                                   output_versions=[whole.output_versions[j]],
-                                   finish_reason=whole.finish_reason if last else "", prompt_len=len(prompt_ids))
+            yield GenerationResult(
+                rid=rid,
+                output_ids=[tok],
+                output_logprobs=[whole.output_logprobs[j]],
+                output_versions=[whole.output_versions[j]],
+                finish_reason=whole.finish_reason if last else "",
+                prompt_len=len(prompt_ids),
+            )
         if not whole.output_ids:
             yield whole
 
@@ -79,8 +95,9 @@ class StubEngine:
 class StubServer:
     """What the routes use of `InferenceHTTPServer`: app, engine, tokenizer, model_path and `_json`."""
 
-    def __init__(self, engine, tokenizer, model_path: str | None = "/models/tiny-model",
-                 served_model_name: str | None = None) -> None:
+    def __init__(
+        self, engine, tokenizer, model_path: str | None = "/models/tiny-model", served_model_name: str | None = None
+    ) -> None:
         self.app = web.Application()
         self.engine, self.tokenizer, self.model_path = engine, tokenizer, model_path
         self.served_model_name = served_model_name or default_served_name(model_path)
@@ -96,8 +113,14 @@ def answer_ids(tokenizer) -> list[int]:
     return tokenizer(" hello world", add_special_tokens=False).input_ids
 
 
-def serve(tokenizer, *requests, model_path="/models/tiny-model", served_model_name="org/tiny-model",
-          with_tokenizer=True, setup=None):
+def serve(
+    tokenizer,
+    *requests,
+    model_path="/models/tiny-model",
+    served_model_name="org/tiny-model",
+    with_tokenizer=True,
+    setup=None,
+):
     """Mount the routes, send `requests` ((method, path, json body or raw bytes)); (engine, routes, [(status, body)])."""
     engine = StubEngine(answer_ids(tokenizer))
     server = StubServer(engine, tokenizer if with_tokenizer else None, model_path, served_model_name)
@@ -130,20 +153,38 @@ def test_the_route_table(tokenizer):
     assert isinstance(routes.served, ServedModel) and routes.served.server is server
     assert isinstance(routes.responses, ResponsesRoutes) and routes.responses.served is routes.served
     table = {(r.method, r.resource.canonical) for r in server.app.router.routes()}
-    assert table == {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
-                     ("HEAD", "/v1/models"), ("GET", "/v1/models/{model}"), ("HEAD", "/v1/models/{model}"),
-                     ("POST", "/v1/responses"), ("GET", "/v1/responses/{id}"), ("HEAD", "/v1/responses/{id}"),
-                     ("DELETE", "/v1/responses/{id}"), ("GET", "/v1/responses/{id}/input_items"),
-                     ("HEAD", "/v1/responses/{id}/input_items"), ("*", "/v1/{tail}")}
+    assert table == {
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/models"),
+        ("HEAD", "/v1/models"),
+        ("GET", "/v1/models/{model}"),
+        ("HEAD", "/v1/models/{model}"),
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/{id}"),
+        ("HEAD", "/v1/responses/{id}"),
+        ("DELETE", "/v1/responses/{id}"),
+        ("GET", "/v1/responses/{id}/input_items"),
+        ("HEAD", "/v1/responses/{id}/input_items"),
+        ("*", "/v1/{tail}"),
+    }
     assert ROUTES == ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses")
 
 
 def test_models_list_and_a_model_id_with_slashes(tokenizer):
     _, routes, [(s1, listing), (s2, one), (s3, missing)] = serve(
-        tokenizer, ("GET", "/v1/models", None), ("GET", "/v1/models/org/tiny-model", None),
-        ("GET", "/v1/models/gpt-4o", None))
-    model = {"id": "org/tiny-model", "object": "model", "created": routes.created, "owned_by": "areal-graph",
-             "max_model_len": CONTEXT}
+        tokenizer,
+        ("GET", "/v1/models", None),
+        ("GET", "/v1/models/org/tiny-model", None),
+        ("GET", "/v1/models/gpt-4o", None),
+    )
+    model = {
+        "id": "org/tiny-model",
+        "object": "model",
+        "created": routes.created,
+        "owned_by": "areal-graph",
+        "max_model_len": CONTEXT,
+    }
     assert (s1, listing) == (200, {"object": "list", "data": [model]})
     assert (s2, one) == (200, model)
     assert s3 == 404 and missing["error"]["param"] == "model" and missing["error"]["code"] == "model_not_found"
@@ -156,15 +197,21 @@ def test_a_server_without_a_model_path_has_a_default_id(tokenizer):
 
 
 def test_the_default_id_is_the_directory_name_never_the_path(tokenizer):
-    _, _, [(_, listing)] = serve(tokenizer, ("GET", "/v1/models", None), model_path="/home/me/ckpt/qwen-rl/",
-                                 served_model_name=None)
+    _, _, [(_, listing)] = serve(
+        tokenizer, ("GET", "/v1/models", None), model_path="/home/me/ckpt/qwen-rl/", served_model_name=None
+    )
     assert listing["data"][0]["id"] == "qwen-rl"
     assert default_served_name("") == default_served_name(None) == "areal-graph-embedded"
 
 
 def test_wrong_methods_get_405_and_unknown_routes_404(tokenizer):
-    engine, _, answers = serve(tokenizer, ("GET", "/v1/chat/completions", None), ("DELETE", "/v1/completions", None),
-                               ("POST", "/v1/models", {}), ("POST", "/v1/embeddings", {"input": "x"}))
+    engine, _, answers = serve(
+        tokenizer,
+        ("GET", "/v1/chat/completions", None),
+        ("DELETE", "/v1/completions", None),
+        ("POST", "/v1/models", {}),
+        ("POST", "/v1/embeddings", {"input": "x"}),
+    )
     (s1, a), (s2, b), (s3, c), (s4, d) = answers
     assert (s1, s2, s3, s4) == (405, 405, 405, 404)
     assert a["error"]["message"] == "GET /v1/chat/completions is not allowed; use POST"
@@ -176,8 +223,15 @@ def test_wrong_methods_get_405_and_unknown_routes_404(tokenizer):
 
 
 def test_completions_of_token_prompts_seed_each_choice(tokenizer):
-    body = {"model": "m", "prompt": [[5, 6], [7]], "n": 2, "seed": 10, "max_tokens": 2, "temperature": 0.5,
-            "return_token_ids": True}
+    body = {
+        "model": "m",
+        "prompt": [[5, 6], [7]],
+        "n": 2,
+        "seed": 10,
+        "max_tokens": 2,
+        "temperature": 0.5,
+        "return_token_ids": True,
+    }
     engine, _, [(status, out)] = serve(tokenizer, ("POST", "/v1/completions", body))
     assert status == 200, out
     prompts, params, rids, tops = zip(*engine.calls)
@@ -196,8 +250,14 @@ def test_completions_of_token_prompts_seed_each_choice(tokenizer):
 
 def test_chat_goes_through_the_chat_template_and_temperature_zero_is_greedy(tokenizer):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]
-    body = {"model": "tiny", "messages": messages, "max_tokens": 3, "temperature": 0, "logprobs": True,
-            "top_logprobs": 2}
+    body = {
+        "model": "tiny",
+        "messages": messages,
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     engine, _, [(status, out)] = serve(tokenizer, ("POST", "/v1/chat/completions", body))
     assert status == 200, out
     [(prompt, params, rid, top)] = engine.calls
@@ -216,8 +276,11 @@ def test_chat_goes_through_the_chat_template_and_temperature_zero_is_greedy(toke
 def test_max_tokens_defaults_per_endpoint(tokenizer):
     """Chat: what the context leaves after the prompt; legacy completions: OpenAI's 16."""
     chat = {"model": "m", "messages": [{"role": "user", "content": "one"}]}
-    engine, _, answers = serve(tokenizer, ("POST", "/v1/chat/completions", chat),
-                               ("POST", "/v1/completions", {"model": "m", "prompt": [1, 2, 3, 4]}))
+    engine, _, answers = serve(
+        tokenizer,
+        ("POST", "/v1/chat/completions", chat),
+        ("POST", "/v1/completions", {"model": "m", "prompt": [1, 2, 3, 4]}),
+    )
     assert [a[0] for a in answers] == [200, 200]
     (chat_prompt, chat_params, _, _), (_, completion_params, _, _) = engine.calls
     assert chat_params.max_new_tokens == CONTEXT - len(chat_prompt)
@@ -228,13 +291,28 @@ def test_max_tokens_defaults_per_endpoint(tokenizer):
 def test_sampling_params_from_a_request():
     routes = OpenAIRoutes(StubServer(StubEngine([]), None))
     sp = routes.served.sampling(SamplingRequest(), prompt_len=10, prompt_field="messages")
-    assert sp == SamplingParams(max_new_tokens=CONTEXT - 10, temperature=1.0, greedy=False, top_p=1.0, top_k=-1,
-                                stop=[], seed=None, ignore_eos=False)
-    sp = routes.served.sampling(SamplingRequest(temperature=0.0, top_p=0.9, top_k=5, max_tokens=4, stop=["\n"], seed=3,
-                                          ignore_eos=True), prompt_len=10, prompt_field="messages")
-    assert sp == SamplingParams(max_new_tokens=4, temperature=0.0, greedy=True, top_p=0.9, top_k=5, stop=["\n"],
-                                seed=3, ignore_eos=True)
-    assert routes.served.sampling(SamplingRequest(max_tokens=54), prompt_len=10, prompt_field="messages").max_new_tokens == 54  # exactly fills it
+    assert sp == SamplingParams(
+        max_new_tokens=CONTEXT - 10,
+        temperature=1.0,
+        greedy=False,
+        top_p=1.0,
+        top_k=-1,
+        stop=[],
+        seed=None,
+        ignore_eos=False,
+    )
+    sp = routes.served.sampling(
+        SamplingRequest(temperature=0.0, top_p=0.9, top_k=5, max_tokens=4, stop=["\n"], seed=3, ignore_eos=True),
+        prompt_len=10,
+        prompt_field="messages",
+    )
+    assert sp == SamplingParams(
+        max_new_tokens=4, temperature=0.0, greedy=True, top_p=0.9, top_k=5, stop=["\n"], seed=3, ignore_eos=True
+    )
+    assert (
+        routes.served.sampling(SamplingRequest(max_tokens=54), prompt_len=10, prompt_field="messages").max_new_tokens
+        == 54
+    )  # exactly fills it
     with pytest.raises(OpenAIRequestError) as err:
         routes.served.sampling(SamplingRequest(max_tokens=55), prompt_len=10, prompt_field="messages")
     assert (err.value.param, err.value.code) == ("max_tokens", "context_length_exceeded")
@@ -243,15 +321,21 @@ def test_sampling_params_from_a_request():
     assert (err.value.param, err.value.code) == ("messages", "context_length_exceeded")
 
 
-@pytest.mark.parametrize("exc, status, kind, code, fragment", [
-    (QueueFullError("8 requests wait"), 503, "server_error", "overloaded", "server overloaded: 8 requests wait"),
-    (InvalidRequestError("input_ids holds token id(s) outside"), 400, "invalid_request_error", None, "outside"),
-    (BadRequest("bad field"), 400, "invalid_request_error", None, "bad field"),
-    (RuntimeError("boom"), 500, "server_error", None, "RuntimeError: boom"),
-])
+@pytest.mark.parametrize(
+    "exc, status, kind, code, fragment",
+    [
+        (QueueFullError("8 requests wait"), 503, "server_error", "overloaded", "server overloaded: 8 requests wait"),
+        (InvalidRequestError("input_ids holds token id(s) outside"), 400, "invalid_request_error", None, "outside"),
+        (BadRequest("bad field"), 400, "invalid_request_error", None, "bad field"),
+        (RuntimeError("boom"), 500, "server_error", None, "RuntimeError: boom"),
+    ],
+)
 def test_engine_failures_become_openai_errors(tokenizer, exc, status, kind, code, fragment):
-    engine, _, [(got, body)] = serve(tokenizer, ("POST", "/v1/completions", {"model": "m", "prompt": [1, 2]}),
-                                     setup=lambda e: e.fail.update({"*": exc}))
+    engine, _, [(got, body)] = serve(
+        tokenizer,
+        ("POST", "/v1/completions", {"model": "m", "prompt": [1, 2]}),
+        setup=lambda e: e.fail.update({"*": exc}),
+    )
     assert got == status
     assert body["error"]["type"] == kind and body["error"]["code"] == code and fragment in body["error"]["message"]
 
@@ -262,8 +346,11 @@ def test_request_errors_are_400s_naming_the_problem(tokenizer):
         ("POST", "/v1/completions", b"{not json"),
         ("POST", "/v1/completions", {"prompt": [1]}),
         ("POST", "/v1/completions", {"model": "m", "prompt": [1], "max_tokens": CONTEXT}),
-        ("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                          "max_tokens": 1, "n": 0}),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "n": 0},
+        ),
     )
     (s1, a), (s2, b), (s3, c), (s4, d) = answers
     assert (s1, s2, s3, s4) == (400, 400, 400, 400)
@@ -274,10 +361,12 @@ def test_request_errors_are_400s_naming_the_problem(tokenizer):
 
 
 def test_a_server_without_a_tokenizer_refuses_text_requests(tokenizer):
-    engine, _, answers = serve(tokenizer, ("POST", "/v1/completions", {"model": "m", "prompt": [1, 2]}),
-                               ("POST", "/v1/chat/completions", {"model": "m",
-                                                                 "messages": [{"role": "user", "content": "hi"}]}),
-                               with_tokenizer=False)
+    engine, _, answers = serve(
+        tokenizer,
+        ("POST", "/v1/completions", {"model": "m", "prompt": [1, 2]}),
+        ("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        with_tokenizer=False,
+    )
     for status, body in answers:
         assert status == 400 and "no tokenizer" in body["error"]["message"]
     assert engine.calls == []
@@ -289,7 +378,7 @@ def test_streamed_completion_is_server_sent_events_ending_in_done(tokenizer):
     assert status == 200 and ctype == "text/event-stream"
     events = [e for e in text.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert streamed == tokenizer.decode(answer_ids(tokenizer)[:3], skip_special_tokens=True)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
@@ -298,6 +387,7 @@ def test_streamed_completion_is_server_sent_events_ending_in_done(tokenizer):
 def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(tokenizer):
     """Before the first chunk a failure is an HTTP error; after it, the headers are out, so the
     stream carries an error event and ends."""
+
     def setup(engine):
         plain = engine.stream
 
@@ -312,7 +402,7 @@ def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(tokeni
     _, _, [(status, (ctype, text))] = serve(tokenizer, ("POST", "/v1/completions", body), setup=setup)
     events = [e for e in text.split("\n\n") if e]
     assert status == 200 and events[-1] == "data: [DONE]"
-    error = json.loads(events[-2][len("data: "):])["error"]
+    error = json.loads(events[-2][len("data: ") :])["error"]
     assert error["type"] == "server_error" and "the engine broke" in error["message"]
 
     def refuse(engine):
@@ -337,7 +427,9 @@ def test_a_failing_choice_aborts_the_ones_still_running(tokenizer):
 def test_generated_choices_carry_the_engines_results(tokenizer):
     engine = StubEngine([11, 12, 13])
     routes = OpenAIRoutes(StubServer(engine, tokenizer))
-    choices = asyncio.run(routes.served.generate([1], SamplingParams(max_new_tokens=2, seed=5), 2, 0, "y", first_index=4))
+    choices = asyncio.run(
+        routes.served.generate([1], SamplingParams(max_new_tokens=2, seed=5), 2, 0, "y", first_index=4)
+    )
     assert [c.index for c in choices] == [4, 5] and [c[2] for c in engine.calls] == ["y-4", "y-5"]
     assert [c[1].seed for c in engine.calls] == [5, 6]
     assert choices[0].output_ids == [11, 12] and choices[0].output_versions == [7, 7]
@@ -346,8 +438,10 @@ def test_generated_choices_carry_the_engines_results(tokenizer):
 
 def test_an_over_long_chat_prompt_names_messages(tokenizer):
     long_text = " ".join(["one two three"] * 40)
-    _, _, [(status, body)] = serve(tokenizer, ("POST", "/v1/chat/completions",
-                                               {"model": "m", "messages": [{"role": "user", "content": long_text}]}))
+    _, _, [(status, body)] = serve(
+        tokenizer,
+        ("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": long_text}]}),
+    )
     assert status == 400
     assert (body["error"]["param"], body["error"]["code"]) == ("messages", "context_length_exceeded")
 
@@ -361,9 +455,12 @@ def test_an_over_long_completion_prompt_names_prompt(tokenizer):
 # --------------------------------------------------------------------------- /v1/responses
 def test_a_responses_request_the_engine_refuses_is_an_http_error_streamed_or_not(tokenizer):
     body = {"model": "m", "input": "hello", "max_output_tokens": 2}
-    engine, _, answers = serve(tokenizer, ("POST", "/v1/responses", body),
-                               ("POST", "/v1/responses", {**body, "stream": True}),
-                               setup=lambda e: e.fail.update({"*": QueueFullError("8 requests wait")}))
+    engine, _, answers = serve(
+        tokenizer,
+        ("POST", "/v1/responses", body),
+        ("POST", "/v1/responses", {**body, "stream": True}),
+        setup=lambda e: e.fail.update({"*": QueueFullError("8 requests wait")}),
+    )
     for status, answer in answers:  # nothing was sent before the engine refused: a plain 503
         assert status == 503 and answer["error"]["code"] == "overloaded"
     error = json.loads(error_response(503, "x", "server_error", code="overloaded").text)
@@ -373,18 +470,29 @@ def test_a_responses_request_the_engine_refuses_is_an_http_error_streamed_or_not
 def test_a_stream_that_fails_midway_ends_with_an_error_event_and_nothing_is_stored(tokenizer):
     def failing(engine):
         async def stream(prompt_ids, params, rid=None, top_logprobs=0):
-            yield GenerationResult(rid=rid, output_ids=engine.answer[:1], output_logprobs=[-0.5], output_versions=[7],
-                                   finish_reason="", prompt_len=len(prompt_ids))
+            yield GenerationResult(
+                rid=rid,
+                output_ids=engine.answer[:1],
+                output_logprobs=[-0.5],
+                output_versions=[7],
+                finish_reason="",
+                prompt_len=len(prompt_ids),
+            )
             raise RuntimeError("the engine died")
+
         engine.stream = stream
 
     _, routes, [(status, (content_type, text))] = serve(
-        tokenizer, ("POST", "/v1/responses", {"model": "m", "input": "hello", "stream": True}), setup=failing)
+        tokenizer, ("POST", "/v1/responses", {"model": "m", "input": "hello", "stream": True}), setup=failing
+    )
     assert status == 200 and content_type == "text/event-stream"
     blocks = [b.split("\n") for b in text.strip().split("\n\n")]
     kinds = [b[0].removeprefix("event: ") for b in blocks]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"] and kinds[-1] == "error"
+    assert (
+        kinds[:4]
+        == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+        and kinds[-1] == "error"
+    )
     events = [json.loads(b[1].removeprefix("data: ")) for b in blocks]
     assert [e["type"] for e in events] == kinds and [e["sequence_number"] for e in events] == list(range(len(events)))
     assert "RuntimeError: the engine died" in events[-1]["message"] and len(routes.responses.store) == 0

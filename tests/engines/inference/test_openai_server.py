@@ -51,9 +51,11 @@ def tokenizer(model_dir):
 def server(model_dir):
     from areal_graph.engines.inference.server_process import ServerProcess
 
-    proc = ServerProcess(str(model_dir), extra_args=["--threads", "1", "--max-running", "8",
-                                                     "--api-key-env", "AREAL_TEST_OPENAI_KEY"],
-                         env={"AREAL_TEST_OPENAI_KEY": KEY})
+    proc = ServerProcess(
+        str(model_dir),
+        extra_args=["--threads", "1", "--max-running", "8", "--api-key-env", "AREAL_TEST_OPENAI_KEY"],
+        env={"AREAL_TEST_OPENAI_KEY": KEY},
+    )
     proc.start()
     yield proc.url
     proc.stop()
@@ -82,15 +84,24 @@ def test_template_without_tools_gets_the_hermes_convention_written_in(tokenizer)
 
     plain = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     plain.chat_template = CHAT_TEMPLATE
-    messages = [{"role": "user", "content": ADD_QUESTION},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    messages = [
+        {"role": "user", "content": ADD_QUESTION},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
     text = render_chat_prompt(plain, messages, [ADD_TOOL])
     assert text.startswith("<|bos|><|im_start|>system\n# Tools\n")
     assert json.dumps(ADD_TOOL) in text
-    assert text.endswith(f"<|im_start|>user\n{ADD_QUESTION}{EOS}\n<|im_start|>assistant\n{ADD_CALL}{EOS}\n"
-                         f"<|im_start|>tool\n5{EOS}\n<|im_start|>assistant\n")
+    assert text.endswith(
+        f"<|im_start|>user\n{ADD_QUESTION}{EOS}\n<|im_start|>assistant\n{ADD_CALL}{EOS}\n"
+        f"<|im_start|>tool\n5{EOS}\n<|im_start|>assistant\n"
+    )
     # the tool kit's template renders the same conversation itself, identically (no schemas)
     assert render_chat_prompt(tokenizer, messages, [ADD_TOOL]) == ADD_TURN2[0]
 
@@ -101,7 +112,9 @@ def test_tool_call_parsing_keeps_malformed_calls_as_text():
     content, calls = split_tool_calls("Let me add.\n" + ADD_CALL + "\n" + ADD_CALL.replace("2", "7"))
     assert content == "Let me add."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
-        ("add", {"a": 2, "b": 3}), ("add", {"a": 7, "b": 3})]
+        ("add", {"a": 2, "b": 3}),
+        ("add", {"a": 7, "b": 3}),
+    ]
     assert len({c["id"] for c in calls}) == 2
     assert split_tool_calls("<tool_call>\n{not json}\n</tool_call>") == ("<tool_call>\n{not json}\n</tool_call>", [])
     assert split_tool_calls("no call here") == ("no call here", [])
@@ -123,8 +136,7 @@ def test_stream_pieces_join_to_the_text_even_inside_multibyte_characters(tokeniz
 
 # --------------------------------------------------------------------------- chat
 def test_tool_call_is_parsed_into_tool_calls(client, tokenizer):
-    r = client.chat.completions.create(model="tool-model", messages=user(ADD_QUESTION), tools=[ADD_TOOL],
-                                       temperature=0)
+    r = client.chat.completions.create(model="tool-model", messages=user(ADD_QUESTION), tools=[ADD_TOOL], temperature=0)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None and choice.message.role == "assistant"
@@ -140,10 +152,13 @@ def test_tool_call_is_parsed_into_tool_calls(client, tokenizer):
 def test_tool_result_turn_renders_as_the_model_learned_it(client, tokenizer):
     first = client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], temperature=0)
     call = first.choices[0].message.tool_calls[0]
-    messages = user(ADD_QUESTION) + [first.choices[0].message,
-                                     {"role": "tool", "tool_call_id": call.id, "content": "5"}]
-    r = client.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL], temperature=0,
-                                       extra_body={"return_token_ids": True})
+    messages = user(ADD_QUESTION) + [
+        first.choices[0].message,
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    r = client.chat.completions.create(
+        model="m", messages=messages, tools=[ADD_TOOL], temperature=0, extra_body={"return_token_ids": True}
+    )
     assert r.choices[0].message.content == ADD_ANSWER
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
     assert r.prompt_token_ids == ids(tokenizer, ADD_TURN2[0])
@@ -152,26 +167,44 @@ def test_tool_result_turn_renders_as_the_model_learned_it(client, tokenizer):
 
 
 def test_tool_choice_none_leaves_the_call_as_text(client):
-    r = client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], tool_choice="none",
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], tool_choice="none", temperature=0
+    )
     assert r.choices[0].message.content == ADD_CALL
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
 
 
 # --------------------------------------------------------------------------- structured output
-CLOSED_ADD = {"type": "function", "function": {**ADD_TOOL["function"], "strict": True, "parameters": {
-    **ADD_TOOL["function"]["parameters"], "additionalProperties": False}}}
-GREETING = {"type": "object", "additionalProperties": False, "required": ["greeting", "polite"],
-            "properties": {"greeting": {"type": "string", "maxLength": 12}, "polite": {"type": "boolean"}}}
+CLOSED_ADD = {
+    "type": "function",
+    "function": {
+        **ADD_TOOL["function"],
+        "strict": True,
+        "parameters": {**ADD_TOOL["function"]["parameters"], "additionalProperties": False},
+    },
+}
+GREETING = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["greeting", "polite"],
+    "properties": {"greeting": {"type": "string", "maxLength": 12}, "polite": {"type": "boolean"}},
+}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_response_format_json_schema_gives_valid_json_on_a_question_the_model_answers_in_prose(client, seed):
     jsonschema = pytest.importorskip("jsonschema")
     r = client.chat.completions.create(
-        model="m", messages=user(HELLO_QUESTION), seed=seed, temperature=1.0, max_tokens=80,
-        response_format={"type": "json_schema", "json_schema": {"name": "greeting", "schema": GREETING,
-                                                                "strict": True}})
+        model="m",
+        messages=user(HELLO_QUESTION),
+        seed=seed,
+        temperature=1.0,
+        max_tokens=80,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "greeting", "schema": GREETING, "strict": True},
+        },
+    )
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), GREETING)
     free = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0)
@@ -180,20 +213,31 @@ def test_response_format_json_schema_gives_valid_json_on_a_question_the_model_an
 
 def test_structured_output_streams_and_a_forced_call_is_a_tool_call_with_valid_arguments(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "greeting", "schema": GREETING}}
-    stream = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), seed=4, max_tokens=80,
-                                            response_format=fmt, stream=True)
+    stream = client.chat.completions.create(
+        model="m", messages=user(HELLO_QUESTION), seed=4, max_tokens=80, response_format=fmt, stream=True
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    whole = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), seed=4, max_tokens=80,
-                                           response_format=fmt)
+    whole = client.chat.completions.create(
+        model="m", messages=user(HELLO_QUESTION), seed=4, max_tokens=80, response_format=fmt
+    )
     assert text == whole.choices[0].message.content and set(json.loads(text)) == {"greeting", "polite"}
-    anything = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), seed=4, max_tokens=60,
-                                              response_format={"type": "json_object"})
+    anything = client.chat.completions.create(
+        model="m", messages=user(HELLO_QUESTION), seed=4, max_tokens=60, response_format={"type": "json_object"}
+    )
     content = anything.choices[0].message.content  # an object whose keys the model may never close: a prefix
-    assert content.startswith("{") and (anything.choices[0].finish_reason == "length"
-                                        or isinstance(json.loads(content), dict))
+    assert content.startswith("{") and (
+        anything.choices[0].finish_reason == "length" or isinstance(json.loads(content), dict)
+    )
     for seed in range(3):  # the model would greet: `required` makes it call, with arguments the schema allows
-        r = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), tools=[CLOSED_ADD],
-                                           tool_choice="required", seed=seed, temperature=1.0, max_tokens=80)
+        r = client.chat.completions.create(
+            model="m",
+            messages=user(HELLO_QUESTION),
+            tools=[CLOSED_ADD],
+            tool_choice="required",
+            seed=seed,
+            temperature=1.0,
+            max_tokens=80,
+        )
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         [call] = choice.message.tool_calls
@@ -212,8 +256,14 @@ def test_strict_tools_with_tool_choice_auto_allow_text_or_calls_held_to_the_sche
 
 
 def test_a_named_tool_choice_reports_the_forced_tokens_as_certain(client, tokenizer):
-    r = client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], temperature=0,
-                                       tool_choice={"type": "function", "function": {"name": "add"}}, logprobs=True)
+    r = client.chat.completions.create(
+        model="m",
+        messages=user(ADD_QUESTION),
+        tools=[ADD_TOOL],
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        logprobs=True,
+    )
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
     lps = [t.logprob for t in r.choices[0].logprobs.content]
     forced = len(ids(tokenizer, '<tool_call>\n{"name": "add", "arguments": {"'))
@@ -224,15 +274,30 @@ def test_a_named_tool_choice_reports_the_forced_tokens_as_certain(client, tokeni
 def test_logprobs_are_the_engines_behaviour_logprobs(client, server, tokenizer):
     """Same prompt, seed and weights: /v1/chat/completions and /generate sample the same tokens with
     the same log-probs; top_logprobs are sorted, a distribution's top, and contain the greedy token."""
-    r = client.chat.completions.create(model="m", messages=user(UNSEEN), temperature=1.0, seed=7,
-                                       max_tokens=8, logprobs=True, top_logprobs=3,
-                                       extra_body={"return_token_ids": True, "ignore_eos": True})
+    r = client.chat.completions.create(
+        model="m",
+        messages=user(UNSEEN),
+        temperature=1.0,
+        seed=7,
+        max_tokens=8,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     entries = r.choices[0].logprobs.content
-    body = json.dumps({"input_ids": r.prompt_token_ids, "return_logprob": True,
-                       "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 7,
-                                           "ignore_eos": True}}).encode()
-    req = urllib.request.Request(server + "/generate", data=body, method="POST",
-                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "input_ids": r.prompt_token_ids,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 7, "ignore_eos": True},
+        }
+    ).encode()
+    req = urllib.request.Request(
+        server + "/generate",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         native = json.loads(resp.read())
     pairs = native["meta_info"]["output_token_logprobs"]
@@ -249,8 +314,13 @@ def test_logprobs_are_the_engines_behaviour_logprobs(client, server, tokenizer):
 
 
 def test_n_choices_are_seeded_per_choice(client):
-    kw = dict(model="m", messages=user(UNSEEN), temperature=1.0, max_tokens=6,
-              extra_body={"return_token_ids": True, "ignore_eos": True})
+    kw = dict(
+        model="m",
+        messages=user(UNSEEN),
+        temperature=1.0,
+        max_tokens=6,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     r = client.chat.completions.create(n=3, seed=3, **kw)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert r.usage.completion_tokens == 18 and all(c.finish_reason == "length" for c in r.choices)
@@ -262,8 +332,7 @@ def test_n_choices_are_seeded_per_choice(client):
 def test_stop_string_and_max_tokens(client):
     r = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0, stop=[","])
     assert r.choices[0].message.content == "Hello there" and r.choices[0].finish_reason == "stop"
-    r = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0,
-                                       max_completion_tokens=2)
+    r = client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0, max_completion_tokens=2)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
     assert HELLO_ANSWER.startswith(r.choices[0].message.content)
 
@@ -271,22 +340,29 @@ def test_stop_string_and_max_tokens(client):
 def test_streamed_chunks_assemble_to_the_unstreamed_answer(client):
     kw = dict(model="m", messages=user(HELLO_QUESTION), temperature=0)
     whole = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True},
-                                                 logprobs=True, **kw))
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, logprobs=True, **kw)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content == HELLO_ANSWER
-    assert sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs) == \
-        whole.usage.completion_tokens
+    assert (
+        sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs)
+        == whole.usage.completion_tokens
+    )
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
     assert len({c.id for c in chunks}) == 1
     # with tools: the call arrives as one tool_calls delta
-    streamed = list(client.chat.completions.create(model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL],
-                                                   temperature=0, stream=True))
+    streamed = list(
+        client.chat.completions.create(
+            model="m", messages=user(ADD_QUESTION), tools=[ADD_TOOL], temperature=0, stream=True
+        )
+    )
     calls = [tc for c in streamed for tc in (c.choices[0].delta.tool_calls or [])]
     assert [(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
-        (0, "add", {"a": 2, "b": 3})]
+        (0, "add", {"a": 2, "b": 3})
+    ]
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -295,8 +371,9 @@ def test_a_long_stream_arrives_as_it_is_decoded_and_a_closed_stream_aborts(clien
     pieces join to the answer; a client that reads two chunks and closes frees the engine."""
     import time
 
-    kw = dict(model="m", messages=user(UNSEEN), temperature=1.0, seed=3, max_tokens=300,
-              extra_body={"ignore_eos": True})
+    kw = dict(
+        model="m", messages=user(UNSEEN), temperature=1.0, seed=3, max_tokens=300, extra_body={"ignore_eos": True}
+    )
     t0 = time.perf_counter()
     arrivals, text = [], ""
     for chunk in client.chat.completions.create(stream=True, **kw):
@@ -308,9 +385,13 @@ def test_a_long_stream_arrives_as_it_is_decoded_and_a_closed_stream_aborts(clien
     assert len(arrivals) >= 5 and arrivals[0] < 0.5 * arrivals[-1], arrivals[:3] + arrivals[-1:]
 
     for completion in (False, True):  # 4 x 450 tokens: seconds of decoding left when the client leaves
-        stream = (client.completions.create(model="m", prompt=UNSEEN, stream=True, max_tokens=450, n=4,
-                                            extra_body={"ignore_eos": True}) if completion
-                  else client.chat.completions.create(stream=True, **{**kw, "max_tokens": 450, "n": 4}))
+        stream = (
+            client.completions.create(
+                model="m", prompt=UNSEEN, stream=True, max_tokens=450, n=4, extra_body={"ignore_eos": True}
+            )
+            if completion
+            else client.chat.completions.create(stream=True, **{**kw, "max_tokens": 450, "n": 4})
+        )
         for k, _ in enumerate(stream):
             if k == 2:
                 break
@@ -334,7 +415,9 @@ def test_completions_text_and_token_prompts(client, tokenizer):
     n = r.usage.completion_tokens
     assert n == len(ids(tokenizer, HELLO_TURN[1])) and r.usage.prompt_tokens == len(ids(tokenizer, prompt))
     assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == len(choice.logprobs.top_logprobs) == n
-    assert all(len(alts) <= 3 and tok in alts for tok, alts in zip(choice.logprobs.tokens, choice.logprobs.top_logprobs))
+    assert all(
+        len(alts) <= 3 and tok in alts for tok, alts in zip(choice.logprobs.tokens, choice.logprobs.top_logprobs)
+    )
     assert choice.logprobs.text_offset[:2] == [0, len(choice.logprobs.tokens[0])]
     by_ids = client.completions.create(model="m", prompt=ids(tokenizer, prompt), max_tokens=20, temperature=0)
     assert by_ids.choices[0].text == HELLO_ANSWER
@@ -342,11 +425,15 @@ def test_completions_text_and_token_prompts(client, tokenizer):
     batch = client.completions.create(model="m", prompt=[prompt, ADD_TURN2[0]], n=2, max_tokens=20, temperature=0)
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]
     assert [c.text for c in batch.choices] == [HELLO_ANSWER] * 2 + [ADD_ANSWER] * 2
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="m", prompt=prompt, max_tokens=20, temperature=0, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="m", prompt=prompt, max_tokens=20, temperature=0, stream=True)
+        if c.choices
+    )
     assert streamed == HELLO_ANSWER
     assert client.completions.create(model="m", prompt=prompt, temperature=0).usage.completion_tokens == len(
-        ids(tokenizer, HELLO_TURN[1]))  # within OpenAI's default max_tokens of 16
+        ids(tokenizer, HELLO_TURN[1])
+    )  # within OpenAI's default max_tokens of 16
 
 
 def test_models_list_and_retrieve(client, model_dir):
@@ -368,29 +455,41 @@ def test_api_key_is_the_bearer_token(server):
         assert resp.status == 200
 
 
-@pytest.mark.parametrize("kwargs, param, fragment", [
-    (dict(n=17), "n", "[1, 16]"),
-    (dict(messages=user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])),
-     "messages[0].content[0]", "text-only"),
-    (dict(logit_bias={"5": 10}), "logit_bias", "not supported"),
-    (dict(frequency_penalty=2.5), "frequency_penalty", "[-2, 2]"),
-    (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty", "> 0"),
-    (dict(tool_choice="required"), "tool_choice", "needs 'tools'"),
-    (dict(tools=[ADD_TOOL], tool_choice={"type": "function", "function": {"name": "mul"}}), "tool_choice",
-     "not in 'tools'"),
-    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}),
-     "response_format", "Invalid type"),
-    (dict(tools=[{"type": "web_search"}]), "tools[0]", "function"),
-    (dict(response_format={"type": "yaml"}), "response_format", "must be 'text'"),
-    (dict(top_logprobs=2), "top_logprobs", "logprobs"),
-    (dict(temperature=3), "temperature", "[0, 2]"),
-    (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
-    (dict(max_tokens=100_000), "max_tokens", "context"),
-    (dict(messages=[]), "messages", "non-empty"),
-    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role", "one of"),
-    (dict(extra_body={"best_of": 2}), "best_of", "unsupported parameter"),
-    (dict(functions=[{"name": "f"}]), "functions", "unsupported parameter"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param, fragment",
+    [
+        (dict(n=17), "n", "[1, 16]"),
+        (
+            dict(messages=user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])),
+            "messages[0].content[0]",
+            "text-only",
+        ),
+        (dict(logit_bias={"5": 10}), "logit_bias", "not supported"),
+        (dict(frequency_penalty=2.5), "frequency_penalty", "[-2, 2]"),
+        (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty", "> 0"),
+        (dict(tool_choice="required"), "tool_choice", "needs 'tools'"),
+        (
+            dict(tools=[ADD_TOOL], tool_choice={"type": "function", "function": {"name": "mul"}}),
+            "tool_choice",
+            "not in 'tools'",
+        ),
+        (
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}),
+            "response_format",
+            "Invalid type",
+        ),
+        (dict(tools=[{"type": "web_search"}]), "tools[0]", "function"),
+        (dict(response_format={"type": "yaml"}), "response_format", "must be 'text'"),
+        (dict(top_logprobs=2), "top_logprobs", "logprobs"),
+        (dict(temperature=3), "temperature", "[0, 2]"),
+        (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+        (dict(max_tokens=100_000), "max_tokens", "context"),
+        (dict(messages=[]), "messages", "non-empty"),
+        (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role", "one of"),
+        (dict(extra_body={"best_of": 2}), "best_of", "unsupported parameter"),
+        (dict(functions=[{"name": "f"}]), "functions", "unsupported parameter"),
+    ],
+)
 def test_unsupported_requests_get_a_clear_400(client, kwargs, param, fragment):
     args = {"model": "m", "messages": user(HELLO_QUESTION), **kwargs}
     with pytest.raises(openai.BadRequestError) as err:
@@ -420,8 +519,9 @@ def test_echo_returns_the_prompts_log_probs_in_the_shape_lm_eval_reads(client, m
     prompt = ids(tokenizer, HELLO_TURN[0] + HELLO_TURN[1])  # a conversation the model knows by heart
     ref = reference_logprobs(model_dir, prompt)
     for max_tokens in (1, 0):
-        out = client.completions.create(model="m", prompt=prompt, echo=True, logprobs=2, max_tokens=max_tokens,
-                                        temperature=0)
+        out = client.completions.create(
+            model="m", prompt=prompt, echo=True, logprobs=2, max_tokens=max_tokens, temperature=0
+        )
         lp = out.choices[0].logprobs
         assert len(lp.token_logprobs) == len(prompt) + max_tokens
         assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
@@ -451,8 +551,12 @@ def test_completions_errors_and_unknown_routes(client):
     with pytest.raises(openai.NotFoundError, match="not implemented"):
         client.embeddings.create(model="m", input="hi")
     # the server still answers
-    assert client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0).choices[
-        0].message.content == HELLO_ANSWER
+    assert (
+        client.chat.completions.create(model="m", messages=user(HELLO_QUESTION), temperature=0)
+        .choices[0]
+        .message.content
+        == HELLO_ANSWER
+    )
 
 
 def test_a_2mb_prompt_is_refused_untokenized_while_health_answers_within_100ms(server, client):

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.engines.inference.penalties import apply_penalties
 from areal_graph.engines.inference.engine import EmbeddedEngine
+from areal_graph.engines.inference.penalties import apply_penalties
 from support.tiny_models import build_spiky_qwen2
 
 VOCAB = 128
@@ -28,8 +28,9 @@ def _double(model):
 
 def prompts(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (int(torch.randint(4, 20, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, VOCAB, (int(torch.randint(4, 20, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def reference_penalised(logits: list[float], params: SamplingParams, prompt: list[int], out: list[int]) -> list[float]:
@@ -52,8 +53,14 @@ def test_the_batched_penalties_equal_a_plain_loop(seed):
     b, v = 5, 40
     logits = torch.randn(b, v, generator=torch.Generator().manual_seed(seed)) * 3
     logits[0, 3] = float("-inf")  # a masked token stays masked
-    params = [SamplingParams(frequency_penalty=rng.uniform(-2, 2), presence_penalty=rng.uniform(-2, 2),
-                             repetition_penalty=rng.choice([1.0, rng.uniform(0.5, 2.0)])) for _ in range(b - 1)]
+    params = [
+        SamplingParams(
+            frequency_penalty=rng.uniform(-2, 2),
+            presence_penalty=rng.uniform(-2, 2),
+            repetition_penalty=rng.choice([1.0, rng.uniform(0.5, 2.0)]),
+        )
+        for _ in range(b - 1)
+    ]
     params.append(SamplingParams())  # a row without penalties is untouched
     prompts_ = [[rng.randrange(v) for _ in range(rng.randint(0, 8))] for _ in range(b)]
     outs = [[rng.randrange(v) for _ in range(rng.randint(0, 12))] for _ in range(b)]
@@ -90,16 +97,28 @@ def test_the_engine_samples_from_the_penalised_distribution_and_reports_its_logp
     eng = EmbeddedEngine(None, model=model, max_running=8)
     eng.start()
     try:
-        penalties = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.8), dict(presence_penalty=1.5),
-                     dict(frequency_penalty=-0.5, presence_penalty=0.7, repetition_penalty=0.8)]
+        penalties = [
+            dict(repetition_penalty=1.3),
+            dict(frequency_penalty=0.8),
+            dict(presence_penalty=1.5),
+            dict(frequency_penalty=-0.5, presence_penalty=0.7, repetition_penalty=0.8),
+        ]
         ps = prompts(len(penalties), seed=7)
         temperature = 1.0 if kind == "greedy" else 0.8
-        params = [SamplingParams(max_new_tokens=16, ignore_eos=True, greedy=kind == "greedy", temperature=temperature,
-                                 seed=i, **pen) for i, pen in enumerate(penalties)]
+        params = [
+            SamplingParams(
+                max_new_tokens=16, ignore_eos=True, greedy=kind == "greedy", temperature=temperature, seed=i, **pen
+            )
+            for i, pen in enumerate(penalties)
+        ]
         futs = [eng.submit(p, sp) for p, sp in zip(ps, params)]  # one batch: rows with different penalties
         reference = _double(model)
-        plain = eng.submit(ps[0], SamplingParams(max_new_tokens=16, ignore_eos=True, greedy=kind == "greedy",
-                                                 temperature=temperature, seed=0)).result(timeout=60)
+        plain = eng.submit(
+            ps[0],
+            SamplingParams(
+                max_new_tokens=16, ignore_eos=True, greedy=kind == "greedy", temperature=temperature, seed=0
+            ),
+        ).result(timeout=60)
         for p, sp, f in zip(ps, params, futs):
             res = f.result(timeout=60)
             ref_lp, ref_greedy = _reference_run(reference, p, res.output_ids, sp, temperature)

@@ -43,12 +43,18 @@ def test_each_answer_task_is_an_episode_and_each_new_request_id_its_next_turn():
             assert by_rid[(gid, f"a{j}-t1")] == [{"group": gid, "episode": j, "turn": 1}] * 2  # resubmitted: same turn
 
 
-@pytest.mark.parametrize("raw,parsed", [
-    ({"group": 3, "episode": 1, "turn": 0}, {"group": 3, "episode": 1, "turn": 0}),
-    ({"group": 3, "other": 5, "turn": True, "episode": -1}, {"group": 3}),
-    ({"group": -4, "episode": 0, "turn": 1}, {"group": -4, "episode": 0, "turn": 1}),  # an evaluation's group
-    ({"group": "3"}, None), ("junk", None), (None, None), ({"group": 1 << 70}, None),
-])
+@pytest.mark.parametrize(
+    "raw,parsed",
+    [
+        ({"group": 3, "episode": 1, "turn": 0}, {"group": 3, "episode": 1, "turn": 0}),
+        ({"group": 3, "other": 5, "turn": True, "episode": -1}, {"group": 3}),
+        ({"group": -4, "episode": 0, "turn": 1}, {"group": -4, "episode": 0, "turn": 1}),  # an evaluation's group
+        ({"group": "3"}, None),
+        ("junk", None),
+        (None, None),
+        ({"group": 1 << 70}, None),
+    ],
+)
 def test_the_server_keeps_small_ints_under_known_keys_only(raw, parsed):
     assert parse_tags(raw) == parsed
 

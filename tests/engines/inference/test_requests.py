@@ -27,8 +27,9 @@ from areal_graph.engines.inference.sampling import GenerationResult, SamplingPar
 
 def make_request(seed: int = 0, **kw) -> Request:
     gen = torch.Generator().manual_seed(seed)
-    return Request("r1", [3, 4, 5], SamplingParams(max_new_tokens=8), concurrent.futures.Future(), gen,
-                   frozenset({2}), **kw)
+    return Request(
+        "r1", [3, 4, 5], SamplingParams(max_new_tokens=8), concurrent.futures.Future(), gen, frozenset({2}), **kw
+    )
 
 
 def test_error_types():
@@ -69,8 +70,15 @@ def test_result_copies_the_state_with_defaults():
     req.logprobs += [-0.5, -1.5]
     req.versions += [0, 1]
     res = req.result()
-    assert res == GenerationResult(rid="r1", output_ids=[9, 10], output_logprobs=[-0.5, -1.5], output_versions=[0, 1],
-                                   finish_reason="abort", prompt_len=3, output_top_logprobs=None)
+    assert res == GenerationResult(
+        rid="r1",
+        output_ids=[9, 10],
+        output_logprobs=[-0.5, -1.5],
+        output_versions=[0, 1],
+        finish_reason="abort",
+        prompt_len=3,
+        output_top_logprobs=None,
+    )
     req.output_ids.append(11)
     req.logprobs.append(-2.0)
     assert res.output_ids == [9, 10] and res.output_logprobs == [-0.5, -1.5]  # a copy, not a view
@@ -105,8 +113,11 @@ def test_validate_boundaries_vocabulary_and_context():
     assert validate_request([9], sp, vocab_size=10, max_context=5, has_tokenizer=False) == [9]
     with pytest.raises(InvalidRequestError, match=r"outside the vocabulary \[0, 10\): \[10, -1\]"):
         validate_request([1, 10, -1], sp, 10, 64, False)
-    with pytest.raises(InvalidRequestError, match=r"prompt \(2 tokens\) \+ max_new_tokens \(4\) exceeds the context "
-                                                  r"of 5 tokens"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"prompt \(2 tokens\) \+ max_new_tokens \(4\) exceeds the context "
+        r"of 5 tokens",
+    ):
         validate_request([1, 2], sp, 10, 5, False)
 
 

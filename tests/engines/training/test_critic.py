@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine, ValueModel
 from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.nodes.advantages import gae
 from areal_graph.nodes.ppo_loss import aggregate, loss_normalizer, value_loss
 from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.runtime.hosts.model_host import ModelHost
-from areal_graph.engines.training.value_model import VALUE_HEAD_FILE, ValueEngine, ValueModel
-from support.tiny_models import build_random_qwen2
 from support.batches import random_batch
+from support.tiny_models import build_random_qwen2
 
 PARAMS = TrainParams(loss="value", value_clip=0.2)
 
@@ -25,8 +25,11 @@ def critic_batch(n: int = 9, seed: int = 0, vocab: int = 128) -> PackedBatch:
     """Prompts + responses (as in the engine tests) with an outcome reward per sequence."""
     batch = random_batch(n=n, seed=seed, vocab=vocab)
     rng = random.Random(seed)
-    batch.update(PackedBatch(batch.cu_seqlens.clone(), seqs={"rewards": torch.tensor(
-        [float(rng.random() < 0.5) for _ in range(n)])}))
+    batch.update(
+        PackedBatch(
+            batch.cu_seqlens.clone(), seqs={"rewards": torch.tensor([float(rng.random() < 0.5) for _ in range(n)])}
+        )
+    )
     return batch
 
 
@@ -71,7 +74,9 @@ def value_loss_of(engine: ValueEngine, batch: PackedBatch) -> float:
     values = engine.compute_values(batch)
     mask = batch["loss_mask"].float()
     per_tok = value_loss(values, batch["values"], batch["returns"], mask, PARAMS.value_clip)
-    return float(aggregate(per_tok, mask, batch.cu_seqlens, PARAMS.agg, loss_normalizer(mask, batch.cu_seqlens, PARAMS.agg)))
+    return float(
+        aggregate(per_tok, mask, batch.cu_seqlens, PARAMS.agg, loss_normalizer(mask, batch.cu_seqlens, PARAMS.agg))
+    )
 
 
 # ----------------------------------------------------------------------------- values
@@ -117,8 +122,9 @@ def test_one_critic_step_reduces_the_value_loss_and_is_split_invariant():
     engines = [ValueEngine(critic(head_std=0.05), lr=3e-4, row_tokens=rt) for rt in (4096, 16)]
     batch = with_returns(batch, engines[0].compute_values(batch))
     before = value_loss_of(engines[0], batch)
-    stats = [e.train_step(batch, build_loss_fn(PARAMS, batch), max_tokens_per_mb=mb)
-             for e, mb in zip(engines, (8192, 50))]
+    stats = [
+        e.train_step(batch, build_loss_fn(PARAMS, batch), max_tokens_per_mb=mb) for e, mb in zip(engines, (8192, 50))
+    ]
     assert stats[1]["n_microbatches"] > 1 and stats[1]["n_forwards"] > stats[0]["n_forwards"]
     assert stats[0]["value_loss"] == pytest.approx(before, rel=1e-5)  # the loss the step saw
     after = value_loss_of(engines[0], batch)
@@ -129,8 +135,11 @@ def test_one_critic_step_reduces_the_value_loss_and_is_split_invariant():
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-8), name
     # every part trained: the head and (through the now non-zero head) the backbone
     fresh = critic(head_std=0.05)
-    changed = {n for (n, a), (_, b) in zip(engines[0].model.named_parameters(), fresh.named_parameters())
-               if not torch.equal(a, b)}
+    changed = {
+        n
+        for (n, a), (_, b) in zip(engines[0].model.named_parameters(), fresh.named_parameters())
+        if not torch.equal(a, b)
+    }
     assert "value_head.weight" in changed and any(n.startswith("model.layers.") for n in changed)
 
 

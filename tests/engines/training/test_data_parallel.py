@@ -13,8 +13,8 @@ wrapping themselves are left to test_train_dp.py (constructing DDP alone costs s
 from __future__ import annotations
 
 import json
-import os
 import multiprocessing as mp
+import os
 
 import pytest
 import torch
@@ -106,14 +106,17 @@ class FakeWrapped:
         self.events.append(("fsdp_sync", sync))
 
 
-@pytest.mark.parametrize("mode, sync, events", [
-    ("ddp", False, ["no_sync", "body", "synced again"]),
-    ("ddp", True, ["body"]),
-    ("fsdp", False, [("fsdp_sync", False), "body"]),
-    ("fsdp", True, [("fsdp_sync", True), "body"]),
-    ("none", False, ["body"]),
-    ("none", True, ["body"]),
-])
+@pytest.mark.parametrize(
+    "mode, sync, events",
+    [
+        ("ddp", False, ["no_sync", "body", "synced again"]),
+        ("ddp", True, ["body"]),
+        ("fsdp", False, [("fsdp_sync", False), "body"]),
+        ("fsdp", True, [("fsdp_sync", True), "body"]),
+        ("none", False, ["body"]),
+        ("none", True, ["body"]),
+    ],
+)
 def test_grad_sync_switches_the_wrapper(mode, sync, events):
     wrapped = FakeWrapped()
     with dp.grad_sync(wrapped, mode, sync):
@@ -127,8 +130,10 @@ def adam_like_state():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2, bias=False))
     params = dict(model.named_parameters())
-    state = {i: {"step": torch.tensor(1.0), "exp_avg": torch.randn_like(p), "exp_avg_sq": torch.rand_like(p)}
-             for i, p in enumerate(params.values())}
+    state = {
+        i: {"step": torch.tensor(1.0), "exp_avg": torch.randn_like(p), "exp_avg_sq": torch.rand_like(p)}
+        for i, p in enumerate(params.values())
+    }
     groups = [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0, 1]}, {"lr": 5e-4, "betas": (0.9, 0.999), "params": [2]}]
     return {"state": state, "param_groups": groups}, list(params), params
 
@@ -155,14 +160,23 @@ def test_optimizer_state_ids_may_be_strings():
     """A state that went through JSON-like formats has str ids: they still map to names."""
     state = {"state": {"1": {"step": 3}}, "param_groups": [{"lr": 0.1, "params": ["0", "1"]}]}
     assert dp.optim_state_ids_to_names(state, ["a", "b"]) == {
-        "state": {"b": {"step": 3}}, "param_groups": [{"lr": 0.1, "params": ["a", "b"]}]}
+        "state": {"b": {"step": 3}},
+        "param_groups": [{"lr": 0.1, "params": ["a", "b"]}],
+    }
 
 
 # --------------------------------------------------------------------------- two ranks
 def rank_main(rank: int, port: int, out_path: str) -> None:
     """One rank: join through the torchrun-style environment, run each collective, write what it got."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2",
-                       "LOCAL_RANK": str(rank)})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+        }
+    )
     torch.set_num_threads(1)
     group = dp.init_from_env()
     rank, size = dp.world()
@@ -172,8 +186,9 @@ def rank_main(rank: int, port: int, out_path: str) -> None:
     big = ("h\u00e9llo-" * 5000).encode()  # 35 KB, not ASCII
     out["bytes"] = dp.broadcast_bytes(big if rank == 0 else None, group).decode()
     out["empty"] = dp.broadcast_bytes(b"" if rank == 0 else None, group).decode()
-    out["gather"] = dp.all_gather_json({"rank": rank, "text": "\u00fc" * (1 + 50 * rank), "v": list(range(rank + 1))},
-                                       cpu)
+    out["gather"] = dp.all_gather_json(
+        {"rank": rank, "text": "\u00fc" * (1 + 50 * rank), "v": list(range(rank + 1))}, cpu
+    )
     t = torch.tensor([rank + 1.0, 10.0 * rank])
     out["sum_is_in_place"] = dp.all_reduce_sum_(t) is t
     out["sum"] = t.tolist()
@@ -242,9 +257,10 @@ def test_rank_0s_parameters_and_buffers_reach_every_rank(two_ranks):
             assert torch.allclose(torch.tensor(r["broadcast"][k]), torch.tensor(v)), k
 
 
-
-@pytest.mark.parametrize("mode,gpus,local_rank,expected", [
-    ("none", 1, None, 0), ("none", 4, "2", 3), ("fsdp", 1, "0", 0), ("fsdp", 4, "2", 2), ("ddp", 2, "1", 1)])
+@pytest.mark.parametrize(
+    "mode,gpus,local_rank,expected",
+    [("none", 1, None, 0), ("none", 4, "2", 3), ("fsdp", 1, "0", 0), ("fsdp", 4, "2", 2), ("ddp", 2, "1", 1)],
+)
 def test_local_device_gives_a_bare_cuda_an_index(monkeypatch, mode, gpus, local_rank, expected):
     """torch.cuda.set_device refuses a bare "cuda" (no index): a model with `device: cuda` on one
     process takes the current GPU (3 here), a data-parallel rank its LOCAL_RANK's."""

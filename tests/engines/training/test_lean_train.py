@@ -16,8 +16,8 @@ from areal_graph.engines.training.lean_train import LeanTrainForward, stream_lay
 from areal_graph.engines.training.packed_scoring import lean_logprobs, rows_logprobs
 from areal_graph.engines.training.train_engine import TrainEngine
 from support.batches import grpo_batch
-from support.tiny_models import build_random_qwen2
 from support.reference_logprobs import naive_logprobs, packed_logprobs
+from support.tiny_models import build_random_qwen2
 
 
 def build_model(arch: str, seed: int = 0):
@@ -26,14 +26,22 @@ def build_model(arch: str, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
-                  eos_token_id=2)
+    common = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if arch == "qwen3":
         return Qwen3ForCausalLM(Qwen3Config(head_dim=16, tie_word_embeddings=True, **common)).eval()
     # untied head, biases everywhere: the paths Qwen2 does not take
-    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
-                                        **common)).eval()
+    return LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, attention_bias=True, mlp_bias=True, **common)).eval()
 
 
 def test_stream_layout_holds_common_prefixes_once():
@@ -80,8 +88,9 @@ def test_lean_logprobs_and_entropy_match_hf_and_a_float64_loop(arch, share):
     assert unsupported_reason(model) is None
     batch = grpo_batch(seed=1)
     with torch.no_grad():
-        lp, ent = lean_logprobs(LeanTrainForward(model), batch, with_entropy=True, temperature=0.7,
-                                share_prefixes=share)
+        lp, ent = lean_logprobs(
+            LeanTrainForward(model), batch, with_entropy=True, temperature=0.7, share_prefixes=share
+        )
         hf_lp, hf_ent = packed_logprobs(model, batch, row_tokens=64, with_entropy=True, temperature=0.7)
     ref_lp, ref_ent = naive_logprobs(model, batch, temperature=0.7, entropy=True)
     assert torch.allclose(lp.double(), ref_lp, atol=1e-4), (lp.double() - ref_lp).abs().max()
@@ -122,8 +131,9 @@ def test_lean_gradients_match_hf(arch):
         if lean:
             lp, ent = lean_logprobs(LeanTrainForward(model), batch, with_entropy=True, temperature=0.9, score=score)
         else:
-            lp, ent = rows_logprobs(model, batch, [[i] for i in range(batch.num_seqs)], with_entropy=True,
-                                    temperature=0.9, score=score)
+            lp, ent = rows_logprobs(
+                model, batch, [[i] for i in range(batch.num_seqs)], with_entropy=True, temperature=0.9, score=score
+            )
         ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     lean_g, hf_g = grads

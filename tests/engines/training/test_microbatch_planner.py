@@ -149,7 +149,10 @@ def test_rank_split_balances_tokens_against_brute_force():
         ranks = split_across_ranks(np.array(lens), 2)
         got = max(sum(lens[i] for i in r) for r in ranks)
         best = min(
-            max(sum(l for j, l in enumerate(lens) if mask >> j & 1), sum(l for j, l in enumerate(lens) if not mask >> j & 1))
+            max(
+                sum(n for j, n in enumerate(lens) if mask >> j & 1),
+                sum(n for j, n in enumerate(lens) if not mask >> j & 1),
+            )
             for mask in range(1 << len(lens))
         )
         assert got <= best * 7 / 6 + 1  # LPT's worst-case bound for 2 machines

@@ -27,8 +27,17 @@ def members(protocol: type) -> set[str]:
 
 
 def test_the_protocol_names_what_a_backend_must_have():
-    assert {"compute_logprobs", "train_step", "state_dict_for_sync", "export_hf", "save_checkpoint",
-            "load_checkpoint", "version", "total_steps", "parallel"} <= members(TrainingEngine)
+    assert {
+        "compute_logprobs",
+        "train_step",
+        "state_dict_for_sync",
+        "export_hf",
+        "save_checkpoint",
+        "load_checkpoint",
+        "version",
+        "total_steps",
+        "parallel",
+    } <= members(TrainingEngine)
     assert members(ValueTrainingEngine) == members(TrainingEngine) | {"compute_values"}
 
 

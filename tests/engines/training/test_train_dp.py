@@ -20,11 +20,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from areal_graph.data.packed import PackedBatch
-from areal_graph.graph.kinds.losses import TrainParams
-from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.engines.training.packed_scoring import row_forwards
 from areal_graph.engines.training.train_engine import TrainEngine
+from areal_graph.graph.kinds.losses import TrainParams
+from areal_graph.nodes.train_loss import build_loss_fn
 from areal_graph.runtime.launchers.local import free_port
 from support.tiny_models import build_random_qwen2
 
@@ -72,8 +72,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         for mode in ("ddp", "fsdp"):
-            engine = TrainEngine(build_random_qwen2(seed=100 + rank), parallel=mode, row_tokens=ROW_TOKENS,
-                                 **ENGINE_ARGS)
+            engine = TrainEngine(
+                build_random_qwen2(seed=100 + rank), parallel=mode, row_tokens=ROW_TOKENS, **ENGINE_ARGS
+            )
             result = run_steps(engine, BUDGET)
             engine.save_checkpoint(Path(out_dir) / f"ck_{mode}")
             if rank == 0:
@@ -95,11 +96,12 @@ def single_process(budget: int, row_tokens: int) -> tuple[dict, TrainEngine]:
 
 def test_two_cpu_processes_step_like_one(tmp_path):
     lens = BATCHES[0].seqlens().tolist()
-    forwards = [sum(len(row_forwards([lens[i] for i in idx], ROW_TOKENS)) for idx in rank)
-                for rank in plan_microbatches(lens, BUDGET, dp_size=WORLD)]
+    forwards = [
+        sum(len(row_forwards([lens[i] for i in idx], ROW_TOKENS)) for idx in rank)
+        for rank in plan_microbatches(lens, BUDGET, dp_size=WORLD)
+    ]
     assert forwards[0] != forwards[1], forwards  # the idle padding of forwards is exercised
-    ctx = mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the children have the other core
     try:
@@ -143,4 +145,3 @@ def test_two_cpu_processes_step_like_one(tmp_path):
             ma = {i: s[moment] for i, s in a_state.items()}
             mb = {i: s[moment] for i, s in b_state.items()}
             assert rel_diff(ma, mb) < 1e-4, (mode, moment, rel_diff(ma, mb))
-

@@ -18,8 +18,8 @@ from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.train_engine import TrainEngine
 from areal_graph.graph.kinds.losses import TrainParams
 from areal_graph.nodes.train_loss import build_loss_fn
-from support.tiny_models import build_random_qwen2
 from support.batches import grpo_batch
+from support.tiny_models import build_random_qwen2
 
 PARAMS = TrainParams(loss="decoupled_ppo", behav_imp_cap=1.5, clip_eps=0.2)
 LR, CLIP = 1e-3, 0.5

@@ -17,8 +17,20 @@ from areal_graph.graph.kinds.rewards import REWARD
 from areal_graph.graph.loader import WorkflowError, load_workflow
 from support.paths import REPO, WORKFLOWS
 
-PACKAGES = ["api", "cli", "data", "engines", "graph", "modelkit", "nodes", "perfmodel", "runtime", "tools",
-            "trace_analysis", "workflows"]
+PACKAGES = [
+    "api",
+    "cli",
+    "data",
+    "engines",
+    "graph",
+    "modelkit",
+    "nodes",
+    "perfmodel",
+    "runtime",
+    "tools",
+    "trace_analysis",
+    "workflows",
+]
 
 
 def test_the_train_node_takes_exactly_the_losses_of_the_table():
@@ -73,7 +85,9 @@ def test_no_other_module_names_a_loss():
         for path in (REPO / pkg).rglob("*.py"):
             if path == REPO / "graph" / "kinds" / "losses.py":
                 continue
-            found += [f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
-                      for node in ast.walk(ast.parse(path.read_text()))
-                      if isinstance(node, ast.Constant) and node.value in names]
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and node.value in names
+            ]
     assert not found, found

@@ -19,14 +19,16 @@ from areal_graph.runtime.hosts.function_host import FunctionHost, accepts
 
 
 def _batch() -> PackedBatch:
-    return PackedBatch.from_sequences({"input_ids": [[1, 2], [3, 4, 5], [6]], "loss_mask": [[0, 1], [0, 1, 1], [0]]},
-                                      seqs={"group_id": [0, 0, 1], "sample_id": [0, 1, 2],
-                                            "a": [1.0, 2.0, 3.0], "b": [0.5, 0.0, -1.0]})
+    return PackedBatch.from_sequences(
+        {"input_ids": [[1, 2], [3, 4, 5], [6]], "loss_mask": [[0, 1], [0, 1, 1], [0]]},
+        seqs={"group_id": [0, 0, 1], "sample_id": [0, 1, 2], "a": [1.0, 2.0, 3.0], "b": [0.5, 0.0, -1.0]},
+    )
 
 
 def test_the_single_declared_write_becomes_out_key():
-    host = FunctionHost("areal_graph.nodes.shaping:weighted_sum", {"weights": {"a": 1.0, "b": 2.0}}, node="mix",
-                        writes=("total",))
+    host = FunctionHost(
+        "areal_graph.nodes.shaping:weighted_sum", {"weights": {"a": 1.0, "b": 2.0}}, node="mix", writes=("total",)
+    )
     assert host.args == {"weights": {"a": 1.0, "b": 2.0}, "out_key": "total"}
     assert host.node == "mix" and host.path == "areal_graph.nodes.shaping:weighted_sum"
     out = host.run(_batch())
@@ -34,8 +36,9 @@ def test_the_single_declared_write_becomes_out_key():
 
 
 def test_an_out_key_set_in_args_wins_and_several_writes_set_none():
-    explicit = FunctionHost("areal_graph.nodes.shaping:weighted_sum", {"weights": {"a": 1}, "out_key": "mine"},
-                            writes=["total"])
+    explicit = FunctionHost(
+        "areal_graph.nodes.shaping:weighted_sum", {"weights": {"a": 1}, "out_key": "mine"}, writes=["total"]
+    )
     assert explicit.args["out_key"] == "mine" and explicit.run(_batch()).keys() == {"mine"}
     several = FunctionHost("areal_graph.nodes.shaping:weighted_sum", {"weights": {"a": 1}}, writes=("x", "y"))
     assert "out_key" not in several.args

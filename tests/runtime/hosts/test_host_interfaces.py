@@ -25,9 +25,15 @@ from areal_graph.runtime.hosts.protocols import (
 from support.paths import REPO
 
 WORKFLOWS = sorted((REPO / "workflows").glob("*.yaml"))
-PROTOCOL_OF = {"ModelHost": ModelService, "DataParallelModelHost": ModelService, "RolloutHost": RolloutService,
-               "RewardHost": RewardService, "FunctionHost": FunctionService, "RewardModelHost": RewardModelService,
-               "JudgeHost": RewardService}
+PROTOCOL_OF = {
+    "ModelHost": ModelService,
+    "DataParallelModelHost": ModelService,
+    "RolloutHost": RolloutService,
+    "RewardHost": RewardService,
+    "FunctionHost": FunctionService,
+    "RewardModelHost": RewardModelService,
+    "JudgeHost": RewardService,
+}
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=[w.stem for w in WORKFLOWS])
@@ -40,7 +46,9 @@ def test_every_call_binds_to_its_host_method(workflow):
         host_cls = import_object(plan.hosting[name].impl, what=f"node {name!r} host")
         call = plan.kind(name).call(node, plan.spec)
         method = getattr(host_cls, call.method, None)
-        assert callable(method), f"{workflow.name}: node {name!r} calls {host_cls.__name__}.{call.method}, which does not exist"
+        assert callable(method), (
+            f"{workflow.name}: node {name!r} calls {host_cls.__name__}.{call.method}, which does not exist"
+        )
         inspect.signature(method).bind(None, None, **call.args)  # (self, batch, **args): raises TypeError if not
         protocol = PROTOCOL_OF[host_cls.__name__]
         assert call.method in dir(protocol), f"{call.method} is not declared in {protocol.__name__}"

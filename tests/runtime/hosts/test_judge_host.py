@@ -41,8 +41,12 @@ class FakeJudge:
         self.thread.start()
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "created": 0,
-                                                              "owned_by": "x"} for m in self.served]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": m, "object": "model", "created": 0, "owned_by": "x"} for m in self.served],
+            }
+        )
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -57,9 +61,17 @@ class FakeJudge:
             if student == "fail":
                 return web.json_response({"error": {"message": "boom"}}, status=500)
             reply = "maybe" if student == "?" else ("yes" if student == reference else "no")
-            return web.json_response({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                                      "choices": [{"index": 0, "finish_reason": "stop",
-                                                   "message": {"role": "assistant", "content": reply}}]})
+            return web.json_response(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
+                    ],
+                }
+            )
         finally:
             self.in_flight -= 1
 
@@ -96,8 +108,7 @@ def tokenizer(kit):
 
 
 def test_verdicts_become_rewards_and_every_failure_is_counted(kit, tokenizer, fake, caplog):
-    host = JudgeHost(str(kit / "model"), fake.url, template=TEMPLATE, max_concurrency=4, timeout_s=1.0,
-                     on_failure=-1.0)
+    host = JudgeHost(str(kit / "model"), fake.url, template=TEMPLATE, max_concurrency=4, timeout_s=1.0, on_failure=-1.0)
     try:
         answers = ["5", "6", "?", "fail", "hang", "5"]
         out, stats = host.score(batch_of(tokenizer, answers, ["5"] * 6), "judge_reward")
@@ -170,8 +181,15 @@ def test_against_areal_graph_serve_the_rewards_are_the_parsed_replies(kit, token
     server.start()
     try:
         template = "{response} is it? yes or no"
-        host = JudgeHost(str(kit / "model"), server.url + "/v1", template=template, verdict="score",
-                         pattern=r"(\d)", score_max=9.0, max_tokens=8)
+        host = JudgeHost(
+            str(kit / "model"),
+            server.url + "/v1",
+            template=template,
+            verdict="score",
+            pattern=r"(\d)",
+            score_max=9.0,
+            max_tokens=8,
+        )
         try:
             batch = batch_of(tokenizer, ["5", "12", "7"], ["5", "5", "5"])
             out, stats = host.score(batch, "r")
@@ -185,8 +203,11 @@ def test_against_areal_graph_serve_the_rewards_are_the_parsed_replies(kit, token
                 replies = []
                 for _, response in texts:
                     r = await client.chat.completions.create(
-                        model="judge", messages=[{"role": "user", "content": render(template, "", response, "")}],
-                        max_tokens=8, temperature=0.0)
+                        model="judge",
+                        messages=[{"role": "user", "content": render(template, "", response, "")}],
+                        max_tokens=8,
+                        temperature=0.0,
+                    )
                     replies.append(r.choices[0].message.content or "")
                 return replies
             finally:

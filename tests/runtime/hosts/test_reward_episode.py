@@ -14,24 +14,39 @@ from areal_graph.workflows.rollout.base import pack_trajectories
 from support.paths import TESTS
 
 
-
 def test_turns_split_where_the_loss_mask_changes():
     runs = split_turns([1, 2, 3, 4, 5, 6, 7, 8], [0, 0, 1, 1, 0, 0, 1, 0])
-    assert runs == [("prompt", [1, 2]), ("assistant", [3, 4]), ("environment", [5, 6]), ("assistant", [7]),
-                    ("environment", [8])]
+    assert runs == [
+        ("prompt", [1, 2]),
+        ("assistant", [3, 4]),
+        ("environment", [5, 6]),
+        ("assistant", [7]),
+        ("environment", [8]),
+    ]
     assert split_turns([5], [0]) == [("prompt", [5])]
 
 
 def test_which_functions_want_the_episode():
-    def two(completion, answer): return 0.0
-    def three(completion, answer, episode): return 0.0
-    def kw(completion, answer, **kwargs): return 0.0
+    def two(completion, answer):
+        return 0.0
+
+    def three(completion, answer, episode):
+        return 0.0
+
+    def kw(completion, answer, **kwargs):
+        return 0.0
+
     assert (wants_episode(two), wants_episode(three), wants_episode(kw)) == (False, True, True)
 
 
 def test_episode_round_trips_and_counts_tool_calls():
-    ep = Episode("c", "a", (Turn("prompt", "q"), Turn("assistant", "x"), Turn("environment", "42"),
-                            Turn("assistant", "y")), {"k": [1, 2]}, truncated=True)
+    ep = Episode(
+        "c",
+        "a",
+        (Turn("prompt", "q"), Turn("assistant", "x"), Turn("environment", "42"), Turn("assistant", "y")),
+        {"k": [1, 2]},
+        truncated=True,
+    )
     assert Episode.from_dict(json.loads(json.dumps(ep.as_dict()))) == ep
     assert ep.tool_calls == 1 and ep.assistant_turns == 2  # counted from turns without an info count
     assert Episode("c", "a", ep.turns, {"tool_calls": 3}).tool_calls == 3  # the rollout's own count wins
@@ -64,13 +79,20 @@ def test_the_reward_host_hands_the_episode_to_a_function_that_takes_it(tests_on_
     save_tokenizer(tok, tmp_path / "tok")
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     prompt, call, out, final = enc("what is 6*7?"), enc(" call the tool"), enc(" 42"), enc(" the answer is 42")
-    multi = Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt), [-1] * len(prompt), answer="42",
-                       info={"tool_calls": 1, "marker": 3})
+    multi = Trajectory(
+        list(prompt),
+        [0] * len(prompt),
+        [0.0] * len(prompt),
+        [-1] * len(prompt),
+        answer="42",
+        info={"tool_calls": 1, "marker": 3},
+    )
     multi.append(call, generated=True, logprobs=[-0.1] * len(call), versions=[0] * len(call))
     multi.append(out, generated=False)
     multi.append(final, generated=True, logprobs=[-0.1] * len(final), versions=[0] * len(final))
-    single = Trajectory.from_generation(prompt, final, [-0.1] * len(final), [0] * len(final), "length",
-                                        answer="42", sample_id=1)
+    single = Trajectory.from_generation(
+        prompt, final, [-0.1] * len(final), [0] * len(final), "length", answer="42", sample_id=1
+    )
     batch = pack_trajectories([multi, single])
     host = RewardHost(str(tmp_path / "tok"), fn="support.e2e_rewards:episode_fingerprint", num_workers=1)
     try:
@@ -92,11 +114,13 @@ def test_pool_workers_exit_when_the_process_owning_the_pool_is_killed(tmp_path):
 
     import psutil
 
-    code = ("from areal_graph.tools.reward_pool import RewardPool\n"
-            "import sys, time\n"
-            "pool = RewardPool(num_workers=2)\n"
-            "print(pool.score(['\\\\boxed{1}'], ['1'])[0].reward, flush=True)\n"
-            "time.sleep(600)\n")
+    code = (
+        "from areal_graph.tools.reward_pool import RewardPool\n"
+        "import sys, time\n"
+        "pool = RewardPool(num_workers=2)\n"
+        "print(pool.score(['\\\\boxed{1}'], ['1'])[0].reward, flush=True)\n"
+        "time.sleep(600)\n"
+    )
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert owner.stdout.readline().strip() == "1.0"
@@ -130,5 +154,6 @@ def test_validate_checks_the_agent_an_openai_rollout_names(tmp_path):
     assert OpenAIAgentRollout.check_args({"agent": "areal_graph.workflows.agents.calculator:calculator_agent"}) is None
     assert "no module named 'nope'" in OpenAIAgentRollout.check_args({"agent": "nope.mod:fn"})
     assert "must be an async function" in OpenAIAgentRollout.check_args(
-        {"agent": "areal_graph.tools.calculator:calculate"})
+        {"agent": "areal_graph.tools.calculator:calculate"}
+    )
     assert "name the agent" in OpenAIAgentRollout.check_args({})

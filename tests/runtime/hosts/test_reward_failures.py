@@ -34,8 +34,9 @@ def batch_of(tok, answers: list[str]):
     trajectories = []
     for i, text in enumerate(answers):
         prompt, out = tok.encode("the answer is", add_special_tokens=False), tok.encode(text, add_special_tokens=False)
-        trajectories.append(Trajectory.from_generation(prompt, out, [-0.1] * len(out), [0] * len(out), "stop",
-                                                       answer="42", sample_id=i))
+        trajectories.append(
+            Trajectory.from_generation(prompt, out, [-0.1] * len(out), [0] * len(out), "stop", answer="42", sample_id=i)
+        )
     return pack_trajectories(trajectories)
 
 
@@ -53,8 +54,11 @@ def test_a_call_whose_every_answer_fails_raises_the_functions_error(host_for):
     from areal_graph.runtime.hosts.reward_host import RewardFailed
 
     host, tok = host_for("support.e2e_rewards:always_fails")
-    with pytest.raises(RewardFailed, match=r"reward fn 'support.e2e_rewards:always_fails' failed on all 2 answers "
-                                           r"\(error\): RuntimeError: the grader's database is down"):
+    with pytest.raises(
+        RewardFailed,
+        match=r"reward fn 'support.e2e_rewards:always_fails' failed on all 2 answers "
+        r"\(error\): RuntimeError: the grader's database is down",
+    ):
         host.score(batch_of(tok, [" 42", " 7"]))
 
 
@@ -62,12 +66,16 @@ def test_a_worker_error_is_one_line_on_the_console():
     from areal_graph.runtime.orchestration.controller import NodeFailed
     from areal_graph.runtime.rpc.worker_client import WorkerError
 
-    remote = ("worker reward: Execute 'reward'.score raised\nTraceback (most recent call last):\n"
-              '  File "x.py", line 1, in score\n    raise RewardFailed(...)\n'
-              "areal_graph.runtime.hosts.reward_host.RewardFailed: reward fn 'f' failed on all 8 answers\n")
+    remote = (
+        "worker reward: Execute 'reward'.score raised\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in score\n    raise RewardFailed(...)\n'
+        "areal_graph.runtime.hosts.reward_host.RewardFailed: reward fn 'f' failed on all 8 answers\n"
+    )
     err = WorkerError("reward", "RewardHost", "score", remote)
     assert err.summary == "areal_graph.runtime.hosts.reward_host.RewardFailed: reward fn 'f' failed on all 8 answers"
     message = str(NodeFailed("reward", "reward f", err))
-    assert message == ("node 'reward' (reward f): areal_graph.runtime.hosts.reward_host.RewardFailed: reward fn 'f' "
-                       "failed on all 8 answers (traceback in logs/reward.log)")
+    assert message == (
+        "node 'reward' (reward f): areal_graph.runtime.hosts.reward_host.RewardFailed: reward fn 'f' "
+        "failed on all 8 answers (traceback in logs/reward.log)"
+    )
     assert "\n" not in message

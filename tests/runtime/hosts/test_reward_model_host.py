@@ -22,8 +22,10 @@ def policy_tokenizer(kit):
 
 def trajectories(tokenizer, n=7, seed=0) -> PackedBatch:
     rng = random.Random(seed)
-    texts = [f"What is {rng.randint(1, 99)} + {rng.randint(1, 99)}? " + "The answer is 7. " * rng.randint(0, 6)
-             for _ in range(n)]
+    texts = [
+        f"What is {rng.randint(1, 99)} + {rng.randint(1, 99)}? " + "The answer is 7. " * rng.randint(0, 6)
+        for _ in range(n)
+    ]
     seqs = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     return PackedBatch.from_sequences({"input_ids": seqs, "loss_mask": [[0] * len(s) for s in seqs]})
 
@@ -34,8 +36,9 @@ def alone(path, batch: PackedBatch) -> torch.Tensor:
 
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     with torch.no_grad():
-        return torch.cat([model(input_ids=batch.sequence(i, "input_ids").unsqueeze(0)).logits
-                          for i in range(batch.num_seqs)])
+        return torch.cat(
+            [model(input_ids=batch.sequence(i, "input_ids").unsqueeze(0)).logits for i in range(batch.num_seqs)]
+        )
 
 
 @pytest.mark.parametrize("max_tokens", [1, 64, 100_000])
@@ -55,8 +58,9 @@ def test_a_two_label_classifier_gives_the_probability_of_label_1(kit, policy_tok
     batch = trajectories(policy_tokenizer, seed=1)
     out, _ = RewardModelHost(str(path), str(kit / "model")).score(batch, "p")
     assert torch.allclose(out["p"], torch.softmax(alone(path, batch), -1)[:, 1], atol=1e-6)
-    sig = RewardModelHost(str(save_random_classifier(tmp_path / "rm1", policy_tokenizer, labels=1)), str(kit / "model"),
-                          output="sigmoid")
+    sig = RewardModelHost(
+        str(save_random_classifier(tmp_path / "rm1", policy_tokenizer, labels=1)), str(kit / "model"), output="sigmoid"
+    )
     logits = alone(tmp_path / "rm1", batch)[:, 0]
     assert torch.allclose(sig.score(batch, "s")[0]["s"], torch.sigmoid(logits), atol=1e-6)
     with pytest.raises(ValueError, match="needs a one-label head"):

@@ -35,13 +35,25 @@ class EchoRollout(Rollout):
 
     async def run(self, prompt, client, group_size, sampling):
         self.started += 1
-        self.calls.append({"id": prompt.id, "answer": prompt.answer, "ids": list(prompt.input_ids), "client": client,
-                           "group_size": group_size, "sampling": sampling,
-                           "thread": threading.current_thread().name})
+        self.calls.append(
+            {
+                "id": prompt.id,
+                "answer": prompt.answer,
+                "ids": list(prompt.input_ids),
+                "client": client,
+                "group_size": group_size,
+                "sampling": sampling,
+                "thread": threading.current_thread().name,
+            }
+        )
         # every prompt of the batch is in flight before any finishes (they are gathered, not run in turn)
         await asyncio.wait_for(self._all_started(), timeout=10)
-        return [Trajectory.from_generation(prompt.input_ids, [self.suffix + j], [-0.5], [3], "stop",
-                                           group_id=99, sample_id=99) for j in range(group_size)]
+        return [
+            Trajectory.from_generation(
+                prompt.input_ids, [self.suffix + j], [-0.5], [3], "stop", group_id=99, sample_id=99
+            )
+            for j in range(group_size)
+        ]
 
     async def _all_started(self):
         while self.started < self.expected:
@@ -73,17 +85,26 @@ def classes(monkeypatch):
 @pytest.fixture
 def host(classes, monkeypatch):
     monkeypatch.setenv("AREAL_RUN_TOKEN", "secret-token")
-    h = RolloutHost(["http://127.0.0.1:9/", "http://127.0.0.1:10"], "embedded", f"{MODULE}:EchoRollout", group_size=2,
-                    sampling={"max_new_tokens": 5, "temperature": 0.7, "not_a_sampling_field": 1},
-                    rollout_args={"suffix": 40}, tokenizer_path="/models/tok", request_timeout_s=12.0)
+    h = RolloutHost(
+        ["http://127.0.0.1:9/", "http://127.0.0.1:10"],
+        "embedded",
+        f"{MODULE}:EchoRollout",
+        group_size=2,
+        sampling={"max_new_tokens": 5, "temperature": 0.7, "not_a_sampling_field": 1},
+        rollout_args={"suffix": 40},
+        tokenizer_path="/models/tok",
+        request_timeout_s=12.0,
+    )
     yield h
     h.close()
 
 
 def _prompts(group_ids, prompts) -> PackedBatch:
-    return PackedBatch.from_sequences({"input_ids": prompts}, seqs={"group_id": torch.tensor(group_ids)},
-                                      meta={"prompt_id": [f"p{g}" for g in group_ids],
-                                            "answer": [f"ans{g}" for g in group_ids]})
+    return PackedBatch.from_sequences(
+        {"input_ids": prompts},
+        seqs={"group_id": torch.tensor(group_ids)},
+        meta={"prompt_id": [f"p{g}" for g in group_ids], "answer": [f"ans{g}" for g in group_ids]},
+    )
 
 
 def test_construction_builds_the_rollout_and_one_client_per_server(host):
@@ -97,8 +118,15 @@ def test_construction_builds_the_rollout_and_one_client_per_server(host):
 
 
 def test_a_tokenizer_path_in_rollout_args_wins_and_classes_without_the_parameter_get_none(classes):
-    h = RolloutHost(["http://x:1"], "embedded", f"{MODULE}:EchoRollout", 2, {},
-                    rollout_args={"tokenizer_path": "/mine"}, tokenizer_path="/models/tok")
+    h = RolloutHost(
+        ["http://x:1"],
+        "embedded",
+        f"{MODULE}:EchoRollout",
+        2,
+        {},
+        rollout_args={"tokenizer_path": "/mine"},
+        tokenizer_path="/models/tok",
+    )
     assert h.rollout.tokenizer_path == "/mine"
     h.close()
     h = RolloutHost(["http://x:1"], "embedded", f"{MODULE}:NoTokenizer", 2, {}, tokenizer_path="/models/tok")
@@ -113,12 +141,18 @@ def test_run_stamps_group_and_sample_ids_and_answers_and_packs(host):
     assert out["group_id"].tolist() == [7, 7, 3, 3]
     assert out["sample_id"].tolist() == [14, 15, 6, 7]  # group id * group size + index in the group
     assert out.meta["answer"] == ["ans7", "ans7", "ans3", "ans3"]
-    assert [out.sequence(i, "input_ids").tolist() for i in range(4)] == [[1, 2, 3, 40], [1, 2, 3, 41], [4, 5, 40],
-                                                                          [4, 5, 41]]
+    assert [out.sequence(i, "input_ids").tolist() for i in range(4)] == [
+        [1, 2, 3, 40],
+        [1, 2, 3, 41],
+        [4, 5, 40],
+        [4, 5, 41],
+    ]
     assert out["loss_mask"].tolist() == [0, 0, 0, 1] * 2 + [0, 0, 1] * 2
     calls = sorted(host.rollout.calls, key=lambda c: c["id"])
     assert [(c["id"], c["answer"], c["ids"], c["group_size"]) for c in calls] == [
-        ("p3", "ans3", [4, 5], 2), ("p7", "ans7", [1, 2, 3], 2)]
+        ("p3", "ans3", [4, 5], 2),
+        ("p7", "ans7", [1, 2, 3], 2),
+    ]
     assert all(c["client"] is host.pool and c["thread"] == "rollout-loop" for c in calls)
     # unknown sampling keys are dropped, the rest become SamplingParams
     assert all(c["sampling"] == SamplingParams(max_new_tokens=5, temperature=0.7) for c in calls)

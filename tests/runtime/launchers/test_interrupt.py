@@ -150,7 +150,9 @@ def test_stop_trees_terms_then_kills_what_stays_and_logs_it(cleanup, caplog):
     assert left == [] and _gone(parent.pid) and _gone(child)
     [record] = [r for r in caplog.records if "still alive" in r.getMessage()]
     # only the parent ignored SIGTERM; its child went at once
-    assert record.levelno == logging.INFO and f"(pid {parent.pid}): still alive 0.3 s after SIGTERM" in record.getMessage()
+    assert (
+        record.levelno == logging.INFO and f"(pid {parent.pid}): still alive 0.3 s after SIGTERM" in record.getMessage()
+    )
 
 
 def test_stop_trees_of_processes_that_exit_on_sigterm_logs_nothing(cleanup, caplog):
@@ -264,12 +266,14 @@ def test_exit_on_interrupt_installs_for_its_block_only_when_no_ctrl_c_came(handl
 
 
 def test_exit_interrupted_flushes_and_exits_without_the_interpreters_teardown():
-    code = ("import atexit, sys\n"
-            "from areal_graph.runtime.launchers.interrupt import exit_interrupted\n"
-            "atexit.register(lambda: print('atexit ran', flush=True))\n"
-            "sys.stdout.write('said before exiting')\n"  # buffered: a pipe is not a tty
-            "sys.stderr.write('and on stderr')\n"
-            "exit_interrupted(7)\n")
+    code = (
+        "import atexit, sys\n"
+        "from areal_graph.runtime.launchers.interrupt import exit_interrupted\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        "sys.stdout.write('said before exiting')\n"  # buffered: a pipe is not a tty
+        "sys.stderr.write('and on stderr')\n"
+        "exit_interrupted(7)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=child_env())
     assert proc.returncode == 7
     assert proc.stdout == "said before exiting" and proc.stderr == "and on stderr"  # flushed; atexit never ran

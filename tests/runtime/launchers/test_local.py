@@ -78,16 +78,24 @@ def test_exit_code_and_log_tail_of_a_crashing_process(tmp_path: Path) -> None:
 
 def test_wait_healthy_fails_fast_naming_a_dead_process(tmp_path: Path) -> None:
     with LocalLauncher(tmp_path) as launcher:
-        launcher.start_process("srv", role="inference", cmd=[sys.executable, "-c", "raise SystemExit('no model file')"],
-                               health_url="http://127.0.0.1:9/health")
+        launcher.start_process(
+            "srv",
+            role="inference",
+            cmd=[sys.executable, "-c", "raise SystemExit('no model file')"],
+            health_url="http://127.0.0.1:9/health",
+        )
         with pytest.raises(RuntimeError, match=r"(?s)inference 'srv' exited with code 1.*no model file"):
             launcher.wait_healthy(timeout=30)
 
 
 def test_wait_healthy_times_out_naming_the_laggard(tmp_path: Path) -> None:
     with LocalLauncher(tmp_path) as launcher:
-        launcher.start_process("slow", role="inference", cmd=[sys.executable, "-c", "import time; time.sleep(60)"],
-                               health_url="http://127.0.0.1:9/health")
+        launcher.start_process(
+            "slow",
+            role="inference",
+            cmd=[sys.executable, "-c", "import time; time.sleep(60)"],
+            health_url="http://127.0.0.1:9/health",
+        )
         with pytest.raises(TimeoutError, match="slow"):
             launcher.wait_healthy(timeout=0.5)
 
@@ -107,8 +115,14 @@ def test_http_health_and_env_reach_the_process(tmp_path: Path) -> None:
         http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()
     """)
     with LocalLauncher(tmp_path) as launcher:
-        launcher.start_process("http", role="inference", cmd=[sys.executable, "-c", code], threads=3,
-                               env={"EXTRA": "yes"}, health_url=f"http://127.0.0.1:{port}/health")
+        launcher.start_process(
+            "http",
+            role="inference",
+            cmd=[sys.executable, "-c", code],
+            threads=3,
+            env={"EXTRA": "yes"},
+            health_url=f"http://127.0.0.1:{port}/health",
+        )
         launcher.wait_healthy(timeout=30)
         import urllib.request
 
@@ -177,14 +191,20 @@ def _as_from_a_terminal() -> None:
 
 def _start_owner(script: str, mark: str) -> subprocess.Popen:
     """Run `script` as the owner, its environment (and so every process it starts) marked."""
-    env = {**os.environ, MARK_ENV: mark,
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_as_from_a_terminal)
+    env = {**os.environ, MARK_ENV: mark, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_as_from_a_terminal,
+    )
 
 
-def _ctrl_c(owner: subprocess.Popen, mark: str, ready: str | None,
-            again_after: float | None = None) -> tuple[float, str]:
+def _ctrl_c(
+    owner: subprocess.Popen, mark: str, ready: str | None, again_after: float | None = None
+) -> tuple[float, str]:
     """Wait for the line `ready` from the owner (None: it is ready now), SIGINT it (and again
     `again_after` s later), and check it exits in time leaving nothing behind; returns
     (seconds from the last SIGINT to its exit, its stderr)."""
@@ -228,7 +248,8 @@ def _ctrl_c(owner: subprocess.Popen, mark: str, ready: str | None,
 def test_ctrl_c_in_the_owner_shuts_the_workers_down(tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) once everything runs: KeyboardInterrupt, `with`-exit takes down the workers,
     a grandchild and a server that ignores SIGTERM (SIGKILLed after the short Ctrl-C grace)."""
-    owner = _start_owner(f"""
+    owner = _start_owner(
+        f"""
         import sys, time
         from areal_graph.runtime.launchers.local import LocalLauncher
         from areal_graph.runtime.rpc.worker_client import WorkerClient
@@ -245,7 +266,9 @@ def test_ctrl_c_in_the_owner_shuts_the_workers_down(tmp_path: Path) -> None:
             # handler in the main thread between bytecodes (an asyncio loop wakes at once)
             for _ in range(3000):
                 time.sleep(0.1)
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     took, err = _ctrl_c(owner, str(tmp_path), "ready")
     assert "KeyboardInterrupt" in err
     assert took < 5.0, f"{took:.1f} s"
@@ -257,7 +280,8 @@ def test_ctrl_c_that_the_owner_swallows_while_workers_start_still_stops_the_run(
     and the owner imports torch while its workers start). Before runtime/launchers/interrupt.py
     the owner went on, found its workers healthy and ran; now they are stopped at once and its
     next wait on the launcher raises KeyboardInterrupt again."""
-    owner = _start_owner(f"""
+    owner = _start_owner(
+        f"""
         import sys, time
         from areal_graph.runtime.launchers.local import LocalLauncher
         with LocalLauncher({str(tmp_path)!r}) as launcher:
@@ -272,7 +296,9 @@ def test_ctrl_c_that_the_owner_swallows_while_workers_start_still_stops_the_run(
             launcher.wait_healthy(60)
             print("healthy", flush=True)
             time.sleep(300)
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     _, err = _ctrl_c(owner, str(tmp_path), "starting")
     assert "swallowed" in err and "KeyboardInterrupt" in err
 
@@ -281,7 +307,8 @@ def test_ctrl_c_mid_call_does_not_wait_for_the_call(tmp_path: Path) -> None:
     """SIGINT while the owner waits on a long call to a worker, made the way the controller makes
     its calls (asyncio.to_thread in asyncio.run). asyncio.run's exit waits for that thread, which
     before waited for the call (an hour's deadline); now the worker is stopped and the call fails."""
-    owner = _start_owner(f"""
+    owner = _start_owner(
+        f"""
         import asyncio, torch
         from areal_graph.data.packed import PackedBatch
         from areal_graph.runtime.launchers.local import LocalLauncher
@@ -301,7 +328,9 @@ def test_ctrl_c_mid_call_does_not_wait_for_the_call(tmp_path: Path) -> None:
                 await call
 
             asyncio.run(main())
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     _, err = _ctrl_c(owner, str(tmp_path), "calling")
     assert "KeyboardInterrupt" in err
 
@@ -309,7 +338,8 @@ def test_ctrl_c_mid_call_does_not_wait_for_the_call(tmp_path: Path) -> None:
 def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     """The first Ctrl-C gives a server that ignores SIGTERM its grace; a second one does not
     wait: it SIGKILLs everything, at once."""
-    owner = _start_owner(f"""
+    owner = _start_owner(
+        f"""
         import sys, time
         from areal_graph.runtime.launchers.local import LocalLauncher
         with LocalLauncher({str(tmp_path)!r}) as launcher:
@@ -321,7 +351,9 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
                 time.sleep(0.05)
             print("ready", flush=True)
             time.sleep(300)
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     took, _ = _ctrl_c(owner, str(tmp_path), "ready", again_after=0.5)
     assert took < 1.5, f"{took:.1f} s after the second Ctrl-C"
 
@@ -330,7 +362,8 @@ def test_an_application_exits_by_its_deadline_whatever_its_main_thread_does(tmp_
     """`areal-graph run`'s guard (interrupt.exit_on_interrupt): even a main thread that never lets
     KeyboardInterrupt through (stuck, or every one swallowed) cannot keep the process, or a
     child it started itself (not through a launcher), past the deadline; exit code 130."""
-    owner = _start_owner(f"""
+    owner = _start_owner(
+        f"""
         import subprocess, sys, time
         from areal_graph.runtime.launchers.interrupt import exit_on_interrupt
         from areal_graph.runtime.launchers.local import LocalLauncher
@@ -347,7 +380,9 @@ def test_an_application_exits_by_its_deadline_whatever_its_main_thread_does(tmp_
                     time.sleep(300)
                 except KeyboardInterrupt:
                     pass
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     took, err = _ctrl_c(owner, str(tmp_path), "ready")
     assert owner.returncode == 130 and "interrupted: still running 2 s after Ctrl-C" in err, err[-3000:]
     assert 1.5 < took < 5.0, f"{took:.1f} s"
@@ -373,13 +408,31 @@ def test_ctrl_c_on_areal_graph_run(kit, tmp_path: Path, moment: str) -> None:
     (tmp_path / "slow_reward.py").write_text(SLOW_REWARD)
     wf = write_workflow(kit, tmp_path)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir),
-           *[o for o in SMALL if not o.startswith("nodes.reward")], "nodes.reward.fn=slow_reward:slow",
-           "nodes.reward.timeout_s=600", "runtime.steps=50", "runtime.eval_every=0", "runtime.save_every=0"]
-    env = {**os.environ, MARK_ENV: str(tmp_path), "SLOW_REWARD_DIR": str(tmp_path), "COLUMNS": "200",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    owner = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=_as_from_a_terminal)
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(wf),
+        "--run-dir",
+        str(run_dir),
+        *[o for o in SMALL if not o.startswith("nodes.reward")],
+        "nodes.reward.fn=slow_reward:slow",
+        "nodes.reward.timeout_s=600",
+        "runtime.steps=50",
+        "runtime.eval_every=0",
+        "runtime.save_every=0",
+    ]
+    env = {
+        **os.environ,
+        MARK_ENV: str(tmp_path),
+        "SLOW_REWARD_DIR": str(tmp_path),
+        "COLUMNS": "200",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    owner = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_as_from_a_terminal
+    )
     try:
         deadline = time.monotonic() + 180
         while owner.poll() is None and time.monotonic() < deadline:
@@ -396,7 +449,9 @@ def test_ctrl_c_on_areal_graph_run(kit, tmp_path: Path, moment: str) -> None:
     took, err = _ctrl_c(owner, str(tmp_path), None)
     lines = [line for line in err.splitlines() if line.strip()]
     assert owner.returncode == 130, err[-3000:]
-    assert "Traceback" not in err and lines[-1].startswith("interrupted: every process of the run was stopped"), err[-3000:]
+    assert "Traceback" not in err and lines[-1].startswith("interrupted: every process of the run was stopped"), err[
+        -3000:
+    ]
     assert took < CTRL_C_EXIT_S
 
 
@@ -406,9 +461,11 @@ def test_the_log_tail_names_the_first_error_above_it(tmp_path):
     from areal_graph.runtime.launchers.local import tail
 
     log = tmp_path / "inference-0.log"
-    log.write_text("starting\n(Worker pid=1) ERROR [x.py:9] ValueError: Available memory on node 0 (15/17 GiB) is low\n"
-                   + "\n".join(f"  frame {i}" for i in range(40))
-                   + "\nRuntimeError: Engine core initialization failed. See root cause above.\n")
+    log.write_text(
+        "starting\n(Worker pid=1) ERROR [x.py:9] ValueError: Available memory on node 0 (15/17 GiB) is low\n"
+        + "\n".join(f"  frame {i}" for i in range(40))
+        + "\nRuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
     out = tail(log, 5)
     assert out.splitlines()[-2] == "RuntimeError: Engine core initialization failed. See root cause above."
     assert out.splitlines()[-1] == "(first error in the log: ValueError: Available memory on node 0 (15/17 GiB) is low)"
@@ -421,8 +478,10 @@ def test_what_a_dead_process_started_dies_with_it(tmp_path: Path) -> None:
     out of `children()`'s reach; the launcher kills its process group when it reports the death."""
     got: queue.Queue[ProcessDied] = queue.Queue()
     with LocalLauncher(tmp_path, on_death=got.put) as launcher:
-        code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
-                " print(p.pid, flush=True); time.sleep(300)")
+        code = (
+            "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+            " print(p.pid, flush=True); time.sleep(300)"
+        )
         pid = launcher.start_process("forker", role="inference", cmd=[sys.executable, "-c", code])
         log = tmp_path / "forker.log"
         deadline = time.monotonic() + 10

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'area
 from areal_graph.runtime.launchers import LAUNCHERS, ProcessDemand  # noqa: E402
 from areal_graph.runtime.launchers.ray import RayLauncher, bundle_groups, bundle_of  # noqa: E402
 from areal_graph.runtime.rpc.worker_client import WorkerClient  # noqa: E402
-from support.e2e import SMALL, read_metrics, run_cli, write_workflow
+from support.e2e import SMALL, read_metrics, run_cli, write_workflow  # noqa: E402
 from support.paths import REPO, TESTS  # noqa: E402
 
 TOKEN_ENV = "AREAL_TEST_RAY_TOKEN"
@@ -36,8 +36,14 @@ def cluster():
     """A Ray instance for this module: its GCS address (what RAY_ADDRESS names)."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=6, object_store_memory=128 << 20, include_dashboard=False,
-             log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(
+        address="local",
+        num_cpus=6,
+        object_store_memory=128 << 20,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -51,13 +57,20 @@ def test_the_registry_names_what_the_spec_allows() -> None:
 
 
 def test_bundles_group_data_parallel_ranks_and_label_roles() -> None:
-    demands = [ProcessDemand("inference-0", "inference", 2, 1), ProcessDemand("model-actor", "model", 1, 1, "m"),
-               ProcessDemand("model-actor.rank1", "model", 1, 1, "m"), ProcessDemand("rollout", "rollout", 1)]
+    demands = [
+        ProcessDemand("inference-0", "inference", 2, 1),
+        ProcessDemand("model-actor", "model", 1, 1, "m"),
+        ProcessDemand("model-actor.rank1", "model", 1, 1, "m"),
+        ProcessDemand("rollout", "rollout", 1),
+    ]
     groups = bundle_groups(demands)
     assert [[d.name for d in g] for g in groups] == [["inference-0"], ["model-actor", "model-actor.rank1"], ["rollout"]]
     labelled = frozenset({"areal_inference", "areal_train"})
     assert [bundle_of(g, labelled) for g in groups] == [
-        {"CPU": 2.0, "GPU": 1.0, "areal_inference": 1.0}, {"CPU": 2.0, "GPU": 2.0, "areal_train": 2.0}, {"CPU": 1.0}]
+        {"CPU": 2.0, "GPU": 1.0, "areal_inference": 1.0},
+        {"CPU": 2.0, "GPU": 2.0, "areal_train": 2.0},
+        {"CPU": 1.0},
+    ]
     assert bundle_of(groups[1], frozenset()) == {"CPU": 2.0, "GPU": 2.0}  # a cluster without the labels
 
 
@@ -72,8 +85,12 @@ def test_kill_restart_and_actor_death_are_reported_by_name(cluster, tmp_path: Pa
     """A worker killed with -9 and a killed actor each give one ProcessDied; restart brings it back."""
     deaths = []
     env = {TOKEN_ENV: "s3cret"}
-    launcher = RayLauncher(tmp_path, deaths.append, [ProcessDemand("rollout", "rollout", 1),
-                                                     ProcessDemand("srv", "inference", 1)], poll_interval=0.2)
+    launcher = RayLauncher(
+        tmp_path,
+        deaths.append,
+        [ProcessDemand("rollout", "rollout", 1), ProcessDemand("srv", "inference", 1)],
+        poll_interval=0.2,
+    )
     try:
         address = launcher.start_worker("rollout", env=env, threads=1, token_env=TOKEN_ENV, role="rollout")
         launcher.start_process("srv", "inference", [sys.executable, "-c", "import time; time.sleep(300)"])
@@ -117,8 +134,13 @@ def test_grpo_sync_trains_with_every_process_in_a_ray_actor(cluster, kit, tmp_pa
     sampler.start()
     os.environ["RAY_ADDRESS"] = cluster
     try:
-        proc = run_cli(wf, run_dir, *[o for o in SMALL if not o.startswith("runtime.save_every")],
-                       "runtime.launcher=ray", timeout=300)
+        proc = run_cli(
+            wf,
+            run_dir,
+            *[o for o in SMALL if not o.startswith("runtime.save_every")],
+            "runtime.launcher=ray",
+            timeout=300,
+        )
     finally:
         del os.environ["RAY_ADDRESS"]
         stop.set()
@@ -170,18 +192,32 @@ def test_a_killed_worker_and_a_killed_server_actor_are_restarted_mid_run(cluster
 
     wf = write_workflow(kit, tmp_path, "ppo_async.yaml")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir),
-           *[o for o in SMALL if not o.startswith(("runtime.save_every", "runtime.steps"))],
-           "runtime.steps=10", "runtime.launcher=ray"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(wf),
+        "--run-dir",
+        str(run_dir),
+        *[o for o in SMALL if not o.startswith(("runtime.save_every", "runtime.steps"))],
+        "runtime.steps=10",
+        "runtime.launcher=ray",
+    ]
     env = {**os.environ, "RAY_ADDRESS": cluster, "PYTHONPATH": str(TESTS)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(lambda: _last_step(run_dir) >= 2, 240)
-        rollout = next(p for p in psutil.process_iter(["cmdline"])
-                       if "--name rollout" in " ".join(p.info["cmdline"] or []) and str(run_dir) in " ".join(p.info["cmdline"]))
+        rollout = next(
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "--name rollout" in " ".join(p.info["cmdline"] or []) and str(run_dir) in " ".join(p.info["cmdline"])
+        )
         rollout.kill()
         _wait_for(lambda: _last_step(run_dir) >= 5, 240)
-        server = next(a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith("-inference-0-0"))
+        server = next(
+            a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith("-inference-0-0")
+        )
         ray.kill(ray.get_actor(server["name"], namespace=server["namespace"]))
         out, _ = proc.communicate(timeout=300)
     finally:

@@ -25,9 +25,15 @@ WORKFLOW = REPO / "workflows" / "grpo_sync.yaml"
 
 def job(tmp: Path, stubs: Path | None = None) -> SlurmJob:
     bin_dir = stubs or Path("/opt/venv/bin")
-    return SlurmJob(workflow=str(WORKFLOW), run_dir=str(tmp / "run"), workdir=str(tmp),
-                    areal_graph=str(bin_dir / "areal-graph"), python=str(bin_dir / "python"), ray=str(bin_dir / "ray"),
-                    overrides=("runtime.steps=7", "nodes.train.clip_eps=0.1"))
+    return SlurmJob(
+        workflow=str(WORKFLOW),
+        run_dir=str(tmp / "run"),
+        workdir=str(tmp),
+        areal_graph=str(bin_dir / "areal-graph"),
+        python=str(bin_dir / "python"),
+        ray=str(bin_dir / "ray"),
+        overrides=("runtime.steps=7", "nodes.train.clip_eps=0.1"),
+    )
 
 
 def bash_n(script: str, tmp: Path) -> None:
@@ -78,12 +84,12 @@ STUBS = {
     # every stub appends one line to $STUB_LOG saying how it was called
     "scontrol": 'echo "scontrol $*" >> "$STUB_LOG"; for ((i = 1; i <= STUB_NODES; i++)); do echo "node$i"; done',
     "srun": 'args=(); while [[ "$1" == --* ]]; do args+=("$1"); shift; done; '
-            'echo "srun ${args[*]}" >> "$STUB_LOG"; exec "$@"',
+    'echo "srun ${args[*]}" >> "$STUB_LOG"; exec "$@"',
     "ray": 'echo "ray $*" >> "$STUB_LOG"; if [[ " $* " == *" --block "* ]]; then exec sleep 60; fi',
     # the wait for Ray nodes: until that many `ray start` calls were made (as Ray would see them join)
     "python": 'if [[ "$1" == "-c" ]]; then echo token123; exit; fi; cat > /dev/null; '
-              'for i in $(seq 100); do (($(grep -c "^ray start" "$STUB_LOG") >= $3)) && break; sleep 0.1; done; '
-              'echo "wait $3 at $2" >> "$STUB_LOG"',
+    'for i in $(seq 100); do (($(grep -c "^ray start" "$STUB_LOG") >= $3)) && break; sleep 0.1; done; '
+    'echo "wait $3 at $2" >> "$STUB_LOG"',
     "areal-graph": 'echo "areal-graph $* token=${RAY_AUTH_TOKEN:-none} mode=${RAY_AUTH_MODE:-none}" >> "$STUB_LOG"',
 }
 
@@ -96,9 +102,19 @@ def run_with_stubs(script_path: Path, tmp: Path, nodelist_len: int = 4) -> list[
         (stubs / name).chmod(stat.S_IRWXU)
     log = tmp / "calls.log"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # a Ray test earlier sets some
-    env = {**clean, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log), "SLURM_JOB_ID": "123",
-           "SLURM_JOB_NODELIST": f"node[1-{nodelist_len}]", "STUB_NODES": str(nodelist_len), "SLURMD_NODENAME": "node1", "SLURM_CPUS_ON_NODE": "8",
-           "AREAL_GRAPH": str(stubs / "areal-graph"), "RAY": str(stubs / "ray"), "PYTHON": str(stubs / "python")}
+    env = {
+        **clean,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "STUB_LOG": str(log),
+        "SLURM_JOB_ID": "123",
+        "SLURM_JOB_NODELIST": f"node[1-{nodelist_len}]",
+        "STUB_NODES": str(nodelist_len),
+        "SLURMD_NODENAME": "node1",
+        "SLURM_CPUS_ON_NODE": "8",
+        "AREAL_GRAPH": str(stubs / "areal-graph"),
+        "RAY": str(stubs / "ray"),
+        "PYTHON": str(stubs / "python"),
+    }
     done = subprocess.run(["bash", str(script_path)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     return log.read_text().splitlines()
@@ -107,8 +123,26 @@ def run_with_stubs(script_path: Path, tmp: Path, nodelist_len: int = 4) -> list[
 def test_four_node_script_starts_ray_with_roles_and_runs_on_it(tmp_path: Path) -> None:
     """Through the CLI: 1 training + 3 inference nodes; every command the script runs, in order."""
     out = tmp_path / "job.sbatch"
-    assert main(["slurm", str(WORKFLOW), "--nodes", "4", "--gpus-per-node", "2", "--inference-nodes", "3",
-                 "--run-dir", str(tmp_path / "run"), "--out", str(out), "runtime.steps=7"]) == 0
+    assert (
+        main(
+            [
+                "slurm",
+                str(WORKFLOW),
+                "--nodes",
+                "4",
+                "--gpus-per-node",
+                "2",
+                "--inference-nodes",
+                "3",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--out",
+                str(out),
+                "runtime.steps=7",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "run").is_dir()  # sbatch writes the job's output there from the start
     calls = run_with_stubs(out, tmp_path)
     assert calls[0] == "scontrol show hostnames node[1-4]"
@@ -137,13 +171,26 @@ def test_two_node_default_split_and_one_node_local(tmp_path: Path) -> None:
     one.write_text(render_sbatch(SlurmLayout(nodes=1), job(tmp_path)))
     (tmp_path / "calls.log").unlink()
     calls = run_with_stubs(one, tmp_path, nodelist_len=1)
-    assert calls == [f"areal-graph run {WORKFLOW} --run-dir {tmp_path / 'run'} runtime.steps=7 "
-                     "nodes.train.clip_eps=0.1 token=none mode=none"]
+    assert calls == [
+        f"areal-graph run {WORKFLOW} --run-dir {tmp_path / 'run'} runtime.steps=7 "
+        "nodes.train.clip_eps=0.1 token=none mode=none"
+    ]
 
 
 def test_the_command_refuses_a_layout_without_the_gpus_the_workflow_asks(tmp_path: Path, capsys) -> None:
-    code = main(["slurm", str(WORKFLOW), "--nodes", "2", "--gpus-per-node", "0", "--run-dir", str(tmp_path / "r"),
-                 "inference.args.device=cuda"])
+    code = main(
+        [
+            "slurm",
+            str(WORKFLOW),
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "inference.args.device=cuda",
+        ]
+    )
     assert code == 1
     assert "the 1 inference node(s) have 0 GPU(s) but the workflow's processes there ask 1" in capsys.readouterr().err
     assert main(["slurm", str(WORKFLOW), "--nodes", "2", "--inference-nodes", "2"]) == 2  # layout error
@@ -167,9 +214,27 @@ def test_sbatch_runs_a_tiny_workflow_through_ray_to_completion(kit, tmp_path: Pa
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
     overrides = [o for o in SMALL if not o.startswith("runtime.save_every")]
-    done = subprocess.run([str(Path(sys.executable).parent / "areal-graph"), "slurm", str(wf), "--launcher", "ray",
-                           "--cpus-per-node", str(os.cpu_count()), "--time", "10", "--run-dir", str(run_dir),
-                           "--submit", *overrides], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "areal-graph"),
+            "slurm",
+            str(wf),
+            "--launcher",
+            "ray",
+            "--cpus-per-node",
+            str(os.cpu_count()),
+            "--time",
+            "10",
+            "--run-dir",
+            str(run_dir),
+            "--submit",
+            *overrides,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     job_id = re.search(r"Submitted batch job (\d+)", done.stdout).group(1)
     deadline = time.monotonic() + 400
@@ -183,4 +248,3 @@ def test_sbatch_runs_a_tiny_workflow_through_ray_to_completion(kit, tmp_path: Pa
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, output[-3000:]
     assert "Ray cluster up: 1 node(s)" in output and "done in" in output
     assert len([line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"time/step"' in line]) == 3
-

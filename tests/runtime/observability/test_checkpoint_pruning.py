@@ -17,8 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.runtime.observability import run_dir as run_dir_module
-from areal_graph.runtime.observability.run_dir import (COMPLETE_MARKER, DELETING_PREFIX, READING_MARKER, RunDir,
-                                                       end_state_file)
+from areal_graph.runtime.observability.run_dir import (
+    COMPLETE_MARKER,
+    DELETING_PREFIX,
+    READING_MARKER,
+    RunDir,
+    end_state_file,
+)
 
 
 @functools.cache
@@ -117,8 +122,10 @@ def test_a_removal_is_a_rename_first_and_a_crash_mid_removal_is_swept_next_time(
         assert [p.name for p in rd.prune_checkpoints(2)] == ["step_00000002"]
     assert sorted(p.name for p in rd.checkpoints_root.iterdir()) == ["step_00000003", "step_00000004"]
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["checkpoints pruned (keep_checkpoints 2): removed step_00000002, and 1 leftover(s) of an "
-                    "interrupted removal; newest kept step_00000004"]
+    assert said == [
+        "checkpoints pruned (keep_checkpoints 2): removed step_00000002, and 1 leftover(s) of an "
+        "interrupted removal; newest kept step_00000004"
+    ]
 
 
 def test_a_directory_that_cannot_be_renamed_is_logged_and_kept(tmp_path, monkeypatch, caplog):
@@ -152,8 +159,12 @@ def test_the_end_state_file_of_an_older_run_is_its_unfinished_json(tmp_path):
 # ---------------------------------------------------------------------- random sequences
 _op = st.one_of(
     st.tuples(st.just("save"), st.integers(1, 3), st.booleans()),  # steps later; complete, or crashed mid-save
-    st.tuples(st.just("prune"), st.integers(1, 4), st.one_of(st.none(), st.integers(1, 6)),
-              st.lists(st.integers(0, 30), max_size=2)),  # keep_last, keep_every, which directories to protect
+    st.tuples(
+        st.just("prune"),
+        st.integers(1, 4),
+        st.one_of(st.none(), st.integers(1, 6)),
+        st.lists(st.integers(0, 30), max_size=2),
+    ),  # keep_last, keep_every, which directories to protect
     st.tuples(st.just("read"), st.integers(0, 30), st.booleans()),  # which directory; by a live pid or a dead one
     st.tuples(st.just("crash_mid_removal"), st.integers(0, 30)),
 )
@@ -181,8 +192,9 @@ def test_random_saves_crashes_reads_and_prunes_keep_the_invariants(ops):
                     (dirs[op[1] % len(dirs)][1] / f"{READING_MARKER}.{pid}").write_text(str(pid))
             elif op[0] == "crash_mid_removal":
                 rd.checkpoints_root.mkdir(exist_ok=True)
-                (rd.checkpoints_root / f"{DELETING_PREFIX}step_{op[1]:08d}.7" / "actor").mkdir(parents=True,
-                                                                                              exist_ok=True)
+                (rd.checkpoints_root / f"{DELETING_PREFIX}step_{op[1]:08d}.7" / "actor").mkdir(
+                    parents=True, exist_ok=True
+                )
             else:
                 _, keep_last, keep_every, protect_steps = op
                 _check_prune(rd, keep_last, keep_every, protect_steps)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-from areal_graph.runtime.observability.disk_full import (checkpoint_need, disk_full_message, free_bytes,
-                                                          is_disk_full)
+from areal_graph.runtime.observability.disk_full import checkpoint_need, disk_full_message, free_bytes, is_disk_full
 from areal_graph.runtime.rpc.worker_client import WorkerError
 
 
@@ -20,9 +19,13 @@ def test_a_full_disk_is_recognised_by_errno_in_a_cause_and_in_a_remote_error():
             raise RuntimeError("saving failed") from inner
     except RuntimeError as outer:
         assert is_disk_full(outer)
-    remote = WorkerError("model-actor", "ModelHost", "save_checkpoint",
-                         "Traceback ...\nsafetensors_rust.SafetensorError: Error while serializing: I/O error: "
-                         "No space left on device (os error 28)")
+    remote = WorkerError(
+        "model-actor",
+        "ModelHost",
+        "save_checkpoint",
+        "Traceback ...\nsafetensors_rust.SafetensorError: Error while serializing: I/O error: "
+        "No space left on device (os error 28)",
+    )
     assert is_disk_full(remote)
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
     assert not is_disk_full(RuntimeError("unexpected pos 704 vs 598"))
@@ -30,8 +33,9 @@ def test_a_full_disk_is_recognised_by_errno_in_a_cause_and_in_a_remote_error():
 
 
 def test_the_message_names_the_write_the_path_the_room_and_how_to_go_on(tmp_path):
-    msg = disk_full_message("checkpoint step_00000006", tmp_path / "checkpoints" / "step_00000006", tmp_path,
-                            need_bytes=3 << 20)
+    msg = disk_full_message(
+        "checkpoint step_00000006", tmp_path / "checkpoints" / "step_00000006", tmp_path, need_bytes=3 << 20
+    )
     assert msg.startswith(f"the disk is full: checkpoint step_00000006 could not be written to {tmp_path}")
     assert "MB free on that filesystem, about 3.0 MB needed" in msg
     assert msg.endswith(f"continue with `areal-graph run --resume {tmp_path}`")

@@ -174,8 +174,18 @@ def test_trackers_get_every_step_as_numbers_then_the_links_and_the_close(tmp_pat
     rd = RunDir(tmp_path / "run", tensorboard=True)
     tracker = _Recorder()
     rd.set_loggers(tensorboard=False, trackers=[tracker])
-    rd.log_metrics(1, {"loss": 0.5, "reward/mean": torch.tensor(0.25), "n": 3, "note": "hi", "flag": True,
-                       "bad": float("nan"), "step": 99})
+    rd.log_metrics(
+        1,
+        {
+            "loss": 0.5,
+            "reward/mean": torch.tensor(0.25),
+            "n": 3,
+            "note": "hi",
+            "flag": True,
+            "bad": float("nan"),
+            "step": 99,
+        },
+    )
     rd.log_metrics(2, {"loss": 0.25})
     rd.trace_path.write_text("[]")
     rd.close(failed=True)
@@ -185,8 +195,10 @@ def test_trackers_get_every_step_as_numbers_then_the_links_and_the_close(tmp_pat
     assert set(metrics1) == {"loss", "reward/mean", "n", "bad"} and metrics1["n"] == 3.0
     assert metrics1["reward/mean"] == 0.25 and math.isnan(metrics1["bad"]) and metrics2 == {"loss": 0.25}
     root = str((tmp_path / "run").resolve())
-    assert tracker.calls[2:] == [("links", {"run_dir": root, "trace": f"{root}/trace.json",
-                                            "metrics": f"{root}/metrics.jsonl"}), ("close", True)]
+    assert tracker.calls[2:] == [
+        ("links", {"run_dir": root, "trace": f"{root}/trace.json", "metrics": f"{root}/metrics.jsonl"}),
+        ("close", True),
+    ]
     assert rd.trackers == []
     rd.log_metrics(3, {"loss": 0.1})  # after the close: metrics.jsonl only
     assert len(tracker.calls) == 4 and [m["step"] for m in read_metrics_file(rd.metrics_path).records] == [1, 2, 3]

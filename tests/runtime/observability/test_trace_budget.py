@@ -17,8 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from areal_graph.runtime.observability.trace_segments import (INDEX_FILENAME, SAMPLE_SEGMENTS, SEGMENTS_DIRNAME,
-                                                              TAIL_SEGMENTS, TraceBudgetTooSmall, kept_segments)
+from areal_graph.runtime.observability.trace_segments import (
+    INDEX_FILENAME,
+    SAMPLE_SEGMENTS,
+    SEGMENTS_DIRNAME,
+    TAIL_SEGMENTS,
+    TraceBudgetTooSmall,
+    kept_segments,
+)
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.trace_analysis.trace_model import load_timeline
 from support.traces import record_steps
@@ -45,8 +51,9 @@ def test_a_dropped_segment_is_never_wanted_back(closed):
 
 # ---------------------------------------------------------------------- the writer
 def _size(run: Path) -> int:
-    return sum(p.stat().st_size for p in [run / "trace.json", *(run / SEGMENTS_DIRNAME).glob("seg-*.json")]
-               if p.exists())
+    return sum(
+        p.stat().st_size for p in [run / "trace.json", *(run / SEGMENTS_DIRNAME).glob("seg-*.json")] if p.exists()
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -120,8 +127,9 @@ def test_own_spans_wait_for_the_workers_horizon_so_the_file_stays_in_time_order(
     tr.flush()
     names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"]
     assert names == ["w", "early"]  # "late" ends past the horizon: held back
-    tr.merge([dict(worker, name="w2", start=tr._to_wall(t + 1.0), end=tr._to_wall(t + 1.05))],
-             horizon=tr._to_wall(t + 1.2))
+    tr.merge(
+        [dict(worker, name="w2", start=tr._to_wall(t + 1.0), end=tr._to_wall(t + 1.05))], horizon=tr._to_wall(t + 1.2)
+    )
     tr.flush()
     names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text()) if e.get("ph") == "X"]
     assert names == ["w", "early", "late", "w2"]

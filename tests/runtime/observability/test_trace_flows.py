@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from support import fake_kinds
-from support.e2e import SMALL, run_cli, write_workflow
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.graph.plan import build_plan
 from areal_graph.runtime.observability.flows import FLOW_CAT, GroupFlows, flow_events
@@ -22,6 +20,8 @@ from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import Tracer, load_trace
 from areal_graph.runtime.orchestration.controller import Controller
 from areal_graph.runtime.orchestration.executor import InProcessExecutor
+from support import fake_kinds
+from support.e2e import SMALL, run_cli, write_workflow
 
 WORKFLOW = """
 name: flows
@@ -78,8 +78,14 @@ def flow_pairs(events: list[dict]) -> dict[str, tuple[dict, dict]]:
 
 def enclosing(events: list[dict], flow: dict) -> dict:
     """The complete span a flow event binds to: same pid and tid, ts inside it (innermost)."""
-    inside = [e for e in events if e.get("ph") == "X" and e["pid"] == flow["pid"] and e["tid"] == flow["tid"]
-              and e["ts"] <= flow["ts"] <= e["ts"] + e["dur"]]
+    inside = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and e["pid"] == flow["pid"]
+        and e["tid"] == flow["tid"]
+        and e["ts"] <= flow["ts"] <= e["ts"] + e["dur"]
+    ]
     assert inside, f"flow event {flow} is not inside any span of its thread"
     return min(inside, key=lambda e: e["dur"])
 
@@ -107,7 +113,8 @@ def test_every_trained_group_has_an_arrow_from_its_rollout_to_its_train_step(tmp
     assert trained_in == {step: set(b["group_ids"]) for step, b in enumerate(batches)}
     # order: steps consume groups in submission order, so arrow ends follow group ids
     assert [group_of(fid) for fid, _ in sorted(pairs.items(), key=lambda kv: kv[1][1]["ts"])] == sorted(
-        group_of(fid) for fid in pairs)
+        group_of(fid) for fid in pairs
+    )
 
 
 def test_a_retried_group_draws_one_arrow_from_the_attempt_that_succeeded(tmp_path):
@@ -122,8 +129,15 @@ def test_a_retried_group_draws_one_arrow_from_the_attempt_that_succeeded(tmp_pat
 
 
 def test_flow_events_sit_inside_their_spans_and_a_failed_span_starts_none():
-    span = {"name": "rollout", "ph": "X", "ts": 1000, "dur": 50, "pid": 3, "tid": 4,
-            "args": {"flow_out": ["r.g7"], "flow_in": ["r.g1", "r.g2"]}}
+    span = {
+        "name": "rollout",
+        "ph": "X",
+        "ts": 1000,
+        "dur": 50,
+        "pid": 3,
+        "tid": 4,
+        "args": {"flow_out": ["r.g7"], "flow_in": ["r.g1", "r.g2"]},
+    }
     evs = flow_events(span)
     assert [(e["ph"], e["id"], e["ts"]) for e in evs] == [("s", "r.g7", 1049), ("f", "r.g1", 1001), ("f", "r.g2", 1001)]
     assert all(e["pid"] == 3 and e["tid"] == 4 and e["cat"] == FLOW_CAT for e in evs)
@@ -175,4 +189,3 @@ def test_a_real_run_traces_requests_flows_and_obeys_the_switch(kit, tmp_path):
     proc = run_cli(wf, tmp_path / "off", *small, "runtime.steps=2", "runtime.trace=false")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not (tmp_path / "off" / "trace.json").exists()
-

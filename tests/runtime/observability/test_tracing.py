@@ -108,7 +108,7 @@ def test_threads_record_concurrently(tmp_path):
     tr = Tracer(tmp_path / "t.json", flush_every=500)
 
     def work(k):
-        for i in range(1000):
+        for _i in range(1000):
             with tr.span("s", cat=f"t{k}"):
                 pass
 
@@ -212,7 +212,8 @@ def test_nested_spans_share_a_lane_and_overlapping_ones_do_not(tmp_path):
     tr.flush()
     lanes = {(s["name"], s["args"]["rid"]): s["thread"] for s in complete_spans(load_trace(tr.path))}
     assert {k: v for k, v in lanes.items() if k[1] == "a"} == dict.fromkeys(
-        [("request", "a"), ("queued", "a"), ("prefill", "a"), ("decode", "a"), ("finished", "a")], "requests")
+        [("request", "a"), ("queued", "a"), ("prefill", "a"), ("decode", "a"), ("finished", "a")], "requests"
+    )
     assert {v for k, v in lanes.items() if k[1] == "b"} == {"requests #2"}
     events = [e for e in load_trace(tr.path) if e["ph"] == "X"]
     decode = next(e for e in events if e["name"] == "decode")
@@ -228,8 +229,12 @@ def test_spans_without_a_request_id_never_nest(tmp_path):
     tr.record("plan", 30.0, 30.0, cat="controller")
     tr.record("resume", 30.0, 30.0, cat="controller")  # marks at one instant share the lane
     tr.flush()
-    assert [s["thread"] for s in complete_spans(load_trace(tr.path))] == ["rollout", "rollout #2", "controller",
-                                                                        "controller"]
+    assert [s["thread"] for s in complete_spans(load_trace(tr.path))] == [
+        "rollout",
+        "rollout #2",
+        "controller",
+        "controller",
+    ]
 
 
 def test_clock_offset_is_estimated_from_the_shortest_round_trip():
@@ -343,8 +348,11 @@ def test_spans_are_pulled_in_the_background_and_a_failed_pull_is_only_logged(tmp
 
     asyncio.run(go())
     tr.close()  # the pulls' own spans end past their horizon: held back until the last flush
-    assert sorted(s["name"] for s in complete_spans(load_trace(tr.path))) == ["collect_spans", "collect_spans",
-                                                                             "remote"]
+    assert sorted(s["name"] for s in complete_spans(load_trace(tr.path))) == [
+        "collect_spans",
+        "collect_spans",
+        "remote",
+    ]
     assert "the trace has a gap" in caplog.text
     off = BackgroundSpanPull(NullTracer(), collect, every_s=0.0)
     off.maybe_start()  # tracing off: nothing is pulled (no event loop needed either)

@@ -23,7 +23,14 @@ from areal_graph.graph.loader import WorkflowError, load_workflow
 from areal_graph.graph.spec import RuntimeSpec
 from areal_graph.runtime.observability.run_dir import RunDir, read_metrics_file
 from areal_graph.runtime.observability.trackers import (
-    BUILT_IN, TRACKERS, MlflowTracker, TrackerSettings, TrackerUnavailable, WandbTracker, flatten, missing_packages,
+    BUILT_IN,
+    TRACKERS,
+    MlflowTracker,
+    TrackerSettings,
+    TrackerUnavailable,
+    WandbTracker,
+    flatten,
+    missing_packages,
     open_trackers,
 )
 from support.ci import missing
@@ -31,11 +38,16 @@ from support.paths import REPO, WORKFLOWS
 from support.wandb_records import read_offline_run
 
 PPO = WORKFLOWS / "ppo_async.yaml"
-CONFIG = {"name": "ppo", "models": {"actor": {"path": "/m", "train": {"lr": 2e-5, "betas": [0.9, 0.999]}}},
-          "runtime": {"batch_size": 8, "loggers": ["jsonl", "wandb", "mlflow"], "ray_address": None}}
-STEPS = {1: {"loss": 0.5, "reward/mean": 0.25, "eval/by_source/gsm8k/accuracy": 1.0},
-         2: {"loss": 0.125, "reward/mean": 0.75},
-         3: {"loss": 1 / 3, "reward/mean": 1e-9, "time/step": 12.5}}
+CONFIG = {
+    "name": "ppo",
+    "models": {"actor": {"path": "/m", "train": {"lr": 2e-5, "betas": [0.9, 0.999]}}},
+    "runtime": {"batch_size": 8, "loggers": ["jsonl", "wandb", "mlflow"], "ray_address": None},
+}
+STEPS = {
+    1: {"loss": 0.5, "reward/mean": 0.25, "eval/by_source/gsm8k/accuracy": 1.0},
+    2: {"loss": 0.125, "reward/mean": 0.75},
+    3: {"loss": 1 / 3, "reward/mean": 1e-9, "time/step": 12.5},
+}
 
 
 def need(package: str) -> None:
@@ -56,9 +68,14 @@ def no_network(monkeypatch, tmp_path):
         return real(self, address)
 
     monkeypatch.setattr(socket.socket, "connect", connect)
-    for var, value in {"WANDB_SILENT": "true", "WANDB_MODE": "offline", "WANDB_BASE_URL": "http://127.0.0.1:9",
-                       "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
-                       "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}.items():
+    for var, value in {
+        "WANDB_SILENT": "true",
+        "WANDB_MODE": "offline",
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+    }.items():
         monkeypatch.setenv(var, value)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     # absent during the test (the tracker sets it for its file store) and removed again after:
@@ -71,8 +88,9 @@ def settings(run_dir: Path, **kw) -> TrackerSettings:
     return TrackerSettings(run_dir.resolve(), run_dir.name, "ppo", **kw)
 
 
-def log_a_run(rd: RunDir, trackers: list, failed: bool = False, tensorboard: bool = False,
-              resumed: dict[int, dict] | None = None) -> None:
+def log_a_run(
+    rd: RunDir, trackers: list, failed: bool = False, tensorboard: bool = False, resumed: dict[int, dict] | None = None
+) -> None:
     """Three steps (with a string and a bool that only metrics.jsonl keeps), steps logged again
     after a resume, a trace, a checkpoint folder and a final model, then the run's end."""
     rd.set_loggers(tensorboard=tensorboard, trackers=trackers)
@@ -100,8 +118,11 @@ def test_wandb_offline_run_holds_the_config_every_step_and_the_links(tmp_path, n
     rd = RunDir(tmp_path / "ppo-run")
     try:
         with caplog.at_level(logging.WARNING):  # step 2 again, as after a resume: W&B keeps the first
-            log_a_run(rd, open_trackers(["jsonl", "wandb"], settings(rd.path, wandb_project="proj"), CONFIG),
-                      resumed={2: {"loss": 99.0}})
+            log_a_run(
+                rd,
+                open_trackers(["jsonl", "wandb"], settings(rd.path, wandb_project="proj"), CONFIG),
+                resumed={2: {"loss": 99.0}},
+            )
     finally:
         wandb.teardown()  # the service process: a later test in this process may signal every child
     files = glob.glob(str(rd.path / "wandb" / "offline-run-*" / "run-*.wandb"))
@@ -129,8 +150,9 @@ def test_mlflow_file_store_holds_params_the_metric_history_and_link_tags(tmp_pat
     from mlflow.tracking import MlflowClient
 
     rd = RunDir(tmp_path / "ppo-run")
-    log_a_run(rd, open_trackers(["jsonl", "tensorboard", "mlflow"], settings(rd.path), CONFIG), failed=True,
-              tensorboard=True)
+    log_a_run(
+        rd, open_trackers(["jsonl", "tensorboard", "mlflow"], settings(rd.path), CONFIG), failed=True, tensorboard=True
+    )
     assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"  # MLflow 3 refuses a file store without it
     uri = (rd.path / "mlruns").resolve().as_uri()  # the default: a file store in the run directory
     client = MlflowClient(tracking_uri=uri)
@@ -164,16 +186,18 @@ def test_mlflow_takes_a_tracking_uri_and_experiment_and_odd_metric_names(tmp_pat
 
     store = tmp_path / "shared-store"
     rd = RunDir(tmp_path / "run")
-    (tracker,) = open_trackers(["jsonl", "mlflow"], settings(rd.path, mlflow_tracking_uri=store.as_uri(),
-                                                             mlflow_experiment="sweep"), {"a": {}})
+    (tracker,) = open_trackers(
+        ["jsonl", "mlflow"], settings(rd.path, mlflow_tracking_uri=store.as_uri(), mlflow_experiment="sweep"), {"a": {}}
+    )
     tracker.log_metrics(4, {"reward/by_source/open?ai//gsm8k/mean": 0.5, "x": math.nan})
     tracker.close()
     assert not (rd.path / "mlruns").exists()
     client = MlflowClient(tracking_uri=store.as_uri())
     run = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])[0]
     assert run.info.status == "FINISHED" and run.data.params == {"a": "{}"}
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/by_source/open_ai/gsm8k/mean")] \
-        == [(4, 0.5)]
+    assert [
+        (m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/by_source/open_ai/gsm8k/mean")
+    ] == [(4, 0.5)]
     assert math.isnan(run.data.metrics["x"])
 
 
@@ -214,29 +238,41 @@ def test_a_missing_package_stops_the_start_naming_the_field_and_the_pip_command(
     assert Recorder.made[0].calls == [("config", {"a": 1}), ("close", True)]
     assert missing_packages(["jsonl", "tensorboard", "wandb"]) == [
         "runtime.loggers: 'wandb' needs the wandb package, which is not installed here: "
-        "pip install 'areal-graph[trackers]' (or: pip install wandb)"]
+        "pip install 'areal-graph[trackers]' (or: pip install wandb)"
+    ]
 
 
 def test_the_default_loggers_import_no_tracker_package():
     """A run with the default loggers (and `validate` with any) pays nothing for W&B or MLflow."""
-    code = ("import sys; from pathlib import Path\n"
-            "from areal_graph.runtime.observability.trackers import TrackerSettings, missing_packages, open_trackers\n"
-            "from areal_graph.runtime.observability.run_dir import RunDir\n"
-            "assert open_trackers(['jsonl', 'tensorboard'], TrackerSettings(Path('.'), 'r', 'w'), {}) == []\n"
-            "missing_packages(['jsonl', 'wandb', 'mlflow'])\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'mlflow')))\n")
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from areal_graph.runtime.observability.trackers import TrackerSettings, missing_packages, open_trackers\n"
+        "from areal_graph.runtime.observability.run_dir import RunDir\n"
+        "assert open_trackers(['jsonl', 'tensorboard'], TrackerSettings(Path('.'), 'r', 'w'), {}) == []\n"
+        "missing_packages(['jsonl', 'wandb', 'mlflow'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'mlflow')))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("override,fragment", [
-    ("runtime.loggers=[jsonl,wandbb]", "item 1: must be one of 'jsonl', 'tensorboard', 'wandb', 'mlflow', "
-                                       "got a string 'wandbb' (did you mean 'wandb'?)"),
-    ("runtime.loggers=[tensorboard,wandb]", "must include 'jsonl'"),
-    ("runtime.loggers=[jsonl,mlflow,mlflow]", "names 'mlflow' more than once"),
-    ("runtime.mlflow_experiment=sweep", "is used only with 'mlflow' in runtime.loggers (it is [jsonl, tensorboard])"),
-])
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        (
+            "runtime.loggers=[jsonl,wandbb]",
+            "item 1: must be one of 'jsonl', 'tensorboard', 'wandb', 'mlflow', "
+            "got a string 'wandbb' (did you mean 'wandb'?)",
+        ),
+        ("runtime.loggers=[tensorboard,wandb]", "must include 'jsonl'"),
+        ("runtime.loggers=[jsonl,mlflow,mlflow]", "names 'mlflow' more than once"),
+        (
+            "runtime.mlflow_experiment=sweep",
+            "is used only with 'mlflow' in runtime.loggers (it is [jsonl, tensorboard])",
+        ),
+    ],
+)
 def test_bad_loggers_name_the_field_and_the_value(override, fragment):
     with pytest.raises(WorkflowError) as err:
         load_workflow(PPO, overrides=[override])
@@ -246,9 +282,17 @@ def test_bad_loggers_name_the_field_and_the_value(override, fragment):
 
 
 def test_all_four_loggers_load():
-    spec = load_workflow(PPO, overrides=["runtime.loggers=[jsonl,tensorboard,wandb,mlflow]",
-                                         "runtime.mlflow_tracking_uri=sqlite:///m.db", "runtime.wandb_project=p"])
+    spec = load_workflow(
+        PPO,
+        overrides=[
+            "runtime.loggers=[jsonl,tensorboard,wandb,mlflow]",
+            "runtime.mlflow_tracking_uri=sqlite:///m.db",
+            "runtime.wandb_project=p",
+        ],
+    )
     assert spec.runtime.loggers == ["jsonl", "tensorboard", "wandb", "mlflow"]
     s = TrackerSettings.for_run(spec, "runs/x")
     assert (s.run_name, s.workflow, s.wandb_project, s.mlflow_uri) == ("x", spec.name, "p", "sqlite:///m.db")
-    assert TrackerSettings.for_run(load_workflow(PPO), "runs/x").mlflow_uri == (Path("runs/x/mlruns").resolve().as_uri())
+    assert TrackerSettings.for_run(load_workflow(PPO), "runs/x").mlflow_uri == (
+        Path("runs/x/mlruns").resolve().as_uri()
+    )

@@ -50,8 +50,9 @@ def test_resumable_failures_go_on_from_the_latest_checkpoint(monkeypatch):
     calls = scripted(monkeypatch, [RunFailed("model died", True), RunFailed("again", True), "state"])
     told = []
     run_dir = FakeRunDir(ckpt)
-    state = run_module.run_with_auto_resume(spec_with(2), run_dir, resume_from=None,
-                                            on_resume=lambda err, c, n: told.append((str(err), c, n)))
+    state = run_module.run_with_auto_resume(
+        spec_with(2), run_dir, resume_from=None, on_resume=lambda err, c, n: told.append((str(err), c, n))
+    )
     assert state == "state" and calls == ["loggers", None, ckpt, ckpt]  # loggers opened once for every part
     assert run_dir.closed == [False]
     assert told == [("model died", ckpt, 1), ("again", ckpt, 2)]
@@ -64,9 +65,10 @@ def test_past_the_limit_the_failure_is_raised_with_the_count(monkeypatch):
     assert info.value.resumes == 1
 
 
-@pytest.mark.parametrize("failure,checkpoint", [(RunFailed("node failed", False), Path("/c")),
-                                                (RunFailed("died", True), None),
-                                                (ValueError("bad"), Path("/c"))])
+@pytest.mark.parametrize(
+    "failure,checkpoint",
+    [(RunFailed("node failed", False), Path("/c")), (RunFailed("died", True), None), (ValueError("bad"), Path("/c"))],
+)
 def test_what_is_not_resumable_is_raised_at_once(monkeypatch, failure, checkpoint):
     calls = scripted(monkeypatch, [failure])
     run_dir = FakeRunDir(checkpoint)
@@ -84,8 +86,11 @@ def test_the_loggers_start_with_the_config_the_run_wrote(tmp_path, monkeypatch):
     from support.paths import WORKFLOWS
 
     opened = []
-    monkeypatch.setattr(run_module, "open_trackers", lambda loggers, settings, config: opened.append(
-        (list(loggers), settings, config)) or ["tracker"])
+    monkeypatch.setattr(
+        run_module,
+        "open_trackers",
+        lambda loggers, settings, config: opened.append((list(loggers), settings, config)) or ["tracker"],
+    )
     spec = load_workflow(WORKFLOWS / "ppo_async.yaml", overrides=["runtime.loggers=[jsonl,mlflow]"])
     run_dir = RunDir(tmp_path / "run")
     run_dir.write_config({"name": "from-config-yaml"})

@@ -67,9 +67,15 @@ def test_in_the_simulator_it_recovers_from_too_little_concurrency():
     from areal_graph.perfmodel.simulator import SimConfig
 
     groups = [[v, 20, [10, 12, 40, 90]] for v in range(60)]
-    costs = CostModel(machine_cores=[0, 1], inference=SidePlacement(None, 1), training=SidePlacement(None, 1),
-                      decode_ms=LinearFit(["1", "rows"], [1.0, 0.02]), prefill_ms=LinearFit.constant(2.0),
-                      model_calls={"train": LinearFit.constant(0.02)}, lengths=LengthModel(6, 128, groups))
+    costs = CostModel(
+        machine_cores=[0, 1],
+        inference=SidePlacement(None, 1),
+        training=SidePlacement(None, 1),
+        decode_ms=LinearFit(["1", "rows"], [1.0, 0.02]),
+        prefill_ms=LinearFit.constant(2.0),
+        model_calls={"train": LinearFit.constant(0.02)},
+        lengths=LengthModel(6, 128, groups),
+    )
     cfg = SimConfig(steps=60, batch_size=16, group_size=4, max_staleness=4, max_concurrent=4, max_running=64)
     fixed = simulate(cfg, costs, passes=1)
     piloted = simulate(dataclasses.replace(cfg, autopilot=True), costs, passes=1)

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from support import fake_kinds
-from support.e2e import read_metrics
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.graph.plan import build_plan
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import NullTracer
 from areal_graph.runtime.orchestration.controller import Controller, RunFailed
 from areal_graph.runtime.orchestration.executor import InProcessExecutor
+from support import fake_kinds
+from support.e2e import read_metrics
 
 BASE = """
 name: ctl
@@ -46,9 +46,15 @@ class _Prompt:
 
 
 def workflow(eta=0, steps=6, reward="parity_reward", extra="", train_reads="", fail="{}", delay=0.0) -> str:
-    return (BASE.replace("ETA", str(eta)).replace("STEPS", str(steps)).replace("REWARD", reward)
-            .replace("EXTRA", extra).replace("TRAIN_READS", train_reads).replace("FAIL", fail)
-            .replace("DELAY", str(delay)))
+    return (
+        BASE.replace("ETA", str(eta))
+        .replace("STEPS", str(steps))
+        .replace("REWARD", reward)
+        .replace("EXTRA", extra)
+        .replace("TRAIN_READS", train_reads)
+        .replace("FAIL", fail)
+        .replace("DELAY", str(delay))
+    )
 
 
 def prompts(n: int = 50, sources: tuple[str, ...] = ("",)) -> list[_Prompt]:
@@ -60,8 +66,9 @@ def _run_text(tmp_path, text, resume_from=None, data=None):
     state and the (shut down) executor."""
     plan = build_plan(load_workflow_text(text))
     executor = InProcessExecutor(plan)
-    controller = Controller(plan, executor, data or prompts(), [], RunDir(tmp_path / "run", tensorboard=False),
-                            NullTracer())
+    controller = Controller(
+        plan, executor, data or prompts(), [], RunDir(tmp_path / "run", tensorboard=False), NullTracer()
+    )
     fake_kinds.HOSTS.clear()
     executor.start(controller.on_failure)
     try:
@@ -100,8 +107,12 @@ def test_staleness_never_exceeds_eta_and_data_is_trained_once(tmp_path, eta):
     trained = [s for b in batches for s in b["sample_ids"]]
     assert len(trained) == len(set(trained)) == 80  # no trajectory trained twice
     # every submitted group is finished (trained or buffered), failed, dropped or in flight
-    assert end_state["groups_submitted"] == (end_state["groups_finished"] + end_state["groups_failed"]
-                                            + end_state["groups_dropped"] + end_state["groups_in_flight_at_stop"])
+    assert end_state["groups_submitted"] == (
+        end_state["groups_finished"]
+        + end_state["groups_failed"]
+        + end_state["groups_dropped"]
+        + end_state["groups_in_flight_at_stop"]
+    )
     # a clean finish says so: the file is the run's end state, not a failure report
     assert end_state["finished"] is True and end_state["stop_reason"] == "completed runtime.steps (10)"
     # at most (eta + v + 1) * B trajectories were ever admitted: v = 10 at the end
@@ -121,7 +132,7 @@ def test_failed_groups_are_retried_then_counted_never_lost(tmp_path):
 
 
 def test_a_filter_drops_whole_groups_and_the_gate_replaces_them(tmp_path):
-    extra = ('dapo: {kind: function, fn: "areal_graph.nodes.filters:drop_uniform_groups", reads: [rewards]}')
+    extra = 'dapo: {kind: function, fn: "areal_graph.nodes.filters:drop_uniform_groups", reads: [rewards]}'
     state, hosts, end_state, _ = run(tmp_path, eta=0, steps=5, reward="mixed_reward", extra=extra)
     batches = hosts["train"].batches
     trained_groups = {g for b in batches for g in b["group_ids"]}
@@ -138,8 +149,10 @@ def test_a_filter_drops_whole_groups_and_the_gate_replaces_them(tmp_path):
 
 
 def test_independent_nodes_on_different_processes_run_concurrently(tmp_path):
-    extra = ('slow_a: {kind: "support.fake_kinds:SLOW", process: proc_a, reads: [input_ids], writes: [a_out]}\n'
-             '  slow_b: {kind: "support.fake_kinds:SLOW", process: proc_b, reads: [input_ids], writes: [b_out]}')
+    extra = (
+        'slow_a: {kind: "support.fake_kinds:SLOW", process: proc_a, reads: [input_ids], writes: [a_out]}\n'
+        '  slow_b: {kind: "support.fake_kinds:SLOW", process: proc_b, reads: [input_ids], writes: [b_out]}'
+    )
     _, hosts, _, _ = run(tmp_path, eta=0, steps=2, extra=extra, train_reads=", a_out, b_out")
     for (a0, a1), (b0, b1) in zip(hosts["slow_a"].spans, hosts["slow_b"].spans):
         overlap = min(a1, b1) - max(a0, b0)
@@ -148,8 +161,11 @@ def test_independent_nodes_on_different_processes_run_concurrently(tmp_path):
 
 
 def test_a_node_that_does_not_write_its_declared_key_stops_the_run_by_name(tmp_path):
-    with pytest.raises(RunFailed, match=r"node 'reward' must return exactly its declared writes \['rewards'\]; "
-                                        r"it did not write \['rewards'\]"):
+    with pytest.raises(
+        RunFailed,
+        match=r"node 'reward' must return exactly its declared writes \['rewards'\]; "
+        r"it did not write \['rewards'\]",
+    ):
         run(tmp_path, reward="forgets_its_write")
 
 
@@ -158,9 +174,12 @@ def test_a_node_that_always_fails_stops_the_run_naming_it(tmp_path):
     FAILED_GROUPS_IN_A_ROW failed groups the run stops with the node, its code and the error."""
     from areal_graph.runtime.orchestration.controller import FAILED_GROUPS_IN_A_ROW, GROUP_ATTEMPTS
 
-    with pytest.raises(RunFailed, match=rf"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried "
-                                        rf"{GROUP_ATTEMPTS} times; the last: node 'reward' \(function "
-                                        r"support.fake_kinds:always_raises\): ValueError: a bug in the user's reward"):
+    with pytest.raises(
+        RunFailed,
+        match=rf"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried "
+        rf"{GROUP_ATTEMPTS} times; the last: node 'reward' \(function "
+        r"support.fake_kinds:always_raises\): ValueError: a bug in the user's reward",
+    ):
         run(tmp_path, reward="always_raises")
     end_state = json.loads((tmp_path / "run" / "end_state.json").read_text())
     # the groups in flight when the limit was hit may fail too; none was trained, all are counted
@@ -192,7 +211,8 @@ def test_dropping_part_of_a_group_is_an_error(tmp_path):
 def test_every_node_gets_exactly_its_reads_plus_the_ids(tmp_path):
     _, hosts, _, _ = run(tmp_path, steps=1)
     assert hosts["train"].batches[0]["keys"] == sorted(
-        ["input_ids", "loss_mask", "behav_logprobs", "advantages", "versions", "group_id", "sample_id", "answer"])
+        ["input_ids", "loss_mask", "behav_logprobs", "advantages", "versions", "group_id", "sample_id", "answer"]
+    )
 
 
 @pytest.mark.parametrize("eta", [1, 2])
@@ -262,7 +282,6 @@ def test_reward_is_also_reported_per_data_source(tmp_path):
     assert any(len([k for k in m if "/by_source/" in k]) == 2 for m in steps)
 
 
-
 # ------------------------------------------------------------------------------ keep_checkpoints, end state
 def _steps_on_disk(tmp_path) -> list[int]:
     return [s for s, _ in RunDir(tmp_path / "run", tensorboard=False).checkpoints()]
@@ -271,12 +290,16 @@ def _steps_on_disk(tmp_path) -> list[int]:
 def test_keep_checkpoints_keeps_the_newest_and_the_milestones(tmp_path):
     """save_every 1, keep 2, milestones every 4: after 9 steps steps 8 and 9 (the newest two) and
     4 (a milestone) are left, and nothing else under checkpoints/ (no half-removed directory)."""
-    text = workflow(steps=9).replace("eval_every: 0}", "eval_every: 0, save_every: 1, keep_checkpoints: 2, "
-                                                       "keep_checkpoints_every: 4}")
+    text = workflow(steps=9).replace(
+        "eval_every: 0}", "eval_every: 0, save_every: 1, keep_checkpoints: 2, keep_checkpoints_every: 4}"
+    )
     _run_text(tmp_path, text)
     assert _steps_on_disk(tmp_path) == [4, 8, 9]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
-        "step_00000004", "step_00000008", "step_00000009"]
+        "step_00000004",
+        "step_00000008",
+        "step_00000009",
+    ]
 
 
 def test_without_keep_checkpoints_every_checkpoint_stays(tmp_path):
@@ -363,8 +386,11 @@ def test_a_trace_budget_too_small_for_one_step_stops_the_run_naming_the_field(tm
     fake_kinds.HOSTS.clear()
     executor.start(controller.on_failure)
     try:
-        with pytest.raises(RunFailed, match=r"runtime.trace_max_mb: 0.00390625 MB is too small to hold one step of "
-                                            r"this run's trace \(~.* MB per step.*set runtime.trace_max_mb to at least 1"):
+        with pytest.raises(
+            RunFailed,
+            match=r"runtime.trace_max_mb: 0.00390625 MB is too small to hold one step of "
+            r"this run's trace \(~.* MB per step.*set runtime.trace_max_mb to at least 1",
+        ):
             controller.run()
     finally:
         executor.shutdown()

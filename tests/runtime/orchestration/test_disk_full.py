@@ -32,11 +32,25 @@ def small_disk(tmp_path):
 
 
 def _start(wf: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", *([str(wf)] if wf else []), "--run-dir", str(run_dir),
-           *SMALL, f"runtime.steps={STEPS}", f"runtime.max_staleness={ETA}", "runtime.save_every=2",
-           "runtime.eval_every=0", "runtime.loggers=[jsonl]", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=child_env(COLUMNS="400"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        *([str(wf)] if wf else []),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        f"runtime.steps={STEPS}",
+        f"runtime.max_staleness={ETA}",
+        "runtime.save_every=2",
+        "runtime.eval_every=0",
+        "runtime.loggers=[jsonl]",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(COLUMNS="400")
+    )
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -104,15 +118,17 @@ def test_a_full_disk_stops_the_run_with_the_path_and_resume_loses_nothing(kit, t
     assert sorted(account.trained) == list(range(STEPS * 2))
     end_state = json.loads((run_dir / "end_state.json").read_text())
     assert end_state["finished"] is True
-    print(f"disk full after step {failed_at}; resumed from {latest.name}; console said:\n"
-          + "\n".join(line for line in out.splitlines() if "disk is full" in line or "run failed" in line))
+    print(
+        f"disk full after step {failed_at}; resumed from {latest.name}; console said:\n"
+        + "\n".join(line for line in out.splitlines() if "disk is full" in line or "run failed" in line)
+    )
 
 
 def test_a_trace_that_fills_the_disk_asks_the_run_to_stop_naming_the_file(small_disk):
     """The tracer writes from its flush thread: a full disk there becomes `problem` (the controller
     stops the run with it after the step) and the trace written so far stays readable."""
-    from areal_graph.trace_analysis.trace_model import load_timeline
     from areal_graph.runtime.observability.tracing import Tracer
+    from areal_graph.trace_analysis.trace_model import load_timeline
 
     _fill(small_disk, leave=256 << 10)
     tr = Tracer(small_disk / "run" / "trace.json", flush_interval_s=1e9)

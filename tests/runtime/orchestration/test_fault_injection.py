@@ -56,8 +56,11 @@ def _last_step(run_dir: Path) -> int:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
         return 0
-    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
-             if line.strip() and "time/step" in line]
+    steps = [
+        json.loads(line).get("step", 0)
+        for line in metrics.read_text().splitlines()
+        if line.strip() and "time/step" in line
+    ]
     return steps[-1] if steps else 0
 
 
@@ -99,13 +102,25 @@ def _names(proc: subprocess.Popen) -> list[str]:
     return names
 
 
-def _start(wf: Path, run_dir: Path, *extra: str, steps: int = STEPS,
-           env_extra: dict[str, str] | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), *SMALL,
-           f"runtime.steps={steps}", f"runtime.max_staleness={ETA}", "runtime.save_every=2", "runtime.eval_every=0",
-           *extra]
-    env = {**os.environ, "COLUMNS": "400",
-           "PYTHONPATH": child_env()["PYTHONPATH"], **(env_extra or {})}
+def _start(
+    wf: Path, run_dir: Path, *extra: str, steps: int = STEPS, env_extra: dict[str, str] | None = None
+) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(wf),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        f"runtime.steps={steps}",
+        f"runtime.max_staleness={ETA}",
+        "runtime.save_every=2",
+        "runtime.eval_every=0",
+        *extra,
+    ]
+    env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": child_env()["PYTHONPATH"], **(env_extra or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -135,18 +150,24 @@ def run_kill_plan(kit_dir: Path, tmp_path: Path, seed: int) -> tuple[list[Kill],
             k.after_step = step = step + k.steps_later
             _wait(lambda: _last_step(run_dir) >= k.after_step or proc.poll() is not None, f"step {k.after_step}")
             if proc.poll() is not None:
-                raise AssertionError(f"the run ended before the planned kill of {k.victim} after step {step}:\n"
-                                     + proc.stdout.read()[-3000:])
+                raise AssertionError(
+                    f"the run ended before the planned kill of {k.victim} after step {step}:\n"
+                    + proc.stdout.read()[-3000:]
+                )
             if k.victim == "model-actor":
                 _wait(lambda: any((run_dir / "checkpoints").glob("step_*/COMPLETE")), "a checkpoint")
             time.sleep(k.delay_s)
             # the victim may be between lives (restarted after an earlier kill): wait for it
-            _wait(lambda: _find(proc, k.victim) is not None or proc.poll() is not None,
-                  f"a live {k.victim} (alive: {_names(proc)})", 60)
+            _wait(
+                lambda: _find(proc, k.victim) is not None or proc.poll() is not None,
+                f"a live {k.victim} (alive: {_names(proc)})",
+                60,
+            )
             victim = _find(proc, k.victim)
             if victim is None:
-                raise AssertionError(f"the run ended before {k.victim} could be killed after step {step}:\n"
-                                     + proc.stdout.read()[-3000:])
+                raise AssertionError(
+                    f"the run ended before {k.victim} could be killed after step {step}:\n" + proc.stdout.read()[-3000:]
+                )
             k.pid, killed_at, step_at_kill = victim.pid, time.monotonic(), _last_step(run_dir)
             victim.send_signal(signal.SIGKILL)
             _wait(lambda: _last_step(run_dir) > step_at_kill or proc.poll() is not None, "progress after the kill")
@@ -157,9 +178,13 @@ def run_kill_plan(kit_dir: Path, tmp_path: Path, seed: int) -> tuple[list[Kill],
         if proc.poll() is None:
             proc.kill()
     for k in plan:
-        k.outcome = ("auto-resumed from its last checkpoint" if k.victim == "model-actor" and "auto-resume 1" in out
-                     else "restarted, its calls redone" if f"'{k.victim}'" in out and "restarting it" in out
-                     else "?")
+        k.outcome = (
+            "auto-resumed from its last checkpoint"
+            if k.victim == "model-actor" and "auto-resume 1" in out
+            else "restarted, its calls redone"
+            if f"'{k.victim}'" in out and "restarting it" in out
+            else "?"
+        )
     assert proc.returncode == 0, out[-4000:]
     # counted over the whole run, across the auto-resume after the model worker's death
     restarts = json.loads((run_dir / "end_state.json").read_text())["process_restarts"]
@@ -169,7 +194,9 @@ def run_kill_plan(kit_dir: Path, tmp_path: Path, seed: int) -> tuple[list[Kill],
 
 def _table(seed: int, plan: list[Kill]) -> str:
     lines = [f"seed {seed}: process killed | after step (+delay) | what happened | next step logged after"]
-    lines += [f"  {k.victim:12s} | {k.after_step:2d} (+{k.delay_s:.2f} s) | {k.outcome} | {k.recovered_s} s" for k in plan]
+    lines += [
+        f"  {k.victim:12s} | {k.after_step:2d} (+{k.delay_s:.2f} s) | {k.outcome} | {k.recovered_s} s" for k in plan
+    ]
     return "\n".join(lines)
 
 
@@ -193,8 +220,10 @@ def test_a_killed_controller_resumes_with_nothing_lost(kit, tmp_path):
     proc = _start(wf, run_dir, steps=steps)
     try:
         after = rng.randrange(3, steps - 4)
-        _wait(lambda: _last_step(run_dir) >= after and any((run_dir / "checkpoints").glob("step_*/COMPLETE")),
-              f"step {after}")
+        _wait(
+            lambda: _last_step(run_dir) >= after and any((run_dir / "checkpoints").glob("step_*/COMPLETE")),
+            f"step {after}",
+        )
         time.sleep(rng.uniform(0.0, 0.6))
     finally:
         _kill_controller(proc, run_dir)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from areal_graph.runtime.orchestration.generation_stats import GenerationStats, is_mean
 

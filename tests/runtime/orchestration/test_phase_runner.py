@@ -21,8 +21,14 @@ from areal_graph.graph.kind import RunInfo
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.graph.plan import build_plan
 from areal_graph.runtime.hosts.function_host import FunctionHost
-from areal_graph.runtime.orchestration.phase_runner import (NodeContractError, NodeResult, check_output, node_inputs,
-                                                            restrict, run_phase)
+from areal_graph.runtime.orchestration.phase_runner import (
+    NodeContractError,
+    NodeResult,
+    check_output,
+    node_inputs,
+    restrict,
+    run_phase,
+)
 
 HEAD = """
 name: phases
@@ -36,21 +42,27 @@ nodes:
   train: {kind: train, model: actor, loss: ppo, reads: [input_ids, loss_mask, behav_logprobs, advantages]}
 """
 # reward and bonus are independent; total needs both; dapo (DAPO's filter) needs total
-SHAPING = HEAD + """
+SHAPING = (
+    HEAD
+    + """
   reward: {kind: function, fn: "support.fake_kinds:mixed_reward", reads: [loss_mask], writes: [rewards]}
   bonus: {kind: function, fn: "support.fake_kinds:parity_reward", reads: [input_ids], writes: [bonus]}
   total: {kind: function, fn: "areal_graph.nodes.shaping:weighted_sum", args: {weights: {rewards: 1.0, bonus: 0.0}},
           reads: [rewards, bonus], writes: [total]}
   dapo: {kind: function, fn: "areal_graph.nodes.filters:drop_uniform_groups", args: {key: total}, reads: [total]}
 """
+)
 # gate drops groups and writes `kept`, which `after` reads; side runs beside them from the start
-GATED = HEAD + """
+GATED = (
+    HEAD
+    + """
   reward: {kind: function, fn: "support.fake_kinds:parity_reward", reads: [loss_mask], writes: [rewards]}
   gate: {kind: function, fn: "areal_graph.nodes.filters:drop_uniform_groups", args: {key: rewards},
          reads: [rewards], writes: [kept]}
   after: {kind: function, fn: "support.fake_kinds:parity_reward", reads: [kept], writes: [final]}
   side: {kind: function, fn: "support.fake_kinds:parity_reward", reads: [input_ids], writes: [side]}
 """
+)
 IDS = {"group_id", "sample_id", "answer"}  # the implicit keys the batch holds (no `info` here)
 
 
@@ -68,11 +80,16 @@ def _batch(groups: int = 3, g: int = 2) -> PackedBatch:
     """What a rollout returns for `groups` prompts of `g` answers (sample id = group * g + j)."""
     seqs = [[1, 2, 3 + k] + [10 + k] * (1 + k % 2) for k in range(groups * g)]
     return PackedBatch.from_sequences(
-        {"input_ids": seqs, "loss_mask": [[0, 0, 0] + [1] * (len(s) - 3) for s in seqs],
-         "behav_logprobs": [[0.0] * len(s) for s in seqs], "versions": [[-1, -1, -1] + [0] * (len(s) - 3) for s in seqs]},
+        {
+            "input_ids": seqs,
+            "loss_mask": [[0, 0, 0] + [1] * (len(s) - 3) for s in seqs],
+            "behav_logprobs": [[0.0] * len(s) for s in seqs],
+            "versions": [[-1, -1, -1] + [0] * (len(s) - 3) for s in seqs],
+        },
         seqs={"group_id": [k // g for k in range(groups * g)], "sample_id": list(range(groups * g))},
         meta={"answer": [str(k // g) for k in range(groups * g)]},
-        dtypes={"input_ids": torch.int64, "loss_mask": torch.int64, "versions": torch.int64})
+        dtypes={"input_ids": torch.int64, "loss_mask": torch.int64, "versions": torch.int64},
+    )
 
 
 def _kept(given: PackedBatch, sample_ids: list[int], **writes) -> PackedBatch:
@@ -84,20 +101,29 @@ def _kept(given: PackedBatch, sample_ids: list[int], **writes) -> PackedBatch:
 
 
 def _writes(batch: PackedBatch, **values) -> PackedBatch:
-    return PackedBatch(batch.cu_seqlens.clone(), seqs={k: torch.as_tensor(v, dtype=torch.float32)
-                                                       for k, v in values.items()})
+    return PackedBatch(
+        batch.cu_seqlens.clone(), seqs={k: torch.as_tensor(v, dtype=torch.float32) for k, v in values.items()}
+    )
 
 
 def test_the_plans_phases_are_what_the_tests_expect(shaping, gated):
     assert shaping.generation == ("reward", "bonus", "total", "dapo")
-    assert dict(shaping.deps) == {"reward": (), "bonus": (), "total": ("reward", "bonus"), "dapo": ("total",),
-                                       "advantage": (), "train": ("advantage",)}
+    assert dict(shaping.deps) == {
+        "reward": (),
+        "bonus": (),
+        "total": ("reward", "bonus"),
+        "dapo": ("total",),
+        "advantage": (),
+        "train": ("advantage",),
+    }
     assert gated.generation == ("reward", "gate", "after", "side") and gated.deps["after"] == ("gate",)
 
 
 def test_a_phase_runs_as_a_dag_on_the_plans_function_hosts(shaping):
-    hosts = {n: FunctionHost(**shaping.kind(n).host_args(shaping.node(n), shaping.spec, RunInfo({})))
-             for n in shaping.generation}
+    hosts = {
+        n: FunctionHost(**shaping.kind(n).host_args(shaping.node(n), shaping.spec, RunInfo({})))
+        for n in shaping.generation
+    }
     events: list[tuple[str, str]] = []
     given: dict[str, set[str]] = {}
     started = {n: asyncio.Event() for n in shaping.generation}
@@ -115,8 +141,12 @@ def test_a_phase_runs_as_a_dag_on_the_plans_function_hosts(shaping):
         return NodeResult(out)
 
     outcome = asyncio.run(run_phase(shaping, shaping.generation, _batch(), call))
-    assert given == {"reward": {"loss_mask"} | IDS, "bonus": {"input_ids"} | IDS,
-                     "total": {"rewards", "bonus"} | IDS, "dapo": {"total"} | IDS}
+    assert given == {
+        "reward": {"loss_mask"} | IDS,
+        "bonus": {"input_ids"} | IDS,
+        "total": {"rewards", "bonus"} | IDS,
+        "dapo": {"total"} | IDS,
+    }
     assert events[:2] == [("start", "reward"), ("start", "bonus")]
     assert events.index(("start", "total")) > max(events.index(("end", "reward")), events.index(("end", "bonus")))
     assert events.index(("start", "dapo")) > events.index(("end", "total"))
@@ -128,14 +158,18 @@ def test_a_phase_runs_as_a_dag_on_the_plans_function_hosts(shaping):
     assert batch["bonus"].tolist() == [0.0, 1.0, 0.0, 1.0]  # parity of the sample id
     assert batch.keys() == {"input_ids", "loss_mask", "behav_logprobs", "versions", "rewards", "bonus", "total"} | IDS
     assert [batch.sequence(i, "input_ids").tolist() for i in range(4)] == [
-        _batch().sequence(i, "input_ids").tolist() for i in (2, 3, 4, 5)]
+        _batch().sequence(i, "input_ids").tolist() for i in (2, 3, 4, 5)
+    ]
 
 
 def test_stats_are_named_by_node(gated):
     async def call(name, batch):
-        out = {"reward": lambda: _writes(batch, rewards=[0, 1] * 3),
-               "gate": lambda: _kept(batch, list(range(6)), kept=lambda b: torch.ones(b.num_seqs)),
-               "after": lambda: _writes(batch, final=[1] * 6), "side": lambda: _writes(batch, side=[2] * 6)}[name]()
+        out = {
+            "reward": lambda: _writes(batch, rewards=[0, 1] * 3),
+            "gate": lambda: _kept(batch, list(range(6)), kept=lambda b: torch.ones(b.num_seqs)),
+            "after": lambda: _writes(batch, final=[1] * 6),
+            "side": lambda: _writes(batch, side=[2] * 6),
+        }[name]()
         return NodeResult(out, {"calls": 1.0, "n": float(batch.num_seqs)})
 
     outcome = asyncio.run(run_phase(gated, gated.generation, _batch(), call))
@@ -225,8 +259,11 @@ def test_a_failing_node_cancels_the_others_and_its_error_propagates(gated):
 # ---------------------------------------------------------------------- the contract
 def test_a_read_the_batch_lacks_is_an_error_naming_node_and_key(shaping):
     batch = _batch().select_keys(["input_ids", "group_id", "sample_id"])
-    with pytest.raises(NodeContractError, match=r"node 'reward' reads \['loss_mask'\], which the batch does not hold "
-                                                r"\(it has \['group_id', 'input_ids', 'sample_id'\]\)"):
+    with pytest.raises(
+        NodeContractError,
+        match=r"node 'reward' reads \['loss_mask'\], which the batch does not hold "
+        r"\(it has \['group_id', 'input_ids', 'sample_id'\]\)",
+    ):
         node_inputs(shaping, "reward", batch)
     assert node_inputs(shaping, "bonus", batch).keys() == {"input_ids", "group_id", "sample_id"}
 
@@ -234,15 +271,20 @@ def test_a_read_the_batch_lacks_is_an_error_naming_node_and_key(shaping):
 def test_a_train_node_is_also_given_versions_when_the_batch_has_them(shaping):
     batch = _batch()
     batch.seqs["advantages"] = torch.zeros(6)
-    assert node_inputs(shaping, "train", batch).keys() == {"input_ids", "loss_mask", "behav_logprobs", "advantages",
-                                                          "versions"} | IDS
+    assert (
+        node_inputs(shaping, "train", batch).keys()
+        == {"input_ids", "loss_mask", "behav_logprobs", "advantages", "versions"} | IDS
+    )
 
 
 def test_a_node_returns_exactly_its_declared_writes(shaping):
     given = _batch()
     check_output(shaping, "reward", given, _writes(given, rewards=[0] * 6))
-    with pytest.raises(NodeContractError, match=r"node 'reward' must return exactly its declared writes \['rewards'\]; "
-                                                r"it wrote undeclared \['extra'\]$"):
+    with pytest.raises(
+        NodeContractError,
+        match=r"node 'reward' must return exactly its declared writes \['rewards'\]; "
+        r"it wrote undeclared \['extra'\]$",
+    ):
         check_output(shaping, "reward", given, _writes(given, rewards=[0] * 6, extra=[0] * 6))
     with pytest.raises(NodeContractError, match=r"; it did not write \['rewards'\]; it wrote undeclared \['reward'\]"):
         check_output(shaping, "reward", given, _writes(given, reward=[0] * 6))
@@ -251,20 +293,32 @@ def test_a_node_returns_exactly_its_declared_writes(shaping):
 
 def test_only_kinds_that_may_drop_return_fewer_sequences(shaping):
     given = _batch()
-    with pytest.raises(NodeContractError, match="node 'advantage' returned 4 sequences for the 6 it was given; "
-                                                "a node of kind advantage keeps every sequence"):
+    with pytest.raises(
+        NodeContractError,
+        match="node 'advantage' returned 4 sequences for the 6 it was given; "
+        "a node of kind advantage keeps every sequence",
+    ):
         check_output(shaping, "advantage", given, _kept(given, [0, 1, 2, 3], advantages=lambda b: torch.zeros(4)))
 
 
-@pytest.mark.parametrize("out,words", [
-    (lambda g: _writes(g.select([0, 1]), rewards=[0, 0]), "dropped sequences but its output has no sample_id"),
-    (lambda g: _kept(g, [0, 1], rewards=lambda b: torch.zeros(2), sample_id=lambda b: torch.tensor([0, 99])),
-     "returned sequences it was not given"),
-    (lambda g: PackedBatch(torch.tensor([0, 5, 10]), seqs={"sample_id": torch.tensor([0, 0]), "group_id": torch.tensor([0, 0]),
-                                                           "rewards": torch.zeros(2)}),
-     "returned sequences it was not given (or one twice)"),
-    (lambda g: _kept(g, [0, 2, 3], rewards=lambda b: torch.zeros(3)), r"dropped part of prompt group(s) [0]"),
-])
+@pytest.mark.parametrize(
+    "out,words",
+    [
+        (lambda g: _writes(g.select([0, 1]), rewards=[0, 0]), "dropped sequences but its output has no sample_id"),
+        (
+            lambda g: _kept(g, [0, 1], rewards=lambda b: torch.zeros(2), sample_id=lambda b: torch.tensor([0, 99])),
+            "returned sequences it was not given",
+        ),
+        (
+            lambda g: PackedBatch(
+                torch.tensor([0, 5, 10]),
+                seqs={"sample_id": torch.tensor([0, 0]), "group_id": torch.tensor([0, 0]), "rewards": torch.zeros(2)},
+            ),
+            "returned sequences it was not given (or one twice)",
+        ),
+        (lambda g: _kept(g, [0, 2, 3], rewards=lambda b: torch.zeros(3)), r"dropped part of prompt group(s) [0]"),
+    ],
+)
 def test_a_filter_drops_whole_groups_of_sequences_it_was_given(shaping, out, words):
     given = _batch()
     with pytest.raises(NodeContractError) as info:

@@ -46,8 +46,15 @@ def test_pinned_sides_get_their_cores_and_threads_to_match_and_the_rest_every_co
 
 
 def test_servers_and_ranks_split_their_sides_cores():
-    places = _placement(["inference.servers=2", "resources.inference.cores=[0, 1, 2, 3]",
-                         "resources.training.cores=[4, 5]", "models.actor.dp_size=2"], small=False)
+    places = _placement(
+        [
+            "inference.servers=2",
+            "resources.inference.cores=[0, 1, 2, 3]",
+            "resources.training.cores=[4, 5]",
+            "models.actor.dp_size=2",
+        ],
+        small=False,
+    )
     assert places["inference-0"].cores == (0, 1) and places["inference-1"].cores == (2, 3)
     assert places["inference-0"].threads == 2
     assert places["model-actor"].cores == (4,) and places["model-actor.rank1"].cores == (5,)
@@ -59,11 +66,14 @@ def test_the_launcher_pins_a_process_from_birth(tmp_path):
     and so does a thread it starts."""
     core = usable_cores()[-1]
     out = tmp_path / "mask.txt"
-    code = ("import os, threading; r = []; t = threading.Thread(target=lambda: r.append(os.sched_getaffinity(0))); "
-            f"t.start(); t.join(); open({str(out)!r}, 'w').write(repr((sorted(os.sched_getaffinity(0)), sorted(r[0]))))")
+    code = (
+        "import os, threading; r = []; t = threading.Thread(target=lambda: r.append(os.sched_getaffinity(0))); "
+        f"t.start(); t.join(); open({str(out)!r}, 'w').write(repr((sorted(os.sched_getaffinity(0)), sorted(r[0]))))"
+    )
     with LocalLauncher(log_dir=tmp_path) as launcher:
-        launcher.start_process("pinned", role="inference", cmd=[sys.executable, "-c", code],
-                               env={"AREAL_CPU_CORES": str(core)})
+        launcher.start_process(
+            "pinned", role="inference", cmd=[sys.executable, "-c", code], env={"AREAL_CPU_CORES": str(core)}
+        )
         deadline = time.monotonic() + 30
         while not out.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -60,8 +60,13 @@ choices_st = st.lists(st.integers(0, 10_000), min_size=1, max_size=400)
 
 
 @settings(max_examples=200, deadline=None)
-@given(B=st.integers(1, 6), eta=st.integers(0, 4), conc=st.integers(1, 30), choices=choices_st,
-       reject_every=st.sampled_from([0, 3, 7]))
+@given(
+    B=st.integers(1, 6),
+    eta=st.integers(0, 4),
+    conc=st.integers(1, 30),
+    choices=choices_st,
+    reject_every=st.sampled_from([0, 3, 7]),
+)
 def test_bound_never_exceeded(B, eta, conc, choices, reject_every):
     simulate(B, eta, conc, choices, reject_every=reject_every)
 

@@ -28,13 +28,18 @@ import torch
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
 from areal_graph.runtime.hosts.dp_model_host import decode_command, encode_command
+from support.e2e import kill_during_run, read_metrics, run_cli, write_workflow
+from support.paths import REPO
 
 if TYPE_CHECKING:
     from areal_graph.runtime.rpc.worker_client import WorkerClient
 
 OPTIM = {"lr": 1e-3, "grad_clip": 0.5, "weight_decay": 0.01}
-TRAIN = {"params": {"loss": "decoupled_ppo", "clip_eps": 0.2, "agg": "seq-mean-token-mean"},
-         "max_tokens_per_mb": 96, "temperature": 1.0}
+TRAIN = {
+    "params": {"loss": "decoupled_ppo", "clip_eps": 0.2, "agg": "seq-mean-token-mean"},
+    "max_tokens_per_mb": 96,
+    "temperature": 1.0,
+}
 
 
 def ppo_batch(n: int, seed: int, vocab: int = 128) -> PackedBatch:
@@ -53,7 +58,8 @@ def ppo_batch(n: int, seed: int, vocab: int = 128) -> PackedBatch:
     f32 = torch.float32
     return PackedBatch.from_sequences(
         {"input_ids": toks, "loss_mask": mask, "behav_logprobs": behav, "prox_logprobs": prox, "advantages": adv},
-        dtypes={"behav_logprobs": f32, "prox_logprobs": f32, "advantages": f32})
+        dtypes={"behav_logprobs": f32, "prox_logprobs": f32, "advantages": f32},
+    )
 
 
 # --------------------------------------------------------------------------- scatter / gather units
@@ -64,8 +70,11 @@ def test_a_command_round_trips_exactly():
     assert torch.equal(got.cu_seqlens, batch.cu_seqlens) and set(got.keys()) == set(batch.keys())
     for key in batch.keys():
         assert got[key].dtype == batch[key].dtype and torch.equal(got[key], batch[key]), key
-    assert decode_command(encode_command("save_checkpoint", {"path": "/x"})) == ("save_checkpoint", {"path": "/x"},
-                                                                                  None)
+    assert decode_command(encode_command("save_checkpoint", {"path": "/x"})) == (
+        "save_checkpoint",
+        {"path": "/x"},
+        None,
+    )
     with pytest.raises(ValueError, match="truncated"):
         decode_command(encode_command("train", TRAIN, batch)[:-3])
 
@@ -90,8 +99,9 @@ def test_the_plan_starts_the_ranks_of_a_dp_model_and_validate_says_so():
     assert plan.hosting["train"].impl.endswith("dp_model_host:DataParallelModelHost")
     assert plan.hosting["ref_logp"].impl.endswith("model_host:ModelHost")
     line = next(x for x in plan.describe() if x.startswith("processes:"))
-    assert ("on 3 data-parallel ranks (rank 0 serves the calls and relays them to model-actor.rank1 .. "
-            "model-actor.rank2)") in line and line.count("data-parallel") == 1
+    assert (
+        "on 3 data-parallel ranks (rank 0 serves the calls and relays them to model-actor.rank1 .. model-actor.rank2)"
+    ) in line and line.count("data-parallel") == 1
     with pytest.raises(WorkflowError, match=r"moved: .*models.<name>.dp_size"):
         load_workflow(wf, ["runtime.dp_size=2"])
     with pytest.raises(WorkflowError, match=r"models.actor.dp_size.*must be > 0"):
@@ -129,13 +139,14 @@ def test_the_executor_starts_ranks_beside_the_model_worker(tmp_path):
     envs = [rank0] + [s[3] for s in started]
     assert [e["RANK"] for e in envs] == ["0", "1", "2"] and [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["WORLD_SIZE"], e["AREAL_RUN_TOKEN"]) for e in envs} == {
-        ("127.0.0.1", rank0["MASTER_PORT"], "3", "secret")}
+        ("127.0.0.1", rank0["MASTER_PORT"], "3", "secret")
+    }
     assert all(s[3]["OMP_NUM_THREADS"] == s[3]["AREAL_TORCH_THREADS"] == "1" for s in started)  # placement's threads
     assert executor._roles == {"model-actor.rank1": "model", "model-actor.rank2": "model"}  # deaths: resumable
 
 
 # --------------------------------------------------------------------------- the worker path
-def _start_two_rank_worker(launcher, token: str) -> "WorkerClient":
+def _start_two_rank_worker(launcher, token: str) -> WorkerClient:
     """A model worker as a run starts one with dp_size 2: the gRPC worker (rank 0) and its
     rank-1 process, joined through a free loopback port."""
     from areal_graph.api.process import RUN_TOKEN_ENV
@@ -144,10 +155,16 @@ def _start_two_rank_worker(launcher, token: str) -> "WorkerClient":
     from areal_graph.runtime.rpc.worker_client import WorkerClient
 
     group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", RUN_TOKEN_ENV: token}
-    launcher.start_process("model-actor.rank1", "model", [sys.executable, "-m", DP_RANK_MODULE, "--name", "rank1"],
-                           env={**group, "RANK": "1", "LOCAL_RANK": "1"}, threads=1)
-    address = launcher.start_worker("model-actor", env={**group, "RANK": "0", "LOCAL_RANK": "0"}, threads=1,
-                                    token_env=RUN_TOKEN_ENV, role="model")
+    launcher.start_process(
+        "model-actor.rank1",
+        "model",
+        [sys.executable, "-m", DP_RANK_MODULE, "--name", "rank1"],
+        env={**group, "RANK": "1", "LOCAL_RANK": "1"},
+        threads=1,
+    )
+    address = launcher.start_worker(
+        "model-actor", env={**group, "RANK": "0", "LOCAL_RANK": "0"}, threads=1, token_env=RUN_TOKEN_ENV, role="model"
+    )
     launcher.wait_healthy(timeout=120)
     return WorkerClient(address, timeout=300, name="model-actor", token=token)
 
@@ -156,8 +173,14 @@ def test_two_rank_model_worker_trains_like_one_rank(tiny_model_dir, tmp_path):
     from areal_graph.runtime.hosts.model_host import ModelHost
     from areal_graph.runtime.launchers.local import LocalLauncher
 
-    args = {"model_path": str(tiny_model_dir), "optim": OPTIM, "total_steps": 3, "seed": 3, "threads": 2,
-            "role": "policy"}
+    args = {
+        "model_path": str(tiny_model_dir),
+        "optim": OPTIM,
+        "total_steps": 3,
+        "seed": 3,
+        "threads": 2,
+        "role": "policy",
+    }
     batches = [ppo_batch(16, seed=10), ppo_batch(1, seed=11), ppo_batch(12, seed=12)]
     with LocalLauncher(tmp_path / "logs") as launcher:
         client = _start_two_rank_worker(launcher, token="t0k")
@@ -168,8 +191,9 @@ def test_two_rank_model_worker_trains_like_one_rank(tiny_model_dir, tmp_path):
             reference = ModelHost(**{**args, "threads": 1})
             init = {k: v.clone() for k, v in reference.engine.state_dict_for_sync().items()}
             want_lp = reference.logprob(batches[0], "prox_logprobs", max_tokens_per_mb=96)["prox_logprobs"]
-            got_lp = client.execute("actor", "logprob", batches[0], out_key="prox_logprobs",
-                                    max_tokens_per_mb=96)["prox_logprobs"]
+            got_lp = client.execute("actor", "logprob", batches[0], out_key="prox_logprobs", max_tokens_per_mb=96)[
+                "prox_logprobs"
+            ]
             want_stats, got_stats = [], []
             for batch in batches:
                 want_stats.append(reference.train(batch, **TRAIN)[1])
@@ -215,13 +239,19 @@ def _rel_diff(a: dict, b: dict) -> float:
 
 
 # --------------------------------------------------------------------------- a whole run
-from support.e2e import kill_during_run, read_metrics, run_cli, write_workflow
-from support.paths import REPO
-
-RUN = {"runtime.steps": 3, "runtime.batch_size": 8, "nodes.rollout.group_size": 4, "runtime.max_staleness": 0,
-       "nodes.rollout.sampling.max_new_tokens": 12, "runtime.eval_every": 0, "runtime.save_every": 0,
-       "runtime.max_tokens_per_microbatch": 128, "nodes.reward.fn": "support.e2e_rewards:length_parity", "runtime.seed": 5,
-       "models.actor.train.lr": 1e-3}
+RUN = {
+    "runtime.steps": 3,
+    "runtime.batch_size": 8,
+    "nodes.rollout.group_size": 4,
+    "runtime.max_staleness": 0,
+    "nodes.rollout.sampling.max_new_tokens": 12,
+    "runtime.eval_every": 0,
+    "runtime.save_every": 0,
+    "runtime.max_tokens_per_microbatch": 128,
+    "nodes.reward.fn": "support.e2e_rewards:length_parity",
+    "runtime.seed": 5,
+    "models.actor.train.lr": 1e-3,
+}
 
 
 def overrides(**changes: object) -> list[str]:
@@ -268,10 +298,21 @@ def test_a_dead_rank_resumes_the_run_from_its_last_checkpoint(kit, tmp_path):
     import subprocess
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(write_workflow(kit, tmp_path, "grpo_sync.yaml")),
-           "--run-dir", str(run_dir), *overrides(runtime__steps=5, runtime__save_every=2, models__actor__dp_size=2)]
-    env = {**os.environ, "COLUMNS": "400",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        str(write_workflow(kit, tmp_path, "grpo_sync.yaml")),
+        "--run-dir",
+        str(run_dir),
+        *overrides(runtime__steps=5, runtime__save_every=2, models__actor__dp_size=2),
+    ]
+    env = {
+        **os.environ,
+        "COLUMNS": "400",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         kill_during_run(proc, run_dir, "model-actor.rank1", after_step=3)

@@ -15,9 +15,14 @@ import torch
 from areal_graph.engines.inference.backends import get_backend
 from areal_graph.graph.loader import load_workflow
 from areal_graph.runtime.observability.run_dir import RunDir
-from areal_graph.runtime.orchestration.weight_sync import (AdapterSync, DiskSync, InProcessWeightSync,
-                                                           SharedMemorySync, choose_weight_sync,
-                                                           resolve_weight_sync)
+from areal_graph.runtime.orchestration.weight_sync import (
+    AdapterSync,
+    DiskSync,
+    InProcessWeightSync,
+    SharedMemorySync,
+    choose_weight_sync,
+    resolve_weight_sync,
+)
 from support.paths import WORKFLOWS
 
 
@@ -30,9 +35,11 @@ class FakeActor:
     def __call__(self, method: str, /, **args: Any) -> Any:
         self.calls.append((method, args))
         if method == "publish_weights":  # two tensors, the second a tied copy of the first
-            return [{"name": "a", "dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16},
-                    {"name": "b", "dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16},
-                    {"name": "c", "dtype": "float32", "shape": [2], "offset": 64, "nbytes": 8}]
+            return [
+                {"name": "a", "dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16},
+                {"name": "b", "dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16},
+                {"name": "c", "dtype": "float32", "shape": [2], "offset": 64, "nbytes": 8},
+            ]
         path = Path(args["path"])
         path.mkdir(parents=True, exist_ok=True)
         (path / "model.safetensors").write_bytes(b"x" * 100)
@@ -105,7 +112,10 @@ def test_adapter_unloads_and_deletes_the_one_kept_versions_back(tmp_path):
     asyncio.run(t.restore(restarted))
     assert restarted.loaded == [("adapter", str(run_dir.weights_dir(3)), 3, None)]  # loaded, nothing unloaded
     flags, env = t.server_launch()
-    assert flags == get_backend("vllm").lora_launch_flags(8, ["q_proj"], 2) and env == get_backend("vllm").lora_environment()
+    assert (
+        flags == get_backend("vllm").lora_launch_flags(8, ["q_proj"], 2)
+        and env == get_backend("vllm").lora_environment()
+    )
     assert t.adapters and t.mode == "adapter"
 
 
@@ -135,16 +145,19 @@ def test_in_process_hands_the_engine_the_trainers_own_tensors():
     assert len(engine.got) == 1 and t.colocate
 
 
-@pytest.mark.parametrize("backend,overrides,want", [
-    ("embedded", [], (SharedMemorySync, True)),
-    ("sglang", [], (DiskSync, False)),
-    ("vllm", [], (SharedMemorySync, True)),
-    ("embedded", ["runtime.weight_sync=disk"], (DiskSync, False)),
-    ("embedded", ["models.actor.lora.r=4"], (SharedMemorySync, True)),  # the engine merges adapters itself
-    ("vllm", ["models.actor.lora.r=4"], (AdapterSync, True)),  # auto on vLLM colocates, as it did
-    ("sglang", ["models.actor.lora.r=4"], (AdapterSync, False)),
-    ("vllm", ["models.actor.lora.r=4", "models.actor.lora.sync=merged"], (SharedMemorySync, True)),
-])
+@pytest.mark.parametrize(
+    "backend,overrides,want",
+    [
+        ("embedded", [], (SharedMemorySync, True)),
+        ("sglang", [], (DiskSync, False)),
+        ("vllm", [], (SharedMemorySync, True)),
+        ("embedded", ["runtime.weight_sync=disk"], (DiskSync, False)),
+        ("embedded", ["models.actor.lora.r=4"], (SharedMemorySync, True)),  # the engine merges adapters itself
+        ("vllm", ["models.actor.lora.r=4"], (AdapterSync, True)),  # auto on vLLM colocates, as it did
+        ("sglang", ["models.actor.lora.r=4"], (AdapterSync, False)),
+        ("vllm", ["models.actor.lora.r=4", "models.actor.lora.sync=merged"], (SharedMemorySync, True)),
+    ],
+)
 def test_a_workflow_picks_its_transport_once(tmp_path, backend, overrides, want):
     spec = load_workflow(WORKFLOWS / "ppo_async.yaml", [f"inference.backend={backend}", *overrides])
     t = choose_weight_sync(spec, "actor", get_backend(backend), RunDir(tmp_path, tensorboard=False), FakeActor())

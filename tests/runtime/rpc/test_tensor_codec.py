@@ -54,7 +54,9 @@ def batches(draw) -> PackedBatch:
     tok_dtypes = draw(st.lists(st.sampled_from(names), max_size=4))
     seq_dtypes = draw(st.lists(st.sampled_from(names), max_size=3))
     tokens = {f"t{i}_{d}": _random_tensor(DTYPES[d], (total,), gen) for i, d in enumerate(tok_dtypes)}
-    seqs = {f"s{i}_{d}": _random_tensor(DTYPES[d], (n,) + ((3,) if i % 2 else ()), gen) for i, d in enumerate(seq_dtypes)}
+    seqs = {
+        f"s{i}_{d}": _random_tensor(DTYPES[d], (n,) + ((3,) if i % 2 else ()), gen) for i, d in enumerate(seq_dtypes)
+    }
     text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
     meta_keys = draw(st.lists(st.sampled_from(["answer", "prompt_id", "ü-key"]), unique=True, max_size=2))
     meta = {k: draw(st.lists(text, min_size=n, max_size=n)) for k in meta_keys}

@@ -15,7 +15,6 @@ from areal_graph.runtime.rpc.worker_client import WorkerClient, WorkerError
 from support.paths import TESTS
 
 
-
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     launcher = LocalLauncher(tmp_path_factory.mktemp("logs"), pythonpath=[TESTS])
@@ -96,7 +95,9 @@ def test_small_batches_go_in_one_message_and_large_ones_stream(worker: WorkerCli
     assert worker.execute("echo", "echo", small).meta == small.meta
     n = 12 * 2**20 // 4  # 12 MiB: over the one-message limit
     x = torch.randn(n)
-    assert torch.equal(worker.execute("echo", "echo", PackedBatch(torch.tensor([0, n], dtype=torch.int32), {"x": x})).tokens["x"], x)
+    assert torch.equal(
+        worker.execute("echo", "echo", PackedBatch(torch.tensor([0, n], dtype=torch.int32), {"x": x})).tokens["x"], x
+    )
     assert used == ["ExecuteOne", "Execute"]
 
 

@@ -44,8 +44,9 @@ def test_every_marker_is_filled_and_the_assets_are_inline(sync_run):
     assert (page_module.ASSETS / "viewer.css").read_text() in page
     assert page.count("<title>timeline: sync</title>") == 1 and page.count("<h1>timeline: sync</h1>") == 1
     data = _data(page)
-    assert [r["label"] for r in data["runs"]] == ["sync"] and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d",
-                                                                               data["generated"])
+    assert [r["label"] for r in data["runs"]] == ["sync"] and re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", data["generated"]
+    )
 
 
 def test_a_label_cannot_break_out_of_the_title_or_the_data_block():
@@ -89,8 +90,9 @@ def test_given_summaries_are_used_and_their_notes_reach_the_data(sync_run):
 
 
 def test_a_bare_trace_has_no_graph_and_says_why(tmp_path):
-    events = [{"name": "w", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1}
-              for k in range(5)]
+    events = [
+        {"name": "w", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1} for k in range(5)
+    ]
     (tmp_path / "trace.json").write_text(json.dumps(events))
     page = build_page([load_run(tmp_path / "trace.json", "bare")])
     assert '<section class="graph" data-run="bare"><h3>bare</h3><p class="missing">no workflow graph' in page
@@ -117,11 +119,12 @@ def test_a_graph_that_cannot_be_drawn_keeps_the_timeline(sync_run, monkeypatch, 
 def test_thinned_flows_are_noted_on_the_page(tmp_path):
     events = []
     for k in range(150):
-        events += [{"name": "a", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1},
-                   {"name": "b", "cat": "compute", "ph": "X", "ts": k * 100.0 + 60, "dur": 30.0, "pid": 1, "tid": 2},
-                   {"ph": "s", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 10, "pid": 1, "tid": 1},
-                   {"ph": "f", "bp": "e", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 70, "pid": 1,
-                    "tid": 2}]
+        events += [
+            {"name": "a", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1},
+            {"name": "b", "cat": "compute", "ph": "X", "ts": k * 100.0 + 60, "dur": 30.0, "pid": 1, "tid": 2},
+            {"ph": "s", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 10, "pid": 1, "tid": 1},
+            {"ph": "f", "bp": "e", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 70, "pid": 1, "tid": 2},
+        ]
     (tmp_path / "trace.json").write_text(json.dumps(events))
     run = load_run(tmp_path / "trace.json")
     notes = _data(build_page([run], PageOptions(flow_budget=100)))["runs"][0]["notes"]

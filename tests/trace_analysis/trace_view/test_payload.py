@@ -41,8 +41,13 @@ def _payload(run, **options):
 def test_page_options_take_integers_of_at_least_100():
     assert PageOptions() == PageOptions(span_budget=50_000, flow_budget=20_000)
     assert PageOptions(span_budget=100, flow_budget=100).flow_budget == 100
-    for bad in ({"span_budget": 100.0}, {"span_budget": "500"}, {"flow_budget": None}, {"flow_budget": 99},
-                {"flow_budget": True}):
+    for bad in (
+        {"span_budget": 100.0},
+        {"span_budget": "500"},
+        {"flow_budget": None},
+        {"flow_budget": 99},
+        {"flow_budget": True},
+    ):
         with pytest.raises(ValueError, match=f"PageOptions.{next(iter(bad))} must be an integer >= 100"):
             PageOptions(**bad)
 
@@ -118,13 +123,18 @@ def test_flows_join_rows_forward_in_time(sync_run):
 
 # ---------------------------------------------------------------------- small traces
 def test_flows_past_the_budget_are_thinned_evenly(tmp_path):
-    events = [{"name": "w", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1}
-              for k in range(150)]
-    events += [{"name": "r", "cat": "compute", "ph": "X", "ts": k * 100.0 + 60, "dur": 30.0, "pid": 1, "tid": 2}
-               for k in range(150)]
+    events = [
+        {"name": "w", "cat": "compute", "ph": "X", "ts": k * 100.0, "dur": 50.0, "pid": 1, "tid": 1} for k in range(150)
+    ]
+    events += [
+        {"name": "r", "cat": "compute", "ph": "X", "ts": k * 100.0 + 60, "dur": 30.0, "pid": 1, "tid": 2}
+        for k in range(150)
+    ]
     for k in range(150):
-        events += [{"ph": "s", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 10, "pid": 1, "tid": 1},
-                   {"ph": "f", "bp": "e", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 70, "pid": 1, "tid": 2}]
+        events += [
+            {"ph": "s", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 10, "pid": 1, "tid": 1},
+            {"ph": "f", "bp": "e", "id": k, "name": "f", "cat": "flow", "ts": k * 100.0 + 70, "pid": 1, "tid": 2},
+        ]
     run = _write(tmp_path, events)
     full = _payload(run, flow_budget=1000)
     thin = _payload(run, flow_budget=100)
@@ -136,37 +146,70 @@ def test_flows_past_the_budget_are_thinned_evenly(tmp_path):
 
 
 def test_instants_and_counters_get_rows_and_lose_what_json_cannot_carry(tmp_path):
-    run = _write(tmp_path, [
-        {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "controller"}},
-        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "work #2"}},
-        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 3, "args": {"name": "quiet"}},
-        {"name": "a", "cat": "compute", "ph": "X", "ts": 1000.0, "dur": 500.0, "pid": 1, "tid": 1, "args": {"x": 1}},
-        {"name": "b", "cat": "compute", "ph": "X", "ts": 2000.0, "dur": 500.0, "pid": 1, "tid": 1, "args": {"x": 1}},
-        {"name": "mark", "ph": "i", "s": "g", "ts": 1200.0, "pid": 1, "tid": 1, "args": {}},
-        {"name": "tick", "ph": "i", "s": "t", "ts": 1300.0, "pid": 1, "tid": 3, "args": {"v": float("nan")}},
-        {"name": "mem", "ph": "C", "ts": 1100.0, "pid": 1, "tid": 1, "args": {"rss": 5, "bad": float("inf")}},
-        {"name": "mem", "ph": "C", "ts": 1400.0, "pid": 1, "tid": 1, "args": {"rss": 7}},
-    ])
+    run = _write(
+        tmp_path,
+        [
+            {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "controller"}},
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "work #2"}},
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": 3, "args": {"name": "quiet"}},
+            {
+                "name": "a",
+                "cat": "compute",
+                "ph": "X",
+                "ts": 1000.0,
+                "dur": 500.0,
+                "pid": 1,
+                "tid": 1,
+                "args": {"x": 1},
+            },
+            {
+                "name": "b",
+                "cat": "compute",
+                "ph": "X",
+                "ts": 2000.0,
+                "dur": 500.0,
+                "pid": 1,
+                "tid": 1,
+                "args": {"x": 1},
+            },
+            {"name": "mark", "ph": "i", "s": "g", "ts": 1200.0, "pid": 1, "tid": 1, "args": {}},
+            {"name": "tick", "ph": "i", "s": "t", "ts": 1300.0, "pid": 1, "tid": 3, "args": {"v": float("nan")}},
+            {"name": "mem", "ph": "C", "ts": 1100.0, "pid": 1, "tid": 1, "args": {"rss": 5, "bad": float("inf")}},
+            {"name": "mem", "ph": "C", "ts": 1400.0, "pid": 1, "tid": 1, "args": {"rss": 7}},
+        ],
+    )
     p = _payload(run)
     # "work #2" is lane 1 of the track "work"; the counter and the span-less thread get tracks of their own
-    assert p["tracks"] == [{"process": "controller", "name": "work", "row0": 0, "rows": 1},
-                           {"process": "controller", "name": "mem (counter)", "row0": 1, "rows": 1},
-                           {"process": "controller", "name": "quiet", "row0": 2, "rows": 1}]
+    assert p["tracks"] == [
+        {"process": "controller", "name": "work", "row0": 0, "rows": 1},
+        {"process": "controller", "name": "mem (counter)", "row0": 1, "rows": 1},
+        {"process": "controller", "name": "quiet", "row0": 2, "rows": 1},
+    ]
     assert p["spans"]["t"] == [0.0, 1.0] and p["spans"]["d"] == [0.5, 0.5] and p["spans"]["a"] == [0, 0]
     assert p["first_step_ms"] == 0.0 and p["duration_ms"] == 1.5
     # [t_ms, row (-1: global), name, args]
     assert [[t, r, p["names"][n], p["args"][a]] for t, r, n, a in p["instants"]] == [
-        [0.2, -1, "mark", {}], [0.3, 2, "tick", {"v": "nan"}]]
+        [0.2, -1, "mark", {}],
+        [0.3, 2, "tick", {"v": "nan"}],
+    ]
     assert p["counters"] == [{"row": 1, "name": "mem", "series": {"rss": [[0.1, 5.0], [0.4, 7.0]]}}]  # inf dropped
     assert p["colours"] == [{"key": "cat:compute", "colour": P.CATEGORY_COLOURS["compute"]}]
 
 
 # ---------------------------------------------------------------------- helpers
-@pytest.mark.parametrize("key,colour", [
-    ("kind:train", "#dc2626"), ("kind:function", "#0d9488"), ("cat:weights", "#a855f7"), ("cat:step", "#9ca3af"),
-    ("bound:waiting for generation", P.KIND_COLOURS["rollout"]), ("bound:waiting for the trainer", "#cbd5e1"),
-    ("bound:weight sync", P.CATEGORY_COLOURS["weights"]), ("bound:controller overhead", "#475569"),
-])
+@pytest.mark.parametrize(
+    "key,colour",
+    [
+        ("kind:train", "#dc2626"),
+        ("kind:function", "#0d9488"),
+        ("cat:weights", "#a855f7"),
+        ("cat:step", "#9ca3af"),
+        ("bound:waiting for generation", P.KIND_COLOURS["rollout"]),
+        ("bound:waiting for the trainer", "#cbd5e1"),
+        ("bound:weight sync", P.CATEGORY_COLOURS["weights"]),
+        ("bound:controller overhead", "#475569"),
+    ],
+)
 def test_colours_of_kinds_categories_and_bounds(key, colour):
     assert P._colour(key) == colour
 
@@ -185,9 +228,15 @@ def test_colour_keys_of_spans():
     assert P._colour_key({"cat": "", "name": "x", "args": {}}, kinds) == "cat:-"
 
 
-@pytest.mark.parametrize("thread,place", [
-    ("train #3", ("p", "train", 2)), ("train", ("p", "train", 0)), ("a #b", ("p", "a #b", 0)), ("x #1", ("p", "x", 0)),
-])
+@pytest.mark.parametrize(
+    "thread,place",
+    [
+        ("train #3", ("p", "train", 2)),
+        ("train", ("p", "train", 0)),
+        ("a #b", ("p", "a #b", 0)),
+        ("x #1", ("p", "x", 0)),
+    ],
+)
 def test_a_threads_lane_comes_from_its_name(thread, place):
     assert P._place("p", thread) == place
 
@@ -196,8 +245,10 @@ def test_interner_and_finite():
     i = P._Interner()
     assert [i.add("a"), i.add({"x": 1, "y": 2}), i.add("a"), i.add({"y": 2, "x": 1}), i.add([1])] == [0, 1, 0, 1, 2]
     assert i.items == ["a", {"x": 1, "y": 2}, [1]]
-    assert P._finite({"a": [1.0, float("-inf"), {"b": float("nan")}], "c": "s"}) == {"a": [1.0, "-inf", {"b": "nan"}],
-                                                                                      "c": "s"}
+    assert P._finite({"a": [1.0, float("-inf"), {"b": float("nan")}], "c": "s"}) == {
+        "a": [1.0, "-inf", {"b": "nan"}],
+        "c": "s",
+    }
 
 
 def test_the_merge_count_agrees_with_the_merge_for_any_quantum():
@@ -211,8 +262,20 @@ def test_the_merge_count_agrees_with_the_merge_for_any_quantum():
         ts = end + rng.choice([0.0, 0.5, 2.0, 30.0, 300.0])
         dur = rng.choice([0.5, 3.0, 20.0, 500.0])
         end = ts + dur
-        spans.append({"name": "s", "cat": "c", "ts": ts, "dur": dur, "process": "p", "track": "t", "lane": 0,
-                      "depth": 0, "args": {}, "open": False})
+        spans.append(
+            {
+                "name": "s",
+                "cat": "c",
+                "ts": ts,
+                "dur": dur,
+                "process": "p",
+                "track": "t",
+                "lane": 0,
+                "depth": 0,
+                "args": {},
+                "open": False,
+            }
+        )
     idxs = list(range(len(spans)))
     ts = np.array([s["ts"] for s in spans])
     dur = np.array([s["dur"] for s in spans])

@@ -38,10 +38,16 @@ class Message:
     tool_calls: list[Call] | None = None
 
     def model_dump(self, exclude_none: bool = False) -> dict[str, Any]:
-        out = {"role": "assistant", "content": self.content,
-               "tool_calls": None if self.tool_calls is None else [
-                   {"id": c.id, "type": "function", "function": {"name": "calculator", "arguments": c.arguments}}
-                   for c in self.tool_calls]}
+        out = {
+            "role": "assistant",
+            "content": self.content,
+            "tool_calls": None
+            if self.tool_calls is None
+            else [
+                {"id": c.id, "type": "function", "function": {"name": "calculator", "arguments": c.arguments}}
+                for c in self.tool_calls
+            ],
+        }
         return {k: v for k, v in out.items() if v is not None} if exclude_none else out
 
 
@@ -61,8 +67,9 @@ class ScriptedClient:
         return SimpleNamespace(choices=[SimpleNamespace(message=message)])
 
 
-PROMPT = SimpleNamespace(messages=[{"role": "system", "content": "Use the calculator."},
-                                   {"role": "user", "content": "What is 2+3*4?"}])
+PROMPT = SimpleNamespace(
+    messages=[{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": "What is 2+3*4?"}]
+)
 
 
 def _run(client, prompt=PROMPT, **kw):
@@ -70,33 +77,53 @@ def _run(client, prompt=PROMPT, **kw):
 
 
 def test_a_tool_call_is_answered_with_the_tools_result_then_the_final_answer_ends_it():
-    client = ScriptedClient([Message(tool_calls=[Call("call_1", json.dumps({"expression": "2+3*4"}))]),
-                             Message(content="The answer is 14.")])
+    client = ScriptedClient(
+        [
+            Message(tool_calls=[Call("call_1", json.dumps({"expression": "2+3*4"}))]),
+            Message(content="The answer is 14."),
+        ]
+    )
     assert _run(client) is None
     assert len(client.requests) == 2
     first, second = client.requests
     assert first == {"model": "policy", "messages": PROMPT.messages, "tools": [CALCULATOR]}
     assert second["messages"] == PROMPT.messages + [
-        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
-                                              "function": {"name": "calculator",
-                                                           "arguments": '{"expression": "2+3*4"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "14"}]
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "2+3*4"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "14"},
+    ]
     assert len(PROMPT.messages) == 2  # the prompt's own list is not changed
 
 
 def test_every_call_of_a_reply_is_run_in_order():
-    client = ScriptedClient([Message(content="let me see", tool_calls=[Call("a", '{"expression": "1/4"}'),
-                                                                       Call("b", '{"expression": 7}')]),
-                             Message(content="0.25 and 7")])
+    client = ScriptedClient(
+        [
+            Message(
+                content="let me see", tool_calls=[Call("a", '{"expression": "1/4"}'), Call("b", '{"expression": 7}')]
+            ),
+            Message(content="0.25 and 7"),
+        ]
+    )
     _run(client)
     tool_messages = [m for m in client.requests[1]["messages"] if m["role"] == "tool"]
-    assert tool_messages == [{"role": "tool", "tool_call_id": "a", "content": "0.25"},
-                             {"role": "tool", "tool_call_id": "b", "content": "7"}]  # a number is used as text
+    assert tool_messages == [
+        {"role": "tool", "tool_call_id": "a", "content": "0.25"},
+        {"role": "tool", "tool_call_id": "b", "content": "7"},
+    ]  # a number is used as text
     assert client.requests[1]["messages"][2]["content"] == "let me see"
 
 
-@pytest.mark.parametrize("arguments", ['{"expression": ', "not json", "null", "[1, 2]", '"2+2"', "{}",
-                                       '{"expr": "2+2"}'])
+@pytest.mark.parametrize(
+    "arguments", ['{"expression": ', "not json", "null", "[1, 2]", '"2+2"', "{}", '{"expr": "2+2"}']
+)
 def test_malformed_arguments_become_an_empty_expression_the_tool_refuses(arguments):
     client = ScriptedClient([Message(tool_calls=[Call("c", arguments)]), Message(content="done")])
     _run(client)
@@ -106,8 +133,9 @@ def test_malformed_arguments_become_an_empty_expression_the_tool_refuses(argumen
 
 
 def test_a_refused_expression_is_the_observation_not_an_exception():
-    client = ScriptedClient([Message(tool_calls=[Call("c", '{"expression": "__import__(\'os\')"}')]),
-                             Message(content="ok")])
+    client = ScriptedClient(
+        [Message(tool_calls=[Call("c", '{"expression": "__import__(\'os\')"}')]), Message(content="ok")]
+    )
     _run(client)
     assert client.requests[1]["messages"][-1]["content"].startswith("Error: ")
 
@@ -135,5 +163,8 @@ def test_an_answer_without_tool_calls_ends_at_once():
 def test_the_tool_is_described_as_openai_function_calling_expects():
     fn = CALCULATOR["function"]
     assert CALCULATOR["type"] == "function" and fn["name"] == "calculator"
-    assert fn["parameters"] == {"type": "object", "properties": {"expression": {"type": "string"}},
-                                "required": ["expression"]}
+    assert fn["parameters"] == {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    }

@@ -51,7 +51,7 @@ def read_shared_weights(path: str, manifest: list) -> list:
         dtype = getattr(torch, str(e["dtype"]), None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"manifest entry {e['name']!r}: unknown dtype {e['dtype']!r}")
-        raw = buf[int(e["offset"]):int(e["offset"]) + int(e["nbytes"])]
+        raw = buf[int(e["offset"]) : int(e["offset"]) + int(e["nbytes"])]
         out.append((str(e["name"]), raw.view(dtype).view(tuple(e["shape"]))))
     return out
 
@@ -68,8 +68,12 @@ def retie_output_head(model: torch.nn.Module) -> bool:
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     head_weight, embed_weight = getattr(head, "weight", None), getattr(embed, "weight", None)
-    if head is None or not isinstance(head_weight, torch.nn.Parameter) or \
-            not isinstance(embed_weight, torch.nn.Parameter) or head_weight.shape != embed_weight.shape:
+    if (
+        head is None
+        or not isinstance(head_weight, torch.nn.Parameter)
+        or not isinstance(embed_weight, torch.nn.Parameter)
+        or head_weight.shape != embed_weight.shape
+    ):
         log.warning("tied word embeddings, but no lm_head / model.embed_tokens pair of one shape to re-tie")
         return False
     head.weight = embed_weight

@@ -34,19 +34,37 @@ def test_vllm_sampling_and_generate_payload():
     call = VLLM.generate_call([1, 2, 3], sp, "rid-1")
     assert (call.method, call.path) == ("POST", "/inference/v1/generate")
     assert call.payload["token_ids"] == [1, 2, 3] and call.payload["request_id"] == "rid-1"
-    assert call.payload["sampling_params"] == {"max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
-                                               "ignore_eos": False, "logprobs": 0, "stop_token_ids": [2],
-                                               "detokenize": False, "seed": 3}
+    assert call.payload["sampling_params"] == {
+        "max_tokens": 7,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "ignore_eos": False,
+        "logprobs": 0,
+        "stop_token_ids": [2],
+        "detokenize": False,
+        "seed": 3,
+    }
     greedy = sampling_to_vllm(SamplingParams(max_new_tokens=4, greedy=True, stop=("\n",)))
     assert greedy["temperature"] == 0.0 and greedy["stop"] == ["\n"] and "detokenize" not in greedy
 
 
 def test_vllm_response_with_a_version_switch_inside_it():
-    body = {"usage": {"prompt_tokens": 3}, "choices": [{
-        "finish_reason": "length", "token_ids": [5, 6, 7, 8],
-        "logprobs": {"content": [{"token_id": t, "logprob": -0.1 * t} for t in (5, 6, 7, 8)]},
-        "weight_versions": [{"version": "default", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 2},
-                            {"version": "5", "start": 2, "end": 4}]}]}
+    body = {
+        "usage": {"prompt_tokens": 3},
+        "choices": [
+            {
+                "finish_reason": "length",
+                "token_ids": [5, 6, 7, 8],
+                "logprobs": {"content": [{"token_id": t, "logprob": -0.1 * t} for t in (5, 6, 7, 8)]},
+                "weight_versions": [
+                    {"version": "default", "start": 0, "end": 1},
+                    {"version": "4", "start": 1, "end": 2},
+                    {"version": "5", "start": 2, "end": 4},
+                ],
+            }
+        ],
+    }
     parsed = VLLM.parse_generate(body)
     assert parsed.output_ids == [5, 6, 7, 8] and parsed.output_logprobs == pytest.approx([-0.5, -0.6, -0.7, -0.8])
     assert parsed.versions == [None, 4, 5, 5] and parsed.finish_reason == "length" and parsed.prompt_len == 3
@@ -67,10 +85,19 @@ def test_the_client_labels_unlabelled_tokens_with_the_version_at_submit():
     from areal_graph.engines.inference.client import InferenceClient
 
     client = InferenceClient("http://x", backend="vllm", version=2)
-    body = {"choices": [{"finish_reason": "stop", "token_ids": [5, 6, 7],
-                         "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in (5, 6, 7)]},
-                         "weight_versions": [{"version": "default", "start": 0, "end": 2},
-                                             {"version": "3", "start": 2, "end": 3}]}]}
+    body = {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "token_ids": [5, 6, 7],
+                "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in (5, 6, 7)]},
+                "weight_versions": [
+                    {"version": "default", "start": 0, "end": 2},
+                    {"version": "3", "start": 2, "end": 3},
+                ],
+            }
+        ]
+    }
     result = client._result(body, "r", prompt_len=4, version_at_submit=2)
     assert result.output_versions == [2, 2, 3] and result.prompt_len == 4 and client.version == 3
 
@@ -80,13 +107,18 @@ def test_vllm_abort_and_weight_update_calls():
     assert VLLM.abort_call(None, True).payload == {}
     assert VLLM.pause_around_update and VLLM.pause_call().path == "/pause?mode=keep"
     calls = VLLM.disk_update_calls("/w/v3", 3)
-    assert [c.path for c in calls] == ["/collective_rpc", "/reset_prefix_cache?reset_running_requests=true",
-                                       "/update_weight_version"]
+    assert [c.path for c in calls] == [
+        "/collective_rpc",
+        "/reset_prefix_cache?reset_running_requests=true",
+        "/update_weight_version",
+    ]
     assert calls[0].payload == {"method": "reload_weights_tied", "kwargs": {"weights_path": "/w/v3"}}
     assert calls[2].payload == {"new_version": "3"}
     shm = VLLM.shared_memory_update_calls("/dev/shm/w", [{"name": "a"}], 4)
-    assert shm[0].payload == {"method": "load_weights_from_shared_memory",
-                              "kwargs": {"path": "/dev/shm/w", "manifest": [{"name": "a"}]}}
+    assert shm[0].payload == {
+        "method": "load_weights_from_shared_memory",
+        "kwargs": {"path": "/dev/shm/w", "manifest": [{"name": "a"}]},
+    }
     assert [c.path for c in shm[1:]] == [c.path for c in calls[1:]] and shm[2].payload == {"new_version": "4"}
 
 
@@ -176,8 +208,12 @@ def test_the_worker_extension_reads_what_the_trainer_publishes(tmp_path):
 
     ext = _extension_module()
     embed = torch.randn(7, 3)
-    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "norm.weight": torch.randn(3),
-             "half.weight": torch.randn(2, 5).to(torch.bfloat16)}
+    state = {
+        "model.embed_tokens.weight": embed,
+        "lm_head.weight": embed,
+        "norm.weight": torch.randn(3),
+        "half.weight": torch.randn(2, 5).to(torch.bfloat16),
+    }
     path = str(tmp_path / "weights")
     manifest = shared_weights.publish(path, state)
     got = dict(ext.read_shared_weights(path, manifest))

@@ -84,9 +84,19 @@ def test_model_info_version_reads_weight_version_of_a_dict_only():
     assert b.parse_model_info_version(None) is None
 
 
-@pytest.mark.parametrize("raw, want", [
-    (5, 5), ("12", 12), ("-1", -1), ("default", None), (None, None), ("3.5", None), ([1], None), ("", None),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        (5, 5),
+        ("12", 12),
+        ("-1", -1),
+        ("default", None),
+        (None, None),
+        ("3.5", None),
+        ([1], None),
+        ("", None),
+    ],
+)
 def test_parse_version(raw, want):
     assert parse_version(raw) == want
 
@@ -102,7 +112,9 @@ def test_finish_type_maps_strings_and_sglang_objects(caplog):
         assert finish_type("eos") == "abort"
         assert finish_type({"type": "tool_calls"}) == "abort"
     assert [r.getMessage() for r in caplog.records] == [
-        "unknown finish_reason 'eos'; treating it as abort", "unknown finish_reason 'tool_calls'; treating it as abort"]
+        "unknown finish_reason 'eos'; treating it as abort",
+        "unknown finish_reason 'tool_calls'; treating it as abort",
+    ]
 
 
 def test_logprob_or_nan():
@@ -112,10 +124,23 @@ def test_logprob_or_nan():
 
 
 def test_launch_flags_dash_names_bare_true_and_drop_false_or_none():
-    args = {"mem_fraction_static": 0.8, "enable_torch_compile": True, "disable_cuda_graph": False,
-            "chunked_prefill_size": None, "tp_size": 2, "dtype": "bfloat16"}
-    assert launch_flags(args) == ["--mem-fraction-static", "0.8", "--enable-torch-compile", "--tp-size", "2",
-                                  "--dtype", "bfloat16"]
+    args = {
+        "mem_fraction_static": 0.8,
+        "enable_torch_compile": True,
+        "disable_cuda_graph": False,
+        "chunked_prefill_size": None,
+        "tp_size": 2,
+        "dtype": "bfloat16",
+    }
+    assert launch_flags(args) == [
+        "--mem-fraction-static",
+        "0.8",
+        "--enable-torch-compile",
+        "--tp-size",
+        "2",
+        "--dtype",
+        "bfloat16",
+    ]
     assert launch_flags({}) == []
     assert launch_flags({"x": 1}) == ["--x", "1"]  # 1 == True, but only True itself is a bare flag
 

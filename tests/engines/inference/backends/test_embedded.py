@@ -16,8 +16,8 @@ from areal_graph.engines.inference.backends import get_backend
 from areal_graph.engines.inference.backends.base import HttpCall
 from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
-from areal_graph.engines.inference.server_args import build_arg_parser
 from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.engines.inference.server_args import build_arg_parser
 from areal_graph.graph.spec import InferenceSpec
 
 EMBEDDED = EmbeddedBackend()
@@ -32,8 +32,9 @@ def test_registered_with_its_traits():
 
 def test_command_is_one_the_servers_own_parser_accepts():
     spec = InferenceSpec(max_running_requests=24, args={"device": "cuda:1", "max_queue": 8, "max_context": 256})
-    cmd = EMBEDDED.command(spec, "/runs/x/model", 31000, threads=3, seed=7, name="inference-2", api_key=None,
-                           host="127.0.0.1")
+    cmd = EMBEDDED.command(
+        spec, "/runs/x/model", 31000, threads=3, seed=7, name="inference-2", api_key=None, host="127.0.0.1"
+    )
     assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.http_server"]
     args = build_arg_parser().parse_args(cmd[3:])
     assert (args.model, args.host, args.port, args.max_running) == ("/runs/x/model", "127.0.0.1", 31000, 24)
@@ -61,8 +62,11 @@ def test_resources_one_gpu_only_on_cuda_and_its_generation_threads():
 
 def test_weight_updates_shared_memory_or_disk_in_one_call_each():
     [shm] = EMBEDDED.shared_memory_update_calls("/dev/shm/areal-w", [{"name": "a", "offset": 0}], 9)
-    assert shm == HttpCall("POST", "/update_weights_from_shared_memory",
-                           {"path": "/dev/shm/areal-w", "manifest": [{"name": "a", "offset": 0}], "weight_version": 9})
+    assert shm == HttpCall(
+        "POST",
+        "/update_weights_from_shared_memory",
+        {"path": "/dev/shm/areal-w", "manifest": [{"name": "a", "offset": 0}], "weight_version": 9},
+    )
     assert type(shm.payload["weight_version"]) is int
     [disk] = EMBEDDED.disk_update_calls("/ckpt/v9", 9)
     assert disk == HttpCall("POST", "/update_weights_from_disk", {"model_path": "/ckpt/v9", "weight_version": "9"})
@@ -76,10 +80,16 @@ def test_pause_keeps_requests_in_place():
 def test_generate_payload_is_sglangs_and_per_token_versions_are_read():
     call = EMBEDDED.generate_call([1, 2], SamplingParams(max_new_tokens=3, greedy=True), "q")
     assert call.path == "/generate" and call.payload["sampling_params"]["temperature"] == 0.0
-    body = {"output_ids": [5, 6, 7],
-            "meta_info": {"finish_reason": {"type": "length", "length": 3}, "prompt_tokens": 2, "weight_version": "2",
-                          "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None]],
-                          "output_token_versions": [1, 1, 2]}}
+    body = {
+        "output_ids": [5, 6, 7],
+        "meta_info": {
+            "finish_reason": {"type": "length", "length": 3},
+            "prompt_tokens": 2,
+            "weight_version": "2",
+            "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None]],
+            "output_token_versions": [1, 1, 2],
+        },
+    }
     parsed = EMBEDDED.parse_generate(body)
     assert parsed.output_ids == [5, 6, 7] and parsed.versions == [1, 1, 2] and parsed.response_version == 2
     assert parsed.output_logprobs == [-0.1, -0.2, -0.3] and parsed.prompt_len == 2

@@ -17,14 +17,24 @@ def test_embedded_server_command_passes_model_port_threads_seed_and_extra_args()
     cmd = inference_server_command(spec, "/m", 1234, threads=3, seed=9)
     assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.http_server"]
     opts = dict(zip(cmd[3::2], cmd[4::2]))
-    assert opts == {"--model": "/m", "--host": "127.0.0.1", "--port": "1234", "--max-running": "48",
-                    "--threads": "3", "--seed": "9", "--name": "inference", "--max-queue": "256", "--device": "cpu"}
+    assert opts == {
+        "--model": "/m",
+        "--host": "127.0.0.1",
+        "--port": "1234",
+        "--max-running": "48",
+        "--threads": "3",
+        "--seed": "9",
+        "--name": "inference",
+        "--max-queue": "256",
+        "--device": "cpu",
+    }
 
 
 def test_embedded_server_gets_the_run_key_by_environment_name_only():
     """The key never appears in argv (`ps` shows argv to every local user): the server is told
     which environment variable holds it."""
     from areal_graph.api.process import RUN_TOKEN_ENV
+
     cmd = inference_server_command(InferenceSpec(), "/m", 1, 1, 0, api_key="s3cret")
     assert "s3cret" not in " ".join(cmd)
     assert build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
@@ -39,7 +49,9 @@ def test_embedded_server_accepts_the_extra_args_it_is_given():
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang not installed (GPU machines only)")
 def test_sglang_server_command():
-    spec = InferenceSpec(backend="sglang", max_running_requests=128, args={"mem_fraction_static": 0.8, "enable_metrics": True})
+    spec = InferenceSpec(
+        backend="sglang", max_running_requests=128, args={"mem_fraction_static": 0.8, "enable_metrics": True}
+    )
     cmd = inference_server_command(spec, "/m", 30001, threads=1, seed=5)
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
     assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"

@@ -26,9 +26,19 @@ SGLANG = SGLangBackend()
 
 def sglang_response(pairs, finish, output_ids=None, **meta):
     """A /generate body as SGLang answers it (text, output_ids, meta_info)."""
-    body = {"text": "", "output_ids": [p[1] for p in pairs] if output_ids is None else output_ids,
-            "meta_info": {"id": "r", "finish_reason": finish, "prompt_tokens": 4, "completion_tokens": len(pairs),
-                          "cached_tokens": 0, "output_token_logprobs": [list(p) + [None] for p in pairs], **meta}}
+    body = {
+        "text": "",
+        "output_ids": [p[1] for p in pairs] if output_ids is None else output_ids,
+        "meta_info": {
+            "id": "r",
+            "finish_reason": finish,
+            "prompt_tokens": 4,
+            "completion_tokens": len(pairs),
+            "cached_tokens": 0,
+            "output_token_logprobs": [list(p) + [None] for p in pairs],
+            **meta,
+        },
+    }
     return body
 
 
@@ -51,13 +61,36 @@ def test_unavailable_without_the_package_unless_an_interpreter_is_named():
 
 
 def test_launch_line_passes_the_key_and_the_args_as_sglang_flags():
-    spec = InferenceSpec(backend="sglang", max_running_requests=48,
-                         args={"tp_size": 2, "mem_fraction_static": 0.7, "enable_torch_compile": True})
-    cmd = SGLANG.command(spec, "/models/q", 30001, threads=8, seed=11, name="inference-1", api_key="k3y",
-                         host="0.0.0.0")
-    assert cmd == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/q", "--host", "0.0.0.0",
-                   "--port", "30001", "--random-seed", "11", "--max-running-requests", "48", "--api-key", "k3y",
-                   "--tp-size", "2", "--mem-fraction-static", "0.7", "--enable-torch-compile"]
+    spec = InferenceSpec(
+        backend="sglang",
+        max_running_requests=48,
+        args={"tp_size": 2, "mem_fraction_static": 0.7, "enable_torch_compile": True},
+    )
+    cmd = SGLANG.command(
+        spec, "/models/q", 30001, threads=8, seed=11, name="inference-1", api_key="k3y", host="0.0.0.0"
+    )
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/q",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30001",
+        "--random-seed",
+        "11",
+        "--max-running-requests",
+        "48",
+        "--api-key",
+        "k3y",
+        "--tp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.7",
+        "--enable-torch-compile",
+    ]
     no_key = SGLANG.command(spec, "/models/q", 30001, 8, 11, "inference-1", None, "127.0.0.1")
     assert "--api-key" not in no_key and SGLANG.environment("k3y") == {}
 
@@ -83,9 +116,13 @@ def test_sampling_json_temperature_and_optional_fields():
 def test_generate_call_is_a_non_streamed_token_id_request_with_logprobs():
     call = SGLANG.generate_call((3, 4, 5), SamplingParams(max_new_tokens=2, ignore_eos=True), "rid-9")
     assert (call.method, call.path) == ("POST", "/generate")
-    assert call.payload == {"input_ids": [3, 4, 5], "return_logprob": True, "rid": "rid-9", "stream": False,
-                            "sampling_params": {"max_new_tokens": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                                                "ignore_eos": True}}
+    assert call.payload == {
+        "input_ids": [3, 4, 5],
+        "return_logprob": True,
+        "rid": "rid-9",
+        "stream": False,
+        "sampling_params": {"max_new_tokens": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "ignore_eos": True},
+    }
     assert "logprob_start_len" not in call.payload  # see the module docstring of sglang.py
 
 
@@ -99,8 +136,9 @@ def test_parse_generate_reads_tokens_logprobs_version_and_finish():
 
 
 def test_parse_generate_initial_weights_and_a_matched_stop():
-    parsed = SGLANG.parse_generate(sglang_response([(-0.1, 2)], {"type": "stop", "matched": 2},
-                                                   weight_version="default"))
+    parsed = SGLANG.parse_generate(
+        sglang_response([(-0.1, 2)], {"type": "stop", "matched": 2}, weight_version="default")
+    )
     assert parsed.response_version is None and parsed.finish_reason == "stop"
 
 
@@ -126,8 +164,9 @@ def test_parse_generate_rejects_output_ids_that_disagree_with_the_logprobs():
 
 
 def test_per_token_versions_are_used_only_when_one_per_token():
-    body = sglang_response([(-0.5, 7), (-0.5, 8)], {"type": "length", "length": 2},
-                           output_token_versions=["3", 4], weight_version="4")
+    body = sglang_response(
+        [(-0.5, 7), (-0.5, 8)], {"type": "length", "length": 2}, output_token_versions=["3", 4], weight_version="4"
+    )
     assert SGLANG.parse_generate(body).versions == [3, 4]
     body["meta_info"]["output_token_versions"] = [4]
     assert SGLANG.parse_generate(body).versions is None

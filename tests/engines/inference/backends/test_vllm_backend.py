@@ -26,7 +26,8 @@ from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.sampling import SamplingParams
 from support.e2e import read_metrics
 from support.paths import REPO
-from support.vllm_server import run_on_vllm, vllm_model, vllm_run_command, vllm_server as start_vllm
+from support.vllm_server import run_on_vllm, vllm_model, vllm_run_command
+from support.vllm_server import vllm_server as start_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -53,7 +54,7 @@ def reference_logprobs(model_dir: Path, prompt: list[int], output: list[int], te
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1: -1] / temperature
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature
     return torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
 
 
@@ -103,7 +104,7 @@ def test_greedy_stops_at_eos_like_transformers(vllm_server):
     out = asyncio.run(go())
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, eos_token_id=2, pad_token_id=0)
-    assert out.output_ids == ref[0, len(PROMPT):].tolist()
+    assert out.output_ids == ref[0, len(PROMPT) :].tolist()
     assert out.finish_reason == ("stop" if out.output_ids[-1] == 2 else "length")
 
 
@@ -223,9 +224,12 @@ def test_many_seeded_requests_at_once(vllm_server):
     async def go():
         client = client_of(url)
         prompts = [[1] + [(7 * i + j) % 200 + 3 for j in range(150)] for i in range(32)]
-        outs = await asyncio.gather(*(client.generate(p, SamplingParams(max_new_tokens=8, temperature=1.0, seed=i,
-                                                                        ignore_eos=True))
-                                      for i, p in enumerate(prompts)))
+        outs = await asyncio.gather(
+            *(
+                client.generate(p, SamplingParams(max_new_tokens=8, temperature=1.0, seed=i, ignore_eos=True))
+                for i, p in enumerate(prompts)
+            )
+        )
         await client.close()
         return outs
 
@@ -272,8 +276,13 @@ def test_a_synchronous_rl_run_on_vllm(tmp_path):
     At eta 0 the behaviour log-probs (vLLM's) and the proximal ones (the trainer's, same
     weights) must agree: the decoupled-PPO behaviour weight is 1 up to float error."""
     t0 = time.monotonic()
-    steps = run_on_vllm(tmp_path / "run", vllm_model(tmp_path / "model"), "runtime.max_staleness=0", "runtime.steps=4",
-                        "runtime.save_every=0")
+    steps = run_on_vllm(
+        tmp_path / "run",
+        vllm_model(tmp_path / "model"),
+        "runtime.max_staleness=0",
+        "runtime.steps=4",
+        "runtime.save_every=0",
+    )
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert all(r["staleness/max"] == 0 for r in steps)
     for r in steps:
@@ -290,10 +299,12 @@ def test_a_killed_vllm_server_is_restarted_and_nothing_is_lost(tmp_path):
     from areal_graph.runtime.observability.ledger import read_ledger, reconcile
 
     run_dir, steps, eta = tmp_path / "run", 12, 2
-    cmd = vllm_run_command(run_dir, vllm_model(tmp_path / "model"), f"runtime.steps={steps}",
-                           f"runtime.max_staleness={eta}")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "400"})
+    cmd = vllm_run_command(
+        run_dir, vllm_model(tmp_path / "model"), f"runtime.steps={steps}", f"runtime.max_staleness={eta}"
+    )
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "400"}
+    )
 
     def trained_steps() -> int:
         path = run_dir / "metrics.jsonl"
@@ -304,8 +315,11 @@ def test_a_killed_vllm_server_is_restarted_and_nothing_is_lost(tmp_path):
         while trained_steps() < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 3"
             time.sleep(0.2)
-        server = next(p for p in psutil.Process(proc.pid).children(recursive=True)
-                      if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline()))
+        server = next(
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())
+        )
         engine_pids = [p.pid for p in server.children(recursive=True)]
         server.kill()
         out, _ = proc.communicate(timeout=600)
@@ -321,5 +335,6 @@ def test_a_killed_vllm_server_is_restarted_and_nothing_is_lost(tmp_path):
     assert account.trained_twice == [] and account.unaccounted() == [] and not account.failed
     assert sorted(account.trained) == list(range(steps * 4))  # 4 prompt groups a step
     time.sleep(2)
-    assert not [pid for pid in engine_pids if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], "the killed server's engine outlived it"
+    assert not [
+        pid for pid in engine_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ], "the killed server's engine outlived it"

@@ -19,7 +19,8 @@ from areal_graph.engines.inference.backends import get_backend
 from areal_graph.engines.inference.backends.base import adapter_name
 from areal_graph.engines.inference.client import InferenceClient
 from areal_graph.engines.inference.sampling import SamplingParams
-from support.vllm_server import run_on_vllm, vllm_model, vllm_server as start_vllm
+from support.vllm_server import run_on_vllm, vllm_model
+from support.vllm_server import vllm_server as start_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -34,8 +35,11 @@ def adapter_dir(model_dir: Path, dest: Path, seed: int | None) -> Path:
     is None (the untrained adapter: the base model), else random B and A."""
     from areal_graph.engines.training.train_engine import TrainEngine
 
-    engine = TrainEngine(str(model_dir), lr=1e-4, lora={"r": 8, "alpha": 16, "dropout": 0.0,
-                                                         "target_modules": TARGETS, "sync": "adapter"})
+    engine = TrainEngine(
+        str(model_dir),
+        lr=1e-4,
+        lora={"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": TARGETS, "sync": "adapter"},
+    )
     if seed is not None:
         torch.manual_seed(seed)
         with torch.no_grad():
@@ -53,7 +57,7 @@ def merged_logprobs(model_dir: Path, adapter: Path | None, output: list[int], te
     if adapter is not None:
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     with torch.no_grad():
-        logits = model.eval()(torch.tensor([PROMPT + output])).logits[0, len(PROMPT) - 1:-1] / temperature
+        logits = model.eval()(torch.tensor([PROMPT + output])).logits[0, len(PROMPT) - 1 : -1] / temperature
     return torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
 
 
@@ -61,8 +65,13 @@ def merged_logprobs(model_dir: Path, adapter: Path | None, output: list[int], te
 def lora_server(tmp_path_factory):
     model = vllm_model(tmp_path_factory.mktemp("model"))
     backend = get_backend("vllm")
-    with start_vllm(model, tmp_path_factory.mktemp("vllm-lora"), KEY, backend.lora_launch_flags(8, TARGETS, keep=2),
-                    backend.lora_environment()) as url:
+    with start_vllm(
+        model,
+        tmp_path_factory.mktemp("vllm-lora"),
+        KEY,
+        backend.lora_launch_flags(8, TARGETS, keep=2),
+        backend.lora_environment(),
+    ) as url:
         yield url, model
 
 
@@ -96,7 +105,9 @@ def test_adapters_by_version_lagging_clients_and_an_unloaded_adapter(lora_server
     assert at0.output_versions == [0] * 16 and at0.output_logprobs == pytest.approx(base_ref, abs=2e-4)
     ref1 = merged_logprobs(model, v1, at1.output_ids, 0.7)
     assert at1.output_versions == [1] * 16 and at1.output_logprobs == pytest.approx(ref1, abs=2e-4)
-    assert max(abs(a - b) for a, b in zip(at1.output_logprobs, merged_logprobs(model, None, at1.output_ids, 0.7))) > 1e-2
+    assert (
+        max(abs(a - b) for a, b in zip(at1.output_logprobs, merged_logprobs(model, None, at1.output_ids, 0.7))) > 1e-2
+    )
     assert stale.output_ids == at0.output_ids and stale.output_versions == [0] * 16  # the same seed on v0
     assert learned == 1 and fresh.output_ids == at1.output_ids and fresh.output_versions == [1] * 16
     assert retried.output_versions == [2] * 16 and retried.output_ids == at1.output_ids  # v2 holds v1's weights
@@ -108,14 +119,23 @@ def test_a_lora_rl_run_on_vllm_syncs_adapters_only(tmp_path):
     """`areal-graph run` with LoRA on vLLM: each sync moves the adapter directory alone, and the
     behaviour log-probs (vLLM's, adapter applied) equal the trainer's at eta 0."""
     t0 = time.monotonic()
-    steps = run_on_vllm(tmp_path / "run", vllm_model(tmp_path / "model"), "runtime.max_staleness=0",
-                        "models.actor.lora.r=8", "models.actor.train.lr=5.0e-4", "runtime.steps=4", "runtime.save_every=0")
+    steps = run_on_vllm(
+        tmp_path / "run",
+        vllm_model(tmp_path / "model"),
+        "runtime.max_staleness=0",
+        "models.actor.lora.r=8",
+        "models.actor.train.lr=5.0e-4",
+        "runtime.steps=4",
+        "runtime.save_every=0",
+    )
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     for r in steps:
         assert r["train/behav_weight"] == pytest.approx(1.0, abs=5e-3), r
         assert r["weight_sync/bytes"] < 200_000  # the adapter (r 8 on q/k/v/o of the kit), not the model
-    print(f"vLLM LoRA run: 4 steps in {time.monotonic() - t0:.0f} s, "
-          f"{steps[-1]['weight_sync/bytes'] / 1e3:.0f} kB per sync")
+    print(
+        f"vLLM LoRA run: 4 steps in {time.monotonic() - t0:.0f} s, "
+        f"{steps[-1]['weight_sync/bytes'] / 1e3:.0f} kB per sync"
+    )
 
 
 def test_a_judge_with_no_model_name_asks_the_newest_adapter(lora_server, tmp_path, monkeypatch):
@@ -134,13 +154,24 @@ def test_a_judge_with_no_model_name_asks_the_newest_adapter(lora_server, tmp_pat
 
     asyncio.run(load())
     monkeypatch.setenv("JUDGE_TEST_KEY", KEY)
-    batch = PackedBatch.from_sequences({"input_ids": [PROMPT + [5, 6], PROMPT + [7]],
-                                        "loss_mask": [[0] * len(PROMPT) + [1, 1], [0] * len(PROMPT) + [1]]},
-                                       meta={"answer": ["5", "7"]})
+    batch = PackedBatch.from_sequences(
+        {
+            "input_ids": [PROMPT + [5, 6], PROMPT + [7]],
+            "loss_mask": [[0] * len(PROMPT) + [1, 1], [0] * len(PROMPT) + [1]],
+        },
+        meta={"answer": ["5", "7"]},
+    )
     results = {}
     for name in (None, "judge"):
-        host = JudgeHost(str(model), url + "/v1", api_key_env="JUDGE_TEST_KEY", model=name, max_tokens=4,
-                         template="{response} ok? yes or no", timeout_s=60.0)
+        host = JudgeHost(
+            str(model),
+            url + "/v1",
+            api_key_env="JUDGE_TEST_KEY",
+            model=name,
+            max_tokens=4,
+            template="{response} ok? yes or no",
+            timeout_s=60.0,
+        )
         try:
             asked = asyncio.run_coroutine_threadsafe(host._served_model(), host.loop).result()
             results[name] = asked, host.score(batch, "r")[1]

@@ -33,8 +33,14 @@ def test_model_parallelism_is_refused_as_not_built(tiny_model_dir):
 def test_the_engine_has_what_a_model_host_drives():
     from areal_graph.engines.training.protocol import TrainingEngine
 
-    for name in ("compute_logprobs", "train_step", "state_dict_for_sync", "export_hf", "save_checkpoint",
-                 "load_checkpoint"):
+    for name in (
+        "compute_logprobs",
+        "train_step",
+        "state_dict_for_sync",
+        "export_hf",
+        "save_checkpoint",
+        "load_checkpoint",
+    ):
         assert callable(getattr(E.MegatronTrainEngine, name)), name
     assert E.MegatronTrainEngine.parallel == "none"
     assert {"version", "total_steps", "parallel"} <= set(TrainingEngine.__annotations__)

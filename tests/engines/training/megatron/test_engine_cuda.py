@@ -39,9 +39,19 @@ def _qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(1)
-    return Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, tie_word_embeddings=False))
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+    )
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
@@ -94,8 +104,9 @@ def reference_step(path, batch: PackedBatch) -> tuple[float, float, dict[str, to
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
-    lp, ent = rows_logprobs(model, batch, [[i] for i in range(batch.num_seqs)], with_entropy=True,
-                            score=batch["loss_mask"] != 0)
+    lp, ent = rows_logprobs(
+        model, batch, [[i] for i in range(batch.num_seqs)], with_entropy=True, score=batch["loss_mask"] != 0
+    )
     loss, _ = make_loss(batch)(lp, ent, batch.to("cuda"))
     loss.backward()
     grads = {k: p.grad.detach().cpu() for k, p in model.named_parameters() if p.grad is not None}

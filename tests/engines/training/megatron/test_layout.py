@@ -21,14 +21,30 @@ def tiny_hf(kind: str, seed: int = 0) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     if kind == "qwen3":
-        cfg = Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
-                          tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cfg = Qwen3Config(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
         model = Qwen3ForCausalLM(cfg)
     else:
-        cfg = LlamaConfig(vocab_size=80, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
-                          num_attention_heads=3, num_key_value_heads=3, max_position_embeddings=128,
-                          tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            vocab_size=80,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=1,
+            num_attention_heads=3,
+            num_key_value_heads=3,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        )
         model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # norms start at 1: make them distinguishable
         for name, p in model.named_parameters():
@@ -97,14 +113,17 @@ def test_transformer_config_follows_the_hf_config():
     assert (g["rotary_base"], g["share_embeddings_and_output_weights"], g["vocab_size"]) == (1e6, False, 96)
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"model_type": "gpt2"}, "model_type"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type"),
-    ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
-    ({"num_key_value_heads": 3}, "num_key_value_heads"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"model_type": "gpt2"}, "model_type"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type"),
+        ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+    ],
+)
 def test_what_is_not_built_is_refused_naming_the_field(change, field):
     cfg = {**tiny_hf("qwen2").config.to_dict(), **change}
     with pytest.raises(ValueError, match=field):
@@ -150,5 +169,6 @@ def test_names_and_shapes_are_those_of_a_real_gpt_model(megatron_cpu, kind):
 
     cfg = tiny_hf(kind).config
     real = build_gpt_model(cfg, cpu_init=True).state_dict()
-    assert {k: tuple(v.shape) for k, v in real.items() if not k.endswith("_extra_state")} == \
-        layout.megatron_shapes(layout.shape_of(cfg))
+    assert {k: tuple(v.shape) for k, v in real.items() if not k.endswith("_extra_state")} == layout.megatron_shapes(
+        layout.shape_of(cfg)
+    )
