@@ -59,6 +59,7 @@ from aiohttp import web
 from areal_graph.api.process import die_with_parent, pin_to_cores
 from areal_graph.api.spans import SpanRecorder
 from areal_graph.engines import shared_weights
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.engine_spans import step_span_args
 from areal_graph.engines.inference.native_requests import (
     ABORT_FIELDS,
@@ -143,17 +144,15 @@ class InferenceHTTPServer:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
-        from areal_graph.engines.inference import engine as engine_mod
-
         try:
             return await handler(request)
         except web.HTTPException:
             raise
         except BadRequest as err:
             return error_response(400, str(err), "BadRequest")
-        except getattr(engine_mod, "InvalidRequestError", BadRequest) as err:
+        except InvalidRequestError as err:
             return error_response(400, str(err), "BadRequest")
-        except getattr(engine_mod, "QueueFullError", BadRequest) as err:
+        except QueueFullError as err:
             return error_response(503, f"server overloaded: {err}; retry later", "ServiceUnavailable")
         except asyncio.CancelledError:
             raise

@@ -38,6 +38,7 @@ from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.spans import TRACE_ENV
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.inference.backends import get_backend
+from areal_graph.engines.inference.client import InferenceClient, ServerPool
 from areal_graph.graph.kind import CONTROLLER, RunInfo
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.graph.spec import InferenceSpec
@@ -113,8 +114,6 @@ class ProcessExecutor:
 
     # ------------------------------------------------------------------ start / stop
     def start(self, on_failure: Callable[..., None]) -> None:
-        from areal_graph.engines.inference.client import InferenceClient, ServerPool
-
         spec, rt = self.spec, self.spec.runtime
         actor_path = spec.models[self.plan.actor].path
         self.placement = plan_placement(spec, self.plan, model_parameters(actor_path) < SMALL_MODEL_PARAMS)

@@ -59,6 +59,7 @@ from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference import openai_format as fmt
 from areal_graph.engines.inference import responses_format as rfmt
+from areal_graph.engines.inference.client import RequestRejected
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.engines.inference.openai_requests import (
     ChatRequest,
@@ -296,8 +297,6 @@ class RecordingOpenAI(openai.AsyncOpenAI):
     async def _generate(
         self, prompt_ids: list[int], params: SamplingParams, n: int, rid: str
     ) -> list[tuple[fmt.GeneratedChoice, int, list[bool]]]:
-        from areal_graph.engines.inference.client import RequestRejected
-
         # the agent's own seed: choice i gets seed + i, as on the server; the workflow's seeds already
         # step by turn and answer, so its choices step far apart
         stride = _CHOICE_SEED_STRIDE if self.sampling.seed is not None else 1
