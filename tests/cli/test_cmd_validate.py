@@ -152,3 +152,19 @@ def test_an_unknown_builtin_model_fails_validation(capsys):
     args = parse(str(WORKFLOWS / "ppo_async.yaml"), "--set", "models.actor.path=builtin:nope")
     assert cv.run(args) == 1
     assert "unknown builtin model 'builtin:nope'" in capsys.readouterr().out
+
+
+def test_the_readmes_shortest_workflow_validates_and_plans_as_the_readme_says(tmp_path, capsys):
+    """The README's "Write a workflow" example is a newcomer's first file: it must validate, and
+    the plan must be the one the paragraph after it describes (prox_logp fused into train)."""
+    from support.paths import REPO
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Write a workflow", 1)[1].split("\n## ", 1)[0]
+    yaml_text = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "my_grpo.yaml"
+    path.write_text(yaml_text, encoding="utf-8")
+    assert cmd_validate.run(parse(str(path))) == 0, capsys.readouterr().out
+    plan = build_plan(load_workflow(path))
+    assert plan.fused == {"prox_logp": "train"} and "fused into `train`" in " ".join(section.split())
+    assert {plan.phase["reward"], plan.phase["train"]} == {"generation", "training"}

@@ -16,12 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from areal_graph.engines.inference.requests import (
-    InvalidRequestError,
-    QueueFullError,
-    Request,
-    validate_request,
-)
+from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.requests import Request, validate_request
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 
 
