@@ -1,11 +1,13 @@
 """Third-party clients against `areal-graph serve`, as a user would point them at it.
 
-The OpenAI Agents SDK (chat completions model), LangChain's ChatOpenAI, LiteLLM and the
-`openai` package each talk to a real server (a subprocess with an API key) serving a tiny
-local model; each check passes when the client's own parser accepts what came back (valid
-JSON for the schema, tool calls it can run), not when the tiny model writes sense. Nothing is
-downloaded: the model is built here (tests/support/openai_tool_model.py, a 2-layer Qwen2 that
-knows a tool-call conversation by heart; 512-token context). A check refused with
+The OpenAI Agents SDK (its chat completions model, and its default model on the Responses API
+with nothing configured but the client), LangChain's ChatOpenAI (chat and `use_responses_api`),
+LiteLLM and the `openai` package (chat and responses) each talk to a real server (a subprocess
+with an API key) serving a tiny local model; each check passes when the client's own parser
+accepts what came back (valid JSON for the schema, tool calls it can run), not when the tiny
+model writes sense. Nothing is downloaded: the model is built here
+(tests/support/openai_tool_model.py, a 2-layer Qwen2 that knows a tool-call conversation by
+heart; 512-token context). A check refused with
 `context_length_exceeded` is rerun on a random-weight Qwen2 with an 8192-token context.
 
 The clients live in their own venv so their dependencies never touch ours:
