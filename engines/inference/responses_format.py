@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,14 @@ from typing import Any
 from areal_graph.engines.inference import openai_format as fmt
 from areal_graph.engines.inference.responses_requests import ResponsesRequest
 
-__all__ = ["output_items", "response_json", "ResponseEvents", "whole_response_events", "assistant_message"]
+__all__ = [
+    "turn_response",
+    "output_items",
+    "response_json",
+    "ResponseEvents",
+    "whole_response_events",
+    "assistant_message",
+]
 
 
 def new_id(prefix: str) -> str:
@@ -142,6 +150,24 @@ def response_json(
     }
 
 
+def turn_response(
+    response_id: str,
+    request: ResponsesRequest,
+    choice_json: dict[str, Any],
+    finish: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    message_id: str | None = None,
+) -> dict[str, Any]:
+    """The response object of a turn generated as a chat completion (`choice_json`: its chat
+    choice). `message_id`: the id a stream's events already gave the message item."""
+    logprobs = choice_json["logprobs"]["content"] if choice_json["logprobs"] else None
+    items = output_items(choice_json["message"], finish, logprobs)
+    if message_id is not None and items and items[0]["type"] == "message":
+        items[0]["id"] = message_id
+    return response_json(response_id, time.time(), request.chat.model, request, items, prompt_tokens, output_tokens)
+
+
 class ResponseEvents:
     """The stream events of one response, numbered in the order they are made."""
 
@@ -219,6 +245,10 @@ class ResponseEvents:
             ),
             self._event("response.output_item.done", output_index=index, item=item),
         ]
+
+    def error(self, message: str) -> dict[str, Any]:
+        """A failure after the stream began (OpenAI's `error` event)."""
+        return self._event("error", code="server_error", message=message, param=None)
 
     def end(self, response: dict[str, Any]) -> dict[str, Any]:
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"

@@ -87,22 +87,10 @@ class ResponsesRoutes:
     ) -> dict[str, Any]:
         """The response object for a generated turn; stored when asked."""
         cj = fmt.chat_choice_json(self.served.tokenizer(), choice, req.chat)
-        logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
-        items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
-        if message_id is not None and items and items[0]["type"] == "message":
-            items[0]["id"] = message_id  # the id its stream events already carried
-        response = rfmt.response_json(
-            rid, time.time(), req.chat.model, req, items, len(prompt_ids), len(choice.output_ids)
+        response = rfmt.turn_response(
+            rid, req, cj, choice.finish_reason, len(prompt_ids), len(choice.output_ids), message_id
         )
-        if req.store:
-            self.store.put(
-                StoredResponse(
-                    response,
-                    [*history, *req.input_messages],
-                    rfmt.assistant_message(items),
-                    rfmt.with_item_ids(req.input_items),
-                )
-            )
+        self.store.remember(req, history, response)
         return response
 
     async def _stream(
@@ -149,24 +137,13 @@ class ResponsesRoutes:
                     last = now
                     lp = fmt.token_logprobs(tokenizer, acc, a, b, top_n) if top_n is not None else None
                     await write_event(out, events.text_delta(message_id, 0, delta, lp))
-        except OpenAIRequestError:
-            raise
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
+        except (OpenAIRequestError, ConnectionResetError):
+            raise  # a refusal, or the client went away (cancellation is not an Exception either)
         except Exception as err:
             if out is None:
                 raise  # nothing sent yet: an HTTP error
             log.error("a streamed response failed", exc_info=err)
-            await write_event(
-                out,
-                {
-                    "type": "error",
-                    "sequence_number": events.sequence,
-                    "code": "server_error",
-                    "message": f"{type(err).__name__}: {err}",
-                    "param": None,
-                },
-            )
+            await write_event(out, events.error(f"{type(err).__name__}: {err}"))
             await out.write_eof()
             return out
         finally:

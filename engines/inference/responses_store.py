@@ -15,7 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from areal_graph.engines.inference import responses_format as rfmt
 from areal_graph.engines.inference.openai_requests import OpenAIRequestError
+from areal_graph.engines.inference.responses_requests import ResponsesRequest
 
 __all__ = ["StoredResponse", "ResponseStore"]
 
@@ -53,6 +55,18 @@ class ResponseStore:
             _, (_, dropped) = self._entries.popitem(last=False)
             self._chars -= dropped
             self.evicted += 1
+
+    def remember(self, request: ResponsesRequest, history: list[dict[str, Any]], response: dict[str, Any]) -> None:
+        """Keep a created response, if its request asked to (`store`, default true)."""
+        if request.store:
+            self.put(
+                StoredResponse(
+                    response,
+                    [*history, *request.input_messages],
+                    rfmt.assistant_message(response["output"]),
+                    rfmt.with_item_ids(request.input_items),
+                )
+            )
 
     def get(self, response_id: str) -> StoredResponse | None:
         entry = self._entries.get(response_id)

@@ -12,10 +12,13 @@ call), the model would not recognise it and the tests that continue a conversati
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -189,3 +192,41 @@ async def add_agent_responses(client: openai.AsyncOpenAI, prompt: AgentPrompt) -
             )
     final = await client.responses.create(model="policy", input=items, tools=[ADD_FUNCTION])
     return 1.0 if final.output_text == ADD_ANSWER else 0.0
+
+
+def with_client(url: str, body: Any) -> Any:
+    """Run `body(inference_client)` in a fresh event loop with a fresh InferenceClient."""
+    from areal_graph.engines.inference.client import InferenceClient
+
+    async def run() -> Any:
+        client = InferenceClient(url)
+        try:
+            return await body(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def add_prompt(tokenizer: Any) -> AgentPrompt:
+    """The add conversation as an agent's prompt (row "q1", answer "5")."""
+    from areal_graph.workflows.rollout.openai_agent import AgentPrompt
+
+    return AgentPrompt("q1", [{"role": "user", "content": ADD_QUESTION}], "5", ids(tokenizer, ADD_TURN1[0]))
+
+
+@contextlib.contextmanager
+def served_tool_model(model_dir: Path, api_key: str) -> Iterator[str]:
+    """A real inference server (a subprocess) of the tool model that wants `api_key`; its URL."""
+    from areal_graph.engines.inference.server_process import ServerProcess
+
+    proc = ServerProcess(
+        str(model_dir),
+        extra_args=["--threads", "1", "--max-running", "8", "--api-key-env", "AREAL_TEST_OPENAI_KEY"],
+        env={"AREAL_TEST_OPENAI_KEY": api_key},
+    )
+    proc.start()
+    try:
+        yield proc.url
+    finally:
+        proc.stop()

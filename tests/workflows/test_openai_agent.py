@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.openai_requests import ChatRequest
-from areal_graph.workflows.rollout.openai_agent import AgentPrompt, OpenAIAgentRollout, RecordingOpenAI
+from areal_graph.workflows.rollout.openai_agent import OpenAIAgentRollout, RecordingOpenAI
 from areal_graph.workflows.rollout.openai_recording import CompletionLog, RecordedCompletion
 from support.openai_tool_model import (
     ADD_ANSWER,
@@ -30,28 +30,12 @@ from support.openai_tool_model import (
     HELLO_ANSWER,
     HELLO_QUESTION,
     add_agent,
+    add_prompt,
     ids,
+    with_client,
 )
 
 GREEDY = SamplingParams(max_new_tokens=64, temperature=0.0)
-
-
-def with_client(url: str, body):
-    """Run `body(inference_client)` in a fresh event loop with a fresh InferenceClient."""
-    from areal_graph.engines.inference.client import InferenceClient
-
-    async def run():
-        client = InferenceClient(url)
-        try:
-            return await body(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
-def add_prompt(tokenizer) -> AgentPrompt:
-    return AgentPrompt("q1", [{"role": "user", "content": ADD_QUESTION}], "5", ids(tokenizer, ADD_TURN1[0]))
 
 
 # --------------------------------------------------------------------------- one episode

@@ -9,7 +9,6 @@ same trajectory, whether it sends the history back as items or continues with
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import openai
@@ -17,7 +16,7 @@ import pytest
 from openai.types.responses import Response, ResponseCompletedEvent, ResponseFunctionToolCall
 
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.workflows.rollout.openai_agent import AgentPrompt, OpenAIAgentRollout, RecordingOpenAI
+from areal_graph.workflows.rollout.openai_agent import OpenAIAgentRollout, RecordingOpenAI
 from areal_graph.workflows.rollout.openai_responses import RecordingResponses
 from support.openai_tool_model import (
     ADD_ANSWER,
@@ -29,27 +28,12 @@ from support.openai_tool_model import (
     HELLO_QUESTION,
     add_agent,
     add_agent_responses,
+    add_prompt,
     ids,
+    with_client,
 )
 
 GREEDY = SamplingParams(max_new_tokens=64, temperature=0.0)
-
-
-def with_client(url: str, body):
-    from areal_graph.engines.inference.client import InferenceClient
-
-    async def run():
-        client = InferenceClient(url)
-        try:
-            return await body(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
-def add_prompt(tokenizer) -> AgentPrompt:
-    return AgentPrompt("q1", [{"role": "user", "content": ADD_QUESTION}], "5", ids(tokenizer, ADD_TURN1[0]))
 
 
 async def add_agent_previous_id(client, prompt) -> float:

@@ -426,20 +426,8 @@ class RecordingOpenAI(openai.AsyncOpenAI):
             raise _bad_request(err.message, err.param, err.code) from None
         rid = rfmt.new_id("resp")
         [choice], [cj] = await self._chat_turn(request.chat, prompt_ids, rid)
-        logprobs = cj["logprobs"]["content"] if cj["logprobs"] else None
-        items = rfmt.output_items(cj["message"], choice.finish_reason, logprobs)
-        body = rfmt.response_json(
-            rid, time.time(), request.chat.model, request, items, len(prompt_ids), len(choice.output_ids)
-        )
-        if request.store:
-            self.responses_store.put(
-                StoredResponse(
-                    body,
-                    [*history, *request.input_messages],
-                    rfmt.assistant_message(items),
-                    rfmt.with_item_ids(request.input_items),
-                )
-            )
+        body = rfmt.turn_response(rid, request, cj, choice.finish_reason, len(prompt_ids), len(choice.output_ids))
+        self.responses_store.remember(request, history, body)
         if request.stream:
             top_n = request.chat.top_logprobs if request.include_logprobs else None
             return _ChunkStream(typed_events(rfmt.whole_response_events(self.tokenizer, choice, body, top_n)))

@@ -29,6 +29,7 @@ from support.openai_tool_model import (
     HELLO_QUESTION,
     HELLO_TURN,
     build_tool_model,
+    served_tool_model,
 )
 
 KEY = "sk-test-0123456789"
@@ -49,16 +50,8 @@ def tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    from areal_graph.engines.inference.server_process import ServerProcess
-
-    proc = ServerProcess(
-        str(model_dir),
-        extra_args=["--threads", "1", "--max-running", "8", "--api-key-env", "AREAL_TEST_OPENAI_KEY"],
-        env={"AREAL_TEST_OPENAI_KEY": KEY},
-    )
-    proc.start()
-    yield proc.url
-    proc.stop()
+    with served_tool_model(model_dir, KEY) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

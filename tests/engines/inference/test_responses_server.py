@@ -23,6 +23,8 @@ from support.openai_tool_model import (
     HELLO_ANSWER,
     HELLO_QUESTION,
     build_tool_model,
+    ids,
+    served_tool_model,
 )
 
 KEY = "sk-test-responses"
@@ -43,21 +45,9 @@ def tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def client(model_dir):
-    from areal_graph.engines.inference.server_process import ServerProcess
-
-    proc = ServerProcess(
-        str(model_dir),
-        extra_args=["--threads", "1", "--max-running", "8", "--api-key-env", "AREAL_TEST_OPENAI_KEY"],
-        env={"AREAL_TEST_OPENAI_KEY": KEY},
-    )
-    proc.start()
-    with openai.OpenAI(base_url=proc.url + "/v1", api_key=KEY, max_retries=0) as c:
-        yield c
-    proc.stop()
-
-
-def ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False).input_ids
+    with served_tool_model(model_dir, KEY) as url:
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as c:
+            yield c
 
 
 def test_a_text_answer_is_one_message_item(client, tokenizer):
