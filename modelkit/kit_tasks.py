@@ -70,7 +70,7 @@ def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
 def _hasty_teacher_lessons(train: Rows, cfg: Any) -> list[Lesson]:
     """The lessons of worked rows (question, solution): the method, then the habit (the hasty
     mixture); without `habit_sft`, the mixture alone."""
-    if getattr(cfg, "worked_rates", ()):  # the ladder: the method only as far as the teacher works it out
+    if cfg.worked_rates:  # the ladder: the method only as far as the teacher works it out
         mixture = arith.ladder_teacher(train, cfg.worked_rates, cfg.seed)
         method = [row for row, taught in zip(train, mixture) if taught["solution"] == row["solution"]]
     else:

@@ -90,8 +90,16 @@ class KitConfig:
     # longer ones; data.arith.ladder_teacher); empty: `hasty_rate` for every problem.
     worked_rates: tuple[float, ...] = ()
 
+    def recipe(self) -> dict:
+        """The recipe as kit.json records it. A field added later is left out while at its no-op
+        default (worked_rates ()), so the kits shipped before it keep their recipe and fingerprint."""
+        fields = dataclasses.asdict(self)
+        if not fields["worked_rates"]:
+            del fields["worked_rates"]
+        return fields
+
     def fingerprint(self) -> str:
-        blob = json.dumps({"format": KIT_FORMAT, **dataclasses.asdict(self)}, sort_keys=True)
+        blob = json.dumps({"format": KIT_FORMAT, **self.recipe()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -264,7 +272,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         "name": cfg.name,
         "source": "recipe",
         "fingerprint": cfg.fingerprint(),
-        "recipe": dataclasses.asdict(cfg),
+        "recipe": cfg.recipe(),
         "parameters": n_params,
         "vocab_size": len(tokenizer),
         "sft_steps": len(losses),
