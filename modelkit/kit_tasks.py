@@ -96,7 +96,12 @@ ARITH = KitTask(
     evaluate=_plain_eval,
     describe=lambda cfg: (
         f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty}); "
-        f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working"
+        + (
+            f"the SFT teacher works out {cfg.worked_rates[0]:.0%} of 1-step problems down to "
+            f"{cfg.worked_rates[-1]:.1%} of {len(cfg.worked_rates)}-step ones, the rest hastily"
+            if cfg.worked_rates
+            else f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working"
+        )
     ),
 )
 
