@@ -241,6 +241,22 @@ def plot(cells: list[dict], path: Path) -> Path | None:
     return path
 
 
+def _keys(cells: list[dict]) -> set[tuple[str, int]]:
+    return {(c["config"], c["seed"]) for c in cells}
+
+
+def _claim(claims: Path | None, name: str, seed: int) -> bool:
+    """Claim a cell for this invocation (an exclusive create); False when another has it."""
+    if claims is None:
+        return True
+    claims.mkdir(parents=True, exist_ok=True)
+    try:
+        (claims / f"{name.replace(' ', '_')}-s{seed}").open("x").close()
+    except FileExistsError:
+        return False
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=",".join(c.name for c in CONFIGS), help="comma-separated config names")
@@ -252,6 +268,15 @@ def main() -> int:
     ap.add_argument(
         "--set", dest="extra", action="append", default=[], metavar="KEY=VALUE", help="one more override for every cell"
     )
+    ap.add_argument(
+        "--claims",
+        type=Path,
+        default=None,
+        help="a folder where each cell is claimed before it runs: two invocations sharing it (one with "
+        "--reverse, each its own --out) split the cells between them; --merge joins their JSON",
+    )
+    ap.add_argument("--reverse", action="store_true", help="run the cells in the opposite order")
+    ap.add_argument("--merge", type=Path, action="append", default=[], help="add the cells of another JSON to --out")
     ap.add_argument("--out", type=Path, default=RESULTS / "testbed.json")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/testbed_runs"), help="where run directories go")
     args = ap.parse_args()
@@ -265,33 +290,41 @@ def main() -> int:
     if done.get("steps", args.steps) != args.steps:
         ap.error(f"{args.out} holds {done['steps']}-step cells; use another --out")
     cells = list(done["cells"])
-    have = {(c["config"], c["seed"]) for c in cells}
+    for extra_json in args.merge:
+        cells += [
+            c for c in json.loads(extra_json.read_text())["cells"] if (c["config"], c["seed"]) not in _keys(cells)
+        ]
+    have = _keys(cells)
     start = time.perf_counter()
-    for seed in [] if args.report else seeds:
-        for name in names:
-            if (name, seed) in have:
-                continue
-            if args.deadline is not None and time.perf_counter() - start > args.deadline:
-                console.print(f"deadline reached: {name} seed {seed} and later cells not run")
-                break
-            console.print(f"{name}, seed {seed} ...")
-            r = run_cell(BY_NAME[name], seed, args.steps, args.runs / f"{name.replace(' ', '_')}-s{seed}", args.extra)
-            cells.append(
-                {
-                    "config": name,
-                    "seed": seed,
-                    "overrides": overrides(BY_NAME[name], seed, args.steps) + args.extra,
-                    **r,
-                }
-            )
-            console.print(
-                f"  {100 * r['accuracy']:.1f}% at step {args.steps}, reward area {r['reward_area']:.3f}, "
-                f"{r['gen_tokens_per_s']:.0f} generated tok/s, {r['wall_s']:.0f} s"
-            )
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(
-                json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
-            )
+    order = [(seed, name) for seed in ([] if args.report else seeds) for name in names]
+    for seed, name in reversed(order) if args.reverse else order:
+        if (name, seed) in have or not _claim(args.claims, name, seed):
+            continue
+        if args.deadline is not None and time.perf_counter() - start > args.deadline:
+            console.print(f"deadline reached: {name} seed {seed} and later cells not run")
+            break
+        console.print(f"{name}, seed {seed} ...")
+        r = run_cell(BY_NAME[name], seed, args.steps, args.runs / f"{name.replace(' ', '_')}-s{seed}", args.extra)
+        cells.append(
+            {
+                "config": name,
+                "seed": seed,
+                "overrides": overrides(BY_NAME[name], seed, args.steps) + args.extra,
+                **r,
+            }
+        )
+        console.print(
+            f"  {100 * r['accuracy']:.1f}% at step {args.steps}, reward area {r['reward_area']:.3f}, "
+            f"{r['gen_tokens_per_s']:.0f} generated tok/s, {r['wall_s']:.0f} s"
+        )
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
+        )
+    if args.merge:
+        args.out.write_text(
+            json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
+        )
     print_tables(console, cells, args.steps)
     png = plot(cells, args.out.with_suffix(".png"))
     console.print(f"wrote {args.out}" + (f" and {png}" if png else " (no PNG: pip install matplotlib)"))
