@@ -13,8 +13,10 @@ all 500 test problems. Groups:
 - interruption: at a weight update the engine recomputes the KV cache of the requests in flight
   and goes on with the new weights (`inference.kv_on_update: recompute`, AReaL's interruptible
   generation) vs waiting for them to finish on the old weights first (`wait`): throughput and accuracy.
-- losses: GRPO (group-normalised advantages, decoupled PPO loss: the testbed as shipped) vs
-  RLOO advantages vs GSPO vs CISPO, at eta 4.
+- losses: GRPO (group-normalised advantages, decoupled PPO loss) vs RLOO advantages vs GSPO vs
+  CISPO, at eta 4 and two updates per step (`ppo_minibatches: 2`; with one, as shipped, the
+  ratio is exactly 1 where the gradient is taken and the four differ only in aggregation), GSPO
+  and CISPO with their papers' clip ranges as in workflows/gspo.yaml and cispo.yaml.
 - lora: full fine-tuning vs a LoRA adapter of rank 8 (lr 25x, as bench_lora_curve.py).
 
 The shipped workflow is the "eta 4, decoupled" cell, which all four groups share. Cells run
@@ -72,9 +74,31 @@ CONFIGS: tuple[Config, ...] = (
     Config("decoupled eta 16", 16),
     Config("naive eta 16", 16, ("nodes.train.loss=ppo",)),
     Config("wait", 4, ("inference.kv_on_update=wait",)),
-    Config("rloo", 4, ("nodes.advantage.estimator=rloo",)),
-    Config("gspo", 4, ("nodes.train.loss=gspo", "nodes.train.agg=seq-mean-token-mean")),
-    Config("cispo", 4, ("nodes.train.loss=cispo",)),
+    # The losses at two updates per step, each with its paper's clip (as workflows/gspo.yaml and
+    # cispo.yaml): with one update the ratio is exactly 1 and the four would differ only in aggregation.
+    Config("grpo 2 updates", 4, ("nodes.train.ppo_minibatches=2",)),
+    Config("rloo", 4, ("nodes.advantage.estimator=rloo", "nodes.train.ppo_minibatches=2")),
+    Config(
+        "gspo",
+        4,
+        (
+            "nodes.train.loss=gspo",
+            "nodes.train.clip_eps=3.0e-4",
+            "nodes.train.eps_high=4.0e-4",
+            "nodes.train.agg=seq-mean-token-mean",
+            "nodes.train.ppo_minibatches=2",
+        ),
+    ),
+    Config(
+        "cispo",
+        4,
+        (
+            "nodes.train.loss=cispo",
+            "nodes.train.clip_eps=1.0",
+            "nodes.train.eps_high=1.0",
+            "nodes.train.ppo_minibatches=2",
+        ),
+    ),
     Config("lora r8", 4, ("models.actor.lora.r=8", "models.actor.lora.alpha=16", f"models.actor.train.lr={LORA_LR}")),
     Config("decoupled eta 0", 0),
     Config("decoupled eta 8", 8),
@@ -91,7 +115,13 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         for method in ("naive", "decoupled")
     ],
     "interruption": [("interruptible (recompute KV)", "base"), ("wait for in-flight requests", "wait")],
-    "losses": [("GRPO", "base"), ("RLOO", "rloo"), ("GSPO", "gspo"), ("CISPO", "cispo")],
+    "losses": [
+        ("GRPO, 1 update per step (as shipped)", "base"),
+        ("GRPO", "grpo 2 updates"),
+        ("RLOO", "rloo"),
+        ("GSPO", "gspo"),
+        ("CISPO", "cispo"),
+    ],
     "lora": [("full fine-tuning", "base"), ("LoRA r=8", "lora r8")],
 }
 
