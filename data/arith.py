@@ -86,6 +86,11 @@ class Difficulty:
 # at temperature 1 span 10-20x in length within a batch, the regime where synchronous RL waits
 # on stragglers.
 LONGTAIL_STEP_WEIGHTS: tuple[float, ...] = (0.3, 3, 25, 45, 8, 4, 2, 1) + (1.5,) * 12
+# "ladder" is the testbed's task (builtin:tiny-arith-ladder): the one-digit arithmetic of
+# "longtail", 1 to 12 steps, 3 to 12 equally often (1 and 2 steps have few distinct problems).
+# Its teacher works out short problems and ever fewer of the longer ones (KitConfig.worked_rates),
+# so RL climbs a ladder: each rung is a longer chain the warm start has seen worked less often.
+LADDER_STEP_WEIGHTS: tuple[float, ...] = (0.2, 3) + (8,) * 10
 LEVELS: dict[str, Difficulty] = {
     "digits": Difficulty(2, 3, 0, 9),
     "easy": Difficulty(1, 2, 0, 20),
@@ -93,6 +98,7 @@ LEVELS: dict[str, Difficulty] = {
     "hard": Difficulty(3, 4, 1, 99, ops="+-*"),
     "longtail": Difficulty(1, 20, 1, 9, step_weights=LONGTAIL_STEP_WEIGHTS, max_value=9, fit_operands=True),
     "one-digit": Difficulty(3, 4, 0, 9, max_value=9),
+    "ladder": Difficulty(1, 12, 1, 9, step_weights=LADDER_STEP_WEIGHTS, max_value=9, fit_operands=True),
 }
 
 
@@ -208,6 +214,23 @@ def teacher_mixture(rows: list[dict[str, str]], hasty_rate: float, seed: int) ->
         raise ValueError(f"teacher_mixture: hasty_rate must be in [0, 1], got {hasty_rate}")
     rng = random.Random(seed)
     return [{**row, "solution": hasty_answer(row) if rng.random() < hasty_rate else row["solution"]} for row in rows]
+
+
+def steps_of(row: dict[str, str]) -> int:
+    """The number of operations of a problem (the lines of its worked solution before the answer)."""
+    return sum(1 for line in row["solution"].splitlines() if "=" in line and "boxed" not in line)
+
+
+def ladder_teacher(rows: list[dict[str, str]], worked_rates: tuple[float, ...], seed: int) -> list[dict[str, str]]:
+    """SFT targets from a teacher who works out a problem of s steps with probability
+    worked_rates[s - 1] (the last rate for longer ones) and answers the rest hastily."""
+    rng = random.Random(seed)
+
+    def rate(row: dict[str, str]) -> float:
+        s = steps_of(row)
+        return worked_rates[min(s, len(worked_rates)) - 1]
+
+    return [{**row, "solution": row["solution"] if rng.random() < rate(row) else hasty_answer(row)} for row in rows]
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:

@@ -123,14 +123,15 @@ class InferenceSpec:
         "has vllm (.venv-vllm/bin/python after `make install-vllm`); null: "
         "the controller's own",
     )
-    kv_on_update: Literal["recompute", "keep"] = _f(
+    kv_on_update: Literal["recompute", "keep", "wait"] = _f(
         "recompute",
         None,
         "what a weight update does to the requests in flight: recompute their KV cache from the "
-        "tokens so far with the new weights (AReaL's interruptible generation), or keep the cache "
+        "tokens so far with the new weights (AReaL's interruptible generation), keep the cache "
         "built by the old weights and decode on with the new ones (PipelineRL's in-flight update: "
         "no re-prefill; the behaviour log-probs stay exact, the prefix's keys and values are a "
-        "version older). Embedded engine only",
+        "version older), or wait: admit nothing new and let the requests in flight finish on the "
+        "old weights before swapping (the paper's baseline without interruption). Embedded engine only",
     )
     threads: int | None = _f(
         None,
@@ -158,6 +159,12 @@ class RuntimeSpec:
     )
     seed: int = _f(1)
     eval_every: int = _f(0, non_negative, "steps between evaluations; 0 disables")
+    eval_at_start: bool = _f(
+        True,
+        None,
+        "with eval_every, evaluate the starting model too (step 0); false skips it, e.g. in "
+        "benchmarks whose cells all start from the same warm start",
+    )
     save_every: int = _f(0, non_negative, "steps between checkpoints; 0 disables")
     keep_checkpoints: int | None = _f(
         None,

@@ -57,10 +57,10 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
             "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
             "server loads weights from disk); use 'disk' or 'auto'",
         )
-    if spec.inference.kv_on_update == "keep" and spec.inference.backend != "embedded":
+    if spec.inference.kv_on_update != "recompute" and spec.inference.backend != "embedded":
         v.report(
             ("inference", "kv_on_update"),
-            f"'keep' is built for the embedded engine only; the "
+            f"'{spec.inference.kv_on_update}' is built for the embedded engine only; the "
             f"{spec.inference.backend} backend recomputes the KV cache of requests "
             "in flight at a weight update",
         )

@@ -70,10 +70,14 @@ def _arith_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
 def _hasty_teacher_lessons(train: Rows, cfg: Any) -> list[Lesson]:
     """The lessons of worked rows (question, solution): the method, then the habit (the hasty
     mixture); without `habit_sft`, the mixture alone."""
-    mixture = arith.teacher_mixture(train, cfg.hasty_rate, cfg.seed)
+    if cfg.worked_rates:  # the ladder: the method only as far as the teacher works it out
+        mixture = arith.ladder_teacher(train, cfg.worked_rates, cfg.seed)
+        method = [row for row, taught in zip(train, mixture) if taught["solution"] == row["solution"]]
+    else:
+        mixture, method = arith.teacher_mixture(train, cfg.hasty_rate, cfg.seed), train
     if cfg.habit_sft is None:
         return [Lesson("mixture", mixture, cfg.sft)]
-    return [Lesson("method", train, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
+    return [Lesson("method", method, cfg.sft), Lesson("habit", mixture, cfg.habit_sft)]
 
 
 def _plain_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
@@ -92,7 +96,12 @@ ARITH = KitTask(
     evaluate=_plain_eval,
     describe=lambda cfg: (
         f"data: {cfg.n_train} train / {cfg.n_test} test problems ({cfg.difficulty}); "
-        f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working"
+        + (
+            f"the SFT teacher works out {cfg.worked_rates[0]:.0%} of 1-step problems down to "
+            f"{cfg.worked_rates[-1]:.1%} of {len(cfg.worked_rates)}-step ones, the rest hastily"
+            if cfg.worked_rates
+            else f"the SFT teacher answers {cfg.hasty_rate:.0%} of them hastily, without working"
+        )
     ),
 )
 

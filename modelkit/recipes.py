@@ -86,9 +86,20 @@ class KitConfig:
     # calc: the share of problems the SFT teacher answers without the calculator, per factor
     # size (data.calc.teacher_conversations); arith uses `hasty_rate` instead.
     direct_rates: tuple[float, ...] = ()
+    # arith: the share of problems of s steps the SFT teacher works out, per s (the last for
+    # longer ones; data.arith.ladder_teacher); empty: `hasty_rate` for every problem.
+    worked_rates: tuple[float, ...] = ()
+
+    def recipe(self) -> dict:
+        """The recipe as kit.json records it. A field added later is left out while at its no-op
+        default (worked_rates ()), so the kits shipped before it keep their recipe and fingerprint."""
+        fields = dataclasses.asdict(self)
+        if not fields["worked_rates"]:
+            del fields["worked_rates"]
+        return fields
 
     def fingerprint(self) -> str:
-        blob = json.dumps({"format": KIT_FORMAT, **dataclasses.asdict(self)}, sort_keys=True)
+        blob = json.dumps({"format": KIT_FORMAT, **self.recipe()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -157,9 +168,23 @@ TINY_RG_ARITH = KitConfig(
     difficulty=RG_BASIC_ARITHMETIC,
 )
 
+# The testbed (issue 36, prototype): a ladder of 1-12 step problems whose teacher works out the
+# short ones and ever fewer long ones, so greedy accuracy starts low and RL climbs rung by rung
+# with answers growing longer, instead of unlearning one habit in 25 steps.
+TINY_ARITH_LADDER = KitConfig(
+    name="tiny-arith-ladder",
+    difficulty="ladder",
+    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=512),
+    worked_rates=(1.0, 1.0, 0.6, 0.35, 0.2, 0.12, 0.07, 0.04, 0.025, 0.015, 0.01, 0.006),
+    sft=SFTConfig(steps=1000, batch_size=32, packed=True),
+    habit_sft=SFTConfig(steps=80, lr=3e-4, warmup_steps=5, packed=True),
+    eval_max_new_tokens=160,
+)
+
 BUILTIN_KITS: dict[str, KitConfig] = {
     "tiny-arith": KitConfig(),
     "tiny-arith-long": TINY_ARITH_LONG,
+    "tiny-arith-ladder": TINY_ARITH_LADDER,
     "tiny-calc": TINY_CALC,
     "tiny-guess": TINY_GUESS,
     "tiny-rg-arith": TINY_RG_ARITH,
@@ -170,6 +195,8 @@ BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "arith/test": ("tiny-arith", "test"),
     "arith-long/train": ("tiny-arith-long", "train"),
     "arith-long/test": ("tiny-arith-long", "test"),
+    "arith-ladder/train": ("tiny-arith-ladder", "train"),
+    "arith-ladder/test": ("tiny-arith-ladder", "test"),
     "calc/train": ("tiny-calc", "train"),
     "calc/test": ("tiny-calc", "test"),
     "guess/train": ("tiny-guess", "train"),
@@ -245,7 +272,7 @@ def build_kit(cfg: KitConfig, out: Path, progress: Progress) -> dict:
         "name": cfg.name,
         "source": "recipe",
         "fingerprint": cfg.fingerprint(),
-        "recipe": dataclasses.asdict(cfg),
+        "recipe": cfg.recipe(),
         "parameters": n_params,
         "vocab_size": len(tokenizer),
         "sft_steps": len(losses),

@@ -62,7 +62,9 @@ class SimConfig:
     inference: SidePlacement = field(default_factory=SidePlacement)
     training: SidePlacement = field(default_factory=SidePlacement)
     other: SidePlacement = field(default_factory=SidePlacement)
-    kv_on_update: str = "recompute"  # "recompute" (AReaL) or "keep" (the KV cache survives a weight update)
+    # "recompute" (AReaL), "keep" (the KV cache survives a weight update) or "wait" (the update waits
+    # for the requests in flight to finish, admitting none meanwhile)
+    kv_on_update: str = "recompute"
     batch_order: str = "submission"  # "submission" (the controller today) or "completion"
     eval_every: int = 0
     eval_size: int = 0
@@ -162,13 +164,17 @@ class _Server:
         if not self.stepping and not self.swapping:
             self._swap()
 
+    def _swap_due(self) -> bool:
+        """An update swaps at the next step boundary, except under kv_on_update=wait while requests run."""
+        return self.update is not None and not (self.sim.cfg.kv_on_update == "wait" and (self.running or self.pending))
+
     def _step(self) -> None:
-        if self.update is not None:
+        if self._swap_due():
             self.stepping = False
             self._swap()
             return
         room = self.sim.cfg.max_running - len(self.running) - len(self.pending)
-        while room > 0 and self.queue:
+        while room > 0 and self.queue and self.update is None:
             self.pending.append(self.queue.pop(0))
             room -= 1
         if not (self.pending or self.running):
@@ -244,7 +250,7 @@ class _Server:
             for r in done:
                 self.outstanding -= 1
                 self.sim.request_done(r)
-        if self.update is not None:
+        if self._swap_due():
             self.stepping = False
             self._swap()
             return

@@ -100,16 +100,18 @@ class EmbeddedEngine:
         (`cuda_graphs.py`: there a step's kernel launches cost more than its kernels).
         kv_on_update: "recompute" (a weight update sends every request in flight back to be
         prefilled from its tokens so far with the new weights: AReaL's interruptible generation)
-        or "keep" (the cache built by the old weights stays and decoding goes on with the new
+        "keep" (the cache built by the old weights stays and decoding goes on with the new
         ones: no re-prefill, as PipelineRL's in-flight updates; each token's log-prob is still
-        the one it was sampled with, and its version the weights that sampled it).
+        the one it was sampled with, and its version the weights that sampled it), or "wait"
+        (the update admits nothing new and waits until the requests in flight finish on the old
+        weights: generation without interruption, the AReaL paper's ablation baseline).
         """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
         if max_running < 1 or max_queue < 0:
             raise ValueError(f"max_running must be >= 1 and max_queue >= 0, got {max_running}, {max_queue}")
-        if kv_on_update not in ("recompute", "keep"):
-            raise ValueError(f"kv_on_update must be 'recompute' or 'keep', got {kv_on_update!r}")
+        if kv_on_update not in ("recompute", "keep", "wait"):
+            raise ValueError(f"kv_on_update must be 'recompute', 'keep' or 'wait', got {kv_on_update!r}")
         self.kv_on_update = kv_on_update
         self.device = torch.device(device)
         self.dtype = dtype
@@ -160,6 +162,7 @@ class EmbeddedEngine:
         self._cache = BatchedKVCache(row_capacity=max_running)
         self._lora_base: dict[str, torch.Tensor] = {}  # LoRA: the base weights adapters apply to
         self._paused = False
+        self._draining = False  # kv_on_update="wait": an update waits for the requests in flight; admit none
         self._waiters = 0  # threads waiting for a step boundary (abort, weight swap): the scheduler yields
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -423,6 +426,25 @@ class EmbeddedEngine:
         A LoRA adapter (engines/lora_weights.py: `lora.scaling` among the keys) is merged into
         the base weights this engine had before its first adapter: W0 + scaling * (B @ A)."""
         requested = time.perf_counter()
+        if self.kv_on_update == "wait":
+            self._drain()
+        try:
+            self._swap_weights(state_dict, version, requested)
+        finally:
+            if self._draining:
+                with self._cv:
+                    self._draining = False
+                    self._cv.notify_all()
+
+    def _drain(self) -> None:
+        """kv_on_update="wait": stop admitting and block until no request is running or pending."""
+        with self._cv:
+            self._draining = True
+            self._cv.notify_all()
+            while (self._running or self._pending) and not self._stopping and not self._paused:
+                self._cv.wait(0.005)
+
+    def _swap_weights(self, state_dict: Mapping[str, torch.Tensor], version: int, requested: float) -> None:
         with self._at_step_boundary():
             start, before = time.perf_counter(), self._version
             if is_adapter(state_dict):
@@ -447,7 +469,7 @@ class EmbeddedEngine:
             "weights updated to version %d (%d requests in flight, KV cache %s)",
             version,
             in_flight,
-            "recomputed" if self.kv_on_update == "recompute" else "kept",
+            {"recompute": "recomputed", "keep": "kept", "wait": "drained first"}[self.kv_on_update],
         )
 
     def update_weights_from_disk(self, path: str | Path, version: int | None = None) -> None:
@@ -499,7 +521,9 @@ class EmbeddedEngine:
         while True:
             with self._cv:
                 while not self._stopping and (
-                    self._paused or self._waiters or not (self._queue or self._running or self._pending)
+                    self._paused
+                    or self._waiters
+                    or not ((self._queue and not self._draining) or self._running or self._pending)
                 ):
                     self._cv.wait()
                 if self._stopping:
@@ -570,7 +594,7 @@ class EmbeddedEngine:
             if gone:
                 self._abort_locked(gone)
             room = self.max_running - len(self._running) - len(self._pending)
-            while room > 0 and self._queue:
+            while room > 0 and self._queue and not self._draining:
                 self._pending.append(self._queue.popleft())
                 room -= 1
         if self._pending:

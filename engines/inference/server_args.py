@@ -32,8 +32,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-on-update",
         default="recompute",
-        choices=["recompute", "keep"],
-        help="at a weight update, recompute the KV cache of requests in flight (default) or keep it",
+        choices=["recompute", "keep", "wait"],
+        help="at a weight update, recompute the KV cache of requests in flight (default), keep it, "
+        "or wait for them to finish before swapping",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")

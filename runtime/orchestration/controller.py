@@ -511,7 +511,7 @@ class Controller:
 
     # ------------------------------------------------------------------ training side
     async def _training_loop(self) -> None:
-        if self.rt.eval_every and self.state.step == 0:
+        if self.rt.eval_every and self.rt.eval_at_start and self.state.step == 0:
             self.run_dir.log_metrics(0, await self._evaluate())
         while self.state.step < self.rt.steps:
             await self._train_step()
@@ -646,6 +646,8 @@ class Controller:
                     }
                 )
             out["response_len/mean"] = float(resp_len.mean())
+            out["response_len/p90"] = float(torch.quantile(resp_len, 0.9))
+            out["response_len/max"] = float(resp_len.max())
         if "rewards" in batch:
             out["reward/mean"] = float(batch["rewards"].float().mean())
             if "group_id" in batch:

@@ -49,6 +49,9 @@ def test_run_trains_syncs_and_writes_the_run_dir(kit, tmp_path, eta):
         assert 0 <= m["staleness/max"] <= eta
         assert 0.0 <= m["reward/mean"] <= 1.0
         assert m["train/grad_norm"] >= 0.0
+        # response length per step: generated tokens of the 8 trajectories, mean <= p90 <= max
+        assert 1 <= m["response_len/mean"] <= m["response_len/max"] == int(m["response_len/max"])
+        assert m["response_len/p90"] <= m["response_len/max"]
         # the train/inference mismatch, split by staleness: fresh tokens differ by float rounding only
         assert m["train/mismatch/fresh/share"] + m["train/mismatch/stale/share"] == pytest.approx(1.0)
         assert m["train/mismatch/fresh/abs_max"] < 1e-4

@@ -93,6 +93,11 @@ def test_a_pinned_workflow_round_trips_through_config_yaml():
             ["inference.kv_on_update=keep", "inference.backend=vllm"],
             "field 'inference.kv_on_update': 'keep' is built for the embedded engine only",
         ),
+        (
+            "ppo_async.yaml",
+            ["inference.kv_on_update=wait", "inference.backend=sglang"],
+            "field 'inference.kv_on_update': 'wait' is built for the embedded engine only",
+        ),
     ],
 )
 def test_placements_that_cannot_work_name_the_field(workflow, overrides, words):

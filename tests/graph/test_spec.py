@@ -81,7 +81,10 @@ def test_shipped_workflows_validate(path):
         assert data.startswith("builtin:") and (name in SHIPPED_DATASETS or BUILTIN_DATASETS[name][0] in kits)
     rollout = spec.nodes_of_kind("rollout")[0]
     assert spec.runtime.batch_size % rollout.params.group_size == 0
-    assert rollout.params.sampling.max_new_tokens <= (320 if kits == {"tiny-arith-long"} else 128)
+    long_kits = {"tiny-arith-long": 320, "tiny-arith-ladder": 160}
+    assert rollout.params.sampling.max_new_tokens <= (
+        max(long_kits[k] for k in kits) if kits <= set(long_kits) else 128
+    )
 
 
 def test_shipped_workflow_specifics():

@@ -18,7 +18,7 @@ from areal_graph.modelkit.shipped import ShippedKitError, install_shipped, sha25
 TINY = BUILTIN_KITS["tiny-arith"]
 
 
-@pytest.mark.parametrize("name", ["tiny-arith", "tiny-arith-long"])
+@pytest.mark.parametrize("name", ["tiny-arith", "tiny-arith-long", "tiny-arith-ladder"])
 def test_the_shipped_warm_start_is_the_current_recipes(name):
     kit = BUILTIN_KITS[name]
     info = shipped_info(name)
@@ -27,7 +27,7 @@ def test_the_shipped_warm_start_is_the_current_recipes(name):
         f"the {name} recipe changed since its warm start was shipped; ship it again with "
         f"`python -m areal_graph.modelkit.shipped {name}` (and re-measure the README's numbers)"
     )
-    assert info["recipe"] == json.loads(json.dumps(dataclasses.asdict(kit)))
+    assert info["recipe"] == json.loads(json.dumps(kit.recipe()))
     assert info["source"] == "recipe" and info["torch_threads"] == shipped.SHIP_THREADS
     assert set(info["model_sha256"]) >= {"model.safetensors", "config.json", "tokenizer.json"}
     size = sum(p.stat().st_size for p in (shipped.SHIPPED_ROOT / name / "model").iterdir())

@@ -70,6 +70,17 @@ def test_recomputing_the_kv_cache_at_each_update_costs_prefills_and_keeping_it_d
     assert keep.steps_window_s < recompute.steps_window_s
 
 
+def test_waiting_for_requests_in_flight_at_an_update_reprefills_nothing_and_is_slower_than_keeping():
+    """kv_on_update="wait": no request is interrupted (nothing re-prefilled), but the engine admits
+    nothing while the longest request in flight finishes, so the run takes longer than "keep"."""
+    costs = _costs(length=60, train_s=0.02)
+    cfg = _cfg(max_staleness=2, batch_size=8)
+    keep = simulate(dataclasses.replace(cfg, kv_on_update="keep"), costs, passes=1)
+    wait = simulate(dataclasses.replace(cfg, kv_on_update="wait"), costs, passes=1)
+    assert wait.reprefill_tokens == 0
+    assert wait.steps_window_s > keep.steps_window_s
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     eta=st.integers(0, 6),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import threading
 import time
 
 import pytest
@@ -330,6 +331,32 @@ def test_a_swap_that_keeps_the_kv_cache_decodes_on_without_prefilling_again(mode
         assert max(abs(x - y) for x, y in zip(r.output_logprobs[k:], lps)) <= 1e-4
     with pytest.raises(ValueError, match="kv_on_update"):
         make_engine(model=model_a, kv_on_update="drop")
+
+
+def test_a_swap_that_waits_lets_requests_in_flight_finish_on_the_old_weights(model_a, model_b):
+    """kv_on_update="wait" (generation without interruption): the update returns only after the
+    requests in flight have finished, every token of theirs comes from model_a with version 0,
+    and a request submitted during the wait is admitted after the swap, wholly on model_b."""
+    ps = prompts(3, seed=22)
+    n = 20
+    with make_engine(model=spiky_model(0), version=0, kv_on_update="wait") as eng:
+        eng.update_weights_from_state_dict(model_a.state_dict(), version=0)
+        futs = [eng.submit(p, greedy(n)) for p in ps]
+        wait_tokens(eng, 3 * 5)
+        swap = threading.Thread(target=eng.update_weights_from_state_dict, args=(model_b.state_dict(), 1))
+        swap.start()
+        while not eng._draining and swap.is_alive():
+            time.sleep(0.001)
+        late = eng.submit(ps[0], greedy(n))
+        swap.join(timeout=60)
+        assert not swap.is_alive()
+        early = [f.result(timeout=1) for f in futs]  # done before the swap returned
+        after = late.result(timeout=60)
+    for p, r in zip(ps, early):
+        assert r.output_versions == [0] * n
+        assert r.output_ids == reference_greedy(model_a, p, n)
+    assert after.output_versions == [1] * n
+    assert after.output_ids == reference_greedy(model_b, ps[0], n)
 
 
 def test_update_weights_from_disk(model_b, tmp_path):

@@ -41,8 +41,9 @@ def test_command_is_one_the_servers_own_parser_accepts():
     assert (args.threads, args.seed, args.name, args.api_key_env) == (3, 7, "inference-2", None)
     assert (args.device, args.max_queue, args.max_context) == ("cuda:1", 8, 256)
     assert args.kv_on_update == "recompute" and "--kv-on-update" not in cmd
-    keep = EMBEDDED.command(InferenceSpec(kv_on_update="keep"), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
-    assert build_arg_parser().parse_args(keep[3:]).kv_on_update == "keep"
+    for mode in ("keep", "wait"):
+        cmd = EMBEDDED.command(InferenceSpec(kv_on_update=mode), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
+        assert build_arg_parser().parse_args(cmd[3:]).kv_on_update == mode
 
 
 def test_the_api_key_travels_in_the_environment_never_in_argv():
