@@ -186,7 +186,44 @@ def _by_config(cells: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def print_curve(console: Console, cells: list[dict]) -> None:
+    """The shipped workflow's learning curve per seed, and its response length early and late."""
+    base = sorted(_by_config(cells).get("base", []), key=lambda c: c["seed"])
+    if not base:
+        return
+    points = sorted({step for c in base for step, _ in c["curve"]})
+    t = Table(title="testbed as shipped: greedy test accuracy (%) by step, and response length (tokens)")
+    t.add_column("seed", justify="right")
+    for step in points:
+        t.add_column(f"step {step}", justify="right")
+    t.add_column("length mean / p90 / max, steps 1-50", justify="right")
+    t.add_column("steps 451-500", justify="right")
+    for c in base:
+        acc = dict(c["curve"])
+        first, last = c["response_len"][:50], c["response_len"][-50:]
+        t.add_row(
+            str(c["seed"]),
+            *(f"{100 * acc[s]:.1f}" if s in acc else "-" for s in points),
+            _lengths(first),
+            _lengths(last),
+        )
+    by_step = [[100 * dict(c["curve"]).get(s, float("nan")) for c in base] for s in points]
+    t.add_row("mean ± std", *(_mean_std(v) for v in by_step), "", "")
+    console.print(t)
+
+
+def _lengths(rows: list) -> str:
+    """Mean over the steps of the per-step mean, p90 and max response length."""
+    cols = [[r[k] for r in rows if r[k] is not None] for k in (1, 2, 3)]
+    return " / ".join(f"{statistics.fmean(v):.0f}" if v else "-" for v in cols)
+
+
+def _mean_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
+
+
 def print_tables(console: Console, cells: list[dict], steps: int) -> None:
+    print_curve(console, cells)
     by = _by_config(cells)
     for group, rows in GROUPS.items():
         t = Table(
