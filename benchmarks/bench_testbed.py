@@ -168,6 +168,26 @@ def run_cell(cfg: Config, seed: int, steps: int, run_dir: Path, extra: list[str]
         "steps_window_s": window,
         "wall_s": wall,
         "steps": len(trained),
+        **weight_swaps(run_dir),
+    }
+
+
+def weight_swaps(run_dir: Path) -> dict:
+    """From the engine's `weight_swap` spans: how long updates waited for a step boundary (under
+    kv_on_update=wait: for the requests in flight to finish) and how many requests were in flight
+    (under recompute: re-prefilled) at each swap."""
+    path = run_dir / "trace.json"
+    if not path.exists():
+        return {}
+    trace = json.loads(path.read_text())
+    events = trace if isinstance(trace, list) else trace.get("traceEvents", [])
+    swaps = [e.get("args", {}) for e in events if e.get("name") == "weight_swap" and e.get("ph") == "X"]
+    if not swaps:
+        return {}
+    return {
+        "swaps": len(swaps),
+        "swap_waited_s": sum(a.get("waited_s", 0.0) for a in swaps),
+        "swap_in_flight_mean": statistics.fmean(a.get("interrupted", 0) for a in swaps),
     }
 
 
@@ -238,14 +258,24 @@ def print_tables(console: Console, cells: list[dict], steps: int) -> None:
             "staleness",
             "gen tok/s",
             "wall s",
+            *(["updates waited s", "in flight at a swap"] if group == "interruption" else []),
         ):
             t.add_column(col, justify="left" if col in ("configuration", "per seed") else "right")
         for label, name in rows:
             cs = sorted(by.get(name, []), key=lambda c: c["seed"])
             if not cs:
-                t.add_row(label, "0", "not run", "", "", "", "", "")
+                t.add_row(label, "0", "not run")
                 continue
             mean = lambda k: statistics.fmean(c[k] for c in cs)  # noqa: E731
+            swaps = [c for c in cs if "swaps" in c]
+            extra = (
+                [
+                    f"{statistics.fmean(c['swap_waited_s'] for c in swaps):.1f}" if swaps else "-",
+                    f"{statistics.fmean(c['swap_in_flight_mean'] for c in swaps):.1f}" if swaps else "-",
+                ]
+                if group == "interruption"
+                else []
+            )
             t.add_row(
                 label,
                 str(len(cs)),
@@ -255,6 +285,7 @@ def print_tables(console: Console, cells: list[dict], steps: int) -> None:
                 f"{mean('staleness_mean'):.1f}",
                 f"{mean('gen_tokens_per_s'):.0f}",
                 f"{mean('wall_s'):.0f}",
+                *extra,
             )
         console.print(t)
 
@@ -344,6 +375,13 @@ def main() -> int:
     )
     ap.add_argument("--reverse", action="store_true", help="run the cells in the opposite order")
     ap.add_argument("--merge", type=Path, action="append", default=[], help="add the cells of another JSON to --out")
+    ap.add_argument(
+        "--swaps-from",
+        type=Path,
+        action="append",
+        default=[],
+        help="run directories' parent(s) to read the weight-swap stats of cells that lack them",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "testbed.json")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/testbed_runs"), help="where run directories go")
     args = ap.parse_args()
@@ -361,6 +399,10 @@ def main() -> int:
         cells += [
             c for c in json.loads(extra_json.read_text())["cells"] if (c["config"], c["seed"]) not in _keys(cells)
         ]
+    for c in cells:
+        for parent in args.swaps_from:
+            if "swaps" not in c:
+                c.update(weight_swaps(parent / f"{c['config'].replace(' ', '_')}-s{c['seed']}"))
     have = _keys(cells)
     start = time.perf_counter()
     order = [(seed, name) for seed in ([] if args.report else seeds) for name in names]
@@ -388,7 +430,7 @@ def main() -> int:
         args.out.write_text(
             json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
         )
-    if args.merge:
+    if args.merge or args.swaps_from:
         args.out.write_text(
             json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
         )
