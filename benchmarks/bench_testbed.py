@@ -317,14 +317,14 @@ def plot(cells: list[dict], path: Path) -> Path | None:
             ax.plot(xs, smooth, label=f"{name} (seed {c['seed']}, 10-step mean)")
     ax.set(title="response length per step (tokens)", xlabel="step", ylabel="tokens")
     ax.legend()
-    panels = [(axes[0][2], "staleness"), (axes[1][0], "interruption"), (axes[1][1], "losses"), (axes[1][2], "lora")]
-    for ax, group in panels:
+    _staleness_panel(axes[0][2], by)
+    for ax, group in ((axes[1][0], "interruption"), (axes[1][1], "losses"), (axes[1][2], "lora")):
         labels, means, sds, points = [], [], [], []
         for label, name in GROUPS[group]:
             accs = [100 * c["accuracy"] for c in by.get(name, [])]
             if not accs:
                 continue
-            labels.append(label.replace(", ", "\n"))
+            labels.append(label.replace(", ", "\n").replace(" (", "\n("))
             means.append(statistics.fmean(accs))
             sds.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
             points.append(accs)
@@ -333,10 +333,33 @@ def plot(cells: list[dict], path: Path) -> Path | None:
         for x, ps in zip(xs, points):
             ax.plot([x] * len(ps), ps, "k.", ms=5)
         ax.set_xticks(xs, labels, fontsize=7)
-        ax.set(title=f"{group}: accuracy at the end (mean ± std, dots: seeds)", ylabel="%")
+        low = min((p for ps in points for p in ps), default=0.0)
+        ax.set_ylim(max(0.0, low - 10), None)
+        ax.set(title=f"{group}: accuracy at step 500 (mean ± std, dots: seeds)", ylabel="%")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return path
+
+
+def _staleness_panel(ax, by: dict[str, list[dict]]) -> None:
+    """The paper's Figure 5 shape: accuracy against max staleness, one line per objective."""
+    for method, color in (("naive", "#c44"), ("decoupled", "#36a")):
+        xs, means, sds = [], [], []
+        for label, name in GROUPS["staleness"]:
+            accs = [100 * c["accuracy"] for c in by.get(name, [])]
+            if label.endswith(method) and accs:
+                eta = int(label.split(",")[0].split()[1])
+                xs.append(eta)
+                means.append(statistics.fmean(accs))
+                sds.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
+                ax.plot([eta] * len(accs), accs, ".", color=color, ms=5)
+        ax.errorbar(xs, means, yerr=sds, capsize=4, marker="o", color=color, label=f"{method} PPO")
+    ax.set(title="staleness: accuracy at step 500 (mean ± std, dots: seeds)", xlabel="max staleness eta", ylabel="%")
+    ax.set_xticks([0, 4, 8, 16])
+    lows = [100 * c["accuracy"] for label, name in GROUPS["staleness"] for c in by.get(name, [])]
+    if lows:
+        ax.set_ylim(max(0.0, min(lows) - 10), max(lows) + 5)  # the bars' scale: small gaps stay small
+    ax.legend()
 
 
 def _keys(cells: list[dict]) -> set[tuple[str, int]]:
