@@ -168,6 +168,26 @@ def run_cell(cfg: Config, seed: int, steps: int, run_dir: Path, extra: list[str]
         "steps_window_s": window,
         "wall_s": wall,
         "steps": len(trained),
+        **weight_swaps(run_dir),
+    }
+
+
+def weight_swaps(run_dir: Path) -> dict:
+    """From the engine's `weight_swap` spans: how long updates waited for a step boundary (under
+    kv_on_update=wait: for the requests in flight to finish) and how many requests were in flight
+    (under recompute: re-prefilled) at each swap."""
+    path = run_dir / "trace.json"
+    if not path.exists():
+        return {}
+    trace = json.loads(path.read_text())
+    events = trace if isinstance(trace, list) else trace.get("traceEvents", [])
+    swaps = [e.get("args", {}) for e in events if e.get("name") == "weight_swap" and e.get("ph") == "X"]
+    if not swaps:
+        return {}
+    return {
+        "swaps": len(swaps),
+        "swap_waited_s": sum(a.get("waited_s", 0.0) for a in swaps),
+        "swap_in_flight_mean": statistics.fmean(a.get("interrupted", 0) for a in swaps),
     }
 
 
@@ -186,7 +206,44 @@ def _by_config(cells: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def print_curve(console: Console, cells: list[dict]) -> None:
+    """The shipped workflow's learning curve per seed, and its response length early and late."""
+    base = sorted(_by_config(cells).get("base", []), key=lambda c: c["seed"])
+    if not base:
+        return
+    points = sorted({step for c in base for step, _ in c["curve"]})
+    t = Table(title="testbed as shipped: greedy test accuracy (%) by step, and response length (tokens)")
+    t.add_column("seed", justify="right")
+    for step in points:
+        t.add_column(f"step {step}", justify="right")
+    t.add_column("length mean / p90 / max, steps 1-50", justify="right")
+    t.add_column("steps 451-500", justify="right")
+    for c in base:
+        acc = dict(c["curve"])
+        first, last = c["response_len"][:50], c["response_len"][-50:]
+        t.add_row(
+            str(c["seed"]),
+            *(f"{100 * acc[s]:.1f}" if s in acc else "-" for s in points),
+            _lengths(first),
+            _lengths(last),
+        )
+    by_step = [[100 * dict(c["curve"]).get(s, float("nan")) for c in base] for s in points]
+    t.add_row("mean ± std", *(_mean_std(v) for v in by_step), "", "")
+    console.print(t)
+
+
+def _lengths(rows: list) -> str:
+    """Mean over the steps of the per-step mean, p90 and max response length."""
+    cols = [[r[k] for r in rows if r[k] is not None] for k in (1, 2, 3)]
+    return " / ".join(f"{statistics.fmean(v):.0f}" if v else "-" for v in cols)
+
+
+def _mean_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
+
+
 def print_tables(console: Console, cells: list[dict], steps: int) -> None:
+    print_curve(console, cells)
     by = _by_config(cells)
     for group, rows in GROUPS.items():
         t = Table(
@@ -201,14 +258,24 @@ def print_tables(console: Console, cells: list[dict], steps: int) -> None:
             "staleness",
             "gen tok/s",
             "wall s",
+            *(["updates waited s", "in flight at a swap"] if group == "interruption" else []),
         ):
             t.add_column(col, justify="left" if col in ("configuration", "per seed") else "right")
         for label, name in rows:
             cs = sorted(by.get(name, []), key=lambda c: c["seed"])
             if not cs:
-                t.add_row(label, "0", "not run", "", "", "", "", "")
+                t.add_row(label, "0", "not run")
                 continue
             mean = lambda k: statistics.fmean(c[k] for c in cs)  # noqa: E731
+            swaps = [c for c in cs if "swaps" in c]
+            extra = (
+                [
+                    f"{statistics.fmean(c['swap_waited_s'] for c in swaps):.1f}" if swaps else "-",
+                    f"{statistics.fmean(c['swap_in_flight_mean'] for c in swaps):.1f}" if swaps else "-",
+                ]
+                if group == "interruption"
+                else []
+            )
             t.add_row(
                 label,
                 str(len(cs)),
@@ -218,6 +285,7 @@ def print_tables(console: Console, cells: list[dict], steps: int) -> None:
                 f"{mean('staleness_mean'):.1f}",
                 f"{mean('gen_tokens_per_s'):.0f}",
                 f"{mean('wall_s'):.0f}",
+                *extra,
             )
         console.print(t)
 
@@ -249,14 +317,14 @@ def plot(cells: list[dict], path: Path) -> Path | None:
             ax.plot(xs, smooth, label=f"{name} (seed {c['seed']}, 10-step mean)")
     ax.set(title="response length per step (tokens)", xlabel="step", ylabel="tokens")
     ax.legend()
-    panels = [(axes[0][2], "staleness"), (axes[1][0], "interruption"), (axes[1][1], "losses"), (axes[1][2], "lora")]
-    for ax, group in panels:
+    _staleness_panel(axes[0][2], by)
+    for ax, group in ((axes[1][0], "interruption"), (axes[1][1], "losses"), (axes[1][2], "lora")):
         labels, means, sds, points = [], [], [], []
         for label, name in GROUPS[group]:
             accs = [100 * c["accuracy"] for c in by.get(name, [])]
             if not accs:
                 continue
-            labels.append(label.replace(", ", "\n"))
+            labels.append(label.replace(", ", "\n").replace(" (", "\n("))
             means.append(statistics.fmean(accs))
             sds.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
             points.append(accs)
@@ -265,10 +333,33 @@ def plot(cells: list[dict], path: Path) -> Path | None:
         for x, ps in zip(xs, points):
             ax.plot([x] * len(ps), ps, "k.", ms=5)
         ax.set_xticks(xs, labels, fontsize=7)
-        ax.set(title=f"{group}: accuracy at the end (mean ± std, dots: seeds)", ylabel="%")
+        low = min((p for ps in points for p in ps), default=0.0)
+        ax.set_ylim(max(0.0, low - 10), None)
+        ax.set(title=f"{group}: accuracy at step 500 (mean ± std, dots: seeds)", ylabel="%")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return path
+
+
+def _staleness_panel(ax, by: dict[str, list[dict]]) -> None:
+    """The paper's Figure 5 shape: accuracy against max staleness, one line per objective."""
+    for method, color in (("naive", "#c44"), ("decoupled", "#36a")):
+        xs, means, sds = [], [], []
+        for label, name in GROUPS["staleness"]:
+            accs = [100 * c["accuracy"] for c in by.get(name, [])]
+            if label.endswith(method) and accs:
+                eta = int(label.split(",")[0].split()[1])
+                xs.append(eta)
+                means.append(statistics.fmean(accs))
+                sds.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
+                ax.plot([eta] * len(accs), accs, ".", color=color, ms=5)
+        ax.errorbar(xs, means, yerr=sds, capsize=4, marker="o", color=color, label=f"{method} PPO")
+    ax.set(title="staleness: accuracy at step 500 (mean ± std, dots: seeds)", xlabel="max staleness eta", ylabel="%")
+    ax.set_xticks([0, 4, 8, 16])
+    lows = [100 * c["accuracy"] for label, name in GROUPS["staleness"] for c in by.get(name, [])]
+    if lows:
+        ax.set_ylim(max(0.0, min(lows) - 10), max(lows) + 5)  # the bars' scale: small gaps stay small
+    ax.legend()
 
 
 def _keys(cells: list[dict]) -> set[tuple[str, int]]:
@@ -307,6 +398,13 @@ def main() -> int:
     )
     ap.add_argument("--reverse", action="store_true", help="run the cells in the opposite order")
     ap.add_argument("--merge", type=Path, action="append", default=[], help="add the cells of another JSON to --out")
+    ap.add_argument(
+        "--swaps-from",
+        type=Path,
+        action="append",
+        default=[],
+        help="run directories' parent(s) to read the weight-swap stats of cells that lack them",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "testbed.json")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/testbed_runs"), help="where run directories go")
     args = ap.parse_args()
@@ -324,6 +422,10 @@ def main() -> int:
         cells += [
             c for c in json.loads(extra_json.read_text())["cells"] if (c["config"], c["seed"]) not in _keys(cells)
         ]
+    for c in cells:
+        for parent in args.swaps_from:
+            if "swaps" not in c:
+                c.update(weight_swaps(parent / f"{c['config'].replace(' ', '_')}-s{c['seed']}"))
     have = _keys(cells)
     start = time.perf_counter()
     order = [(seed, name) for seed in ([] if args.report else seeds) for name in names]
@@ -351,7 +453,7 @@ def main() -> int:
         args.out.write_text(
             json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
         )
-    if args.merge:
+    if args.merge or args.swaps_from:
         args.out.write_text(
             json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
         )

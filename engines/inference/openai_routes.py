@@ -233,6 +233,9 @@ class OpenAIRoutes:
         acc = fmt.GeneratedChoice(index, [], [], [], "", [] if top_n else None)
         text = fmt.StreamedText(self.served.tokenizer(), req.stop)
         offset, last = 0, 0.0
+        # log-probs asked for: the last chunk carries the tokens no text delta has (an end-of-turn
+        # token decodes to nothing), so that the chunks' log-probs count every generated token
+        wants_logprobs = bool(req.logprobs) if chat else req.logprobs is not None
         try:
             if chat:
                 queue.put_nowait(fmt.chat_chunk(cid, created, model, req, index, {"role": "assistant", "content": ""}))
@@ -249,7 +252,7 @@ class OpenAIRoutes:
                     continue
                 else:
                     delta, a, b = text.delta(acc.output_ids)
-                if delta or (part.finish_reason and b > a and top_n):
+                if delta or (part.finish_reason and b > a and wants_logprobs):
                     last = now
                     if chat:
                         lp = fmt.chat_content_logprobs(self.served.tokenizer(), acc, a, b, req)

@@ -384,6 +384,34 @@ def test_streamed_completion_is_server_sent_events_ending_in_done(tokenizer):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_streamed_logprobs_count_every_token_even_one_that_decodes_to_nothing(tokenizer, monkeypatch, path):
+    """The answer ends with <|im_end|> (no text) in a part of its own: its log-prob still goes out,
+    in the last chunk (asked for without top log-probs, which the stub engine has none of). Found on a loaded machine,
+    where every part came later than the stream interval (here: an interval of 0)."""
+    from areal_graph.engines.inference import openai_routes
+
+    monkeypatch.setattr(openai_routes, "STREAM_INTERVAL_S", 0.0)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def ends_with_im_end(engine):
+        engine.answer = [*engine.answer, end]
+
+    chat = path.endswith("chat/completions")
+    for top in (0,):
+        body = {"model": "m", "max_tokens": 20, "stream": True}
+        body |= (
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": top}
+            if chat
+            else {"prompt": [3, 4], "logprobs": top}
+        )
+        _, _, [(status, (_, text))] = serve(tokenizer, ("POST", path, body), setup=ends_with_im_end)
+        chunks = [json.loads(e[len("data: ") :]) for e in text.split("\n\n") if e and e != "data: [DONE]"]
+        lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0].get("logprobs")]
+        n = sum(len(lp["content"]) for lp in lps) if chat else sum(len(lp["tokens"]) for lp in lps)
+        assert status == 200 and n == len(answer_ids(tokenizer)) + 1, (top, n)
+
+
 def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(tokenizer):
     """Before the first chunk a failure is an HTTP error; after it, the headers are out, so the
     stream carries an error event and ends."""
