@@ -348,7 +348,7 @@ def _staleness_panel(ax, by: dict[str, list[dict]]) -> None:
         for label, name in GROUPS["staleness"]:
             accs = [100 * c["accuracy"] for c in by.get(name, [])]
             if label.endswith(method) and accs:
-                eta = int(label.split(",")[0].split()[1])
+                eta = BY_NAME[name].eta
                 xs.append(eta)
                 means.append(statistics.fmean(accs))
                 sds.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
@@ -360,6 +360,11 @@ def _staleness_panel(ax, by: dict[str, list[dict]]) -> None:
     if lows:
         ax.set_ylim(max(0.0, min(lows) - 10), max(lows) + 5)  # the bars' scale: small gaps stay small
     ax.legend()
+
+
+def save(out: Path, steps: int, cells: list[dict]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"steps": steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n")
 
 
 def _keys(cells: list[dict]) -> set[tuple[str, int]]:
@@ -449,14 +454,9 @@ def main() -> int:
             f"  {100 * r['accuracy']:.1f}% at step {args.steps}, reward area {r['reward_area']:.3f}, "
             f"{r['gen_tokens_per_s']:.0f} generated tok/s, {r['wall_s']:.0f} s"
         )
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
-        )
+        save(args.out, args.steps, cells)
     if args.merge or args.swaps_from:
-        args.out.write_text(
-            json.dumps({"steps": args.steps, "workflow": str(WORKFLOW.relative_to(ROOT)), "cells": cells}) + "\n"
-        )
+        save(args.out, args.steps, cells)
     print_tables(console, cells, args.steps)
     png = plot(cells, args.out.with_suffix(".png"))
     console.print(f"wrote {args.out}" + (f" and {png}" if png else " (no PNG: pip install matplotlib)"))
