@@ -74,7 +74,7 @@ test-vllm: install install-vllm
 test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu
 	AREAL_TEST_DEVICE=cuda $(BIN)/python -m pytest -q tests/engines/inference/test_engine.py \
-	  tests/engines/inference/test_interruptible.py tests/engines/inference/test_http_server.py
+	  tests/engines/inference/test_interruptible.py tests/engines/inference/server/test_http_server.py
 
 # A GPU machine without network (issue 23): download here the wheels it lacks into .whl/
 # (pure Python, Python 3.12), copy the repository there, run `make gpu-check` (no venv: it

@@ -101,7 +101,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     torch.set_num_threads(min(args.threads, 2))
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     sizes = [(16, 64)] if args.quick else [(16, 128), (64, 128)]
     hidden, layers = (128, 2) if args.quick else (256, 4)

@@ -44,7 +44,7 @@ if has tests; then
   part "tests on $TEST_DEVICE"
   AREAL_TEST_DEVICE=$TEST_DEVICE timeout 150 $PY -m pytest -q -p no:cacheprovider \
     tests/engines/inference/test_engine.py tests/engines/inference/test_interruptible.py \
-    tests/engines/inference/test_http_server.py 2>&1 | tee -a "$LOG" | tail -3 || status=1
+    tests/engines/inference/server/test_http_server.py 2>&1 | tee -a "$LOG" | tail -3 || status=1
   part "tests marked gpu"
   # only the modules that hold gpu tests: the others import what that machine may lack (openai)
   timeout 200 $PY -m pytest -q -s -p no:cacheprovider -m gpu $(grep -rl "mark.gpu" tests --include="test_*.py") \

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from areal_graph.api.fields import device_check
-    from areal_graph.engines.inference import http_server
+    from areal_graph.engines.inference.server import http_server
     from areal_graph.modelkit.builtin import PREFIX, resolve_model_path
 
     console = Console(stderr=True)

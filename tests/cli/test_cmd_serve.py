@@ -2,7 +2,7 @@
 recorder, so these tests check the argument checks that run first (port range, device, CUDA
 on a machine without it, loopback-only without a key, unknown builtin model) and the exact
 argv the command hands to the server process, which the server's own parser must read back
-as the same settings. A real server is started in tests/engines/inference/test_http_server.py,
+as the same settings. A real server is started in tests/engines/inference/server/test_http_server.py,
 which also covers a missing MODEL_DIR, --max-running 0, 0.0.0.0 without a key and an unset key."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 import areal_graph.modelkit.builtin as builtin
 from areal_graph.cli import cmd_serve
-from areal_graph.engines.inference import http_server
-from areal_graph.engines.inference.server_args import build_arg_parser
+from areal_graph.engines.inference.server import http_server
+from areal_graph.engines.inference.server.args import build_arg_parser
 from support.cli import parser_of
 
 KEY_VAR = "AREAL_TEST_SERVE_KEY"

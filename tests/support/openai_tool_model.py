@@ -218,7 +218,7 @@ def add_prompt(tokenizer: Any) -> AgentPrompt:
 @contextlib.contextmanager
 def served_tool_model(model_dir: Path, api_key: str) -> Iterator[str]:
     """A real inference server (a subprocess) of the tool model that wants `api_key`; its URL."""
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     proc = ServerProcess(
         str(model_dir),

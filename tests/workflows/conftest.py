@@ -22,7 +22,7 @@ def tokenizer(model_dirs):
 
 @pytest.fixture(scope="module")
 def server(model_dirs):
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     proc = ServerProcess(str(model_dirs[0]), extra_args=["--threads", "1", "--max-running", "8"])
     proc.start()

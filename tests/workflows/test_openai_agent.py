@@ -18,7 +18,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.engines.inference.openai_requests import ChatRequest
+from areal_graph.engines.openai.chat_requests import ChatRequest
 from areal_graph.workflows.rollout.openai_agent import OpenAIAgentRollout, RecordingOpenAI
 from areal_graph.workflows.rollout.openai_recording import CompletionLog, RecordedCompletion
 from support.openai_tool_model import (

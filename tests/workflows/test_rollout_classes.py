@@ -114,7 +114,7 @@ class _Prompt:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     proc = ServerProcess(str(tiny_model_dir), extra_args=["--threads", "1", "--max-running", "16"])
     proc.start()

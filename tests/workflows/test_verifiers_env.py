@@ -41,7 +41,7 @@ def kit_model():
 
 @pytest.fixture(scope="module")
 def server(kit_model, python):
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     proc = ServerProcess(kit_model, extra_args=["--threads", "1", "--max-running", "32"])
     proc.start()

@@ -3,13 +3,13 @@
 `RecordingOpenAI` is an `openai.AsyncOpenAI` whose `chat.completions.create`,
 `completions.create` and `responses.create` (the Responses API: `openai_responses.py`) never
 touch the network (nor does anything else: other endpoints answer 404): they render the request with the model's chat template
-(`engines/inference/openai_format.py`), generate through the rollout's own client
+(`engines/openai/chat_format.py`), generate through the rollout's own client
 (an `InferenceClient` or `ServerPool`) with `generate_interruptible` (a weight update in the
 middle of an answer is survived, each token keeps the policy version that produced it), and
 return real `openai.types` objects (`ChatCompletion`, `Completion`, `Response`, or an async
 iterator of chunks or events for `stream=True`). Every choice is recorded (`openai_recording.py`); after the
 episode the workflow sets rewards and calls `export_trajectories()`. The same request rules
-as the server's `/v1` routes apply (`openai_requests.py`); a refused request raises
+as the server's `/v1` routes apply (`engines/openai/chat_requests.py`); a refused request raises
 `openai.BadRequestError`, as the real client would.
 
 Sampling during RL belongs to the workflow: its `sampling:` settings are the defaults, and
@@ -57,20 +57,20 @@ from openai.types.responses import ResponseItem
 from areal_graph.api.imports import import_object
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference import responses_format as rfmt
 from areal_graph.engines.inference.client import RequestRejected
 from areal_graph.engines.inference.interruptible import generate_interruptible
-from areal_graph.engines.inference.openai_requests import (
+from areal_graph.engines.openai import chat_format as fmt
+from areal_graph.engines.openai import responses_format as rfmt
+from areal_graph.engines.openai.chat_requests import (
     ChatRequest,
     OpenAIRequestError,
     SamplingRequest,
     parse_chat_request,
     parse_completion_request,
 )
-from areal_graph.engines.inference.responses_requests import parse_responses_request
-from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
-from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
+from areal_graph.engines.openai.responses_requests import parse_responses_request
+from areal_graph.engines.openai.responses_store import ResponseStore, StoredResponse
+from areal_graph.engines.openai.structured_output import added_token_texts, output_constraint
 from areal_graph.workflows.rollout.openai_recording import CompletionLog, RecordedCompletion, continuation_ids
 from areal_graph.workflows.rollout.openai_responses import RecordingResponses, typed_events, typed_response
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_graph.api.rollout import Trajectory
-from areal_graph.engines.inference.openai_format import arguments_object, encode_text, render_chat_prompt
+from areal_graph.engines.openai.chat_format import arguments_object, encode_text, render_chat_prompt
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Why: agents written for the OpenAI Agents SDK (whose default model calls `responses.create`),
 for LangChain with `use_responses_api=True`, or directly for `client.responses.create`, train
 here unchanged. A Responses call is recorded as the chat turn it is generated as
-(`engines/inference/responses_requests.py`): its conversation (instructions, the stored history
+(`engines/openai/responses_requests.py`): its conversation (instructions, the stored history
 for `previous_response_id`, the input items as messages), its prompt tokens, and every output
 token with its behaviour log-prob and policy version. The next call of the episode, whether it
 sends the whole history back as items (the Agents SDK's default) or only the new items with

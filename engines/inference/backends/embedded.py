@@ -1,4 +1,4 @@
-"""Our own engine (`engines/inference/http_server.py`): SGLang's native API plus what RL needs.
+"""Our own engine (`engines/inference/server/http_server.py`): SGLang's native API plus what RL needs.
 
 Differences from SGLang, all on the server's side:
 - `meta_info.output_token_versions`: the version of every token;
@@ -18,7 +18,7 @@ from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import HttpCall, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
-from areal_graph.engines.inference.server_args import build_arg_parser
+from areal_graph.engines.inference.server.args import build_arg_parser
 
 
 def _no_named_adapters() -> NoReturn:
@@ -65,7 +65,7 @@ class EmbeddedBackend(SGLangBackend):
         cmd = [
             self.interpreter(inference),
             "-m",
-            "areal_graph.engines.inference.http_server",
+            "areal_graph.engines.inference.server.http_server",
             "--model",
             model_path,
             "--host",

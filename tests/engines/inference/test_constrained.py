@@ -15,7 +15,7 @@ import torch
 from areal_graph.api.tool_calls import parse_tool_calls, render_tool_call
 from areal_graph.engines.inference.constrained import ConstraintCompiler, ConstraintError, apply_masks
 from areal_graph.engines.inference.engine import EmbeddedEngine, InvalidRequestError, SamplingParams
-from areal_graph.engines.inference.structured_output import JSON_LAYOUT, added_token_texts, output_constraint
+from areal_graph.engines.openai.structured_output import JSON_LAYOUT, added_token_texts, output_constraint
 from support.openai_tool_model import ADD_QUESTION, ADD_TOOL, HELLO_QUESTION, build_tool_model, ids, user_prompt
 
 jsonschema = pytest.importorskip("jsonschema")

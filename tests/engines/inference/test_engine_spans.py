@@ -204,7 +204,7 @@ def test_request_phases_nest_on_one_lane_of_the_trace(model, tmp_path):
 def test_http_server_serves_engine_spans_and_its_clock(model):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from areal_graph.engines.inference.http_server import InferenceHTTPServer
+    from areal_graph.engines.inference.server.http_server import InferenceHTTPServer
 
     eng = EmbeddedEngine(model=model)
     server = InferenceHTTPServer(eng, name="inference-7")

@@ -169,7 +169,7 @@ def two_models(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     proc = ServerProcess(
         str(tiny_model_dir),

@@ -72,7 +72,7 @@ def test_the_server_records_the_tags_on_every_span_of_the_request():
     from aiohttp.test_utils import TestClient, TestServer
 
     from areal_graph.engines.inference.engine import EmbeddedEngine
-    from areal_graph.engines.inference.http_server import InferenceHTTPServer
+    from areal_graph.engines.inference.server.http_server import InferenceHTTPServer
     from support.tiny_models import build_random_qwen2
 
     eng = EmbeddedEngine(model=build_random_qwen2(vocab_size=128, seed=0))

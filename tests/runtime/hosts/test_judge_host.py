@@ -175,7 +175,7 @@ def test_against_areal_graph_serve_the_rewards_are_the_parsed_replies(kit, token
     import openai
 
     from areal_graph.api.judge import parse_verdict, render
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     server = ServerProcess(str(kit / "model"), extra_args=["--threads", "1", "--max-running", "8"])
     server.start()

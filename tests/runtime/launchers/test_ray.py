@@ -28,7 +28,7 @@ from support.e2e import SMALL, read_metrics, run_cli, write_workflow  # noqa: E4
 from support.paths import REPO, TESTS  # noqa: E402
 
 TOKEN_ENV = "AREAL_TEST_RAY_TOKEN"
-WORKER_MODULES = ("areal_graph.runtime.rpc.worker_server", "areal_graph.engines.inference.http_server")
+WORKER_MODULES = ("areal_graph.runtime.rpc.worker_server", "areal_graph.engines.inference.server.http_server")
 
 
 @pytest.fixture(scope="module")

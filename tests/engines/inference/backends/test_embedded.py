@@ -17,7 +17,7 @@ from areal_graph.engines.inference.backends.base import HttpCall
 from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
 from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.engines.inference.server_args import build_arg_parser
+from areal_graph.engines.inference.server.args import build_arg_parser
 from areal_graph.graph.spec import InferenceSpec
 
 EMBEDDED = EmbeddedBackend()
@@ -35,7 +35,7 @@ def test_command_is_one_the_servers_own_parser_accepts():
     cmd = EMBEDDED.command(
         spec, "/runs/x/model", 31000, threads=3, seed=7, name="inference-2", api_key=None, host="127.0.0.1"
     )
-    assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.http_server"]
+    assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.server.http_server"]
     args = build_arg_parser().parse_args(cmd[3:])
     assert (args.model, args.host, args.port, args.max_running) == ("/runs/x/model", "127.0.0.1", 31000, 24)
     assert (args.threads, args.seed, args.name, args.api_key_env) == (3, 7, "inference-2", None)

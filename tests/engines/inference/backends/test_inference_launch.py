@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from areal_graph.engines.inference.server_args import build_arg_parser
+from areal_graph.engines.inference.server.args import build_arg_parser
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.orchestration.process_executor import inference_server_command
 
@@ -15,7 +15,7 @@ from areal_graph.runtime.orchestration.process_executor import inference_server_
 def test_embedded_server_command_passes_model_port_threads_seed_and_extra_args():
     spec = InferenceSpec(backend="embedded", max_running_requests=48, args={"max_queue": 256, "device": "cpu"})
     cmd = inference_server_command(spec, "/m", 1234, threads=3, seed=9)
-    assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.http_server"]
+    assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.server.http_server"]
     opts = dict(zip(cmd[3::2], cmd[4::2]))
     assert opts == {
         "--model": "/m",

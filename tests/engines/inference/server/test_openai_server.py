@@ -72,7 +72,7 @@ def user(content) -> list[dict]:
 def test_template_without_tools_gets_the_hermes_convention_written_in(tokenizer):
     """A chat template that knows no tools: calls become <tool_call> text in the assistant's content,
     the schemas a system message, tool results a `tool` turn."""
-    from areal_graph.engines.inference.openai_format import render_chat_prompt
+    from areal_graph.engines.openai.chat_format import render_chat_prompt
     from areal_graph.modelkit.tokenizer import CHAT_TEMPLATE
 
     plain = type(tokenizer).from_pretrained(tokenizer.name_or_path)
@@ -100,7 +100,7 @@ def test_template_without_tools_gets_the_hermes_convention_written_in(tokenizer)
 
 
 def test_tool_call_parsing_keeps_malformed_calls_as_text():
-    from areal_graph.engines.inference.openai_format import split_tool_calls
+    from areal_graph.engines.openai.chat_format import split_tool_calls
 
     content, calls = split_tool_calls("Let me add.\n" + ADD_CALL + "\n" + ADD_CALL.replace("2", "7"))
     assert content == "Let me add."
@@ -115,7 +115,7 @@ def test_tool_call_parsing_keeps_malformed_calls_as_text():
 
 
 def test_stream_pieces_join_to_the_text_even_inside_multibyte_characters(tokenizer):
-    from areal_graph.engines.inference.openai_format import text_deltas, token_text_and_bytes
+    from areal_graph.engines.openai.chat_format import text_deltas, token_text_and_bytes
 
     text = "héllo → ✓ 日本"
     token_ids = ids(tokenizer, text)
@@ -507,7 +507,7 @@ def test_echo_returns_the_prompts_log_probs_in_the_shape_lm_eval_reads(client, m
     """(The token texts are the server's own spelling, `token_text_and_bytes`; the numbers are
     what is checked.) lm-eval's log-likelihood request: token ids, echo, logprobs 1, max_tokens 1 (it reads
     token_logprobs[ctxlen:-1]); and max_tokens 0, the prompt alone."""
-    from areal_graph.engines.inference.openai_format import token_text_and_bytes
+    from areal_graph.engines.openai.chat_format import token_text_and_bytes
 
     prompt = ids(tokenizer, HELLO_TURN[0] + HELLO_TURN[1])  # a conversation the model knows by heart
     ref = reference_logprobs(model_dir, prompt)

@@ -1,5 +1,5 @@
 """What the OpenAI request parser accepts because it cannot change the output, and what it
-still refuses because it would (engines/inference/openai_requests.py)."""
+still refuses because it would (engines/openai/chat_requests.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from areal_graph.engines.inference.openai_requests import (
+from areal_graph.engines.openai.chat_requests import (
     OpenAIRequestError,
     parse_chat_request,
     parse_completion_request,
@@ -65,11 +65,11 @@ def test_fields_that_would_change_it_are_still_refused(extra, param):
 
 
 def test_an_ignored_field_is_noted_once_as_a_warning_and_the_callers_body_is_untouched(caplog, monkeypatch):
-    from areal_graph.engines.inference import openai_requests
+    from areal_graph.engines.openai import chat_requests
 
-    monkeypatch.setattr(openai_requests, "_noted", set())  # as in a fresh server process
+    monkeypatch.setattr(chat_requests, "_noted", set())  # as in a fresh server process
     body = {**CHAT, "store": True}
-    with caplog.at_level(logging.WARNING, "areal_graph.engines.inference.openai_requests"):
+    with caplog.at_level(logging.WARNING, "areal_graph.engines.openai.chat_requests"):
         parse_chat_request(body)
         parse_chat_request(body)
     assert body["store"] is True  # the parser works on a copy

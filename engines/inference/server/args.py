@@ -17,7 +17,7 @@ DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m areal_graph.engines.inference.http_server",
+        prog="python -m areal_graph.engines.inference.server.http_server",
         description="Serve a model with the embedded engine behind SGLang's native HTTP API.",
     )
     p.add_argument("--model", required=True, help="model directory (HF format)")

@@ -1,6 +1,6 @@
 """SGLang-native request bodies checked into the engine's terms, called directly (no server).
 
-tests/engines/inference/test_http_server.py sends bad bodies through a real server and checks
+tests/engines/inference/server/test_http_server.py sends bad bodies through a real server and checks
 the 400s; these check the parser's own contract: the values it produces (SGLang's
 `temperature: 0` is greedy, `sampling_seed` is the seed, a lone stop string is a list), the
 exact boundaries (top_k, top_p, the context), booleans refused where integers are due, and
@@ -15,7 +15,8 @@ import re
 import pytest
 
 from areal_graph.engines.inference.backends import get_backend
-from areal_graph.engines.inference.native_requests import (
+from areal_graph.engines.inference.sampling import SamplingParams
+from areal_graph.engines.inference.server.native_requests import (
     ABORT_FIELDS,
     GENERATE_FIELDS,
     PAUSE_MODES,
@@ -28,7 +29,6 @@ from areal_graph.engines.inference.native_requests import (
     parse_generate_request,
     parse_sampling_params,
 )
-from areal_graph.engines.inference.sampling import SamplingParams
 
 
 def test_bad_request_is_a_value_error():

@@ -1,6 +1,6 @@
 """One server's model as the OpenAI-compatible routes see it: text in, engine requests out.
 
-Why an object of its own: the chat and completions routes (`openai_routes.py`) and the
+Why an object of its own: the chat and completions routes (`server/chat_routes.py`) and the
 Responses routes (`responses_routes.py`) turn checked requests into engine calls by the same
 rules (the prompt-size refusal before tokenizing, OpenAI's max_tokens default, constrained
 decoding for tools and formats, n seeded choices that a departed client aborts); each holds
@@ -15,9 +15,9 @@ import functools
 from typing import Any
 
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference.openai_requests import ChatRequest, OpenAIRequestError, SamplingRequest
-from areal_graph.engines.inference.structured_output import added_token_texts, output_constraint
+from areal_graph.engines.openai import chat_format as fmt
+from areal_graph.engines.openai.chat_requests import ChatRequest, OpenAIRequestError, SamplingRequest
+from areal_graph.engines.openai.structured_output import added_token_texts, output_constraint
 
 __all__ = ["ServedModel", "CHARS_PER_TOKEN_LIMIT"]
 

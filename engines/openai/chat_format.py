@@ -1,6 +1,6 @@
 """Pure conversions between OpenAI's wire format and token ids: prompts, tool calls, responses.
 
-Shared by the server routes (`openai_routes.py`) and the recording client for agents
+Shared by the server routes (`server/chat_routes.py`) and the recording client for agents
 (`workflows/rollout/openai_agent.py`), so a completion looks the same whichever path made it.
 Torch-free and aiohttp-free; the tokenizer is any HF tokenizer.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_graph.api.tool_calls import TOOL_CALL_OPEN, parse_tool_calls, render_tool_call
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError
+from areal_graph.engines.openai.chat_requests import OpenAIRequestError
 
 __all__ = [
     "GeneratedChoice",

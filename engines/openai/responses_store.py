@@ -15,9 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from areal_graph.engines.inference import responses_format as rfmt
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError
-from areal_graph.engines.inference.responses_requests import ResponsesRequest
+from areal_graph.engines.openai import responses_format as rfmt
+from areal_graph.engines.openai.chat_requests import OpenAIRequestError
+from areal_graph.engines.openai.responses_requests import ResponsesRequest
 
 __all__ = ["StoredResponse", "ResponseStore"]
 

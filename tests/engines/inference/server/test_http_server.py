@@ -25,7 +25,7 @@ MAX_RUNNING = 4
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     proc = ServerProcess(
         str(tiny_model_dir),
@@ -479,7 +479,7 @@ def test_api_key_is_required_everywhere_but_the_liveness_probe(tiny_model_dir, m
 
     from areal_graph.api.sampling import SamplingParams
     from areal_graph.engines.inference.client import InferenceClient, RequestRejected
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
 
     monkeypatch.setenv("AREAL_TEST_API_KEY", "k3y-for-test")
     with ServerProcess(

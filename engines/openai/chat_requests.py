@@ -1,6 +1,6 @@
 """OpenAI request bodies (`/v1/chat/completions`, `/v1/completions`) checked into plain dataclasses.
 
-Why a module of its own: the HTTP routes (`openai_routes.py`) and the recording client for
+Why a module of its own: the HTTP routes (`server/chat_routes.py`) and the recording client for
 agents (`workflows/rollout/openai_agent.py`) accept the same parameters with the same rules,
 so a request an agent makes through the recording client is refused for exactly the reasons
 the server would refuse it. Everything here is pure: no aiohttp, no torch, no `openai`.

@@ -8,7 +8,7 @@ exact match on its boxed answer). Slow (about 35 s) and optional: lm-eval is no 
 of ours (it leaves torch and transformers as they are). To run it:
 
     .venv/bin/pip install 'lm-eval[api]==0.4.13'
-    .venv/bin/python -m pytest -m slow tests/engines/inference/test_lm_eval.py -s
+    .venv/bin/python -m pytest -m slow tests/engines/inference/server/test_lm_eval.py -s
 
 Measured 2026-11-26 on 40 test problems: multiple choice acc 1.0, generation exact match 0.2
 (the kit model's greedy accuracy is ~16%).
@@ -64,7 +64,7 @@ metric_list:
 
 @pytest.fixture(scope="module")
 def kit_server():
-    from areal_graph.engines.inference.server_process import ServerProcess
+    from areal_graph.engines.inference.server.process import ServerProcess
     from areal_graph.modelkit.builtin import resolve_dataset_path, resolve_model_path
 
     model = resolve_model_path("builtin:tiny-arith")

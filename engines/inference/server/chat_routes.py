@@ -6,7 +6,7 @@ them (the official `openai` package included) can use a model being trained, aga
 same engine that serves the RL rollouts, without a second server. The token-id `/generate`
 stays the contract for training; these routes are a view of the same engine.
 
-What they answer (parameters: `openai_requests.py`; conversions: `openai_format.py`):
+What they answer (parameters: `engines/openai/chat_requests.py`; conversions: `engines/openai/chat_format.py`):
 - messages go through the model's chat template; `n` choices are `n` engine requests
   (prefilled once: the engine shares identical prompts), choice i seeded `seed + i`;
 - temperature 0 is greedy; the log-probs are the engine's behaviour log-probs (the same
@@ -42,21 +42,21 @@ from typing import Any
 
 from aiohttp import web
 
-from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference.openai_http import (
+from areal_graph.engines.inference.server.openai_http import (
     STREAM_INTERVAL_S,
     content_chars,
     error_response,
     openai_errors,
     send_chunks,
 )
-from areal_graph.engines.inference.openai_requests import (
+from areal_graph.engines.inference.server.responses_routes import ResponsesRoutes, register_responses_routes
+from areal_graph.engines.inference.server.served_model import ServedModel
+from areal_graph.engines.openai import chat_format as fmt
+from areal_graph.engines.openai.chat_requests import (
     OpenAIRequestError,
     parse_chat_request,
     parse_completion_request,
 )
-from areal_graph.engines.inference.responses_routes import ResponsesRoutes, register_responses_routes
-from areal_graph.engines.inference.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What every OpenAI-compatible route of the server shares: the error shape and Server-Sent Events.
 
-Why a module of its own: the chat and completions routes (`openai_routes.py`) and the Responses
+Why a module of its own: the chat and completions routes (`server/chat_routes.py`) and the Responses
 routes (`responses_routes.py`) answer failures the same way and stream the same way; one
 place keeps them from drifting apart, and lets the Responses routes be registered by the chat
 routes without the two importing each other.
@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
-from areal_graph.engines.inference.native_requests import BadRequest
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError
+from areal_graph.engines.inference.server.native_requests import BadRequest
+from areal_graph.engines.openai.chat_requests import OpenAIRequestError
 
 log = logging.getLogger(__name__)
 

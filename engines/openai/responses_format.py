@@ -24,8 +24,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference.responses_requests import ResponsesRequest
+from areal_graph.engines.openai import chat_format as fmt
+from areal_graph.engines.openai.responses_requests import ResponsesRequest
 
 __all__ = [
     "turn_response",

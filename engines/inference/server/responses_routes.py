@@ -26,19 +26,19 @@ from typing import Any
 
 from aiohttp import web
 
-from areal_graph.engines.inference import openai_format as fmt
-from areal_graph.engines.inference import responses_format as rfmt
-from areal_graph.engines.inference.openai_http import (
+from areal_graph.engines.inference.server.openai_http import (
     STREAM_INTERVAL_S,
     content_chars,
     openai_errors,
     prepare_events,
     write_event,
 )
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError
-from areal_graph.engines.inference.responses_requests import ResponsesRequest, parse_responses_request
-from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
-from areal_graph.engines.inference.served_model import ServedModel
+from areal_graph.engines.inference.server.served_model import ServedModel
+from areal_graph.engines.openai import chat_format as fmt
+from areal_graph.engines.openai import responses_format as rfmt
+from areal_graph.engines.openai.chat_requests import OpenAIRequestError
+from areal_graph.engines.openai.responses_requests import ResponsesRequest, parse_responses_request
+from areal_graph.engines.openai.responses_store import ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
 

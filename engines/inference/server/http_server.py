@@ -37,7 +37,7 @@ Errors are JSON in SGLang's error shape `{"object": "error", "message", "type", 
 bad input -> 400 naming the field, a full queue -> 503 (retry later), anything unexpected
 -> 500; a failing request never takes the server down.
 
-Run: `python -m areal_graph.engines.inference.http_server --model DIR --port 0`; it prints
+Run: `python -m areal_graph.engines.inference.server.http_server --model DIR --port 0`; it prints
 `areal-graph inference server listening on http://HOST:PORT` on stdout once it accepts requests.
 """
 
@@ -61,7 +61,15 @@ from areal_graph.api.spans import SpanRecorder
 from areal_graph.engines import shared_weights
 from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.engine_spans import step_span_args
-from areal_graph.engines.inference.native_requests import (
+from areal_graph.engines.inference.request_tags import parse_tags
+from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.server.args import DTYPES, build_arg_parser
+from areal_graph.engines.inference.server.chat_routes import (
+    STREAM_INTERVAL_S,
+    default_served_name,
+    register_openai_routes,
+)
+from areal_graph.engines.inference.server.native_requests import (
     ABORT_FIELDS,
     CONTINUE_FIELDS,
     PAUSE_FIELDS,
@@ -73,11 +81,7 @@ from areal_graph.engines.inference.native_requests import (
     parse_generate_request,
     parse_logprob_start_len,
 )
-from areal_graph.engines.inference.openai_routes import STREAM_INTERVAL_S, default_served_name, register_openai_routes
-from areal_graph.engines.inference.request_tags import parse_tags
-from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
-from areal_graph.engines.inference.server_args import DTYPES, build_arg_parser
-from areal_graph.engines.inference.server_process import READY_LINE
+from areal_graph.engines.inference.server.process import READY_LINE
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +133,7 @@ class InferenceHTTPServer:
         r.add_get("/get_server_info", self.get_server_info)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_get("/get_spans", self.get_spans)
-        register_openai_routes(self)  # /v1/chat/completions, /v1/completions, /v1/models: openai_routes.py
+        register_openai_routes(self)  # /v1/chat/completions, /v1/completions, /v1/models: chat_routes.py
         r.add_get("/get_clock", self.get_clock)
 
     @web.middleware

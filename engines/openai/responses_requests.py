@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_graph.engines.inference.openai_requests import (
+from areal_graph.engines.openai.chat_requests import (
     MAX_TOP_LOGPROBS,
     ChatRequest,
     OpenAIRequestError,

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.engines.inference import responses_format as rfmt
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError
-from areal_graph.engines.inference.responses_requests import items_to_messages, parse_responses_request
-from areal_graph.engines.inference.responses_store import ResponseStore, StoredResponse
+from areal_graph.engines.openai import responses_format as rfmt
+from areal_graph.engines.openai.chat_requests import OpenAIRequestError
+from areal_graph.engines.openai.responses_requests import items_to_messages, parse_responses_request
+from areal_graph.engines.openai.responses_store import ResponseStore, StoredResponse
 
 ADD = {
     "type": "function",

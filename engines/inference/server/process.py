@@ -38,7 +38,7 @@ class ServerProcess:
         self.cmd = [
             sys.executable,
             "-m",
-            "areal_graph.engines.inference.http_server",
+            "areal_graph.engines.inference.server.http_server",
             "--model",
             str(model),
             "--host",

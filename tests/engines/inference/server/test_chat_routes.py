@@ -1,6 +1,6 @@
 """The /v1 routes' own logic, in process, over a stub engine that records what it is asked.
 
-tests/engines/inference/test_openai_server.py drives a real server subprocess with the
+tests/engines/inference/server/test_openai_server.py drives a real server subprocess with the
 `openai` package; that cannot see what the routes hand the engine. Here the routes are
 mounted on a bare aiohttp app (aiohttp's in-process test server, no subprocess) with a stub
 engine, so the contract is checked exactly: the route table, what each request becomes
@@ -19,18 +19,18 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
-from areal_graph.engines.inference.native_requests import BadRequest
-from areal_graph.engines.inference.openai_http import error_response
-from areal_graph.engines.inference.openai_requests import OpenAIRequestError, SamplingRequest
-from areal_graph.engines.inference.openai_routes import (
+from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.server.chat_routes import (
     ROUTES,
     OpenAIRoutes,
     default_served_name,
     register_openai_routes,
 )
-from areal_graph.engines.inference.responses_routes import ResponsesRoutes
-from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
-from areal_graph.engines.inference.served_model import ServedModel
+from areal_graph.engines.inference.server.native_requests import BadRequest
+from areal_graph.engines.inference.server.openai_http import error_response
+from areal_graph.engines.inference.server.responses_routes import ResponsesRoutes
+from areal_graph.engines.inference.server.served_model import ServedModel
+from areal_graph.engines.openai.chat_requests import OpenAIRequestError, SamplingRequest
 
 CONTEXT = 64
 
@@ -389,9 +389,9 @@ def test_streamed_logprobs_count_every_token_even_one_that_decodes_to_nothing(to
     """The answer ends with <|im_end|> (no text) in a part of its own: its log-prob still goes out,
     in the last chunk (asked for without top log-probs, which the stub engine has none of). Found on a loaded machine,
     where every part came later than the stream interval (here: an interval of 0)."""
-    from areal_graph.engines.inference import openai_routes
+    from areal_graph.engines.inference.server import chat_routes
 
-    monkeypatch.setattr(openai_routes, "STREAM_INTERVAL_S", 0.0)
+    monkeypatch.setattr(chat_routes, "STREAM_INTERVAL_S", 0.0)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def ends_with_im_end(engine):
