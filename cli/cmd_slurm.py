@@ -137,10 +137,11 @@ def run(args: argparse.Namespace) -> int:
 
 def gpu_problems(spec, layout) -> list[str]:
     """Where the workflow asks more GPUs than its side of the allocation has (empty: it fits)."""
+    from areal_graph.engines.inference.backends import get_backend
     from areal_graph.graph.plan import build_plan
-    from areal_graph.runtime.orchestration.process_executor import process_demands
+    from areal_graph.runtime.orchestration.placement import process_demands
 
-    demands = process_demands(build_plan(spec), 1, 1)
+    demands = process_demands(build_plan(spec), get_backend(spec.inference.backend), 1, 1)
     need_inference = sum(d.gpus for d in demands if d.role == "inference")
     need_train = sum(d.gpus for d in demands if d.role != "inference")
     g = layout.gpus_per_node

@@ -96,7 +96,7 @@ def test_the_runtime_records_and_the_trace_analyser_reads_back():
 
 # Packages whose modules import no module that imports them back, counting imports inside
 # functions and under TYPE_CHECKING: such an import hides a cycle, it does not remove it.
-ACYCLIC_PACKAGES = ["graph", "modelkit"]
+ACYCLIC_PACKAGES = ["graph", "modelkit", "runtime/launchers"]
 
 
 def module_graph(pkg: str) -> nx.DiGraph:

@@ -30,7 +30,13 @@ from typing import Any
 import aiohttp
 
 from areal_graph.api.sampling import GenerationResult, SamplingParams
-from areal_graph.engines.inference.backends import BACKEND_NAMES, HttpCall, get_backend, sampling_to_json
+from areal_graph.engines.inference.backends import (
+    BACKEND_NAMES,
+    HttpCall,
+    InferenceBackend,
+    get_backend,
+    sampling_to_json,
+)
 from areal_graph.engines.inference.backends.base import adapter_name
 from areal_graph.engines.inference.request_tags import request_tags
 
@@ -78,7 +84,7 @@ class InferenceClient:
     def __init__(
         self,
         base_url: str,
-        backend: str = "embedded",
+        backend: str | InferenceBackend = "embedded",
         timeout: float = 600.0,
         retries: int = 5,
         backoff_s: float = 0.2,
@@ -89,13 +95,15 @@ class InferenceClient:
     ) -> None:
         """`lora_adapters`: the policy is a LoRA adapter this server loads per version (`lora.sync:
         adapter` on a backend that serves adapters itself, vLLM or SGLang): requests name the
-        newest adapter this client knows, and its tokens carry that adapter's version."""
-        self.api = get_backend(backend)  # paths, payloads and response shapes of this server
+        newest adapter this client knows, and its tokens carry that adapter's version.
+        `backend`: its name, or the backend object a caller already resolved (the executor's)."""
+        # paths, payloads and response shapes of this server
+        self.api = backend if isinstance(backend, InferenceBackend) else get_backend(backend)
         self.adapters = bool(lora_adapters and self.api.lora_adapters)
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.base_url = base_url.rstrip("/")
-        self.backend = backend
+        self.backend = self.api.name
         self.timeout = timeout
         self.retries = retries
         self.backoff_s = backoff_s

@@ -39,23 +39,13 @@ from typing import IO
 
 import psutil
 
+import areal_graph.runtime.launchers.interrupt as interrupt
 from areal_graph.api.process import CORES_ENV, PDEATHSIG_ENV, arm_parent_death_signal, pin_to_cores
-from areal_graph.runtime.launchers import interrupt
+from areal_graph.runtime.launchers.base import ProcessDied
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 30
-
-
-@dataclass(frozen=True)
-class ProcessDied:
-    """A launched process exited while the run still needed it."""
-
-    name: str
-    role: str
-    returncode: int | None
-    signal: str | None  # e.g. "SIGKILL" when it was killed by a signal
-    log_tail: str
 
 
 @dataclass

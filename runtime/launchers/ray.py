@@ -22,7 +22,7 @@ bundle (the same node), as it was first started.
 
 Joining: `runtime.ray_address` or RAY_ADDRESS (e.g. "auto" on a node of a cluster started
 with `ray start`); else a Ray instance is started here with the machine's cores (the
-demands fit them: see process_executor.process_demands) and stopped again at shutdown. An
+demands fit them: see runtime/orchestration/placement.py:process_demands) and stopped again at shutdown. An
 already initialised Ray (a notebook, a test) is used as it is and left running.
 """
 
@@ -45,10 +45,9 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from areal_graph.runtime.launchers import LaunchRequest, ProcessDemand
+from areal_graph.runtime.launchers.base import LaunchRequest, ProcessDemand, ProcessDied
 from areal_graph.runtime.launchers.local import (
     LocalLauncher,
-    ProcessDied,
     endpoint_healthy,
     free_port,
     tail,

@@ -25,7 +25,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
-from areal_graph.runtime.launchers import INFERENCE_NODE_RESOURCE, NODE_RESOURCE_UNITS, TRAIN_NODE_RESOURCE
+from areal_graph.runtime.launchers.base import INFERENCE_NODE_RESOURCE, NODE_RESOURCE_UNITS, TRAIN_NODE_RESOURCE
 
 RAY_JOIN_TIMEOUT_S = 300
 

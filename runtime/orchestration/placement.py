@@ -19,11 +19,21 @@ ones split them).
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from areal_graph.api.process import CORES_ENV
+from areal_graph.runtime.launchers.base import ProcessDemand
+from areal_graph.runtime.launchers.local import rank_threads
+
+if TYPE_CHECKING:
+    from areal_graph.engines.inference.backends import InferenceBackend, ServerLaunch
+    from areal_graph.graph.plan import ExecutionPlan
 
 SIDES = ("inference", "training", "other")
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"
@@ -90,7 +100,7 @@ def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, Process
     processes and their data-parallel ranks (`<process>.rank<r>`), and `controller` (this one).
 
     small_model: the actor is small enough that one decode thread beats two on a CPU (see
-    process_executor.SMALL_MODEL_PARAMS); an embedded server then takes one thread unless
+    SMALL_MODEL_PARAMS); an embedded server then takes one thread unless
     `inference.threads` says otherwise."""
     res = spec.resources
     everything = usable_cores() if any(getattr(res, s).cores is not None for s in SIDES) else None
@@ -122,3 +132,81 @@ def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, Process
         res.other.gpus,
     )
     return out
+
+
+def placed_env(place: ProcessPlacement, threads: int | None = None) -> dict[str, str]:
+    """A process's placement as launcher environment; `threads` overrides its thread count (a
+    backend that caps a server's threads)."""
+    env = place.env()
+    if threads is not None and threads != place.threads:
+        env.update(dataclasses.replace(place, threads=threads).env())
+    return env
+
+
+def pin_this_process(place: ProcessPlacement) -> None:
+    """The controller's own placement (the `other` side), once every process it starts was pinned
+    explicitly (children inherit the mask of the process that forks them)."""
+    if place.cores is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, place.cores)
+
+
+def process_demands(
+    plan: ExecutionPlan, backend: InferenceBackend, gen_threads: int, train_threads: int
+) -> tuple[ProcessDemand, ...]:
+    """What each process of the run needs, for launchers that reserve it up front (Ray).
+
+    CPUs are the threads a process computes with (`backend`'s servers: an SGLang server's work
+    is on its GPUs, 1), scaled down together when the thread plan oversubscribes this machine on
+    purpose (a synchronous run gives generation and training every core: they take turns), so a
+    run fits a machine like this one. GPUs: an inference server's, and one per rank of a model
+    on CUDA. A model's data-parallel ranks form one group (one machine: they meet at a
+    loopback rendezvous)."""
+    spec = plan.spec
+    server_cpus, server_gpus = backend.cpus(gen_threads), backend.gpus(spec.inference)
+    out = [
+        ProcessDemand(f"inference-{i}", "inference", server_cpus, server_gpus) for i in range(spec.inference.servers)
+    ]
+    for process, role in sorted(plan.processes().items()):
+        models = {m for n in plan.nodes_on(process) if (m := spec.nodes[n].model) is not None}
+        gpus = int(any(spec.models[m].device.startswith("cuda") for m in models))
+        ranks = plan.ranks(process)
+        threads = rank_threads(train_threads if role == "model" else 1, ranks)
+        group = process if ranks > 1 else None
+        out.append(ProcessDemand(process, role, threads, gpus, group))
+        out += [ProcessDemand(f"{process}.rank{r}", role, threads, gpus, group) for r in range(1, ranks)]
+    cores, asked = os.cpu_count() or 1, sum(d.cpus for d in out)
+    if asked <= cores:
+        return tuple(out)
+    scale = cores / asked  # Ray counts CPUs to 1e-4; round down so the total stays within the cores
+    return tuple(dataclasses.replace(d, cpus=max(math.floor(d.cpus * scale * 1e4) / 1e4, 0.01)) for d in out)
+
+
+def inference_server_command(backend: InferenceBackend, launch: ServerLaunch) -> list[str]:
+    """The command line of one inference server (`backend` builds it from `launch`), or an error
+    saying why the backend cannot start here.
+
+    `inference.args` become extra `--flag value` options (underscores as dashes; `true`
+    gives a bare flag), e.g. `{mem_fraction_static: 0.8}` for SGLang.
+    """
+    problem = backend.unavailable(launch.inference.python)
+    if problem:
+        raise RuntimeError(problem)
+    return backend.command(launch)
+
+
+# Below this size the embedded engine decodes faster on one thread than on two: per-op
+# overhead and thread synchronisation outweigh the matmul speed-up (benchmarks/bench_generation.py
+# --rl-step: 0.085 s vs 0.175 s a step on 1 vs 2 threads, measured on the earlier 1.68M-parameter
+# tiny-arith; today's is 0.83M).
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def model_parameters(model_dir: str) -> int:
+    """Approximate parameter count of a HF decoder from its config.json (0 when unreadable)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+        inter, vocab = int(cfg.get("intermediate_size", 4 * h)), int(cfg.get("vocab_size", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return vocab * h + layers * (4 * h * h + 3 * h * inter)

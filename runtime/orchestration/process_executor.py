@@ -24,8 +24,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-import math
-import os
 import secrets
 import sys
 import threading
@@ -37,20 +35,28 @@ from typing import Any
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.spans import TRACE_ENV
 from areal_graph.data.packed import PackedBatch
-from areal_graph.engines.inference.backends import get_backend
+from areal_graph.engines.inference.backends import ServerLaunch, get_backend
 from areal_graph.engines.inference.client import InferenceClient, ServerPool
 from areal_graph.graph.kind import CONTROLLER, RunInfo
 from areal_graph.graph.plan import ExecutionPlan
-from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.hosts.protocols import ModelService
-from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDemand, make_launcher
-from areal_graph.runtime.launchers.local import ProcessDied, free_port, rank_threads
+from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDied, make_launcher
+from areal_graph.runtime.launchers.local import free_port
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
 from areal_graph.runtime.orchestration.phase_runner import NodeResult
-from areal_graph.runtime.orchestration.placement import ProcessPlacement, plan_placement
-from areal_graph.runtime.orchestration.placement import thread_split as placement_thread_split
+from areal_graph.runtime.orchestration.placement import (
+    SMALL_MODEL_PARAMS,
+    ProcessPlacement,
+    inference_server_command,
+    model_parameters,
+    pin_this_process,
+    placed_env,
+    plan_placement,
+    process_demands,
+    thread_split,
+)
 from areal_graph.runtime.orchestration.weight_sync import WeightSync, choose_weight_sync
 from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync as resolve_weight_sync
 from areal_graph.runtime.rpc.worker_client import WorkerClient
@@ -124,14 +130,14 @@ class ProcessExecutor:
                 for n, p in self.placement.items()
                 if p.side == "training" and n in self.plan.processes()
             ),
-            default=thread_split(rt)[1],
+            default=thread_split(rt.max_staleness)[1],
         )
         self._on_failure = on_failure
         self.launcher = make_launcher(
             LaunchRequest(
                 self.run_dir.path / "logs",
                 self._on_death,
-                process_demands(self.plan, gen_threads, train_threads),
+                process_demands(self.plan, self.backend, gen_threads, train_threads),
                 rt,
                 colocate=self.weight_sync.colocate,
             )
@@ -147,7 +153,7 @@ class ProcessExecutor:
             host, port = self.launcher.server_endpoint(name)
             url = f"http://{host}:{port}"
             cmd = inference_server_command(
-                spec.inference, actor_path, port, place.threads, rt.seed + i, name=name, api_key=token, host=host
+                backend, ServerLaunch(spec.inference, actor_path, port, place.threads, rt.seed + i, name, token, host)
             )
             server_env = {**env, **backend.environment(token), **placed_env(place, backend.thread_cap(place.threads))}
             flags, sync_env = self.weight_sync.server_launch()  # the adapter's LoRA flags; else none
@@ -175,9 +181,7 @@ class ProcessExecutor:
         self.launcher.wait_healthy(timeout=backend.startup_timeout_s)
         self.servers = ServerPool(
             [
-                InferenceClient(
-                    u, backend=spec.inference.backend, api_key=token, lora_adapters=self.weight_sync.adapters
-                )
+                InferenceClient(u, backend=backend, api_key=token, lora_adapters=self.weight_sync.adapters)
                 for u in self.server_urls
             ]
         )
@@ -521,101 +525,3 @@ class _IOLoop:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5.0)
-
-
-def process_demands(plan: ExecutionPlan, gen_threads: int, train_threads: int) -> tuple[ProcessDemand, ...]:
-    """What each process of the run needs, for launchers that reserve it up front (Ray).
-
-    CPUs are the threads a process computes with (an SGLang server's work is on its GPUs: 1),
-    scaled down together when the thread plan oversubscribes this machine on purpose (a
-    synchronous run gives generation and training every core: they take turns), so a run
-    fits a machine like this one. GPUs: an inference server's, and one per rank of a model
-    on CUDA. A model's data-parallel ranks form one group (one machine: they meet at a
-    loopback rendezvous)."""
-    spec = plan.spec
-    server_cpus = get_backend(spec.inference.backend).cpus(gen_threads)
-    out = [
-        ProcessDemand(f"inference-{i}", "inference", server_cpus, inference_gpus(spec.inference))
-        for i in range(spec.inference.servers)
-    ]
-    for process, role in sorted(plan.processes().items()):
-        models = {m for n in plan.nodes_on(process) if (m := spec.nodes[n].model) is not None}
-        gpus = int(any(spec.models[m].device.startswith("cuda") for m in models))
-        ranks = plan.ranks(process)
-        threads = rank_threads(train_threads if role == "model" else 1, ranks)
-        group = process if ranks > 1 else None
-        out.append(ProcessDemand(process, role, threads, gpus, group))
-        out += [ProcessDemand(f"{process}.rank{r}", role, threads, gpus, group) for r in range(1, ranks)]
-    cores, asked = os.cpu_count() or 1, sum(d.cpus for d in out)
-    if asked <= cores:
-        return tuple(out)
-    scale = cores / asked  # Ray counts CPUs to 1e-4; round down so the total stays within the cores
-    return tuple(dataclasses.replace(d, cpus=max(math.floor(d.cpus * scale * 1e4) / 1e4, 0.01)) for d in out)
-
-
-def inference_gpus(inference: InferenceSpec) -> int:
-    """GPUs one inference server uses (SGLang's and vLLM's tensor-parallel size; the embedded engine's device)."""
-    return get_backend(inference.backend).gpus(inference)
-
-
-def inference_server_command(
-    inference: InferenceSpec,
-    model_path: str,
-    port: int,
-    threads: int,
-    seed: int,
-    name: str = "inference",
-    api_key: str | None = None,
-    host: str = "127.0.0.1",
-) -> list[str]:
-    """The command line of one inference server bound to `host` (the backend builds it).
-
-    `inference.args` become extra `--flag value` options (underscores as dashes; `true`
-    gives a bare flag), e.g. `{mem_fraction_static: 0.8}` for SGLang.
-    """
-    backend = get_backend(inference.backend)
-    problem = backend.unavailable(inference.python)
-    if problem:
-        raise RuntimeError(problem)
-    return backend.command(inference, model_path, port, threads, seed, name, api_key, host)
-
-
-# Below this size the embedded engine decodes faster on one thread than on two: per-op
-# overhead and thread synchronisation outweigh the matmul speed-up (benchmarks/bench_generation.py
-# --rl-step: 0.085 s vs 0.175 s a step on 1 vs 2 threads, measured on the earlier 1.68M-parameter
-# tiny-arith; today's is 0.83M).
-SMALL_MODEL_PARAMS = 50_000_000
-
-
-def model_parameters(model_dir: str) -> int:
-    """Approximate parameter count of a HF decoder from its config.json (0 when unreadable)."""
-    import json
-
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-        inter, vocab = int(cfg.get("intermediate_size", 4 * h)), int(cfg.get("vocab_size", 0))
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    return vocab * h + layers * (4 * h * h + 3 * h * inter)
-
-
-def thread_split(rt: Any) -> tuple[int, int]:
-    """Torch threads for generation and for training when nothing is pinned (placement.thread_split)."""
-    return placement_thread_split(rt.max_staleness)
-
-
-def placed_env(place: ProcessPlacement, threads: int | None = None) -> dict[str, str]:
-    """A process's placement as launcher environment; `threads` overrides its thread count (a
-    backend that caps a server's threads)."""
-    env = place.env()
-    if threads is not None and threads != place.threads:
-        env.update(dataclasses.replace(place, threads=threads).env())
-    return env
-
-
-def pin_this_process(place: ProcessPlacement) -> None:
-    """The controller's own placement (the `other` side), once every process it starts was pinned
-    explicitly (children inherit the mask of the process that forks them)."""
-    if place.cores is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, place.cores)

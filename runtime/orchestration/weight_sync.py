@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from areal_graph.engines.inference.backends import InferenceBackend, get_backend
+from areal_graph.engines.inference.backends import InferenceBackend
 from areal_graph.graph.kinds.common import adapter_sync
 from areal_graph.runtime.hosts.protocols import ModelService
 from areal_graph.runtime.observability.run_dir import RunDir
@@ -274,10 +274,10 @@ class InProcessWeightSync:
 
 
 # ---------------------------------------------------------------------------- choosing one
-def resolve_weight_sync(setting: str, backend: str) -> str:
+def resolve_weight_sync(setting: str, backend: InferenceBackend) -> str:
     """`auto`: in memory where the backend can take it (embedded, vLLM), else from disk (SGLang)."""
     if setting == "auto":
-        return "memory" if get_backend(backend).shared_memory_weights else "disk"
+        return "memory" if backend.shared_memory_weights else "disk"
     return setting
 
 
@@ -293,7 +293,7 @@ def choose_weight_sync(
     """The run's transport, from the workflow: the adapter where the policy (model `actor`)
     syncs as a LoRA adapter and the backend serves adapters, else `runtime.weight_sync`
     (`auto` resolved)."""
-    mode = resolve_weight_sync(spec.runtime.weight_sync, spec.inference.backend)
+    mode = resolve_weight_sync(spec.runtime.weight_sync, backend)
     lora = spec.models[actor].lora
     if adapter_sync(spec) and backend.lora_adapters and lora is not None:
         # the launcher colocates as the resolved setting says (`auto` on vLLM: as for memory)

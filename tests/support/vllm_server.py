@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from areal_graph.engines.inference.backends import get_backend
+from areal_graph.engines.inference.backends import ServerLaunch, get_backend
 from areal_graph.engines.inference.client import InferenceClient
 from areal_graph.graph.spec import InferenceSpec
 from areal_graph.runtime.launchers.local import free_port, thread_env
-from areal_graph.runtime.orchestration.process_executor import inference_server_command
+from areal_graph.runtime.orchestration.placement import inference_server_command
 from support.e2e import read_metrics
 from support.paths import REPO
 
@@ -44,7 +44,8 @@ def vllm_server(
         backend="vllm", python=VLLM_PYTHON, max_running_requests=16, args={"dtype": "float32", "max_model_len": 256}
     )
     port = free_port()
-    cmd = inference_server_command(spec, str(model), port, threads=2, seed=0, name="vllm-test", api_key=api_key)
+    launch = ServerLaunch(spec, str(model), port, threads=2, seed=0, name="vllm-test", api_key=api_key)
+    cmd = inference_server_command(backend, launch)
     env = {
         **os.environ,
         **thread_env(backend.thread_cap(2)),

@@ -9,7 +9,7 @@ and the launchers read everything else off the backend object.
 
 from __future__ import annotations
 
-from areal_graph.engines.inference.backends.base import HttpCall, InferenceBackend, ParsedGeneration
+from areal_graph.engines.inference.backends.base import HttpCall, InferenceBackend, ParsedGeneration, ServerLaunch
 from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
 from areal_graph.engines.inference.backends.sglang import SGLangBackend, sampling_to_json
 from areal_graph.engines.inference.backends.vllm import VLLMBackend
@@ -31,6 +31,7 @@ __all__ = [
     "HttpCall",
     "InferenceBackend",
     "ParsedGeneration",
+    "ServerLaunch",
     "get_backend",
     "sampling_to_json",
 ]

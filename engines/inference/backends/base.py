@@ -53,6 +53,22 @@ class ParsedGeneration:
     forced: list[bool] | None = None  # constrained decoding: per token, the grammar's only choice
 
 
+@dataclass(frozen=True)
+class ServerLaunch:
+    """What one inference server is started with (`InferenceBackend.command` builds its command
+    line from it): the workflow's `inference` section, the model, where it listens, its torch
+    threads, its seed, its name and the run's secret (None: no key)."""
+
+    inference: Any  # graph.spec.InferenceSpec (engines/ does not import graph/)
+    model_path: str
+    port: int
+    threads: int
+    seed: int
+    name: str = "inference"
+    api_key: str | None = None
+    host: str = "127.0.0.1"
+
+
 class InferenceBackend:
     """Base class: the embedded server's behaviour where a backend does not say otherwise."""
 
@@ -78,17 +94,32 @@ class InferenceBackend:
         checked before a run starts rather than when its servers refuse to start."""
         return None
 
-    def command(
-        self,
-        inference: Any,
-        model_path: str,
-        port: int,
-        threads: int,
-        seed: int,
-        name: str,
-        api_key: str | None,
-        host: str,
-    ) -> list[str]:
+    # The server's entry point: `<python> -m <server_module> <model_flag> <model> --host H --port P`.
+    server_module: str = ""
+    model_flag: str = "--model"
+
+    def command(self, launch: ServerLaunch) -> list[str]:
+        """The server's command line: its interpreter runs `server_module` on the model, bound to
+        `launch.host:port`, then the backend's own options (`server_options`), then
+        `inference.args` as `--flag value` options (`launch_flags`)."""
+        options = self.server_options(launch)
+        inference = launch.inference
+        return [
+            self.interpreter(inference),
+            "-m",
+            self.server_module,
+            self.model_flag,
+            launch.model_path,
+            "--host",
+            launch.host,
+            "--port",
+            str(launch.port),
+            *options,
+            *launch_flags(inference.args),
+        ]
+
+    def server_options(self, launch: ServerLaunch) -> list[str]:
+        """This backend's own options (seed, request limit, key, ...), between the address and `inference.args`."""
         raise NotImplementedError
 
     def environment(self, api_key: str | None) -> dict[str, str]:

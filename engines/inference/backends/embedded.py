@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.engines.inference.backends.base import HttpCall, launch_flags
+from areal_graph.engines.inference.backends.base import HttpCall, ServerLaunch, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
 from areal_graph.engines.inference.server.args import build_arg_parser
 
@@ -51,41 +51,26 @@ class EmbeddedBackend(SGLangBackend):
     def adapter_unload_call(self, version: int) -> HttpCall:
         _no_named_adapters()
 
-    def command(
-        self,
-        inference: Any,
-        model_path: str,
-        port: int,
-        threads: int,
-        seed: int,
-        name: str,
-        api_key: str | None,
-        host: str,
-    ) -> list[str]:
-        cmd = [
-            self.interpreter(inference),
-            "-m",
-            "areal_graph.engines.inference.server.http_server",
-            "--model",
-            model_path,
-            "--host",
-            host,
-            "--port",
-            str(port),
+    server_module = "areal_graph.engines.inference.server.http_server"
+    model_flag = "--model"
+
+    def server_options(self, launch: ServerLaunch) -> list[str]:
+        inference = launch.inference
+        options = [
             "--max-running",
             str(inference.max_running_requests),
             "--threads",
-            str(threads),
+            str(launch.threads),
             "--seed",
-            str(seed),
+            str(launch.seed),
             "--name",
-            name,
+            launch.name,
         ]
-        if api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
-            cmd += ["--api-key-env", RUN_TOKEN_ENV]
+        if launch.api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
+            options += ["--api-key-env", RUN_TOKEN_ENV]
         if getattr(inference, "kv_on_update", "recompute") != "recompute":
-            cmd += ["--kv-on-update", inference.kv_on_update]
-        return cmd + launch_flags(inference.args)
+            options += ["--kv-on-update", inference.kv_on_update]
+        return options
 
     def args_problem(self, inference: Any) -> str | None:
         """Our server's own argument parser reads the flags `inference.args` becomes."""

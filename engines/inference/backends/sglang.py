@@ -25,9 +25,9 @@ from areal_graph.engines.inference.backends.base import (
     HttpCall,
     InferenceBackend,
     ParsedGeneration,
+    ServerLaunch,
     adapter_name,
     finish_type,
-    launch_flags,
     parse_version,
 )
 
@@ -76,35 +76,19 @@ class SGLangBackend(InferenceBackend):
             )
         return None
 
-    def command(
-        self,
-        inference: Any,
-        model_path: str,
-        port: int,
-        threads: int,
-        seed: int,
-        name: str,
-        api_key: str | None,
-        host: str,
-    ) -> list[str]:
-        cmd = [
-            self.interpreter(inference),
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            model_path,
-            "--host",
-            host,
-            "--port",
-            str(port),
+    server_module = "sglang.launch_server"
+    model_flag = "--model-path"
+
+    def server_options(self, launch: ServerLaunch) -> list[str]:
+        options = [
             "--random-seed",
-            str(seed),
+            str(launch.seed),
             "--max-running-requests",
-            str(inference.max_running_requests),
+            str(launch.inference.max_running_requests),
         ]
-        if api_key:  # SGLang takes its key only as an argument
-            cmd += ["--api-key", api_key]
-        return cmd + launch_flags(inference.args)
+        if launch.api_key:  # SGLang takes its key only as an argument
+            options += ["--api-key", launch.api_key]
+        return options
 
     def gpus(self, inference: Any) -> int:
         """One server spans tp x dp GPUs (`--dp-size` runs dp replicas of a tp-way model)."""

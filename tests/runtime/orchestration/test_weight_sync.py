@@ -162,4 +162,4 @@ def test_a_workflow_picks_its_transport_once(tmp_path, backend, overrides, want)
     spec = load_workflow(WORKFLOWS / "ppo_async.yaml", [f"inference.backend={backend}", *overrides])
     t = choose_weight_sync(spec, "actor", get_backend(backend), RunDir(tmp_path, tensorboard=False), FakeActor())
     assert (type(t), t.colocate) == want
-    assert resolve_weight_sync("auto", backend) == ("disk" if backend == "sglang" else "memory")
+    assert resolve_weight_sync("auto", get_backend(backend)) == ("disk" if backend == "sglang" else "memory")

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from areal_graph.engines.inference.backends import BACKEND_NAMES, get_backend
+from areal_graph.engines.inference.backends import BACKEND_NAMES, ServerLaunch, get_backend
 from areal_graph.engines.inference.backends.vllm import WORKER_EXTENSION_DIR, sampling_to_vllm, span_versions
 from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.graph.spec import InferenceSpec
@@ -127,9 +127,10 @@ def test_vllm_launch_line_keeps_the_key_out_of_argv(tmp_path):
     python.write_text("#!/bin/sh\n")
     python.chmod(0o755)
     spec = InferenceSpec(backend="vllm", python=str(python), max_running_requests=12, args={"dtype": "float32"})
-    from areal_graph.runtime.orchestration.process_executor import inference_server_command
+    from areal_graph.runtime.orchestration.placement import inference_server_command
 
-    cmd = inference_server_command(spec, "/m", 8001, threads=2, seed=4, name="inference-0", api_key="s3cret")
+    launch = ServerLaunch(spec, "/m", 8001, threads=2, seed=4, name="inference-0", api_key="s3cret")
+    cmd = inference_server_command(VLLM, launch)
     assert cmd[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
     assert "s3cret" not in " ".join(cmd)
     opts = {k: v for k, v in zip(cmd, cmd[1:]) if k.startswith("--")}
@@ -145,18 +146,19 @@ def test_vllm_launch_line_keeps_the_key_out_of_argv(tmp_path):
 def test_vllm_without_vllm_or_an_interpreter_is_a_clear_error():
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
-    from areal_graph.runtime.orchestration.process_executor import inference_server_command
+    from areal_graph.runtime.orchestration.placement import inference_server_command
 
     with pytest.raises(RuntimeError, match="make install-vllm"):
-        inference_server_command(InferenceSpec(backend="vllm"), "/m", 1, 1, 0)
+        inference_server_command(VLLM, ServerLaunch(InferenceSpec(backend="vllm"), "/m", 1, 1, 0))
     with pytest.raises(RuntimeError, match="not an executable"):
-        inference_server_command(InferenceSpec(backend="vllm", python="/nonexistent/python"), "/m", 1, 1, 0)
+        spec = InferenceSpec(backend="vllm", python="/nonexistent/python")
+        inference_server_command(VLLM, ServerLaunch(spec, "/m", 1, 1, 0))
 
 
 def test_weight_sync_auto_and_server_spans_follow_the_backend():
-    from areal_graph.runtime.orchestration.process_executor import resolve_weight_sync
+    from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync
 
-    assert [resolve_weight_sync("auto", b) for b in BACKEND_NAMES] == ["memory", "disk", "memory"]
+    assert [resolve_weight_sync("auto", get_backend(b)) for b in BACKEND_NAMES] == ["memory", "disk", "memory"]
     assert [get_backend(b).server_spans for b in BACKEND_NAMES] == [True, False, False]
 
 

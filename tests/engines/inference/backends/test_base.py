@@ -22,6 +22,7 @@ from areal_graph.engines.inference.backends.base import (
     HttpCall,
     InferenceBackend,
     ParsedGeneration,
+    ServerLaunch,
     finish_type,
     launch_flags,
     logprob_or_nan,
@@ -43,7 +44,7 @@ def test_defaults_of_a_backend_that_says_nothing():
 def test_every_wire_call_a_backend_must_describe_raises():
     b = InferenceBackend()
     calls = [
-        lambda: b.command(SimpleNamespace(), "/m", 1, 1, 0, "n", None, "127.0.0.1"),
+        lambda: b.command(ServerLaunch(SimpleNamespace(), "/m", 1, 1, 0, "n", None, "127.0.0.1")),
         lambda: b.generate_call([1], SamplingParams(), "r"),
         lambda: b.parse_generate({}),
         lambda: b.abort_call("r", False),

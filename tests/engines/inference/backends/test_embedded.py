@@ -13,7 +13,7 @@ import sys
 
 from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.engines.inference.backends import get_backend
-from areal_graph.engines.inference.backends.base import HttpCall
+from areal_graph.engines.inference.backends.base import HttpCall, ServerLaunch
 from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
 from areal_graph.engines.inference.sampling import SamplingParams
@@ -33,7 +33,9 @@ def test_registered_with_its_traits():
 def test_command_is_one_the_servers_own_parser_accepts():
     spec = InferenceSpec(max_running_requests=24, args={"device": "cuda:1", "max_queue": 8, "max_context": 256})
     cmd = EMBEDDED.command(
-        spec, "/runs/x/model", 31000, threads=3, seed=7, name="inference-2", api_key=None, host="127.0.0.1"
+        ServerLaunch(
+            spec, "/runs/x/model", 31000, threads=3, seed=7, name="inference-2", api_key=None, host="127.0.0.1"
+        )
     )
     assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.server.http_server"]
     args = build_arg_parser().parse_args(cmd[3:])
@@ -42,12 +44,16 @@ def test_command_is_one_the_servers_own_parser_accepts():
     assert (args.device, args.max_queue, args.max_context) == ("cuda:1", 8, 256)
     assert args.kv_on_update == "recompute" and "--kv-on-update" not in cmd
     for mode in ("keep", "wait"):
-        cmd = EMBEDDED.command(InferenceSpec(kv_on_update=mode), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
+        cmd = EMBEDDED.command(
+            ServerLaunch(InferenceSpec(kv_on_update=mode), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
+        )
         assert build_arg_parser().parse_args(cmd[3:]).kv_on_update == mode
 
 
 def test_the_api_key_travels_in_the_environment_never_in_argv():
-    cmd = EMBEDDED.command(InferenceSpec(), "/m", 1, 1, 0, "inference", api_key="s3cret-key", host="127.0.0.1")
+    cmd = EMBEDDED.command(
+        ServerLaunch(InferenceSpec(), "/m", 1, 1, 0, "inference", api_key="s3cret-key", host="127.0.0.1")
+    )
     assert not any("s3cret" in part for part in cmd)
     assert build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
     assert RUN_TOKEN_ENV == "AREAL_RUN_TOKEN"

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from areal_graph.engines.inference.backends import get_backend
-from areal_graph.engines.inference.backends.base import HttpCall, InferenceBackend
+from areal_graph.engines.inference.backends.base import HttpCall, InferenceBackend, ServerLaunch
 from areal_graph.engines.inference.backends.sglang import SGLangBackend, sampling_to_json
 from areal_graph.engines.inference.sampling import SamplingParams
 from areal_graph.graph.spec import InferenceSpec
@@ -67,7 +67,7 @@ def test_launch_line_passes_the_key_and_the_args_as_sglang_flags():
         args={"tp_size": 2, "mem_fraction_static": 0.7, "enable_torch_compile": True},
     )
     cmd = SGLANG.command(
-        spec, "/models/q", 30001, threads=8, seed=11, name="inference-1", api_key="k3y", host="0.0.0.0"
+        ServerLaunch(spec, "/models/q", 30001, threads=8, seed=11, name="inference-1", api_key="k3y", host="0.0.0.0")
     )
     assert cmd == [
         sys.executable,
@@ -91,7 +91,7 @@ def test_launch_line_passes_the_key_and_the_args_as_sglang_flags():
         "0.7",
         "--enable-torch-compile",
     ]
-    no_key = SGLANG.command(spec, "/models/q", 30001, 8, 11, "inference-1", None, "127.0.0.1")
+    no_key = SGLANG.command(ServerLaunch(spec, "/models/q", 30001, 8, 11, "inference-1", None, "127.0.0.1"))
     assert "--api-key" not in no_key and SGLANG.environment("k3y") == {}
 
 
