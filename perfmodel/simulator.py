@@ -2,11 +2,14 @@
 
 What it reproduces, each as the code does it (file: what):
 - runtime/orchestration/staleness.py: the gate admits a prompt group of G while
-  accepted + running + G <= (eta + v + 1) B and running + G <= max_concurrent_rollouts;
+  accepted + running + G <= (eta + v + 1) B and running + G <= max_concurrent_rollouts; the
+  simulation calls the gate's own functions for it (runtime/orchestration/staleness_rule.py:
+  `staleness_bound`, `admissible`), so the two cannot drift apart;
 - runtime/orchestration/controller.py: the generation loop submits groups as soon as the gate
   allows; a group is its rollout call (dispatch, G requests, collect), then the generation-side
-  nodes (reward); the trainer takes the B/G oldest-submitted groups (`_next_batch`), runs the
-  training side, syncs the weights to every server, bumps the version;
+  nodes (reward); the trainer takes the B/G oldest-submitted groups (`_next_batch`, by the same
+  `staleness_rule.due_groups`), runs the training side, syncs the weights to every server, bumps
+  the version;
 - engines/inference/engine.py: per server, continuous batching: each step admits queued
   requests up to `max_running_requests`, prefills the pending ones in chunks of at most the
   prefill budget of padded tokens (the G answers of a fresh prompt share one prefill), then
@@ -37,6 +40,7 @@ import numpy as np
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
+from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
 
 ADMIT_WAIT_S = 0.002  # engine.py admit_wait_s: an idle engine lets a burst of submissions arrive
@@ -374,9 +378,10 @@ class Simulation:
 
     # ------------------------------------------------------------------ generation side
     def capacity(self) -> int:
+        """What the controller's gate would admit now (`StalenessGate.capacity`, by the same rule)."""
         cfg = self.cfg
-        bound = (cfg.max_staleness + self.version + 1) * cfg.batch_size
-        return max(min(cfg.max_concurrent - self.running, bound - (self.accepted + self.running)), 0)
+        bound = staleness_rule.staleness_bound(cfg.max_staleness, self.version, cfg.batch_size)
+        return staleness_rule.admissible(cfg.max_concurrent, self.running, self.accepted, bound)
 
     def try_submit(self) -> None:
         G = self.cfg.group_size
@@ -435,8 +440,8 @@ class Simulation:
                 return None
             take = sorted(fresh, key=lambda g: g.accepted_at)[:wanted]
         else:
-            due = self.untrained[:wanted]
-            if len(due) < wanted or any(g.accepted_at == math.inf for g in due):
+            due = staleness_rule.due_groups(self.untrained, wanted)  # the controller's choice
+            if due is None or any(g.accepted_at == math.inf for g in due):
                 return None
             take = due
         for g in take:

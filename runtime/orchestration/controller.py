@@ -2,10 +2,10 @@
 
 One code path serves every staleness bound. Two loops share a `StalenessGate`:
 
-- the *generation side* keeps submitting prompt groups while the gate has capacity; each
-  group runs the source node (the rollout), then the plan's generation phase as a DAG
-  (rewards, filters, shaping). A group that survives goes into the sample buffer
-  (`on_accept`); a group a filter drops gives its slot back (`on_reject`) and is counted;
+- the *generation side* (generation.py: `GenerationSide`) keeps submitting prompt groups while
+  the gate has capacity; each group runs the source node (the rollout), then the plan's
+  generation phase as a DAG (rewards, filters, shaping). A group that survives goes into the
+  sample buffer (`on_accept`); a group a filter drops gives its slot back (`on_reject`) and is counted;
 - the *training side* takes B trajectories from the buffer, runs the plan's training phase as
   a DAG (independent nodes concurrently: reference and proximal log-probs, critic values,
   then advantages, then the train nodes), makes the new weights the servers' policy, and only
@@ -14,8 +14,11 @@ One code path serves every staleness bound. Two loops share a `StalenessGate`:
 With max_staleness = 0 the gate admits exactly B trajectories per version, so generation of
 step v+1 cannot start before step v has trained: synchronous RL, by the same code.
 
-The controller owns no processes: it is given a `NodeExecutor` (executor.py), so its
-retry, failure and staleness logic is tested in one process (tests/runtime/orchestration/test_controller.py).
+This module holds the two loops' meeting (`Controller._main`), the training step and its
+bookkeeping: eval, checkpoints, resume, the autopilot, metrics, the end state and the wording
+of a run's failure. The controller owns no processes: it is given a `NodeExecutor`
+(executor.py), so its retry, failure and staleness logic is tested in one process
+(tests/runtime/orchestration/test_controller.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +55,17 @@ from areal_graph.runtime.observability.run_dir import (
 from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
+from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
 from areal_graph.runtime.orchestration.executor import NodeExecutor
-from areal_graph.runtime.orchestration.generation_stats import GenerationStats
+from areal_graph.runtime.orchestration.generation import GenerationSide, RunState
+from areal_graph.runtime.orchestration.generation import NodeFailed as NodeFailed  # where callers look for it
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
-from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
-from areal_graph.runtime.rpc.worker_client import WorkerError
+from areal_graph.runtime.orchestration.staleness import version_range
 
 log = logging.getLogger(__name__)
 
-GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted as failed
-# this many prompt groups failing in a row (none generated or dropped between them) stop the
-# run: a node that always fails (a user function's bug) would otherwise fail every prompt forever
-FAILED_GROUPS_IN_A_ROW = 8
 _PATH_IN_ERROR = re.compile(r"No space left on device: '([^']+)'")  # an OSError's text, also a remote one
 SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (not every step: RPCs)
 # Test hook: seconds the controller waits between the models' checkpoint files and the checkpoint's
@@ -86,19 +86,6 @@ def tool_call_stats(batch: PackedBatch, prefix: str) -> dict[str, float]:
     }
 
 
-class NodeFailed(RuntimeError):
-    """A generation-side node call failed: the message names the node (and its kind), which the
-    raw exception (a user function's ValueError, a worker's remote traceback) may not."""
-
-    def __init__(self, node: str, kind: str, cause: BaseException) -> None:
-        if isinstance(cause, WorkerError):  # one line, not a remote traceback per retry and group
-            what = f"{cause.summary} (traceback in logs/{cause.worker}.log)"
-        else:
-            what = f"{type(cause).__name__}: {cause}"
-        super().__init__(f"node {node!r} ({kind}): {what}")
-        self.node = node
-
-
 class RunFailed(RuntimeError):
     """The run stopped because a process died or a node failed past its retries.
 
@@ -109,26 +96,6 @@ class RunFailed(RuntimeError):
         super().__init__(message)
         self.resumable = resumable
         self.resumes = 0  # auto-resumes used before this failure (run_with_auto_resume sets it)
-
-
-@dataclass
-class RunState:
-    """What the controller knows about progress; saved with every checkpoint for resume."""
-
-    step: int = 0
-    version: int = 0
-    next_prompt: int = 0  # position in the shuffled prompt stream
-    next_group_id: int = 0
-    groups_submitted: int = 0
-    groups_finished: int = 0
-    groups_failed: int = 0
-    groups_retried: int = 0
-    groups_dropped: int = 0
-    trajectories_trained: int = 0
-    history: list[dict] = field(default_factory=list)
-    # positions in the prompt stream of groups submitted but not trained when the checkpoint
-    # was taken (in flight or buffered): a resume generates them again first, so none is skipped
-    requeue: list[int] = field(default_factory=list)
 
 
 class Controller:
@@ -150,11 +117,26 @@ class Controller:
         self.tracer = tracer
         self.display = display
         self.rt = plan.spec.runtime
-        self.group_size = int(getattr(plan.node(plan.source).params, "group_size", 1))
         if not self.prompts:
             raise ValueError("the controller needs at least one training prompt")
         self.state = RunState()
-        self.gate = StalenessGate(self.rt.batch_size, self.rt.max_staleness, self.rt.max_concurrent_rollouts)
+        self.buffer = SampleBuffer()
+        self.ledger = SampleLedger(run_dir.path / "ledger.jsonl" if run_dir is not None else None)
+        self.flows = GroupFlows.for_plan(plan, enabled=tracer.enabled)  # trace arrows: generation -> train step
+        self.generation = GenerationSide(  # the staleness gate, the groups in flight and untrained, their failures
+            plan,
+            self.prompts,
+            self.eval_prompts,
+            self.state,
+            self.buffer,
+            self.ledger,
+            self.flows,
+            call=self._call,
+            on_failure=self.on_failure,
+            stopping=lambda: self._fatal is not None,
+            disk_full_message=self._disk_full_message,
+        )
+        self.group_size = self.generation.group_size
         inference = plan.spec.inference
         self.autopilot = (
             ConcurrencyAutopilot(
@@ -167,24 +149,15 @@ class Controller:
             if self.rt.autopilot
             else None
         )
-        self.buffer = SampleBuffer()
         self._fatal: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None  # created inside the event loop
-        self._inflight: dict[int, asyncio.Task] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._gen_stats = GenerationStats()  # generation-side node stats since the last step
-        self._dropped_by: dict[str, int] = {}
         self._earlier_restarts: Counter = Counter()  # restarts in the parts of the run before a resume
         self._resumed_from: Path | None = None  # kept by runtime.keep_checkpoints until a newer one is complete
         self._stop_reason: str | None = None  # why the run stopped early, for end_state.json
         self._saving: Path | None = None  # the checkpoint being written, while it is
         self.span_pull = BackgroundSpanPull(tracer, executor.collect_spans, SPAN_PULL_S)  # never awaited inline
-        self._untrained: dict[int, int] = {}  # gid -> prompt-stream position, until trained, dropped or failed
-        self._failed_in_a_row = 0  # prompt groups failed since one was last generated or dropped
-        self._said: Counter = Counter()  # how often each failure text was shown (shown twice, then counted)
-        self.ledger = SampleLedger(run_dir.path / "ledger.jsonl" if run_dir is not None else None)
-        self.flows = GroupFlows.for_plan(plan, enabled=tracer.enabled)  # trace arrows: generation -> train step
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, resume_from: Path | None = None) -> RunState:
@@ -210,11 +183,10 @@ class Controller:
         self._loop = asyncio.get_running_loop()
         self._loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="ctl"))
         self._stop = asyncio.Event()
-        self._settled = asyncio.Event()  # a prompt group finished: generated, dropped or failed
         if self._fatal is not None:
             raise self._fatal
         tasks = {
-            asyncio.create_task(self._generation_loop(), name="generation"),
+            asyncio.create_task(self.generation.loop(), name="generation"),
             asyncio.create_task(self._training_loop(), name="training"),
             asyncio.create_task(self._stop.wait(), name="stop"),
         }
@@ -241,10 +213,11 @@ class Controller:
                 self._stop_reason = f"{type(named).__name__}: {named}"
                 raise
         finally:
-            in_flight = len(self._inflight)  # counted before cancelling: cancelled groups remove themselves
-            for task in (*tasks, *self._inflight.values()):
+            inflight = self.generation.inflight
+            in_flight = len(inflight)  # counted before cancelling: cancelled groups remove themselves
+            for task in (*tasks, *inflight.values()):
                 task.cancel()
-            await asyncio.gather(*tasks, *self._inflight.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, *inflight.values(), return_exceptions=True)
             self._write_end_state(in_flight)
 
     def _disk_full_message(self, err: BaseException) -> str:
@@ -289,9 +262,9 @@ class Controller:
             "groups_in_flight_at_stop": in_flight,
             "trajectories_buffered_at_stop": stats.buffered_trajectories,
             **{k: v for k, v in asdict(self.state).items() if k != "history"},
-            "groups_dropped_by_node": dict(self._dropped_by),
+            "groups_dropped_by_node": dict(self.generation.dropped_by),
             "process_restarts": dict(self._earlier_restarts + Counter(getattr(self.executor, "restarts", {}))),
-            "groups_untrained_at_stop": len(self._untrained),
+            "groups_untrained_at_stop": len(self.generation.untrained),
             "buffer": stats,
         }
         try:
@@ -328,186 +301,6 @@ class Controller:
                 return await self.executor.run(
                     name, batch, step=self.state.step, version=self.state.version, extra=extra
                 )
-
-    def _prompt_batch(self, prompts: Sequence[Any], group_ids: list[int]) -> PackedBatch:
-        return PackedBatch.from_sequences(
-            {"input_ids": [p.input_ids for p in prompts]},
-            seqs={"group_id": group_ids},
-            meta={
-                "answer": [p.answer for p in prompts],
-                "prompt_id": [p.id for p in prompts],
-                # what a rollout class may read besides the tokens (PromptLike): the prompt as text,
-                # and the question as the row gives it (an environment restates it)
-                "text": [str(getattr(p, "text", "")) for p in prompts],
-                "question": [str(getattr(p, "question", "")) for p in prompts],
-            },
-        )
-
-    # ------------------------------------------------------------------ generation side
-    async def _generation_loop(self) -> None:
-        G = self.group_size
-        while self.state.step < self.rt.steps:
-            await self.gate.wait_for_capacity(G)
-            if self.state.step >= self.rt.steps:
-                return
-            self.gate.on_submit(G)
-            gid = self.state.next_group_id
-            self.state.next_group_id += 1
-            if self.state.requeue:  # prompts a resumed checkpoint had not trained yet come first
-                pos = self.state.requeue.pop(0)
-            else:
-                pos = self.state.next_prompt
-                self.state.next_prompt += 1
-            self._untrained[gid] = pos
-            self.state.groups_submitted += 1
-            prompt = self.prompts[pos % len(self.prompts)]
-            self._inflight[gid] = asyncio.create_task(self._run_group(gid, prompt), name=f"group-{gid}")
-
-    async def _run_group(self, gid: int, prompt: Any) -> None:
-        G = self.group_size
-        try:
-            for attempt in range(GROUP_ATTEMPTS):
-                self.flows.attempt(gid, attempt)
-                try:
-                    outcome = await self._generate_group(gid, prompt)
-                    break
-                except (asyncio.CancelledError, NodeContractError):
-                    raise
-                except Exception as exc:  # a failed group is retried, then reported: never lost silently
-                    if attempt + 1 == GROUP_ATTEMPTS or self._fatal is not None:
-                        self._group_failed(gid, prompt, exc)
-                        return
-                    self.state.groups_retried += 1
-                    self._say_once(
-                        logging.WARNING,
-                        exc,
-                        "prompt group %d failed (%s); retrying (attempt %d)",
-                        gid,
-                        exc,
-                        attempt + 2,
-                    )
-            self._failed_in_a_row = 0
-            for name, n in outcome.groups_dropped.items():
-                self._dropped_by[name] = self._dropped_by.get(name, 0) + n
-            self._gen_stats.add(outcome.stats)
-            if outcome.batch is None:
-                self.gate.on_reject(G)
-                self.state.groups_dropped += 1
-                self._settle(gid, prompt, "dropped")
-            else:
-                self.gate.on_accept(G)
-                self.state.groups_finished += 1
-                self.buffer.put(outcome.batch)
-                self.flows.accepted(gid)
-                self._record(gid, prompt, "generated")
-            self._settled.set()
-        except NodeContractError as err:
-            self.gate.on_reject(G)
-            self.on_failure(f"{err}")
-        except OSError as err:  # the ledger's write: a full disk stops the run, said as such
-            if not is_disk_full(err):
-                raise
-            self.on_failure(self._disk_full_message(err))
-        finally:
-            if self._inflight.get(gid) is asyncio.current_task():
-                del self._inflight[gid]
-
-    def _group_failed(self, gid: int, prompt: Any, exc: Exception) -> None:
-        """Count the group as failed (never lost silently); stop the run when groups keep failing."""
-        self.gate.on_reject(self.group_size)
-        self.state.groups_failed += 1
-        self._settle(gid, prompt, "failed")
-        self._settled.set()
-        self._say_once(
-            logging.ERROR,
-            exc,
-            "prompt group %d (prompt %s) failed %d times, dropped and counted: %s",
-            gid,
-            prompt.id,
-            GROUP_ATTEMPTS,
-            exc,
-        )
-        self._failed_in_a_row += 1
-        if self._failed_in_a_row == FAILED_GROUPS_IN_A_ROW:
-            self.on_failure(
-                f"{FAILED_GROUPS_IN_A_ROW} prompt groups in a row failed, each tried {GROUP_ATTEMPTS} "
-                f"times; the last: {exc}"
-            )
-
-    def _say_once(self, level: int, exc: Exception, fmt: str, *args: Any) -> None:
-        """A group's failure (`exc`) on the console the first two times this message meets this
-        error, then once more to say the rest are only counted (rollout/groups_failed,
-        end_state.json) and logged at debug level: with 64 groups in flight, a node that always
-        fails would otherwise print a line per group and attempt before the run stops."""
-        key = (fmt, str(exc))
-        self._said[key] += 1
-        n = self._said[key]
-        if n <= 2:
-            log.log(level, fmt, *args)
-        elif n == 3:
-            log.log(level, fmt + " (the same failure again: further ones are counted, not shown)", *args)
-        else:
-            log.debug(fmt, *args)
-
-    def _record(self, gid: int, prompt: Any, event: str) -> None:
-        self.ledger.record(
-            event, gid, self._untrained.get(gid, -1), getattr(prompt, "id", prompt), self.state.step, self.state.version
-        )
-
-    def _source_of(self, gid: int) -> str:
-        """The data source of a group's prompt ("" when the dataset names none); eval groups
-        have ids -len(eval_prompts)..-1."""
-        if gid < 0:
-            prompt = self.eval_prompts[gid + len(self.eval_prompts)] if -gid <= len(self.eval_prompts) else None
-        else:
-            pos = self._untrained.get(gid, -1)
-            prompt = self.prompts[pos % len(self.prompts)] if pos >= 0 else None
-        return str(getattr(prompt, "source", "") or "")
-
-    def _settle(self, gid: int, prompt: Any, event: str) -> None:
-        """A group's last event: it will never be trained (or just was)."""
-        self._record(gid, prompt, event)
-        self._untrained.pop(gid, None)
-        self.flows.settled(gid)
-
-    def _settle_trained(self, batch: PackedBatch | None, taken: PackedBatch) -> None:
-        """Every group taken for this step is settled: trained, or dropped by a training-side filter."""
-        trained = set(batch["group_id"].tolist()) if batch is not None and "group_id" in batch else set()
-        for gid in dict.fromkeys(taken["group_id"].tolist()):
-            pos = self._untrained.get(gid, -1)
-            self._settle(
-                gid,
-                self.prompts[pos % len(self.prompts)] if pos >= 0 else gid,
-                "trained" if gid in trained else "dropped",
-            )
-
-    def _group_seed(self, gid: int) -> dict[str, Any] | None:
-        """Sampling seed of a group: from the run's seed and the group's place in the prompt
-        stream, unless the workflow fixes one. A group's answers then depend on the weights
-        alone, not on which process drew them or when: a retried or resumed group is
-        generated exactly as it would have been (the rollout gives answer j seed + 1000 j)."""
-        sampling = getattr(self.plan.node(self.plan.source).params, "sampling", None)
-        if sampling is None or getattr(sampling, "seed", 0) is not None:
-            return None
-        pos = self._untrained.get(gid, gid)
-        return {"sampling": {"seed": (self.rt.seed % (1 << 20)) * (1 << 40) + pos * (1 << 16)}}
-
-    async def _generate_group(self, gid: int, prompt: Any):
-        batch = (
-            await self._generation_call(
-                self.plan.source, self._prompt_batch([prompt], [gid]), extra=self._group_seed(gid)
-            )
-        ).batch
-        return await run_phase(self.plan, self.plan.generation, batch, self._generation_call)
-
-    async def _generation_call(self, name: str, batch: PackedBatch, extra: dict[str, Any] | None = None) -> NodeResult:
-        try:
-            return await self._call(name, batch, extra)
-        except (asyncio.CancelledError, NodeContractError):
-            raise
-        except Exception as exc:
-            fn = getattr(self.plan.node(name).params, "fn", None)  # a function or reward node's code
-            raise NodeFailed(name, self.plan.kind(name).name + (f" {fn}" if isinstance(fn, str) else ""), exc) from exc
 
     # ------------------------------------------------------------------ training side
     async def _training_loop(self) -> None:
@@ -566,8 +359,8 @@ class Controller:
         self.state.step += 1
         self.state.trajectories_trained += trained
         if "group_id" in taken:  # ledger: the groups of step N are "trained" at step N
-            self._settle_trained(trained_batch, taken)
-        self.gate.set_version(self.state.version)  # admits the rollouts the new version allows
+            self.generation.settle_trained(trained_batch, taken)
+        self.generation.gate.set_version(self.state.version)  # admits the rollouts the new version allows
 
     def _steer(self, stats: dict[str, float], trained: int, buffered: int) -> None:
         """runtime.autopilot: feed this step to the concurrency autopilot; apply what it decides."""
@@ -577,7 +370,7 @@ class Controller:
         )
         if limit is not None:
             decision = self.autopilot.decisions[-1]
-            self.gate.set_max_concurrent(limit)
+            self.generation.gate.set_max_concurrent(limit)
             now = time.perf_counter()
             self.tracer.record(
                 "autopilot",
@@ -601,22 +394,21 @@ class Controller:
     async def _next_batch(self, batch_size: int) -> PackedBatch:
         """The next B trajectories: the oldest-submitted untrained groups, waiting for them.
 
-        Why submission order, not the first groups to finish: the gate admits a group at
-        version v only while at most (v + eta + 1) B trajectories are admitted, so the k-th
-        group trained in submission order is trained by step v + eta at the latest: the bound
-        holds exactly, whatever order groups finish in. Taking whichever groups finish first
+        Which groups are due is `staleness_rule.due_groups` (the simulator's rule too), which
+        says why submission order, not the first groups to finish: taking whichever finish first
         lets a slow old group be overtaken until it is trained more than eta versions late.
         The trainer waits only for a group that is due; groups dropped by a filter or failed
-        leave the queue and the next ones move up."""
+        leave the queue and the next ones move up (group ids grow in submission order)."""
         wanted = batch_size // self.group_size
+        generation = self.generation
         while True:
-            self._settled.clear()
-            due = sorted(self._untrained)[:wanted]
-            if len(due) == wanted:
+            generation.settled.clear()
+            due = staleness_rule.due_groups(sorted(generation.untrained), wanted)
+            if due is not None:
                 batch = self.buffer.take_groups(due)
                 if batch is not None:
                     return batch
-            await self._settled.wait()
+            await generation.settled.wait()
 
     def _timed_call(self, stats: dict[str, float]):
         async def call(name: str, batch: PackedBatch) -> NodeResult:
@@ -656,7 +448,7 @@ class Controller:
                         "reward",
                         "mean",
                         batch["rewards"].float().tolist(),
-                        [self._source_of(g) for g in batch["group_id"].tolist()],
+                        [self.generation.source_of(g) for g in batch["group_id"].tolist()],
                     )
                 )
         if "seq_no_eos" in batch:
@@ -685,13 +477,13 @@ class Controller:
         with self.tracer.span("eval", cat="eval", version=self.state.version):
             # a failing node stops the run here with its name (no retries: this is not training data)
             batch = (
-                await self._generation_call(
+                await self.generation.generation_call(
                     self.plan.source,
-                    self._prompt_batch(self.eval_prompts, gids),
+                    self.generation.prompt_batch(self.eval_prompts, gids),
                     extra={"group_size": 1, "sampling": greedy},
                 )
             ).batch
-            outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self._generation_call)
+            outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self.generation.generation_call)
         if outcome.batch is None:
             return {}
         out = {f"eval/{k}": float(outcome.batch[k].float().mean()) for n in scorers for k in self.plan.node(n).writes}
@@ -706,7 +498,7 @@ class Controller:
                     "eval",
                     "accuracy",
                     (outcome.batch[first].float() > 0.5).float().tolist(),
-                    [self._source_of(g) for g in outcome.batch["group_id"].tolist()],
+                    [self.generation.source_of(g) for g in outcome.batch["group_id"].tolist()],
                 )
             )
         out.update(tool_call_stats(outcome.batch, "eval"))
@@ -727,7 +519,7 @@ class Controller:
             state = asdict(self.state)
             # not yet trained: still to resubmit, in flight, or buffered (generated by weights
             # that will not exist after a resume: regenerated rather than trained stale)
-            state["requeue"] = sorted({*self.state.requeue, *self._untrained.values()})
+            state["requeue"] = sorted({*self.state.requeue, *self.generation.untrained.values()})
             # same moment as the state above: ledger events before this line are in the checkpoint
             self.ledger.record("checkpoint", -1, -1, path.name, self.state.step, self.state.version)
             (path / "controller_state.json").write_text(json.dumps(state))
@@ -759,6 +551,7 @@ class Controller:
         with self.run_dir.reading_checkpoint(ckpt):  # no prune deletes it under the load
             data = json.loads((ckpt / "controller_state.json").read_text())
             self.state = RunState(**data)
+            self.generation.state = self.state  # one RunState, which the generation side advances too
             self._earlier_restarts = earlier_restarts(self.run_dir)
             await self.executor.load_checkpoint(ckpt)
         self._resumed_from = ckpt
@@ -766,7 +559,7 @@ class Controller:
         if self.state.version > 0:
             await self.executor.sync_weights(self.state.version)
         # Trajectories trained before the checkpoint count as accepted, so the bound stays exact.
-        self.gate.restore(self.state.version, self.state.trajectories_trained)
+        self.generation.gate.restore(self.state.version, self.state.trajectories_trained)
         dropped = self.run_dir.truncate_metrics(self.state.step)
         self.ledger.record("resumed", -1, -1, ckpt.name, self.state.step, self.state.version)
         for pos in self.state.requeue:
@@ -789,17 +582,19 @@ class Controller:
 
     def _log_step(self, stats: dict[str, float], dropped_in_training: int) -> None:
         stats = {k: float(v) for k, v in stats.items()}
-        stats.update(self._gen_stats.take())  # e.g. reward/failures summed, rm_score/mean averaged, since the last step
+        stats.update(
+            self.generation.stats.take()
+        )  # e.g. reward/failures summed, rm_score/mean averaged, since the last step
         stats.update(
             {
                 "step": self.state.step,
                 "version": self.state.version,
                 "buffer/size": float(self.buffer.size()),
-                "rollout/groups_in_flight": float(len(self._inflight)),
+                "rollout/groups_in_flight": float(len(self.generation.inflight)),
                 "rollout/groups_failed": float(self.state.groups_failed),
                 "groups/dropped": float(self.state.groups_dropped),
                 "groups/dropped_in_training": float(dropped_in_training),
-                **{f"{name}/groups_dropped_total": float(n) for name, n in self._dropped_by.items()},
+                **{f"{name}/groups_dropped_total": float(n) for name, n in self.generation.dropped_by.items()},
             }
         )
         self.run_dir.log_metrics(self.state.step, stats)

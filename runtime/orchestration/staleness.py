@@ -6,6 +6,8 @@ running *in total, since the start of the run*; capacity for new requests is
 
     min(max_concurrent - running, (eta + v + 1) * B - (accepted + running))
 
+(both formulas are `staleness_rule.py`'s functions, which perfmodel/simulator.py calls too).
+
 Why a running total: the trainer consumes B accepted trajectories per version, so the rule
 caps how far generation may run ahead of training (at most eta versions). A trajectory that
 finished but was dropped (`on_reject`: failed, filtered) gives its slot back: it is neither
@@ -28,6 +30,7 @@ import threading
 import torch
 
 from areal_graph.data.packed import token_seq_ids
+from areal_graph.runtime.orchestration import staleness_rule
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class StalenessGate:
     # ------------------------------------------------------------------ queries
     def bound(self, version: int | None = None) -> int:
         v = self._version if version is None else version
-        return (self.max_staleness + v + 1) * self.batch_size
+        return staleness_rule.staleness_bound(self.max_staleness, v, self.batch_size)
 
     def capacity(self) -> int:
         """How many new trajectories may be submitted now (never negative)."""
@@ -63,8 +66,7 @@ class StalenessGate:
             return self._capacity_locked()
 
     def _capacity_locked(self) -> int:
-        cap = min(self.max_concurrent - self._running, self.bound() - (self._accepted + self._running))
-        return max(cap, 0)
+        return staleness_rule.admissible(self.max_concurrent, self._running, self._accepted, self.bound())
 
     @property
     def version(self) -> int:
@@ -139,7 +141,7 @@ class StalenessGate:
 
     # ------------------------------------------------------------------ waiting
     def _max_admissible(self) -> int:
-        return min(self.max_concurrent, (self.max_staleness + 1) * self.batch_size)
+        return min(self.max_concurrent, staleness_rule.staleness_bound(self.max_staleness, 0, self.batch_size))
 
     async def wait_for_capacity(self, n: int = 1) -> None:
         """Wait (without blocking the event loop) until `n` trajectories can be submitted.

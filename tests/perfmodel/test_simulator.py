@@ -1,5 +1,6 @@
 """perfmodel/simulator.py against a step computed by hand, and the controller's invariants
-(the staleness bound, synchronous RL at eta 0, concurrency) over many settings."""
+(the staleness bound, synchronous RL at eta 0, concurrency) over many settings; the simulator
+admits and picks groups by the gate's own rule (runtime/orchestration/staleness_rule.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 
 from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.fits import LinearFit
-from areal_graph.perfmodel.simulator import ADMIT_WAIT_S, SimConfig, simulate
+from areal_graph.perfmodel.simulator import ADMIT_WAIT_S, SimConfig, Simulation, simulate
+from areal_graph.runtime.orchestration import staleness_rule
+from areal_graph.runtime.orchestration.staleness import StalenessGate
 
 
 def _costs(
@@ -115,3 +118,69 @@ def test_pinning_the_trainer_onto_the_engines_core_slows_both():
     crowded = _cfg(max_staleness=2, inference=SidePlacement([0], 1), training=SidePlacement([0], 1))
     a, b = simulate(spread_out, costs, passes=1), simulate(crowded, costs, passes=1)
     assert b.steps_window_s > a.steps_window_s * 1.2
+
+
+def _capacities(cfg: SimConfig) -> list[tuple[int, int]]:
+    """(the gate's capacity, the simulation's) in every state the gate can reach: at versions
+    0-2, with accepted and running trajectories in whole groups, as far as the gate admits them."""
+    sim = Simulation(cfg, _costs())
+    G, out = cfg.group_size, []
+    for version in range(3):
+        for accepted in range(0, 4 * cfg.batch_size, G):
+            for running in range(0, cfg.max_concurrent + G, G):
+                gate = StalenessGate(cfg.batch_size, cfg.max_staleness, cfg.max_concurrent)
+                gate.restore(version, accepted)
+                if accepted + running > gate.bound():
+                    continue  # on_submit would refuse it: not a state of the run
+                gate.on_submit(running)
+                sim.version, sim.accepted, sim.running = version, accepted, running
+                out.append((gate.capacity(), sim.capacity()))
+    return out
+
+
+RULES = {
+    "as shipped": {},
+    "a bound without eta": {"staleness_bound": lambda eta, version, batch: (version + 1) * batch},
+    "one group fewer": {
+        "admissible": lambda mc, running, accepted, bound: max(min(mc - running, bound - (accepted + running)) - 4, 0)
+    },
+}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_simulator_admits_exactly_what_the_gate_admits_whatever_the_rule(monkeypatch, rule):
+    """The gate and the simulator share one rule: change it (here, swapped in staleness_rule) and
+    both follow, state by state. A simulator that re-typed the formula would keep the old one."""
+    cfg = _cfg(batch_size=8, max_staleness=1, max_concurrent=12)
+    shipped = _capacities(cfg)
+    for name, fn in RULES[rule].items():
+        monkeypatch.setattr(staleness_rule, name, fn)
+    caps = _capacities(cfg)
+    assert len(caps) > 10 and all(gate == sim for gate, sim in caps), caps
+    assert (caps == shipped) == (rule == "as shipped")  # each swapped rule changes what is admitted
+
+
+def test_a_rule_without_eta_makes_the_simulated_run_synchronous(monkeypatch):
+    """The swapped bound reaches the whole simulated run: eta 2 trains nothing stale."""
+    stale = simulate(_cfg(max_staleness=2), _costs(), passes=1)
+    monkeypatch.setattr(staleness_rule, "staleness_bound", RULES["a bound without eta"]["staleness_bound"])
+    assert StalenessGate(4, 2, 64).bound() == 4
+    sync = simulate(_cfg(max_staleness=2), _costs(), passes=1)
+    assert stale.staleness_max > 0 and sync.staleness_max == 0
+    assert sync.step_bound == {"generation": 10, "training": 0}
+
+
+def test_the_simulated_trainer_picks_its_groups_by_the_controllers_rule(monkeypatch):
+    """`_next_batch` (submission order) is `staleness_rule.due_groups`, as the controller's is
+    (tests/runtime/orchestration/test_controller.py checks that side)."""
+    calls = []
+    due_groups = staleness_rule.due_groups
+
+    def recording(untrained, wanted):
+        calls.append(([g.gid for g in untrained], wanted))
+        return due_groups(untrained, wanted)
+
+    monkeypatch.setattr(staleness_rule, "due_groups", recording)
+    simulate(_cfg(batch_size=8, max_staleness=1), _costs(), passes=1)
+    assert len(calls) >= 10 and {wanted for _, wanted in calls} == {2}
+    assert all(gids == sorted(gids) for gids, _ in calls)  # submission order

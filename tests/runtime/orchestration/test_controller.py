@@ -16,6 +16,7 @@ from areal_graph.graph.loader import load_workflow_text
 from areal_graph.graph.plan import build_plan
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.observability.tracing import NullTracer
+from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.controller import Controller, RunFailed
 from areal_graph.runtime.orchestration.executor import InProcessExecutor
 from support import fake_kinds
@@ -172,7 +173,7 @@ def test_a_node_that_does_not_write_its_declared_key_stops_the_run_by_name(tmp_p
 def test_a_node_that_always_fails_stops_the_run_naming_it(tmp_path):
     """Retrying each group and taking the next prompt would go on forever: after
     FAILED_GROUPS_IN_A_ROW failed groups the run stops with the node, its code and the error."""
-    from areal_graph.runtime.orchestration.controller import FAILED_GROUPS_IN_A_ROW, GROUP_ATTEMPTS
+    from areal_graph.runtime.orchestration.generation import FAILED_GROUPS_IN_A_ROW, GROUP_ATTEMPTS
 
     with pytest.raises(
         RunFailed,
@@ -228,6 +229,23 @@ def test_a_slow_old_group_is_waited_for_not_overtaken_past_eta(tmp_path, eta):
     assert max(staleness) <= eta, staleness
     trained = [g for b in batches for g in dict.fromkeys(b["group_ids"])]
     assert trained == sorted(trained) == list(range(16))  # submission order, every group once
+
+
+def test_the_trainer_picks_its_groups_by_the_rule_the_simulator_uses(tmp_path, monkeypatch):
+    """`Controller._next_batch` asks `staleness_rule.due_groups` (as perfmodel/simulator.py does,
+    tests/perfmodel/test_simulator.py) which groups are due: swap the rule and the run follows.
+    Here the swapped rule takes one group fewer than asked: every step trains one group (G = 4)."""
+    calls = []
+    due_groups = staleness_rule.due_groups
+
+    def one_fewer(untrained, wanted):
+        calls.append((list(untrained), wanted))
+        return due_groups(untrained, wanted - 1)
+
+    monkeypatch.setattr(staleness_rule, "due_groups", one_fewer)
+    run(tmp_path, eta=1, steps=4)
+    assert [len(b["sample_ids"]) for b in fake_kinds.HOSTS["train"].batches] == [4] * 4
+    assert {wanted for _, wanted in calls} == {2} and all(gids == sorted(gids) for gids, _ in calls)
 
 
 # ------------------------------------------------------------------------------ lossless resume

@@ -1,4 +1,5 @@
-"""StalenessGate: the (eta + v + 1) * B bound under random interleavings, eta = 0 is synchronous."""
+"""StalenessGate: the (eta + v + 1) * B bound under random interleavings, eta = 0 is synchronous;
+the rule's pure functions (staleness_rule.py) by hand."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
 
 
@@ -103,6 +105,16 @@ def test_capacity_formula_by_hand():
         g.on_submit(8)
     with pytest.raises(RuntimeError, match="only 0 were running"):
         g.on_accept(1)
+
+
+def test_the_rule_by_hand():
+    """The functions the gate and perfmodel/simulator.py share: the bound, what may be admitted
+    (never negative), and which groups a step takes (the first in submission order, or none)."""
+    assert staleness_rule.staleness_bound(max_staleness=1, version=2, batch_size=4) == 16  # (1 + 2 + 1) * 4
+    assert staleness_rule.admissible(max_concurrent=6, running=1, accepted=5, bound=8) == 2  # min(5, 2)
+    assert staleness_rule.admissible(max_concurrent=6, running=4, accepted=8, bound=8) == 0  # not -4
+    assert staleness_rule.due_groups([3, 5, 6], 2) == [3, 5]
+    assert staleness_rule.due_groups([3], 2) is None
 
 
 def test_resume_like_the_controller():
