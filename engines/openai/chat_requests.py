@@ -24,6 +24,20 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_graph.engines.openai.fields import (
+    OpenAIRequestError,
+    as_object,
+    bool_field,
+    function_tools,
+    int_field,
+    is_int,
+    is_number,
+    optional_int,
+    parts_text,
+    refuse_unknown,
+    response_format,
+)
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -42,6 +56,8 @@ MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; /v1/completions' legacy `logprobs` allows 5, we allow 20
 MAX_PROMPTS = 64  # prompts in one batched /v1/completions request
 ROLES = ("system", "developer", "user", "assistant", "tool")
+_TEXT_KINDS = ("text", "input_text")  # input_text: Responses-API style
+_MEDIA_KINDS = ("image_url", "input_image", "input_audio", "file", "audio")
 
 _COMMON = {
     "model",
@@ -117,24 +133,6 @@ def _ignore_harmless(body: dict) -> None:
             del body[key]
 
 
-class OpenAIRequestError(ValueError):
-    """A request refused with an OpenAI-shaped error: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
 @dataclass
 class SamplingRequest:
     """The sampling part shared by both endpoints (None: not given, the default applies)."""
@@ -183,51 +181,12 @@ class CompletionRequest(SamplingRequest):
     return_token_ids: bool = False
 
 
-# --------------------------------------------------------------------------- scalar checks
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _int(body: dict, key: str, lo: int, hi: int | None, default: int) -> int:
-    value = _optional_int(body, key, lo, hi)
-    return default if value is None else value
-
-
-def _optional_int(body: dict, key: str, lo: int, hi: int | None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not _is_int(value) or value < lo or (hi is not None and value > hi):
-        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise OpenAIRequestError(f"'{key}' must be an integer {bound}, got {value!r}", key)
-    return value
-
-
-def _bool(body: dict, key: str, default: bool = False) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise OpenAIRequestError(f"'{key}' must be a boolean, got {value!r}", key)
-    return value
-
-
 def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
     if not isinstance(body, dict):
         raise OpenAIRequestError("the request body must be a JSON object")
     body = dict(body)
     _ignore_harmless(body)
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise OpenAIRequestError(
-            f"unsupported parameter(s) {unknown} for {endpoint}; this server takes {sorted(allowed)} "
-            "(logit_bias empty only)",
-            unknown[0],
-        )
+    refuse_unknown(body, allowed, endpoint, " (logit_bias empty only)")
     if body.get("logit_bias"):
         raise OpenAIRequestError("'logit_bias' is not supported by this server (only empty)", "logit_bias")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
@@ -243,22 +202,22 @@ def _check_fields(body: Any, allowed: set[str], endpoint: str) -> dict:
 
 
 def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None = None) -> None:
-    request.n = _int(body, "n", 1, MAX_N, 1)
+    request.n = int_field(body, "n", 1, MAX_N, 1)
     t = body.get("temperature")
-    if t is not None and (not _is_number(t) or not 0 <= t <= 2):
+    if t is not None and (not is_number(t) or not 0 <= t <= 2):
         raise OpenAIRequestError(f"'temperature' must be a number in [0, 2], got {t!r}", "temperature")
     request.temperature = None if t is None else float(t)
     p = body.get("top_p")
-    if p is not None and (not _is_number(p) or not 0 < p <= 1):
+    if p is not None and (not is_number(p) or not 0 < p <= 1):
         raise OpenAIRequestError(f"'top_p' must be a number in (0, 1], got {p!r}", "top_p")
     request.top_p = None if p is None else float(p)
     k = body.get("top_k")
-    if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
+    if k is not None and (not is_int(k) or (k < 1 and k != -1)):
         raise OpenAIRequestError(f"'top_k' must be -1 (off) or an integer >= 1, got {k!r}", "top_k")
     request.top_k = k
-    request.max_tokens = _optional_int(body, "max_tokens", 1, None)
+    request.max_tokens = optional_int(body, "max_tokens", 1, None)
     if max_tokens_key is not None and body.get(max_tokens_key) is not None:
-        request.max_tokens = _optional_int(body, max_tokens_key, 1, None)  # the newer name wins
+        request.max_tokens = optional_int(body, max_tokens_key, 1, None)  # the newer name wins
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -267,16 +226,16 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
     if stop is not None and len(stop) > MAX_STOP:
         raise OpenAIRequestError(f"'stop' takes at most {MAX_STOP} sequences, got {len(stop)}", "stop")
     request.stop = list(stop or [])
-    request.seed = _optional_int(body, "seed", -(2**63), 2**64 - 1)
-    request.ignore_eos = _bool(body, "ignore_eos")
+    request.seed = optional_int(body, "seed", -(2**63), 2**64 - 1)
+    request.ignore_eos = bool_field(body, "ignore_eos")
     for key, lo, hi in (("frequency_penalty", -2.0, 2.0), ("presence_penalty", -2.0, 2.0)):
         v = body.get(key)
-        if v is not None and (not _is_number(v) or not lo <= v <= hi):
+        if v is not None and (not is_number(v) or not lo <= v <= hi):
             raise OpenAIRequestError(f"'{key}' must be a number in [{lo:g}, {hi:g}], got {v!r}", key)
         if v is not None:
             setattr(request, key, float(v))
     rp = body.get("repetition_penalty")
-    if rp is not None and (not _is_number(rp) or not 0 < rp < float("inf")):
+    if rp is not None and (not is_number(rp) or not 0 < rp < float("inf")):
         raise OpenAIRequestError(
             f"'repetition_penalty' must be a number > 0 (1 is off), got {rp!r}", "repetition_penalty"
         )
@@ -285,7 +244,7 @@ def _sampling(body: dict, request: SamplingRequest, max_tokens_key: str | None =
 
 
 def _stream(body: dict) -> tuple[bool, bool]:
-    stream = _bool(body, "stream")
+    stream = bool_field(body, "stream")
     options = body.get("stream_options")
     if options is None:
         return stream, False
@@ -294,7 +253,7 @@ def _stream(body: dict) -> tuple[bool, bool]:
     if not isinstance(options, dict):
         raise OpenAIRequestError("'stream_options' must be an object", "stream_options")
     # other keys (include_obfuscation, ...) shape the stream's framing, never the text: ignored
-    return stream, _bool(options, "include_usage")
+    return stream, bool_field(options, "include_usage")
 
 
 # --------------------------------------------------------------------------- chat
@@ -304,16 +263,16 @@ def parse_chat_request(body: Any) -> ChatRequest:
     request = ChatRequest(model=body["model"])
     _sampling(body, request, "max_completion_tokens")
     request.messages = normalize_messages(body.get("messages"))
-    request.tools = _tools(body.get("tools"))
+    request.tools = function_tools(body.get("tools"))
     request.tool_choice = _tool_choice(body.get("tool_choice"), request.tools)
-    request.parallel_tool_calls = _bool(body, "parallel_tool_calls", True)
-    request.logprobs = _bool(body, "logprobs")
-    request.top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
+    request.parallel_tool_calls = bool_field(body, "parallel_tool_calls", True)
+    request.logprobs = bool_field(body, "logprobs")
+    request.top_logprobs = int_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
     if request.top_logprobs and not request.logprobs:
         raise OpenAIRequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    request.response_format = _response_format(body.get("response_format"))
+    request.response_format = response_format(body.get("response_format"))
     request.stream, request.include_usage = _stream(body)
-    request.return_token_ids = _bool(body, "return_token_ids")
+    request.return_token_ids = bool_field(body, "return_token_ids")
     return request
 
 
@@ -329,10 +288,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         raise OpenAIRequestError("'messages' must be a non-empty list", "messages")
     out = []
     for i, raw in enumerate(messages):
-        if hasattr(raw, "model_dump"):
-            raw = raw.model_dump(exclude_none=True)
-        if not isinstance(raw, dict):
-            raise OpenAIRequestError(f"messages[{i}] must be an object, got {type(raw).__name__}", f"messages[{i}]")
+        raw = as_object(raw, f"messages[{i}]")
         role = raw.get("role")
         if role not in ROLES:
             raise OpenAIRequestError(
@@ -356,23 +312,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 def _content(content: Any, where: str) -> str | None:
     if content is None or isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise OpenAIRequestError(f"{where} must be a string or a list of content parts", where)
-    texts = []
-    for k, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("text", "input_text") and isinstance(part.get("text"), str):  # input_text: Responses-API style
-            texts.append(part["text"])
-        elif kind in ("image_url", "input_image", "input_audio", "file", "audio"):
-            raise OpenAIRequestError(
-                f"{where}[{k}]: content of type {kind!r} is not supported: this server serves a text-only model",
-                f"{where}[{k}]",
-            )
-        else:
-            raise OpenAIRequestError(
-                f'{where}[{k}] must be {{"type": "text", "text": ...}}, got {part!r:.80}', f"{where}[{k}]"
-            )
-    return "".join(texts)
+    return parts_text(content, where, _TEXT_KINDS, _MEDIA_KINDS, '{"type": "text", "text": ...}')
 
 
 def _message_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
@@ -397,33 +337,6 @@ def _message_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise OpenAIRequestError("'tools' must be a list", "tools")
-    for k, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise OpenAIRequestError(
-                f"tools[{k}]: only tools of type 'function' are supported, got {kind!r}", f"tools[{k}]"
-            )
-        fn = tool.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise OpenAIRequestError(f"tools[{k}].function needs a 'name'", f"tools[{k}].function")
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise OpenAIRequestError(
-                f"tools[{k}].function.parameters must be a JSON Schema object", f"tools[{k}].function.parameters"
-            )
-        if not isinstance(fn.get("strict", False), (bool, type(None))):
-            raise OpenAIRequestError(f"tools[{k}].function.strict must be a boolean", f"tools[{k}].function.strict")
-    names = [t["function"]["name"] for t in tools]
-    if len(set(names)) != len(names):
-        raise OpenAIRequestError(f"tools: function names must be unique, got {names}", "tools")
-    return tools
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
@@ -451,38 +364,12 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, An
     )
 
 
-def _response_format(value: Any) -> dict[str, Any] | None:
-    """None (text), {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict):
-            raise OpenAIRequestError(
-                "response_format.json_schema must be an object with a 'schema'", "response_format.json_schema"
-            )
-        schema = spec.get("schema", {})
-        if not isinstance(schema, (dict, bool)):
-            raise OpenAIRequestError(
-                "response_format.json_schema.schema must be a JSON Schema object", "response_format.json_schema.schema"
-            )
-        return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
-    raise OpenAIRequestError(
-        f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "response_format"
-    )
-
-
 # --------------------------------------------------------------------------- completions
 def parse_completion_request(body: Any) -> CompletionRequest:
     """Check a /v1/completions body; raise OpenAIRequestError naming what is not supported."""
     body = _check_fields(body, COMPLETION_FIELDS, "/v1/completions")
     request = CompletionRequest(model=body["model"])
-    request.echo = _bool(body, "echo")
+    request.echo = bool_field(body, "echo")
     # echo with max_tokens 0 scores the prompt alone (log-likelihood evaluations)
     score_only = request.echo and body.get("max_tokens") == 0
     _sampling({k: v for k, v in body.items() if k != "max_tokens"} if score_only else body, request)
@@ -497,7 +384,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
             f"server takes in one request ({MAX_PROMPTS})",
             "prompt",
         )
-    request.logprobs = _optional_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    request.logprobs = optional_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     if body.get("suffix") is not None:
         raise OpenAIRequestError("'suffix' (insertion) is not supported by this server", "suffix")
     best_of = body.get("best_of")
@@ -506,7 +393,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     request.stream, request.include_usage = _stream(body)
     if request.echo and request.stream:
         raise OpenAIRequestError("'echo' with 'stream' is not built yet: ask without streaming", "echo")
-    request.return_token_ids = _bool(body, "return_token_ids")
+    request.return_token_ids = bool_field(body, "return_token_ids")
     return request
 
 
@@ -514,14 +401,14 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     """`prompt` as a list of prompts: text, a list of texts, token ids, or a list of token-id lists."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         prompts = [list(prompt)]
     elif isinstance(prompt, list) and prompt:
         prompts = list(prompt)
     else:
         raise OpenAIRequestError("'prompt' must be a non-empty string, list of strings, or list of token ids", "prompt")
     for k, p in enumerate(prompts):
-        ok = (isinstance(p, str) and p) or (isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p))
+        ok = (isinstance(p, str) and p) or (isinstance(p, list) and p and all(is_int(t) and t >= 0 for t in p))
         if not ok:
             raise OpenAIRequestError(
                 f"prompt[{k}] must be a non-empty string or a non-empty list of token ids", "prompt"

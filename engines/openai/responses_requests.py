@@ -18,16 +18,21 @@ refused is listed in `docs/openai_parameters.md`; errors name the Responses fiel
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_graph.engines.openai.chat_requests import (
-    MAX_TOP_LOGPROBS,
-    ChatRequest,
+from areal_graph.engines.openai.chat_requests import MAX_TOP_LOGPROBS, ChatRequest, parse_chat_request
+from areal_graph.engines.openai.fields import (
     OpenAIRequestError,
-    parse_chat_request,
+    as_object,
+    bool_field,
+    function_tools,
+    is_int,
+    optional_int,
+    parts_text,
+    refuse_unknown,
+    response_format,
 )
 
 log = logging.getLogger(__name__)
@@ -95,7 +100,8 @@ _INCLUDABLE = {
     "code_interpreter_call.outputs",
 }
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
-_TEXT_PARTS = ("input_text", "output_text", "text")
+_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 _noted: set[str] = set()
 
 
@@ -135,12 +141,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     if not isinstance(body, dict):
         raise OpenAIRequestError("the request body must be a JSON object")
     body = _drop_ignored(dict(body))
-    unknown = sorted(set(body) - RESPONSES_FIELDS)
-    if unknown:
-        raise OpenAIRequestError(
-            f"unsupported parameter(s) {unknown} for /v1/responses; this server takes {sorted(RESPONSES_FIELDS)}",
-            unknown[0],
-        )
+    refuse_unknown(body, RESPONSES_FIELDS, "/v1/responses")
     for key, (neutral, why) in _NEUTRAL_ONLY.items():
         if body.get(key) not in (None, neutral):
             raise OpenAIRequestError(f"'{key}' is not supported by this server: {why}", key)
@@ -151,11 +152,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
             "conversation longer than the context is refused with context_length_exceeded)",
             "truncation",
         )
-    max_tool_calls = body.get("max_tool_calls")
-    if max_tool_calls is not None and (not isinstance(max_tool_calls, int) or max_tool_calls < 1):
-        raise OpenAIRequestError(
-            f"'max_tool_calls' must be an integer >= 1, got {max_tool_calls!r}", "max_tool_calls"
-        )  # built-in tools only: this server has none
+    optional_int(body, "max_tool_calls", 1, None)  # built-in tools only: this server has none
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise OpenAIRequestError("'instructions' must be a string", "instructions")
@@ -165,7 +162,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     items = input_items(body.get("input"), allow_empty=previous is not None)
     messages = items_to_messages(items)
     include = _include(body.get("include"))
-    tools = _function_tools(body.get("tools"))
+    tools = function_tools(body.get("tools"), flat=True)
     top_logprobs = body.get("top_logprobs")
     chat_body: dict[str, Any] = {
         "model": body.get("model"),
@@ -181,7 +178,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         "tool_choice": _tool_choice(body.get("tool_choice")),
         "parallel_tool_calls": body.get("parallel_tool_calls"),
         "response_format": _text_format(body.get("text")),
-        "max_completion_tokens": _max_output_tokens(body.get("max_output_tokens")),
+        "max_completion_tokens": optional_int(body, "max_output_tokens", 1, None),
         "logprobs": INCLUDE_LOGPROBS in include or None,
         "top_logprobs": top_logprobs if top_logprobs else None,
         "stream": body.get("stream"),
@@ -189,9 +186,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         "user": body.get("user"),
         **{k: body.get(k) for k in ("temperature", "top_p", *_EXTENSIONS)},
     }
-    if top_logprobs is not None and (
-        isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS
-    ):
+    if top_logprobs is not None and (not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
         raise OpenAIRequestError(
             f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}", "top_logprobs"
         )
@@ -205,9 +200,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         raise _renamed(err) from None
     messages = chat.messages if messages else []  # normalized as chat's (developer -> system, ...)
     chat.messages = messages  # the input alone; the caller adds instructions and history (conversation())
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise OpenAIRequestError("'store' must be a boolean", "store")
+    store = bool_field(body, "store", True)
     text = body.get("text") or {}
     return ResponsesRequest(
         chat=chat,
@@ -215,7 +208,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         input_items=items,
         instructions=instructions or None,
         previous_response_id=previous,
-        store=True if store is None else store,
+        store=store,
         include_logprobs=INCLUDE_LOGPROBS in include or bool(top_logprobs),
         tools=tools,
         tool_choice=body.get("tool_choice") or "auto",
@@ -273,37 +266,6 @@ def _include(include: Any) -> set[str]:
     return set(include)
 
 
-def _max_output_tokens(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OpenAIRequestError(f"'max_output_tokens' must be an integer >= 1, got {value!r}", "max_output_tokens")
-    return value
-
-
-def _function_tools(tools: Any) -> list[dict[str, Any]]:
-    """Responses' function tools: {"type": "function", "name", "description"?, "parameters"?, "strict"?}."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise OpenAIRequestError("'tools' must be a list", "tools")
-    out = []
-    for k, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-        if kind != "function":
-            raise OpenAIRequestError(
-                f"tools[{k}]: only tools of type 'function' are supported (this server runs no "
-                f"hosted tools), got {kind!r}",
-                f"tools[{k}]",
-            )
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise OpenAIRequestError(f"tools[{k}] needs a 'name'", f"tools[{k}].name")
-        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-            raise OpenAIRequestError(f"tools[{k}].parameters must be a JSON Schema object", f"tools[{k}].parameters")
-        out.append(dict(tool))
-    return out
-
-
 def _tool_choice(choice: Any) -> Any:
     """Responses' tool_choice in chat's shape: "auto" | "none" | "required" | {"type": "function", "name"}."""
     if choice is None or choice in ("auto", "none", "required"):
@@ -328,21 +290,7 @@ def _text_format(text: Any) -> dict[str, Any] | None:
         raise OpenAIRequestError(
             f"text.{unknown[0]} is not supported (text takes format and verbosity)", f"text.{unknown[0]}"
         )
-    fmt = text.get("format")
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind in ("text", "json_object"):
-        return {"type": kind}
-    if kind == "json_schema":
-        schema = fmt.get("schema")
-        if not isinstance(schema, dict):
-            raise OpenAIRequestError("text.format.schema must be a JSON Schema object", "text.format.schema")
-        spec = {"name": fmt.get("name") or "response", "schema": schema, "strict": bool(fmt.get("strict"))}
-        return {"type": "json_schema", "json_schema": spec}
-    raise OpenAIRequestError(
-        f"text.format type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "text.format"
-    )
+    return response_format(text.get("format"), "text.format", flat=True)
 
 
 _RENAMED = {
@@ -376,10 +324,7 @@ def input_items(value: Any, allow_empty: bool = False) -> list[dict[str, Any]]:
         raise OpenAIRequestError("'input' must be a string or a non-empty list of input items", "input")
     out = []
     for k, item in enumerate(value):
-        if hasattr(item, "model_dump"):
-            item = item.model_dump(exclude_none=True)
-        if not isinstance(item, dict):
-            raise OpenAIRequestError(f"input[{k}] must be an object, got {type(item).__name__}", f"input[{k}]")
+        item = as_object(item, f"input[{k}]")
         if "type" not in item and "role" in item:  # an "easy" message: the type is implied
             item = {"type": "message", **item}
         out.append(item)
@@ -443,26 +388,7 @@ def _open_assistant_turn(messages: list[dict[str, Any]]) -> bool:
 
 
 def item_text(content: Any, where: str) -> str:
-    """A message's content: a string, or a list of text parts (input_text, output_text)."""
+    """A message's content: a string, or a list of text parts (input_text, output_text, refusal)."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise OpenAIRequestError(f"{where} must be a string or a list of content parts", where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise OpenAIRequestError(
-                f"{where}[{j}]: content of type {kind!r} is not supported: this server serves a text-only model",
-                f"{where}[{j}]",
-            )
-        else:
-            raise OpenAIRequestError(
-                f'{where}[{j}] must be {{"type": "input_text", "text": ...}}, got {json.dumps(part, default=str)[:80]}',
-                f"{where}[{j}]",
-            )
-    return "".join(texts)
+    return parts_text(content, where, _TEXT_PARTS, _MEDIA_PARTS, '{"type": "input_text", "text": ...}')

@@ -43,13 +43,13 @@ from typing import Any
 from aiohttp import web
 
 from areal_graph.engines.inference.server.openai_http import (
-    STREAM_INTERVAL_S,
+    PacedChoice,
     content_chars,
     error_response,
     openai_errors,
     send_chunks,
 )
-from areal_graph.engines.inference.server.responses_routes import ResponsesRoutes, register_responses_routes
+from areal_graph.engines.inference.server.responses_routes import ResponsesRoutes
 from areal_graph.engines.inference.server.served_model import ServedModel
 from areal_graph.engines.openai import chat_format as fmt
 from areal_graph.engines.openai.chat_requests import (
@@ -70,7 +70,7 @@ class OpenAIRoutes:
         self.server = server
         self.served = served or ServedModel(server)
         self.created = int(time.time())
-        self.responses: ResponsesRoutes | None = None  # /v1/responses, once registered
+        self.responses = ResponsesRoutes(server, self.served)  # /v1/responses: responses_routes.py
 
     @property
     def model_id(self) -> str:
@@ -230,9 +230,8 @@ class OpenAIRoutes:
     ) -> None:
         """One choice: chunks into `queue` as its tokens arrive (at most every `STREAM_INTERVAL_S`,
         the first at once), then its finish chunk and its token count."""
-        acc = fmt.GeneratedChoice(index, [], [], [], "", [] if top_n else None)
-        text = fmt.StreamedText(self.served.tokenizer(), req.stop)
-        offset, last = 0, 0.0
+        paced = PacedChoice(self.served.tokenizer(), req.stop, index, bool(top_n))
+        acc, offset = paced.choice, 0
         # log-probs asked for: the last chunk carries the tokens no text delta has (an end-of-turn
         # token decodes to nothing), so that the chunks' log-probs count every generated token
         wants_logprobs = bool(req.logprobs) if chat else req.logprobs is not None
@@ -240,20 +239,11 @@ class OpenAIRoutes:
             if chat:
                 queue.put_nowait(fmt.chat_chunk(cid, created, model, req, index, {"role": "assistant", "content": ""}))
             async for part in self.server.engine.stream(prompt, params, rid=f"{cid}-{index}", top_logprobs=top_n):
-                acc.output_ids += part.output_ids
-                acc.output_logprobs += part.output_logprobs
-                acc.output_versions += part.output_versions
-                if acc.top_logprobs is not None and part.output_top_logprobs:
-                    acc.top_logprobs += part.output_top_logprobs
-                now = time.monotonic()
-                if part.finish_reason:
-                    delta, a, b = text.final(acc.output_ids, part.finish_reason)
-                elif last and now - last < STREAM_INTERVAL_S:
+                step = paced.add(part)
+                if step is None:
                     continue
-                else:
-                    delta, a, b = text.delta(acc.output_ids)
+                delta, a, b = step
                 if delta or (part.finish_reason and b > a and wants_logprobs):
-                    last = now
                     if chat:
                         lp = fmt.chat_content_logprobs(self.served.tokenizer(), acc, a, b, req)
                         queue.put_nowait(fmt.chat_chunk(cid, created, model, req, index, {"content": delta}, lp))
@@ -275,6 +265,22 @@ class OpenAIRoutes:
             raise
         except BaseException as err:  # the response reports it (an engine failure mid-stream)
             queue.put_nowait(err)
+
+    def table(self) -> list[web.RouteDef]:
+        """Every /v1 route: ours, the Responses API's (`responses_routes.py`), then the catch-all
+        that names what is answered."""
+        responses = self.responses
+        return [
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.post("/v1/completions", self.completions),
+            web.get("/v1/models", self.models),
+            web.get("/v1/models/{model:.+}", self.model),
+            web.post("/v1/responses", responses.create),
+            web.get("/v1/responses/{id}", responses.retrieve),
+            web.delete("/v1/responses/{id}", responses.delete),
+            web.get("/v1/responses/{id}/input_items", responses.input_items),
+            web.route("*", "/v1/{tail:.*}", self.not_supported),
+        ]
 
     def _model_json(self) -> dict[str, Any]:
         return {
@@ -327,13 +333,6 @@ def default_served_name(model_path: str | None) -> str:
 
 def register_openai_routes(server: Any) -> OpenAIRoutes:
     """Add the /v1 routes to `server.app` (an InferenceHTTPServer); its middlewares (auth) apply."""
-    served = ServedModel(server)
-    routes = OpenAIRoutes(server, served)
-    router = server.app.router
-    router.add_post("/v1/chat/completions", routes.chat_completions)
-    router.add_post("/v1/completions", routes.completions)
-    router.add_get("/v1/models", routes.models)
-    router.add_get("/v1/models/{model:.+}", routes.model)
-    routes.responses = register_responses_routes(server, served)  # /v1/responses: responses_routes.py
-    router.add_route("*", "/v1/{tail:.*}", routes.not_supported)
+    routes = OpenAIRoutes(server)
+    server.app.router.add_routes(routes.table())
     return routes

@@ -52,6 +52,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -64,11 +65,7 @@ from areal_graph.engines.inference.engine_spans import step_span_args
 from areal_graph.engines.inference.request_tags import parse_tags
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.server.args import DTYPES, build_arg_parser
-from areal_graph.engines.inference.server.chat_routes import (
-    STREAM_INTERVAL_S,
-    default_served_name,
-    register_openai_routes,
-)
+from areal_graph.engines.inference.server.chat_routes import default_served_name, register_openai_routes
 from areal_graph.engines.inference.server.native_requests import (
     ABORT_FIELDS,
     CONTINUE_FIELDS,
@@ -81,6 +78,7 @@ from areal_graph.engines.inference.server.native_requests import (
     parse_generate_request,
     parse_logprob_start_len,
 )
+from areal_graph.engines.inference.server.openai_http import STREAM_INTERVAL_S
 from areal_graph.engines.inference.server.process import READY_LINE
 
 log = logging.getLogger(__name__)
@@ -287,30 +285,13 @@ class InferenceHTTPServer:
         if body.get("abort_all_requests"):
             self.engine.abort_all()
         running = int(self.engine.stats().get("running", 0)) if hasattr(self.engine, "stats") else 0
-        async with self._update_lock:
-            try:
-                t0, before = time.perf_counter(), self.engine.version
-                await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
-                # read + swap, as this server saw it (the engine's own `weight_swap` span nests inside)
-                self.spans.record(
-                    "update_weights",
-                    t0,
-                    time.perf_counter(),
-                    cat="weights",
-                    node="weights",
-                    source="disk",
-                    version_before=before,
-                    version_after=self.engine.version,
-                )
-            except (FileNotFoundError, OSError, ValueError) as err:
-                return web.json_response(
-                    {
-                        "success": False,
-                        "message": f"failed to load weights from {path}: {err}",
-                        "num_paused_requests": 0,
-                    },
-                    status=400,
-                )
+
+        async def load() -> None:
+            await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
+
+        failed = await self._load_weights("disk", path, load, (OSError, ValueError), {"num_paused_requests": 0})
+        if failed is not None:
+            return failed
         msg = f"Succeeded to update model weights. Weight version updated to {self.engine.version}."
         return web.json_response({"success": True, "message": msg, "num_paused_requests": running})
 
@@ -324,27 +305,47 @@ class InferenceHTTPServer:
         version = body.get("weight_version")
         if not is_int(version):
             raise BadRequest(f"'weight_version' must be an integer, got {version!r}")
+
+        async def load() -> None:
+            state = shared_weights.read(path, manifest)
+            await asyncio.to_thread(self.engine.update_weights_from_state_dict, state, version)
+
+        errors = (OSError, ValueError, KeyError, TypeError, RuntimeError)
+        failed = await self._load_weights("shared_memory", path, load, errors, version_after=int(version))
+        if failed is not None:
+            return failed
+        return web.json_response({"success": True, "message": f"weight version {self.engine.version}"})
+
+    async def _load_weights(
+        self,
+        source: str,
+        path: str,
+        load: Callable[[], Awaitable[None]],
+        errors: tuple[type[Exception], ...],
+        failure: dict[str, Any] | None = None,
+        version_after: int | None = None,
+    ) -> web.Response | None:
+        """Run `load` (read the weights and swap them in) under the update lock, recorded as the
+        `update_weights` span (the engine's own `weight_swap` span nests inside); one of `errors` is
+        a 400 naming `path` (plus the `failure` fields), else None."""
         async with self._update_lock:
             try:
                 t0, before = time.perf_counter(), self.engine.version
-                state = shared_weights.read(path, manifest)
-                await asyncio.to_thread(self.engine.update_weights_from_state_dict, state, version)
-                # read + swap, as this server saw it (the engine's own `weight_swap` span nests inside)
+                await load()
                 self.spans.record(
                     "update_weights",
                     t0,
                     time.perf_counter(),
                     cat="weights",
                     node="weights",
-                    source="shared_memory",
+                    source=source,
                     version_before=before,
-                    version_after=int(version),
+                    version_after=self.engine.version if version_after is None else version_after,
                 )
-            except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
-                return web.json_response(
-                    {"success": False, "message": f"failed to load weights from {path}: {err}"}, status=400
-                )
-        return web.json_response({"success": True, "message": f"weight version {self.engine.version}"})
+            except errors as err:
+                body = {"success": False, "message": f"failed to load weights from {path}: {err}", **(failure or {})}
+                return web.json_response(body, status=400)
+        return None
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         """SGLang's modes: "abort" (the default) returns in-flight requests as aborted; "in_place" and

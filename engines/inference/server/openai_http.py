@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
 from areal_graph.engines.inference.server.native_requests import BadRequest
+from areal_graph.engines.openai import chat_format as fmt
 from areal_graph.engines.openai.chat_requests import OpenAIRequestError
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ __all__ = [
     "prepare_events",
     "write_event",
     "content_chars",
+    "PacedChoice",
 ]
 
 # Streaming: a choice's text goes out as it is decoded, at most this often (the first at once),
@@ -87,6 +90,36 @@ async def prepare_events(request: web.Request) -> web.StreamResponse:
 async def write_event(response: web.StreamResponse, event: dict[str, Any]) -> None:
     """One Responses-API Server-Sent Event as OpenAI sends them: `event: <type>` then `data: <json>`."""
     await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+
+
+class PacedChoice:
+    """One streamed choice as the engine's parts arrive: the tokens so far (`choice`), and the text
+    to send, at most every `STREAM_INTERVAL_S` (the first piece at once, the last always)."""
+
+    def __init__(self, tokenizer: Any, stop: list[str], index: int = 0, top_logprobs: bool = False) -> None:
+        self.choice = fmt.GeneratedChoice(index, [], [], [], "", [] if top_logprobs else None)
+        self.text = fmt.StreamedText(tokenizer, stop)
+        self.last = 0.0  # when text last went out
+
+    def add(self, part: Any) -> tuple[str, int, int] | None:
+        """Take a part of `engine.stream`: (new text, first token, end token) to send now, or None
+        while the last text went out less than `STREAM_INTERVAL_S` ago."""
+        choice = self.choice
+        choice.output_ids += part.output_ids
+        choice.output_logprobs += part.output_logprobs
+        choice.output_versions += part.output_versions
+        if choice.top_logprobs is not None and part.output_top_logprobs:
+            choice.top_logprobs += part.output_top_logprobs
+        now = time.monotonic()
+        if part.finish_reason:
+            choice.finish_reason = part.finish_reason
+            return self.text.final(choice.output_ids, part.finish_reason)
+        if self.last and now - self.last < STREAM_INTERVAL_S:
+            return None
+        delta, a, b = self.text.delta(choice.output_ids)
+        if delta:
+            self.last = now
+        return delta, a, b
 
 
 def content_chars(content: Any) -> int:

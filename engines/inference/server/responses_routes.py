@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from areal_graph.engines.inference.server.openai_http import (
-    STREAM_INTERVAL_S,
+    PacedChoice,
     content_chars,
     openai_errors,
     prepare_events,
@@ -46,7 +46,8 @@ RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/{id}", "/v1/responses/{id}/i
 
 
 class ResponsesRoutes:
-    """The /v1/responses handlers over one server's `ServedModel` (shared with the chat routes)."""
+    """The /v1/responses handlers over one server's `ServedModel` (shared with the chat routes,
+    whose route table, `OpenAIRoutes.table`, mounts them)."""
 
     def __init__(self, server: Any, served: ServedModel, store: ResponseStore | None = None) -> None:
         self.server, self.served = server, served
@@ -108,33 +109,20 @@ class ResponsesRoutes:
         engine's stream, which aborts the request."""
         tokenizer = self.served.tokenizer()
         parts = self.server.engine.stream(prompt_ids, params, rid=f"{rid}-0", top_logprobs=top_n or 0)
-        acc = fmt.GeneratedChoice(0, [], [], [], "", [] if top_n else None)
-        streamed = fmt.StreamedText(tokenizer, req.chat.stop)
+        paced = PacedChoice(tokenizer, req.chat.stop, 0, bool(top_n))
+        acc = paced.choice
         events, message_id = rfmt.ResponseEvents(), rfmt.new_id("msg")
         out: web.StreamResponse | None = None
-        last = 0.0
         try:
             async for part in parts:
-                acc.output_ids += part.output_ids
-                acc.output_logprobs += part.output_logprobs
-                acc.output_versions += part.output_versions
-                if acc.top_logprobs is not None and part.output_top_logprobs:
-                    acc.top_logprobs += part.output_top_logprobs
+                step = paced.add(part)
                 if out is None:
                     out = await prepare_events(request)
                     begun = rfmt.response_json(rid, time.time(), req.chat.model, req, [], len(prompt_ids), 0)
                     for event in events.start(begun) + events.message_start(message_id, 0):
                         await write_event(out, event)
-                now = time.monotonic()
-                if part.finish_reason:
-                    acc.finish_reason = part.finish_reason
-                    delta, a, b = streamed.final(acc.output_ids, part.finish_reason)
-                elif last and now - last < STREAM_INTERVAL_S:
-                    continue
-                else:
-                    delta, a, b = streamed.delta(acc.output_ids)
-                if delta:
-                    last = now
+                if step is not None and step[0]:
+                    delta, a, b = step
                     lp = fmt.token_logprobs(tokenizer, acc, a, b, top_n) if top_n is not None else None
                     await write_event(out, events.text_delta(message_id, 0, delta, lp))
         except (OpenAIRequestError, ConnectionResetError):
@@ -204,14 +192,3 @@ class ResponsesRoutes:
                 "last_id": page[-1]["id"] if page else None,
             }
         )
-
-
-def register_responses_routes(server: Any, served: ServedModel) -> ResponsesRoutes:
-    """Add the Responses routes to `server.app` (before the /v1 catch-all)."""
-    routes = ResponsesRoutes(server, served)
-    router = server.app.router
-    router.add_post("/v1/responses", routes.create)
-    router.add_get("/v1/responses/{id}", routes.retrieve)
-    router.add_delete("/v1/responses/{id}", routes.delete)
-    router.add_get("/v1/responses/{id}/input_items", routes.input_items)
-    return routes

@@ -389,9 +389,9 @@ def test_streamed_logprobs_count_every_token_even_one_that_decodes_to_nothing(to
     """The answer ends with <|im_end|> (no text) in a part of its own: its log-prob still goes out,
     in the last chunk (asked for without top log-probs, which the stub engine has none of). Found on a loaded machine,
     where every part came later than the stream interval (here: an interval of 0)."""
-    from areal_graph.engines.inference.server import chat_routes
+    from areal_graph.engines.inference.server import openai_http
 
-    monkeypatch.setattr(chat_routes, "STREAM_INTERVAL_S", 0.0)
+    monkeypatch.setattr(openai_http, "STREAM_INTERVAL_S", 0.0)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def ends_with_im_end(engine):
