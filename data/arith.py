@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+L = TypeVar("L")  # a task's level (Difficulty here, CalcLevel in data/calc.py)
+R = TypeVar("R", bound=Mapping[str, Any])  # one problem: a row with a "question"
 
 
 @dataclass(frozen=True)
@@ -160,20 +164,25 @@ def _fitted_step(rng: random.Random, level: Difficulty, value: int) -> tuple[str
     return rng.choice(choices)
 
 
-def generate(seed: int, n: int, difficulty: str | Difficulty = "medium") -> list[dict[str, str]]:
-    """`n` distinct problems (distinct questions), deterministic for `seed`."""
+def distinct_problems(
+    seed: int, n: int, level: str | L, resolve: Callable[[str | L], L], make: Callable[[random.Random, L], R]
+) -> list[R]:
+    """`n` problems `make(rng, resolve(level))` with distinct questions, deterministic for `seed`:
+    the generator behind both synthetic tasks (this module's and data/calc.py's). Duplicates are
+    drawn again; a level with fewer than `n` distinct problems is refused once 50 * n + 1000 draws
+    have not found them."""
     if n < 0:
         raise ValueError(f"generate: n must be >= 0, got {n}")
-    level = _difficulty(difficulty)
+    lvl = resolve(level)
     rng = random.Random(seed)
     seen: set[str] = set()
-    rows: list[dict[str, str]] = []
+    rows: list[R] = []
     attempts = 0
     while len(rows) < n:
         attempts += 1
         if attempts > 50 * n + 1000:
-            raise ValueError(f"generate: difficulty {level} has fewer than {n} distinct problems")
-        row = make_problem(rng, level)
+            raise ValueError(f"generate: difficulty {lvl} has fewer than {n} distinct problems")
+        row = make(rng, lvl)
         if row["question"] in seen:
             continue
         seen.add(row["question"])
@@ -181,12 +190,22 @@ def generate(seed: int, n: int, difficulty: str | Difficulty = "medium") -> list
     return rows
 
 
+def cut(rows: list[R], n_test: int) -> tuple[list[R], list[R]]:
+    """(train, test) of one pool of distinct problems: the first `n_test` are the test set, so
+    the two never share a question."""
+    return rows[n_test:], rows[:n_test]
+
+
+def generate(seed: int, n: int, difficulty: str | Difficulty = "medium") -> list[dict[str, str]]:
+    """`n` distinct problems (distinct questions), deterministic for `seed`."""
+    return distinct_problems(seed, n, difficulty, _difficulty, make_problem)
+
+
 def split(
     seed: int, n_train: int, n_test: int, difficulty: str | Difficulty = "medium"
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """Train and test sets with disjoint questions (drawn as one distinct pool, then cut)."""
-    rows = generate(seed, n_train + n_test, difficulty)
-    return rows[n_test:], rows[:n_test]
+    return cut(generate(seed, n_train + n_test, difficulty), n_test)
 
 
 def hasty_answer(row: dict[str, str]) -> str:

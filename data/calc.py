@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_graph.api.tool_calls import render_tool_call, tool_turn_text
+from areal_graph.data.arith import cut, distinct_problems
 from areal_graph.data.datasets import format_prompt
 
 TOOL_NAME = "calculator"
@@ -98,26 +99,14 @@ def make_problem(rng: random.Random, level: CalcLevel) -> dict[str, Any]:
 
 def generate(seed: int, n: int, level: str | CalcLevel = "products") -> list[dict[str, Any]]:
     """`n` problems with distinct questions, deterministic for `seed`."""
-    if n < 0:
-        raise ValueError(f"generate: n must be >= 0, got {n}")
-    lvl = _level(level)
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    rows: list[dict[str, Any]] = []
-    while len(rows) < n:
-        row = make_problem(rng, lvl)
-        if row["question"] not in seen:
-            seen.add(row["question"])
-            rows.append(row)
-    return rows
+    return distinct_problems(seed, n, level, _level, make_problem)
 
 
 def split(
     seed: int, n_train: int, n_test: int, level: str | CalcLevel = "products"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and test sets with disjoint questions (one distinct pool, cut)."""
-    rows = generate(seed, n_train + n_test, level)
-    return rows[n_test:], rows[:n_test]
+    return cut(generate(seed, n_train + n_test, level), n_test)
 
 
 def final_answer(value: str) -> str:

@@ -46,10 +46,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +59,7 @@ from areal_graph.engines.lora_weights import adapter_tensors, attach_lora, merge
 from areal_graph.engines.training import data_parallel as dp
 from areal_graph.engines.training.lean_train import LeanTrainForward, unsupported_reason
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.training.optimizer_steps import OptimizerSteps, adamw
 from areal_graph.engines.training.packed_scoring import (
     ROW_TOKENS,
     lean_logprobs,
@@ -95,48 +94,7 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def start_step(optimizer: torch.optim.Optimizer, lr: float) -> float:
-    """Set this step's learning rate and clear the gradients; returns the rate."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    return lr
-
-
-def clip_and_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    grad_clip: float,
-    version: int,
-    local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
-) -> torch.Tensor:
-    """Clip the gradients' global norm to `grad_clip` (0: no clipping) and step, unless the norm
-    is not finite (then the step is skipped and said so: one bad batch must not poison the
-    weights). `local` turns a sharded norm (FSDP's DTensor) into a plain tensor. Returns the norm."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = local(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf")))
-    if torch.isfinite(grad_norm):
-        optimizer.step()
-    else:
-        log.warning("non-finite grad norm %s at version %d: step skipped", grad_norm, version)
-    return grad_norm
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
-    """Multiplier of the base lr at optimizer step `step` (0-based)."""
-    if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = min(max(step - warmup_steps, 0) / max(total_steps - warmup_steps, 1), 1.0)
-    if schedule == "linear":
-        return 1.0 - progress
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"unknown lr_schedule {schedule!r} (constant, linear, cosine)")
-
-
-class TrainEngine:
+class TrainEngine(OptimizerSteps):
     """A HF CausalLM, its AdamW optimizer and lr schedule, trained on packed batches.
 
     `parallel` ("auto", "none", "ddp", "fsdp") chooses data parallelism when a
@@ -200,13 +158,9 @@ class TrainEngine:
                 list(lora["target_modules"]),
             )
         self.row_tokens = row_tokens
-        self.grad_clip = grad_clip
-        self.base_lr = lr
-        self.warmup_steps = warmup_steps
-        self.lr_schedule = lr_schedule
-        self.total_steps = total_steps
-        self.version = 0
-        self.optimizer = None
+        super().__init__(
+            lr=lr, grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule, total_steps=total_steps
+        )
         # dropout stays off: log-probs of the same weights must be reproducible (prox == behav)
         self.model.eval()
         if not trainable:
@@ -231,7 +185,7 @@ class TrainEngine:
         elif self.parallel == "ddp":  # frozen: no gradients to reduce, but replicas must agree
             dp.broadcast_from_rank0(self.model)
         if trainable:
-            self.optimizer = _adamw(self.model, lr, (betas[0], betas[1]), weight_decay, fused=self.parallel != "fsdp")
+            self.optimizer = adamw(self.model, lr, (betas[0], betas[1]), weight_decay, fused=self.parallel != "fsdp")
         self._lean = self._make_lean() if lean and self.parallel == "none" and lora is None else None
         self.share_prefixes = share_prefixes
         if self.parallel != "none":
@@ -372,13 +326,7 @@ class TrainEngine:
         and, with data parallelism, over ranks; `loss` is the batch loss, `n_microbatches`
         and `n_forwards` count the non-empty micro-batches and forwards of all ranks.
         """
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built with trainable=False")
-        t0 = time.perf_counter()
-        lr = start_step(
-            self.optimizer,
-            self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps, self.lr_schedule),
-        )
+        t0, lr = self._begin_step()
         units, n_units, n_mb = self._units(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
@@ -398,8 +346,7 @@ class TrainEngine:
                     (loss * self.world_size if self.world_size > 1 else loss).backward()
             loss_sum += float(loss.detach())
             add_stats(totals, stats)
-        grad_norm = clip_and_step(self.model, self.optimizer, self.grad_clip, self.version, dp.as_local_scalar)
-        self.version += 1
+        grad_norm = self._take_step(dp.as_local_scalar)
         if self.world_size > 1:
             totals = dp.sum_dicts(
                 dp.all_gather_json(
@@ -409,20 +356,7 @@ class TrainEngine:
             loss_sum, n_mb, n_fwd = totals.pop("loss"), int(totals.pop("n_microbatches")), int(totals.pop("n_forwards"))
         else:
             n_fwd = len(units)
-        elapsed = time.perf_counter() - t0
-        totals.update(
-            {
-                "loss": loss_sum,
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                "tokens": float(batch.num_tokens),
-                "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9),
-                "n_microbatches": float(n_mb),
-                "n_forwards": float(n_fwd),
-                "time_s": elapsed,
-            }
-        )
-        return totals
+        return self._step_stats(totals, batch, t0, lr, loss_sum, grad_norm, n_mb, n_fwd)
 
     # ------------------------------------------------------------------ weights and checkpoints
     def state_dict_for_sync(self, copy: bool = True) -> dict[str, torch.Tensor]:
@@ -559,21 +493,6 @@ def _token_index(batch: PackedBatch, idx: list[int]) -> torch.Tensor:
     n = int(lens.sum())
     ends = torch.cumsum(lens, 0)
     return torch.arange(n) + torch.repeat_interleave(cu[seqs] - (ends - lens), lens, output_size=n)
-
-
-def _adamw(
-    model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, fused: bool
-) -> torch.optim.Optimizer:
-    """AdamW, fused where torch has the kernel (CPU and CUDA): one pass over all parameters
-    instead of a dozen small ops per tensor (~4x faster on the 1.7M-parameter kit model, same
-    values to ~3e-8). FSDP's sharded parameters keep the default implementation."""
-    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    if fused:
-        try:
-            return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
-        except (RuntimeError, ValueError) as err:  # a device or dtype without the fused kernel
-            log.debug("fused AdamW unavailable (%s): default implementation", err)
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
 if TYPE_CHECKING:  # the type checker holds the engine to what a model host drives (tests/test_types.py)

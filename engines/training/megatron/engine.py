@@ -5,8 +5,9 @@ first step, one GPU (tensor/pipeline parallel 1, no data parallelism), built so 
 of the engine cannot tell it from `TrainEngine` (engines/training/protocol.py): the same
 packed batches in, the same per-token log-probs out (0 at each sequence's first token,
 temperature dividing the logits, engines/training/packed_scoring.py `score_logits`), the
-same loss callback per forward, the same lr schedule (`lr_factor`), AdamW, grad clip and
-stats, and weights that leave in HF names and layout (engines/training/megatron/layout.py).
+same loss callback per forward, the same optimizer step around it (lr schedule, AdamW, grad
+clip, stats: engines/training/optimizer_steps.py `OptimizerSteps`), and weights that leave in
+HF names and layout (engines/training/megatron/layout.py).
 
 Choices, each the simplest one that megatron-core 0.16's source shows to work without
 Transformer Engine or apex:
@@ -28,7 +29,6 @@ import logging
 import os
 import shutil
 import socket
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +37,12 @@ import torch
 from areal_graph.data.packed import PackedBatch, token_seq_ids
 from areal_graph.engines.training.megatron import layout
 from areal_graph.engines.training.microbatch_planner import plan_microbatches
+from areal_graph.engines.training.optimizer_steps import OptimizerSteps
 from areal_graph.engines.training.packed_scoring import score_logits
 from areal_graph.engines.training.protocol import LossFn, TrainingEngine
 from areal_graph.engines.training.state_file import save_state
 from areal_graph.engines.training.step_stats import add_stats
-from areal_graph.engines.training.train_engine import clip_and_step, lr_factor, read_safetensors_dir, start_step
+from areal_graph.engines.training.train_engine import read_safetensors_dir
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def build_gpt_model(hf_config: Any, device: torch.device | None = None, cpu_init
     return model if device is None else model.to(device)  # torch's RMSNorm is built on the CPU
 
 
-class MegatronTrainEngine:
+class MegatronTrainEngine(OptimizerSteps):
     """A HF Qwen2/Qwen3/Llama checkpoint trained as a Megatron-Core GPTModel on one GPU.
 
     Takes the arguments `TrainEngine` takes from a model host (runtime/hosts/model_host.py),
@@ -157,13 +158,9 @@ class MegatronTrainEngine:
         self._load_hf_state(read_safetensors_dir(model), str(model))
         self.model.eval()  # dropout is 0 anyway; eval keeps Megatron off any training-only path
         self.bf16 = precision == "bf16"
-        self.grad_clip = grad_clip
-        self.base_lr = lr
-        self.warmup_steps = warmup_steps
-        self.lr_schedule = lr_schedule
-        self.total_steps = total_steps
-        self.version = 0
-        self.optimizer: torch.optim.Optimizer | None = None
+        super().__init__(
+            lr=lr, grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule, total_steps=total_steps
+        )
         if trainable:
             self.optimizer = torch.optim.AdamW(
                 list(self.model.parameters()), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay, fused=True
@@ -239,13 +236,7 @@ class MegatronTrainEngine:
     ) -> dict[str, float]:
         """One optimizer step, as `TrainEngine.train_step`: `loss_fn` once per forward (one per
         micro-batch), its shares summed, clip, AdamW, `version` + 1; the same stats keys."""
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built with trainable=False")
-        t0 = time.perf_counter()
-        lr = start_step(
-            self.optimizer,
-            self.base_lr * lr_factor(self.version, self.warmup_steps, self.total_steps, self.lr_schedule),
-        )
+        t0, lr = self._begin_step()
         mbs = self._microbatches(batch, max_tokens_per_mb)
         totals: dict[str, float] = {}
         loss_sum = 0.0
@@ -260,22 +251,8 @@ class MegatronTrainEngine:
                 loss.backward()
             loss_sum += float(loss.detach())
             add_stats(totals, stats)
-        grad_norm = clip_and_step(self.model, self.optimizer, self.grad_clip, self.version)
-        self.version += 1
-        elapsed = time.perf_counter() - t0
-        totals.update(
-            {
-                "loss": loss_sum,
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                "tokens": float(batch.num_tokens),
-                "tokens_per_s": batch.num_tokens / max(elapsed, 1e-9),
-                "n_microbatches": float(len(mbs)),
-                "n_forwards": float(n_fwd),
-                "time_s": elapsed,
-            }
-        )
-        return totals
+        grad_norm = self._take_step()
+        return self._step_stats(totals, batch, t0, lr, loss_sum, grad_norm, len(mbs), n_fwd)
 
     def hf_grads(self) -> dict[str, torch.Tensor]:
         """The last step's gradients (after clipping) in HF names and layout, on the CPU: what

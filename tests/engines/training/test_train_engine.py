@@ -10,7 +10,7 @@ import torch
 
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.training.packed_scoring import row_forwards
-from areal_graph.engines.training.train_engine import TrainEngine, lr_factor
+from areal_graph.engines.training.train_engine import TrainEngine
 from support.batches import random_batch
 from support.reference_logprobs import naive_logprobs, packed_logprobs
 from support.tiny_models import build_random_qwen2
@@ -154,12 +154,6 @@ def test_export_loads_with_auto_class_and_gives_identical_logits(tmp_path):
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, engine.model(ids).logits)
-
-
-def test_lr_schedules():
-    assert [lr_factor(s, 2, 10, "constant") for s in range(3)] == [0.5, 1.0, 1.0]
-    assert lr_factor(10, 0, 10, "linear") == 0.0 and lr_factor(5, 0, 10, "linear") == 0.5
-    assert abs(lr_factor(5, 0, 10, "cosine") - 0.5) < 1e-12 and lr_factor(0, 0, 10, "cosine") == 1.0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's error")
