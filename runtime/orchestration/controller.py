@@ -37,9 +37,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.launchers.interrupt import interrupted
@@ -52,17 +49,16 @@ from areal_graph.runtime.observability.run_dir import (
     RunDir,
     end_state_file,
 )
-from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.observability.span_pull import BackgroundSpanPull
 from areal_graph.runtime.observability.tracing import Tracer
 from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
 from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.generation import GenerationSide, RunState
-from areal_graph.runtime.orchestration.generation import NodeFailed as NodeFailed  # where callers look for it
+from areal_graph.runtime.orchestration.generation import NodeFailed as NodeFailed  # re-exported: imported from here
+from areal_graph.runtime.orchestration.generation import tool_call_stats as tool_call_stats  # re-exported too
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
-from areal_graph.runtime.orchestration.staleness import version_range
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +68,6 @@ SPAN_PULL_S = 5.0  # how often the trace pulls spans from workers and servers (n
 # COMPLETE marker, so a test can kill the run in the middle of a save (tests/runtime/orchestration/
 # test_fault_injection.py). Unset in real runs.
 SAVE_DELAY_ENV = "AREAL_TEST_SAVE_DELAY_S"
-
-
-def tool_call_stats(batch: PackedBatch, prefix: str) -> dict[str, float]:
-    """`<prefix>/tool_call_rate` (share of trajectories with a tool call) and
-    `<prefix>/tool_calls_mean`, when the rollout counts tool calls (the `tool_calls` key)."""
-    if "tool_calls" not in batch:
-        return {}
-    calls = batch["tool_calls"].float()
-    return {
-        f"{prefix}/tool_call_rate": float((calls > 0).float().mean()),
-        f"{prefix}/tool_calls_mean": float(calls.mean()),
-    }
 
 
 class RunFailed(RuntimeError):
@@ -329,7 +313,7 @@ class Controller:
         with self.tracer.span("wait_batch", cat="controller", step=step):
             batch = await self._next_batch(self.rt.batch_size)  # 1
         t_start = time.perf_counter()
-        stats: dict[str, float] = {"time/wait_batch": t_start - t_wait, **self._batch_stats(batch)}
+        stats: dict[str, float] = {"time/wait_batch": t_start - t_wait, **self.generation.batch_stats(batch)}
 
         outcome = await run_phase(self.plan, self.plan.training, batch, self._timed_call(stats))  # 2
         stats.update(outcome.stats)
@@ -421,90 +405,23 @@ class Controller:
 
         return call
 
-    def _batch_stats(self, batch: PackedBatch) -> dict[str, float]:
-        """Reward, staleness and version spread of the trajectories about to be trained."""
-        out: dict[str, float] = {}
-        if "versions" in batch and "loss_mask" in batch:
-            vmin, vmax = version_range(batch["versions"], batch["loss_mask"], batch.cu_seqlens)
-            generated = vmin >= 0  # a sequence without generated tokens has no staleness
-            staleness = (self.state.version - vmin[generated]).float()
-            resp_len = torch.zeros(batch.num_seqs).index_add_(0, batch.seq_ids(), batch["loss_mask"].float())
-            if generated.any():
-                out.update(
-                    {
-                        "staleness/mean": float(staleness.mean()),
-                        "staleness/max": float(staleness.max()),
-                        "versions_per_traj/mean": float((vmax - vmin + 1)[generated].float().mean()),
-                    }
-                )
-            out["response_len/mean"] = float(resp_len.mean())
-            out["response_len/p90"] = float(torch.quantile(resp_len, 0.9))
-            out["response_len/max"] = float(resp_len.max())
-        if "rewards" in batch:
-            out["reward/mean"] = float(batch["rewards"].float().mean())
-            if "group_id" in batch:
-                out.update(
-                    means_by_source(
-                        "reward",
-                        "mean",
-                        batch["rewards"].float().tolist(),
-                        [self.generation.source_of(g) for g in batch["group_id"].tolist()],
-                    )
-                )
-        if "seq_no_eos" in batch:
-            out["no_eos/frac"] = float(batch["seq_no_eos"].float().mean())
-        out.update(tool_call_stats(batch, "rollout"))
-        out.update(env_metric_means(batch.meta.get("info") or ()))
-        return out
-
     async def _sync_weights(self, version: int) -> dict[str, float]:
         with self.tracer.span("weight_sync", cat="weights", version=version):
             return await self.executor.sync_weights(version)
 
     # ------------------------------------------------------------------ eval, checkpoints, logging
     async def _evaluate(self) -> dict[str, float]:
-        """Greedy answers to the eval prompts, scored by the plan's scoring nodes.
-
-        `eval/accuracy` is the share of answers the first `reward` node (else the first scoring
-        node) scores above 0.5;
-        `eval/<key>` is the mean of every scoring node's key."""
-        scorers = self.plan.scorers()
-        if not self.eval_prompts or not scorers:
+        """Greedy answers to the eval prompts, scored by the plan's scoring nodes, and their metrics
+        (`GenerationSide.eval_metrics` says which); the accuracy goes into the run's history."""
+        if not self.eval_prompts or not self.plan.scorers():
             return {}
-        source = self.plan.node(self.plan.source)
-        greedy = {"temperature": 0.0, "max_new_tokens": source.params.sampling.max_new_tokens}
-        gids = list(range(-len(self.eval_prompts), 0))
         with self.tracer.span("eval", cat="eval", version=self.state.version):
-            # a failing node stops the run here with its name (no retries: this is not training data)
-            batch = (
-                await self.generation.generation_call(
-                    self.plan.source,
-                    self.generation.prompt_batch(self.eval_prompts, gids),
-                    extra={"group_size": 1, "sampling": greedy},
-                )
-            ).batch
-            outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self.generation.generation_call)
-        if outcome.batch is None:
+            answers = await self.generation.eval_answers()
+        if answers is None:
             return {}
-        out = {f"eval/{k}": float(outcome.batch[k].float().mean()) for n in scorers for k in self.plan.node(n).writes}
-        # accuracy is a verifier's verdict: a rule reward's when there is one (not a reward model's score)
-        judge = next((n for n in scorers if self.plan.kind(n).name == "reward"), scorers[0])
-        first = self.plan.node(judge).writes[0]
-        acc = float((outcome.batch[first].float() > 0.5).float().mean())
-        out["eval/accuracy"] = acc
-        if "group_id" in outcome.batch:
-            out.update(
-                means_by_source(
-                    "eval",
-                    "accuracy",
-                    (outcome.batch[first].float() > 0.5).float().tolist(),
-                    [self.generation.source_of(g) for g in outcome.batch["group_id"].tolist()],
-                )
-            )
-        out.update(tool_call_stats(outcome.batch, "eval"))
-        out.update(env_metric_means(outcome.batch.meta.get("info") or (), prefix="eval/env"))
+        out, acc = self.generation.eval_metrics(answers)
         self.state.history.append({"step": self.state.step, "version": self.state.version, "eval/accuracy": acc})
-        log.info("eval at step %d: greedy accuracy %.3f on %d prompts", self.state.step, acc, outcome.batch.num_seqs)
+        log.info("eval at step %d: greedy accuracy %.3f on %d prompts", self.state.step, acc, answers.num_seqs)
         if self.display is not None:
             self.display.on_eval(self.state.step, acc)
         return out

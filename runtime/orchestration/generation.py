@@ -12,6 +12,8 @@ What it owns: the gate (`StalenessGate`), the groups submitted and not yet settl
 order (`untrained`, which the trainer's `Controller._next_batch` reads, and the `settled` event
 it waits on), the tasks of the groups in flight, the generation-side node stats and drop counts
 since the last step, and each group's life in the ledger (generated, dropped, failed, trained).
+It also measures what it generated (`batch_stats`: reward, staleness, response length of a
+step's batch) and answers the eval prompts (`eval_answers`, `eval_metrics`) by the same calls.
 What it is given by the controller: the run's `RunState` (it advances the prompt stream and
 counts groups), the buffer, the node call (`Controller._call`: one lock per exclusive host, the
 trace span), and how to stop the run (`on_failure`, the disk-full wording).
@@ -26,15 +28,19 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from areal_graph.api.env_metrics import env_metric_means
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.observability.disk_full import is_disk_full
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
+from areal_graph.runtime.observability.source_metrics import means_by_source
 from areal_graph.runtime.orchestration.generation_stats import GenerationStats
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
-from areal_graph.runtime.orchestration.staleness import StalenessGate
+from areal_graph.runtime.orchestration.staleness import StalenessGate, version_range
 from areal_graph.runtime.rpc.worker_client import WorkerError
 
 log = logging.getLogger("areal_graph.runtime.orchestration.controller")  # the run's console names the controller
@@ -45,6 +51,18 @@ GROUP_ATTEMPTS = 3  # a failing prompt group is tried this often, then counted a
 FAILED_GROUPS_IN_A_ROW = 8
 
 NodeCall = Callable[[str, PackedBatch, dict[str, Any] | None], Coroutine[Any, Any, NodeResult]]
+
+
+def tool_call_stats(batch: PackedBatch, prefix: str) -> dict[str, float]:
+    """`<prefix>/tool_call_rate` (share of trajectories with a tool call) and
+    `<prefix>/tool_calls_mean`, when the rollout counts tool calls (the `tool_calls` key)."""
+    if "tool_calls" not in batch:
+        return {}
+    calls = batch["tool_calls"].float()
+    return {
+        f"{prefix}/tool_call_rate": float((calls > 0).float().mean()),
+        f"{prefix}/tool_calls_mean": float(calls.mean()),
+    }
 
 
 class NodeFailed(RuntimeError):
@@ -305,3 +323,83 @@ class GenerationSide:
                 "question": [str(getattr(p, "question", "")) for p in prompts],
             },
         )
+
+    # ------------------------------------------------------------------ what was generated, measured
+    def batch_stats(self, batch: PackedBatch) -> dict[str, float]:
+        """Reward, staleness and version spread of the trajectories about to be trained (the step's metrics)."""
+        out: dict[str, float] = {}
+        if "versions" in batch and "loss_mask" in batch:
+            vmin, vmax = version_range(batch["versions"], batch["loss_mask"], batch.cu_seqlens)
+            generated = vmin >= 0  # a sequence without generated tokens has no staleness
+            staleness = (self.state.version - vmin[generated]).float()
+            resp_len = torch.zeros(batch.num_seqs).index_add_(0, batch.seq_ids(), batch["loss_mask"].float())
+            if generated.any():
+                out.update(
+                    {
+                        "staleness/mean": float(staleness.mean()),
+                        "staleness/max": float(staleness.max()),
+                        "versions_per_traj/mean": float((vmax - vmin + 1)[generated].float().mean()),
+                    }
+                )
+            out["response_len/mean"] = float(resp_len.mean())
+            out["response_len/p90"] = float(torch.quantile(resp_len, 0.9))
+            out["response_len/max"] = float(resp_len.max())
+        if "rewards" in batch:
+            out["reward/mean"] = float(batch["rewards"].float().mean())
+            if "group_id" in batch:
+                out.update(
+                    means_by_source(
+                        "reward",
+                        "mean",
+                        batch["rewards"].float().tolist(),
+                        [self.source_of(g) for g in batch["group_id"].tolist()],
+                    )
+                )
+        if "seq_no_eos" in batch:
+            out["no_eos/frac"] = float(batch["seq_no_eos"].float().mean())
+        out.update(tool_call_stats(batch, "rollout"))
+        out.update(env_metric_means(batch.meta.get("info") or ()))
+        return out
+
+    async def eval_answers(self) -> PackedBatch | None:
+        """Greedy answers to the eval prompts (group ids -len(eval_prompts)..-1), scored by the plan's
+        scoring nodes; None when a filter dropped them all. A failing node stops the run here with
+        its name (no retries: this is not training data)."""
+        source = self.plan.node(self.plan.source)
+        greedy = {"temperature": 0.0, "max_new_tokens": source.params.sampling.max_new_tokens}
+        gids = list(range(-len(self.eval_prompts), 0))
+        batch = (
+            await self.generation_call(
+                self.plan.source,
+                self.prompt_batch(self.eval_prompts, gids),
+                extra={"group_size": 1, "sampling": greedy},
+            )
+        ).batch
+        outcome = await run_phase(self.plan, self.plan.eval_nodes, batch, self.generation_call)
+        return outcome.batch
+
+    def eval_metrics(self, answers: PackedBatch) -> tuple[dict[str, float], float]:
+        """The metrics of scored eval answers, and the accuracy.
+
+        `eval/accuracy` is the share of answers the first `reward` node (else the first scoring
+        node) scores above 0.5;
+        `eval/<key>` is the mean of every scoring node's key."""
+        scorers = self.plan.scorers()
+        out = {f"eval/{k}": float(answers[k].float().mean()) for n in scorers for k in self.plan.node(n).writes}
+        # accuracy is a verifier's verdict: a rule reward's when there is one (not a reward model's score)
+        judge = next((n for n in scorers if self.plan.kind(n).name == "reward"), scorers[0])
+        first = self.plan.node(judge).writes[0]
+        acc = float((answers[first].float() > 0.5).float().mean())
+        out["eval/accuracy"] = acc
+        if "group_id" in answers:
+            out.update(
+                means_by_source(
+                    "eval",
+                    "accuracy",
+                    (answers[first].float() > 0.5).float().tolist(),
+                    [self.source_of(g) for g in answers["group_id"].tolist()],
+                )
+            )
+        out.update(tool_call_stats(answers, "eval"))
+        out.update(env_metric_means(answers.meta.get("info") or (), prefix="eval/env"))
+        return out, acc
