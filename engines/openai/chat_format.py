@@ -51,6 +51,7 @@ __all__ = [
     "completion_json",
     "completion_chunks",
     "usage_json",
+    "usage_chunk",
     "finish_reason",
 ]
 
@@ -383,6 +384,16 @@ def chat_chunk(
     return body
 
 
+def usage_chunk(
+    completion_id: str, kind: str, created: int, model: str, usage: dict[str, int], fingerprint: bool = True
+) -> dict:
+    """The last streamed object when usage is asked for (`stream_options.include_usage`): no choices."""
+    body: dict[str, Any] = {"id": completion_id, "object": kind, "created": created, "model": model}
+    if fingerprint:
+        body["system_fingerprint"] = None
+    return body | {"choices": [], "usage": usage}
+
+
 def chat_content_logprobs(tokenizer: Any, choice: GeneratedChoice, start: int, end: int, request: Any) -> Any:
     return (
         {"content": token_logprobs(tokenizer, choice, start, end, request.top_logprobs), "refusal": None}
@@ -458,16 +469,8 @@ def chat_chunks(
             last["choices"][0]["token_versions"] = list(c.output_versions)
         out.append(last)
     if request.include_usage:
-        usage = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": None,
-            "choices": [],
-            "usage": usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices)),
-        }
-        out.append(usage)
+        usage = usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices))
+        out.append(usage_chunk(completion_id, "chat.completion.chunk", created, model, usage))
     return out
 
 
@@ -590,21 +593,10 @@ def completion_chunks(
         final = choice_text(tokenizer, c.output_ids, c.finish_reason, request.stop)
         offset = 0
         for text, a, b in text_deltas(tokenizer, c.output_ids, final):
-            lp = (
-                _legacy_logprobs(tokenizer, c, a, b, request.logprobs, offset) if request.logprobs is not None else None
-            )
-            out.append(chunk(c.index, text, lp))
+            out.append(chunk(c.index, text, completion_delta_logprobs(tokenizer, c, a, b, request, offset)))
             offset += len(text)
         out.append(chunk(c.index, "", None, c.finish_reason))
     if request.include_usage:
-        out.append(
-            {
-                "id": completion_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices)),
-            }
-        )
+        usage = usage_json(prompt_tokens, sum(len(c.output_ids) for c in choices))
+        out.append(usage_chunk(completion_id, "text_completion", created, model, usage, fingerprint=False))
     return out

@@ -197,15 +197,9 @@ class OpenAIRoutes:
                 await response.write(f"data: {json.dumps(item)}\n\n".encode())
             else:
                 if req.include_usage:
-                    usage = {
-                        "id": cid,
-                        "object": "chat.completion.chunk" if chat else "text_completion",
-                        "created": created,
-                        "model": model,
-                        "system_fingerprint": None,
-                        "choices": [],
-                        "usage": fmt.usage_json(sum(len(p) for p in prompts), out_tokens),
-                    }
+                    kind = "chat.completion.chunk" if chat else "text_completion"
+                    counts = fmt.usage_json(sum(len(p) for p in prompts), out_tokens)
+                    usage = fmt.usage_chunk(cid, kind, created, model, counts)
                     await response.write(f"data: {json.dumps(usage)}\n\n".encode())  # type: ignore[union-attr]
             assert response is not None  # every pump sends a finish chunk before its count
             await response.write(b"data: [DONE]\n\n")
