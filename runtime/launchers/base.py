@@ -9,7 +9,9 @@ package imports one that imports it back.
 
 from __future__ import annotations
 
+import logging
 import queue
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,34 @@ class ProcessDied:
     returncode: int | None
     signal: str | None  # e.g. "SIGKILL" when it was killed by a signal
     log_tail: str
+
+
+def signal_name(code: int) -> str | None:
+    """SIGKILL for an exit code of -9 (a process killed by a signal), else None."""
+    return signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
+
+
+def report_death(
+    died: ProcessDied,
+    deaths: queue.Queue[ProcessDied],
+    on_death: Callable[[ProcessDied], None] | None,
+    log: logging.Logger,
+) -> None:
+    """A launcher's watchdog reports a death (once): logged on the launcher's `log`, queued on
+    `deaths`, then `on_death` called, whose failure is logged (the watchdog must keep watching the others)."""
+    log.error(
+        "%s %r died: exit code %s%s",
+        died.role,
+        died.name,
+        died.returncode,
+        f" ({died.signal})" if died.signal else "",
+    )
+    deaths.put(died)
+    if on_death is not None:
+        try:
+            on_death(died)
+        except Exception:
+            log.exception("on_death callback failed for %s", died.name)
 
 
 # Ray custom resources that pin roles to nodes. A cluster whose nodes advertise them (the

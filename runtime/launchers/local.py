@@ -41,7 +41,7 @@ import psutil
 
 import areal_graph.runtime.launchers.interrupt as interrupt
 from areal_graph.api.process import CORES_ENV, PDEATHSIG_ENV, arm_parent_death_signal, pin_to_cores
-from areal_graph.runtime.launchers.base import ProcessDied
+from areal_graph.runtime.launchers.base import ProcessDied, report_death, signal_name
 
 log = logging.getLogger(__name__)
 
@@ -409,15 +409,8 @@ class LocalLauncher:
                     continue
                 m.reported = True
                 kill_group(m.popen.pid)  # what it started and left behind (a vLLM server's engine processes)
-                sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None
-                died = ProcessDied(m.name, m.role, rc, sig, tail(m.log_path))
-                log.error("%s %r died: exit code %s%s", m.role, m.name, rc, f" ({sig})" if sig else "")
-                self.deaths.put(died)
-                if self.on_death is not None:
-                    try:
-                        self.on_death(died)
-                    except Exception:  # the watchdog must keep watching the others
-                        log.exception("on_death callback failed for %s", m.name)
+                died = ProcessDied(m.name, m.role, rc, signal_name(rc), tail(m.log_path))
+                report_death(died, self.deaths, self.on_death, log)
 
     def restart(self, name: str, timeout: float = 180.0) -> _Managed:
         """Start a process that died again, exactly as it was first started (same command,

@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import queue
-import signal
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -45,7 +44,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from areal_graph.runtime.launchers.base import LaunchRequest, ProcessDemand, ProcessDied
+from areal_graph.runtime.launchers.base import LaunchRequest, ProcessDemand, ProcessDied, report_death, signal_name
 from areal_graph.runtime.launchers.local import (
     LocalLauncher,
     endpoint_healthy,
@@ -450,19 +449,7 @@ class RayLauncher:
 
     def _report(self, died: ProcessDied) -> None:
         self.procs[died.name].reported = True
-        log.error(
-            "%s %r died: exit code %s%s",
-            died.role,
-            died.name,
-            died.returncode,
-            f" ({died.signal})" if died.signal else "",
-        )
-        self.deaths.put(died)
-        if self.on_death is not None:
-            try:
-                self.on_death(died)
-            except Exception:  # the watchdog must keep watching the others
-                log.exception("on_death callback failed for %s", died.name)
+        report_death(died, self.deaths, self.on_death, log)
 
     def restart(self, name: str, timeout: float = 180.0) -> RayProcess:
         """Start a process that died again, as it was first started, in a fresh actor in the same
@@ -597,8 +584,3 @@ def first_line(err: BaseException) -> str:
     """The first line of an error (Ray's carry a traceback after it)."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-def signal_name(code: int) -> str | None:
-    """SIGKILL for an exit code of -9 (a process killed by a signal), else None."""
-    return signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
