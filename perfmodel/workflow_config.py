@@ -18,7 +18,7 @@ from areal_graph.runtime.orchestration.placement import plan_placement, usable_c
 def config_from_spec(spec: Any, costs: CostModel, machine_cores: list[int] | None = None) -> SimConfig:
     """The simulator's settings for `spec` on this machine (or on `machine_cores`)."""
     src = next(n for n in spec.nodes.values() if n.kind == "rollout")
-    # one decode thread for models the run gives one (process_executor.SMALL_MODEL_PARAMS); the
+    # one decode thread for models the run gives one (placement.SMALL_MODEL_PARAMS); the
     # cost model knows what the calibration run used
     places = plan_placement(spec, build_plan(spec), small_model=costs.inference.threads == 1)
     model = next((p for n, p in places.items() if p.side == "training"), None)
