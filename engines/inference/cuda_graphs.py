@@ -10,7 +10,7 @@ How: a graph replays fixed shapes at fixed addresses, so
   padding rows attend only to the column they write, in buffer rows no request holds;
 - attention reads every column of the KV buffers under a mask (`LeanForward.decode_static`)
   instead of a window sliced to this step's width, and the write column is a device tensor;
-- the inputs (tokens, positions, each row's first column, the write column) are copied into
+- the inputs (tokens, positions, each row's first column and write column) are copied into
   one static tensor before each replay, and the logits come out of a static one.
 A graph stays valid while the KV buffers, the weights and the rotary table keep their
 storage: weight updates copy in place, the cache keeps its buffers across `clear()` and the
@@ -52,7 +52,7 @@ def buckets_for(max_rows: int) -> list[int]:
 
 @dataclass
 class _Step:
-    inputs: torch.Tensor  # [3 * B + 1] int64: tokens, positions, first columns, write column
+    inputs: torch.Tensor  # [4 * B] int64: tokens, positions, first columns, write columns
     logits: torch.Tensor  # [B, V]: what a replay writes
     replay: Callable[[], Any]
 
@@ -96,14 +96,16 @@ class GraphedDecode:
             self._key = key
         bucket = next(x for x in self.buckets if x >= b)
         pad = bucket - b
+        write = cache.write_columns()  # `end` for every row unless some lag after a verifying step
         host = torch.tensor(
             list(last_tokens)
             + [0] * pad
             + list(cache.lens)
             + [0] * pad
-            + [end - n for n in cache.lens]
+            + [c - n for c, n in zip(write, cache.lens)]
             + [end] * pad
-            + [end],
+            + write
+            + [end] * pad,
             dtype=torch.int64,
         )
         step = self._steps.get(bucket)

@@ -43,16 +43,25 @@ from typing import Any
 
 import torch
 
-from areal_graph.engines.inference.constrained import ConstraintCompiler, ConstraintError, apply_masks
+from areal_graph.engines.inference.constrained import ConstraintCompiler, ConstraintError
 from areal_graph.engines.inference.engine_errors import InvalidRequestError, QueueFullError
-from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL, BusyIntervals, EngineSpans, StepLog
+from areal_graph.engines.inference.engine_spans import (
+    STEP_DECODE,
+    STEP_PREFILL,
+    STEP_VERIFY,
+    BusyIntervals,
+    EngineSpans,
+    StepLog,
+    StepRow,
+)
 from areal_graph.engines.inference.kv_cache import BatchedKVCache
 from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_checked, read_checkpoint, try_load_tokenizer
 from areal_graph.engines.inference.model_runner import ModelRunner
-from areal_graph.engines.inference.penalties import apply_penalties
 from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.requests import validate_request
-from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, sample_tokens
+from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings, Speculator
+from areal_graph.engines.inference.token_intake import take_tokens, take_verified
 from areal_graph.engines.lora_weights import apply_adapter, is_adapter
 
 log = logging.getLogger(__name__)
@@ -88,6 +97,7 @@ class EmbeddedEngine:
         admit_wait_s: float = 0.002,
         cuda_graphs: bool = True,
         kv_on_update: str = "recompute",
+        speculative: SpeculativeSettings | None = None,
     ) -> None:
         """Load or take the model; nothing runs until `start()`.
 
@@ -105,6 +115,11 @@ class EmbeddedEngine:
         the one it was sampled with, and its version the weights that sampled it), or "wait"
         (the update admits nothing new and waits until the requests in flight finish on the old
         weights: generation without interruption, the AReaL paper's ablation baseline).
+        speculative: speculative decoding without a draft model (`speculation/`): each running
+        request proposes tokens found after a match of its context's suffix in its prompt, its
+        own answer, the other answers to its prompt and earlier ones, and one forward verifies
+        them; the tokens, their log-probs and versions are exactly those of plain decoding.
+        Only the lean forward verifies: with the HF forward the engine decodes plainly.
         """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
@@ -145,6 +160,12 @@ class EmbeddedEngine:
             max_rows=max_running,
             max_positions=self.max_context + 1,
         )
+        self._spec: Speculator | None = None
+        if speculative is not None and speculative.enabled:
+            if self._runner.can_verify:
+                self._spec = Speculator(speculative)
+            else:
+                log.warning("speculative decoding needs the lean forward; this model decodes one token at a time")
         self._rng = random.Random(seed)
         # a tokenizer may know more ids than the embedding has rows (never produced; masks are cut to the logits)
         try:
@@ -500,6 +521,7 @@ class EmbeddedEngine:
                 "kv_width": self._cache.width,
                 "max_running": self.max_running,
                 "max_queue": self.max_queue,
+                **({"speculative": self._spec.stats()} if self._spec is not None else {}),
             }
 
     # ------------------------------------------------------------------ validation
@@ -548,7 +570,7 @@ class EmbeddedEngine:
         last call: what the trace counts as the inference side's model compute."""
         return self._busy.take()
 
-    def take_step_log(self) -> list[tuple[float, float, int, int, int, int, int]]:
+    def take_step_log(self) -> list[StepRow]:
         """Every forward since the last call (engine_spans.StepLog), perf_counter times."""
         return self._steps_log.take()
 
@@ -579,6 +601,8 @@ class EmbeddedEngine:
             self._cache.clear()
             for r in reqs:
                 self._active.pop(r.rid, None)
+                if self._spec is not None:
+                    self._spec.finish(r, keep=False)
                 if self._trace is not None:
                     self._trace.finished(r, reason="error")
                 if not r.future.done():
@@ -640,12 +664,13 @@ class EmbeddedEngine:
             self._trace.prefill_started(reqs, t0)
         logits, keys, values, lens = self._runner.prefill([g[0].all_tokens() for g in groups], self.pad_token_id)
         self._steps_log.note(
-            t0, time.perf_counter(), STEP_PREFILL, len(groups), sum(lens), len(lens) * max(lens), max(lens)
+            t0, time.perf_counter(), STEP_PREFILL, len(groups), sum(lens), len(lens) * max(lens), max(lens), len(reqs)
         )
         src = [j for j, g in enumerate(groups) for _ in g]  # request -> its row in the prefill batch
         if len(reqs) > len(groups):
             logits = logits.index_select(0, torch.tensor(src, dtype=torch.long, device=logits.device))
-        done = self._take_tokens(reqs, logits)
+        done, finished = take_tokens(reqs, logits, self._version, self.tokenizer)
+        self._count_tokens(len(reqs), finished)
         if self._trace is not None:
             self._trace.prefill_done(reqs, time.perf_counter())
         keep = [j for j in range(len(reqs)) if j not in done]
@@ -660,101 +685,80 @@ class EmbeddedEngine:
         self._running.extend(reqs[j] for j in keep)
 
     def _decode(self) -> int:
-        """One token for every running request, in one forward over the batched cache."""
+        """One token for every running request in one forward over the batched cache, or, when
+        the speculator has proposals, a verifying step that may emit several per request."""
         rows = self._running
+        drafts = self._spec.proposals(rows) if self._spec is not None else None
+        if drafts is not None:
+            return self._verify(rows, drafts)
         t0, width = time.perf_counter(), self._cache.width
         logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
-        done = self._take_tokens(rows, logits)
+        done, finished = take_tokens(rows, logits, self._version, self.tokenizer)
+        self._count_tokens(len(rows), finished)
+        t1 = time.perf_counter()
+        if self._spec is not None:
+            self._spec.measured(len(rows), False, t1 - t0, len(rows))
         if self._steps_log.enabled:
-            self._steps_log.note(
-                t0,
-                time.perf_counter(),
-                STEP_DECODE,
-                len(rows),
-                len(rows),
-                sum(len(r.prompt) + len(r.output_ids) for r in rows),
-                width,
-            )
+            ctx = sum(len(r.prompt) + len(r.output_ids) for r in rows)
+            self._steps_log.note(t0, t1, STEP_DECODE, len(rows), len(rows), ctx, width, len(rows))
         if done:
             order = self._cache.remove(done)
             self._running = [rows[i] for i in order]
         return len(rows)
 
-    def _take_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> set[int]:
-        """Sample a token per request, append it; resolve and return the indices that finished."""
-        params = [r.params for r in reqs]
-        # penalties first: the reported log-prob is that of the distribution the token is drawn from
-        if any(p.has_penalties for p in params):
-            logits = apply_penalties(logits, params, [r.prompt for r in reqs], [r.output_ids for r in reqs])
-        logits, forced = apply_masks(logits, [r.constraint for r in reqs])
-        uniforms = torch.tensor(
-            [0.0 if p.is_greedy else r.next_uniform() for r, p in zip(reqs, params)], dtype=torch.float64
-        )
-        # sampled where the logits are: on a GPU only B tokens and B log-probs cross to the host,
-        # not B x vocab floats (155 MB a step for 256 rows of a 152k vocabulary)
-        tokens, logprobs = sample_tokens(logits, params, uniforms=uniforms)
-        tokens, logprobs = tokens.tolist(), logprobs.tolist()
-        if any(r.top_logprobs for r in reqs):
-            _append_top_logprobs(reqs, logits)
-        done: set[int] = set()
-        finished: list[_Request] = []
-        version = self._version
-        for j, r in enumerate(reqs):
-            t = tokens[j]
-            if r.constraint is not None and t not in r.stop_ids:
-                r.constraint.advance(t)
-            r.output_ids.append(t)
-            if forced[j] is not None:
-                r.forced.append(bool(forced[j]))
-            r.logprobs.append(logprobs[j])
-            r.versions.append(version)
-            if t in r.stop_ids or (r.params.stop and self._hits_stop_string(r)):
-                r.finish_reason = "stop"
-            elif r.constraint is not None and r.constraint.finished:
-                r.finish_reason = "stop"  # the grammar is complete and nothing but EOS may follow
-            elif len(r.output_ids) >= r.params.max_new_tokens:
-                r.finish_reason = "length"
-            if r.finish_reason is not None:
-                done.add(j)
-                finished.append(r)
-            elif r.on_token is not None:
-                r.on_token()
-        with self._cv:  # count before resolving: a caller reading stats() after its result sees its tokens
-            self._tokens_total += len(reqs)
+    def _verify(self, rows: list[_Request], drafts: list[Any]) -> int:
+        """Feed every row its last token and its proposal in one forward; keep what sampling confirms.
+
+        Position j of row r is sampled exactly as a plain decode step would sample that token
+        (same penalties, same sampler, the request's own uniform for that output index); the
+        proposal's next token is kept only when the sample equals it, so every emitted token,
+        its log-prob and its version are those plain decoding gives. For a sampled request that
+        is the exact rule for a deterministic proposal x: the inverse-CDF sample equals x with
+        probability p(x), and otherwise is a draw from p with x removed, renormalised.
+        """
+        t0, width = time.perf_counter(), self._cache.width
+        fed = [[r.output_ids[-1], *(d.tokens if d is not None else ())] for r, d in zip(rows, drafts)]
+        logits = self._runner.verify(fed, self._cache)  # [B, Q, V]
+        at_row = [i for i, f in enumerate(fed) for _ in f]
+        at_pos = [j for f in fed for j in range(len(f))]
+        flat = logits[torch.tensor(at_row, device=logits.device), torch.tensor(at_pos, device=logits.device)]
+        kept, done, finished = take_verified(rows, fed, flat, self._version, self.tokenizer)
+        self._count_tokens(sum(kept), finished)
+        self._cache.advance_rows(kept)
+        t1 = time.perf_counter()
+        emitted = sum(kept)
+        if self._spec is not None:
+            self._spec.verified(rows, drafts, [k - 1 for k in kept])
+            self._spec.measured(len(rows), True, t1 - t0, emitted)
+        if self._steps_log.enabled:
+            ctx = sum(len(r.prompt) + len(r.output_ids) for r in rows)
+            self._steps_log.note(t0, t1, STEP_VERIFY, len(rows), len(at_row), ctx, width, emitted)
+        if done:
+            order = self._cache.remove(done)
+            self._running = [rows[i] for i in order]
+        return len(rows)
+
+    def _count_tokens(self, n: int, finished: list[_Request]) -> None:
+        """Count `n` new tokens, then resolve `finished` (a caller reading stats() after its
+        result sees its tokens)."""
+        with self._cv:
+            self._tokens_total += n
             now = time.monotonic()
-            self._rate_window.append((now, len(reqs)))
+            self._rate_window.append((now, n))
             while now - self._rate_window[0][0] > 10.0:  # stats() reports tokens/s over the last 10 s
                 self._rate_window.popleft()
             for r in finished:
                 self._resolve(r)
-        return done
-
-    def _hits_stop_string(self, r: _Request) -> bool:
-        """Did the newest token complete one of the stop strings? (decoded-text check on a tail window)."""
-        longest = max(len(s) for s in r.params.stop)
-        tail = r.output_ids[-(longest + 8) :]
-        text = self.tokenizer.decode(tail, skip_special_tokens=False)
-        before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
-        return any(s in text and s not in before for s in r.params.stop)
 
     def _resolve(self, r: _Request) -> None:
         """Holding `_cv`: hand the result to the caller."""
         self._active.pop(r.rid, None)
         self._finished_total += 1
+        if self._spec is not None:
+            self._spec.finish(r)
         if self._trace is not None:
             self._trace.finished(r)
         if not r.future.done():
             r.future.set_result(r.result())
         if r.on_token is not None:
             r.on_token()
-
-
-def _append_top_logprobs(reqs: list[_Request], logits: torch.Tensor) -> None:
-    """For the requests that asked, their `top_logprobs` most likely tokens at this step, under the
-    temperature-scaled distribution the sampled token's log-prob comes from (see sampling.py)."""
-    for j, r in enumerate(reqs):
-        if r.top_logprobs:
-            temp = 1.0 if r.params.is_greedy else float(r.params.temperature)
-            logp = torch.log_softmax(logits[j].float().cpu() / temp, dim=-1)
-            values, ids = torch.topk(logp, min(r.top_logprobs, logp.shape[-1]))
-            r.top.append(list(zip(ids.tolist(), values.tolist())))

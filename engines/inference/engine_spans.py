@@ -67,39 +67,44 @@ class BusyIntervals:
         return out
 
 
-STEP_COLUMNS = ("t_us", "dur_us", "kind", "rows", "tokens", "ctx", "width")  # one engine forward each
-STEP_PREFILL, STEP_DECODE = 0, 1
+STEP_COLUMNS = ("t_us", "dur_us", "kind", "rows", "tokens", "ctx", "width", "out")  # one engine forward each
+STEP_PREFILL, STEP_DECODE, STEP_VERIFY = 0, 1, 2
+StepRow = tuple[float, float, int, int, int, int, int, int]  # perf_counter start and end, then STEP_COLUMNS[2:]
 _STEPS_KEEP = 500_000  # forwards kept when nobody collects them
 
 
 class StepLog:
-    """Every forward the engine ran: a prefill chunk or a decode step, when, for how long, and how
-    big (rows = sequences in the forward; tokens = real tokens computed; ctx = prefill: padded
-    tokens, decode: context tokens attended over all rows; width = the padded attention window).
+    """Every forward the engine ran: a prefill chunk, a decode step or a verifying step
+    (speculative decoding), when, for how long, and how big (rows = sequences in the forward;
+    tokens = real tokens computed, for a verifying step every fed token: each row's last token
+    and its proposal; ctx = prefill: padded tokens, decode and verify: context tokens attended
+    over all rows; width = the padded attention window; out = tokens the step emitted: one per
+    row of a decode step, one per request a prefill samples for, the accepted ones plus one per
+    row of a verifying step).
 
     Why every step and not a histogram: the cost model (perfmodel/costs.py) fits step time against
     batch and context, and separates steps that ran while the trainer computed from those that
-    did not, which needs each step's time. A row is seven numbers (~35 bytes in the trace)."""
+    did not, which needs each step's time. A row is eight numbers (~40 bytes in the trace)."""
 
     def __init__(self) -> None:
         self.enabled = True
-        self._rows: list[tuple[float, float, int, int, int, int, int]] = []
+        self._rows: list[StepRow] = []
 
-    def note(self, start: float, end: float, kind: int, rows: int, tokens: int, ctx: int, width: int) -> None:
+    def note(self, start: float, end: float, kind: int, rows: int, tokens: int, ctx: int, width: int, out: int) -> None:
         if self.enabled:
-            self._rows.append((start, end, kind, rows, tokens, ctx, width))  # atomic under the GIL
+            self._rows.append((start, end, kind, rows, tokens, ctx, width, out))  # atomic under the GIL
             if len(self._rows) > _STEPS_KEEP:
                 del self._rows[: len(self._rows) - _STEPS_KEEP]
 
-    def take(self) -> list[tuple[float, float, int, int, int, int, int]]:
+    def take(self) -> list[StepRow]:
         out, self._rows = self._rows, []
         return out
 
 
-def step_span_args(rows: Sequence[tuple[float, float, int, int, int, int, int]]) -> tuple[float, float, dict[str, Any]]:
+def step_span_args(rows: Sequence[StepRow]) -> tuple[float, float, dict[str, Any]]:
     """(start, end, args) of the one `engine_steps` span that carries `rows` (times relative to its start, in µs)."""
     t0 = rows[0][0]
-    data = [[round((a - t0) * 1e6), round((b - a) * 1e6), k, r, tok, ctx, w] for a, b, k, r, tok, ctx, w in rows]
+    data = [[round((r[0] - t0) * 1e6), round((r[1] - r[0]) * 1e6), *r[2:]] for r in rows]
     return t0, rows[-1][1], {"columns": list(STEP_COLUMNS), "steps": data}
 
 

@@ -16,6 +16,14 @@ HF `Cache` view whose `update` writes column `end`) and `attention_mask()`, or t
 forward (`lean_forward.py`), which writes column `end` itself inside `decode_window()` and
 masks with `decode_mask()`. Either way the caller then calls `advance()`.
 
+Ragged rows (speculative decoding). A verifying step writes several columns per row and
+keeps a different number of them in each row (the accepted tokens), so rows may end before
+`end`: row r's real tokens fill [end - lags[r] - lens[r], end - lags[r]), and its next
+token goes to column end - lags[r]. Every lag is 0 unless speculation ran, and then the
+decode and mask paths are the plain ones above. Columns right of a row's end hold finite
+garbage (rejected proposals) that its masks keep out and its next writes overwrite; a
+repack right-aligns every row again (lags back to 0).
+
 Why this shape: in a long-tailed request mix requests join and leave at almost every
 step. Copying the whole cache on each join or leave (the simple way to keep rows
 compact) cost a fifth of all engine time. Here
@@ -79,6 +87,7 @@ class BatchedKVCache:
         and CUDA graphs captured over them (cuda_graphs.py) stay valid. Their stale values
         are finite and outside every new row's columns, so masks keep them out."""
         self.lens: list[int] = []
+        self.lags: list[int] = []  # end - the row's own end: 0 unless a verifying step kept fewer columns
         self.end = 0
 
     @property
@@ -87,14 +96,30 @@ class BatchedKVCache:
 
     @property
     def width(self) -> int:
-        """Columns attention reads per row: the longest row's length."""
-        return max(self.lens) if self.lens else 0
+        """Columns attention reads per row: from the earliest first column of any row to `end`
+        (the longest row's length while no row lags)."""
+        if not self.lens:
+            return 0
+        if not self.ragged:
+            return max(self.lens)
+        return max(n + lag for n, lag in zip(self.lens, self.lags))
+
+    @property
+    def ragged(self) -> bool:
+        """Whether some row ends before `end` (after a verifying step kept fewer of its columns)."""
+        return any(self.lags)
+
+    def write_columns(self) -> list[int]:
+        """The column each row's next token goes to (`end` for every row that does not lag)."""
+        return [self.end - lag for lag in self.lags]
 
     # ---------------------------------------------------------------- a decode step
     def hf_cache(self, new_tokens: int = 1) -> Cache:
         """An HF `Cache` over rows [0, B) writing at column `end`; repacks first if `new_tokens` would not fit."""
         if not self.keys:
             raise RuntimeError("the KV cache holds no rows")
+        if self.ragged:  # HF's cache writes one column for all rows: only the lean path verifies
+            raise RuntimeError("an HF cache view needs rows that end together; realign() first")
         if self.end + new_tokens > self.keys[0].shape[2]:
             self._repack(self.keys[0].shape[0], self.width, new_tokens)
         b, w = self.batch_size, self.width
@@ -116,10 +141,25 @@ class BatchedKVCache:
 
     def decode_mask(self, new_tokens: int = 1) -> torch.Tensor:
         """[B, 1, 1, width + new_tokens] bool: the attention mask of a decode step over `decode_window()`."""
+        if self.ragged:
+            return self.query_mask(1)
         w = self.width
         device = self.keys[0].device if self.keys else None
         start = torch.tensor([w - n for n in self.lens], device=device).view(-1, 1, 1, 1)
         return torch.arange(w + new_tokens, device=device) >= start
+
+    def query_mask(self, queries: int) -> torch.Tensor:
+        """[B, 1, queries, width + queries] bool: the mask of a step that feeds `queries` new tokens
+        per row over `decode_window(queries)`. Row r's query j sits at its write column + j and
+        sees the row's real tokens and its own new ones up to itself (causal); never the columns
+        another row wrote, nor the garbage right of its end."""
+        w = self.width
+        device = self.keys[0].device if self.keys else None
+        cols = torch.arange(w + queries, device=device).view(1, 1, 1, -1)
+        first = torch.tensor([w - lag - n for n, lag in zip(self.lens, self.lags)], device=device).view(-1, 1, 1, 1)
+        own = torch.tensor([w - lag for lag in self.lags], device=device).view(-1, 1, 1, 1)
+        last = own + torch.arange(queries, device=device).view(1, 1, -1, 1)
+        return (cols >= first) & (cols <= last)
 
     def attention_mask(self, new_tokens: int = 1) -> torch.Tensor:
         """[B, width + new_tokens] int64: 1 on real tokens (and the new ones), 0 on padding."""
@@ -128,9 +168,19 @@ class BatchedKVCache:
         return (torch.arange(w + new_tokens).unsqueeze(0) >= start).long()
 
     def advance(self, new_tokens: int = 1) -> None:
-        """Record that a forward through `hf_cache()` appended `new_tokens` columns to every row."""
+        """Record that a forward appended `new_tokens` columns to every row (at its write column)."""
         self.end += new_tokens
         self.lens = [n + new_tokens for n in self.lens]
+
+    def advance_rows(self, kept: Sequence[int]) -> None:
+        """Record that a verifying step kept kept[r] >= 1 of the columns it wrote to row r (the
+        first ones, from its write column on); the rest are garbage right of the row's end."""
+        if len(kept) != len(self.lens) or any(k < 1 for k in kept):
+            raise ValueError(f"advance_rows: need one count >= 1 per row ({len(self.lens)}), got {list(kept)}")
+        ends = [self.end - lag + k for lag, k in zip(self.lags, kept)]
+        self.end = max(ends)
+        self.lags = [self.end - e for e in ends]
+        self.lens = [n + k for n, k in zip(self.lens, kept)]
 
     # ---------------------------------------------------------------- leaves and joins
     def remove(self, rows: Iterable[int]) -> list[int]:
@@ -152,13 +202,14 @@ class BatchedKVCache:
         for h, m in zip(holes, movers):
             order[h] = m
         if holes:
-            w = max(self.lens[m] for m in movers)  # only the movers' real columns matter
+            w = max(self.lens[m] + self.lags[m] for m in movers)  # only the movers' real columns matter
             dev = self.keys[0].device
             h_idx, m_idx = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
             for bufs in (self.keys, self.values):
                 for buf in bufs:
                     buf[h_idx, :, self.end - w : self.end] = buf[m_idx, :, self.end - w : self.end]
         self.lens = [self.lens[i] for i in order]
+        self.lags = [self.lags[i] for i in order]
         return order
 
     def append(
@@ -195,6 +246,14 @@ class BatchedKVCache:
             for buf, new in zip(bufs, news):
                 buf[b : b + n, :, self.end - take : self.end] = torch.where(real, new[:, :, w_new - take :], 0.0)
         self.lens = self.lens + list(new_lens)
+        self.lags = self.lags + [0] * n
+
+    def realign(self) -> None:
+        """Right-align every row at `end` again (lags back to 0), in place when the buffers allow:
+        after verifying steps, so that the HF path or a long run of plain decode steps reads no
+        lagging columns."""
+        if self.ragged:
+            self._repack(self.keys[0].shape[0], max(self.lens), 1)
 
     def _repack(self, rows: int, left: int, right: int) -> None:
         """Move the window so that `left` (+ slack) columns precede `end` and `right` columns follow it.
@@ -202,25 +261,37 @@ class BatchedKVCache:
         In place when the buffers are big enough (only the window is copied); otherwise into
         fresh, zeroed buffers with 50% spare columns, so growth is amortised. Fresh buffers
         are the only allocation: zeroing them once and only ever writing finite keys keeps
-        every stale value finite.
+        every stale value finite. Lagging rows come out right-aligned (lags 0): each row's
+        real columns are gathered to end at the new `end`.
         """
-        b, w = self.batch_size, self.width
+        b = self.batch_size
+        ragged = self.ragged
+        w = max(self.lens) if b else 0  # columns each row keeps (its real ones, right-aligned)
         new_end = max(left, w) + _LEFT_SLACK
         need = new_end + max(right, _HEADROOM)
         old_rows, old_cols = self.keys[0].shape[0], self.keys[0].shape[2]
         in_place = rows <= old_rows and need <= old_cols
         if not in_place:
             rows, cols = max(rows, old_rows), need + need // 2
+        index = None
+        if ragged and b and w:  # row r's last w columns before its own end (clamped: finite garbage left of it)
+            ends = torch.tensor([self.end - lag for lag in self.lags], device=self.keys[0].device)
+            index = (ends.view(b, 1) - w + torch.arange(w, device=ends.device).view(1, w)).clamp(min=0)
         for bufs in (self.keys, self.values):
             for i, old in enumerate(bufs):
-                window = old[:b, :, self.end - w : self.end]
+                if index is not None:
+                    h, d = old.shape[1], old.shape[3]
+                    window = old[:b].gather(2, index.view(b, 1, w, 1).expand(b, h, w, d))  # a copy
+                else:
+                    window = old[:b, :, self.end - w : self.end]
                 if in_place:
-                    if new_end != self.end and b and w:
-                        old[:b, :, new_end - w : new_end] = window.clone()  # the ranges may overlap
+                    if (new_end != self.end or index is not None) and b and w:
+                        old[:b, :, new_end - w : new_end] = window if index is not None else window.clone()
                     continue
                 new = old.new_zeros(rows, old.shape[1], cols, old.shape[3])
                 if b and w:
                     new[:b, :, new_end - w : new_end] = window
                 bufs[i] = new
         self.end = new_end
+        self.lags = [0] * b
         self.repacks += 1

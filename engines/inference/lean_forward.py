@@ -213,28 +213,75 @@ class LeanForward:
         vbufs: list[torch.Tensor],
         start: int,
         end: int,
+        cols: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One new token per row: tokens and positions [B]; returns logits [B, V].
 
         Each layer writes the new key/value into column `end` of rows [0, B) of its
         buffer (kbufs[l] is [rows, kv_heads, columns, D]) and attends over columns
-        [start, end]; `mask` [B, 1, 1, end - start + 1] (bool) marks the real ones. The
-        query heads of one KV group are folded into the query-length axis, so attention
-        reads each cached key once instead of expanding the cache per query head.
+        [start, end]; `mask` [B, 1, 1, end - start + 1] (bool) marks the real ones. With
+        `cols` [B] (rows that lag after a verifying step: kv_cache.py), row r writes column
+        cols[r] <= end instead. The query heads of one KV group are folded into the
+        query-length axis, so attention reads each cached key once instead of expanding the
+        cache per query head.
         """
         b = tokens.shape[0]
         cos, sin = self._rope(positions.view(b, 1))
         x = F.embedding(tokens.view(b, 1), self.embed)
+        rows = torch.arange(b, device=tokens.device) if cols is not None else None
         for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
             q, k, v = self._qkv(layer, h, cos, sin)
-            kbuf[:b, :, end] = k[:, 0]
-            vbuf[:b, :, end] = v[:, 0]
+            if cols is None:
+                kbuf[:b, :, end] = k[:, 0]
+                vbuf[:b, :, end] = v[:, 0]
+            else:
+                kbuf[rows, :, cols] = k[:, 0]
+                vbuf[rows, :, cols] = v[:, 0]
             q = q.view(b, self.n_kv, self.group, self.head_dim)
             window = slice(start, end + 1)
             a = F.scaled_dot_product_attention(q, kbuf[:b, :, window], vbuf[:b, :, window], attn_mask=mask)
             x = self._mlp_block(layer, x, a.reshape(b, 1, -1))
         return self._logits(x[:, -1])
+
+    def verify(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        kbufs: list[torch.Tensor],
+        vbufs: list[torch.Tensor],
+        start: int,
+        cols: torch.Tensor,
+    ) -> torch.Tensor:
+        """Q new tokens per row in one forward (speculative decoding's verifying step): tokens and
+        positions [B, Q]; returns logits [B, Q, V], position j's for the token after tokens[:, j].
+
+        Row r writes its Q keys/values into columns cols[r] .. cols[r] + Q - 1 and its queries
+        attend over the window [start, max(cols) + Q) under `mask` [B, 1, Q, window] (causal
+        within the new tokens: kv_cache.query_mask). What a row keeps of the new columns is the
+        caller's (`BatchedKVCache.advance_rows`); the others are overwritten later.
+        """
+        b, n = tokens.shape
+        cos, sin = self._rope(positions)
+        x = F.embedding(tokens, self.embed)
+        rows = torch.arange(b, device=tokens.device).view(b, 1).expand(b, n)
+        at = cols.view(b, 1) + torch.arange(n, device=tokens.device).view(1, n)
+        window = slice(start, int(cols.max()) + n)
+        for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            kbuf[rows, :, at] = k
+            vbuf[rows, :, at] = v
+            a = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                kbuf[:b, :, window],
+                vbuf[:b, :, window],
+                attn_mask=mask,
+                enable_gqa=self.group > 1,
+            )
+            x = self._mlp_block(layer, x, a.transpose(1, 2).reshape(b, n, -1))
+        return self._logits(x)
 
     def decode_static(
         self,
@@ -247,24 +294,25 @@ class LeanForward:
     ) -> torch.Tensor:
         """`decode` with every shape fixed, for CUDA-graph capture (`cuda_graphs.py`).
 
-        Rows [0, B) of the buffers take part, B = tokens.shape[0]; the new key/value goes
-        into column `col` [1] (a device tensor, not a Python int: a captured graph replays
-        with new values) and row r attends over columns [lo[r], col] of the whole buffer,
+        Rows [0, B) of the buffers take part, B = tokens.shape[0]; row r's new key/value goes
+        into column col[r] (`col` [B], a device tensor, not Python ints: a captured graph replays
+        with new values) and row r attends over columns [lo[r], col[r]] of the whole buffer,
         masked, instead of a window sliced to this step's width. Nothing here reads a value
         back to the host, so the step can be captured. The rotary table must already cover
         every position (`ensure_rope`).
         """
         b = tokens.shape[0]
         cols = torch.arange(kbufs[0].shape[2], device=tokens.device)
-        mask = ((cols >= lo.view(b, 1)) & (cols <= col)).view(b, 1, 1, -1)
+        mask = ((cols >= lo.view(b, 1)) & (cols <= col.view(b, 1))).view(b, 1, 1, -1)
         cos, sin = self._cos[positions].view(b, 1, 1, -1), self._sin[positions].view(b, 1, 1, -1)
         x = F.embedding(tokens.view(b, 1), self.embed)
+        rows = torch.arange(b, device=tokens.device)
         for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
             q, k, v = self._qkv(layer, h, cos, sin)
             keys, values = kbuf[:b], vbuf[:b]
-            keys.index_copy_(2, col, k.transpose(1, 2))
-            values.index_copy_(2, col, v.transpose(1, 2))
+            keys[rows, :, col] = k[:, 0]
+            values[rows, :, col] = v[:, 0]
             q = q.view(b, self.n_kv, self.group, self.head_dim)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = self._mlp_block(layer, x, a.reshape(b, 1, -1))

@@ -1,9 +1,10 @@
-"""The engine's two forwards - prefill and one decode step - over the lean path or HF's.
+"""The engine's forwards - prefill, one decode step, a verifying step - over the lean path or HF's.
 
 `ModelRunner` hides which forward runs: the lean one (`lean_forward.py`) for the
 Qwen2 / Qwen3 / Llama family, HF's `model(...)` with the batched cache wrapped as an HF
 `Cache` for everything else. Both give the same logits and the same cache contents, so
-the scheduler in `engine.py` does not care which one it has.
+the scheduler in `engine.py` does not care which one it has. Only the lean path verifies
+several tokens per row in one forward (speculative decoding: `can_verify`).
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ class ModelRunner:
         positions = torch.tensor(cache.lens, dtype=torch.long, device=self.device)
         if self.lean is not None:
             start, end = cache.decode_window(1)
-            logits = self.lean.decode(tokens, positions, cache.decode_mask(1), cache.keys, cache.values, start, end)
+            cols = torch.tensor(cache.write_columns(), device=self.device) if cache.ragged else None
+            mask = cache.decode_mask(1)
+            logits = self.lean.decode(tokens, positions, mask, cache.keys, cache.values, start, end, cols)
         else:
             mask = cache.attention_mask(1).to(self.device)
             hf_cache = cache.hf_cache(1)
@@ -142,3 +145,25 @@ class ModelRunner:
             logits = out.logits[:, -1, :]
         cache.advance(1)
         return logits
+
+    @property
+    def can_verify(self) -> bool:
+        """Whether `verify` runs here: the lean forward writes several columns per row; HF's
+        cache view cannot (the engine then decodes one token at a time)."""
+        return self.lean is not None
+
+    def verify(self, rows: list[list[int]], cache: BatchedKVCache) -> torch.Tensor:
+        """Feed rows[r] (its last token, then its proposal) to each of the cache's rows in one
+        forward; return logits [B, Q, V] (Q = the longest row; shorter rows are padded with their
+        last token, whose logits nobody reads). Writes every fed column; the caller keeps what
+        was accepted with `cache.advance_rows`."""
+        if self.lean is None:
+            raise RuntimeError("verify needs the lean forward (ModelRunner.can_verify)")
+        q = max(len(r) for r in rows)
+        padded = [r + [r[-1]] * (q - len(r)) for r in rows]
+        tokens = torch.tensor(padded, dtype=torch.long, device=self.device)
+        base = torch.tensor(cache.lens, dtype=torch.long, device=self.device).view(-1, 1)
+        positions = base + torch.arange(q, device=self.device).view(1, q)
+        start, _ = cache.decode_window(q)
+        cols = torch.tensor(cache.write_columns(), device=self.device)
+        return self.lean.verify(tokens, positions, cache.query_mask(q), cache.keys, cache.values, start, cols)

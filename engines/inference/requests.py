@@ -48,7 +48,11 @@ class Request:
         Drawn from the request's own generator in blocks (one torch call per block, not
         per step), so a request's tokens depend on its seed alone, never on its batch.
         """
-        i = len(self.output_ids)
+        return self.uniform_at(len(self.output_ids))
+
+    def uniform_at(self, i: int) -> float:
+        """The uniform of output token i (a verifying step samples several positions ahead;
+        each still uses its own draw, so speculation never changes which token a seed gives)."""
         while i >= len(self.uniforms):
             self.uniforms.extend(torch.rand(_UNIFORM_BLOCK, dtype=torch.float64, generator=self.generator).tolist())
         return self.uniforms[i]
