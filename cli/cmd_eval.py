@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "agents with tools); --max-new-tokens is then per turn",
     )
     p.add_argument(
+        "--speculative",
+        choices=("on", "off"),
+        default=None,
+        help="speculative decoding without a draft model (the answers are exactly the same, generation "
+        "faster where they repeat their prompt or each other); default: the workflow's "
+        "inference.speculative with --workflow, else off. With --workflow, on keeps its other "
+        "speculative settings",
+    )
+    p.add_argument(
         "--json", dest="json_out", type=Path, default=None, help="also write the full result (per problem) here"
     )
     p.add_argument("--show", type=int, default=3, help="print this many greedy answers (default 3)")
@@ -119,6 +129,7 @@ def workflow_settings(spec: Any) -> dict[str, Any]:
         "source_key": d.source_key,
         "reward": reward.params.fn,
         "reward_timeout_s": reward.params.timeout_s,
+        "speculative": dataclasses.asdict(spec.inference.speculative),
     }
     if rollout is not None:
         out.update(
@@ -142,6 +153,7 @@ def settings(args: argparse.Namespace, err: Any) -> dict[str, Any] | None:
         rollout_class=None,
         data=None,
         limit=None,
+        speculative={"enabled": False},
     )
     if args.workflow is not None:
         spec = load_or_report(args.workflow, [], err)
@@ -166,6 +178,8 @@ def settings(args: argparse.Namespace, err: Any) -> dict[str, Any] | None:
     ):
         if getattr(args, key) is not None:
             merged[key] = getattr(args, key)
+    if args.speculative is not None:  # the flag wins over the workflow's enabled; its other settings stay
+        merged["speculative"] = {**merged["speculative"], "enabled": args.speculative == "on"}
     if merged.get("data") is None:
         err.print("[red]give --data FILE (or --workflow WORKFLOW.yaml with a data.eval)[/]")
         return None
@@ -220,6 +234,11 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, TypeError) as exc:  # ImportPathError is a ValueError
             err.print(f"[red]{'--rollout-class' if args.rollout_class else 'the rollout node of --workflow'}: {exc}[/]")
             return 2
+    speculative = None
+    if conf["speculative"]["enabled"]:
+        from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
+
+        speculative = SpeculativeSettings(**conf["speculative"])
     try:
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("generating", total=None)
@@ -241,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 on_progress=lambda done, total: progress.update(task, completed=done, total=total),
                 rollout=rollout,
+                speculative=speculative,
             )
     except (DatasetError, ValueError) as exc:
         err.print(f"[red]{exc}[/]")
@@ -266,6 +286,12 @@ def run(args: argparse.Namespace) -> int:
         table.add_row("rows skipped", str(result["skipped_rows"]))
     if result["reward_failures"]:
         table.add_row("reward failures (scored 0)", str(result["reward_failures"]))
+    if "speculative" in result:  # tokens an answer gained per verifying forward (1 is plain decoding)
+        sp = result["speculative"]
+        table.add_row(
+            "speculative: tokens per answer per forward",
+            f"{sp['tokens_per_forward']:.2f} ({sp['steps']} verifying steps)" if sp["steps"] else "no verifying step",
+        )
     table.add_row(
         "time",
         f"{result['seconds']:.1f} s ({result['generated_tokens'] / max(result['generation_seconds'], 1e-9):.0f} tok/s)",

@@ -68,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: 32 per token of context)",
     )
     p.add_argument(
+        "--speculative",
+        default="off",
+        choices=["on", "off"],
+        help="speculative decoding without a draft model: each running answer proposes the tokens that "
+        "followed its last few tokens in its prompt, its own text and the other answers to its prompt, "
+        "and one forward verifies them. The output is exactly that of plain decoding (default off)",
+    )
+    p.add_argument(
         "--api-key-env",
         default=None,
         metavar="VAR",
@@ -154,4 +162,6 @@ def run(args: argparse.Namespace) -> int:
         argv += ["--served-model-name", name]
     if args.api_key_env:
         argv += ["--api-key-env", args.api_key_env]
+    if args.speculative == "on":
+        argv += ["--speculative", "on"]
     return http_server.main(argv)

@@ -65,6 +65,7 @@ def schema_markdown() -> str:
     table("models.NAME.train", S.OptimConfig)
     table("data", S.DataSpec)
     table("inference", S.InferenceSpec)
+    table("inference.speculative", S.SpeculativeSpec)
     table("runtime", S.RuntimeSpec)
     out.extend(
         [

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from areal_graph.api.fields import betas_check, device_check, loggers_check, non_empty_string, non_negative, positive
+from areal_graph.api.fields import (
+    betas_check,
+    device_check,
+    greater_than_one,
+    loggers_check,
+    non_empty_string,
+    non_negative,
+    positive,
+)
 from areal_graph.api.fields import cfg as _f
 
 # Top-level keys of a workflow file; `inference` and `runtime` may be omitted (all defaults).
@@ -105,6 +113,69 @@ class DataSpec:
     max_prompt_tokens: int | None = _f(None, positive)
 
 
+MAX_DRAFT_LIMIT = 16  # the longest proposal the embedded engine verifies (speculation/policy.py)
+
+
+def max_draft_check(v: Any) -> str | None:
+    return None if 1 <= v <= MAX_DRAFT_LIMIT else f"must be in [1, {MAX_DRAFT_LIMIT}]"
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """Speculative decoding without a draft model, in the embedded engine
+    (engines/inference/speculation/): a running answer proposes the tokens that followed the
+    same last few tokens in its prompt, its own answer so far, the other answers to its prompt
+    (the G answers of a group resemble one another) and earlier answers to the same prompt; one
+    forward verifies them. What is generated is exactly what plain decoding generates (tokens,
+    log-probs, versions): only the speed changes. Mirrors the engine's SpeculativeSettings."""
+
+    enabled: bool = _f(
+        False,
+        None,
+        "speculate (embedded backend only; SGLang and vLLM have speculative decoding of their own, "
+        "turned on through inference.args). Output is the same either way; it pays when answers "
+        "repeat their prompt or each other, and the engine measures per batch size whether it does",
+    )
+    max_draft: int = _f(
+        4,
+        max_draft_check,
+        "tokens a request proposes at most per step, in [1, 16]: a proposal grows by one while all "
+        "of it is accepted and shrinks after a miss, so this caps the compute spent on a step's "
+        "guesses (every proposed token is fed whether accepted or not)",
+    )
+    max_rows: int | None = _f(
+        None,
+        positive,
+        "speculate only while this many requests or fewer are running (large batches are compute-"
+        "bound, where verifying guesses costs about what it saves); null: the engine decides per "
+        "batch size from measured tokens per second",
+    )
+    min_match: int = _f(
+        2,
+        greater_than_one,
+        "the shortest suffix (in tokens) of a request's context whose earlier occurrence counts as "
+        "a match; 1 proposes more often, and is wrong more often",
+    )
+    max_match: int = _f(
+        4,
+        greater_than_one,
+        "the longest suffix looked up first (>= min_match): longer matches are rarer and their "
+        "continuations more often right",
+    )
+    history_prompts: int = _f(
+        128,
+        positive,
+        "prompts whose finished answers are kept as draft material for later requests with the same "
+        "prompt (RL revisits its prompts across steps); at least 1, the least recently used is dropped",
+    )
+    history_answers: int = _f(
+        8,
+        non_negative,
+        "finished answers kept per prompt (the newest); 0 keeps none, so only the answers in "
+        "flight, the prompt and the request's own text are searched",
+    )
+
+
 @dataclass(frozen=True)
 class InferenceSpec:
     backend: Literal["embedded", "sglang", "vllm"] = _f(
@@ -138,6 +209,13 @@ class InferenceSpec:
         positive,
         "torch threads per embedded server; null: 1 for models under "
         "50M parameters (faster on CPU), else the run's thread split",
+    )
+    speculative: SpeculativeSpec = field(
+        default_factory=SpeculativeSpec,
+        metadata={
+            "check": None,
+            "help": "speculative decoding without a draft model (embedded backend): see inference.speculative",
+        },
     )
 
 

@@ -30,6 +30,7 @@ from areal_graph.graph.typed_yaml import Validator
 
 def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
     """Relations between runtime fields and the source node: whole prompt groups, concurrency."""
+    check_speculative(spec, v)
     if runtime_ok:
         check_launcher(spec, v)
         check_loggers(spec, v)
@@ -70,6 +71,39 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
             ("inference", "python"),
             f"{python!r} is not an executable file (relative paths are from the "
             f"directory the run starts in: {os.getcwd()})",
+        )
+
+
+# How to turn on each server's own speculative decoding: the closest it has to ours (n-gram
+# lookup, no draft model), set through inference.args.
+OWN_SPECULATION = {
+    "sglang": "SGLang's --speculative-algorithm server argument (its n-gram lookup: inference.args "
+    "speculative_algorithm: NGRAM, with its speculative_* settings)",
+    "vllm": 'vLLM\'s --speculative-config with method "ngram" (inference.args speculative_config: '
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\')',
+}
+
+
+def check_speculative(spec: S.WorkflowSpec, v: Validator) -> None:
+    """inference.speculative: max_match against min_match (a rule across two fields, so not a
+    field's own check), and speculation asked of a backend that is not ours. Why refuse there
+    rather than pass it on: proposals drawn from the prompt group's other answers and the kept
+    answers to a prompt are the embedded engine's; SGLang and vLLM speculate their own way, with
+    their own settings, so the workflow says which it means."""
+    sp = spec.inference.speculative
+    if sp.max_match < sp.min_match:
+        v.report(
+            ("inference", "speculative", "max_match"),
+            f"must be >= inference.speculative.min_match ({sp.min_match}): the longest suffix looked up "
+            f"cannot be shorter than the shortest, got {sp.max_match}",
+        )
+    backend = spec.inference.backend
+    if sp.enabled and backend in OWN_SPECULATION:
+        v.report(
+            ("inference", "speculative", "enabled"),
+            f"speculative decoding from the prompt group's answers is the embedded engine's; the {backend} "
+            f"backend has speculative decoding of its own: set enabled: false and turn it on with "
+            f"{OWN_SPECULATION[backend]}",
         )
 
 

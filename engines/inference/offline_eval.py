@@ -69,6 +69,7 @@ def evaluate_model(
     max_running: int = 128,
     on_progress: Callable[[int, int], None] | None = None,
     rollout: Any = None,
+    speculative: Any = None,
 ) -> dict[str, Any]:
     """Greedy accuracy (and pass@k from `n_samples` >= k samples when k > 0) on `data`.
 
@@ -78,6 +79,9 @@ def evaluate_model(
     calls the result also has `greedy_tool_call_rate` (and `sample_tool_call_rate`).
     Returns a JSON-ready dict; `per_prompt` lists each prompt's greedy completion and counts;
     `by_source` the greedy accuracy per data source when the rows name one (`source_key`).
+    `speculative` (the engine's SpeculativeSettings) turns on speculative decoding: the answers
+    are the same, generation faster where they repeat their prompt or each other; the result then
+    has the engine's `speculative` counts (proposed and accepted tokens, tokens per forward).
     """
     from areal_graph.engines.inference.engine import EmbeddedEngine, SamplingParams
 
@@ -85,7 +89,9 @@ def evaluate_model(
     if k < 0 or (k and n < k):
         raise ValueError(f"need k >= 0 and n_samples >= k, got k={k}, n_samples={n_samples}")
     t0 = time.perf_counter()
-    engine = EmbeddedEngine(str(model_dir), max_running=max_running, max_queue=1 << 30, seed=seed)
+    engine = EmbeddedEngine(
+        str(model_dir), max_running=max_running, max_queue=1 << 30, seed=seed, speculative=speculative
+    )
     tok = engine.tokenizer
     if tok is None:
         raise ValueError(f"{model_dir} has no tokenizer (save it next to the model with save_pretrained)")
@@ -121,6 +127,7 @@ def evaluate_model(
             trajectories = _generate_plain(engine, prompts, requests, on_progress)
         else:
             trajectories = generate_with_rollout(engine, rollout, prompts, requests, on_progress)
+        spec_stats = engine.stats().get("speculative")
     gen_s = time.perf_counter() - t_gen
     texts = [policy_text(tok, t) for t in trajectories]
     answers = [prompts[i].answer for i, _ in requests]
@@ -161,6 +168,8 @@ def evaluate_model(
         "seconds": round(time.perf_counter() - t0, 2),
         "generation_seconds": round(gen_s, 2),
     }
+    if spec_stats is not None:
+        out["speculative"] = spec_stats
     if tool_calls is not None:
         out["greedy_tool_call_rate"] = sum(c > 0 for c in tool_calls[: len(prompts)]) / len(prompts)
         for p, c in zip(per_prompt, tool_calls):

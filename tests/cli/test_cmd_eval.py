@@ -194,3 +194,113 @@ def test_a_verl_parquet_file_is_evaluated_with_accuracy_per_source(kit, tmp_path
     text = capsys.readouterr().out
     for source, row in result["by_source"].items():
         assert re.search(rf"│\s+{re.escape(source)} \(2\)\s+│\s+{row['greedy_accuracy']:.1%} │", text)
+
+
+def _workflow_file(tmp_path: Path, *overrides: str) -> Path:
+    """ppo_async.yaml with `overrides`, written back as a workflow file (as a run's config.yaml is)."""
+    from areal_graph.graph.dump import dump_workflow
+    from areal_graph.graph.loader import load_workflow
+    from support.paths import WORKFLOWS
+
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_workflow(load_workflow(WORKFLOWS / "ppo_async.yaml", list(overrides))))
+    return path
+
+
+def test_speculative_is_off_by_default_and_the_flag_wins_over_the_workflow(tmp_path):
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    assert parse("m", "--data", "d").speculative is None  # not given: the workflow's, else off
+    assert cmd_eval.settings(parse("m", "--data", "d"), err)["speculative"] == {"enabled": False}
+    assert cmd_eval.settings(parse("m", "--data", "d", "--speculative", "on"), err)["speculative"] == {"enabled": True}
+    on = _workflow_file(tmp_path, "inference.speculative.enabled=true", "inference.speculative.max_draft=8")
+    conf = cmd_eval.settings(parse("m", "--workflow", str(on)), err)
+    assert conf["speculative"] == {
+        "enabled": True,
+        "max_draft": 8,
+        "max_rows": None,
+        "min_match": 2,
+        "max_match": 4,
+        "history_prompts": 128,
+        "history_answers": 8,
+    }
+    conf = cmd_eval.settings(parse("m", "--workflow", str(on), "--speculative", "off"), err)
+    assert conf["speculative"]["enabled"] is False and conf["speculative"]["max_draft"] == 8
+    off = _workflow_file(tmp_path, "inference.speculative.max_rows=4")
+    conf = cmd_eval.settings(parse("m", "--workflow", str(off), "--speculative", "on"), err)
+    assert (conf["speculative"]["enabled"], conf["speculative"]["max_rows"]) == (True, 4)  # its settings kept
+
+
+def test_speculative_settings_reach_the_engine_and_the_table(tmp_path, monkeypatch, capsys):
+    """`run` hands evaluate_model the engine's SpeculativeSettings (None when off), and the table
+    shows the engine's tokens per answer per forward (evaluate_model replaced by a recorder)."""
+    from areal_graph.engines.inference import offline_eval
+    from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
+
+    seen: list = []
+
+    def recorder(model, data, **kwargs):
+        seen.append(kwargs["speculative"])
+        out = {
+            "prompts": 1,
+            "greedy_accuracy": 1.0,
+            "greedy_reward_mean": 1.0,
+            "skipped_rows": 0,
+            "reward_failures": 0,
+            "seconds": 1.0,
+            "generated_tokens": 4,
+            "generation_seconds": 1.0,
+            "per_prompt": [],
+        }
+        if kwargs["speculative"] is not None:
+            out["speculative"] = {"steps": 3, "tokens_per_forward": 1.75}
+        return out
+
+    monkeypatch.setattr(offline_eval, "evaluate_model", recorder)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = tmp_path / "d.jsonl"
+    data.write_text("")
+    assert cmd_eval.run(parse(str(model), "--data", str(data))) == 0
+    assert seen == [None] and "tokens per answer per forward" not in capsys.readouterr().out
+    assert cmd_eval.run(parse(str(model), "--data", str(data), "--speculative", "on")) == 0
+    assert seen[-1] == SpeculativeSettings(enabled=True)
+    assert re.search(
+        r"│ speculative: tokens per answer per forward\s+│\s+1\.75 \(3 verifying steps\) │", capsys.readouterr().out
+    )
+    workflow = _workflow_file(tmp_path, "inference.speculative.enabled=true", "inference.speculative.max_draft=2")
+    assert cmd_eval.run(parse(str(model), "--workflow", str(workflow), "--data", str(data))) == 0
+    assert seen[-1] == SpeculativeSettings(enabled=True, max_draft=2)
+
+
+def test_speculative_eval_gives_the_same_answers_as_plain_decoding(kit, tmp_path):
+    """The real engine with speculation on: greedy answers and samples (so pass@k) are the same."""
+    results = {}
+    for mode in ("off", "on"):
+        out = tmp_path / f"{mode}.json"
+        args = parse(
+            str(kit / "model"),
+            "--data",
+            str(kit / "test.jsonl"),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "-k",
+            "2",
+            "--show",
+            "0",
+            "--speculative",
+            mode,
+            "--json",
+            str(out),
+        )
+        assert cmd_eval.run(args) == 0
+        results[mode] = json.loads(out.read_text())
+    assert "speculative" not in results["off"]
+    spec = results["on"]["speculative"]
+    assert spec["steps"] > 0 and spec["emitted"] >= spec["steps"], spec  # it did verify proposals
+    assert results["on"]["per_prompt"] == results["off"]["per_prompt"]
+    assert results["on"]["generated_tokens"] == results["off"]["generated_tokens"]

@@ -102,6 +102,22 @@ def test_every_option_reaches_the_server_and_reads_back_the_same(server_main, tm
     assert (got.dtype, got.served_model_name, got.max_prompt_chars) == ("bfloat16", "policy", 999)
 
 
+def test_speculative_on_reaches_the_server_off_adds_nothing(server_main, tmp_path, capsys):
+    from areal_graph.engines.inference.server.args import speculative_settings
+    from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
+
+    assert parse("m").speculative == "off"
+    assert cmd_serve.run(parse(str(tmp_path), "--speculative", "off")) == 7
+    assert not any(part.startswith("--speculative") for part in server_main[-1])
+    assert cmd_serve.run(parse(str(tmp_path), "--speculative", "on")) == 7
+    assert server_main[-1][-2:] == ["--speculative", "on"]
+    got = speculative_settings(build_arg_parser().parse_args(server_main[-1]))
+    assert got == SpeculativeSettings(enabled=True)  # the engine's defaults for the rest
+    with pytest.raises(SystemExit):
+        parse("m", "--speculative", "maybe")
+    assert "argument --speculative: invalid choice: 'maybe'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("host", ["localhost", "::1"])
 def test_other_loopback_names_need_no_key(server_main, tmp_path, host):
     assert cmd_serve.run(parse(str(tmp_path), "--host", host)) == 7

@@ -18,7 +18,7 @@ from areal_graph.api.process import RUN_TOKEN_ENV
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.engines.inference.backends.base import HttpCall, ServerLaunch, launch_flags
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
-from areal_graph.engines.inference.server.args import build_arg_parser
+from areal_graph.engines.inference.server.args import build_arg_parser, speculative_flags
 
 
 def _no_named_adapters() -> NoReturn:
@@ -70,6 +70,8 @@ class EmbeddedBackend(SGLangBackend):
             options += ["--api-key-env", RUN_TOKEN_ENV]
         if getattr(inference, "kv_on_update", "recompute") != "recompute":
             options += ["--kv-on-update", inference.kv_on_update]
+        # inference.speculative: `--speculative on` and the settings that differ from the server's defaults
+        options += speculative_flags(getattr(inference, "speculative", None))
         return options
 
     def args_problem(self, inference: Any) -> str | None:

@@ -8,8 +8,32 @@ to do it; the server (`http_server.py:main`) parses its argv with it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-__all__ = ["build_arg_parser", "DTYPES"]
+from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
+
+__all__ = ["build_arg_parser", "DTYPES", "speculative_settings", "speculative_flags"]
+
+_SPEC_DEFAULTS = SpeculativeSettings()
+
+
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (high None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"must be in [{low}, {high}], got {value}" if high is not None else f"must be >= {low}, got {value}"
+            )
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
 
 # --dtype: torch's names for the weight and compute types the engine takes
 DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -35,6 +59,62 @@ def build_arg_parser() -> argparse.ArgumentParser:
         choices=["recompute", "keep", "wait"],
         help="at a weight update, recompute the KV cache of requests in flight (default), keep it, "
         "or wait for them to finish before swapping",
+    )
+    spec = p.add_argument_group(
+        "speculative decoding",
+        "without a draft model (engines/inference/speculation/): the output is exactly that of plain "
+        "decoding; only the speed changes",
+    )
+    spec.add_argument(
+        "--speculative",
+        default="off",
+        choices=["on", "off"],
+        help="propose each running answer's next tokens from its prompt, its own text, the other answers "
+        "to its prompt and earlier ones, and verify them in one forward (default off)",
+    )
+    spec.add_argument(
+        "--speculative-max-draft",
+        type=_int_at_least(1, 16),
+        default=_SPEC_DEFAULTS.max_draft,
+        metavar="K",
+        help=f"tokens a request proposes at most per step, in [1, 16] (default {_SPEC_DEFAULTS.max_draft})",
+    )
+    spec.add_argument(
+        "--speculative-max-rows",
+        type=_int_at_least(1),
+        default=_SPEC_DEFAULTS.max_rows,
+        metavar="N",
+        help="speculate only while N requests or fewer are running (default: decided per batch size "
+        "from measured throughput)",
+    )
+    spec.add_argument(
+        "--speculative-min-match",
+        type=_int_at_least(1),
+        default=_SPEC_DEFAULTS.min_match,
+        metavar="N",
+        help=f"shortest context suffix that counts as a match (default {_SPEC_DEFAULTS.min_match})",
+    )
+    spec.add_argument(
+        "--speculative-max-match",
+        type=_int_at_least(1),
+        default=_SPEC_DEFAULTS.max_match,
+        metavar="N",
+        help=f"longest suffix looked up first, >= --speculative-min-match (default {_SPEC_DEFAULTS.max_match})",
+    )
+    spec.add_argument(
+        "--speculative-history-prompts",
+        type=_int_at_least(1),
+        default=_SPEC_DEFAULTS.history_prompts,
+        metavar="N",
+        help="prompts whose finished answers are kept as draft material for later requests "
+        f"(default {_SPEC_DEFAULTS.history_prompts})",
+    )
+    spec.add_argument(
+        "--speculative-history-answers",
+        type=_int_at_least(0),
+        default=_SPEC_DEFAULTS.history_answers,
+        metavar="N",
+        help=f"finished answers kept per prompt; 0 keeps none (default {_SPEC_DEFAULTS.history_answers})",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
@@ -64,3 +144,36 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="require the API key held in environment variable VAR (Authorization: Bearer KEY)",
     )
     return p
+
+
+def speculative_settings(args: argparse.Namespace) -> SpeculativeSettings:
+    """The engine's SpeculativeSettings from parsed `--speculative*` flags; ValueError names the
+    flag of a combination the parser cannot check by itself (max-match below min-match)."""
+    if args.speculative_max_match < args.speculative_min_match:
+        raise ValueError(
+            f"--speculative-max-match ({args.speculative_max_match}) must be >= --speculative-min-match "
+            f"({args.speculative_min_match})"
+        )
+    return SpeculativeSettings(
+        enabled=args.speculative == "on",
+        max_draft=args.speculative_max_draft,
+        max_rows=args.speculative_max_rows,
+        min_match=args.speculative_min_match,
+        max_match=args.speculative_max_match,
+        history_prompts=args.speculative_history_prompts,
+        history_answers=args.speculative_history_answers,
+    )
+
+
+def speculative_flags(settings: object) -> list[str]:
+    """The server flags that ask for `settings` (SpeculativeSettings, or any object with its fields,
+    such as the workflow's inference.speculative): none when it is off, else `--speculative on`
+    and each setting that differs from the server's default."""
+    if not getattr(settings, "enabled", False):
+        return []
+    out = ["--speculative", "on"]
+    for name in ("max_draft", "max_rows", "min_match", "max_match", "history_prompts", "history_answers"):
+        value = getattr(settings, name)
+        if value is not None and value != getattr(_SPEC_DEFAULTS, name):
+            out += ["--speculative-" + name.replace("_", "-"), str(value)]
+    return out

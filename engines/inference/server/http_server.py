@@ -64,7 +64,7 @@ from areal_graph.engines.inference.engine_errors import InvalidRequestError, Que
 from areal_graph.engines.inference.engine_spans import step_span_args
 from areal_graph.engines.inference.request_tags import parse_tags
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
-from areal_graph.engines.inference.server.args import DTYPES, build_arg_parser
+from areal_graph.engines.inference.server.args import DTYPES, build_arg_parser, speculative_settings
 from areal_graph.engines.inference.server.chat_routes import default_served_name, register_openai_routes
 from areal_graph.engines.inference.server.native_requests import (
     ABORT_FIELDS,
@@ -475,7 +475,12 @@ async def serve(server: InferenceHTTPServer, host: str, port: int, stop: asyncio
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        speculative = speculative_settings(args)
+    except ValueError as err:
+        parser.error(str(err))  # exits 2 with the usage line, as argparse does for a bad flag
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -506,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         version=args.weight_version,
         seed=args.seed,
         kv_on_update=args.kv_on_update,
+        speculative=speculative,
     )
     tokenizer = getattr(engine, "tokenizer", None)
     engine.start()

@@ -17,8 +17,9 @@ from areal_graph.engines.inference.backends.base import HttpCall, ServerLaunch
 from areal_graph.engines.inference.backends.embedded import EmbeddedBackend
 from areal_graph.engines.inference.backends.sglang import SGLangBackend
 from areal_graph.engines.inference.sampling import SamplingParams
-from areal_graph.engines.inference.server.args import build_arg_parser
-from areal_graph.graph.spec import InferenceSpec
+from areal_graph.engines.inference.server.args import build_arg_parser, speculative_settings
+from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
+from areal_graph.graph.spec import InferenceSpec, SpeculativeSpec
 
 EMBEDDED = EmbeddedBackend()
 
@@ -48,6 +49,36 @@ def test_command_is_one_the_servers_own_parser_accepts():
             ServerLaunch(InferenceSpec(kv_on_update=mode), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
         )
         assert build_arg_parser().parse_args(cmd[3:]).kv_on_update == mode
+
+
+def test_inference_speculative_becomes_flags_the_server_reads_back():
+    """Off (the default): no flag. On: `--speculative on` and the settings that differ from the
+    server's defaults, which its parser turns back into the section's values."""
+    cmd = EMBEDDED.command(ServerLaunch(InferenceSpec(), "/m", 1, 1, 0, "inference", None, "127.0.0.1"))
+    assert not any(part.startswith("--speculative") for part in cmd)
+    assert speculative_settings(build_arg_parser().parse_args(cmd[3:])).enabled is False
+    section = SpeculativeSpec(enabled=True, max_draft=6, max_rows=16, min_match=3, max_match=5, history_answers=0)
+    cmd = EMBEDDED.command(
+        ServerLaunch(InferenceSpec(speculative=section), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
+    )
+    assert cmd[-12:] == [
+        "--speculative",
+        "on",
+        "--speculative-max-draft",
+        "6",
+        "--speculative-max-rows",
+        "16",
+        "--speculative-min-match",
+        "3",
+        "--speculative-max-match",
+        "5",
+        "--speculative-history-answers",
+        "0",
+    ]
+    settings = speculative_settings(build_arg_parser().parse_args(cmd[3:]))
+    assert settings == SpeculativeSettings(
+        enabled=True, max_draft=6, max_rows=16, min_match=3, max_match=5, history_prompts=128, history_answers=0
+    )
 
 
 def test_the_api_key_travels_in_the_environment_never_in_argv():

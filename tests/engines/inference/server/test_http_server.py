@@ -520,3 +520,36 @@ def test_serve_refuses_an_open_server_beyond_loopback_and_an_unset_key(tmp_path,
     assert args.func(args) == 2
     args = build_parser().parse_args(["serve", str(tmp_path), "--api-key-env", "AREAL_NO_SUCH_KEY"])
     assert args.func(args) == 2
+
+
+def test_main_hands_the_speculative_flags_to_the_engine(monkeypatch, capsys):
+    """`--speculative*` reach EmbeddedEngine as SpeculativeSettings (the engine is replaced by a
+    recorder that stops `main` before it serves); max-match below min-match exits 2 naming both."""
+    from areal_graph.api.process import CORES_ENV, PDEATHSIG_ENV
+    from areal_graph.engines.inference import engine as engine_module
+    from areal_graph.engines.inference.server import http_server
+    from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
+
+    seen: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    def recorder(model_path, **kwargs):
+        seen.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(engine_module, "EmbeddedEngine", recorder)
+    monkeypatch.delenv(CORES_ENV, raising=False)  # pin_to_cores: nothing to pin
+    monkeypatch.delenv(PDEATHSIG_ENV, raising=False)  # die_with_parent: nothing to arm
+    with pytest.raises(Stop):
+        http_server.main(["--model", "m"])
+    assert seen[-1]["speculative"] == SpeculativeSettings(enabled=False)
+    flags = ["--speculative", "on", "--speculative-max-draft", "6", "--speculative-history-answers", "0"]
+    with pytest.raises(Stop):
+        http_server.main(["--model", "m", *flags])
+    assert seen[-1]["speculative"] == SpeculativeSettings(enabled=True, max_draft=6, history_answers=0)
+    with pytest.raises(SystemExit) as info:
+        http_server.main(["--model", "m", "--speculative-min-match", "4", "--speculative-max-match", "3"])
+    assert info.value.code == 2 and len(seen) == 2
+    assert "--speculative-max-match (3) must be >= --speculative-min-match (4)" in capsys.readouterr().err
