@@ -252,13 +252,14 @@ class LeanForward:
         kbufs: list[torch.Tensor],
         vbufs: list[torch.Tensor],
         start: int,
+        end: int,
         cols: torch.Tensor,
     ) -> torch.Tensor:
         """Q new tokens per row in one forward (speculative decoding's verifying step): tokens and
         positions [B, Q]; returns logits [B, Q, V], position j's for the token after tokens[:, j].
 
-        Row r writes its Q keys/values into columns cols[r] .. cols[r] + Q - 1 and its queries
-        attend over the window [start, max(cols) + Q) under `mask` [B, 1, Q, window] (causal
+        Row r writes its Q keys/values into columns cols[r] .. cols[r] + Q - 1 (cols[r] <= end)
+        and its queries attend over the window [start, end + Q) under `mask` [B, 1, Q, window] (causal
         within the new tokens: kv_cache.query_mask). What a row keeps of the new columns is the
         caller's (`BatchedKVCache.advance_rows`); the others are overwritten later.
         """
@@ -267,7 +268,7 @@ class LeanForward:
         x = F.embedding(tokens, self.embed)
         rows = torch.arange(b, device=tokens.device).view(b, 1).expand(b, n)
         at = cols.view(b, 1) + torch.arange(n, device=tokens.device).view(1, n)
-        window = slice(start, int(cols.max()) + n)
+        window = slice(start, end + n)
         for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
             q, k, v = self._qkv(layer, h, cos, sin)

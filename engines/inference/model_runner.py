@@ -164,6 +164,6 @@ class ModelRunner:
         tokens = torch.tensor(padded, dtype=torch.long, device=self.device)
         base = torch.tensor(cache.lens, dtype=torch.long, device=self.device).view(-1, 1)
         positions = base + torch.arange(q, device=self.device).view(1, q)
-        start, _ = cache.decode_window(q)
+        start, end = cache.decode_window(q)
         cols = torch.tensor(cache.write_columns(), device=self.device)
-        return self.lean.verify(tokens, positions, cache.query_mask(q), cache.keys, cache.values, start, cols)
+        return self.lean.verify(tokens, positions, cache.query_mask(q), cache.keys, cache.values, start, end, cols)

@@ -1,0 +1,75 @@
+"""When to speculate and how far (speculation/policy.py), and what the speculator counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_graph.engines.inference.speculation.policy import SpeculationPolicy, bucket_of
+from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings, Speculator
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+
+
+def test_the_proposal_length_follows_acceptance():
+    p = SpeculationPolicy(max_draft=4)
+    assert p.draft_length("a") == 2
+    p.accepted("a", 2, 2)
+    p.accepted("a", 3, 3)
+    p.accepted("a", 4, 4)
+    assert p.draft_length("a") == 4  # capped at max_draft
+    p.accepted("a", 4, 1)
+    assert p.draft_length("a") == 2  # a rejection: what was accepted, plus one
+    p.accepted("a", 2, 0)
+    assert p.draft_length("a") == 1
+    p.forget("a")
+    assert p.draft_length("a") == 2
+
+
+def test_the_step_choice_follows_the_measured_rates():
+    p = SpeculationPolicy(max_draft=4)
+    assert p.speculate(8)  # nothing measured at 8 rows: try verifying
+    p.measured(8, True, 0.010, 20)  # 2000 tokens/s verifying
+    assert not p.speculate(8)  # no plain measurement yet: the baseline first
+    p.measured(8, False, 0.004, 8)  # 2000 tokens/s decoding
+    assert p.speculate(8)  # a tie goes to speculation
+    for _ in range(30):
+        p.measured(8, True, 0.010, 10)  # verifying falls to 1000 tokens/s
+    decisions = [p.speculate(8) for _ in range(200)]
+    assert decisions.count(True) in range(1, 6)  # decode, but re-measure verifying now and then
+    assert p.speculate(1)  # another bucket has its own measurements
+
+
+def test_max_rows_caps_the_batch_that_speculates():
+    p = SpeculationPolicy(max_draft=3, max_rows=8)
+    assert p.speculate(8) and not p.speculate(9)
+    with pytest.raises(ValueError, match="max_draft"):
+        SpeculationPolicy(max_draft=0)
+    with pytest.raises(ValueError, match="max_rows"):
+        SpeculationPolicy(max_rows=0)
+
+
+class _Req:
+    def __init__(self, rid, prompt, out, max_new=64, constraint=None):
+        self.rid, self.prompt, self.output_ids, self.constraint = rid, prompt, out, constraint
+        self.params = type("P", (), {"max_new_tokens": max_new})()
+
+
+def test_the_speculator_proposes_within_max_tokens_and_skips_constrained_requests():
+    s = Speculator(SpeculativeSettings(enabled=True, max_draft=4))
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2]
+    rows = [_Req("a", prompt, []), _Req("b", prompt, [], max_new=2), _Req("c", prompt, [], constraint=object())]
+    drafts = s.proposals(rows)
+    assert drafts is not None
+    assert drafts[0] is not None and drafts[0].tokens == (3, 4) and drafts[0].source == "prompt"
+    assert drafts[1] is not None and len(drafts[1].tokens) == 1  # room for one more token after the step's own
+    assert drafts[2] is None  # a grammar's state cannot be rolled back: it decodes plainly
+    s.verified(rows, drafts, [2, 0, 0])
+    stats = s.stats()
+    assert stats["proposed"]["prompt"] == 3 and stats["accepted"]["prompt"] == 2
+    assert stats["fed"] == 3 + 2 + 1 and stats["emitted"] == 3 + 1 + 1
+    assert stats["tokens_per_forward"] == pytest.approx(5 / 3)
+    for r in rows:
+        s.finish(r)
+    assert s.drafts.stats()["live"] == 0
