@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
 from areal_graph.graph.kinds.common import actor_model
 from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
@@ -56,7 +57,7 @@ class _Material:
     """What the fit reads off a timeline, in seconds."""
 
     window: tuple[float, float]
-    steps: dict[str, np.ndarray]  # server -> rows [t, dur, kind, rows, tokens, ctx, width]
+    steps: dict[str, np.ndarray]  # server -> rows [t, dur, kind, rows, tokens, ctx, width(, out)]
     busy: dict[str, list[tuple[float, float]]]  # process -> compute intervals
     placement: dict[str, dict[str, Any]]
     cpu: list[tuple[float, dict[str, float]]]
@@ -244,7 +245,8 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     steps = [
         (kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
         for rows in m.steps.values()
-        for t, dur, kind, n, tokens, ctx, width in rows
+        for t, dur, kind, n, tokens, ctx, width, *_ in rows  # traces since speculation add `out`
+        if kind in (STEP_PREFILL, STEP_DECODE)  # verifying steps (speculation) are not priced yet
     ]
 
     def x_of(kind: int, n: float, tokens: float, ctx: float, width: float) -> dict[str, float]:

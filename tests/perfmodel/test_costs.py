@@ -79,3 +79,27 @@ def test_bad_calibration_input_says_what_is_wrong(run_dir, tmp_path):
     bad.write_text("{}")
     with pytest.raises(CalibrationError, match="not a cost model"):
         load_costs(bad)
+
+
+def test_a_trace_with_the_out_column_and_verifying_steps_fits_the_same(costs, run_dir, tmp_path):
+    """Engines since speculative decoding log an eighth column (`out`) and verifying steps (kind 2,
+    engine_spans.STEP_VERIFY): the decode and prefill fits read the old columns alone and leave
+    the verifying steps out (they are not priced yet), so the same run fits the same."""
+    from areal_graph.engines.inference.engine_spans import STEP_VERIFY
+
+    shutil.copytree(run_dir, tmp_path / "run")
+    trace_path = tmp_path / "run" / "trace.json"
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    changed = 0
+    for e in events:
+        if e.get("name") == "engine_steps":
+            steps = e["args"]["steps"]
+            e["args"]["steps"] = [[*s, s[3]] for s in steps] + [
+                [s[0], s[1], STEP_VERIFY, *s[3:], 2 * s[3]] for s in steps[:3]
+            ]
+            changed += 1
+    assert changed
+    trace_path.write_text(json.dumps(trace))
+    again = load_costs(tmp_path / "run")
+    assert again.decode_ms == costs.decode_ms and again.prefill_ms == costs.prefill_ms
