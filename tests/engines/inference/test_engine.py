@@ -21,17 +21,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_graph.engines.inference.engine import EmbeddedEngine, InvalidRequestError, QueueFullError
+from areal_graph.engines.inference.engine_spans import STEP_PREFILL
 from areal_graph.engines.inference.sampling import SamplingParams, truncate_logits
+from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
 from support.tiny_models import build_spiky_qwen2
 
 VOCAB = 128
 DEVICE = os.environ.get("AREAL_TEST_DEVICE", "cpu")
+DECODING = {"speculative": None}  # what make_engine gives the engine (the `decoding` fixture sets it)
+
+
+@pytest.fixture(autouse=True, params=["plain", "speculative"])
+def decoding(request):
+    """Every test here runs twice: decoding one token at a time, and with speculative decoding
+    (docs/speculative_decoding.md), whose tokens, log-probs and versions must be the same."""
+    DECODING["speculative"] = SpeculativeSettings(enabled=True) if request.param == "speculative" else None
+    yield request.param
+    DECODING["speculative"] = None
 
 
 def make_engine(model=None, model_path=None, **kw) -> EmbeddedEngine:
     """The engine under test on DEVICE; off the CPU it gets a copy (`.to()` moves a module in place)."""
     if model is not None and DEVICE != "cpu":
         model = copy.deepcopy(model)
+    kw.setdefault("speculative", DECODING["speculative"])
     return EmbeddedEngine(model_path, model=model, device=DEVICE, **kw)
 
 
@@ -321,7 +334,9 @@ def test_a_swap_that_keeps_the_kv_cache_decodes_on_without_prefilling_again(mode
         eng.resume()
         results = [f.result(timeout=60) for f in futs]
         after = eng.take_step_log()
-    assert after and all(kind == 1 for _, _, kind, *_ in after)  # decode steps only: no re-prefill
+    assert after and all(
+        kind != STEP_PREFILL for _, _, kind, *_ in after
+    )  # decode (or verify) steps only: no re-prefill
     for p, r in zip(ps, results):
         k = r.output_versions.index(1)
         assert 0 < k < n and r.output_versions == [0] * k + [1] * (n - k)
@@ -484,10 +499,14 @@ def test_weight_swap_without_pause_is_not_starved(model_b):
         swapped_at = eng.stats()["tokens_generated"]
         results = [f.result(timeout=60) for f in futs]
         assert eng.abort("nothing") is False
+    before = []
     for r in results:
         k = r.output_versions.index(7)
         assert r.output_versions == [0] * k + [7] * (300 - k)
-        assert k * 3 <= swapped_at + 3
+        before.append(k)
+    # the swap landed at a step boundary mid-flight: the tokens before it were all counted by then
+    # (rows advance alike when decoding plainly, by different amounts when speculating)
+    assert sum(before) <= swapped_at < 900
 
 
 def test_cancelled_asyncio_generate_frees_its_slot(model_a):

@@ -172,3 +172,22 @@ def test_behaviour_logprobs_equal_a_float64_forward(random_model):
         ref = logp.gather(1, torch.tensor(r.output_ids).view(-1, 1)).squeeze(1)
         worst = max(worst, float((ref - torch.tensor(r.output_logprobs, dtype=torch.float64)).abs().max()))
     assert worst < 1e-5, worst
+
+
+def test_constrained_requests_decode_plainly_beside_speculating_ones(tmp_path_factory):
+    """A JSON-schema request cannot propose (its grammar state cannot be rolled back): in a batch
+    where the others speculate, every answer is the same as without speculation."""
+    kit = ensure_kit(BUILTIN_KITS["tiny-arith"], root=tmp_path_factory.mktemp("cache"))
+    model = str(kit.path / "model")
+    prompts, _ = load_prompts(kit.path / "data" / "test.jsonl", EmbeddedEngine(model).tokenizer)
+    schema = '{"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}'
+    reqs = [
+        (p.input_ids, SamplingParams(max_new_tokens=40, temperature=0.0, json_schema=schema if i % 2 else None))
+        for i, p in enumerate(prompts[:16])
+    ]
+    plain, _ = generate({"model_path": model}, reqs, spec=False)
+    spec, stats = generate({"model_path": model}, reqs, spec=True)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in plain]
+    assert [r.output_forced for r in spec] == [r.output_forced for r in plain]
+    assert all(r.output_forced is not None for r in spec[1::2])
+    assert stats["speculative"]["steps"] > 0
