@@ -194,7 +194,11 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
     console.print(_process_table(summary["processes"]))
     if summary["critical_path"]["steps"]:
         console.print(_bounds_table(summary["critical_path"]))
-    for line in _staleness_lines(summary["staleness"]) + _packing_lines(summary["packing"]):
+    for line in (
+        _staleness_lines(summary["staleness"])
+        + _packing_lines(summary["packing"])
+        + _speculation_lines(summary["speculation"])
+    ):
         console.print(line, highlight=False)
     for part in _mismatch_parts(summary["mismatch"]):
         console.print(part, highlight=False)
@@ -297,6 +301,18 @@ def _packing_lines(pk: dict[str, Any]) -> list[str]:
         f"[bold]micro-batch packing[/]: median fill {_pct(pk['fill_median'])}% of the {pk['budget']}-token "
         f"budget (lowest {_pct(pk['fill_min'])}%), {pk['at_lower_bound']} of {pk['steps']} steps at the lower "
         f"bound of micro-batches ({pk['extra_microbatches']:.0f} extra in all); [dim]{pk['note']}[/]"
+    ]
+
+
+def _speculation_lines(sp: dict[str, Any]) -> list[str]:
+    """Speculative decoding (docs/speculative_decoding.md), when the engine verified anything."""
+    if not sp["available"]:
+        return []
+    by_rows = ", ".join(f"{k} rows {v:.2f}" for k, v in sp["by_rows"].items())
+    acc = ", ".join(f"{k} {sp['accepted'][k]}/{sp['proposed'][k]}" for k in sp["proposed"] if sp["proposed"][k])
+    return [
+        f"[bold]speculative decoding[/]: {sp['verifying']} of {sp['forwards']} forwards verified proposals, "
+        f"{sp['tokens_per_forward']:.2f} tokens per row and forward ({by_rows}); accepted of proposed: {acc or 'none'}"
     ]
 
 

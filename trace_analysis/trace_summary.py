@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_graph.trace_analysis.mismatch_summary import mismatch_summary
+from areal_graph.trace_analysis.speculation_summary import speculation_summary
 from areal_graph.trace_analysis.step_split import step_split, summarize_steps
 from areal_graph.trace_analysis.trace_metrics import packing_efficiency, staleness_histogram
 from areal_graph.trace_analysis.trace_run import RunMaterial
@@ -38,6 +39,7 @@ def summarize_run(run: RunMaterial) -> dict[str, Any]:
         "staleness": staleness_histogram(tl, run.metrics),
         "packing": packing_efficiency(run.metrics, budget, ranks),
         "mismatch": mismatch_summary(run.metrics),
+        "speculation": speculation_summary(tl),
         "nodes": node_totals(tl, nodes),
         "fused": dict(run.plan.fused) if run.plan is not None else _fused_from_trace(run),
     }

@@ -433,6 +433,9 @@ class InferenceHTTPServer:
         if rows:
             start, end, args = step_span_args(rows)
             self.spans.record("engine_steps", start, end, cat="profile", node="engine", **args)
+            speculative = self.engine.stats().get("speculative") if hasattr(self.engine, "stats") else None
+            if speculative:  # the running counts by source (trace_analysis/speculation_summary.py)
+                self.spans.record("speculation", end, end, cat="profile", node="engine", **speculative)
         return web.json_response({"spans": self.spans.take()})
 
     async def get_clock(self, request: web.Request) -> web.Response:

@@ -1,0 +1,60 @@
+"""What speculative decoding did in a run, read off the inference servers' records.
+
+Two records feed it (engines/inference/server/http_server.py `get_spans`): the engine's step
+log (`engine_steps`, one row per forward; kind 2 is a verifying step, whose `rows` column counts
+the rows it verified and whose eighth column `out` the tokens it emitted) and, while the engine
+speculates, a `speculation` record with its running counts (proposed and accepted tokens by
+source). Why both: tokens per forward and their dependence on the batch come from every step,
+exactly; where the accepted tokens came from only the engine knows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from areal_graph.trace_analysis.trace_model import Timeline
+
+VERIFY = 2  # engines/inference/engine_spans.py STEP_VERIFY (the analyser does not import the engine)
+SOURCES = ("self", "prompt", "group", "history")
+
+
+def _bucket(rows: int) -> int:
+    b = 1
+    while b < rows:
+        b *= 2
+    return b
+
+
+def speculation_summary(tl: Timeline) -> dict[str, Any]:
+    """Verifying steps and their share of the engine's forwards, tokens per row and forward
+    overall and by batch size (powers of two), and the accepted share of proposed tokens by
+    source (summed over servers, from each one's latest counts)."""
+    forwards = verifying = 0
+    rows_by: dict[int, int] = defaultdict(int)
+    out_by: dict[int, int] = defaultdict(int)
+    latest: dict[str, dict[str, Any]] = {}
+    for s in tl.profiles:
+        if s["name"] == "engine_steps":
+            for r in s["args"].get("steps", []):
+                forwards += 1
+                if len(r) > 7 and int(r[2]) == VERIFY:
+                    verifying += 1
+                    rows_by[_bucket(int(r[3]))] += int(r[3])
+                    out_by[_bucket(int(r[3]))] += int(r[7])
+        elif s["name"] == "speculation" and isinstance(s["args"].get("proposed"), dict):
+            latest[s["process"]] = s["args"]
+    if not verifying:
+        return {"available": False, "forwards": forwards}
+    proposed = {k: sum(int(a["proposed"].get(k, 0)) for a in latest.values()) for k in SOURCES}
+    accepted = {k: sum(int(a.get("accepted", {}).get(k, 0)) for a in latest.values()) for k in SOURCES}
+    return {
+        "available": True,
+        "forwards": forwards,
+        "verifying": verifying,
+        "tokens_per_forward": sum(out_by.values()) / sum(rows_by.values()),
+        "by_rows": {str(b): out_by[b] / rows_by[b] for b in sorted(rows_by)},
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance": {k: (accepted[k] / proposed[k] if proposed[k] else None) for k in SOURCES},
+    }
