@@ -35,6 +35,16 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+# --speculative-<field>: the settings' integer fields, their ranges and what they do
+_SPECULATIVE_FLAGS: tuple[tuple[str, int, int | None, str, str], ...] = (
+    ("max_draft", 1, 16, "K", "tokens a request proposes at most per step, in [1, 16]"),
+    ("max_rows", 1, None, "N", "speculate only while N requests or fewer are running"),
+    ("min_match", 1, None, "N", "shortest context suffix that counts as a match"),
+    ("max_match", 1, None, "N", "longest suffix looked up first, >= --speculative-min-match"),
+    ("history_prompts", 1, None, "N", "prompts whose finished answers are kept as draft material for later requests"),
+    ("history_answers", 0, None, "N", "finished answers kept per prompt; 0 keeps none"),
+)
+
 # --dtype: torch's names for the weight and compute types the engine takes
 DTYPES: dict[str, str] = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -72,50 +82,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="propose each running answer's next tokens from its prompt, its own text, the other answers "
         "to its prompt and earlier ones, and verify them in one forward (default off)",
     )
-    spec.add_argument(
-        "--speculative-max-draft",
-        type=_int_at_least(1, 16),
-        default=_SPEC_DEFAULTS.max_draft,
-        metavar="K",
-        help=f"tokens a request proposes at most per step, in [1, 16] (default {_SPEC_DEFAULTS.max_draft})",
-    )
-    spec.add_argument(
-        "--speculative-max-rows",
-        type=_int_at_least(1),
-        default=_SPEC_DEFAULTS.max_rows,
-        metavar="N",
-        help="speculate only while N requests or fewer are running (default: decided per batch size "
-        "from measured throughput)",
-    )
-    spec.add_argument(
-        "--speculative-min-match",
-        type=_int_at_least(1),
-        default=_SPEC_DEFAULTS.min_match,
-        metavar="N",
-        help=f"shortest context suffix that counts as a match (default {_SPEC_DEFAULTS.min_match})",
-    )
-    spec.add_argument(
-        "--speculative-max-match",
-        type=_int_at_least(1),
-        default=_SPEC_DEFAULTS.max_match,
-        metavar="N",
-        help=f"longest suffix looked up first, >= --speculative-min-match (default {_SPEC_DEFAULTS.max_match})",
-    )
-    spec.add_argument(
-        "--speculative-history-prompts",
-        type=_int_at_least(1),
-        default=_SPEC_DEFAULTS.history_prompts,
-        metavar="N",
-        help="prompts whose finished answers are kept as draft material for later requests "
-        f"(default {_SPEC_DEFAULTS.history_prompts})",
-    )
-    spec.add_argument(
-        "--speculative-history-answers",
-        type=_int_at_least(0),
-        default=_SPEC_DEFAULTS.history_answers,
-        metavar="N",
-        help=f"finished answers kept per prompt; 0 keeps none (default {_SPEC_DEFAULTS.history_answers})",
-    )
+    for field, low, high, metavar, what in _SPECULATIVE_FLAGS:
+        default = getattr(_SPEC_DEFAULTS, field)
+        spec.add_argument(
+            "--speculative-" + field.replace("_", "-"),
+            type=_int_at_least(low, high),
+            default=default,
+            metavar=metavar,
+            help=f"{what} (default: {default if default is not None else 'decided per batch size from measured throughput'})",
+        )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
     p.add_argument("--device", default="cpu")
