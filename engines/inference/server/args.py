@@ -129,15 +129,8 @@ def speculative_settings(args: argparse.Namespace) -> SpeculativeSettings:
             f"--speculative-max-match ({args.speculative_max_match}) must be >= --speculative-min-match "
             f"({args.speculative_min_match})"
         )
-    return SpeculativeSettings(
-        enabled=args.speculative == "on",
-        max_draft=args.speculative_max_draft,
-        max_rows=args.speculative_max_rows,
-        min_match=args.speculative_min_match,
-        max_match=args.speculative_max_match,
-        history_prompts=args.speculative_history_prompts,
-        history_answers=args.speculative_history_answers,
-    )
+    values = {field: getattr(args, "speculative_" + field) for field, *_ in _SPECULATIVE_FLAGS}
+    return SpeculativeSettings(enabled=args.speculative == "on", **values)
 
 
 def speculative_flags(settings: object) -> list[str]:
