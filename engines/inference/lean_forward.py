@@ -269,19 +269,19 @@ class LeanForward:
         rows = torch.arange(b, device=tokens.device).view(b, 1).expand(b, n)
         at = cols.view(b, 1) + torch.arange(n, device=tokens.device).view(1, n)
         window = slice(start, end + n)
+        # the query heads of one KV group folded into the query axis (as `decode` does), so the
+        # cache is read once per KV head; the mask follows the fold once for every layer
+        folded_mask = mask.repeat_interleave(self.group, dim=2)
         for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
             q, k, v = self._qkv(layer, h, cos, sin)
             kbuf[rows, :, at] = k
             vbuf[rows, :, at] = v
-            a = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                kbuf[:b, :, window],
-                vbuf[:b, :, window],
-                attn_mask=mask,
-                enable_gqa=self.group > 1,
-            )
-            x = self._mlp_block(layer, x, a.transpose(1, 2).reshape(b, n, -1))
+            q = q.view(b, n, self.n_kv, self.group, self.head_dim).transpose(1, 2)
+            q = q.reshape(b, self.n_kv, n * self.group, self.head_dim)
+            a = F.scaled_dot_product_attention(q, kbuf[:b, :, window], vbuf[:b, :, window], attn_mask=folded_mask)
+            a = a.view(b, self.n_kv, n, self.group, self.head_dim).transpose(1, 2)
+            x = self._mlp_block(layer, x, a.reshape(b, n, -1))
         return self._logits(x)
 
     def decode_static(
