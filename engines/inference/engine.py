@@ -729,7 +729,7 @@ class EmbeddedEngine:
         emitted = sum(kept)
         if self._spec is not None:
             self._spec.verified(rows, drafts, [k - 1 for k in kept])
-            self._spec.measured(len(rows), True, t1 - t0, emitted)
+            self._spec.measured(len(rows), True, t1 - t0, emitted, len(at_row))
         if self._steps_log.enabled:
             ctx = sum(len(r.prompt) + len(r.output_ids) for r in rows)
             self._steps_log.note(t0, t1, STEP_VERIFY, len(rows), len(at_row), ctx, width, emitted)

@@ -8,10 +8,14 @@ about their compute at large batches. Neither the acceptance rate nor the cost i
 advance (both depend on the policy, the prompts and the machine), so both are measured as
 the engine runs:
 
-- **Per request**, the proposal length follows its own recent acceptance: everything accepted
-  grows it by one (up to `max_draft`), a rejection shrinks it to what was accepted plus one.
-  A request whose proposals keep failing proposes one token at a time, which costs one more
-  query per step.
+- **Per request**, the proposal length weighs what a token is worth against what it costs. Its
+  worth: the request's recent acceptance rate a (accepted per proposed token tried, decayed, with
+  a prior of 1/2): the k-th proposed token is used with probability a^k. Its cost: c, the time
+  one more fed token per row adds to a verifying step, in units of a plain step's time per row,
+  measured at this batch size (a prior of 1/4 until both kinds of step ran). The request proposes
+  the longest k <= `max_draft` with a^k >= c, and at least one token (so its rate stays
+  measured). On a CPU c is small at one row (the step is per-call overhead) and near 1 at 64
+  (the step is compute): long proposals in the tail, short ones in a full batch.
 - **Per step**, the engine speculates when the measured tokens per second of verifying steps
   beat those of plain decode steps at this batch size (batch sizes bucketed by powers of
   two). A bucket without measurements of one kind tries it; every `_EXPLORE` steps the other
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 
 _EMA = 0.2  # weight of the newest measurement in the running averages
 _EXPLORE = 64  # steps of one kind in a bucket before the other kind is measured again
+_DECAY = 0.8  # a request's acceptance counts fade by this per verifying step
+_PRIOR_COST = 0.25  # an extra fed token per row, in plain-step time per row, before it is measured
 
 
 def bucket_of(rows: int) -> int:
@@ -37,18 +43,23 @@ def bucket_of(rows: int) -> int:
 
 @dataclass
 class _Rate:
-    """Running averages of one kind of step in one bucket: seconds per step and tokens out per step."""
+    """Running averages of one kind of step in one bucket: seconds per step, tokens out per step,
+    rows and fed tokens per step."""
 
     seconds: float = 0.0
     tokens: float = 0.0
+    rows: float = 0.0
+    fed: float = 0.0
     n: int = 0
 
-    def add(self, seconds: float, tokens: float) -> None:
+    def add(self, seconds: float, tokens: float, rows: float, fed: float) -> None:
         if self.n == 0:
-            self.seconds, self.tokens = seconds, tokens
+            self.seconds, self.tokens, self.rows, self.fed = seconds, tokens, rows, fed
         else:
             self.seconds += _EMA * (seconds - self.seconds)
             self.tokens += _EMA * (tokens - self.tokens)
+            self.rows += _EMA * (rows - self.rows)
+            self.fed += _EMA * (fed - self.fed)
         self.n += 1
 
     @property
@@ -73,23 +84,45 @@ class SpeculationPolicy:
             raise ValueError(f"max_rows must be an integer >= 1 or None, got {max_rows!r}")
         self.max_draft = max_draft
         self.max_rows = max_rows
-        self._length: dict[str, int] = {}  # rid -> its next proposal length
+        self._tries: dict[str, tuple[float, float]] = {}  # rid -> (accepted, tried), decayed
         self._buckets: dict[int, _Bucket] = {}
 
     # ---------------------------------------------------------------- per request
-    def draft_length(self, rid: str) -> int:
-        """How many tokens request `rid` may propose now."""
-        return self._length.get(rid, min(2, self.max_draft))
+    def acceptance(self, rid: str) -> float:
+        """Request `rid`'s recent chance that a proposed token is accepted (prior 1/2)."""
+        accepted, tried = self._tries.get(rid, (0.0, 0.0))
+        return (accepted + 1.0) / (tried + 2.0)
+
+    def draft_length(self, rid: str, rows: int = 1) -> int:
+        """How many tokens request `rid` should propose in a step over `rows` rows: the longest
+        k <= max_draft whose k-th token is worth its cost (a^k >= c), at least 1."""
+        a, c = self.acceptance(rid), self.token_cost(rows)
+        k, worth = 0, 1.0
+        while k < self.max_draft and worth * a >= c:
+            k, worth = k + 1, worth * a
+        return max(k, 1)
 
     def accepted(self, rid: str, proposed: int, accepted: int) -> None:
-        """Request `rid` proposed `proposed` tokens and `accepted` of them were taken."""
+        """Request `rid` proposed `proposed` tokens and `accepted` of them were taken (the tokens
+        tried are the accepted ones and, when one was rejected, that one)."""
         if proposed <= 0:
             return
-        k = self.draft_length(rid)
-        self._length[rid] = min(k + 1, self.max_draft) if accepted >= proposed else max(1, accepted + 1)
+        tried = accepted + (1 if accepted < proposed else 0)
+        a, t = self._tries.get(rid, (0.0, 0.0))
+        self._tries[rid] = (a * _DECAY + accepted, t * _DECAY + tried)
 
     def forget(self, rid: str) -> None:
-        self._length.pop(rid, None)
+        self._tries.pop(rid, None)
+
+    def token_cost(self, rows: int) -> float:
+        """What one more fed token per row adds to a verifying step over `rows` rows, in plain-step
+        time per row (measured: verifying steps against plain ones in this bucket)."""
+        b = self._buckets.get(bucket_of(rows))
+        if b is None or b.verify.n == 0 or b.decode.n == 0 or b.verify.fed <= b.verify.rows:
+            return _PRIOR_COST
+        per_row = b.decode.seconds / max(b.decode.rows, 1.0)
+        extra = (b.verify.seconds - per_row * b.verify.rows) / (b.verify.fed - b.verify.rows)
+        return min(max(extra / per_row, 0.02), 4.0)
 
     # ---------------------------------------------------------------- per step
     def speculate(self, rows: int) -> bool:
@@ -108,10 +141,11 @@ class SpeculationPolicy:
         b.since_other += 1
         return verdict
 
-    def measured(self, rows: int, verified: bool, seconds: float, tokens: int) -> None:
-        """A step over `rows` rows took `seconds` and emitted `tokens` tokens."""
+    def measured(self, rows: int, verified: bool, seconds: float, tokens: int, fed: int | None = None) -> None:
+        """A step over `rows` rows fed `fed` tokens (a plain step: one per row), took `seconds` and
+        emitted `tokens` tokens."""
         b = self._buckets.setdefault(bucket_of(rows), _Bucket())
-        (b.verify if verified else b.decode).add(seconds, float(tokens))
+        (b.verify if verified else b.decode).add(seconds, float(tokens), float(rows), float(fed if fed else rows))
 
     def rates(self) -> dict[int, tuple[float, float]]:
         """Per bucket, tokens per second of (decode, verify) steps so far (0 where unmeasured)."""

@@ -72,7 +72,7 @@ class Speculator:
             draft = None
             if r.constraint is None:
                 room = r.params.max_new_tokens - len(r.output_ids) - 1
-                k = min(self.policy.draft_length(r.rid), room)
+                k = min(self.policy.draft_length(r.rid, len(reqs)), room)
                 if k > 0:
                     if r.rid not in self._live:
                         self.drafts.start(r.rid, r.prompt)
@@ -97,8 +97,8 @@ class Speculator:
             tally[1] += a
             self.policy.accepted(r.rid, len(d.tokens), a)
 
-    def measured(self, rows: int, verified: bool, seconds: float, tokens: int) -> None:
-        self.policy.measured(rows, verified, seconds, tokens)
+    def measured(self, rows: int, verified: bool, seconds: float, tokens: int, fed: int | None = None) -> None:
+        self.policy.measured(rows, verified, seconds, tokens, fed)
 
     def finish(self, req: Any, keep: bool = True) -> None:
         """Request `req` is done: its answer stays as a draft source for its prompt (keep)."""

@@ -12,30 +12,45 @@ def test_buckets_are_powers_of_two():
     assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
 
 
-def test_the_proposal_length_follows_acceptance():
-    p = SpeculationPolicy(max_draft=4)
-    assert p.draft_length("a") == 2
-    p.accepted("a", 2, 2)
-    p.accepted("a", 3, 3)
-    p.accepted("a", 4, 4)
-    assert p.draft_length("a") == 4  # capped at max_draft
-    p.accepted("a", 4, 1)
-    assert p.draft_length("a") == 2  # a rejection: what was accepted, plus one
-    p.accepted("a", 2, 0)
-    assert p.draft_length("a") == 1
+def test_the_proposal_length_weighs_acceptance_against_cost():
+    p = SpeculationPolicy(max_draft=6)
+    assert p.acceptance("a") == 0.5 and p.token_cost(1) == 0.25
+    assert p.draft_length("a") == 2  # 0.5^2 = 0.25 >= 0.25, 0.5^3 < 0.25
+    for _ in range(20):
+        p.accepted("a", 4, 4)  # everything accepted: a -> 1
+    assert p.acceptance("a") > 0.95 and p.draft_length("a") == 6
+    for _ in range(20):
+        p.accepted("a", 4, 0)  # the first token rejected each time: a -> 0
+    assert p.acceptance("a") < 0.2 and p.draft_length("a") == 1  # never below one: a stays measured
     p.forget("a")
-    assert p.draft_length("a") == 2
+    assert p.acceptance("a") == 0.5
+
+
+def test_the_cost_of_a_fed_token_is_measured_per_batch_size():
+    p = SpeculationPolicy(max_draft=8)
+    p.measured(1, False, 0.001, 1)  # one row: 1 ms a plain step
+    p.measured(1, True, 0.0012, 3, fed=5)  # 4 more fed tokens cost 0.2 ms: 0.05 of a row's step each
+    assert p.token_cost(1) == pytest.approx(0.05)
+    p.measured(64, False, 0.010, 64)  # 64 rows: 0.156 ms per row
+    p.measured(64, True, 0.030, 90, fed=192)  # 128 more fed tokens cost 20 ms: 1.0 per token
+    assert p.token_cost(64) == pytest.approx(1.0)
+    for _ in range(10):
+        p.accepted("a", 4, 3)
+    a = p.acceptance("a")
+    assert 0.6 < a < 0.8
+    assert p.draft_length("a", rows=1) == max(k for k in range(1, 9) if a**k >= 0.05)  # long in the tail
+    assert p.draft_length("a", rows=64) == 1  # a full batch pays for every fed token
 
 
 def test_the_step_choice_follows_the_measured_rates():
     p = SpeculationPolicy(max_draft=4)
     assert p.speculate(8)  # nothing measured at 8 rows: try verifying
-    p.measured(8, True, 0.010, 20)  # 2000 tokens/s verifying
+    p.measured(8, True, 0.010, 20, fed=24)  # 2000 tokens/s verifying
     assert not p.speculate(8)  # no plain measurement yet: the baseline first
     p.measured(8, False, 0.004, 8)  # 2000 tokens/s decoding
     assert p.speculate(8)  # a tie goes to speculation
     for _ in range(30):
-        p.measured(8, True, 0.010, 10)  # verifying falls to 1000 tokens/s
+        p.measured(8, True, 0.010, 10, fed=24)  # verifying falls to 1000 tokens/s
     decisions = [p.speculate(8) for _ in range(200)]
     assert decisions.count(True) in range(1, 6)  # decode, but re-measure verifying now and then
     assert p.speculate(1)  # another bucket has its own measurements
@@ -62,7 +77,7 @@ def test_the_speculator_proposes_within_max_tokens_and_skips_constrained_request
     rows = [_Req("a", prompt, []), _Req("b", prompt, [], max_new=2), _Req("c", prompt, [], constraint=object())]
     drafts = s.proposals(rows)
     assert drafts is not None
-    assert drafts[0] is not None and drafts[0].tokens == (3, 4) and drafts[0].source == "prompt"
+    assert drafts[0] is not None and drafts[0].tokens == (3, 4) and drafts[0].source == "prompt"  # a prior's length
     assert drafts[1] is not None and len(drafts[1].tokens) == 1  # room for one more token after the step's own
     assert drafts[2] is None  # a grammar's state cannot be rolled back: it decodes plainly
     s.verified(rows, drafts, [2, 0, 0])
