@@ -114,12 +114,17 @@ class SpeculationPolicy:
     def forget(self, rid: str) -> None:
         self._tries.pop(rid, None)
 
+    def cost_measured(self, rows: int) -> bool:
+        """Whether `token_cost(rows)` is measured (verifying and plain steps ran at this batch size)."""
+        b = self._buckets.get(bucket_of(rows))
+        return b is not None and b.verify.n > 0 and b.decode.n > 0 and b.verify.fed > b.verify.rows
+
     def token_cost(self, rows: int) -> float:
         """What one more fed token per row adds to a verifying step over `rows` rows, in plain-step
         time per row (measured: verifying steps against plain ones in this bucket)."""
-        b = self._buckets.get(bucket_of(rows))
-        if b is None or b.verify.n == 0 or b.decode.n == 0 or b.verify.fed <= b.verify.rows:
+        if not self.cost_measured(rows):
             return _PRIOR_COST
+        b = self._buckets[bucket_of(rows)]
         per_row = b.decode.seconds / max(b.decode.rows, 1.0)
         extra = (b.verify.seconds - per_row * b.verify.rows) / (b.verify.fed - b.verify.rows)
         return min(max(extra / per_row, 0.02), 4.0)

@@ -79,7 +79,37 @@ class Speculator:
                         self._live.add(r.rid)
                     draft = self.drafts.propose(r.rid, r.output_ids, k)
             out.append(draft)
-        return out if any(d is not None for d in out) else None
+        return self._trim(reqs, out)
+
+    def _trim(self, reqs: Sequence[Any], drafts: list[Draft | None]) -> list[Draft | None] | None:
+        """Cut the step's proposals to the length that pays most, or None to decode plainly.
+
+        Why: one forward feeds every row as many tokens as the longest proposal (shorter rows are
+        padded), so a long proposal in one row costs as much in every row. Expected tokens out of
+        a step fed q tokens per row: rows + sum over rows of a^1 + ... + a^min(k, q - 1) (a: the
+        row's acceptance); its time: rows + rows (q - 1) c, in plain-step time per row (c: the
+        measured cost of a fed token at this batch size). The step takes the q with the most
+        tokens per time; q = 1 is a plain step."""
+        lengths = [len(d.tokens) if d is not None else 0 for d in drafts]
+        if not any(lengths):
+            return None
+        rows = len(reqs)
+        if not self.policy.cost_measured(rows):
+            return drafts  # verify as proposed: what a fed token costs here is measured by doing it
+        cost = self.policy.token_cost(rows)
+        gains = [[self.policy.acceptance(r.rid) ** j for j in range(1, k + 1)] for r, k in zip(reqs, lengths)]
+        best_q, best = 1, 1.0
+        for q in range(2, max(lengths) + 2):
+            tokens = rows + sum(sum(g[: q - 1]) for g in gains)
+            rate = tokens / (rows + rows * (q - 1) * cost)
+            if rate > best:
+                best_q, best = q, rate
+        if best_q == 1:
+            return None
+        return [
+            Draft(d.tokens[: best_q - 1], d.source, d.match) if d is not None and len(d.tokens) >= best_q else d
+            for d in drafts
+        ]
 
     def verified(self, reqs: Sequence[Any], drafts: Sequence[Draft | None], accepted: Sequence[int]) -> None:
         """After a verifying step: `accepted[i]` of request i's proposal were taken."""

@@ -88,3 +88,22 @@ def test_the_speculator_proposes_within_max_tokens_and_skips_constrained_request
     for r in rows:
         s.finish(r)
     assert s.drafts.stats()["live"] == 0
+
+
+def test_a_step_feeds_the_proposal_length_that_pays_most():
+    """One forward pads every row to the longest proposal: a lone proposal in a full batch whose fed
+    tokens cost much is dropped (a plain step), the same proposal alone in the tail is verified
+    whole; before the cost is measured at a batch size, proposals are verified as they are."""
+    s = Speculator(SpeculativeSettings(enabled=True, max_draft=4))
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    for _ in range(20):
+        s.policy.accepted("a", 4, 4)  # request a's proposals always hold
+    lone = [_Req("a", prompt, [])] + [_Req(f"x{i}", [9, 9 + i], []) for i in range(7)]
+    assert s.proposals(lone) is not None  # the cost at 8 rows is not measured yet: verify
+    s.policy.measured(8, False, 0.008, 8)  # 1 ms per row a plain step
+    s.policy.measured(8, True, 0.024, 10, fed=16)  # 8 more fed tokens cost 16 ms: 2 rows' worth each
+    assert s.proposals(lone) is None  # padding 7 rows to a's length costs more than a gains
+    s.policy.measured(1, False, 0.001, 1)
+    s.policy.measured(1, True, 0.0011, 3, fed=5)  # at one row a fed token costs 0.025 of a step
+    alone = s.proposals([_Req("a", prompt, [])])
+    assert alone is not None and alone[0].tokens == (3, 4, 5, 6)
