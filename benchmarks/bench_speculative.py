@@ -130,7 +130,15 @@ def main() -> None:
     console = Console()
     out = {"threads": args.threads, "repeats": repeats, "kits": {}}
     table = Table(title="Speculative decoding: on against off (same answers, token for token)")
-    for col in ("kit", "rows", "off tok/s", "on tok/s", "speed-up", "tokens/forward", "accepted: self/prompt/group/history"):
+    for col in (
+        "kit",
+        "rows",
+        "off tok/s",
+        "on tok/s",
+        "speed-up",
+        "tokens/forward",
+        "accepted: self/prompt/group/history",
+    ):
         table.add_column(col, justify="right" if col != "kit" else "left")
     for name in kits:
         work = kit_workload(name)
