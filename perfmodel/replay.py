@@ -58,7 +58,7 @@ def replay_ratio(
         runner = ModelRunner(model, torch.device("cpu"), cuda_graphs=False, max_rows=256, max_positions=width_cap + 1)
         measured_d = replayed_d = measured_p = replayed_p = 0.0
         with torch.inference_mode():
-            for _, dur, _, n_rows, _, ctx, n_width in decodes:
+            for _, dur, _, n_rows, _, ctx, n_width, *_ in decodes:
                 rows, width = int(n_rows), min(int(n_width), width_cap - 1)
                 rest = max(1, int((ctx - width) // max(rows - 1, 1))) if rows > 1 else width
                 lens = [width] + [min(rest, width)] * (rows - 1)
@@ -76,7 +76,7 @@ def replay_ratio(
                 step()  # warm
                 replayed_d += min(_timed(step) for _ in range(3))
                 measured_d += dur
-            for _, dur, _, p_rows, tokens, _, p_width in prefills:
+            for _, dur, _, p_rows, tokens, _, p_width, *_ in prefills:
                 prows, pwidth = int(p_rows), min(int(p_width), width_cap)
                 rest = max(1, int((tokens - pwidth) // max(prows - 1, 1))) if prows > 1 else pwidth
                 seqs = [[3] * pwidth] + [[3] * min(rest, pwidth)] * (prows - 1)

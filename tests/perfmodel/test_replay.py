@@ -3,14 +3,22 @@ ratio to what they took in a run."""
 
 from __future__ import annotations
 
+import pytest
+
 from areal_graph.perfmodel.replay import replay_ratio
 
 
-def test_forwards_that_took_ten_times_longer_in_the_run_replay_at_a_small_fraction(tiny_model_dir):
-    # [t, dur s, kind, rows, tokens, ctx, width]: decode steps of 8 rows over 40 columns, 2 prefills
+@pytest.mark.parametrize("out_column", [False, True])
+def test_forwards_that_took_ten_times_longer_in_the_run_replay_at_a_small_fraction(tiny_model_dir, out_column):
+    # [t, dur s, kind, rows, tokens, ctx, width(, out)]: decode steps of 8 rows over 40 columns,
+    # 4 prefills; engines since speculative decoding log the eighth column and verifying steps
+    # (kind 2), which are not replayed
     decodes = [[0.0, 0.05, 1, 8, 8, 8 * 30, 40] for _ in range(30)]
     prefills = [[0.0, 0.5, 0, 4, 120, 160, 40] for _ in range(4)]
-    decode, prefill = replay_ratio(str(tiny_model_dir), decodes + prefills)
+    steps = decodes + prefills
+    if out_column:
+        steps = [[*s, s[3]] for s in steps] + [[0.0, 0.05, 2, 8, 24, 8 * 30, 40, 14]]
+    decode, prefill = replay_ratio(str(tiny_model_dir), steps)
     assert 0 < decode < 0.5 and 0 < prefill < 0.5
 
 
