@@ -688,9 +688,10 @@ class EmbeddedEngine:
         """One token for every running request in one forward over the batched cache, or, when
         the speculator has proposals, a verifying step that may emit several per request."""
         rows = self._running
+        t0 = time.perf_counter()  # a verifying step's time includes finding its proposals
         drafts = self._spec.proposals(rows) if self._spec is not None else None
         if drafts is not None:
-            return self._verify(rows, drafts)
+            return self._verify(rows, drafts, t0)
         t0, width = time.perf_counter(), self._cache.width
         logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
         done, finished = take_tokens(rows, logits, self._version, self.tokenizer)
@@ -706,17 +707,11 @@ class EmbeddedEngine:
             self._running = [rows[i] for i in order]
         return len(rows)
 
-    def _verify(self, rows: list[_Request], drafts: list[Any]) -> int:
-        """Feed every row its last token and its proposal in one forward; keep what sampling confirms.
-
-        Position j of row r is sampled exactly as a plain decode step would sample that token
-        (same penalties, same sampler, the request's own uniform for that output index); the
-        proposal's next token is kept only when the sample equals it, so every emitted token,
-        its log-prob and its version are those plain decoding gives. For a sampled request that
-        is the exact rule for a deterministic proposal x: the inverse-CDF sample equals x with
-        probability p(x), and otherwise is a draw from p with x removed, renormalised.
-        """
-        t0, width = time.perf_counter(), self._cache.width
+    def _verify(self, rows: list[_Request], drafts: list[Any], t0: float) -> int:
+        """Feed every row its last token and its proposal in one forward; keep what sampling
+        confirms (token_intake.take_verified: every emitted token, its log-prob and its version are
+        those plain decoding gives). `t0`: when the step began, finding its proposals included."""
+        width = self._cache.width
         fed = [[r.output_ids[-1], *(d.tokens if d is not None else ())] for r, d in zip(rows, drafts)]
         logits = self._runner.verify(fed, self._cache)  # [B, Q, V]
         at_row = [i for i, f in enumerate(fed) for _ in f]

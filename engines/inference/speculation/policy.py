@@ -13,8 +13,8 @@ the engine runs:
   a prior of 1/2): the k-th proposed token is used with probability a^k. Its cost: c, the time
   one more fed token per row adds to a verifying step, in units of a plain step's time per row,
   measured at this batch size (a prior of 1/4 until both kinds of step ran). The request proposes
-  the longest k <= `max_draft` with a^k >= c, and at least one token (so its rate stays
-  measured). On a CPU c is small at one row (the step is per-call overhead) and near 1 at 64
+  the longest k <= `max_draft` with a^k >= c; when even one token is not worth it, it proposes
+  nothing, except one token every `_PROBE` steps (so its rate stays measured). On a CPU c is small at one row (the step is per-call overhead) and near 1 at 64
   (the step is compute): long proposals in the tail, short ones in a full batch.
 - **Per step**, the engine speculates when the measured tokens per second of verifying steps
   beat those of plain decode steps at this batch size (batch sizes bucketed by powers of
@@ -31,6 +31,7 @@ _EMA = 0.2  # weight of the newest measurement in the running averages
 _EXPLORE = 64  # steps of one kind in a bucket before the other kind is measured again
 _DECAY = 0.8  # a request's acceptance counts fade by this per verifying step
 _PRIOR_COST = 0.25  # an extra fed token per row, in plain-step time per row, before it is measured
+_PROBE = 8  # a request whose proposals do not pay proposes one token every this many steps
 
 
 def bucket_of(rows: int) -> int:
@@ -85,6 +86,7 @@ class SpeculationPolicy:
         self.max_draft = max_draft
         self.max_rows = max_rows
         self._tries: dict[str, tuple[float, float]] = {}  # rid -> (accepted, tried), decayed
+        self._idle: dict[str, int] = {}  # rid -> steps since it last proposed (when proposing does not pay)
         self._buckets: dict[int, _Bucket] = {}
 
     # ---------------------------------------------------------------- per request
@@ -95,12 +97,18 @@ class SpeculationPolicy:
 
     def draft_length(self, rid: str, rows: int = 1) -> int:
         """How many tokens request `rid` should propose in a step over `rows` rows: the longest
-        k <= max_draft whose k-th token is worth its cost (a^k >= c), at least 1."""
+        k <= max_draft whose k-th token is worth its cost (a^k >= c); 0 when none is, but 1 every
+        `_PROBE` steps so that its acceptance stays measured."""
         a, c = self.acceptance(rid), self.token_cost(rows)
         k, worth = 0, 1.0
         while k < self.max_draft and worth * a >= c:
             k, worth = k + 1, worth * a
-        return max(k, 1)
+        if k:
+            self._idle.pop(rid, None)
+            return k
+        idle = self._idle.get(rid, 0) + 1
+        self._idle[rid] = 0 if idle >= _PROBE else idle
+        return 1 if idle >= _PROBE else 0
 
     def accepted(self, rid: str, proposed: int, accepted: int) -> None:
         """Request `rid` proposed `proposed` tokens and `accepted` of them were taken (the tokens
@@ -113,6 +121,7 @@ class SpeculationPolicy:
 
     def forget(self, rid: str) -> None:
         self._tries.pop(rid, None)
+        self._idle.pop(rid, None)
 
     def cost_measured(self, rows: int) -> bool:
         """Whether `token_cost(rows)` is measured (verifying and plain steps ran at this batch size)."""

@@ -64,7 +64,7 @@ class Speculator:
 
     def proposals(self, reqs: Sequence[Any]) -> list[Draft | None] | None:
         """Per running request its proposal (None: it decodes plainly), or None for the whole step
-        when the policy says decode plainly at this batch size or no request has a proposal."""
+        when the policy says decode plainly at this batch size or no proposal pays."""
         if not self.policy.speculate(len(reqs)):
             return None
         out: list[Draft | None] = []
