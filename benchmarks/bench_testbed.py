@@ -74,6 +74,8 @@ CONFIGS: tuple[Config, ...] = (
     Config("decoupled eta 16", 16),
     Config("naive eta 16", 16, ("nodes.train.loss=ppo",)),
     Config("wait", 4, ("inference.kv_on_update=wait",)),
+    # PipelineRL's in-flight update: the KV cache built by the old weights is kept (issue 46, item 4)
+    Config("keep", 4, ("inference.kv_on_update=keep",)),
     # The losses at two updates per step, each with its paper's clip (as workflows/gspo.yaml and
     # cispo.yaml): with one update the ratio is exactly 1 and the four would differ only in aggregation.
     Config("grpo 2 updates", 4, ("nodes.train.ppo_minibatches=2",)),
@@ -114,7 +116,11 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         for eta in (0, 4, 8, 16)
         for method in ("naive", "decoupled")
     ],
-    "interruption": [("interruptible (recompute KV)", "base"), ("wait for in-flight requests", "wait")],
+    "interruption": [
+        ("interruptible (recompute KV)", "base"),
+        ("interruptible, KV cache kept", "keep"),
+        ("wait for in-flight requests", "wait"),
+    ],
     "losses": [
         ("GRPO, 1 update per step (as shipped)", "base"),
         ("GRPO", "grpo 2 updates"),

@@ -26,6 +26,27 @@ def _bucket(rows: int) -> int:
     return b
 
 
+def speculation_counters(tl: Timeline, window_us: float = 1e6) -> list[dict[str, Any]]:
+    """Counter samples for the trace page, one a second per server that verified anything:
+    tokens per row and verifying forward, and the share of the engine's forwards that verified
+    (the page draws them as a `speculation` counter track under the server)."""
+    out: list[dict[str, Any]] = []
+    for s in tl.profiles:
+        if s["name"] != "engine_steps":
+            continue
+        bins: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # forwards, verifying, rows, out
+        for r in s["args"].get("steps", []):
+            b = bins[int((s["ts"] + float(r[0])) // window_us)]
+            b[0] += 1
+            if len(r) > 7 and int(r[2]) == VERIFY:
+                b[1], b[2], b[3] = b[1] + 1, b[2] + int(r[3]), b[3] + int(r[7])
+        for k, (forwards, verifying, rows, emitted) in sorted(bins.items()):
+            if verifying:
+                values = {"tokens per row and forward": emitted / rows, "verifying share": verifying / forwards}
+                out.append({"ts": k * window_us, "name": "speculation", "process": s["process"], "values": values})
+    return out
+
+
 def speculation_summary(tl: Timeline) -> dict[str, Any]:
     """Verifying steps and their share of the engine's forwards, tokens per row and forward
     overall and by batch size (powers of two), and the accepted share of proposed tokens by

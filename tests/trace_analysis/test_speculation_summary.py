@@ -9,7 +9,7 @@ import pytest
 
 from areal_graph.cli import cmd_trace
 from areal_graph.engines.inference.engine_spans import STEP_COLUMNS, STEP_DECODE, STEP_VERIFY, step_span_args
-from areal_graph.trace_analysis.speculation_summary import VERIFY, speculation_summary
+from areal_graph.trace_analysis.speculation_summary import VERIFY, speculation_counters, speculation_summary
 from areal_graph.trace_analysis.trace_model import load_timeline
 
 
@@ -60,3 +60,19 @@ def test_a_run_without_speculation_says_nothing(tmp_path):
     sp = speculation_summary(load_timeline(tmp_path))
     assert sp == {"available": False, "forwards": 1}
     assert cmd_trace._speculation_lines(sp) == []
+
+
+def test_the_page_gets_a_speculation_counter_per_second(tmp_path):
+    """trace_view/payload.py draws derived counters: one sample a second where the server verified."""
+    rows = [
+        (0.0, 0.01, STEP_VERIFY, 4, 12, 100, 50, 10),  # second 0: 10 of 4 rows, 1 of 2 forwards verified
+        (0.2, 0.21, STEP_DECODE, 4, 4, 100, 50, 4),
+        (1.5, 1.51, STEP_DECODE, 4, 4, 100, 50, 4),  # second 1: nothing verified, no sample
+        (2.5, 2.51, STEP_VERIFY, 2, 6, 60, 50, 6),  # second 2: 3 per row
+    ]
+    (tmp_path / "trace.json").write_text(json.dumps(_events(rows, None)))
+    counters = speculation_counters(load_timeline(tmp_path))
+    assert [c["ts"] for c in counters] == [0.0, 2e6]
+    assert counters[0]["values"] == {"tokens per row and forward": 2.5, "verifying share": 0.5}
+    assert counters[1]["values"]["tokens per row and forward"] == 3.0
+    assert {c["process"] for c in counters} == {"inference-0"} and counters[0]["name"] == "speculation"

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from areal_graph.trace_analysis.speculation_summary import speculation_counters
 from areal_graph.trace_analysis.trace_run import RunMaterial
 
 _LANE_RE = re.compile(r"^(.*) #(\d+)$")
@@ -182,8 +183,13 @@ def _extra_places(run: RunMaterial) -> list[tuple[str, str, int, float]]:
     tl = run.timeline
     out = [(*_place(p.process, p.thread), p.ts) for f in tl.flows for p in f.points if p.span is None]
     out += [(*_place(e["process"], e["thread"]), e["ts"]) for e in tl.instants if e["scope"] not in ("g", "p")]
-    out += [(c["process"], f"{c['name']} (counter)", 0, c["ts"]) for c in tl.counters]
+    out += [(c["process"], f"{c['name']} (counter)", 0, c["ts"]) for c in _all_counters(tl)]
     return out
+
+
+def _all_counters(tl: Any) -> list[dict[str, Any]]:
+    """The trace's counters and those the page derives: speculative decoding's, per server."""
+    return [*tl.counters, *speculation_counters(tl)]
 
 
 def _bound_spans(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -389,7 +395,7 @@ def _instants(
 def _counters(run: RunMaterial, row_of: dict[tuple, int], t0: float) -> list[dict[str, Any]]:
     """One entry per counter track: its row and {series: [[t_ms, value], ...]}."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for c in run.timeline.counters:
+    for c in _all_counters(run.timeline):
         key = (c["process"], f"{c['name']} (counter)")
         entry = out.setdefault(key, {"row": row_of[(*key, 0, 0)], "name": c["name"], "series": {}})
         for k, v in c["values"].items():
