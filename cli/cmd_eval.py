@@ -288,10 +288,15 @@ def run(args: argparse.Namespace) -> int:
         table.add_row("reward failures (scored 0)", str(result["reward_failures"]))
     if "speculative" in result:  # tokens an answer gained per verifying forward (1 is plain decoding)
         sp = result["speculative"]
-        table.add_row(
-            "speculative: tokens per answer per forward",
-            f"{sp['tokens_per_forward']:.2f} ({sp['steps']} verifying steps)" if sp["steps"] else "no verifying step",
-        )
+        if "unavailable" in sp:
+            table.add_row("speculative", escape(f"[off] {sp['unavailable']}"))
+        else:
+            table.add_row(
+                "speculative: tokens per answer per forward",
+                f"{sp['tokens_per_forward']:.2f} ({sp['steps']} verifying steps)"
+                if sp["steps"]
+                else "no verifying step",
+            )
     table.add_row(
         "time",
         f"{result['seconds']:.1f} s ({result['generated_tokens'] / max(result['generation_seconds'], 1e-9):.0f} tok/s)",

@@ -161,11 +161,14 @@ class EmbeddedEngine:
             max_positions=self.max_context + 1,
         )
         self._spec: Speculator | None = None
+        # why speculative decoding was asked for and does not run (eval and the log say so); None otherwise
+        self.speculation_unavailable: str | None = None
         if speculative is not None and speculative.enabled:
             if self._runner.can_verify:
                 self._spec = Speculator(speculative)
             else:
-                log.warning("speculative decoding needs the lean forward; this model decodes one token at a time")
+                self.speculation_unavailable = f"it needs the lean forward, and {self._runner.hf_reason}"
+                log.warning("speculative decoding is off for this model: %s", self.speculation_unavailable)
         self._rng = random.Random(seed)
         # a tokenizer may know more ids than the embedding has rows (never produced; masks are cut to the logits)
         try:
@@ -714,20 +717,17 @@ class EmbeddedEngine:
         width = self._cache.width
         fed = [[r.output_ids[-1], *(d.tokens if d is not None else ())] for r, d in zip(rows, drafts)]
         logits = self._runner.verify(fed, self._cache)  # [B, Q, V]
-        at_row = [i for i, f in enumerate(fed) for _ in f]
-        at_pos = [j for f in fed for j in range(len(f))]
-        flat = logits[torch.tensor(at_row, device=logits.device), torch.tensor(at_pos, device=logits.device)]
-        kept, done, finished = take_verified(rows, fed, flat, self._version, self.tokenizer)
+        kept, done, finished = take_verified(rows, fed, logits, self._version, self.tokenizer)
         self._count_tokens(sum(kept), finished)
         self._cache.advance_rows(kept)
         t1 = time.perf_counter()
-        emitted = sum(kept)
+        emitted, fed_tokens = sum(kept), sum(len(f) for f in fed)
         if self._spec is not None:
             self._spec.verified(rows, drafts, [k - 1 for k in kept])
-            self._spec.measured(len(rows), True, t1 - t0, emitted, len(at_row))
+            self._spec.measured(len(rows), True, t1 - t0, emitted, fed_tokens)
         if self._steps_log.enabled:
             ctx = sum(len(r.prompt) + len(r.output_ids) for r in rows)
-            self._steps_log.note(t0, t1, STEP_VERIFY, len(rows), len(at_row), ctx, width, emitted)
+            self._steps_log.note(t0, t1, STEP_VERIFY, len(rows), fed_tokens, ctx, width, emitted)
         if done:
             order = self._cache.remove(done)
             self._running = [rows[i] for i in order]

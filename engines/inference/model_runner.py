@@ -38,12 +38,13 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.lean: LeanForward | None = None
+        self.hf_reason: str | None = None if lean else "the lean forward is turned off"  # why HF's forward runs
         if lean:
-            reason = unsupported_reason(model)
-            if reason is None:
+            self.hf_reason = unsupported_reason(model)
+            if self.hf_reason is None:
                 self.lean = LeanForward(model)
             else:
-                log.info("embedded engine uses the HF forward: %s", reason)
+                log.info("embedded engine uses the HF forward: %s", self.hf_reason)
         # decode steps from CUDA graphs: on a GPU only, over the lean forward (cuda_graphs.py)
         self.graphs: GraphedDecode | None = None
         if cuda_graphs and self.lean is not None and device.type == "cuda":

@@ -170,6 +170,8 @@ def evaluate_model(
     }
     if spec_stats is not None:
         out["speculative"] = spec_stats
+    elif engine.speculation_unavailable is not None:  # asked for and not possible: say so, never run silently without
+        out["speculative"] = {"unavailable": engine.speculation_unavailable}
     if tool_calls is not None:
         out["greedy_tool_call_rate"] = sum(c > 0 for c in tool_calls[: len(prompts)]) / len(prompts)
         for p, c in zip(per_prompt, tool_calls):

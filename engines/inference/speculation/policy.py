@@ -95,11 +95,12 @@ class SpeculationPolicy:
         accepted, tried = self._tries.get(rid, (0.0, 0.0))
         return (accepted + 1.0) / (tried + 2.0)
 
-    def draft_length(self, rid: str, rows: int = 1) -> int:
+    def draft_length(self, rid: str, rows: int = 1, cost: float | None = None) -> int:
         """How many tokens request `rid` should propose in a step over `rows` rows: the longest
         k <= max_draft whose k-th token is worth its cost (a^k >= c); 0 when none is, but 1 every
-        `_PROBE` steps so that its acceptance stays measured."""
-        a, c = self.acceptance(rid), self.token_cost(rows)
+        `_PROBE` steps so that its acceptance stays measured. `cost`: `token_cost(rows)`, when the
+        caller has it already (one step asks for every row)."""
+        a, c = self.acceptance(rid), self.token_cost(rows) if cost is None else cost
         k, worth = 0, 1.0
         while k < self.max_draft and worth * a >= c:
             k, worth = k + 1, worth * a

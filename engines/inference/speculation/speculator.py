@@ -68,11 +68,12 @@ class Speculator:
         if not self.policy.speculate(len(reqs)):
             return None
         out: list[Draft | None] = []
+        cost = self.policy.token_cost(len(reqs))
         for r in reqs:
             draft = None
             if r.constraint is None:
                 room = r.params.max_new_tokens - len(r.output_ids) - 1
-                k = min(self.policy.draft_length(r.rid, len(reqs)), room)
+                k = min(self.policy.draft_length(r.rid, len(reqs), cost), room)
                 if k > 0:
                     if r.rid not in self._live:
                         self.drafts.start(r.rid, r.prompt)

@@ -137,7 +137,7 @@ def test_the_acceptance_rule_samples_the_target_distribution():
     for _ in range(n):
         r = Request("r", [0], SamplingParams(max_new_tokens=8, temperature=1.0), None, gen, frozenset())
         r.output_ids = [2]
-        kept, _, _ = take_verified([r], [[2, proposal]], logits.clone(), 0, None)
+        kept, _, _ = take_verified([r], [[2, proposal]], logits.unsqueeze(0).clone(), 0, None)  # [B=1, Q=2, V]
         first[r.output_ids[1]] += 1
         if kept[0] == 2:
             second[r.output_ids[2]] += 1
@@ -191,3 +191,13 @@ def test_constrained_requests_decode_plainly_beside_speculating_ones(tmp_path_fa
     assert [r.output_forced for r in spec] == [r.output_forced for r in plain]
     assert all(r.output_forced is not None for r in spec[1::2])
     assert stats["speculative"]["steps"] > 0
+
+
+def test_speculation_asked_of_a_model_that_cannot_verify_says_why(random_model):
+    """The HF forward verifies nothing: the engine decodes plainly, and says so (eval prints it)."""
+    with EmbeddedEngine(model=random_model, lean_forward=False, speculative=ON) as eng:
+        assert eng.speculation_unavailable == "it needs the lean forward, and the lean forward is turned off"
+        res = eng.submit([1, 2, 3], SamplingParams(max_new_tokens=5, greedy=True)).result(timeout=60)
+        assert len(res.output_ids) == 5 and "speculative" not in eng.stats()
+    with EmbeddedEngine(model=random_model, speculative=ON) as eng:
+        assert eng.speculation_unavailable is None
