@@ -242,6 +242,12 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     engine = model.inference.demand()
     slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
     slow_alone = slowdown(engine, bg, cores)
+    verifying = sum(1 for rows in m.steps.values() for r in rows if int(r[2]) not in (STEP_PREFILL, STEP_DECODE))
+    if verifying:
+        model.notes.append(
+            f"{verifying} verifying steps (speculative decoding) are left out of the decode and prefill fits: "
+            "the simulator does not price speculation yet, so its predictions are of runs without it"
+        )
     steps = [
         (kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
         for rows in m.steps.values()

@@ -103,3 +103,5 @@ def test_a_trace_with_the_out_column_and_verifying_steps_fits_the_same(costs, ru
     trace_path.write_text(json.dumps(trace))
     again = load_costs(tmp_path / "run")
     assert again.decode_ms == costs.decode_ms and again.prefill_ms == costs.prefill_ms
+    assert any(f"{3 * changed} verifying steps (speculative decoding) are left out" in n for n in again.notes)
+    assert not any("verifying steps" in n for n in costs.notes)
