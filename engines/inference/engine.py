@@ -716,7 +716,7 @@ class EmbeddedEngine:
         those plain decoding gives). `t0`: when the step began, finding its proposals included."""
         width = self._cache.width
         fed = [[r.output_ids[-1], *(d.tokens if d is not None else ())] for r, d in zip(rows, drafts)]
-        logits = self._runner.verify(fed, self._cache)  # [B, Q, V]
+        logits = self._runner.verify(fed, self._cache)  # [fed tokens, V], packed by row
         kept, done, finished = take_verified(rows, fed, logits, self._version, self.tokenizer)
         self._count_tokens(sum(kept), finished)
         self._cache.advance_rows(kept)

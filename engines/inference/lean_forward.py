@@ -248,6 +248,9 @@ class LeanForward:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
+        owner: torch.Tensor,
+        slot: torch.Tensor,
+        queries: int,
         mask: torch.Tensor,
         kbufs: list[torch.Tensor],
         vbufs: list[torch.Tensor],
@@ -255,33 +258,42 @@ class LeanForward:
         end: int,
         cols: torch.Tensor,
     ) -> torch.Tensor:
-        """Q new tokens per row in one forward (speculative decoding's verifying step): tokens and
-        positions [B, Q]; returns logits [B, Q, V], position j's for the token after tokens[:, j].
+        """Several new tokens per row in one forward (speculative decoding's verifying step),
+        packed: token t [T] belongs to row owner[t] at its query index slot[t] (0 for the row's
+        last token, then its proposal); returns logits [T, V], token t's for the token after it.
 
-        Row r writes its Q keys/values into columns cols[r] .. cols[r] + Q - 1 (cols[r] <= end)
-        and its queries attend over the window [start, end + Q) under `mask` [B, 1, Q, window] (causal
-        within the new tokens: kv_cache.query_mask). What a row keeps of the new columns is the
-        caller's (`BatchedKVCache.advance_rows`); the others are overwritten later.
+        Why packed: on a small model the projections and the MLP are the step's compute, and a
+        row that proposes nothing is fed one token, not as many as the longest proposal; only
+        attention sees the rows padded to `queries` (its padded queries are computed and never
+        read). Row r writes its keys/values into columns cols[r] + slot (cols[r] <= end) and its
+        queries attend over the window [start, end + queries) under `mask` [B, 1, queries,
+        window] (causal within the new tokens: kv_cache.query_mask). What a row keeps of the
+        new columns is the caller's (`BatchedKVCache.advance_rows`); the others are overwritten
+        later.
         """
-        b, n = tokens.shape
+        b, n = cols.shape[0], queries
         cos, sin = self._rope(positions)
-        x = F.embedding(tokens, self.embed)
-        rows = torch.arange(b, device=tokens.device).view(b, 1).expand(b, n)
-        at = cols.view(b, 1) + torch.arange(n, device=tokens.device).view(1, n)
+        x = F.embedding(tokens, self.embed)  # [T, hidden]
+        at = cols[owner] + slot
+        flat = owner * n + slot  # each token's place in the padded [B * queries] layout
         window = slice(start, end + n)
         # the query heads of one KV group folded into the query axis (as `decode` does), so the
         # cache is read once per KV head; the mask follows the fold once for every layer
         folded_mask = mask.repeat_interleave(self.group, dim=2)
+        uniform = tokens.shape[0] == b * n  # every row fed `queries` tokens: nothing to pad
+        padded = None if uniform else x.new_zeros(b * n, self.n_heads, self.head_dim)
         for layer, kbuf, vbuf in zip(self.layers, kbufs, vbufs):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, self.eps)
-            q, k, v = self._qkv(layer, h, cos, sin)
-            kbuf[rows, :, at] = k
-            vbuf[rows, :, at] = v
-            q = q.view(b, n, self.n_kv, self.group, self.head_dim).transpose(1, 2)
-            q = q.reshape(b, self.n_kv, n * self.group, self.head_dim)
-            a = F.scaled_dot_product_attention(q, kbuf[:b, :, window], vbuf[:b, :, window], attn_mask=folded_mask)
-            a = a.view(b, self.n_kv, n, self.group, self.head_dim).transpose(1, 2)
-            x = self._mlp_block(layer, x, a.reshape(b, n, -1))
+            q, k, v = self._qkv(layer, h.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0))
+            kbuf[owner, :, at] = k[0]
+            vbuf[owner, :, at] = v[0]
+            if padded is not None:
+                padded[flat] = q[0]
+            qf = (q[0] if padded is None else padded).view(b, n, self.n_kv, self.group, self.head_dim)
+            qf = qf.transpose(1, 2).reshape(b, self.n_kv, n * self.group, self.head_dim)
+            a = F.scaled_dot_product_attention(qf, kbuf[:b, :, window], vbuf[:b, :, window], attn_mask=folded_mask)
+            a = a.view(b, self.n_kv, n, self.group, self.head_dim).transpose(1, 2).reshape(b * n, -1)
+            x = self._mlp_block(layer, x, a if padded is None else a[flat])
         return self._logits(x)
 
     def decode_static(

@@ -155,16 +155,23 @@ class ModelRunner:
 
     def verify(self, rows: list[list[int]], cache: BatchedKVCache) -> torch.Tensor:
         """Feed rows[r] (its last token, then its proposal) to each of the cache's rows in one
-        forward; return logits [B, Q, V] (Q = the longest row; shorter rows are padded with their
-        last token, whose logits nobody reads). Writes every fed column; the caller keeps what
+        forward; return logits [sum(len(r)), V], packed in row order (row 0's positions, then row
+        1's, ...), position j's for the token after rows[r][j]. Only real tokens are computed
+        (a row without a proposal is fed one). Writes every fed column; the caller keeps what
         was accepted with `cache.advance_rows`."""
         if self.lean is None:
             raise RuntimeError("verify needs the lean forward (ModelRunner.can_verify)")
         q = max(len(r) for r in rows)
-        padded = [r + [r[-1]] * (q - len(r)) for r in rows]
-        tokens = torch.tensor(padded, dtype=torch.long, device=self.device)
-        base = torch.tensor(cache.lens, dtype=torch.long, device=self.device).view(-1, 1)
-        positions = base + torch.arange(q, device=self.device).view(1, q)
+        flat = [t for r in rows for t in r]
+        owner = [i for i, r in enumerate(rows) for _ in r]
+        slot = [j for r in rows for j in range(len(r))]
+        dev = self.device
+        owner_t = torch.tensor(owner, dtype=torch.long, device=dev)
+        slot_t = torch.tensor(slot, dtype=torch.long, device=dev)
+        positions = torch.tensor(cache.lens, dtype=torch.long, device=dev)[owner_t] + slot_t
         start, end = cache.decode_window(q)
-        cols = torch.tensor(cache.write_columns(), device=self.device)
-        return self.lean.verify(tokens, positions, cache.query_mask(q), cache.keys, cache.values, start, end, cols)
+        cols = torch.tensor(cache.write_columns(), device=dev)
+        tokens = torch.tensor(flat, dtype=torch.long, device=dev)
+        return self.lean.verify(
+            tokens, positions, owner_t, slot_t, q, cache.query_mask(q), cache.keys, cache.values, start, end, cols
+        )

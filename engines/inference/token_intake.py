@@ -58,8 +58,8 @@ def take_verified(
     reqs: list[Request], fed: list[list[int]], logits: torch.Tensor, version: int, tokenizer: Any
 ) -> tuple[list[int], set[int], list[Request]]:
     """A verifying step's tokens: `fed[i]` is what request i was fed (its last token, then its
-    proposal) and `logits` [B, Q, V] the logits after each fed token (a row's positions past
-    len(fed[i]) are padding and never read).
+    proposal) and `logits` [sum(len(fed[i])), V] the logits after each fed token, packed in
+    request order (ModelRunner.verify).
 
     Position j of request i is sampled exactly as a plain decode step would sample that output
     token (penalties over the answer as it would be there, the request's own uniform for that
@@ -71,10 +71,8 @@ def take_verified(
     KV cache keeps), the indices that finished, and those requests.
     """
     owners = [(i, j) for i, f in enumerate(fed) for j in range(len(f))]
-    device = logits.device
-    logits = logits[
-        torch.tensor([i for i, _ in owners], device=device), torch.tensor([j for _, j in owners], device=device)
-    ]
+    if logits.shape[0] != len(owners):
+        raise ValueError(f"verify logits hold {logits.shape[0]} positions for {len(owners)} fed tokens")
     params = [reqs[i].params for i, _ in owners]
     if any(p.has_penalties for p in params):
         outputs = [reqs[i].output_ids + fed[i][1 : j + 1] for i, j in owners]

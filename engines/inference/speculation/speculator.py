@@ -83,14 +83,14 @@ class Speculator:
         return self._trim(reqs, out)
 
     def _trim(self, reqs: Sequence[Any], drafts: list[Draft | None]) -> list[Draft | None] | None:
-        """Cut the step's proposals to the length that pays most, or None to decode plainly.
+        """Cut each row's proposal to what pays, or None to decode plainly.
 
-        Why: one forward feeds every row as many tokens as the longest proposal (shorter rows are
-        padded), so a long proposal in one row costs as much in every row. Expected tokens out of
-        a step fed q tokens per row: rows + sum over rows of a^1 + ... + a^min(k, q - 1) (a: the
-        row's acceptance); its time: rows + rows (q - 1) c, in plain-step time per row (c: the
-        measured cost of a fed token at this batch size). The step takes the q with the most
-        tokens per time; q = 1 is a plain step."""
+        The verifying forward is packed (ModelRunner.verify): a row pays only for the tokens it
+        is fed. A step over `rows` rows that feeds them F proposed tokens in all takes rows + F c
+        in plain-step time per row (c: the measured cost of a fed token at this batch size), and
+        the k-th proposed token of a row with acceptance a is used with probability a^k. Adding
+        a token raises the step's tokens per unit of time R exactly when its a^k exceeds c R, so
+        each row keeps its tokens down to that threshold, R settled by a few rounds."""
         lengths = [len(d.tokens) if d is not None else 0 for d in drafts]
         if not any(lengths):
             return None
@@ -98,18 +98,17 @@ class Speculator:
         if not self.policy.cost_measured(rows):
             return drafts  # verify as proposed: what a fed token costs here is measured by doing it
         cost = self.policy.token_cost(rows)
-        gains = [[self.policy.acceptance(r.rid) ** j for j in range(1, k + 1)] for r, k in zip(reqs, lengths)]
-        best_q, best = 1, 1.0
-        for q in range(2, max(lengths) + 2):
-            tokens = rows + sum(sum(g[: q - 1]) for g in gains)
-            rate = tokens / (rows + rows * (q - 1) * cost)
-            if rate > best:
-                best_q, best = q, rate
-        if best_q == 1:
+        accept = [self.policy.acceptance(r.rid) for r in reqs]
+        rate, cuts = 1.0, lengths
+        for _ in range(3):
+            cuts = [_keep(a, k, cost * rate) for a, k in zip(accept, lengths)]
+            gained = sum(sum(a**j for j in range(1, k + 1)) for a, k in zip(accept, cuts))
+            rate = (rows + gained) / (rows + cost * sum(cuts))
+        if not any(cuts):
             return None
         return [
-            Draft(d.tokens[: best_q - 1], d.source, d.match) if d is not None and len(d.tokens) >= best_q else d
-            for d in drafts
+            (Draft(d.tokens[:k], d.source, d.match) if k else None) if d is not None else None
+            for d, k in zip(drafts, cuts)
         ]
 
     def verified(self, reqs: Sequence[Any], drafts: Sequence[Draft | None], accepted: Sequence[int]) -> None:
@@ -144,6 +143,7 @@ class Speculator:
         tokens per row and verifying forward (1 is plain decoding), acceptance by batch size."""
         return {
             "steps": self.steps,
+            "row_steps": self.row_steps,
             "tokens_per_forward": self.emitted / self.row_steps if self.row_steps else 0.0,
             "fed": self.fed,
             "emitted": self.emitted,
@@ -152,3 +152,11 @@ class Speculator:
             "acceptance_by_rows": {str(k): (v[1] / v[0] if v[0] else 0.0) for k, v in sorted(self.by_rows.items())},
             "rates_by_rows": {str(k): list(v) for k, v in self.policy.rates().items()},
         }
+
+
+def _keep(acceptance: float, proposed: int, threshold: float) -> int:
+    """How many of a row's `proposed` tokens are each used with probability above `threshold`."""
+    k = 0
+    while k < proposed and acceptance ** (k + 1) > threshold:
+        k += 1
+    return k

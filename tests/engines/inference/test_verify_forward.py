@@ -57,12 +57,19 @@ def test_verify_and_decode_on_ragged_rows_match_a_full_forward(model, graphs, se
                 worst = max(worst, float((logits[r].double() - reference(model, done[r])[-1]).abs().max()))
                 last[r] = rng.randrange(v)
         else:
-            fed = [[last[r]] + [rng.randrange(v) for _ in range(rng.randint(0, 4))] for r in range(len(done))]
+            same = rng.randint(1, 4) if step % 5 == 0 else None  # every row fed as many: the unpadded path
+            fed = [
+                [last[r]] + [rng.randrange(v) for _ in range(same if same else rng.randint(0, 4))]
+                for r in range(len(done))
+            ]
             logits = runner.verify(fed, cache)
             kept = [rng.randint(1, len(f)) for f in fed]
+            assert logits.shape[0] == sum(len(f) for f in fed)  # packed: only real tokens
+            at = 0
             for r, f in enumerate(fed):
                 ref = reference(model, done[r] + f)[len(done[r]) :]
-                worst = max(worst, float((logits[r, : len(f)].double() - ref).abs().max()))
+                worst = max(worst, float((logits[at : at + len(f)].double() - ref).abs().max()))
+                at += len(f)
                 done[r] += f[: kept[r]]
                 last[r] = rng.randrange(v)
             cache.advance_rows(kept)

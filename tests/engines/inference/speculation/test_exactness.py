@@ -137,7 +137,7 @@ def test_the_acceptance_rule_samples_the_target_distribution():
     for _ in range(n):
         r = Request("r", [0], SamplingParams(max_new_tokens=8, temperature=1.0), None, gen, frozenset())
         r.output_ids = [2]
-        kept, _, _ = take_verified([r], [[2, proposal]], logits.unsqueeze(0).clone(), 0, None)  # [B=1, Q=2, V]
+        kept, _, _ = take_verified([r], [[2, proposal]], logits.clone(), 0, None)  # packed [2 fed, V]
         first[r.output_ids[1]] += 1
         if kept[0] == 2:
             second[r.output_ids[2]] += 1
