@@ -12,6 +12,7 @@ the file, applies overrides, and runs the two in order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterable
@@ -93,7 +94,9 @@ def _validate(raw: Any, v: Validator) -> S.WorkflowSpec | None:
         check_resources(draft, v)
     if v.problems:
         return None
-    return draft
+    # `auto` settings resolved here, once: nothing past the loader sees them
+    kv = S.resolve_kv_on_update(draft.inference.kv_on_update, draft.inference.backend, draft.runtime.max_staleness)
+    return dataclasses.replace(draft, inference=dataclasses.replace(draft.inference, kv_on_update=kv))
 
 
 def _python_path(raw: Any, v: Validator) -> tuple[str, ...]:

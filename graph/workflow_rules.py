@@ -58,7 +58,7 @@ def check_runtime(spec: S.WorkflowSpec, runtime_ok: bool, v: Validator) -> None:
             "'memory' needs inference.backend 'embedded' or 'vllm' (an sglang "
             "server loads weights from disk); use 'disk' or 'auto'",
         )
-    if spec.inference.kv_on_update != "recompute" and spec.inference.backend != "embedded":
+    if spec.inference.kv_on_update in ("keep", "wait") and spec.inference.backend != "embedded":
         v.report(
             ("inference", "kv_on_update"),
             f"'{spec.inference.kv_on_update}' is built for the embedded engine only; the "

@@ -26,6 +26,7 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     args = parse(
         str(WORKFLOWS / "ppo_async.yaml"),
         "runtime.steps=40",
+        "inference.kv_on_update=recompute",  # keeping the cache is then priced beside the search
         "--calibrate",
         str(run_dir),
         "--top",

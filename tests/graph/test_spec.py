@@ -56,7 +56,8 @@ def test_unset_fields_take_dataclass_defaults():
     for f in dataclasses.fields(TrainParams):
         if f.name != "clip_eps":
             assert getattr(train, f.name) == f.default
-    assert spec.inference == S.InferenceSpec()
+    # `auto` is resolved by the loader: an asynchronous run (max_staleness 4) on the embedded engine keeps the cache
+    assert spec.inference == S.InferenceSpec(kv_on_update="keep")
     assert spec.nodes["rollout"].params.sampling == SamplingParams(max_new_tokens=32)
     assert spec.models["ref"].train is None
     assert spec.models["actor"].train == S.OptimConfig(lr=1e-5)
@@ -94,18 +95,25 @@ def test_shipped_workflow_specifics():
     s = load_workflow(REPO / "workflows/grpo_sync.yaml")
     c = load_workflow(REPO / "workflows/ppo_gae_critic.yaml")
     assert a.runtime.max_staleness == 4 and s.runtime.max_staleness == 0
+    # kv_on_update: auto keeps the KV cache at updates when asynchronous, recomputes when synchronous
+    assert (a.inference.kv_on_update, s.inference.kv_on_update) == ("keep", "recompute")
     for spec in (a, s):
         assert spec.nodes["advantage"].params.estimator == "grpo"
         assert spec.nodes["train"].params.loss == "decoupled_ppo"
 
-    # grpo_sync differs from ppo_async only in name and staleness
+    # grpo_sync differs from ppo_async only in name and staleness (and what `auto` resolves to)
     def lineless(spec):
         return {k: dataclasses.replace(n, line=None) for k, n in spec.nodes.items()}
 
     assert lineless(s) == lineless(a)
     assert (
         dataclasses.replace(
-            s, name=a.name, source=a.source, nodes=a.nodes, runtime=dataclasses.replace(s.runtime, max_staleness=4)
+            s,
+            name=a.name,
+            source=a.source,
+            nodes=a.nodes,
+            runtime=dataclasses.replace(s.runtime, max_staleness=4),
+            inference=dataclasses.replace(s.inference, kv_on_update="keep"),
         )
         == a
     )
@@ -233,3 +241,21 @@ def test_schema_reference_lists_every_field_with_its_default():
     assert "| clip_eps | float | 0.2 |" in doc
     assert "| max_staleness | int | 4 |" in doc
     assert "| estimator | grpo or rloo or gae or reinforce | 'grpo' |" in doc
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], "keep"),  # ppo_async: asynchronous, embedded
+        (["runtime.max_staleness=0"], "recompute"),  # synchronous: nothing in flight worth keeping
+        (["inference.backend=vllm"], "recompute"),  # vLLM cannot keep it: still a valid workflow
+        (["inference.backend=sglang", "runtime.weight_sync=disk"], "recompute"),
+        (["inference.kv_on_update=recompute"], "recompute"),  # an explicit setting wins
+        (["inference.kv_on_update=wait"], "wait"),
+    ],
+)
+def test_kv_on_update_auto_is_resolved_once_by_the_loader(overrides, expected):
+    spec = load_workflow(REPO / "workflows/ppo_async.yaml", overrides)
+    assert spec.inference.kv_on_update == expected
+    assert S.resolve_kv_on_update("auto", "embedded", 1) == "keep"
+    assert S.resolve_kv_on_update("auto", "embedded", 0) == "recompute"

@@ -71,7 +71,10 @@ def test_runtime_rules_are_skipped_when_the_runtime_section_had_problems(spec):
 
 
 def test_memory_weight_sync_needs_a_backend_that_can_take_it(spec):
-    sglang = dataclasses.replace(spec, inference=dataclasses.replace(spec.inference, backend="sglang"))
+    # as the loader resolves `kv_on_update: auto` for SGLang
+    sglang = dataclasses.replace(
+        spec, inference=dataclasses.replace(spec.inference, backend="sglang", kv_on_update="recompute")
+    )
     v = _v()
     check_runtime(_with_runtime(sglang, weight_sync="memory"), True, v)
     assert _where(v) == [(None, "runtime.weight_sync")] and "use 'disk' or 'auto'" in v.problems[0].message

@@ -68,8 +68,11 @@ class EmbeddedBackend(SGLangBackend):
         ]
         if launch.api_key:  # the key itself travels in the environment (RUN_TOKEN_ENV), not in argv
             options += ["--api-key-env", RUN_TOKEN_ENV]
-        if getattr(inference, "kv_on_update", "recompute") != "recompute":
-            options += ["--kv-on-update", inference.kv_on_update]
+        kv = getattr(inference, "kv_on_update", "recompute")
+        if kv == "auto":  # the loader resolves it with the run's staleness (graph/spec.py)
+            raise ValueError("inference.kv_on_update 'auto' reached the launcher unresolved: resolve_kv_on_update")
+        if kv != "recompute":
+            options += ["--kv-on-update", kv]
         # inference.speculative: `--speculative on` and the settings that differ from the server's defaults
         options += speculative_flags(getattr(inference, "speculative", None))
         return options

@@ -32,7 +32,9 @@ def test_registered_with_its_traits():
 
 
 def test_command_is_one_the_servers_own_parser_accepts():
-    spec = InferenceSpec(max_running_requests=24, args={"device": "cuda:1", "max_queue": 8, "max_context": 256})
+    spec = InferenceSpec(
+        kv_on_update="recompute", max_running_requests=24, args={"device": "cuda:1", "max_queue": 8, "max_context": 256}
+    )
     cmd = EMBEDDED.command(
         ServerLaunch(
             spec, "/runs/x/model", 31000, threads=3, seed=7, name="inference-2", api_key=None, host="127.0.0.1"
@@ -54,12 +56,16 @@ def test_command_is_one_the_servers_own_parser_accepts():
 def test_inference_speculative_becomes_flags_the_server_reads_back():
     """Off (the default): no flag. On: `--speculative on` and the settings that differ from the
     server's defaults, which its parser turns back into the section's values."""
-    cmd = EMBEDDED.command(ServerLaunch(InferenceSpec(), "/m", 1, 1, 0, "inference", None, "127.0.0.1"))
+    cmd = EMBEDDED.command(
+        ServerLaunch(InferenceSpec(kv_on_update="recompute"), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
+    )
     assert not any(part.startswith("--speculative") for part in cmd)
     assert speculative_settings(build_arg_parser().parse_args(cmd[3:])).enabled is False
     section = SpeculativeSpec(enabled=True, max_draft=6, max_rows=16, min_match=3, max_match=5, history_answers=0)
     cmd = EMBEDDED.command(
-        ServerLaunch(InferenceSpec(speculative=section), "/m", 1, 1, 0, "inference", None, "127.0.0.1")
+        ServerLaunch(
+            InferenceSpec(kv_on_update="recompute", speculative=section), "/m", 1, 1, 0, "inference", None, "127.0.0.1"
+        )
     )
     assert cmd[-12:] == [
         "--speculative",
@@ -83,7 +89,9 @@ def test_inference_speculative_becomes_flags_the_server_reads_back():
 
 def test_the_api_key_travels_in_the_environment_never_in_argv():
     cmd = EMBEDDED.command(
-        ServerLaunch(InferenceSpec(), "/m", 1, 1, 0, "inference", api_key="s3cret-key", host="127.0.0.1")
+        ServerLaunch(
+            InferenceSpec(kv_on_update="recompute"), "/m", 1, 1, 0, "inference", api_key="s3cret-key", host="127.0.0.1"
+        )
     )
     assert not any("s3cret" in part for part in cmd)
     assert build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
@@ -91,7 +99,7 @@ def test_the_api_key_travels_in_the_environment_never_in_argv():
 
 
 def test_resources_one_gpu_only_on_cuda_and_its_generation_threads():
-    assert EMBEDDED.gpus(InferenceSpec()) == 0
+    assert EMBEDDED.gpus(InferenceSpec(kv_on_update="recompute")) == 0
     assert EMBEDDED.gpus(InferenceSpec(args={"device": "cpu"})) == 0
     assert EMBEDDED.gpus(InferenceSpec(args={"device": "cuda"})) == 1
     assert EMBEDDED.gpus(InferenceSpec(args={"device": "cuda:3", "tp_size": 4})) == 1  # no tensor parallelism

@@ -19,7 +19,9 @@ def _command(spec: InferenceSpec, *args, **kwargs) -> list[str]:
 
 
 def test_embedded_server_command_passes_model_port_threads_seed_and_extra_args():
-    spec = InferenceSpec(backend="embedded", max_running_requests=48, args={"max_queue": 256, "device": "cpu"})
+    spec = InferenceSpec(
+        backend="embedded", kv_on_update="recompute", max_running_requests=48, args={"max_queue": 256, "device": "cpu"}
+    )
     cmd = _command(spec, "/m", 1234, threads=3, seed=9)
     assert cmd[:3] == [sys.executable, "-m", "areal_graph.engines.inference.server.http_server"]
     opts = dict(zip(cmd[3::2], cmd[4::2]))
@@ -41,14 +43,14 @@ def test_embedded_server_gets_the_run_key_by_environment_name_only():
     which environment variable holds it."""
     from areal_graph.api.process import RUN_TOKEN_ENV
 
-    cmd = _command(InferenceSpec(), "/m", 1, 1, 0, api_key="s3cret")
+    cmd = _command(InferenceSpec(kv_on_update="recompute"), "/m", 1, 1, 0, api_key="s3cret")
     assert "s3cret" not in " ".join(cmd)
     assert build_arg_parser().parse_args(cmd[3:]).api_key_env == RUN_TOKEN_ENV
 
 
 def test_embedded_server_accepts_the_extra_args_it_is_given():
     """The flags inference.args produce must be ones the server's parser knows."""
-    cmd = _command(InferenceSpec(args={"max_queue": 8, "max_context": 128}), "/m", 1, 1, 0)
+    cmd = _command(InferenceSpec(kv_on_update="recompute", args={"max_queue": 8, "max_context": 128}), "/m", 1, 1, 0)
     args = build_arg_parser().parse_args(cmd[3:])
     assert (args.max_queue, args.max_context, args.port, args.model) == (8, 128, 1, "/m")
 
