@@ -93,9 +93,10 @@ def test_the_speculator_proposes_within_max_tokens_and_skips_constrained_request
 
 
 def test_a_step_feeds_the_proposal_length_that_pays_most():
-    """One forward pads every row to the longest proposal: a lone proposal in a full batch whose fed
-    tokens cost much is dropped (a plain step), the same proposal alone in the tail is verified
-    whole; before the cost is measured at a batch size, proposals are verified as they are."""
+    """A proposal whose fed tokens cost more than they are likely to give is dropped (a plain step):
+    in a full batch where a fed token costs two rows' worth; the same proposal alone in the tail,
+    where a fed token costs little, is verified whole; before the cost is measured at a batch
+    size, proposals are verified as they are."""
     s = Speculator(SpeculativeSettings(enabled=True, max_draft=4))
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
     for _ in range(20):
@@ -109,3 +110,23 @@ def test_a_step_feeds_the_proposal_length_that_pays_most():
     s.policy.measured(1, True, 0.0011, 3, fed=5)  # at one row a fed token costs 0.025 of a step
     alone = s.proposals([_Req("a", prompt, [])])
     assert alone is not None and alone[0].tokens == (3, 4, 5, 6)
+
+
+def test_each_row_keeps_the_proposed_tokens_that_pay_at_this_batch():
+    """The verifying forward is packed, so each row's proposal is cut on its own: a token is kept
+    while the chance it is used (a^k) beats what it costs, priced at the step's tokens per unit of
+    time. A row whose proposals hold keeps all four, a row accepted half of the time keeps one."""
+    s = Speculator(SpeculativeSettings(enabled=True, max_draft=4))
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    for _ in range(30):
+        s.policy.accepted("good", 4, 4)
+        s.policy.accepted("half", 2, 1)
+    s.policy.measured(8, False, 0.008, 8)  # 1 ms per row a plain step
+    s.policy.measured(8, True, 0.0104, 12, fed=16)  # 8 more fed tokens: 0.3 of a row's step each; it paid
+    assert s.policy.token_cost(8) == pytest.approx(0.3)
+    rows = [_Req("good", prompt, []), _Req("half", prompt, [])] + [_Req(f"x{i}", [9, 9 + i], []) for i in range(6)]
+    drafts = s.proposals(rows)
+    assert drafts is not None
+    assert drafts[0].tokens == (3, 4, 5, 6)  # 0.97^4 = 0.88: worth it
+    assert drafts[1].tokens == (3,)  # 0.5 is, 0.25 is not (below 0.3 at a rate above 1)
+    assert all(d is None for d in drafts[2:])  # nothing to propose there
