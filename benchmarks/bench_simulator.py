@@ -14,7 +14,9 @@ For each kit (the long-tailed `ppo_async_longtail.yaml` and the shipped `ppo_asy
 3. the error (predicted - measured) / measured.
 
 The configurations vary what the issue names: max staleness 0, 1, 4, 8; max concurrent
-rollouts; batch size; two placements (`resources`); and the two kits. A run is measured
+rollouts; batch size; two placements (`resources`); and the two kits; and low concurrency (16
+rollouts in flight, 8 or 16 requests running, against the calibration's 64). `--only TEXT`
+runs the configurations whose label contains TEXT. A run is measured
 `--rounds` times (default 2), the rounds interleaved, and the median taken: the machine is
 shared, and the same run measured twice differs by 10-25% here.
 
@@ -60,6 +62,11 @@ KITS: dict[str, dict[str, Any]] = {
             ("eta 4, batch 64", ["runtime.batch_size=64"]),
             ("eta 4, pinned: engine core 0, trainer + rest core 1", PIN_TRAIN_CORE),
             ("eta 4, pinned: engine + rest core 0, trainer core 1", PIN_ENGINE_CORE),
+            # fewer requests in flight or running than the calibration had (64): where the simulator
+            # once predicted up to twice the measured window
+            ("eta 4, 16 concurrent rollouts", ["runtime.max_concurrent_rollouts=16"]),
+            ("eta 4, 16 running", ["inference.max_running_requests=16"]),
+            ("eta 0, 8 running", ["runtime.max_staleness=0", "inference.max_running_requests=8"]),
         ],
     },
     "shipped": {
@@ -69,6 +76,10 @@ KITS: dict[str, dict[str, Any]] = {
             ("eta 0 (synchronous)", ["runtime.max_staleness=0"]),
             ("eta 8", ["runtime.max_staleness=8"]),
             ("eta 4, batch 64", ["runtime.batch_size=64"]),
+            ("eta 4, 16 concurrent rollouts", ["runtime.max_concurrent_rollouts=16"]),
+            ("eta 4, 8 running", ["inference.max_running_requests=8"]),
+            ("eta 1, 16 concurrent rollouts", ["runtime.max_staleness=1", "runtime.max_concurrent_rollouts=16"]),
+            ("eta 0, 16 running", ["runtime.max_staleness=0", "inference.max_running_requests=16"]),
         ],
     },
 }
@@ -103,6 +114,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="simulations per prediction (length draws)")
     ap.add_argument("--quick", action="store_true", help="12-step calibration, two 12-step runs per kit")
     ap.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temp dir)")
+    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this text")
     args = ap.parse_args()
     if args.quick:
         args.cal_steps, args.steps = 12, 12
@@ -126,6 +138,8 @@ def main() -> int:
             f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}"
         )
         configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
+        if args.only:
+            configs = [c for c in configs if args.only in c[0]]
         # the machine's speed drifts (shared hosts): the calibration's own settings are measured again
         # last, and the drift between the two runs of them is reported beside the errors
         configs = [*configs, ("eta 4 (as calibrated, again at the end)", [])] if not args.quick else configs

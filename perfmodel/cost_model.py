@@ -124,7 +124,10 @@ class CostModel:
     decode_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
     prefill_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
     swap_s: float = 0.0
-    engine_step_overhead_ms: float = 0.0  # the engine's scheduling around its forwards, per decode step
+    engine_step_overhead_ms: float = 0.0  # the engine's scheduling between two forwards, per decode step
+    # the engine's work outside its forwards per request it served (admitting it, joining and leaving
+    # the batched KV cache, resolving it): paid per request, so it does not grow with the steps a run takes
+    engine_request_overhead_ms: float = 0.0
     interference: float = 0.0  # how much slower a forward runs while the trainer computes elsewhere (0.3 = 30%)
     # the calibration's forwards replayed alone (perfmodel/replay.py): alone / in the run, decode and prefill;
     # a synchronous run's generation has the machine to itself and is priced so
@@ -206,7 +209,13 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
             "",
         )
     )
-    rows.append(("engine scheduling between forwards", f"{model.engine_step_overhead_ms:.2f} ms per decode step", ""))
+    rows.append(
+        (
+            "engine work between forwards",
+            f"{model.engine_step_overhead_ms:.2f} ms per decode step + {model.engine_request_overhead_ms:.2f} ms per request",
+            "",
+        )
+    )
     rows.append(
         (
             "interference of a computing trainer",

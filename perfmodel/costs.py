@@ -36,7 +36,7 @@ from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
-from areal_graph.perfmodel.replay import replay_ratio
+from areal_graph.perfmodel.replay import probe_decode, replay_ratio
 from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 from areal_graph.trace_analysis.trace_model import merge_intervals
 from areal_graph.trace_analysis.trace_stats import training_window
@@ -64,6 +64,8 @@ class _Material:
     cpu_threads: dict[float, dict[str, dict[str, float]]] = field(
         default_factory=dict
     )  # time -> process -> thread -> s
+    # the decode fit's samples (x, ms alone on the placement, slowdown), kept for the probe's rescaling
+    decode_samples: tuple[list, list, list] = ([], [], [])
 
 
 def _material(tl: Any) -> _Material:
@@ -286,13 +288,11 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
             "slow each other: taken as none"
         )
     decode, dx, dy, ds = fit(1, model.interference)
+    m.decode_samples = (dx, dy, ds)
     prefill, px, py, ps = fit(0, model.interference)
     model.decode_ms = _with_measured_error(decode, dx, dy, ds)
     model.prefill_ms = _with_measured_error(prefill, px, py, ps)
-    busy = sum(b - a for p, v in m.busy.items() if p.startswith("inference-") for a, b in merge_intervals(v))
-    engine_spans = sum(s["dur"] / 1e6 for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute")
-    decodes = sum(1 for k, *_ in steps if k == 1)
-    model.engine_step_overhead_ms = max((engine_spans - busy) / max(decodes, 1) * 1e3, 0.0) if engine_spans else 0.0
+    _engine_overheads(run, m, model)
     swaps = [s for s in run.timeline.spans if s["name"] == "weight_swap"]
     model.swap_s = median([s["dur"] / 1e6 for s in swaps])
     resumed = sum(int(s["args"].get("prefill_tokens") or 0) for s in run.timeline.spans if s["name"] == "resumed")
@@ -306,6 +306,42 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
         model.reprefill_keep = float(min(max((real - fresh) / resumed, 0.05), 1.0))
 
 
+def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
+    """The engine's time outside its forwards, split into what each step costs and what each
+    request costs.
+
+    Why split: the engine's busy spans (`engine` compute spans: its steps, back-to-back ones
+    merged) hold more than its forwards: the loop between two steps, and per request the work of
+    admitting it, copying its prefill into the batched KV cache, moving rows when it leaves and
+    resolving it. Charged all per decode step, the per-request part grows with the number of
+    steps, so a run with few rows per step (low concurrency: many more steps for the same
+    requests) was priced up to twice too slow. The per-step part is the median gap between a
+    decode step and the next forward while the engine runs without pause (under the 2 ms at
+    which the engine's busy spans merge); the rest of the busy time outside forwards is per
+    request served."""
+    spans = [s for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute"]
+    engine_spans = sum(s["dur"] / 1e6 for s in spans)
+    if not engine_spans:
+        return
+    busy = sum(b - a for p, v in m.busy.items() if p.startswith("inference-") for a, b in merge_intervals(v))
+    gaps, decodes = [], 0
+    for rows in m.steps.values():
+        for here, after in zip(rows[:-1], rows[1:]):
+            if int(here[2]) != STEP_DECODE:
+                continue
+            decodes += 1
+            gap = after[0] - (here[0] + here[1])
+            if 0.0 <= gap < 0.002:
+                gaps.append(gap)
+    per_step = median(gaps)
+    model.engine_step_overhead_ms = per_step * 1e3
+    lo = min(s["ts"] for s in spans) / 1e6
+    hi = max(s["ts"] + s["dur"] for s in spans) / 1e6
+    served = _requests_between(run.timeline, lo, hi + 1.0)
+    rest = engine_spans - busy - per_step * decodes
+    model.engine_request_overhead_ms = max(rest, 0.0) / served * 1e3 if served else 0.0
+
+
 def _replay(run: Any, m: _Material, model: CostModel) -> None:
     """How much faster the run's forwards go alone (perfmodel/replay.py)."""
     host = next((s["args"].get("host") for s in run.timeline.spans if s["name"] == "placement"), None)
@@ -315,8 +351,6 @@ def _replay(run: Any, m: _Material, model: CostModel) -> None:
             "replayed here, so a synchronous run's generation is priced as the asynchronous one's"
         )
         return
-    if run.spec.runtime.max_staleness == 0:
-        return  # a synchronous run's forwards already ran alone
     if str(run.spec.inference.args.get("device", "cpu")).startswith("cuda") or run.spec.inference.backend != "embedded":
         model.notes.append(
             "the engine ran on a GPU (or is not the embedded one): its forwards were not replayed "
@@ -329,11 +363,47 @@ def _replay(run: Any, m: _Material, model: CostModel) -> None:
         model.notes.append(f"the run's model is not available here ({exc}): its forwards were not replayed")
         return
 
-    lo, hi = m.window
-    rows = [r for a in m.steps.values() for r in a.tolist() if lo <= r[0] <= hi]
-    got = replay_ratio(model_dir, rows, threads=model.inference.threads)
-    if got is not None:
-        model.alone_decode, model.alone_prefill = (min(max(v, 0.2), 1.5) for v in got)
+    if run.spec.runtime.max_staleness > 0:  # a synchronous run's forwards already ran alone
+        lo, hi = m.window
+        rows = [r for a in m.steps.values() for r in a.tolist() if lo <= r[0] <= hi]
+        got = replay_ratio(model_dir, rows, threads=model.inference.threads)
+        if got is not None:
+            model.alone_decode, model.alone_prefill = (min(max(v, 0.2), 1.5) for v in got)
+    _probe_decode_shape(model_dir, m, model)
+
+
+def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
+    """The decode cost's shape from the engine's step measured alone over a grid of batch sizes
+    (perfmodel/replay.py `probe_decode`), scaled by one factor to the run's own decode steps.
+
+    Why: a run decodes most steps near its own concurrency (a calibration at 64 running, 30-64
+    rows), and a fit of those alone extrapolates badly below it: its fixed cost absorbed what is
+    per row, and a step of a few rows came out two to three times too slow, so runs with fewer
+    requests in flight were predicted up to twice too slow. Alone, every batch size is measured;
+    the run's environment (a trainer beside the engine, Python processes around it) slows every
+    step by a factor the run's own steps give."""
+    dx, dy, ds = m.decode_samples
+    if len(dy) < 20:
+        return
+    rows_seen = max(int(x["rows"]) for x in dx)
+    widths = sorted(x["rows_x_width_k"] * 1e3 / x["rows"] for x in dx if x["rows"] > 0)
+    pick = [widths[int(q * (len(widths) - 1))] for q in (0.1, 0.5, 0.9)]
+    got = probe_decode(model_dir, rows_seen, [int(w) for w in pick], threads=model.inference.threads)
+    if not got:
+        return
+    px = [{"rows": float(r), "rows_x_width_k": r * w / 1e3} for r, w, _ in got]
+    shape = fit_linear(px, [t * 1e3 for _, _, t in got], DECODE_TERMS, robust=False)
+    # the run's decode time as it was measured (each step's normalised time times its slowdown)
+    predicted = sum(shape.predict(**x) * sl for x, sl in zip(dx, ds))
+    if predicted <= 0:
+        return
+    scale = sum(y * sl for y, sl in zip(dy, ds)) / predicted
+    scaled = LinearFit(shape.terms, [float(c * scale) for c in shape.coef], len(dy), lo=shape.lo, hi=shape.hi)
+    model.decode_ms = _with_measured_error(scaled, dx, dy, ds)
+    model.notes.append(
+        f"decode cost shape probed alone at {len(got)} batch sizes and widths (1..{rows_seen} rows), "
+        f"x{scale:.2f} to the run's own decode steps"
+    )
 
 
 def _with_measured_error(fit: LinearFit, xs: list[dict[str, float]], ys: list[float], slows: list[float]) -> LinearFit:

@@ -8,6 +8,11 @@ take alone (replayed here), while a synchronous run's generation ran as fast as 
 the other processes use ~0.3 cores). So the cost model keeps the measured ratio, and the
 simulator applies it where the regime differs: a synchronous run's forwards are priced alone.
 
+`probe_decode` measures the engine's decode step alone over a grid of batch sizes (1 to the
+run's largest, powers of two) and widths: the shape of the decode cost where the run itself
+seldom went (a run at 64 requests running decodes few steps of 1-8 rows, and a fit of its own
+steps alone put a 3 ms fixed cost on a step that takes ~1 ms at one row).
+
 The replay needs the run's model on this machine and is only meaningful when the run ran on
 this kind of machine; `replay_ratio` returns None (and the model keeps 1.0) otherwise.
 """
@@ -87,6 +92,60 @@ def replay_ratio(
     decode = replayed_d / measured_d if measured_d > 0 else 1.0
     prefill = replayed_p / measured_p if measured_p > 0 else decode
     return decode, prefill
+
+
+def probe_decode(
+    model_dir: str, max_rows: int, widths: Sequence[int], threads: int = 1
+) -> list[tuple[int, int, float]] | None:
+    """(rows, width, seconds) of the engine's decode step alone (forward and sampling, best of
+    three) for rows = 1, 2, 4, ... up to `max_rows` and each of `widths`; None without torch or
+    the model."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from areal_graph.engines.inference.kv_cache import BatchedKVCache
+        from areal_graph.engines.inference.model_runner import ModelRunner
+        from areal_graph.engines.inference.sampling import SamplingParams, sample_tokens
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    grid_rows = [1]
+    while grid_rows[-1] * 2 <= max(int(max_rows), 1):
+        grid_rows.append(grid_rows[-1] * 2)
+    if grid_rows[-1] < max_rows:
+        grid_rows.append(int(max_rows))
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(int(threads), 1))
+    out: list[tuple[int, int, float]] = []
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        cap = int(getattr(model.config, "max_position_embeddings", 2048)) - 1
+        runner = ModelRunner(
+            model, torch.device("cpu"), cuda_graphs=False, max_rows=max(grid_rows), max_positions=cap + 1
+        )
+        with torch.inference_mode():
+            for width in sorted({min(max(int(w), 2), cap) for w in widths}):
+                for rows in grid_rows:
+                    cache = BatchedKVCache(row_capacity=rows)
+                    _, keys, values, got = runner.prefill([[3] * width] * rows, 0)
+                    cache.append(keys, values, got)
+                    params = [SamplingParams(temperature=1.0) for _ in range(rows)]
+
+                    def step(rows: int = rows, cache: Any = cache, params: list = params) -> None:
+                        sample_tokens(
+                            runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64)
+                        )
+
+                    step()  # warm
+                    out.append(
+                        (rows, width, min(_timed(step) for _ in range(3)))
+                    )  # width: the cache's, as the step log
+    finally:
+        torch.set_num_threads(before)
+    return out
 
 
 def _timed(fn: Any) -> float:

@@ -188,6 +188,8 @@ class _Server:
         ms = 0.0
         if self.pending:  # a prefill gives each request its first token; those done at once never decode
             ms += self._prefill_cost(self.pending) * self.sim.alone_prefill
+            # the engine's own work per request (admitting it, joining the KV cache, leaving it)
+            ms += costs.engine_request_overhead_ms * sum(1 for r in self.pending if r.made == 0)
             for r in self.pending:
                 r.made += 1
             self.running.extend(self.pending)

@@ -105,3 +105,44 @@ def test_a_trace_with_the_out_column_and_verifying_steps_fits_the_same(costs, ru
     assert again.decode_ms == costs.decode_ms and again.prefill_ms == costs.prefill_ms
     assert any(f"{3 * changed} verifying steps (speculative decoding) are left out" in n for n in again.notes)
     assert not any("verifying steps" in n for n in costs.notes)
+
+
+def test_the_engine_work_outside_forwards_is_split_per_step_and_per_request(costs, run_dir):
+    """The engine's busy time outside its forwards: a small part per decode step (the gap to the
+    next forward), the rest per request served, and the two add up to what the trace holds.
+    Charged all per step, a run with few rows per step (many more steps) was priced too slow."""
+    from areal_graph.perfmodel.costs import _material, _requests_between
+    from areal_graph.trace_analysis.trace_model import merge_intervals
+    from areal_graph.trace_analysis.trace_run import load_run
+
+    run = load_run(run_dir)
+    m = _material(run.timeline)
+    spans = [s for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute"]
+    outside = sum(s["dur"] for s in spans) / 1e3 - sum(b - a for a, b in merge_intervals(m.busy["inference-0"])) * 1e3
+    steps = m.steps["inference-0"]
+    decodes = sum(1 for r in steps[:-1] if int(r[2]) == 1)
+    lo, hi = min(s["ts"] for s in spans) / 1e6, max(s["ts"] + s["dur"] for s in spans) / 1e6
+    served = _requests_between(run.timeline, lo, hi + 1.0)
+    assert 0 < costs.engine_step_overhead_ms < 0.5  # ~0.1 ms between two forwards on this run
+    assert costs.engine_request_overhead_ms > 0.2
+    split = costs.engine_step_overhead_ms * decodes + costs.engine_request_overhead_ms * served
+    assert split == pytest.approx(outside, rel=1e-6)
+
+
+def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_model_dir):
+    """Where the run's model is here, the decode fit's shape comes from the step probed alone at
+    every batch size (1 row included, which the run itself barely decoded), scaled by one factor
+    so that the run's own decode steps add up to what they took."""
+    from areal_graph.perfmodel.costs import _fit_engine, _material, _probe_decode_shape, fit_costs
+    from areal_graph.trace_analysis.trace_run import load_run
+
+    run = load_run(run_dir)
+    model = fit_costs(run, replay=False)
+    m = _material(run.timeline)
+    _fit_engine(run, m, model)
+    before = model.decode_ms
+    _probe_decode_shape(str(tiny_model_dir), m, model)
+    after = model.decode_ms
+    assert after is not before and after.lo[after.terms.index("rows")] == 1.0  # probed down to one row
+    assert abs(after.total_rel_err) < 1e-9  # scaled to the run's total
+    assert after.n == before.n and any("probed alone" in n for n in model.notes)

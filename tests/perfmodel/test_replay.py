@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_graph.perfmodel.replay import replay_ratio
+from areal_graph.perfmodel.replay import probe_decode, replay_ratio
 
 
 @pytest.mark.parametrize("out_column", [False, True])
@@ -24,3 +24,12 @@ def test_forwards_that_took_ten_times_longer_in_the_run_replay_at_a_small_fracti
 
 def test_too_few_decode_steps_give_no_answer(tiny_model_dir):
     assert replay_ratio(str(tiny_model_dir), [[0.0, 0.01, 1, 2, 2, 20, 10]] * 5) is None
+
+
+def test_the_decode_probe_measures_every_batch_size_and_width(tiny_model_dir):
+    """probe_decode: the engine's decode step alone at 1, 2, 4, ... rows up to the run's largest
+    (which need not be a power of two) and at each width asked for."""
+    got = probe_decode(str(tiny_model_dir), 6, [10, 30])
+    assert sorted({r for r, _, _ in got}) == [1, 2, 4, 6]
+    assert sorted({w for _, w, _ in got}) == [10, 30]
+    assert len(got) == 8 and all(t > 0 for *_, t in got)
