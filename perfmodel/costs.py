@@ -379,7 +379,7 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     Why: a run decodes most steps near its own concurrency (a calibration at 64 running, 30-64
     rows), and a fit of those alone extrapolates badly below it: its fixed cost absorbed what is
     per row, and a step of a few rows came out two to three times too slow, so runs with fewer
-    requests in flight were predicted up to twice too slow. Alone, every batch size is measured;
+    requests in flight were predicted up to twice too slow. Alone, every batch size is measured (at the run's widths and twice its widest);
     the run's environment (a trainer beside the engine, Python processes around it) slows every
     step by a factor the run's own steps give."""
     dx, dy, ds = m.decode_samples
@@ -387,7 +387,8 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
         return
     rows_seen = max(int(x["rows"]) for x in dx)
     widths = sorted(x["rows_x_width_k"] * 1e3 / x["rows"] for x in dx if x["rows"] > 0)
-    pick = [widths[int(q * (len(widths) - 1))] for q in (0.1, 0.5, 0.9)]
+    # the run's own widths, and twice its widest (answers grow as the policy learns)
+    pick = [widths[int(q * (len(widths) - 1))] for q in (0.1, 0.5, 0.9)] + [2 * widths[-1]]
     got = probe_decode(model_dir, rows_seen, [int(w) for w in pick], threads=model.inference.threads)
     if not got:
         return
