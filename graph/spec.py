@@ -176,6 +176,9 @@ class SpeculativeSpec:
     )
 
 
+KvOnUpdate = Literal["auto", "recompute", "keep", "wait"]  # inference.kv_on_update
+
+
 @dataclass(frozen=True)
 class InferenceSpec:
     backend: Literal["embedded", "sglang", "vllm"] = _f(
@@ -194,7 +197,7 @@ class InferenceSpec:
         "has vllm (.venv-vllm/bin/python after `make install-vllm`); null: "
         "the controller's own",
     )
-    kv_on_update: Literal["auto", "recompute", "keep", "wait"] = _f(
+    kv_on_update: KvOnUpdate = _f(
         "auto",
         None,
         "what a weight update does to the requests in flight: recompute their KV cache from the "
@@ -397,7 +400,7 @@ class NodeSpec:
     line: int | None = None
 
 
-def resolve_kv_on_update(setting: str, backend: str, max_staleness: int) -> str:
+def resolve_kv_on_update(setting: KvOnUpdate, backend: str, max_staleness: int) -> KvOnUpdate:
     """`inference.kv_on_update` as the run applies it: `auto` keeps the KV cache for the embedded
     engine in asynchronous runs (measured: as accurate, 1.4x faster on the testbed; the behaviour
     log-probs stay exact) and recomputes it elsewhere (SGLang and vLLM cannot keep it; a
