@@ -141,7 +141,7 @@ class Clues:
 READS = {
     "math_verify": "the last \\boxed{...}, else the text after '####' or 'the answer is'",
     "reasoning_gym": "only <answer>...</answer> or \\boxed{...}, which the tasks' questions do not ask for",
-    "agent": "the environment's own reward for the episode",
+    "agent": "the environment's own reward, which a move or answer the environment cannot read never earns",
     "code": "the last ```python block (else the last fenced block), run against the row's tests",
     "code_fraction": "the last ```python block (else the last fenced block), run against the row's tests",
 }
@@ -165,10 +165,11 @@ def explain(found: NoSignal, clues: Clues, action: str) -> str:
         causes.append(f"every answer is paid {found.reward:g}: the task is solved, or the reward pays anything")
     for fn in clues.reward_fns:
         causes.append(f"answer format: fn {fn} reads {READS.get(fn, 'what your function reads')}")
-    if clues.prompt_template is None:
-        causes.append("prompt template: data.prompt_template is not set, so the prompt does not ask for that form")
-    else:
-        causes.append(f"prompt template: does data.prompt_template ({clues.prompt_template!r}) ask for that form?")
+    if any(fn != "agent" for fn in clues.reward_fns):  # an environment's own messages say what it reads
+        if clues.prompt_template is None:
+            causes.append("prompt template: data.prompt_template is not set, so the prompt does not ask for that form")
+        else:
+            causes.append(f"prompt template: does data.prompt_template ({clues.prompt_template!r}) ask for that form?")
     if clues.cut_off:
         causes.append(
             f"context too short: {clues.cut_off:.0%} of the last step's answers stopped at max_new_tokens "

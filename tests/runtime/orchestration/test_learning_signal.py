@@ -119,3 +119,11 @@ def test_flat_groups_are_worded_as_such():
     text = explain(found, clues(reward_fns=("math_verify",)), "warn")
     assert "39 of the 40 prompt groups of the last 10 steps (98%) gave all their answers one reward" in text
     assert "fn math_verify reads the last \\boxed{...}" in text
+
+
+def test_a_game_s_causes_are_its_moves_not_a_prompt_template():
+    found = NoSignal(steps=10, trajectories=320, groups=40, flat_groups=40, reward=0.0)
+    text = explain(found, clues(reward_fns=("agent",), invalid_moves=1.0), "warn")
+    assert "fn agent reads the environment's own reward, which a move or answer the environment cannot read" in text
+    assert "invalid moves: 100% of the last step's episodes ended on an invalid move" in text
+    assert "prompt template" not in text
