@@ -72,7 +72,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="field naming a row's source: accuracy is also shown per source (default data_source)",
     )
-    p.add_argument("--reward", default=None, help="reward fn: math_verify (default) or module:function")
+    p.add_argument(
+        "--reward",
+        default=None,
+        help="reward fn: a builtin (agent, code, code_fraction, math_verify, reasoning_gym) or "
+        "module:function; default: the one that scores the data (reasoning_gym for reasoning_gym:<task> "
+        "data, the task's own scorer; agent for games and verifiers tasks; math_verify otherwise), "
+        "or the workflow's with --workflow",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument(
         "--rollout-class",
@@ -103,7 +110,6 @@ PLAIN_DEFAULTS = {
     "answer_key": "answer",
     "layout": "auto",
     "source_key": "data_source",
-    "reward": "math_verify",
 }
 
 
@@ -128,6 +134,7 @@ def workflow_settings(spec: Any) -> dict[str, Any]:
         "layout": d.layout,
         "source_key": d.source_key,
         "reward": reward.params.fn,
+        "reward_why": f"the workflow's node {reward.name!r}",
         "reward_timeout_s": reward.params.timeout_s,
         "speculative": dataclasses.asdict(spec.inference.speculative),
     }
@@ -178,12 +185,32 @@ def settings(args: argparse.Namespace, err: Any) -> dict[str, Any] | None:
     ):
         if getattr(args, key) is not None:
             merged[key] = getattr(args, key)
+    if args.reward is not None:
+        merged["reward_why"] = "--reward"
     if args.speculative is not None:  # the flag wins over the workflow's enabled; its other settings stay
         merged["speculative"] = {**merged["speculative"], "enabled": args.speculative == "on"}
     if merged.get("data") is None:
         err.print("[red]give --data FILE (or --workflow WORKFLOW.yaml with a data.eval)[/]")
         return None
+    pick_reward(merged, err)
     return merged
+
+
+def pick_reward(merged: dict[str, Any], err: Any) -> None:
+    """The reward fn when none was given: the one that scores the data (api/reward_fit.py: a
+    reasoning-gym task's own scorer for its rows, not math-verify, which reads a number out of the
+    row's JSON). A --reward that cannot score the data is used as told, with a warning saying why."""
+    from rich.markup import escape
+
+    from areal_graph.api.reward_fit import data_kind, misfits
+
+    kind = data_kind(str(merged["data"]))
+    if merged.get("reward") is None:
+        merged["reward"] = kind.rewards[0]
+        merged["reward_why"] = f"picked for {kind.name} data; --reward to change"
+        return
+    for problem in misfits(merged["reward"], [("--data", str(merged["data"]))]):
+        err.print(f"[yellow]warning:[/] {escape(problem)} (scoring with {escape(merged['reward'])} as told)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"{args.model} on {conf['data']}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    table.add_row("reward", escape(f"{conf['reward']} ({conf['reward_why']})"))
     table.add_row("problems", str(result["prompts"]))
     table.add_row("greedy accuracy (reward > 0.5)", f"{result['greedy_accuracy']:.1%}")
     table.add_row("mean greedy reward", f"{result['greedy_reward_mean']:.3f}")

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from areal_graph.cli.prompt_fit import PromptCheck
     from areal_graph.graph.spec import WorkflowSpec
     from areal_graph.runtime.observability.run_dir import RunDir
 
@@ -144,6 +145,7 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     """Load and check the workflow, open the run directory, train; each stage answers a user's
     mistake with a message and an exit code, never a traceback."""
     from areal_graph.cli.preflight import preflight
+    from areal_graph.cli.prompt_fit import check_prompts
 
     console = Console(soft_wrap=True)  # log lines stay whole when output is a file or a pipe
     loaded = _load_spec(args, console)
@@ -154,6 +156,9 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
         preflight(spec)
     except ValueError as err:
         console.print(str(err), style="red", markup=False, highlight=False)
+        return 1
+    prompts = check_prompts(spec)  # prompts that cannot fit the policy's context, before anything starts
+    if _say_prompt_problems(prompts, console):
         return 1
     opened = _open_run_dir(args, spec, overrides, console)
     if isinstance(opened, int):
@@ -170,7 +175,16 @@ def _run(args: argparse.Namespace, started: list[RunDir]) -> int:
     except ValueError as err:
         console.print(f"[red]{err}[/]", highlight=False)
         return 1
+    if not prompts.complete and _say_prompt_problems(check_prompts(spec), console):  # a kit built just now
+        return 1
     return _train(spec, run_dir, ckpt, console, t0)
+
+
+def _say_prompt_problems(prompts: PromptCheck, console: Console) -> bool:
+    """Print the prompts that cannot fit the policy's context (cli/prompt_fit.py); whether there were any."""
+    for line in prompts.problems:
+        console.print(line, style="red", markup=False, highlight=False)
+    return bool(prompts.problems)
 
 
 def _load_spec(args: argparse.Namespace, console: Console) -> tuple[WorkflowSpec, list[str]] | int:

@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Load WORKFLOW, apply --set overrides, and check it: fields, types, ranges, models, "
             "every import path it names (rollout classes, reward and function nodes, node kinds), "
-            "and the graph derived from what each node reads and writes (every read key has one "
+            "whether each reward fn can score the data, whether a sample of each dataset's prompts (rendered "
+            "with the template and the policy's tokenizer) leaves room for max_new_tokens in the model's "
+            "context, and the graph derived from what each node reads and writes (every read key has one "
             "writer, no cycles, no generation-side node reading a training-side key, train nodes get "
             "what their loss needs). Prints every problem at once; when valid, the execution plan: "
             "which side of the sample buffer each node runs on, what runs concurrently, where, and "
@@ -91,12 +93,18 @@ def run(args: argparse.Namespace) -> int:
         print_problems(console, args.workflow, err.problems)
         return 1
     from areal_graph.cli.preflight import preflight
+    from areal_graph.cli.prompt_fit import check_prompts
 
     try:  # a builtin name no kit has, or bad inference.args, fails here, not minutes into `run`
         preflight(spec)
     except ValueError as err:
         for line in str(err).splitlines():
             console.print(f"{args.workflow}: {line}", style="red", markup=False, highlight=False)
+        return 1
+    prompts = check_prompts(spec)  # prompt + max_new_tokens against the policy's context, on a sample
+    for line in prompts.problems:
+        console.print(f"{args.workflow}: {line}", style="red", markup=False, highlight=False)
+    if prompts.problems:
         return 1
     graph = build_graph(spec)
     console.print(
@@ -146,4 +154,6 @@ def run(args: argparse.Namespace) -> int:
         f"{rt.steps} steps, backend {spec.inference.backend}",
         highlight=False,
     )
+    for line in prompts.lines:
+        console.print(line, highlight=False, markup=False)
     return 0

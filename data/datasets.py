@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "load_prompts",
     "load_run_prompts",
     "reference_answer",
+    "render_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,13 +146,46 @@ def load_prompts(
     source_key: str = "data_source",
 ) -> tuple[list[Prompt], LoadReport]:
     """Every usable row of `path` as a Prompt, and the report of what was skipped."""
+    report = LoadReport(str(path))
+    prompts = render_rows(
+        iter_rows(path, report),
+        report,
+        tokenizer,
+        prompt_template=prompt_template,
+        question_key=question_key,
+        answer_key=answer_key,
+        max_prompt_tokens=max_prompt_tokens,
+        layout=layout,
+        source_key=source_key,
+        stem=Path(path).stem,
+    )
+    if report.total_skipped:
+        log.warning("%s; first skipped: %s", report, "; ".join(report.examples))
+    return prompts, report
+
+
+def render_rows(
+    rows: Iterable[tuple[int, Any]],
+    report: LoadReport,
+    tokenizer: Any,
+    *,
+    prompt_template: str | None = None,
+    question_key: str = "question",
+    answer_key: str = "answer",
+    max_prompt_tokens: int | None = None,
+    layout: str = "auto",
+    source_key: str = "data_source",
+    stem: str = "rows",
+) -> list[Prompt]:
+    """(line, row) pairs as Prompts, the unusable ones counted in `report`: the one place a row
+    becomes what the model is prompted with (`load_prompts` for a run's files; `validate` for a
+    sample it measures against the model's context, data/prompt_lengths.py)."""
     if prompt_template is not None and "{question}" not in prompt_template:
         raise DatasetError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
     if layout not in LAYOUTS:
         raise DatasetError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    report = LoadReport(str(path))
     prompts: list[Prompt] = []
-    for line, row in iter_rows(path, report):
+    for line, row in rows:
         prompt = _row_prompt(
             row,
             line,
@@ -160,14 +195,12 @@ def load_prompts(
             max_prompt_tokens,
             row_keys(row, layout, question_key, answer_key) if isinstance(row, dict) else ("", ""),
             source_key,
-            Path(path).stem,
+            stem,
         )
         if prompt is not None:
             prompts.append(prompt)
     report.loaded = len(prompts)
-    if report.total_skipped:
-        log.warning("%s; first skipped: %s", report, "; ".join(report.examples))
-    return prompts, report
+    return prompts
 
 
 def _row_prompt(

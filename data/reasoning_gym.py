@@ -143,29 +143,41 @@ def answer_payload(name: str, entry: dict[str, Any]) -> str:
     )
 
 
+def cache_path(spec: str, root: Path) -> Path:
+    """Where `spec`'s rows are written under `root` (named by the spec's hash and the library's version)."""
+    name, kwargs = parse_spec(spec)
+    version = getattr(_library(), "__version__", "")
+    key = hashlib.sha256(json.dumps([name, sorted(kwargs.items()), version], default=str).encode()).hexdigest()[:12]
+    return root / "reasoning_gym" / f"{name}-{key}.jsonl"
+
+
+def _row(name: str, seed: int, i: int, entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"{name}-{seed}-{i}",
+        "question": entry["question"],
+        "answer": answer_payload(name, entry),
+        "data_source": f"reasoning_gym/{name}",
+    }
+
+
 def materialize(spec: str, root: Path) -> Path:
     """The JSONL file of `spec`'s rows under `root` (written once; later calls reuse it)."""
-    name, kwargs = parse_spec(spec)
     problem = check_spec(spec)
     if problem:
         raise ReasoningGymError(problem)
-    lib = _library()
-    key = hashlib.sha256(
-        json.dumps([name, sorted(kwargs.items()), getattr(lib, "__version__", "")], default=str).encode()
-    ).hexdigest()[:12]
-    path = root / "reasoning_gym" / f"{name}-{key}.jsonl"
+    name, kwargs = parse_spec(spec)
+    path = cache_path(spec, root)
     if path.is_file():
         return path
-    rows = (
-        {
-            "id": f"{name}-{kwargs['seed']}-{i}",
-            "question": entry["question"],
-            "answer": answer_payload(name, entry),
-            "data_source": f"reasoning_gym/{name}",
-        }
-        for i, entry in enumerate(entries(spec))
-    )
+    rows = (_row(name, kwargs["seed"], i, entry) for i, entry in enumerate(entries(spec)))
     return write_jsonl(rows, path)  # atomic: a concurrent reader never sees half a file
+
+
+def sample_rows(spec: str, n: int) -> list[dict[str, Any]]:
+    """The first `n` rows of `spec`, as `materialize` writes them, without writing the file (what
+    `validate` renders to see whether the prompts fit the model's context)."""
+    name, kwargs = parse_spec(spec)
+    return [_row(name, kwargs["seed"], i, entry) for i, entry in zip(range(n), entries(spec))]
 
 
 def entries(spec: str) -> Iterator[dict[str, Any]]:

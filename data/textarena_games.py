@@ -121,17 +121,33 @@ def observation_text(observation: Any, player: int) -> str:
     return "\n".join(str(msg).strip() for sender, msg, *_ in observation if sender != player).strip()
 
 
+def cache_path(spec: str, root: Path) -> Path:
+    """Where `spec`'s rows are written under `root` (named by the spec's hash and the library's version)."""
+    env, size, seed = parse_spec(spec)
+    version = getattr(library(), "__version__", "")
+    key = hashlib.sha256(json.dumps([env, size, seed, version]).encode()).hexdigest()[:12]
+    return root / "textarena" / f"{env}-{key}.jsonl"
+
+
 def materialize(spec: str, root: Path) -> Path:
     env, size, seed = parse_spec(spec)
     problem = check_env(env)
     if problem:
         raise TextArenaError(problem)
-    version = getattr(library(), "__version__", "")
-    key = hashlib.sha256(json.dumps([env, size, seed, version]).encode()).hexdigest()[:12]
-    path = root / "textarena" / f"{env}-{key}.jsonl"
+    path = cache_path(spec, root)
     if path.is_file():
         return path
     return write_jsonl((game_row(env, seed * 1_000_003 + i) for i in range(size)), path)
+
+
+def sample_rows(spec: str, n: int) -> list[dict[str, Any]]:
+    """The first `n` games' rows of `spec` (their openings), as `materialize` writes them, without
+    writing the file (what `validate` renders to see whether the openings fit the model's context)."""
+    env, size, seed = parse_spec(spec)
+    problem = check_env(env)
+    if problem:
+        raise TextArenaError(problem)
+    return [game_row(env, seed * 1_000_003 + i) for i in range(min(n, size))]
 
 
 def game_row(env: str, seed: int) -> dict[str, Any]:

@@ -152,3 +152,16 @@ def materialize(spec: str, root: Path) -> Path:
     key = hashlib.sha256(json.dumps(parsed, sort_keys=True).encode()).hexdigest()[:12]
     path = root / "verifiers" / f"{parsed['taskset']}-{key}.jsonl"
     return write_jsonl(list_tasks(parsed), path)
+
+
+def cache_path(spec: str, root: Path) -> None:
+    """None: a taskset's rows are listed again on every run (a taskset is the user's code), so no
+    file written earlier stands for them."""
+    return None
+
+
+def sample_rows(spec: str, n: int) -> list[dict[str, Any]]:
+    """The first `n` tasks of `spec` as prompt rows, listed by verifiers (the first tasks of a
+    taskset are the same whatever its size): what `validate` renders to see whether they fit."""
+    parsed = parse_spec(spec)
+    return list_tasks({**parsed, "size": min(n, parsed["size"])})

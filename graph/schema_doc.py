@@ -67,6 +67,7 @@ def schema_markdown() -> str:
     table("inference", S.InferenceSpec)
     table("inference.speculative", S.SpeculativeSpec)
     table("runtime", S.RuntimeSpec)
+    table("runtime.no_signal", S.NoSignalSpec)
     out.extend(
         [
             "## nodes.NAME",

@@ -18,6 +18,7 @@ from areal_graph.api.fields import (
     loggers_check,
     non_empty_string,
     non_negative,
+    open_unit_interval_upper,
     positive,
 )
 from areal_graph.api.fields import cfg as _f
@@ -226,6 +227,33 @@ class InferenceSpec:
 
 
 @dataclass(frozen=True)
+class NoSignalSpec:
+    """When a run has nothing to learn: every trajectory of the last `steps` steps got the same
+    reward, or almost every prompt group got one reward for all its answers (group advantages are
+    then zero). Why a check: such a run (an answer format the reward cannot read, a prompt that does
+    not ask for it, answers cut off by max_new_tokens, games lost to invalid moves) runs to its end
+    looking healthy. runtime/orchestration/learning_signal.py; metrics signal/*."""
+
+    steps: int = _f(
+        10,
+        non_negative,
+        "the last N training steps looked at; the console says so once when they had nothing to learn. 0: never check",
+    )
+    flat_groups: float = _f(
+        0.95,
+        open_unit_interval_upper,
+        "the share of prompt groups (of more than one answer) whose answers all got one reward, over those "
+        "steps, at or above which there is (almost) nothing to learn; 1.0: only when every group is flat",
+    )
+    action: Literal["warn", "stop"] = _f(
+        "warn",
+        None,
+        "warn: say so once on the console and in the log, and go on; stop: end the run there with that "
+        "message (end_state.json's stop_reason)",
+    )
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     batch_size: int = _f(32, positive, "trajectories per training step (B)")
     max_staleness: int = _f(4, non_negative, "eta; 0 is synchronous RL")
@@ -335,6 +363,13 @@ class RuntimeSpec:
     )
     mlflow_experiment: str | None = _f(
         None, non_empty_string, "with loggers mlflow: the experiment; null: the workflow's name"
+    )
+    no_signal: NoSignalSpec = field(
+        default_factory=NoSignalSpec,
+        metadata={
+            "check": None,
+            "help": "what a run does when its rewards carry no learning signal: see runtime.no_signal",
+        },
     )
 
 

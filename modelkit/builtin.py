@@ -86,6 +86,48 @@ def model_head_dim(path: str) -> int | None:
         return None
 
 
+def model_context(path: str) -> int | None:
+    """The context (max_position_embeddings) of the model at `path`: a `builtin:` kit's recipe says
+    it without building; a directory's config.json; None when neither says."""
+    if str(path).startswith(PREFIX):
+        kit = BUILTIN_KITS.get(str(path)[len(PREFIX) :])
+        return kit.model.max_position_embeddings if kit is not None else None
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+        return int(config["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def built_model_dir(path: str) -> Path | None:
+    """The local directory of model `path` without building anything: a `builtin:` kit's once
+    built (None before), a directory as it is; None for anything else (a hub id)."""
+    if str(path).startswith(PREFIX):
+        name = str(path)[len(PREFIX) :]
+        if name in BUILTIN_REWARD_MODELS or name not in BUILTIN_KITS:
+            return None
+        kit = load_kit(BUILTIN_KITS[name])
+        return kit.model_dir if kit is not None else None
+    return Path(path) if Path(path).is_dir() else None
+
+
+def built_dataset_path(spec: str) -> Path | None:
+    """The local file of dataset `spec` without building or generating anything: a shipped file, a
+    built kit's split, a path as it is; None for a kit not built yet or a generated dataset."""
+    if generated.source_of(spec) is not None:
+        return None
+    if not str(spec).startswith(PREFIX):
+        return Path(spec)
+    name = str(spec)[len(PREFIX) :]
+    if name in SHIPPED_DATASETS:
+        return Path(areal_graph.data.__file__).parent / SHIPPED_DATASETS[name]
+    if name not in BUILTIN_DATASETS:
+        return None
+    kit_name, split = BUILTIN_DATASETS[name]
+    kit = load_kit(BUILTIN_KITS[kit_name])
+    return kit.data_path(split) if kit is not None else None
+
+
 def _builtin_kit(spec: str, known: dict, what: str, progress: Progress | None) -> tuple[Kit, str] | None:
     """(built kit, entry name) for a `builtin:` spec; None for any other path."""
     name = _builtin_name(spec, known, what)

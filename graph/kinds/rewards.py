@@ -12,6 +12,7 @@ from areal_graph.api.fields import cfg, import_path_check, non_negative, positiv
 from areal_graph.api.judge import DEFAULT_TEMPLATE as DEFAULT_JUDGE_TEMPLATE
 from areal_graph.api.judge import pattern_problem as judge_pattern_problem
 from areal_graph.api.judge import template_problem as judge_template_problem
+from areal_graph.api.reward_fit import misfits
 from areal_graph.api.reward_fns import BUILTIN_REWARD_FNS
 from areal_graph.graph.kind import Call, Hosting, ImportRef, Issue, NodeKind, RunInfo
 from areal_graph.graph.kinds.common import HOSTS, actor_model, reads_missing, writes_exactly_one
@@ -30,6 +31,13 @@ class RewardParams:
     )
     timeout_s: float = cfg(5.0, positive, "per-answer verification timeout")
     num_workers: int = cfg(2, positive, "verifier processes")
+    check_data_fit: bool = cfg(
+        True,
+        None,
+        "refuse a builtin fn that cannot score the workflow's data (math_verify on reasoning_gym: rows, "
+        "whose answer is the task's entry as JSON; a game's rows scored by anything but its own reward, "
+        "fn: agent): api/reward_fit.py. false: the pairing is deliberate, train it as written",
+    )
 
 
 def _reward_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
@@ -44,20 +52,12 @@ def _reward_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
                 + (f" (did you mean {near[0]!r}?)" if near else ""),
             )
         )
-    if node.params.fn == "reasoning_gym":
-        plain = [
-            f"data.{k} ({v})"
-            for k, v in (("train", spec.data.train), ("eval", spec.data.eval))
-            if v and not str(v).startswith("reasoning_gym:")
+    if node.params.check_data_fit:
+        datasets = [(f"data.{k}", str(v)) for k, v in (("train", spec.data.train), ("eval", spec.data.eval)) if v]
+        issues += [
+            Issue(("fn",), f"{problem}; to pair them on purpose, set check_data_fit: false on nodes.{node.name}")
+            for problem in misfits(node.params.fn, datasets)
         ]
-        if plain:
-            issues.append(
-                Issue(
-                    ("fn",),
-                    "fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset (the "
-                    f"row carries the task's entry); {', '.join(plain)} is not one",
-                )
-            )
     return issues + reads_missing(node, ("input_ids", "loss_mask"), "a reward node (it scores the generated text)")
 
 

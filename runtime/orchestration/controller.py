@@ -38,14 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from areal_graph.data.packed import PackedBatch
+from areal_graph.graph.kinds.common import actor_model
 from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.launchers.interrupt import interrupted
 from areal_graph.runtime.observability.disk_full import checkpoint_need, disk_full_message, is_disk_full
 from areal_graph.runtime.observability.flows import GroupFlows
 from areal_graph.runtime.observability.ledger import SampleLedger
 from areal_graph.runtime.observability.run_dir import (
+    CONFIG_FILENAME,
     END_STATE_FILENAME,
     LEGACY_END_STATE_FILENAME,
+    METRICS_FILENAME,
     RunDir,
     end_state_file,
 )
@@ -57,6 +60,7 @@ from areal_graph.runtime.orchestration.executor import NodeExecutor
 from areal_graph.runtime.orchestration.generation import GenerationSide, RunState
 from areal_graph.runtime.orchestration.generation import NodeFailed as NodeFailed  # re-exported: imported from here
 from areal_graph.runtime.orchestration.generation import tool_call_stats as tool_call_stats  # re-exported too
+from areal_graph.runtime.orchestration.learning_signal import Clues, LearningSignalWatch, explain
 from areal_graph.runtime.orchestration.phase_runner import NodeContractError, NodeResult, run_phase
 from areal_graph.runtime.orchestration.sample_buffer import SampleBuffer
 
@@ -132,6 +136,14 @@ class Controller:
             )
             if self.rt.autopilot
             else None
+        )
+        no_signal = self.rt.no_signal
+        self.signal = LearningSignalWatch(  # runtime.no_signal: a run with nothing to learn says so
+            no_signal.steps,
+            no_signal.flat_groups,
+            group_baseline=any(
+                getattr(n.params, "estimator", None) in ("grpo", "rloo") for n in plan.spec.nodes.values()
+            ),
         )
         self._fatal: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -314,6 +326,7 @@ class Controller:
             batch = await self._next_batch(self.rt.batch_size)  # 1
         t_start = time.perf_counter()
         stats: dict[str, float] = {"time/wait_batch": t_start - t_wait, **self.generation.batch_stats(batch)}
+        stop_for = self._watch_signal(batch, stats)
 
         outcome = await run_phase(self.plan, self.plan.training, batch, self._timed_call(stats))  # 2
         stats.update(outcome.stats)
@@ -336,6 +349,49 @@ class Controller:
             self._steer(stats, trained, buffered)
         self._log_step(stats, dropped_in_training=sum(outcome.groups_dropped.values()))
         self.span_pull.maybe_start()
+        if stop_for is not None:  # runtime.no_signal.action: stop, once this step's metrics are logged
+            self.on_failure(stop_for)
+
+    def _watch_signal(self, batch: PackedBatch, stats: dict[str, float]) -> str | None:
+        """runtime.no_signal: feed this step's rewards to the watch (its metrics go into `stats`);
+        the first time the last steps had nothing to learn, say so on the console with the likely
+        causes, or (action: stop) return that message: the run stops with it after this step."""
+        if "rewards" not in batch:
+            return None
+        groups = batch["group_id"].tolist() if "group_id" in batch else None
+        metrics, found = self.signal.observe(batch["rewards"].float().tolist(), groups)
+        stats.update(metrics)
+        if found is None:
+            return None
+        action = self.rt.no_signal.action
+        message = explain(found, self._clues(stats), action)
+        if action == "stop":
+            return f"runtime.no_signal.action is stop: {message}"
+        log.warning("step %d: %s", self.state.step + 1, message)
+        return None
+
+    def _clues(self, stats: dict[str, float]) -> Clues:
+        """What the workflow and this step's measurements say about why there is nothing to learn."""
+        spec = self.plan.spec
+        source = self.plan.node(self.plan.source).params
+        sampling = getattr(source, "sampling", None)
+        actor = actor_model(spec)
+        model = spec.models[actor].path if actor in spec.models else "MODEL"
+        run = self.run_dir.path if self.run_dir is not None else Path("RUN")
+        return Clues(
+            reward_fns=tuple(
+                fn for n in self.plan.scorers() if isinstance(fn := getattr(self.plan.node(n).params, "fn", None), str)
+            ),
+            prompt_template=spec.data.prompt_template,
+            max_new_tokens=getattr(sampling, "max_new_tokens", None),
+            cut_off=stats.get("no_eos/frac"),
+            invalid_moves=stats.get("env/invalid_move"),
+            eval_command=(
+                f"areal-graph eval {model} --workflow {run / CONFIG_FILENAME} --limit 16 --show 8 "
+                "(the starting policy: with nothing to learn it has hardly moved)"
+            ),
+            metrics_path=str(run / METRICS_FILENAME),
+        )
 
     def _advance(self, taken: PackedBatch, trained_batch: PackedBatch | None, trained: int) -> None:
         """After the weights are published: the new version, the step, the ledger and the gate."""

@@ -131,6 +131,7 @@ def test_small_real_eval_table_answers_and_json_agree(kit, tmp_path, capsys):
     assert result["sample_accuracy"] == pytest.approx(sum(p["samples_correct"] for p in per) / 6)
     text = captured.out
     assert re.search(r"│ problems\s+│\s+2 │", text)
+    assert re.search(r"│ reward\s+│\s+math_verify \(picked for file data; --reward to change\) │", text)
     assert re.search(rf"│ greedy accuracy \(reward > 0\.5\)\s+│\s+{result['greedy_accuracy']:.1%} │", text)
     assert re.search(rf"│ pass@2 \(n=3, T=0\.7\)\s+│\s+{result['pass@2']:.1%} │", text)
     assert re.search(rf"│ mean sample accuracy\s+│\s+{result['sample_accuracy']:.1%} │", text)
@@ -304,3 +305,35 @@ def test_speculative_eval_gives_the_same_answers_as_plain_decoding(kit, tmp_path
     assert spec["steps"] > 0 and spec["emitted"] >= spec["steps"], spec  # it did verify proposals
     assert results["on"]["per_prompt"] == results["off"]["per_prompt"]
     assert results["on"]["generated_tokens"] == results["off"]["generated_tokens"]
+
+
+RG = "reasoning_gym:basic_arithmetic?size=8&seed=2"
+
+
+@pytest.mark.parametrize(
+    "data, reward",
+    [(RG, "reasoning_gym"), ("builtin:arith/test", "math_verify"), ("textarena:GuessTheNumber-v0", "agent")],
+)
+def test_without_reward_eval_picks_the_one_that_scores_the_data(data, reward):
+    """`eval --data reasoning_gym:...` once scored with math-verify, which reads a number out of
+    the row's JSON: 0.0% where the task's own scorer gave 5.0%, without a word."""
+    conf = cmd_eval.settings(parse("m", "--data", data), None)
+    assert conf["reward"] == reward
+    assert conf["reward_why"].startswith("picked for ") and conf["reward_why"].endswith("; --reward to change")
+
+
+def test_a_reward_that_cannot_score_the_data_is_used_as_told_with_a_warning(capsys):
+    from rich.console import Console
+
+    conf = cmd_eval.settings(parse("m", "--data", RG, "--reward", "math_verify"), Console(stderr=True, width=400))
+    assert (conf["reward"], conf["reward_why"]) == ("math_verify", "--reward")
+    err = capsys.readouterr().err
+    assert f"warning: fn: math_verify cannot score --data ({RG})" in err
+    assert "use fn: reasoning_gym (scoring with math_verify as told)" in err
+    conf = cmd_eval.settings(parse("m", "--data", RG, "--reward", "reasoning_gym"), Console(stderr=True))
+    assert conf["reward"] == "reasoning_gym" and capsys.readouterr().err == ""
+
+
+def test_the_workflow_s_reward_is_named_as_such(tmp_path):
+    conf = cmd_eval.settings(parse("m", "--workflow", str(_workflow_file(tmp_path))), None)
+    assert (conf["reward"], conf["reward_why"]) == ("math_verify", "the workflow's node 'reward'")

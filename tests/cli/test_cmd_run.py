@@ -227,6 +227,43 @@ def test_unknown_builtin_model_is_exit_1_before_the_loop(runner, workflow, tmp_p
     assert not (tmp_path / "r").exists()  # found before the run folder is made
 
 
+def _kit_workflow(kit: Path, tmp_path: Path, max_new_tokens: int) -> Path:
+    """grpo_sync.yaml on the test kit (a real tokenizer, a 512-token context) with `max_new_tokens`."""
+    path = tmp_path / "kit.yaml"
+    text = (
+        (WORKFLOWS / "grpo_sync.yaml")
+        .read_text()
+        .replace("builtin:tiny-arith", str(kit / "model"))
+        .replace("builtin:arith/train", str(kit / "train.jsonl"))
+        .replace("builtin:arith/test", str(kit / "test.jsonl"))
+    )
+    path.write_text(text)
+    spec = load_workflow(path, [f"nodes.rollout.sampling.max_new_tokens={max_new_tokens}"])
+    path.write_text(dump_workflow(spec))
+    return path
+
+
+def test_prompts_that_cannot_fit_the_context_stop_the_run_before_its_folder(runner, kit, tmp_path, capsys):
+    rc = cmd_run.run(parse(str(_kit_workflow(kit, tmp_path, 600)), "--run-dir", str(tmp_path / "r")))
+    assert rc == 1 and runner.calls == []
+    out = capsys.readouterr().out
+    assert f"data.train ({kit / 'train.jsonl'}): the longest sampled prompt" in out
+    assert "with nodes.rollout.sampling.max_new_tokens 600 it needs" in out
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_kit_built_by_the_run_has_its_prompts_checked_once_built(runner, kit, tmp_path, capsys, monkeypatch):
+    """The kit is not built at `run`'s first check (nothing to tokenize with): checked after building."""
+    monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path / "empty"))
+    built = load_workflow(_kit_workflow(kit, tmp_path, 600))
+    monkeypatch.setattr(cmd_run, "_resolve_builtins", lambda spec, console: built)
+    wf = tmp_path / "builtin.yaml"
+    wf.write_text(dump_workflow(load_workflow(WORKFLOWS / "grpo_sync.yaml")))
+    rc = cmd_run.run(parse(str(wf), "--run-dir", str(tmp_path / "r")))
+    assert rc == 1 and runner.calls == []
+    assert "with nodes.rollout.sampling.max_new_tokens 600 it needs" in capsys.readouterr().out
+
+
 def test_resolve_builtins_leaves_local_paths_alone_and_resolves_builtin_ones(monkeypatch, workflow):
     console = Console(file=io.StringIO())
     spec = load_workflow(workflow)

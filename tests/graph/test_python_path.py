@@ -80,7 +80,7 @@ def test_a_reasoning_gym_reward_needs_reasoning_gym_data(tmp_path):
     )
     with pytest.raises(
         WorkflowError,
-        match=r"fn: reasoning_gym scores rows of a reasoning_gym:<dataset> dataset .*"
-        r"data.train \(builtin:arith/train\) is not one",
+        match=r"fn: reasoning_gym cannot score data.train \(builtin:arith/train\): .*; "
+        r"use fn: math_verify or fn: agent; to pair them on purpose, set check_data_fit: false on nodes.reward",
     ):
         load_workflow(wf)

@@ -94,6 +94,24 @@ class InferenceBackend:
         checked before a run starts rather than when its servers refuse to start."""
         return None
 
+    # The server flag (as an `inference.args` key) that caps prompt + generation below the
+    # model's own context; None: the server always serves the model's.
+    context_arg: str | None = None
+
+    def context_limit(self, inference: Any) -> int | None:
+        """The token limit `inference.args` sets on prompt + generation (None: the model's own),
+        which `validate` measures the prompts against."""
+        if self.context_arg is None:
+            return None
+        for key in (self.context_arg, self.context_arg.replace("_", "-")):
+            value = inference.args.get(key)
+            if value is not None:
+                try:
+                    return int(value)
+                except (TypeError, ValueError):
+                    return None
+        return None
+
     # The server's entry point: `<python> -m <server_module> <model_flag> <model> --host H --port P`.
     server_module: str = ""
     model_flag: str = "--model"

@@ -30,6 +30,7 @@ def _no_named_adapters() -> NoReturn:
 
 class EmbeddedBackend(SGLangBackend):
     name = "embedded"
+    context_arg = "max_context"  # its server flag capping prompt + generation
     shared_memory_weights = True
     server_spans = True
     startup_timeout_s = 180.0

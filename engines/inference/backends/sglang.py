@@ -62,6 +62,7 @@ def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
 
 class SGLangBackend(InferenceBackend):
     name = "sglang"
+    context_arg = "context_length"  # its server flag capping prompt + generation
     startup_timeout_s = 900.0  # SGLang loads CUDA kernels and captures graphs before /health: minutes
     pause_around_update = True
     pause_mode = "abort"

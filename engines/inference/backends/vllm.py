@@ -99,6 +99,7 @@ def span_versions(spans: Any, n: int) -> list[int | None] | None:
 
 class VLLMBackend(InferenceBackend):
     name = "vllm"
+    context_arg = "max_model_len"  # its server flag capping prompt + generation
     shared_memory_weights = True  # through our worker extension (one machine)
     startup_timeout_s = 600.0  # CPU: ~40-70 s (torch.compile); GPU: weights, compile and graph capture
     pause_around_update = True

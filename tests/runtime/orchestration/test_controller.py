@@ -414,3 +414,46 @@ def test_a_trace_budget_too_small_for_one_step_stops_the_run_naming_the_field(tm
         executor.shutdown()
         tracer.close()
     assert controller.state.step < 40
+
+
+def _no_signal(text: str, settings: str) -> str:
+    return text.replace("eval_every: 0}", f"eval_every: 0, no_signal: {settings}}}")
+
+
+def test_nothing_to_learn_is_said_once_with_the_numbers_and_recorded_each_step(tmp_path, caplog):
+    """Every group's answers get one reward (1 for even groups, 0 for odd): GRPO's advantages are
+    all 0. The console says so once, at the step the window fills; a metric marks every step after."""
+    import logging
+
+    text = _no_signal(workflow(eta=0, steps=6, reward="group_parity_reward"), "{steps: 3}")
+    with caplog.at_level(logging.WARNING, logger="areal_graph.runtime.orchestration.controller"):
+        state, _ = _run_text(tmp_path, text)
+    assert state.step == 6  # action warn: the run goes on
+    said = [r.getMessage() for r in caplog.records if "nothing to learn" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        "step 3: nothing to learn: 6 of the 6 prompt groups of the last 3 steps (100%) gave all their answers one reward"
+    )
+    assert "areal-graph eval unused --workflow " in said[0] and str(tmp_path / "run" / "metrics.jsonl") in said[0]
+    steps = metrics(tmp_path)
+    assert [m["signal/nothing_to_learn"] for m in steps] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert [m["signal/flat_groups_frac"] for m in steps] == [1.0] * 6
+
+
+def test_a_run_with_a_signal_says_nothing(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="areal_graph.runtime.orchestration.controller"):
+        _run_text(tmp_path, _no_signal(workflow(eta=0, steps=4), "{steps: 2}"))
+    assert not [r for r in caplog.records if "nothing to learn" in r.getMessage()]
+    assert [m["signal/nothing_to_learn"] for m in metrics(tmp_path)] == [0.0] * 4
+
+
+def test_no_signal_action_stop_ends_the_run_after_that_step_saying_why(tmp_path):
+    text = _no_signal(workflow(eta=0, steps=8, reward="group_parity_reward"), "{steps: 2, action: stop}")
+    with pytest.raises(RunFailed, match=r"^runtime.no_signal.action is stop: nothing to learn: 4 of the 4 prompt"):
+        _run_text(tmp_path, text)
+    end_state = json.loads((tmp_path / "run" / "end_state.json").read_text())
+    assert end_state["finished"] is False and end_state["step"] == 2
+    assert "nothing to learn" in end_state["stop_reason"]
+    assert [m["signal/nothing_to_learn"] for m in metrics(tmp_path)] == [0.0, 1.0]  # the stopping step is logged

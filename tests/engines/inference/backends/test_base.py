@@ -158,3 +158,19 @@ def test_calls_and_parsed_generations_are_frozen_plain_data():
     parsed = ParsedGeneration([1], [-0.5], None, 3, "stop", 2)
     with pytest.raises(AttributeError):
         parsed.finish_reason = "abort"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "backend, args, limit",
+    [
+        ("embedded", {"max_context": 300}, 300),
+        ("embedded", {}, None),
+        ("vllm", {"max-model-len": "2048"}, 2048),  # either spelling of the flag
+        ("sglang", {"context_length": 4096, "max_context": 1}, 4096),  # only its own flag counts
+    ],
+)
+def test_the_context_a_server_is_told_to_use(backend, args, limit):
+    """What `validate` measures prompts against when inference.args caps the context (cli/prompt_fit.py)."""
+    from areal_graph.engines.inference.backends import get_backend
+
+    assert get_backend(backend).context_limit(SimpleNamespace(args=args)) == limit
