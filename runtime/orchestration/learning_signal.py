@@ -61,6 +61,13 @@ class NoSignal:
     groups: int
     flat_groups: int
     reward: float | None  # the one reward every trajectory got; None when the groups were flat, not all alike
+    learned_before: bool = False  # an earlier step of the run had rewards that differed
+
+    @property
+    def solved(self) -> bool:
+        """Every answer paid the same positive reward after the run had a signal: the policy learned
+        the task (the shipped arithmetic kit reaches 100%), not a reward that cannot read an answer."""
+        return self.learned_before and self.reward is not None and self.reward > 0
 
     @property
     def flat_share(self) -> float:
@@ -84,6 +91,7 @@ class LearningSignalWatch:
         self.group_baseline = group_baseline
         self.window: deque[StepRewards] = deque(maxlen=max(steps, 1))
         self.finding: NoSignal | None = None  # the first finding (said once)
+        self.had_signal = False  # some step so far had rewards that differed
 
     def observe(
         self, rewards: Sequence[float], group_ids: Sequence[int] | None
@@ -97,15 +105,17 @@ class LearningSignalWatch:
             metrics["signal/flat_groups_frac"] = step.flat_groups / step.groups
         if not self.steps or not step.trajectories:
             return metrics, None
+        learned_before = self.had_signal
+        self.had_signal |= step.high - step.low > SAME
         self.window.append(step)
-        found = self._nothing_to_learn()
+        found = self._nothing_to_learn(learned_before)
         metrics["signal/nothing_to_learn"] = float(found is not None)
         if found is None or self.finding is not None:
             return metrics, None
         self.finding = found
         return metrics, found
 
-    def _nothing_to_learn(self) -> NoSignal | None:
+    def _nothing_to_learn(self, learned_before: bool) -> NoSignal | None:
         if len(self.window) < self.steps:
             return None
         low = min(s.low for s in self.window)
@@ -121,6 +131,7 @@ class LearningSignalWatch:
             groups=groups,
             flat_groups=flat,
             reward=low if same else None,
+            learned_before=learned_before,
         )
 
 
@@ -160,9 +171,23 @@ def explain(found: NoSignal, clues: Clues, action: str) -> str:
             f"({found.flat_share:.0%}) gave all their answers one reward"
         )
     lines = [f"nothing to learn: {what}, so the advantages are 0 and training does not move the policy."]
+    if found.solved:  # earlier steps had a signal: the policy got every answer right
+        lines.append(
+            f"Every answer is paid {found.reward:g}: the policy solves this data (harder data would "
+            "teach it more), or the reward has started to pay anything."
+        )
+        lines.append(f"Per step: reward/mean in {clues.metrics_path}.")
+        if action == "warn":
+            lines.append("The run goes on (runtime.no_signal.action: stop ends such a run here).")
+        return "\n".join(lines)
     causes = []
     if found.reward is not None and found.reward > 0:
-        causes.append(f"every answer is paid {found.reward:g}: the task is solved, or the reward pays anything")
+        causes.append(f"every answer is paid {found.reward:g}: the reward pays anything, or the task is solved")
+    if found.reward is None:
+        causes.append(
+            "each prompt is answered right by all its answers or by none: the data is too easy or too hard "
+            "for the policy at this temperature"
+        )
     for fn in clues.reward_fns:
         causes.append(f"answer format: fn {fn} reads {READS.get(fn, 'what your function reads')}")
     if any(fn != "agent" for fn in clues.reward_fns):  # an environment's own messages say what it reads

@@ -40,14 +40,17 @@ def test_one_step_with_a_spread_inside_the_window_keeps_it_quiet():
     spread = [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert feed(watch, [[0.0] * 8, spread, [0.0] * 8, [0.0] * 8]) == [None, None, None, None]
     # the spread leaves the window: now it fires
-    assert feed(watch, [[0.0] * 8]) == [NoSignal(steps=3, trajectories=24, groups=6, flat_groups=6, reward=0.0)]
+    found = NoSignal(steps=3, trajectories=24, groups=6, flat_groups=6, reward=0.0, learned_before=True)
+    assert feed(watch, [[0.0] * 8]) == [found]
+    assert not found.solved  # all 0 after a signal: lost, not solved
 
 
 def test_flat_groups_of_different_rewards_fire_under_a_group_baseline_only():
     """Group 0 all 1, group 1 all 0: rewards differ across groups, but GRPO's advantages are all 0."""
     flat = [1.0] * 4 + [0.0] * 4
     grpo = LearningSignalWatch(steps=2, flat_groups=0.95, group_baseline=True)
-    assert feed(grpo, [flat, flat])[1] == NoSignal(steps=2, trajectories=16, groups=4, flat_groups=4, reward=None)
+    expected = NoSignal(steps=2, trajectories=16, groups=4, flat_groups=4, reward=None, learned_before=True)
+    assert feed(grpo, [flat, flat])[1] == expected
     gae = LearningSignalWatch(steps=2, flat_groups=0.95, group_baseline=False)
     assert feed(gae, [flat, flat]) == [None, None]
 
@@ -118,6 +121,7 @@ def test_flat_groups_are_worded_as_such():
     found = NoSignal(steps=10, trajectories=320, groups=40, flat_groups=39, reward=None)
     text = explain(found, clues(reward_fns=("math_verify",)), "warn")
     assert "39 of the 40 prompt groups of the last 10 steps (98%) gave all their answers one reward" in text
+    assert "all its answers or by none: the data is too easy or too hard" in text
     assert "fn math_verify reads the last \\boxed{...}" in text
 
 
@@ -127,3 +131,18 @@ def test_a_game_s_causes_are_its_moves_not_a_prompt_template():
     assert "fn agent reads the environment's own reward, which a move or answer the environment cannot read" in text
     assert "invalid moves: 100% of the last step's episodes ended on an invalid move" in text
     assert "prompt template" not in text
+
+
+def test_a_policy_that_learned_the_task_is_told_as_solved_not_as_a_fault():
+    """All answers paid 1 after steps that had a spread: the policy solved the data (the shipped
+    kit reaches 100%): the message says so, without the causes of a reward that reads nothing.
+    Paid 1 from the first step on, it is still a suspect reward."""
+    watch = LearningSignalWatch(steps=2, flat_groups=0.95)
+    spread = [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    found = feed(watch, [spread, [1.0] * 8, [1.0] * 8])[2]
+    assert found is not None and found.solved and found.reward == 1.0
+    text = explain(found, clues(), "warn")
+    assert "the policy solves this data" in text and "answer format" not in text
+    never = feed(LearningSignalWatch(steps=2, flat_groups=0.95), [[1.0] * 8] * 2)[1]
+    assert never is not None and not never.solved
+    assert "answer format" in explain(never, clues(), "warn")
