@@ -6,13 +6,15 @@ kind's `host_args`, and every node call is the kind's `call` sent to that object
 plan places in the controller run in this process (`LocalHosts`).
 
 Weight sync: the executor holds one transport, chosen from the workflow when it is built
-(weight_sync.py: shared memory, disk or a LoRA adapter), and calls its publish, apply,
-restore and cleanup whatever it is. docs/architecture.md, section 4, follows one sync hop by hop.
+(weight_sync.py: shared memory, disk or a LoRA adapter), and calls its publish, then has
+`ServerWeights` (server_weights.py) load it onto the servers, check each and commit it, and
+restore a restarted server, in turns, whatever the transport. docs/architecture.md, section
+4, follows one sync hop by hop.
 
 Processes that come back: a stateless process that dies (a rollout, reward or function
 worker, an inference server) is started again, up to `runtime.max_restarts` times each; a
-worker gets its hosted objects configured again, a server the weights of the current policy
-version. Node calls that failed because a process died are redone once it is back (the
+worker gets its hosted objects configured again, a server the last committed weights of the
+policy. Node calls that failed because a process died are redone once it is back (the
 controller never sees them fail). A model worker holds weights and optimizer state: its death
 stops the run (resume from the last checkpoint with `areal-graph run --resume`).
 """
@@ -57,6 +59,7 @@ from areal_graph.runtime.orchestration.placement import (
     process_demands,
     thread_split,
 )
+from areal_graph.runtime.orchestration.server_weights import ServerWeights, WeightsMismatch
 from areal_graph.runtime.orchestration.weight_sync import WeightSync, choose_weight_sync
 from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync as resolve_weight_sync
 from areal_graph.runtime.rpc.worker_client import WorkerClient
@@ -101,6 +104,10 @@ class ProcessExecutor:
         # the one transport of this run's weights (weight_sync.py), chosen here once
         self.weight_sync: WeightSync = choose_weight_sync(
             self.spec, plan.actor, self.backend, run_dir, self._call_actor
+        )
+        # its loads onto the servers, in turns and checked (server_weights.py)
+        self.server_weights = ServerWeights(
+            self.weight_sync, [f"inference-{i}" for i in range(self.spec.inference.servers)]
         )
         self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
         self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
@@ -283,10 +290,16 @@ class ProcessExecutor:
         self._ready[died.name].set()
 
     def _restore_server(self, index: int) -> None:
-        """A restarted inference server starts on the workflow's model: give it the weights of
-        the policy version the others serve (the last sync), so no sample comes from old weights."""
+        """A restarted inference server starts on the workflow's model: give it the last committed
+        weights (never while a sync loads: server_weights.py), checked, so it serves one whole
+        version under that version's number; a sync under way brings it to the new one next."""
         io = self._started().io
-        io.submit(self.weight_sync.restore(self.servers.clients[index])).result(timeout=300)
+        version = io.submit(self.server_weights.restore(index, self.servers.clients[index])).result(timeout=300)
+        log.warning(
+            "inference-%d is back on weight version %s",
+            index,
+            "0 (its initial weights: none synced yet)" if version is None else version,
+        )
 
     def _wait_ready(self, names: list[str], timeout: float = 600.0) -> None:
         for name in names:
@@ -472,15 +485,18 @@ class ProcessExecutor:
         )
 
     async def sync_weights(self, version: int) -> dict[str, float]:
-        """The actor's weights to every inference server, labelled `version` (see module docstring)."""
+        """The actor's weights to every inference server, labelled `version`, each server checked
+        (see module docstring); a server that died meanwhile is waited for and the sync redone."""
         while True:
             if not all(self._ready[n].is_set() for n in self._servers_names()):
                 await asyncio.to_thread(self._wait_ready, self._servers_names())
             deaths = self._deaths
             try:
                 published = await asyncio.to_thread(self.weight_sync.publish, version)
-                await self._servers(self.weight_sync.apply(self.servers, published))
+                await self._servers(self.server_weights.sync(self.servers, published))
                 return {"weight_sync/bytes": published.nbytes}
+            except WeightsMismatch:  # a server holds other weights than it says: never redone, never passed over
+                raise
             except Exception:
                 if not await self._died_meanwhile(deaths, self._servers_names()):
                     raise

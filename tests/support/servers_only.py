@@ -51,7 +51,10 @@ class VersionedTrainer:
 
         hf_logging.disable_progress_bar()  # save_pretrained's bar on every export
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # a copy (the model is loaded with each version's weights later) in which tied tensors
+        # stay one tensor (a clone per name would untie them)
+        copies: dict[int, torch.Tensor] = {}
+        self.base = {k: copies.setdefault(v.data_ptr(), v.detach().clone()) for k, v in self.model.state_dict().items()}
         self.version = 0
         self._states: dict[int, dict[str, torch.Tensor]] = {}
         self._logprobs: dict[int, torch.Tensor] = {}
@@ -67,7 +70,7 @@ class VersionedTrainer:
                     key = t.data_ptr()
                     if key not in by_storage:
                         noise = torch.randn(t.shape, generator=g) * (NOISE * float(t.std()) if t.numel() > 1 else NOISE)
-                        by_storage[key] = t + noise if version else t.clone()
+                        by_storage[key] = t + noise if version else t.clone()  # new tensors: base stays as loaded
                     out[name] = by_storage[key]
                 self._states[version] = out
             return self._states[version]
