@@ -12,11 +12,12 @@ restore a restarted server, in turns, whatever the transport. docs/architecture.
 4, follows one sync hop by hop.
 
 Processes that come back: a stateless process that dies (a rollout, reward or function
-worker, an inference server) is started again, up to `runtime.max_restarts` times each; a
-worker gets its hosted objects configured again, a server the last committed weights of the
-policy. Node calls that failed because a process died are redone once it is back (the
-controller never sees them fail). A model worker holds weights and optimizer state: its death
-stops the run (resume from the last checkpoint with `areal-graph run --resume`).
+worker, an inference server) is started again, at most `runtime.max_restarts` times within
+any `runtime.restart_window_s` seconds each (runtime/launchers/restart_budget.py, whichever
+launcher runs it); a worker gets its hosted objects configured again, a server the last
+committed weights. Node calls that failed because a process died are redone once it is back
+(the controller never sees them fail). A model worker holds weights and optimizer state: its
+death stops the run (resume from the last checkpoint with `areal-graph run --resume`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.hosts.protocols import ModelService
 from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDied, make_launcher
 from areal_graph.runtime.launchers.local import free_port
+from areal_graph.runtime.launchers.restart_budget import RestartBudget
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
@@ -112,12 +114,18 @@ class ProcessExecutor:
         self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
         self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
         self._deaths = 0  # restartable deaths so far (calls compare it before and after)
-        self.restarts: dict[str, int] = {}  # process name -> times restarted
+        rt = self.spec.runtime
+        self.restart_budget = RestartBudget(rt.max_restarts, rt.restart_window_s)
         self._token: str | None = None
         self._info: RunInfo | None = None
         self._on_failure: Callable[..., None] = lambda message, resumable=False: None
         self.clocks = ProcessClocks()  # each process's clock offset, applied to its spans (clocks.py)
         self.placement: dict[str, ProcessPlacement] = {}  # process name -> cores, threads, GPUs (start())
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Process name -> times restarted over the run (end_state.json's `process_restarts`)."""
+        return self.restart_budget.totals
 
     def _started(self) -> _Started:
         """What start() set up; calling a process before it is an error that says so."""
@@ -245,10 +253,9 @@ class ProcessExecutor:
 
     # ------------------------------------------------------------------ processes that die
     def _on_death(self, died: ProcessDied) -> None:
-        """On the launcher's watchdog thread: restart a stateless process (bounded), else stop
-        the run with a message naming it."""
+        """On the launcher's watchdog thread: restart a stateless process (as often as the restart
+        budget allows), else stop the run with a message naming it and saying why."""
         role = self._roles.get(died.name, died.role)
-        done = self.restarts.get(died.name, 0)
         if role == "model":
             self._on_failure(
                 self._death_message(died) + "\n(a model worker holds weights and optimizer state: "
@@ -256,21 +263,13 @@ class ProcessExecutor:
                 resumable=True,
             )
             return
-        if done >= self.spec.runtime.max_restarts:
-            self._on_failure(
-                self._death_message(died) + f"\n(restarted {done} times already; "
-                f"runtime.max_restarts is {self.spec.runtime.max_restarts})"
-            )
+        verdict = self.restart_budget.spend(died.name)
+        if not verdict.allowed:
+            self._on_failure(self._death_message(died) + f"\n({verdict.reason})")
             return
         self._ready[died.name].clear()
         self._deaths += 1
-        self.restarts[died.name] = done + 1
-        log.warning(
-            "%s; restarting it (%d of at most %d)",
-            self._death_message(died).split("\n")[0],
-            done + 1,
-            self.spec.runtime.max_restarts,
-        )
+        log.warning("%s; restarting it (%s)", self._death_message(died).split("\n")[0], verdict.reason)
         try:
             if self.launcher is None:
                 raise RuntimeError("no launcher")
