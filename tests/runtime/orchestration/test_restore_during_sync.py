@@ -10,7 +10,7 @@ wrong version and wrong behaviour log-probs. The check reads only what the serve
 its version label and the log-probs it gives a fixed prompt, compared with the log-probs each
 published version's weights give (support/servers_only.py), right after each restore.
 
-`AREAL_RESTORE_TRIALS=N` sets the slow test's trials (default 30).
+`AREAL_RESTORE_TRIALS=N` sets the slow test's trials per transport (default 20).
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def test_a_server_killed_during_syncs_comes_back_on_one_whole_version(kit, tmp_p
     assert got.wrong() == [], got.wrong()
 
 
-@pytest.mark.slow  # ~2-3 minutes on two cores: `make test-slow`
+@pytest.mark.slow  # ~2 minutes per transport on two cores: `make test-slow`
 @pytest.mark.parametrize("transport", ["memory", "disk"])
 def test_many_kills_around_publishes_never_leave_a_server_on_a_mixed_or_mislabelled_version(kit, tmp_path, transport):
-    trials = int(os.environ.get("AREAL_RESTORE_TRIALS", "30"))
+    trials = int(os.environ.get("AREAL_RESTORE_TRIALS", "20"))
     got = _run(kit, tmp_path, trials, 11, f"runtime.weight_sync={transport}")
     print(f"{transport}: {trials} trials, {got.syncs} syncs, {got.seconds} s; wrong: {len(got.wrong())}")
     assert len(got.probes) == trials and got.syncs >= trials
