@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
+import os
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -70,22 +70,26 @@ def sample_tensors(state: Mapping[str, torch.Tensor]) -> Samples:
     return out
 
 
-def _sample_bytes(
-    buf: mmap.mmap, offset: int, dtype: torch.dtype, shape: Iterable[int]
+def _sample_file(
+    fd: int, offset: int, dtype: torch.dtype, shape: Iterable[int]
 ) -> tuple[tuple[int, ...], torch.Tensor]:
+    """The sampled values of one tensor lying at `offset` in the open file `fd` (one small read each)."""
     shape = tuple(int(s) for s in shape)
     numel = 1
     for s in shape:
         numel *= s
     size = dtype.itemsize
-    raw = bytearray(b"".join(buf[offset + p * size : offset + (p + 1) * size] for p in positions(numel)))
+    raw = bytearray(b"".join(os.pread(fd, size, offset + p * size) for p in positions(numel)))
     return shape, (torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype))
 
 
 def sample_shared_file(path: str | Path, manifest: list[dict]) -> Samples:
     """The sampled values of every tensor a shared-weights manifest (engines/shared_weights.py) describes."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return {e["name"]: _sample_bytes(buf, int(e["offset"]), dtype_named(e["dtype"]), e["shape"]) for e in manifest}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return {e["name"]: _sample_file(fd, int(e["offset"]), dtype_named(e["dtype"]), e["shape"]) for e in manifest}
+    finally:
+        os.close(fd)
 
 
 def sample_safetensors(directory: str | Path) -> Samples:
@@ -96,9 +100,10 @@ def sample_safetensors(directory: str | Path) -> Samples:
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {directory}")
     for path in files:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            (header_len,) = struct.unpack("<Q", buf[:8])
-            header = json.loads(buf[8 : 8 + header_len])
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            header = json.loads(os.pread(fd, header_len, 8))
             for name, meta in header.items():
                 if name == "__metadata__":
                     continue
@@ -107,7 +112,9 @@ def sample_safetensors(directory: str | Path) -> Samples:
                     raise ValueError(
                         f"{path}: tensor {name!r} has dtype {meta['dtype']}, which weights digests do not read"
                     )
-                out[name] = _sample_bytes(buf, 8 + header_len + int(meta["data_offsets"][0]), dtype, meta["shape"])
+                out[name] = _sample_file(fd, 8 + header_len + int(meta["data_offsets"][0]), dtype, meta["shape"])
+        finally:
+            os.close(fd)
     return out
 
 

@@ -49,7 +49,9 @@ class ServerWeights:
         self.names = list(names)
         self.checked = 0  # loads whose digest was compared (the others' servers report none)
         self._turn: asyncio.Lock | None = None  # made on the loop that first uses it
-        self._samples: collections.OrderedDict[int, tuple[Published, Samples | None]] = collections.OrderedDict()
+        self._samples: collections.OrderedDict[int, tuple[Published, asyncio.Future[Samples | None]]] = (
+            collections.OrderedDict()
+        )
         self._said_unchecked = False
 
     def _lock(self) -> asyncio.Lock:
@@ -62,7 +64,12 @@ class ServerWeights:
         committed (what a restored server gets from now on). A failed load leaves the
         committed version as it was."""
         async with self._lock():
-            await self.transport.apply(pool, published)
+            reading = self._samples_of(published)  # read back what was published while the servers load it
+            try:
+                await self.transport.apply(pool, published)
+            except BaseException:
+                await asyncio.gather(reading, return_exceptions=True)
+                raise
             await asyncio.gather(*(self._check(i, c, published) for i, c in enumerate(pool.clients)))
             self.transport.commit(published)
 
@@ -91,9 +98,10 @@ class ServerWeights:
             raise WeightsMismatch(
                 f"{where} was told to load weight version {published.version} and reports version {report.version}"
             )
-        expected = await asyncio.to_thread(self._digest_of, published, report.dtype)
-        if expected is None:
+        samples = await self._samples_of(published)
+        if samples is None:
             return
+        expected = digest(samples, dtype_named(report.dtype))
         self.checked += 1
         if report.digest == expected:
             return
@@ -112,19 +120,21 @@ class ServerWeights:
             f"{report.digest}, version {published.version} as published in {published.where} has {expected}; {held}"
         )
 
-    def _digest_of(self, published: Published, dtype: str) -> str | None:
-        """The digest of `published` for a server holding `dtype`; its samples read once and kept
-        for the last RECENT_VERSIONS versions (a file written again is read again)."""
+    def _samples_of(self, published: Published) -> asyncio.Future[Samples | None]:
+        """The values sampled from what was published (read in a thread, once per publish; kept
+        for the last RECENT_VERSIONS versions, so a mismatch can say which one a server holds)."""
         kept = self._samples.get(published.version)
         if kept is None or kept[0] is not published:
-            kept = (published, self.transport.samples(published))
+            kept = (published, asyncio.ensure_future(asyncio.to_thread(self.transport.samples, published)))
             self._samples[published.version] = kept
             self._samples.move_to_end(published.version)
             while len(self._samples) > RECENT_VERSIONS:
                 self._samples.popitem(last=False)
-        samples = kept[1]
-        return None if samples is None else digest(samples, dtype_named(dtype))
+        return kept[1]
 
     def _digest_of_version(self, version: int, dtype: str) -> str | None:
-        samples = self._samples[version][1]
+        reading = self._samples[version][1]
+        if not reading.done() or reading.exception() is not None:
+            return None
+        samples = reading.result()
         return None if samples is None else digest(samples, dtype_named(dtype))
