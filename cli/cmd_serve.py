@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from areal_graph.engines.inference.server.routes import routes_text
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -13,13 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve a model over HTTP (SGLang- and OpenAI-compatible API)",
         description=(
             "Start the embedded inference engine (continuous batching, interruptible generation, "
-            "weight updates from disk) behind the subset of SGLang's native HTTP API that RL uses: "
-            "/generate, /update_weights_from_disk, /pause_generation, /continue_generation, "
-            "/abort_request, /health, /health_generate, /get_model_info, /flush_cache; and OpenAI's "
-            "/v1/chat/completions, /v1/completions and /v1/models (chat template, tools as Hermes-style "
-            "<tool_call> blocks, n, logprobs, streaming). "
+            "weight updates from disk) behind the subset of SGLang's native HTTP API that RL uses and "
+            "OpenAI's API (chat template, tools as Hermes-style <tool_call> blocks, n, logprobs, "
+            "streaming, the Responses API). "
             "Point any SGLang client (or areal-graph's InferenceClient), or the official openai package "
-            "(base_url=http://HOST:PORT/v1, api_key=the key), at it."
+            "(base_url=http://HOST:PORT/v1, api_key=the key), at it. Every route it serves:\n\n" + routes_text()
         ),
         epilog=(
             "Example: areal-graph serve builtin:tiny-arith --port 30000\n"

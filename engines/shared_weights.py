@@ -8,7 +8,9 @@ it straight into its model. One memcpy on each side, no pickling, nothing on the
 the manifest.
 
 Consistency: the controller publishes, then tells the servers to load, then trains again,
-so a buffer is never written while a server reads it.
+and it publishes into the one of two files that the version servers were last given does
+not occupy (runtime/orchestration/weight_sync.py: SharedMemorySync), so a file is never
+written while a server reads it, a server restarted in the middle of a sync included.
 """
 
 from __future__ import annotations

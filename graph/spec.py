@@ -307,8 +307,16 @@ class RuntimeSpec:
     max_restarts: int = _f(
         3,
         non_negative,
-        "times each stateless process (rollout, reward and function workers, "
-        "inference servers) is restarted after it dies before the run stops; 0 never restarts",
+        "restarts of each stateless process (rollout, reward and function workers, inference servers) "
+        "allowed within any runtime.restart_window_s seconds; one more death within the window stops "
+        "the run, saying so (a process that keeps dying); 0 never restarts",
+    )
+    restart_window_s: float | None = _f(
+        600.0,
+        positive,
+        "the window of runtime.max_restarts, in seconds: occasional deaths over days are survived, a "
+        "crash loop stops the run within it (runtime/launchers/restart_budget.py); null counts restarts "
+        "over the whole run",
     )
     auto_resume: int = _f(
         2,

@@ -37,7 +37,7 @@ from areal_graph.engines.inference.backends import (
     get_backend,
     sampling_to_json,
 )
-from areal_graph.engines.inference.backends.base import adapter_name
+from areal_graph.engines.inference.backends.base import WeightsReport, adapter_name
 from areal_graph.engines.inference.request_tags import request_tags
 
 log = logging.getLogger(__name__)
@@ -372,6 +372,14 @@ class InferenceClient:
             self._updating -= 1
             if self._updating == 0:
                 ev.set()
+
+    async def weights_digest(self) -> WeightsReport | None:
+        """The version and digest of the weights the server holds now (engines/weights_digest.py);
+        None where the backend cannot say."""
+        call = self.api.weights_digest_call()
+        if call is None:
+            return None
+        return self.api.parse_weights_digest(await self._call(call, retry=False))
 
     async def pause(self) -> None:
         """Stop decoding. Embedded and vLLM: requests wait in place. SGLang: in-flight requests return `abort`."""

@@ -63,6 +63,7 @@ from areal_graph.engines.inference.sampling import GenerationResult, SamplingPar
 from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings, Speculator
 from areal_graph.engines.inference.token_intake import take_tokens, take_verified
 from areal_graph.engines.lora_weights import apply_adapter, is_adapter
+from areal_graph.engines.weights_digest import Samples, digest, sample_tensors
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,10 @@ class EmbeddedEngine:
         self._pending: list[_Request] = []  # admitted, need a (re-)prefill before decoding
         self._cache = BatchedKVCache(row_capacity=max_running)
         self._lora_base: dict[str, torch.Tensor] = {}  # LoRA: the base weights adapters apply to
+        # what `weights_digest` hashes: the parameters the last load named (None: all of them),
+        # or the sampled values of the last LoRA adapter loaded (merged, it is not a parameter)
+        self._loaded_names: list[str] | None = None
+        self._adapter_samples: Samples | None = None
         self._paused = False
         self._draining = False  # kv_on_update="wait": an update waits for the requests in flight; admit none
         self._waiters = 0  # threads waiting for a step boundary (abort, weight swap): the scheduler yields
@@ -473,9 +478,11 @@ class EmbeddedEngine:
             start, before = time.perf_counter(), self._version
             if is_adapter(state_dict):
                 apply_adapter(self.model, self._lora_base, state_dict)
+                self._adapter_samples = sample_tensors(state_dict)
             else:
                 load_state_dict_checked(self.model, state_dict)
                 self._lora_base.clear()  # full weights: a later adapter applies to these
+                self._loaded_names, self._adapter_samples = list(state_dict), None
             self._runner.rebind()
             self._version = int(version)
             in_flight = sum(1 for r in self._running + self._pending if r.output_ids)
@@ -504,6 +511,18 @@ class EmbeddedEngine:
         """
         state_dict = read_checkpoint(Path(path), self.dtype)
         self.update_weights_from_state_dict(state_dict, self._version + 1 if version is None else version)
+
+    def weights_digest(self) -> str:
+        """A digest of the weights this engine serves (engines/weights_digest.py), to be compared
+        with what was published for its version: its parameters under the names its last load
+        gave (all of them before the first load), or the last LoRA adapter as it was loaded.
+        Call it between loads (the HTTP server holds its update lock): it reads the parameters
+        while generation goes on, which only reads them too."""
+        if self._adapter_samples is not None:
+            return digest(self._adapter_samples, self.dtype)
+        state = self.model.state_dict()
+        names = self._loaded_names if self._loaded_names is not None else list(state)
+        return digest(sample_tensors({n: state[n] for n in names}), self.dtype)
 
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:

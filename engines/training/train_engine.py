@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal_graph.api.full_disk import naming_the_file
 from areal_graph.data.packed import PackedBatch
 from areal_graph.engines.lora_weights import adapter_tensors, attach_lora, merged_tensors
 from areal_graph.engines.training import data_parallel as dp
@@ -382,13 +383,14 @@ class TrainEngine(OptimizerSteps):
         if self.rank == 0:
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
-            if self.lora_sync is not None:  # the merged model, and the adapters beside it (peft's layout)
-                self.model.get_base_model().save_pretrained(
-                    tmp, safe_serialization=True, state_dict=merged_tensors(self.model)
-                )
-                self.model.save_pretrained(tmp / LORA_ADAPTER_DIR)
-            else:
-                self.model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+            with naming_the_file(path):  # a full disk names the directory (api/full_disk.py)
+                if self.lora_sync is not None:  # the merged model, and the adapters beside it (peft's layout)
+                    self.model.get_base_model().save_pretrained(
+                        tmp, safe_serialization=True, state_dict=merged_tensors(self.model)
+                    )
+                    self.model.save_pretrained(tmp / LORA_ADAPTER_DIR)
+                else:
+                    self.model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
             if path.exists():
                 shutil.rmtree(path)
             tmp.rename(path)
@@ -404,7 +406,8 @@ class TrainEngine(OptimizerSteps):
         if self.rank == 0:
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
-            self.model.save_pretrained(tmp)
+            with naming_the_file(path):
+                self.model.save_pretrained(tmp)
             if path.exists():
                 shutil.rmtree(path)
             tmp.rename(path)

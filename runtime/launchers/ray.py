@@ -18,7 +18,10 @@ nodes with them) get inference servers and model workers respectively.
 Deaths: a watchdog thread polls every actor. A process that exits is `ProcessDied` with its
 exit code and log tail; an actor that dies (killed, its node lost) is `ProcessDied` with no
 exit code and the reason. `restart` starts the process again in a fresh actor in the same
-bundle (the same node), as it was first started.
+bundle (the same node), as it was first started. Whether a death is restarted at all is decided
+by the executor, the same way for every launcher (runtime/launchers/restart_budget.py: at most
+`runtime.max_restarts` within any `runtime.restart_window_s`); Ray itself never restarts an actor
+(`max_restarts=0` below), so no second count runs beside it.
 
 Joining: `runtime.ray_address` or RAY_ADDRESS (e.g. "auto" on a node of a cluster started
 with `ray start`); else a Ray instance is started here with the machine's cores (the

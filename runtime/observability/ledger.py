@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal_graph.api.full_disk import naming_the_file
+
 EVENTS = ("generated", "trained", "dropped", "failed", "requeued", "checkpoint", "resumed")
 
 
@@ -53,7 +55,7 @@ class SampleLedger:
                 "time": round(time.time(), 3),
             }
         )
-        with self._lock:
+        with self._lock, naming_the_file(self.path or "ledger.jsonl"):
             self._file.write(line + "\n")
             self._file.flush()
 

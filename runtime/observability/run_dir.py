@@ -46,6 +46,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from areal_graph.api.full_disk import naming_the_file
 from areal_graph.runtime.observability.trackers import Tracker
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class RunDir:
         record = {"step": int(step), "time": time.time()}
         # floats stay floats (NaN included: json writes NaN, Python and pandas read it back)
         record.update({str(k): v if isinstance(v, float) else _plain(v) for k, v in metrics.items() if k != "step"})
-        with open(self.metrics_path, "a") as f:
+        with naming_the_file(self.metrics_path), open(self.metrics_path, "a") as f:
             f.write(json.dumps(record, allow_nan=True) + "\n")
         numbers = {
             k: float(v)
@@ -266,7 +267,7 @@ class RunDir:
             raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
         marker = ckpt_dir / COMPLETE_MARKER
         payload = json.dumps({"time": time.time(), **_plain(dict(info or {}))})
-        with open(marker, "w") as f:
+        with naming_the_file(marker), open(marker, "w") as f:
             f.write(payload + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -496,5 +497,6 @@ def _plain(obj: Any) -> Any:
 def _atomic_write(path: Path, text: str) -> None:
     """Write to a temporary file, then rename: a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    with naming_the_file(path):
+        tmp.write_text(text)
     os.replace(tmp, path)

@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from areal_graph.api.full_disk import naming_the_file
 from areal_graph.data.packed import PackedBatch
 from areal_graph.graph.kinds.common import actor_model
 from areal_graph.graph.plan import ExecutionPlan
@@ -227,7 +228,13 @@ class Controller:
                 self.run_dir.path,
                 need_bytes=checkpoint_need(self.run_dir.path),
             )
-        return disk_full_message("a file of the run", path or self.run_dir.path, self.run_dir.path)
+        if path is None:  # a write that names no file: say the folder, and what the error said
+            return disk_full_message(
+                f"a file of the run (the error names none: {type(err).__name__}: {err})",
+                self.run_dir.path,
+                self.run_dir.path,
+            )
+        return disk_full_message("a file of the run", path, self.run_dir.path)
 
     async def _name_the_dead(self, err: Exception) -> None:
         """A dead process usually shows up first as a failed call to it: give the executor a
@@ -496,7 +503,8 @@ class Controller:
             state["requeue"] = sorted({*self.state.requeue, *self.generation.untrained.values()})
             # same moment as the state above: ledger events before this line are in the checkpoint
             self.ledger.record("checkpoint", -1, -1, path.name, self.state.step, self.state.version)
-            (path / "controller_state.json").write_text(json.dumps(state))
+            with naming_the_file(path / "controller_state.json"):
+                (path / "controller_state.json").write_text(json.dumps(state))
             self.run_dir.mark_checkpoint_complete(path)
             self._saving = None
             if self._resumed_from is not None and self._resumed_from.name < path.name:

@@ -6,15 +6,18 @@ kind's `host_args`, and every node call is the kind's `call` sent to that object
 plan places in the controller run in this process (`LocalHosts`).
 
 Weight sync: the executor holds one transport, chosen from the workflow when it is built
-(weight_sync.py: shared memory, disk or a LoRA adapter), and calls its publish, apply,
-restore and cleanup whatever it is. docs/architecture.md, section 4, follows one sync hop by hop.
+(weight_sync.py: shared memory, disk or a LoRA adapter), and calls its publish, then has
+`ServerWeights` (server_weights.py) load it onto the servers, check each and commit it, and
+restore a restarted server, in turns, whatever the transport. docs/architecture.md, section
+4, follows one sync hop by hop.
 
 Processes that come back: a stateless process that dies (a rollout, reward or function
-worker, an inference server) is started again, up to `runtime.max_restarts` times each; a
-worker gets its hosted objects configured again, a server the weights of the current policy
-version. Node calls that failed because a process died are redone once it is back (the
-controller never sees them fail). A model worker holds weights and optimizer state: its death
-stops the run (resume from the last checkpoint with `areal-graph run --resume`).
+worker, an inference server) is started again, at most `runtime.max_restarts` times within
+any `runtime.restart_window_s` seconds each (runtime/launchers/restart_budget.py, whichever
+launcher runs it); a worker gets its hosted objects configured again, a server the last
+committed weights. Node calls that failed because a process died are redone once it is back
+(the controller never sees them fail). A model worker holds weights and optimizer state: its
+death stops the run (resume from the last checkpoint with `areal-graph run --resume`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from areal_graph.graph.plan import ExecutionPlan
 from areal_graph.runtime.hosts.protocols import ModelService
 from areal_graph.runtime.launchers import Launcher, LaunchRequest, ProcessDied, make_launcher
 from areal_graph.runtime.launchers.local import free_port
+from areal_graph.runtime.launchers.restart_budget import RestartBudget
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
@@ -57,6 +61,7 @@ from areal_graph.runtime.orchestration.placement import (
     process_demands,
     thread_split,
 )
+from areal_graph.runtime.orchestration.server_weights import ServerWeights, WeightsMismatch
 from areal_graph.runtime.orchestration.weight_sync import WeightSync, choose_weight_sync
 from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync as resolve_weight_sync
 from areal_graph.runtime.rpc.worker_client import WorkerClient
@@ -102,15 +107,25 @@ class ProcessExecutor:
         self.weight_sync: WeightSync = choose_weight_sync(
             self.spec, plan.actor, self.backend, run_dir, self._call_actor
         )
+        # its loads onto the servers, in turns and checked (server_weights.py)
+        self.server_weights = ServerWeights(
+            self.weight_sync, [f"inference-{i}" for i in range(self.spec.inference.servers)]
+        )
         self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
         self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
         self._deaths = 0  # restartable deaths so far (calls compare it before and after)
-        self.restarts: dict[str, int] = {}  # process name -> times restarted
+        rt = self.spec.runtime
+        self.restart_budget = RestartBudget(rt.max_restarts, rt.restart_window_s)
         self._token: str | None = None
         self._info: RunInfo | None = None
         self._on_failure: Callable[..., None] = lambda message, resumable=False: None
         self.clocks = ProcessClocks()  # each process's clock offset, applied to its spans (clocks.py)
         self.placement: dict[str, ProcessPlacement] = {}  # process name -> cores, threads, GPUs (start())
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Process name -> times restarted over the run (end_state.json's `process_restarts`)."""
+        return self.restart_budget.totals
 
     def _started(self) -> _Started:
         """What start() set up; calling a process before it is an error that says so."""
@@ -238,10 +253,9 @@ class ProcessExecutor:
 
     # ------------------------------------------------------------------ processes that die
     def _on_death(self, died: ProcessDied) -> None:
-        """On the launcher's watchdog thread: restart a stateless process (bounded), else stop
-        the run with a message naming it."""
+        """On the launcher's watchdog thread: restart a stateless process (as often as the restart
+        budget allows), else stop the run with a message naming it and saying why."""
         role = self._roles.get(died.name, died.role)
-        done = self.restarts.get(died.name, 0)
         if role == "model":
             self._on_failure(
                 self._death_message(died) + "\n(a model worker holds weights and optimizer state: "
@@ -249,21 +263,13 @@ class ProcessExecutor:
                 resumable=True,
             )
             return
-        if done >= self.spec.runtime.max_restarts:
-            self._on_failure(
-                self._death_message(died) + f"\n(restarted {done} times already; "
-                f"runtime.max_restarts is {self.spec.runtime.max_restarts})"
-            )
+        verdict = self.restart_budget.spend(died.name)
+        if not verdict.allowed:
+            self._on_failure(self._death_message(died) + f"\n({verdict.reason})")
             return
         self._ready[died.name].clear()
         self._deaths += 1
-        self.restarts[died.name] = done + 1
-        log.warning(
-            "%s; restarting it (%d of at most %d)",
-            self._death_message(died).split("\n")[0],
-            done + 1,
-            self.spec.runtime.max_restarts,
-        )
+        log.warning("%s; restarting it (%s)", self._death_message(died).split("\n")[0], verdict.reason)
         try:
             if self.launcher is None:
                 raise RuntimeError("no launcher")
@@ -283,10 +289,16 @@ class ProcessExecutor:
         self._ready[died.name].set()
 
     def _restore_server(self, index: int) -> None:
-        """A restarted inference server starts on the workflow's model: give it the weights of
-        the policy version the others serve (the last sync), so no sample comes from old weights."""
+        """A restarted inference server starts on the workflow's model: give it the last committed
+        weights (never while a sync loads: server_weights.py), checked, so it serves one whole
+        version under that version's number; a sync under way brings it to the new one next."""
         io = self._started().io
-        io.submit(self.weight_sync.restore(self.servers.clients[index])).result(timeout=300)
+        version = io.submit(self.server_weights.restore(index, self.servers.clients[index])).result(timeout=300)
+        log.warning(
+            "inference-%d is back on weight version %s",
+            index,
+            "0 (its initial weights: none synced yet)" if version is None else version,
+        )
 
     def _wait_ready(self, names: list[str], timeout: float = 600.0) -> None:
         for name in names:
@@ -472,15 +484,18 @@ class ProcessExecutor:
         )
 
     async def sync_weights(self, version: int) -> dict[str, float]:
-        """The actor's weights to every inference server, labelled `version` (see module docstring)."""
+        """The actor's weights to every inference server, labelled `version`, each server checked
+        (see module docstring); a server that died meanwhile is waited for and the sync redone."""
         while True:
             if not all(self._ready[n].is_set() for n in self._servers_names()):
                 await asyncio.to_thread(self._wait_ready, self._servers_names())
             deaths = self._deaths
             try:
                 published = await asyncio.to_thread(self.weight_sync.publish, version)
-                await self._servers(self.weight_sync.apply(self.servers, published))
+                await self._servers(self.server_weights.sync(self.servers, published))
                 return {"weight_sync/bytes": published.nbytes}
+            except WeightsMismatch:  # a server holds other weights than it says: never redone, never passed over
+                raise
             except Exception:
                 if not await self._died_meanwhile(deaths, self._servers_names()):
                     raise

@@ -1,16 +1,18 @@
 """Weight sync: how the actor's new weights reach the inference servers, one class per transport.
 
-Why objects: a transport is four decisions that belong together (what the trainer writes and
+Why objects: a transport is a few decisions that belong together (what the trainer writes and
 where, what a server is told to load, what a server restarted in the middle of the run is
-given, what is left to delete), and a run uses one transport from start to end. The executor
-picks it once from the workflow (`choose_weight_sync`) and then calls the same four methods
-whatever it is; nothing else asks which transport a run has.
+given, what is left to delete, how to read back what was written), and a run uses one
+transport from start to end. The executor picks it once from the workflow
+(`choose_weight_sync`) and then calls the same methods whatever it is; nothing else asks
+which transport a run has.
 
 - `SharedMemorySync` (`runtime.weight_sync: memory`; what `auto` picks for the embedded and
-  vLLM backends): the actor's host copies its weights into one file in RAM (/dev/shm,
+  vLLM backends): the actor's host copies its weights into a file in RAM (/dev/shm,
   engines/shared_weights.py) and returns a manifest; the servers map the same file and load
   views of it (no serialisation, milliseconds for small models; one machine only, so the
-  launcher colocates every process).
+  launcher colocates every process). Two files are used in turn: a publish writes the one
+  the committed version does not occupy.
 - `DiskSync` (`disk`; what `auto` picks for SGLang, the only way it takes weights): the host
   exports safetensors into the run directory's `weights/v<version>`; the servers load them.
   The directory two versions back is deleted once every server holds the new one.
@@ -23,11 +25,14 @@ whatever it is; nothing else asks which transport a run has.
   nothing is written anywhere. A run's servers are other processes, so no workflow setting
   chooses it.
 
-Every sync returns only after every server has loaded, and the controller trains again only
-after that, so a publish never overlaps a server's read. The exception is a server restarted
-while a sync is under way: its `restore` (on the launcher's watchdog thread) replays the last
-applied sync, whose shared file the new publish may already have rewritten; nothing orders
-the two (docs/architecture.md, section 4).
+A version, once published, is whole and stays as published while any server may read it:
+`publish` never writes where the committed version lies (the other shared-memory file; a
+directory of its own per version), `commit` (after every server has loaded and been
+checked) makes it what `restore` replays and only then deletes what no server can need, and
+the executor never lets a restore and a sync's load overlap
+(runtime/orchestration/server_weights.py). So a server restarted while a sync is under way
+loads the last committed version, whole, under that version's number (issue 49: it used to
+replay the last manifest from the one shared file, which the new publish was rewriting).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from areal_graph.engines.inference.backends import InferenceBackend
+from areal_graph.engines.weights_digest import Samples, sample_safetensors, sample_shared_file, sample_tensors
 from areal_graph.graph.kinds.common import adapter_sync
 from areal_graph.runtime.hosts.protocols import ModelService
 from areal_graph.runtime.observability.run_dir import RunDir
@@ -83,8 +89,9 @@ class WeightSync(Protocol):
     """One transport of the actor's weights to the inference servers (see module docstring).
 
     The executor calls `publish` off its event loop (it blocks on the trainer's RPC), then
-    `apply` on its HTTP loop, `restore` on the watchdog thread for a restarted server, and
-    `cleanup` once at shutdown."""
+    `apply` and, once every server is checked, `commit` on its I/O loop; `restore` for a
+    restarted server on the same loop, never during an `apply` (server_weights.py); `cleanup`
+    once at shutdown."""
 
     mode: str  # "memory", "disk", "adapter" or "in-process": for logs and messages
     colocate: bool  # every process of the run on one machine (the launcher packs them)
@@ -95,16 +102,27 @@ class WeightSync(Protocol):
         ...
 
     def publish(self, version: int) -> Published:
-        """Trainer side: the actor's current weights written where the servers can read them."""
+        """Trainer side: the actor's current weights written where the servers can read them,
+        never over the committed version (a restore may be reading it)."""
         ...
 
     async def apply(self, servers: WeightTarget, published: Published) -> None:
-        """Server side: every server loads `published`; from then on it is what `restore` replays."""
+        """Server side: every server loads `published`."""
         ...
 
-    async def restore(self, server: WeightTarget) -> None:
-        """A restarted server starts on the workflow's model: give it the last applied version
-        (nothing before the first sync: the initial weights are the current ones)."""
+    def commit(self, published: Published) -> None:
+        """Every server holds `published`: from now on it is what `restore` gives, and what
+        no server can read any more is deleted."""
+        ...
+
+    async def restore(self, server: WeightTarget) -> Published | None:
+        """A restarted server starts on the workflow's model: give it the last committed version
+        and return it (None before the first commit: the initial weights are the current ones)."""
+        ...
+
+    def samples(self, published: Published) -> Samples | None:
+        """A few values of each tensor as published, read back from where they were written
+        (engines/weights_digest.py); None where the transport cannot read its own output."""
         ...
 
     def cleanup(self) -> None:
@@ -113,7 +131,11 @@ class WeightSync(Protocol):
 
 
 class SharedMemorySync:
-    """`memory`: one file in RAM that the actor's host rewrites and every server maps."""
+    """`memory`: two files in RAM that the actor's host writes in turn and every server maps.
+
+    A publish writes the file that the committed version does not occupy, so what a restarted
+    server replays is never what is being written; a file is written again only after a newer
+    version was committed (every server loaded it) and no restore reads it any more."""
 
     mode = "memory"
     colocate = True
@@ -121,35 +143,48 @@ class SharedMemorySync:
 
     def __init__(self, call_actor: ActorCall, path: str) -> None:
         self.call_actor = call_actor
-        self.path = path
+        self.files = (f"{path}-a", f"{path}-b")
         self.last: Published | None = None
 
     def server_launch(self) -> tuple[list[str], dict[str, str]]:
         return [], {}
 
     def publish(self, version: int) -> Published:
-        manifest = self.call_actor(ModelService.publish_weights.__name__, path=self.path)
+        where = self.files[1] if self.last is not None and self.last.where == self.files[0] else self.files[0]
+        manifest = self.call_actor(ModelService.publish_weights.__name__, path=where)
         # what crossed: each tensor once (tied weights share an entry's bytes); LoRA: the adapters
         nbytes = float(sum({e["offset"]: e["nbytes"] for e in manifest}.values()))
-        return Published(version, self.path, nbytes, manifest=manifest)
+        return Published(version, where, nbytes, manifest=manifest)
 
     async def apply(self, servers: WeightTarget, published: Published) -> None:
         assert published.manifest is not None  # publish wrote one
         await servers.update_weights_from_shared_memory(published.where, published.manifest, published.version)
-        self.last = published
 
-    async def restore(self, server: WeightTarget) -> None:
+    def commit(self, published: Published) -> None:
+        self.last = published  # the other file is free for the next publish; both stay mapped
+
+    async def restore(self, server: WeightTarget) -> Published | None:
         last = self.last
-        if last is not None and last.manifest is not None:
-            await server.update_weights_from_shared_memory(last.where, last.manifest, last.version)
+        if last is None or last.manifest is None:
+            return None
+        await server.update_weights_from_shared_memory(last.where, last.manifest, last.version)
+        return last
+
+    def samples(self, published: Published) -> Samples | None:
+        return None if published.manifest is None else sample_shared_file(published.where, published.manifest)
 
     def cleanup(self) -> None:
-        Path(self.path).unlink(missing_ok=True)
+        for path in self.files:
+            Path(path).unlink(missing_ok=True)
 
 
 class _DirectorySync:
     """A version's directory in the run directory, exported by the actor's host (the part
-    `DiskSync` and `AdapterSync` share: where it goes, what it weighs)."""
+    `DiskSync` and `AdapterSync` share: where it goes, what it weighs, how to read it back).
+
+    Each version has a directory of its own, so a publish never writes where the committed
+    version lies; a version exported again after a failed load is replaced whole (the host
+    writes a new directory and renames it), and no server reads it until it is loaded again."""
 
     colocate = False
     adapters = False
@@ -173,6 +208,9 @@ class _DirectorySync:
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
 
+    def samples(self, published: Published) -> Samples | None:
+        return sample_safetensors(published.where)
+
     def cleanup(self) -> None:
         """Nothing: the last versions stay in the run directory (a server may re-read them)."""
 
@@ -186,13 +224,17 @@ class DiskSync(_DirectorySync):
 
     async def apply(self, servers: WeightTarget, published: Published) -> None:
         await servers.update_weights_from_disk(published.where, published.version)
+
+    def commit(self, published: Published) -> None:
         self.last = published
         self._delete(published.version - 2)
 
-    async def restore(self, server: WeightTarget) -> None:
+    async def restore(self, server: WeightTarget) -> Published | None:
         last = self.last
-        if last is not None:
-            await server.update_weights_from_disk(last.where, last.version)
+        if last is None:
+            return None
+        await server.update_weights_from_disk(last.where, last.version)
+        return last
 
 
 class AdapterSync(_DirectorySync):
@@ -229,14 +271,18 @@ class AdapterSync(_DirectorySync):
     async def apply(self, servers: WeightTarget, published: Published) -> None:
         unload = published.version - self.kept
         await servers.load_adapter(published.where, published.version, unload if unload >= 0 else None)
-        self.last = published
-        if unload >= 0:
-            shutil.rmtree(self.run_dir.weights_dir(unload), ignore_errors=True)
 
-    async def restore(self, server: WeightTarget) -> None:
+    def commit(self, published: Published) -> None:
+        self.last = published
+        if published.version - self.kept >= 0:
+            self._delete(published.version - self.kept)
+
+    async def restore(self, server: WeightTarget) -> Published | None:
         last = self.last
-        if last is not None:
-            await server.load_adapter(last.where, last.version)
+        if last is None:
+            return None
+        await server.load_adapter(last.where, last.version)
+        return last
 
 
 class InProcessWeightSync:
@@ -245,7 +291,7 @@ class InProcessWeightSync:
 
     `trainer`: a training engine (engines/training/protocol.py); the target of `apply` is an
     `EmbeddedEngine` in this process. Nothing restarts apart from this process, so `restore`
-    has nothing to do, and the tensors are the trainer's, so `cleanup` neither."""
+    and `commit` have nothing to do, and the tensors are the trainer's, so `cleanup` neither."""
 
     mode = "in-process"
     colocate = True
@@ -266,8 +312,14 @@ class InProcessWeightSync:
         """`servers`: the engine (its swap waits for a step boundary: off the event loop)."""
         await asyncio.to_thread(servers.update_weights_from_state_dict, published.state, published.version)
 
-    async def restore(self, server: Any) -> None:
+    def commit(self, published: Published) -> None:
         return None
+
+    async def restore(self, server: Any) -> Published | None:
+        return None
+
+    def samples(self, published: Published) -> Samples | None:
+        return None if published.state is None else sample_tensors(published.state)
 
     def cleanup(self) -> None:
         return None

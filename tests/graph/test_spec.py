@@ -169,6 +169,10 @@ def test_override_values_are_yaml_scalars():
         ("runtime.steps.deep=3", None, "runtime.steps.deep", "not a mapping"),
         ("runtime.steps=-2", None, "runtime.steps", "must be > 0"),
         ("runtime.steps=ten", None, "runtime.steps", "expected an integer"),
+        ("runtime.restart_window_s=0", None, "runtime.restart_window_s", "must be > 0, got 0"),
+        ("runtime.restart_window_s=-60", None, "runtime.restart_window_s", "must be > 0, got -60"),
+        ("runtime.restart_window_s=daily", None, "runtime.restart_window_s", "expected a number"),
+        ("runtime.max_restarts=-1", None, "runtime.max_restarts", "must be >= 0, got -1"),
         ("novalue", None, None, "must look like key.path=value"),
     ],
 )
@@ -180,6 +184,12 @@ def test_bad_override_is_a_problem_like_any_other(override, node, field, words):
     assert words in problem.message
     if "=" in override:
         assert override in str(problem)
+
+
+def test_the_restart_window_defaults_to_ten_minutes_and_null_counts_over_the_run():
+    assert load_workflow_text(MINIMAL).runtime.restart_window_s == 600.0
+    assert load_workflow_text(MINIMAL, overrides=["runtime.restart_window_s=null"]).runtime.restart_window_s is None
+    assert load_workflow_text(MINIMAL, overrides=["runtime.restart_window_s=30"]).runtime.restart_window_s == 30.0
 
 
 @settings(max_examples=40, deadline=None)

@@ -37,6 +37,16 @@ class HttpCall:
 
 
 @dataclass(frozen=True)
+class WeightsReport:
+    """What a server says it holds after a load: the version it labels its weights with and a
+    digest of them (engines/weights_digest.py) as held in `dtype` ('float32', 'bfloat16', ...)."""
+
+    version: int
+    digest: str
+    dtype: str
+
+
+@dataclass(frozen=True)
 class ParsedGeneration:
     """One generate response, in the backend-neutral form the client builds its result from.
 
@@ -226,6 +236,20 @@ class InferenceBackend:
 
     def parse_model_info_version(self, body: Any) -> int | None:
         return parse_version(body.get("weight_version")) if isinstance(body, dict) else None
+
+    # ------------------------------------------------------------------ what a server holds
+    # The call that asks a server for its weights' version and digest (engines/weights_digest.py),
+    # which the executor checks after every load; None: the server cannot say (vLLM, SGLang), and
+    # its loads go unchecked (runtime/orchestration/server_weights.py says so once).
+    def weights_digest_call(self) -> HttpCall | None:
+        return None
+
+    def parse_weights_digest(self, body: Any) -> WeightsReport:
+        """The server's answer to `weights_digest_call`; a ValueError naming what is missing."""
+        version = parse_version(body.get("weight_version")) if isinstance(body, dict) else None
+        if version is None or not isinstance(body.get("digest"), str) or not isinstance(body.get("dtype"), str):
+            raise ValueError(f"a weights digest needs weight_version, digest and dtype; the server answered {body!r}")
+        return WeightsReport(version, body["digest"], body["dtype"])
 
 
 ADAPTER_PREFIX = "policy-lora-v"

@@ -111,6 +111,9 @@ class EmbeddedBackend(SGLangBackend):
             )
         ]
 
+    def weights_digest_call(self) -> HttpCall:
+        return HttpCall("GET", "/get_weights_digest")
+
     def gpus(self, inference: Any) -> int:
         return int(str(inference.args.get("device", "cpu")).startswith("cuda"))
 

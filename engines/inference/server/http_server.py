@@ -22,6 +22,7 @@ Endpoints (names and fields as in SGLang's `http_server.py`):
     GET  /health, GET /health_generate, GET /get_model_info, GET /get_weight_version,
     GET  /get_server_info, GET|POST /flush_cache
     GET  /get_spans                 (ours: trace spans since the last call)
+    GET  /get_weights_digest        (ours: {weight_version, digest, dtype}: engines/weights_digest.py)
     GET  /get_clock                 (ours: {"now": this server's span clock, unix seconds}: clock-offset probes)
 
 `output_token_versions` is our extension (SGLang has no per-token versions): the policy
@@ -128,6 +129,7 @@ class InferenceHTTPServer:
         r.add_get("/health_generate", self.health_generate)
         r.add_get("/get_model_info", self.get_model_info)
         r.add_get("/get_weight_version", self.get_weight_version)
+        r.add_get("/get_weights_digest", self.get_weights_digest)
         r.add_get("/get_server_info", self.get_server_info)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_get("/get_spans", self.get_spans)
@@ -410,6 +412,16 @@ class InferenceHTTPServer:
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.engine.version)})
+
+    async def get_weights_digest(self, request: web.Request) -> web.Response:
+        """Ours: the weights' version and a digest of them (engines/weights_digest.py), taken
+        between loads (under the update lock), so the two belong together."""
+        async with self._update_lock:
+            version = self.engine.version
+            digest = await asyncio.to_thread(self.engine.weights_digest)
+        return web.json_response(
+            {"weight_version": str(version), "digest": digest, "dtype": str(self.engine.dtype).removeprefix("torch.")}
+        )
 
     async def get_server_info(self, request: web.Request) -> web.Response:
         stats = self.engine.stats() if hasattr(self.engine, "stats") else {}

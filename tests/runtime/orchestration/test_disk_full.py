@@ -144,3 +144,34 @@ def test_a_trace_that_fills_the_disk_asks_the_run_to_stop_naming_the_file(small_
     spans = load_timeline(small_disk / "run").spans
     steps = [s["args"]["step"] for s in spans if s["name"] == "generate"]
     assert 0 < len(steps) < 4000 and steps == sorted(steps)
+
+
+def test_a_full_disk_names_the_file_of_the_run_that_could_not_be_written(small_disk):
+    """metrics.jsonl, the ledger and the run's JSON files each fail with an error naming the file,
+    and the message the run stops with names it (it used to say only the run folder: "a file
+    of the run could not be written to RUN")."""
+    from types import SimpleNamespace
+
+    from areal_graph.runtime.observability.ledger import SampleLedger
+    from areal_graph.runtime.observability.run_dir import RunDir
+    from areal_graph.runtime.orchestration.controller import Controller
+
+    run = RunDir(small_disk / "run", tensorboard=False)
+    ledger = SampleLedger(run.path / "ledger.jsonl")
+    _fill(small_disk, leave=0)
+    failed = {}
+    for name, write in (
+        ("metrics.jsonl", lambda: run.log_metrics(1, {"note": "x" * 8192})),
+        ("ledger.jsonl", lambda: [ledger.record("generated", g, g, "p" * 4096, 0, 0) for g in range(8)]),
+        ("end_state.json", lambda: run.write_json("end_state.json", {"note": "x" * 8192})),
+    ):
+        with pytest.raises(OSError) as info:
+            write()
+        failed[name] = info.value
+    assert {name: err.filename for name, err in failed.items()} == {
+        name: str(run.path / name) for name in ("metrics.jsonl", "ledger.jsonl", "end_state.json")
+    }
+    said = Controller._disk_full_message(SimpleNamespace(_saving=None, run_dir=run), failed["metrics.jsonl"])
+    assert said.startswith(f"the disk is full: a file of the run could not be written to {run.path / 'metrics.jsonl'} ")
+    nameless = Controller._disk_full_message(SimpleNamespace(_saving=None, run_dir=run), OSError(28, "No space"))
+    assert "the error names none: OSError: [Errno 28] No space" in nameless

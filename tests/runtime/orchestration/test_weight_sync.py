@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from areal_graph.engines import shared_weights
 from areal_graph.engines.inference.backends import get_backend
+from areal_graph.engines.weights_digest import digest, sample_tensors
 from areal_graph.graph.loader import load_workflow
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.weight_sync import (
@@ -62,39 +65,65 @@ class FakeServers:
         self.loaded.append(("adapter", path, version, unload))
 
 
-def sync(transport: Any, servers: FakeServers, version: int) -> float:
+def sync(transport: Any, servers: FakeServers, version: int, commit: bool = True) -> float:
+    """One sync as the executor runs it: publish, every server loads, commit (unless the load failed)."""
     published = transport.publish(version)
     asyncio.run(transport.apply(servers, published))
+    if commit:
+        transport.commit(published)
     return published.nbytes
 
 
-def test_shared_memory_publishes_into_one_file_and_a_restarted_server_gets_the_last_manifest(tmp_path):
+def test_shared_memory_writes_two_files_in_turn_never_the_committed_one(tmp_path):
     actor, servers, restarted = FakeActor(), FakeServers(), FakeServers()
     shm = tmp_path / "weights"
+    a, b = f"{shm}-a", f"{shm}-b"
     t = SharedMemorySync(actor, str(shm))
-    asyncio.run(t.restore(restarted))
+    assert asyncio.run(t.restore(restarted)) is None
     assert restarted.loaded == []  # before the first sync the initial weights are the current ones
     assert sync(t, servers, 1) == 24.0  # the tied copy counted once
     sync(t, servers, 2)
-    assert actor.calls == [("publish_weights", {"path": str(shm)})] * 2
-    assert servers.loaded == [("memory", str(shm), 3, 1), ("memory", str(shm), 3, 2)]
-    asyncio.run(t.restore(restarted))
-    assert restarted.loaded == [("memory", str(shm), 3, 2)]
-    shm.write_bytes(b"")
+    sync(t, servers, 3, commit=False)  # a server died during the load: version 2 stays committed
+    sync(t, servers, 3)  # redone: the same free file again, never version 2's
+    assert [args["path"] for _, args in actor.calls] == [a, b, a, a]
+    assert servers.loaded == [("memory", a, 3, 1), ("memory", b, 3, 2), ("memory", a, 3, 3), ("memory", a, 3, 3)]
+    assert asyncio.run(t.restore(restarted)).version == 3
+    assert restarted.loaded == [("memory", a, 3, 3)]
+    sync(t, servers, 4)
+    assert actor.calls[-1][1]["path"] == b
+    for path in (a, b):
+        Path(path).write_bytes(b"")
     t.cleanup()
-    assert not shm.exists() and (t.mode, t.colocate, t.adapters, t.server_launch()) == ("memory", True, False, ([], {}))
+    assert not Path(a).exists() and not Path(b).exists()
+    assert (t.mode, t.colocate, t.adapters, t.server_launch()) == ("memory", True, False, ([], {}))
+
+
+def test_a_version_whose_load_failed_is_not_what_a_restarted_server_gets(tmp_path):
+    """Until commit, restore replays the version before: the new one may not be whole on every server."""
+    for t in (
+        SharedMemorySync(FakeActor(), str(tmp_path / "w")),
+        DiskSync(FakeActor(), RunDir(tmp_path / "run", tensorboard=False)),
+    ):
+        servers, restarted = FakeServers(), FakeServers()
+        sync(t, servers, 1)
+        sync(t, servers, 2, commit=False)
+        assert asyncio.run(t.restore(restarted)).version == 1
+        assert [entry[-1] for entry in restarted.loaded] == [1], t.mode
 
 
 def test_disk_keeps_the_served_version_and_the_one_before(tmp_path):
     actor, servers, restarted = FakeActor(), FakeServers(), FakeServers()
     run_dir = RunDir(tmp_path / "run", tensorboard=False)
     t = DiskSync(actor, run_dir)
-    for v in (1, 2, 3):
+    for v in (1, 2):
         assert sync(t, servers, v) == 100.0
-    assert [c[0] for c in actor.calls] == ["export_weights"] * 3
-    assert servers.loaded == [("disk", str(run_dir.weights_dir(v)), v) for v in (1, 2, 3)]
+    sync(t, servers, 3, commit=False)
+    assert run_dir.weights_dir(1).exists()  # nothing is deleted before every server holds the new one
+    sync(t, servers, 3)
+    assert [c[0] for c in actor.calls] == ["export_weights"] * 4
+    assert servers.loaded == [("disk", str(run_dir.weights_dir(v)), v) for v in (1, 2, 3, 3)]
     assert not run_dir.weights_dir(1).exists() and run_dir.weights_dir(2).exists() and run_dir.weights_dir(3).exists()
-    asyncio.run(t.restore(restarted))
+    assert asyncio.run(t.restore(restarted)).version == 3
     assert restarted.loaded == [("disk", str(run_dir.weights_dir(3)), 3)]
     t.cleanup()
     assert run_dir.weights_dir(3).exists() and not t.colocate and not t.adapters
@@ -109,7 +138,7 @@ def test_adapter_unloads_and_deletes_the_one_kept_versions_back(tmp_path):
     assert [c[0] for c in actor.calls] == ["export_adapter"] * 4
     assert [(v, unload) for _, _, v, unload in servers.loaded] == [(0, None), (1, None), (2, 0), (3, 1)]
     assert [run_dir.weights_dir(v).exists() for v in range(4)] == [False, False, True, True]
-    asyncio.run(t.restore(restarted))
+    assert asyncio.run(t.restore(restarted)).version == 3
     assert restarted.loaded == [("adapter", str(run_dir.weights_dir(3)), 3, None)]  # loaded, nothing unloaded
     flags, env = t.server_launch()
     assert (
@@ -117,6 +146,40 @@ def test_adapter_unloads_and_deletes_the_one_kept_versions_back(tmp_path):
         and env == get_backend("vllm").lora_environment()
     )
     assert t.adapters and t.mode == "adapter"
+
+
+class WritingActor:
+    """The actor's host writing real files: shared memory (engines/shared_weights.py) and safetensors."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def __call__(self, method: str, /, **args: Any) -> Any:
+        if method == "publish_weights":
+            return shared_weights.publish(args["path"], self.state)
+        path = Path(args["path"])
+        path.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in self.state.items()}, path / "model.safetensors")
+        return str(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_what_each_transport_wrote_reads_back_as_the_trainers_weights(tmp_path, dtype):
+    """The digest the executor checks servers against, read from the published file, is that of
+    the trainer's tensors (as a server holding `dtype` has them); another version's is not."""
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(7, 5, generator=g), "b": torch.randn(3, generator=g), "s": torch.tensor(0.5)}
+    actor = WritingActor(state)
+    for t in (
+        SharedMemorySync(actor, str(tmp_path / "w")),
+        DiskSync(actor, RunDir(tmp_path / "run", tensorboard=False)),
+    ):
+        published = t.publish(1)
+        assert digest(t.samples(published), dtype) == digest(sample_tensors(state), dtype), t.mode
+        actor.state = {**state, "w": state["w"] + 1e-3}  # another version: one tensor moved a little
+        assert digest(t.samples(t.publish(2)), dtype) != digest(sample_tensors(state), dtype), t.mode
+        actor.state = state
+        t.cleanup()
 
 
 def test_in_process_hands_the_engine_the_trainers_own_tensors():
@@ -140,9 +203,10 @@ def test_in_process_hands_the_engine_the_trainers_own_tensors():
     t = InProcessWeightSync(trainer)
     assert sync(t, engine, 5) == 16.0 + 16.0  # the tied tensor once
     assert engine.got == [(trainer.state, 5)] and engine.got[0][0]["a"] is trainer.state["a"]
-    asyncio.run(t.restore(engine))
+    assert asyncio.run(t.restore(engine)) is None
     t.cleanup()
     assert len(engine.got) == 1 and t.colocate
+    assert sorted(t.samples(t.publish(6))) == ["a", "b", "tied"]
 
 
 @pytest.mark.parametrize(

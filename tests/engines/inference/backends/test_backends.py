@@ -162,6 +162,22 @@ def test_weight_sync_auto_and_server_spans_follow_the_backend():
     assert [get_backend(b).server_spans for b in BACKEND_NAMES] == [True, False, False]
 
 
+def test_only_the_embedded_server_reports_a_digest_of_its_weights():
+    from areal_graph.engines.inference.backends import HttpCall
+    from areal_graph.engines.inference.backends.base import WeightsReport
+
+    assert [get_backend(b).weights_digest_call() for b in BACKEND_NAMES] == [
+        HttpCall("GET", "/get_weights_digest"),
+        None,
+        None,
+    ]
+    embedded = get_backend("embedded")
+    body = {"weight_version": "7", "digest": "ab12", "dtype": "bfloat16"}
+    assert embedded.parse_weights_digest(body) == WeightsReport(7, "ab12", "bfloat16")
+    with pytest.raises(ValueError, match="needs weight_version, digest and dtype"):
+        embedded.parse_weights_digest({"weight_version": "7", "dtype": "float32"})
+
+
 def _extension_module():
     """The worker extension as vLLM's interpreter imports it: a top-level module from its own directory."""
     sys.path.insert(0, str(WORKER_EXTENSION_DIR))

@@ -462,6 +462,40 @@ def test_client_disconnect_aborts_the_request(server):
         assert post(server, "/continue_generation", {})[0] == 200
 
 
+def test_after_each_load_the_server_reports_the_version_and_digest_of_what_it_holds(server, tiny_model_dir, tmp_path):
+    """GET /get_weights_digest (the executor's check after every load): the model directory's
+    weights at first, then each published version's, under its number; the server ends on its
+    own weights as version 0 again (the other tests of this module expect them)."""
+    from transformers import AutoModelForCausalLM
+
+    from areal_graph.engines import shared_weights
+    from areal_graph.engines.inference.client import InferenceClient
+    from areal_graph.engines.weights_digest import digest, sample_tensors
+
+    own = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
+    other = {k: v + 0.01 for k, v in own.items()}
+
+    async def load_and_report(weights: dict, version: int):
+        client = InferenceClient(server)
+        try:
+            manifest = shared_weights.publish(str(tmp_path / f"w{version}"), weights)
+            await client.update_weights_from_shared_memory(str(tmp_path / f"w{version}"), manifest, version)
+            return await client.weights_digest()
+        finally:
+            await client.close()
+
+    status, first = get(server, "/get_weights_digest")
+    assert status == 200 and first["dtype"] == "float32"
+    assert first["digest"] == digest(sample_tensors(own), torch.float32)
+    try:
+        report = asyncio.run(load_and_report(other, 8))
+        assert (report.version, report.dtype) == (8, "float32")
+        assert report.digest == digest(sample_tensors(other), torch.float32) != first["digest"]
+    finally:
+        report = asyncio.run(load_and_report(own, int(first["weight_version"])))
+    assert (report.version, report.digest) == (int(first["weight_version"]), first["digest"])
+
+
 def test_serve_cli_parses_and_rejects_a_missing_model_dir(tmp_path):
     from areal_graph.cli.main import build_parser
 
