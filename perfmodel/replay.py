@@ -35,14 +35,14 @@ def replay_ratio(
 ) -> tuple[float, float] | None:
     """(isolated / measured) for decode steps and for prefill chunks: each sampled forward's
     shape (rows, tokens, padded tokens, width; engine_spans.StepLog) run again alone on the
-    run's model with the engine's forward, best of three, summed against what it took in the run."""
+    run's model with the engine's forward (and, for a decode step, its sampling and bookkeeping),
+    best of three, summed against what it took in the run."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
 
         from areal_graph.engines.inference.kv_cache import BatchedKVCache
         from areal_graph.engines.inference.model_runner import ModelRunner
-        from areal_graph.engines.inference.sampling import SamplingParams, sample_tokens
     except ImportError:  # pragma: no cover - torch is a dependency
         return None
     rng = random.Random(seed)
@@ -70,14 +70,7 @@ def replay_ratio(
                 cache = BatchedKVCache(row_capacity=max(rows, 1))
                 _, keys, values, got = runner.prefill([[3] * n for n in lens], 0)
                 cache.append(keys, values, got)
-                params = [SamplingParams(temperature=1.0) for _ in range(rows)]
-
-                def step(rows: int = rows, cache: Any = cache, params: list = params) -> None:
-                    """The forward and the sampling, as a decode step in the engine (this row count's)."""
-                    sample_tokens(
-                        runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64)
-                    )
-
+                step = _decode_step(runner, cache, rows)
                 step()  # warm
                 replayed_d += min(_timed(step) for _ in range(3))
                 measured_d += dur
@@ -97,8 +90,8 @@ def replay_ratio(
 def probe_decode(
     model_dir: str, max_rows: int, widths: Sequence[int], threads: int = 1
 ) -> list[tuple[int, int, float]] | None:
-    """(rows, width, seconds) of the engine's decode step alone (forward and sampling, best of
-    three) for rows = 1, 2, 4, ... up to `max_rows` and each of `widths`; None without torch or
+    """(rows, width, seconds) of the engine's decode step alone (forward, sampling and each
+    request's bookkeeping, as the step log times it; best of three) for rows = 1, 2, 4, ... up to `max_rows` and each of `widths`; None without torch or
     the model."""
     try:
         import torch
@@ -106,7 +99,6 @@ def probe_decode(
 
         from areal_graph.engines.inference.kv_cache import BatchedKVCache
         from areal_graph.engines.inference.model_runner import ModelRunner
-        from areal_graph.engines.inference.sampling import SamplingParams, sample_tokens
     except ImportError:  # pragma: no cover - torch is a dependency
         return None
     from transformers.utils import logging as hf_logging
@@ -132,20 +124,39 @@ def probe_decode(
                     cache = BatchedKVCache(row_capacity=rows)
                     _, keys, values, got = runner.prefill([[3] * width] * rows, 0)
                     cache.append(keys, values, got)
-                    params = [SamplingParams(temperature=1.0) for _ in range(rows)]
-
-                    def step(rows: int = rows, cache: Any = cache, params: list = params) -> None:
-                        sample_tokens(
-                            runner.decode([3] * rows, cache), params, uniforms=torch.rand(rows, dtype=torch.float64)
-                        )
-
-                    step()  # warm
-                    out.append(
-                        (rows, width, min(_timed(step) for _ in range(3)))
-                    )  # width: the cache's, as the step log
+                    step = _decode_step(runner, cache, rows)
+                    for _ in range(3):  # warm: a fresh process's first steps run several times slower
+                        step()
+                    # best of 7: at a few rows a step is ~1 ms, and one scheduler tick doubles it;
+                    # width: the cache's before the step, as the step log has it
+                    out.append((rows, width, min(_timed(step) for _ in range(7))))
     finally:
         torch.set_num_threads(before)
     return out
+
+
+def _decode_step(runner: Any, cache: Any, rows: int) -> Any:
+    """A decode step as the engine runs it (engine.py `_decode`): the forward, then
+    `take_tokens` (penalties, sampling, each request's bookkeeping), for `rows` requests that
+    never finish; the step log's times hold the same (engine_spans.StepLog)."""
+    import concurrent.futures
+
+    import torch
+
+    from areal_graph.engines.inference.requests import Request
+    from areal_graph.engines.inference.sampling import SamplingParams
+    from areal_graph.engines.inference.token_intake import take_tokens
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=1 << 30)
+    reqs = [
+        Request(f"probe-{i}", [3], params, concurrent.futures.Future(), torch.Generator().manual_seed(i), frozenset())
+        for i in range(rows)
+    ]
+
+    def step() -> None:
+        take_tokens(reqs, runner.decode([3] * rows, cache), 0, None)
+
+    return step
 
 
 def _timed(fn: Any) -> float:
