@@ -132,6 +132,9 @@ class CostModel:
     # the calibration's forwards replayed alone (perfmodel/replay.py): alone / in the run, decode and prefill;
     # a synchronous run's generation has the machine to itself and is priced so
     alone_decode: float = 1.0
+    # of a decode step in the run, the ms that do not scale with its compute (costs.py
+    # `_probe_decode_shape`): a synchronous run's forwards priced alone keep it
+    decode_stall_ms: float = 0.0
     alone_prefill: float = 1.0
     # of the tokens in flight at a weight update, the share prefilled again: answers of one prompt
     # that are still identical (the same first tokens) share one row (engine.py prefix sharing)

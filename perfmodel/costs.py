@@ -379,9 +379,11 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     Why: a run decodes most steps near its own concurrency (a calibration at 64 running, 30-64
     rows), and a fit of those alone extrapolates badly below it: its fixed cost absorbed what is
     per row, and a step of a few rows came out two to three times too slow, so runs with fewer
-    requests in flight were predicted up to twice too slow. Alone, every batch size is measured (at the run's widths and twice its widest);
-    the run's environment (a trainer beside the engine, Python processes around it) slows every
-    step by a factor the run's own steps give."""
+    requests in flight were predicted up to twice too slow. Alone, every batch size is measured (at
+    the run's widths and twice its widest). The run's own steps then give how its environment
+    changed them: a factor on the compute (a trainer beside the engine, the other processes on the
+    cores) and a stall per step that does not scale with it (the server's other threads holding
+    the interpreter, locks), which a synchronous run keeps when its forwards are priced alone."""
     dx, dy, ds = m.decode_samples
     if len(dy) < 20:
         return
@@ -401,9 +403,14 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     scale = sum(y * sl for y, sl in zip(dy, ds)) / predicted
     scaled = LinearFit(shape.terms, [float(c * scale) for c in shape.coef], len(dy), lo=shape.lo, hi=shape.hi)
     model.decode_ms = _with_measured_error(scaled, dx, dy, ds)
+    # what of the run's steps does not scale with their compute: the intercept of the run's steps
+    # against the probe (kept when a synchronous run's forwards are priced alone)
+    rel = fit_linear([{"alone": shape.predict(**x)} for x in dx], dy, ["alone", "1"])
+    model.decode_stall_ms = float(rel.coef[1]) if rel.coef[0] > 0 else 0.0
     model.notes.append(
         f"decode cost shape probed alone at {len(got)} batch sizes and widths (1..{rows_seen} rows), "
-        f"x{scale:.2f} to the run's own decode steps"
+        f"x{scale:.2f} to the run's own decode steps ({model.decode_stall_ms:.2f} ms a step of them does not "
+        "scale with the step's compute)"
     )
 
 

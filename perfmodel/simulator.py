@@ -204,10 +204,9 @@ class _Server:
             context = sum(r.context for r in decoding) + b * (k - 1) / 2
             # the embedded engine attends over the padded window (rows x width); a paged-attention
             # engine (cluster.py) reads each row's own context (the sum): each cost model says which
-            per_step = (
-                costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
-                * self.sim.alone_decode
-            )
+            per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
+            if self.sim.alone_decode != 1.0:  # priced alone (a synchronous run): the stall per step stays
+                per_step = per_step * self.sim.alone_decode + costs.decode_stall_ms
             ms += k * (per_step + costs.engine_step_overhead_ms)
             for r in decoding:
                 r.made += k

@@ -184,3 +184,26 @@ def test_the_simulated_trainer_picks_its_groups_by_the_controllers_rule(monkeypa
     simulate(_cfg(batch_size=8, max_staleness=1), _costs(), passes=1)
     assert len(calls) >= 10 and {wanted for _, wanted in calls} == {2}
     assert all(gids == sorted(gids) for gids, _ in calls)  # submission order
+
+
+def test_a_synchronous_run_priced_alone_keeps_the_stall_of_each_decode_step():
+    """A synchronous run's forwards are priced alone (costs.alone_decode), but the part of a step
+    that does not scale with its compute (costs.decode_stall_ms) stays: more stall, a slower run;
+    an asynchronous run is priced as measured and does not move."""
+    import dataclasses
+
+    from areal_graph.perfmodel.cost_model import CostModel, LengthModel
+    from areal_graph.perfmodel.fits import LinearFit
+    from areal_graph.perfmodel.simulator import SimConfig, simulate
+
+    base = CostModel(
+        decode_ms=LinearFit(["1", "rows"], [1.0, 0.05]),
+        prefill_ms=LinearFit.constant(2.0),
+        alone_decode=0.6,
+        calibrated={"max_staleness": 4},
+        lengths=LengthModel(groups=[[0, 20, [30] * 8]] * 8, max_new_tokens=64),
+    )
+    stalled = dataclasses.replace(base, decode_stall_ms=0.5)
+    sync, asyn = SimConfig(steps=10, max_staleness=0), SimConfig(steps=10, max_staleness=4)
+    assert simulate(sync, stalled).steps_window_s > simulate(sync, base).steps_window_s * 1.05
+    assert simulate(asyn, stalled).steps_window_s == pytest.approx(simulate(asyn, base).steps_window_s)
