@@ -151,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  {line}", highlight=False, markup=False)
     console.print(
         f"runtime: batch {rt.batch_size} trajectories/step, max staleness {rt.max_staleness}, "
-        f"{rt.steps} steps, backend {spec.inference.backend}",
+        f"{rt.steps} steps, backend {spec.inference.backend}, "
+        # what `kv_on_update: auto` (the default) resolved to, for this backend and staleness
+        f"KV cache at weight updates: {spec.inference.kv_on_update}",
         highlight=False,
     )
     for line in prompts.lines:

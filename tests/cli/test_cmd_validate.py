@@ -123,7 +123,14 @@ def test_overrides_reach_the_summary(capsys):
     assert cmd_validate.run(args) == 0
     out = capsys.readouterr().out
     assert "runtime: batch 8 trajectories/step, max staleness 2, 3 steps, backend embedded" in out
+    assert "KV cache at weight updates: keep" in out  # `auto`, asynchronous on the embedded engine
     assert row(out, "actor")[2] == "lr 0.5"
+
+
+def test_the_summary_says_what_kv_on_update_resolved_to(capsys):
+    args = parse(str(FIXTURES / "minimal.yaml"), "--set", "runtime.max_staleness=0")
+    assert cmd_validate.run(args) == 0
+    assert "KV cache at weight updates: recompute" in capsys.readouterr().out  # synchronous
 
 
 def test_missing_file_is_a_problem_naming_it(tmp_path, capsys):
