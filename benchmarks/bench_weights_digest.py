@@ -48,19 +48,9 @@ from areal_graph.engines import shared_weights  # noqa: E402
 from areal_graph.engines.inference.engine import EmbeddedEngine  # noqa: E402
 from areal_graph.engines.weights_digest import digest, sample_safetensors, sample_shared_file  # noqa: E402
 
-# Qwen2-0.5B's shape, as benchmarks/bench_gpu.py builds it
-QWEN2_05B = dict(
-    vocab_size=151_936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gpu import QWEN2_05B  # noqa: E402  (Qwen2-0.5B's shape, as the GPU benchmark builds it)
+
 console = Console(width=150)
 
 
