@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_graph.data import arith, calc, guess_teacher
+from areal_graph.data import arith, calc, game_teachers, guess_teacher
 from areal_graph.data.reasoning_gym_teacher import worked_rows
 from areal_graph.engines.inference.offline_eval import evaluate_model
 from areal_graph.modelkit.warm_start import SFTConfig
@@ -222,7 +222,60 @@ GUESS = KitTask(
     ),
 )
 
-KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "rg_arith": RG_ARITH, "calc": CALC, "guess": GUESS}
+
+# ------------------------------------------------------------------------------ games
+def game_envs(cfg: Any) -> list[str]:
+    """The games of a "games" kit: `difficulty` is their TextArena ids, comma-separated."""
+    return [env.strip() for env in cfg.difficulty.split(",") if env.strip()]
+
+
+def _games_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
+    """Several games, interleaved (data/game_teachers.py), each teacher careful on its share
+    `worked_rates[i]` of moves. Train rows: games of seeds n_dev..; test rows: games of seeds
+    from 10**7 on, never played by the teacher (TowerOfHanoi's opening is the same for every
+    seed: its test games are one game, played greedily as many times)."""
+    if cfg.habit_sft is not None:
+        raise ValueError("the games task has one lesson: habit_sft is not built for it")
+    envs = game_envs(cfg)
+    base = cfg.seed * 1_000_003
+    games = game_teachers.teacher_games(
+        envs, cfg.worked_rates, range(base + cfg.n_dev, base + cfg.n_dev + cfg.n_train), cfg.seed
+    )
+    train = [{k: v for k, v in g.items() if k not in ("messages", "reward")} for g in games]
+    test = [game_teachers.game_row(envs[i % len(envs)], 10**7 + base + i) for i in range(cfg.n_test)]
+    return train, test, [Lesson("games", games, cfg.sft)]
+
+
+def _games_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
+    """Greedy games through the TextArenaGame rollout (as workflows/textarena_games_*.yaml play
+    them), scored by the game; `by_source` has each game's share won."""
+    from areal_graph.workflows.rollout.textarena_game import TextArenaGame
+
+    game = TextArenaGame(
+        str(model_dir),
+        max_turns=max(game_teachers.MAX_TURNS[env] for env in game_envs(cfg)),
+        max_total_tokens=cfg.model.max_position_embeddings,
+        invalid_move_reward=0.0,
+    )
+    return evaluate_model(
+        model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens, rollout=game, reward_fn="agent"
+    )
+
+
+GAMES = KitTask(
+    rows=_games_rows,
+    tokenizer_texts=_guess_texts,
+    tools=False,
+    encode=_guess_encode,
+    evaluate=_games_eval,
+    describe=lambda cfg: (
+        f"data: {cfg.n_train} games of TextArena's {', '.join(game_envs(cfg))} played by teachers "
+        f"careful on {', '.join(f'{r:.0%}' for r in cfg.worked_rates)} of their moves (hasty on the rest); "
+        f"{cfg.n_test} test games"
+    ),
+)
+
+KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "rg_arith": RG_ARITH, "calc": CALC, "guess": GUESS, "games": GAMES}
 
 
 def kit_task(name: str) -> KitTask:

@@ -181,12 +181,34 @@ TINY_ARITH_LADDER = KitConfig(
     eval_max_new_tokens=160,
 )
 
+# Several single-player TextArena games in one kit (data/game_teachers.py): TowerOfHanoi-v0 and
+# FrozenLake-v0 (the games RL learns here: workflows/textarena_hanoi.yaml, textarena_lake.yaml)
+# and GuessTheNumber-v0, with a BPE of their text and a context of 1024 for a whole game
+# (FrozenLake redraws its board every move: a 6-move game is ~700 tokens). The teachers are
+# careful (a solver) on worked_rates of their moves, per game, and follow a habit on the rest:
+# greedy play wins no Hanoi game and a quarter of the lakes; sampled play wins more of both.
+TINY_GAMES = KitConfig(
+    name="tiny-games",
+    task="games",
+    difficulty="TowerOfHanoi-v0,FrozenLake-v0,GuessTheNumber-v0",
+    worked_rates=(0.4, 0.3, 0.3),
+    n_train=3000,
+    n_test=192,
+    vocab_size=1024,
+    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=1024),
+    sft=SFTConfig(steps=300, batch_size=16, packed=True),
+    habit_sft=None,
+    eval_prompts=192,
+    eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]" and <|im_end|>
+)
+
 BUILTIN_KITS: dict[str, KitConfig] = {
     "tiny-arith": KitConfig(),
     "tiny-arith-long": TINY_ARITH_LONG,
     "tiny-arith-ladder": TINY_ARITH_LADDER,
     "tiny-calc": TINY_CALC,
     "tiny-guess": TINY_GUESS,
+    "tiny-games": TINY_GAMES,
     "tiny-rg-arith": TINY_RG_ARITH,
 }
 # dataset name -> (kit name, split)
@@ -201,6 +223,8 @@ BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "calc/test": ("tiny-calc", "test"),
     "guess/train": ("tiny-guess", "train"),
     "guess/test": ("tiny-guess", "test"),
+    "games/train": ("tiny-games", "train"),
+    "games/test": ("tiny-games", "test"),
 }
 
 
