@@ -36,7 +36,7 @@ from areal_graph.data import textarena_games as tg, textarena_start as ts
 env = sys.argv[1]
 t0 = time.perf_counter()
 failure = ts.try_start(lambda: tg.started(env), timeout_s=float(sys.argv[2]))
-print(json.dumps({"kind": failure and failure.kind, "detail": failure and failure.detail,
+print(json.dumps({"kind": failure and failure.kind, "detail": failure and failure.detail, "short": failure and failure.short,
                   "seconds": round(time.perf_counter() - t0, 2)}))
 """
 
@@ -65,13 +65,42 @@ def check(env: str, timeout_s: float) -> dict:
 
 
 def markdown(results: list[dict]) -> str:
-    """The docs table: every game that is not multi-player, whether it starts, why not."""
-    lines = ["| game | starts | why not |", "|---|---|---|"]
+    """The docs table: every game that is not multi-player, whether it starts, why not, and whether
+    the messages recommend it (PLAYABLE_GAMES). Variants of one game with the same outcome share a
+    row (`2048-v0`, `-3x3`, ...)."""
+    from areal_graph.data.textarena_start import PLAYABLE_GAMES
+
+    rows: list[tuple[list[str], dict]] = []
     for r in results:
-        if r["kind"] != "multi-player":
-            why = "" if r["kind"] is None else f"{r['kind']}: {r['detail']}"
-            lines.append(f"| {r['game']} | {'yes' if r['kind'] is None else 'no'} | {why.replace('|', '/')} |")
+        if r["kind"] == "multi-player":
+            continue
+        base = r["game"].split("-v0")[0]
+        last = rows[-1] if rows else None
+        if (
+            last
+            and last[0][0].split("-v0")[0] == base
+            and (last[1]["kind"], last[1].get("short")) == (r["kind"], r.get("short"))
+        ):
+            last[0].append(r["game"])
+        else:
+            rows.append(([r["game"]], r))
+    lines = ["| game | starts | why not | recommended |", "|---|---|---|---|"]
+    for games, r in rows:
+        names = ", ".join([f"`{games[0]}`"] + [f"`{g.split('-v0', 1)[1] or g}`" for g in games[1:]])
+        why = "" if r["kind"] is None else f"{r['kind']}: {r.get('short') or r['detail']}"
+        recommended = ", ".join(f"`{g}`" for g in games if g in PLAYABLE_GAMES)
+        lines.append(f"| {names} | {'yes' if r['kind'] is None else 'no'} | {why.replace('|', '/')} | {recommended} |")
     return "\n".join(lines)
+
+
+def multi_player_line(results: list[dict]) -> str:
+    """The multi-player games, by name (their variants counted)."""
+    bases: dict[str, int] = {}
+    for r in results:
+        if r["kind"] == "multi-player":
+            base = r["game"].split("-v0")[0] + "-v0"
+            bases[base] = bases.get(base, 0) + 1
+    return ", ".join(f"{b}" + (f" (+{n - 1})" if n > 1 else "") for b, n in bases.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,19 +109,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="games checked at once (default 2)")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds a game's first reset may take")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "textarena_games.json")
+    ap.add_argument("--render", type=Path, help="print the tables of an earlier run's JSON instead of running")
     args = ap.parse_args(argv)
-    games = args.games or game_ids()
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda g: check(g, args.timeout), games))
+    if args.render:
+        results = json.loads(args.render.read_text())
+    else:
+        games = args.games or game_ids()
+        with ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda g: check(g, args.timeout), games))
     console.print(markdown(results), highlight=False, soft_wrap=True)
     multi = [r["game"] for r in results if r["kind"] == "multi-player"]
     starts = [r["game"] for r in results if r["kind"] is None]
     console.print(
-        f"\n{len(results)} games in {time.perf_counter() - t0:.0f} s: {len(starts)} start with one player, "
-        f"{len(results) - len(starts) - len(multi)} single-player ones do not, {len(multi)} are multi-player",
+        f"\n{len(results)} games"
+        + ("" if args.render else f" in {time.perf_counter() - t0:.0f} s")
+        + f": {len(starts)} start with one player, "
+        f"{len(results) - len(starts) - len(multi)} single-player ones do not, {len(multi)} are multi-player:\n"
+        + multi_player_line(results),
         highlight=False,
+        soft_wrap=True,
     )
+    if args.render:
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     console.print(f"wrote {args.out}")

@@ -66,15 +66,18 @@ PIP_NAMES = {
 
 KINDS = ("multi-player", "package", "data", "api-key", "network", "library-bug", "timeout", "error")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SITE_PACKAGES = re.compile(r"\S*[/\\]site-packages[/\\]")  # an install's path prefix, left out of messages
 
 
 @dataclass(frozen=True)
 class StartFailure:
     """Why a game did not start: `kind` one of KINDS, `detail` what it needs or where it broke
-    (no game name, so a caller can put the name first)."""
+    (no game name, so a caller can put the name first), `short` the same in a few words (the docs
+    table of benchmarks/bench_textarena_games.py)."""
 
     kind: str
     detail: str
+    short: str = ""
 
 
 def playable_hint() -> str:
@@ -109,7 +112,11 @@ def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> S
         return classify(err, printed.getvalue())
     players = getattr(getattr(outcome.get("game"), "state", None), "num_players", 1)
     if isinstance(players, int) and players > 1:  # a two-player game that ignores the count it is given
-        return StartFailure("multi-player", f"it is a game for {players} players (it sets up {players} when given one)")
+        return StartFailure(
+            "multi-player",
+            f"it is a game for {players} players (it sets up {players} when given one)",
+            f"{players} players",
+        )
     return None
 
 
@@ -122,10 +129,13 @@ def stalled(stack: traceback.StackSummary, timeout_s: float) -> StartFailure:
             "data",
             f"it was still downloading the NLTK data {', '.join(map(repr, resources))} after {timeout_s:.0f} s "
             "(the network does not answer here); " + NLTK_HOW.format(resource=" ".join(resources)),
+            "NLTK data " + ", ".join(f"`{r}`" for r in resources) + " (download stalled)",
         )
     if any(re.search(r"/(socket|ssl|http/client|urllib/request|requests|httpx|openai)", f) for f in files):
-        return StartFailure("network", f"it was still waiting on the network after {timeout_s:.0f} s")
-    return StartFailure("timeout", f"its first reset did not finish within {timeout_s:.0f} s (at {where(stack)})")
+        return StartFailure("network", f"it was still waiting on the network after {timeout_s:.0f} s", "network")
+    return StartFailure(
+        "timeout", f"its first reset did not finish within {timeout_s:.0f} s (at {where(stack)})", "slow start"
+    )
 
 
 NLTK_HOW = (
@@ -184,7 +194,11 @@ def players_needed(message: str) -> str | None:
         m = re.search(pattern, text)
         if m and m.groups() != ("1",):
             return form.format(*m.groups())
-    return None
+    # "supports 2, 3, or 4 players", "supports 2-4 players", "must be 2 or 3": the counts it names
+    counts = sorted({int(n) for n in re.findall(r"\d+", re.sub(r"received \d+", "", text)) if int(n) >= 2})
+    if not counts:
+        return None
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
 
 
 def nltk_downloads(frames: traceback.StackSummary) -> list[str]:
@@ -212,21 +226,26 @@ def classify(err: BaseException, printed: str = "") -> StartFailure:
             return StartFailure(
                 "library-bug",
                 f"textarena's own code does not compile (SyntaxError at {at}: {e.msg}), a bug in the library",
+                f"SyntaxError at `{at}`",
             )
     needed = players_needed(message)
     if needed is not None and isinstance(err, (AssertionError, ValueError)):
-        return StartFailure("multi-player", f"it is a game for {needed} players (one was given)")
+        return StartFailure("multi-player", f"it is a game for {needed} players (one was given)", f"{needed} players")
     module = next((e.name for e in errors if isinstance(e, ModuleNotFoundError) and e.name), None)
     module = module or next(iter(re.findall(r"No module named '([\w.]+)'", message)), None)
     if module is not None and module.split(".")[0] == "textarena":
         return StartFailure(
-            "library-bug", f"its registry entry names a module textarena does not have ({module}), a bug in the library"
+            "library-bug",
+            f"its registry entry names a module textarena does not have ({module}), a bug in the library",
+            f"no module `{module}`",
         )
     if module is not None or any(isinstance(e, ImportError) for e in errors):
         top = (module or "?").split(".")[0]
         pip = PIP_NAMES.get(top, top)
         how = f"pip install {pip}" if " " not in pip else f"install {pip}"
-        return StartFailure("package", f"it needs the Python package {top!r}, which is not installed: {how}")
+        return StartFailure(
+            "package", f"it needs the Python package {top!r}, which is not installed: {how}", f"`{how}`"
+        )
     if isinstance(err, LookupError) and ("nltk" in message.lower() or "Resource" in message):
         found = re.findall(r"Resource\s+'?([\w./-]+?)'?\s+not found", message)
         tried = re.findall(r"Error loading ([\w./-]+)", ANSI.sub("", printed))  # nltk.download's own failures
@@ -238,6 +257,7 @@ def classify(err: BaseException, printed: str = "") -> StartFailure:
             + ("" if not tried else " (textarena's download attempt failed)")
             + "; "
             + NLTK_HOW.format(resource=" ".join(resources)),
+            "NLTK data " + ", ".join(f"`{r}`" for r in resources),
         )
     key = re.search(r"\b([A-Z][A-Z0-9_]*_(?:API_)?KEY)\b", message)
     if key is None and isinstance(err, KeyError) and str(err.args[0] if err.args else "").endswith("KEY"):
@@ -247,18 +267,25 @@ def classify(err: BaseException, printed: str = "") -> StartFailure:
         return StartFailure(
             "api-key",
             f"it needs an API key: its other side is played by an LLM through a web API (set {var}; the machine needs network too)",
+            f"`{var}` (an LLM plays the other side)",
         )
     if any(
         isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in ("URLError", "gaierror") for e in errors
     ):
-        return StartFailure("network", f"it reaches the network at start ({type(err).__name__}: {err})")
+        return StartFailure("network", f"it reaches the network at start ({type(err).__name__}: {err})", "network")
+    text = SITE_PACKAGES.sub("", ANSI.sub("", str(err)))[:200]
     if any("/textarena/" in f.filename.replace("\\", "/") for f in frames):
         return StartFailure(
             "library-bug",
-            f"it fails inside textarena ({type(err).__name__} at {where(frames)}: {ANSI.sub('', str(err))[:200]}), "
-            "a bug in the library",
+            f"it fails inside textarena ({type(err).__name__} at {where(frames)}: {text}), a bug in the library",
+            f"{type(err).__name__} at `{where(frames)}`"
+            + (
+                f" (`{short_path(err.filename)}` missing)"
+                if isinstance(err, FileNotFoundError) and err.filename
+                else ""
+            ),
         )
-    return StartFailure("error", f"it fails at start ({type(err).__name__}: {ANSI.sub('', str(err))[:200]})")
+    return StartFailure("error", f"it fails at start ({type(err).__name__}: {text})", type(err).__name__)
 
 
 def describe(env: str, failure: StartFailure) -> str:

@@ -126,3 +126,32 @@ def test_the_docs_kits_table_says_what_ships_and_what_builds(name):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("yes" if ships else "no"), row
     assert kit_notice.duration(seconds).removeprefix("about ") in cells[3], row
+
+
+def test_eval_on_an_unbuilt_kit_prints_the_notice_before_the_build(tmp_path, monkeypatch, capsys):
+    """`areal-graph eval builtin:tiny-guess` started a 12-minute build without a word."""
+    from areal_graph.cli import cmd_eval
+    from areal_graph.modelkit import builtin
+    from support.cli import parser_of
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path))
+    monkeypatch.setitem(builtin.BUILTIN_KITS, "tiny-guess", MINI)
+    monkeypatch.setitem(kit_notice.BUILD_SECONDS, MINI.name, (731.0, 2))
+    shown_before_build: list[str] = []
+
+    def build(cfg, out, progress):
+        shown_before_build.append(capsys.readouterr().err)  # what the console showed when the build began
+        return fake_build([])(cfg, out, progress)
+
+    monkeypatch.setattr(kit_cache, "build_kit", build)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    cmd_eval.run(parser_of(cmd_eval, "eval")("builtin:tiny-guess", "--data", str(data)))
+    assert len(shown_before_build) == 1
+    shown = shown_before_build[0].replace("\n", "")
+    assert (
+        "building kit mini-notice from its recipe (no shipped warm start for this kit): about 12 min on 2 cores"
+        in shown
+    )
+    assert f"into {kit_dir(MINI, tmp_path)} (once; later runs reuse it)" in shown, shown
