@@ -87,9 +87,10 @@ def playable_hint() -> str:
 
 def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> StartFailure | None:
     """Run `start()` (a game's make and first reset; it returns the game) with at most `timeout_s`
-    seconds; None when it returned a one-player game, else why not. It runs in a daemon thread so a stalled download cannot hang the caller
-    (the thread is left to its own network timeout); what it prints (nltk's download attempts) is
-    captured and used to classify, not shown."""
+    seconds; None when it returned a one-player game, else why not. It runs in a daemon thread so
+    a stalled download cannot hang the caller (the thread is left to its own network timeout); what
+    a game prints to stdout meanwhile is dropped (the reason is said once, here). nltk's own lines
+    about a failed download go to the stderr it bound at import, and still show."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -101,7 +102,7 @@ def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> S
 
     printed = io.StringIO()
     worker = threading.Thread(target=target, name="textarena-start", daemon=True)
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+    with contextlib.redirect_stdout(printed):
         worker.start()
         worker.join(timeout_s)
         stack = sys._current_frames().get(worker.ident or -1) if worker.is_alive() else None
@@ -109,7 +110,7 @@ def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> S
         return stalled(traceback.extract_stack(stack), timeout_s)
     err = outcome.get("error")
     if err is not None:
-        return classify(err, printed.getvalue())
+        return classify(err)
     players = getattr(getattr(outcome.get("game"), "state", None), "num_players", 1)
     if isinstance(players, int) and players > 1:  # a two-player game that ignores the count it is given
         return StartFailure(
@@ -214,9 +215,8 @@ def nltk_downloads(frames: traceback.StackSummary) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def classify(err: BaseException, printed: str = "") -> StartFailure:
-    """What `err`, raised by a game's make or first reset (and `printed`, what it printed), says
-    the game needs."""
+def classify(err: BaseException) -> StartFailure:
+    """What `err`, raised by a game's make or first reset, says the game needs."""
     errors = chain(err)
     message = ANSI.sub("", " ".join(str(e) for e in errors))
     frames = traceback.extract_tb(err.__traceback__)
@@ -248,14 +248,11 @@ def classify(err: BaseException, printed: str = "") -> StartFailure:
         )
     if isinstance(err, LookupError) and ("nltk" in message.lower() or "Resource" in message):
         found = re.findall(r"Resource\s+'?([\w./-]+?)'?\s+not found", message)
-        tried = re.findall(r"Error loading ([\w./-]+)", ANSI.sub("", printed))  # nltk.download's own failures
-        resources = list(dict.fromkeys([*found, *tried, *nltk_downloads(frames)])) or ["words"]
+        resources = list(dict.fromkeys([*found, *nltk_downloads(frames)])) or ["words"]
         names = ", ".join(map(repr, resources))
         return StartFailure(
             "data",
-            f"it needs the NLTK data {names}: not on this machine, and it cannot be downloaded here"
-            + ("" if not tried else " (textarena's download attempt failed)")
-            + "; "
+            f"it needs the NLTK data {names}: not on this machine, and it cannot be downloaded here; "
             + NLTK_HOW.format(resource=" ".join(resources)),
             "NLTK data " + ", ".join(f"`{r}`" for r in resources),
         )
