@@ -124,7 +124,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        model = str(resolve_model_path(args.model))
+        if args.model.startswith(PREFIX):  # a kit's first build takes minutes: show it (cmd_init_model.kit_progress)
+            from areal_graph.cli.cmd_init_model import kit_progress
+
+            with kit_progress(console) as progress:
+                model = str(resolve_model_path(args.model, progress))
+        else:
+            model = str(resolve_model_path(args.model))
     except ValueError as err:
         console.print(f"[red]{err}[/]")
         return 1

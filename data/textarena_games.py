@@ -64,26 +64,33 @@ def make_game(env: str) -> Any:
 
 
 def check_env(env: str) -> str | None:
-    """What is wrong with game id `env` (None: a single-player game textarena has)."""
+    """What is wrong with game id `env` (None: a single-player game that starts here). A game that
+    does not start is named for why (multi-player, a package, NLTK data, an API key, a bug in
+    textarena: data/textarena_start.py), and the games recommended are ones that start."""
+    from areal_graph.data import textarena_start
+
     try:
         library()
     except TextArenaError as err:
         return str(err)
     from textarena.envs.registration import ENV_REGISTRY
 
-    names = sorted(n for n in ENV_REGISTRY if not n.endswith(("-raw", "-train")))
     if env not in ENV_REGISTRY:
-        near = difflib.get_close_matches(env, names, n=3)
+        near = difflib.get_close_matches(env, textarena_start.PLAYABLE_GAMES, n=3)
         return (
             f"textarena has no game {env!r}"
             + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
-            + "; single-player ones include GuessTheNumber-v0, Hangman-v0, FrozenLake-v0, Wordle-v0"
+            + f"; {textarena_start.playable_hint()}"
         )
-    try:
-        make_game(env).reset(num_players=1, seed=0)
-    except Exception as err:  # noqa: BLE001 - a multi-player game refuses one player in its own words
-        return f"textarena game {env!r} is not single-player ({type(err).__name__}: {err})"
-    return None
+    failure = textarena_start.try_start(lambda: started(env))
+    return None if failure is None else textarena_start.describe(env, failure)
+
+
+def started(env: str) -> Any:
+    """Game `env` reset for one player with seed 0 (what check_env tries)."""
+    game = make_game(env)
+    game.reset(num_players=1, seed=0)
+    return game
 
 
 def check_spec(spec: str) -> str | None:

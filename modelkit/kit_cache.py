@@ -22,10 +22,11 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_graph.modelkit.kit_notice import build_notice, wait_notice
 from areal_graph.modelkit.recipes import KitConfig, Progress, build_kit
 from areal_graph.modelkit.shipped import install_shipped
 
@@ -58,10 +59,17 @@ def kit_dir(cfg: KitConfig, root: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the exclusive lock `lock_path`; `on_wait` is called first when another process holds it
+    (so a caller can say why it stands still) and then this waits for it."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -87,23 +95,28 @@ def ensure_kit(
     """The kit for `cfg`, made first if needed (once, even across processes): installed from
     the warm start shipped with the package when one of this recipe is (modelkit/shipped.py),
     else built from the recipe. `rebuild` replaces a cached kit; `from_recipe` builds from the
-    recipe even where a shipped warm start exists."""
+    recipe even where a shipped warm start exists. A build from the recipe takes minutes, so it is
+    announced first (which kit, why, about how long, where: modelkit/kit_notice.py), and so is
+    waiting for another process's build; a cached kit and a shipped install say nothing extra."""
     path = kit_dir(cfg, root)
     if not rebuild and (kit := load_kit(cfg, root)) is not None:
         return kit
-    with exclusive(path.with_name(path.name + ".lock")):
+    say = progress or (lambda msg: log.info("%s", msg))
+    # What the user must see before minutes pass: through `progress` (the CLI's console) or, with
+    # none, a warning (the level the CLI's logging shows by default).
+    tell = progress or (lambda msg: log.warning("%s", msg))
+    with exclusive(path.with_name(path.name + ".lock"), on_wait=lambda: tell(wait_notice(cfg, path))):
         if not rebuild and (kit := load_kit(cfg, root)) is not None:
             return kit  # another process built it while we waited
-        log.info("building the %s kit into %s (first use; later runs reuse it)", cfg.name, path)
         # A build killed before its cleanup ran leaves its temporary dir; we hold the lock, so
         # no other build is running and every leftover is garbage.
         for stale in path.parent.glob(path.name + ".building*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = path.with_name(path.name + f".building{os.getpid()}")
-        say = progress or (lambda msg: log.info("%s", msg))
         try:
             info = None if from_recipe else install_shipped(cfg, tmp, say)
             if info is None:
+                tell(build_notice(cfg, path, from_recipe))
                 info = build_kit(cfg, tmp, say)
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)

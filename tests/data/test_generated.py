@@ -22,7 +22,7 @@ def test_each_source_checks_its_names_and_resolving_writes_its_rows(tmp_path, mo
     from areal_graph.modelkit.builtin import resolve_dataset_path
 
     assert "did you mean 'leg_counting'" in generated.check("reasoning_gym:leg_countin")
-    assert "did you mean 'Hangman-v0'" in generated.check("textarena:Hangmann-v0")
+    assert "did you mean 'GuessTheNumber-v0'" in generated.check("textarena:GuessTheNumbr-v0")
     monkeypatch.setenv("AREAL_GRAPH_CACHE", str(tmp_path))
     for spec, folder in (
         ("reasoning_gym:leg_counting?size=3&seed=1", "reasoning_gym"),

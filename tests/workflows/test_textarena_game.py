@@ -43,7 +43,7 @@ def test_specs_and_games_are_checked(ta):
             tg.parse_spec(bad)
     assert "did you mean 'GuessTheNumber-v0'" in tg.check_env("GuessTheNumbr-v0")
     assert tg.check_env("GuessTheNumber-v0") is None
-    assert "not single-player" in tg.check_env("TicTacToe-v0")
+    assert "not single-player: it is a game for 2 players" in tg.check_env("TicTacToe-v0")
     assert TextArenaGame.check_args({}) is None  # installed: nothing to say before the run
 
 
