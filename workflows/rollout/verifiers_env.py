@@ -88,7 +88,7 @@ class VerifiersRunner:
             hello = json.loads(first) if first.strip() else {"error": f"the runner exited ({await self.proc.wait()})"}
             if "error" in hello:
                 raise verifiers_tasks.VerifiersError(
-                    f"{self.name} could not be loaded: {hello['error']} "
+                    f"{self.name} could not be loaded: {verifiers_tasks.explain(hello, env)} "
                     "(the runner's traceback is in this worker's log)"
                 )
             self.info = hello
