@@ -42,6 +42,14 @@ class VerifiersError(ValueError):
     """A verifiers: spec that cannot be served, or an environment that failed."""
 
 
+class ListingFailed(VerifiersError):
+    """verifiers could not load the taskset: `reason` is what it said, in the user's words."""
+
+    def __init__(self, taskset: str, reason: str) -> None:
+        super().__init__(f"verifiers could not list taskset {taskset!r}: {reason}")
+        self.reason = reason
+
+
 def python() -> str:
     """The python of verifiers' virtualenv (data/verifiers_venv.py says where it is looked for)."""
     try:
@@ -117,7 +125,7 @@ def list_tasks(spec: dict[str, Any]) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     failed = [line for line in lines if "error" in line]
     if failed:  # the runner's own line says it; its traceback is not for the console
-        raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r}: {explain(failed[0], env)}")
+        raise ListingFailed(spec["taskset"], explain(failed[0], env))
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r} (exit {done.returncode}):\n{tail}")

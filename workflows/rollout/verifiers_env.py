@@ -23,6 +23,7 @@ groups keep failing stops as it does for any rollout that raises.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sys
@@ -139,6 +140,21 @@ class VerifiersRunner:
             await self.proc.wait()
 
 
+@functools.lru_cache(maxsize=64)
+def _loads_with(key: str) -> str | None:
+    """What verifiers says when it loads taskset, env, env_args, train_agent (`key`, JSON) for one task."""
+    taskset, env, options, env_args, train_agent = json.loads(key)
+    spec = {"taskset": taskset, "env": env, "options": options, "size": 1}
+    spec |= {"env_args": env_args, "train_agent": train_agent}
+    try:
+        verifiers_tasks.list_tasks(spec)
+    except verifiers_tasks.ListingFailed as err:
+        return err.reason
+    except verifiers_tasks.VerifiersError as err:
+        return str(err)
+    return None
+
+
 class VerifiersEnv(Rollout):
     """Plays `verifiers:<taskset>` rows through verifiers (see the module docstring).
 
@@ -179,6 +195,28 @@ class VerifiersEnv(Rollout):
         if not isinstance(rollout_args.get("train_agent", ""), str):
             return "rollout_args.train_agent: the name of the seat to train"
         return None  # whether this machine has verifiers' venv: the data check (`validate`, `run`)
+
+    @classmethod
+    def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
+        """env_args and train_agent against the taskset's env (its config's fields, its seats): verifiers
+        loads the env with them, as a run's runner will, and names a wrong field with the valid ones.
+        Once per taskset, options and arguments."""
+        if not str(dataset).startswith(verifiers_tasks.SCHEME):
+            return None
+        if not rollout_args.get("env_args") and not rollout_args.get("train_agent"):
+            return None  # the data check loaded the env without them already
+        parsed = verifiers_tasks.parse_spec(dataset)
+        key = json.dumps(
+            [
+                parsed["taskset"],
+                parsed["env"],
+                parsed["options"],
+                rollout_args.get("env_args") or {},
+                rollout_args.get("train_agent", ""),
+            ],
+            sort_keys=True,
+        )
+        return _loads_with(key)
 
     async def _runner(self, where: dict[str, Any]) -> VerifiersRunner:
         if self._proxy is None:
