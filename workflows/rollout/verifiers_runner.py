@@ -289,11 +289,14 @@ def episode_result(job: dict[str, Any], episode: Any, trained: str) -> dict[str,
     traces = list(episode.traces)
     mine = [t for t in traces if getattr(t.agent, "name", "agent") in (trained, "agent")] or traces
     errors = [f"{e.type}: {e.message}" for e in episode.errors]
+    tracebacks = [e.traceback for e in episode.errors if getattr(e, "traceback", None)]
     if not mine:
-        return {"id": job["id"], "ok": False, "errors": errors or ["the episode has no trace"]}
+        return {"id": job["id"], "ok": False, "errors": errors or ["the episode has no trace"], "traceback": ""}
     trace = mine[-1]
     errors += [f"{e.type}: {e.message}" for e in trace.errors]
+    tracebacks += [e.traceback for e in trace.errors if getattr(e, "traceback", None)]
     return {
+        "traceback": "\n".join(tracebacks),  # verifiers' own, for the worker's log (never the console)
         "id": job["id"],
         "ok": bool(trace.ok and not episode.errors),
         "reward": float(trace.reward),
