@@ -9,9 +9,10 @@ is all the rollout class (workflows/rollout/verifiers_env.py) needs to replay it
 fields are the taskset's own config fields (`seed=3`, `split=test`), values read as JSON when
 they parse (numbers, true/false) and as text otherwise.
 
-verifiers pins `openai<3`, so it runs in its own virtualenv (`make install-verifiers`, or any
-python with verifiers 0.4 named by AREAL_VERIFIERS_PYTHON): listing the tasks is a call to
-workflows/rollout/verifiers_runner.py there. Rows are listed again on every run (a taskset is
+verifiers pins `openai<3`, so it runs in its own virtualenv (found by data/verifiers_venv.py:
+AREAL_VERIFIERS_PYTHON, or a `.venv-verifiers` that `make install-verifiers` made): listing the
+tasks is a call to workflows/rollout/verifiers_runner.py there, and what it fails with is said in
+the user's words by data/verifiers_failures.py. Rows are listed again on every run (a taskset is
 the user's code and may have changed; listing takes seconds), written where reasoning_gym rows go.
 """
 
