@@ -132,6 +132,15 @@ class Rollout(abc.ABC):
         an argument names); keep it cheap and free of torch and model loading."""
         return None
 
+    @classmethod
+    def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
+        """What is wrong with these `rollout_args` for the rows of `dataset` (data.train or data.eval as
+        written: a file, a builtin: name or a generated spec; None: nothing), checked by `validate` and
+        `run` on this machine (cli/preflight.py) once the dataset itself checked out. For arguments whose
+        meaning depends on the data, which `check_args` cannot see: a verifiers env's fields depend on
+        the taskset's env (workflows/rollout/verifiers_env.py). May take seconds."""
+        return None
+
     @abc.abstractmethod
     async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
         """Return `group_size` trajectories for `prompt` (group/sample ids may be left 0)."""

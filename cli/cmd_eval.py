@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -266,8 +272,9 @@ def run(args: argparse.Namespace) -> int:
         from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings
 
         speculative = SpeculativeSettings(**conf["speculative"])
+    log_path = failure_log_path()
     try:
-        with Progress(console=err, transient=True) as progress:
+        with Progress(console=err, transient=True) as progress, logged_to(log_path):
             task = progress.add_task("generating", total=None)
             result = evaluate_model(
                 model,
@@ -289,9 +296,14 @@ def run(args: argparse.Namespace) -> int:
                 rollout=rollout,
                 speculative=speculative,
             )
-    except (DatasetError, ValueError) as exc:
+    except DatasetError as exc:
         err.print(f"[red]{exc}[/]")
         return 1
+    except Exception as exc:  # noqa: BLE001 - a rollout, reward or engine that raised: one line, traceback logged
+        what = f"the rollout class {conf['rollout_class']}" if conf.get("rollout_class") else "generation"
+        err.print(one_line_failure(what, exc, log_path), style="red", markup=False, highlight=False, soft_wrap=True)
+        return 1
+    log_path.unlink(missing_ok=True)  # nothing failed: the log of this evaluation is not worth a file
     table = Table(title=f"{args.model} on {conf['data']}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -341,6 +353,58 @@ def run(args: argparse.Namespace) -> int:
             return 1
         err.print(f"wrote {args.json_out}")
     return 0
+
+
+def failure_log_path() -> Path:
+    """Where an evaluation's log goes (kept only when it fails): `eval` has no run folder, so the
+    temp folder, one file per invocation."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.gettempdir()) / f"areal-graph-eval-{stamp}-{os.getpid()}.log"
+
+
+class _NoTracebacks(logging.Filter):
+    """Keeps records that carry a traceback off the console: they are in the log file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+@contextlib.contextmanager
+def logged_to(path: Path) -> Iterator[None]:
+    """Every log record of the evaluation (INFO and up: a verifiers runner's stderr, a server's
+    errors) into `path`, as a run's worker logs hold them; the console keeps its warnings but not
+    their tracebacks. Why: a rollout that fails is one line on the console, not 40."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path, delay=True)  # no file unless something is logged
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    quiet = _NoTracebacks()
+    consoles = {h: h.level for h in root.handlers}
+    level = root.level
+    for h in consoles:  # the console shows what it showed before (-v), the file more
+        h.addFilter(quiet)
+        h.setLevel(max(h.level, level))
+    root.setLevel(min(level, logging.INFO))
+    root.addHandler(handler)
+    try:
+        yield
+    except BaseException:
+        logging.getLogger(__name__).error("evaluation failed", exc_info=True)
+        raise
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        root.setLevel(level)
+        for h, was in consoles.items():
+            h.removeFilter(quiet)
+            h.setLevel(was)
+
+
+def one_line_failure(what: str, exc: BaseException, log_path: Path) -> str:
+    """`what` failed, the exception's first line, where its traceback is."""
+    lines = str(exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {lines[0] if lines else ''}" + (" (...)" if len(lines) > 1 else "")
+    return f"eval: {what} failed: {message} (traceback in {log_path})"
 
 
 def show_answer(console: Any, p: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ def preflight(spec: Any) -> None:
 
 def preflight_problems(spec: Any) -> list[str]:
     problems = builtin_path_problems(spec) + local_path_problems(spec)
+    problems += rollout_data_problems(spec, problems)
     backend = get_backend(spec.inference.backend)
     problem = backend.args_problem(spec.inference)
     if problem is not None:
@@ -78,6 +79,29 @@ def local_path_problems(spec: Any) -> list[str]:
         if not hub_id:
             problems.append(f"{field}: {path} does not exist")
     return problems
+
+
+def rollout_data_problems(spec: Any, found: list[str]) -> list[str]:
+    """Each rollout class's check of its `rollout_args` against the datasets it will play
+    (Rollout.check_data), for the datasets `found` has no problem with."""
+    from areal_graph.api.imports import import_object
+
+    problems: dict[tuple[str, str], list[str]] = {}  # (node, problem) -> the dataset fields it holds for
+    for node in spec.nodes.values():
+        if node.kind != "rollout" or not getattr(node.params, "rollout_class", None):
+            continue
+        try:
+            cls = import_object(node.params.rollout_class, what="rollout class")
+        except Exception:  # noqa: BLE001 - the workflow check already said what is wrong with it
+            continue
+        check = getattr(cls, "check_data", None)
+        for field, path, what in path_fields(spec):
+            if what != "dataset" or check is None or any(p.startswith(f"{field}:") for p in found):
+                continue
+            problem = check(dict(node.params.rollout_args or {}), path)
+            if problem:
+                problems.setdefault((node.name, problem), []).append(field)
+    return [f"nodes.{name} ({', '.join(fields)}): {problem}" for (name, problem), fields in problems.items()]
 
 
 def placement_problems(spec: Any) -> list[str]:

@@ -9,15 +9,15 @@ is all the rollout class (workflows/rollout/verifiers_env.py) needs to replay it
 fields are the taskset's own config fields (`seed=3`, `split=test`), values read as JSON when
 they parse (numbers, true/false) and as text otherwise.
 
-verifiers pins `openai<3`, so it runs in its own virtualenv (`make install-verifiers`, or any
-python with verifiers 0.4 named by AREAL_VERIFIERS_PYTHON): listing the tasks is a call to
-workflows/rollout/verifiers_runner.py there. Rows are listed again on every run (a taskset is
+verifiers pins `openai<3`, so it runs in its own virtualenv (found by data/verifiers_venv.py:
+AREAL_VERIFIERS_PYTHON, or a `.venv-verifiers` that `make install-verifiers` made): listing the
+tasks is a call to workflows/rollout/verifiers_runner.py there, and what it fails with is said in
+the user's words by data/verifiers_failures.py. Rows are listed again on every run (a taskset is
 the user's code and may have changed; listing takes seconds), written where reasoning_gym rows go.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -25,11 +25,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from areal_graph.data import verifiers_failures, verifiers_venv
 from areal_graph.data.arith import write_jsonl
 
 SCHEME = "verifiers:"
-PYTHON_ENV = "AREAL_VERIFIERS_PYTHON"
-INSTALL = "make install-verifiers"
+PYTHON_ENV = verifiers_venv.PYTHON_ENV
+INSTALL = verifiers_venv.INSTALL
 MAX_SIZE = 100_000
 LIST_TIMEOUT_S = 300
 PACKAGE = Path(__file__).resolve().parent.parent  # the areal_graph package (the repository root)
@@ -42,22 +43,20 @@ class VerifiersError(ValueError):
     """A verifiers: spec that cannot be served, or an environment that failed."""
 
 
+class ListingFailed(VerifiersError):
+    """verifiers could not load the taskset: `reason` is what it said, in the user's words."""
+
+    def __init__(self, taskset: str, reason: str) -> None:
+        super().__init__(f"verifiers could not list taskset {taskset!r}: {reason}")
+        self.reason = reason
+
+
 def python() -> str:
-    """The python of verifiers' virtualenv: AREAL_VERIFIERS_PYTHON, else the one `make
-    install-verifiers` made (.venv-verifiers in the repository)."""
-    named = os.environ.get(PYTHON_ENV)
-    if named:
-        if not Path(named).is_file():
-            raise VerifiersError(f"{PYTHON_ENV}={named}: no such file")
-        return named
-    default = PACKAGE / ".venv-verifiers" / "bin" / "python"
-    if not default.is_file():
-        raise VerifiersError(
-            "verifiers environments run in verifiers' own virtualenv (verifiers 0.4 pins openai<3, this "
-            f"project uses openai 3): run `{INSTALL}` in {PACKAGE}, or set {PYTHON_ENV} to a python "
-            "that has verifiers==0.4.0"
-        )
-    return str(default)
+    """The python of verifiers' virtualenv (data/verifiers_venv.py says where it is looked for)."""
+    try:
+        return verifiers_venv.find_python()
+    except verifiers_venv.VerifiersVenvError as err:
+        raise VerifiersError(str(err)) from None
 
 
 def runner_env() -> dict[str, str]:
@@ -125,26 +124,21 @@ def list_tasks(spec: dict[str, Any]) -> list[dict[str, Any]]:
         timeout=LIST_TIMEOUT_S,
     )
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    failed = [line["error"] for line in lines if "error" in line]
-    if failed:  # verifiers' own message says it; its traceback is not for the console
-        near = difflib.get_close_matches(spec["taskset"], _packages_on_path(env["PYTHONPATH"]), n=3)
-        hint = f" (did you mean {', '.join(map(repr, near))}?)" if near and "not found" in failed[0] else ""
-        raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r}{hint}: {failed[0]}")
+    failed = [line for line in lines if "error" in line]
+    if failed:  # the runner's own line says it; its traceback is not for the console
+        raise ListingFailed(spec["taskset"], explain(failed[0], env))
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise VerifiersError(f"verifiers could not list taskset {spec['taskset']!r} (exit {done.returncode}):\n{tail}")
     return lines
 
 
-def _packages_on_path(pythonpath: str) -> list[str]:
-    """Top-level packages in the folders of `pythonpath` (the candidates for a did-you-mean)."""
-    found = []
-    for folder in filter(None, pythonpath.split(os.pathsep)):
-        try:
-            found += [p.name for p in Path(folder).iterdir() if (p / "__init__.py").is_file()]
-        except OSError:
-            continue
-    return found
+def explain(failure: dict[str, Any], env: dict[str, str]) -> str:
+    """A runner's error line (`{"error": ..., "not_importable": {...}}`) in the user's words: a package
+    verifiers cannot import is said with where it was looked for and the `python_path:` that fixes it."""
+    if "not_importable" in failure:
+        return verifiers_failures.explain_not_importable(failure["not_importable"], env.get("PYTHONPATH", ""))
+    return str(failure["error"])
 
 
 def materialize(spec: str, root: Path) -> Path:

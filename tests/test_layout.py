@@ -249,3 +249,24 @@ def test_no_assertion_is_about_constants_alone():
     ]
     assert not found, found
     assert constant(ast.parse("sum([5, 4, 3]) <= 12", mode="eval").body)  # the check itself can fire
+
+
+def test_every_package_folder_ships_in_the_wheel():
+    """pyproject.toml lists the packages by hand (the repository root is the package): a folder with
+    an __init__.py missing from the list is absent from a non-editable install, where `areal-graph`
+    itself then fails to start (engines.inference.server was missing once). Folders of example code
+    that another interpreter imports (workflows/verifiers_envs/) ship as package data instead."""
+    import tomllib
+
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    folders = {
+        ".".join(("areal_graph", *p.parent.relative_to(REPO).parts))
+        for p in REPO.rglob("__init__.py")
+        if not {"tests", "benchmarks", "build"} & set(p.relative_to(REPO).parts)
+        and not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+        and "verifiers_envs" not in p.parts
+    }
+    assert folders - listed == set(), f"package folders pyproject.toml does not list: {sorted(folders - listed)}"
+    shipped_as_data = setup["package-data"]["areal_graph.workflows"]
+    assert "verifiers_envs/*/*.py" in shipped_as_data

@@ -337,3 +337,38 @@ def test_a_reward_that_cannot_score_the_data_is_used_as_told_with_a_warning(caps
 def test_the_workflow_s_reward_is_named_as_such(tmp_path):
     conf = cmd_eval.settings(parse("m", "--workflow", str(_workflow_file(tmp_path))), None)
     assert (conf["reward"], conf["reward_why"]) == ("math_verify", "the workflow's node 'reward'")
+
+
+def test_a_rollout_that_raises_is_one_line_with_the_traceback_in_the_log(kit, capsys):
+    args = parse(
+        str(kit / "model"),
+        "--data",
+        str(kit / "test.jsonl"),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--rollout-class",
+        "support.failing_rollout:FailingRollout",
+    )
+    assert cmd_eval.run(args) == 1
+    err = capsys.readouterr().err.strip()
+    [line] = [x for x in err.splitlines() if x.strip() and "it/s]" not in x]  # transformers' loading bar aside
+    assert line.startswith("eval: the rollout class support.failing_rollout:FailingRollout failed: KeyError: ")
+    assert "the rubric's answer key" in line and "Traceback" not in err
+    log = Path(re.search(r"\(traceback in (\S+\.log)\)$", line).group(1))
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and 'raise KeyError("the rubric' in text
+    log.unlink()
+
+
+def test_an_evaluation_that_succeeds_leaves_no_log_file(tmp_path, monkeypatch):
+    path = tmp_path / "eval.log"
+    with cmd_eval.logged_to(path):
+        import logging
+
+        logging.getLogger("areal_graph.test").info("an episode went fine")
+    assert path.is_file()  # what was logged is in the file (run() removes it when nothing failed)
+    with pytest.raises(RuntimeError), cmd_eval.logged_to(tmp_path / "failed.log"):
+        raise RuntimeError("boom")
+    assert "RuntimeError: boom" in (tmp_path / "failed.log").read_text()

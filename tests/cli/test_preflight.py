@@ -127,3 +127,21 @@ def test_a_missing_model_folder_is_named_and_a_hub_id_is_left_to_the_loader(tmp_
     preflight(load_workflow(PPO, overrides=["models.actor.path=Qwen/Qwen2.5-0.5B"]))  # org/name: the HF cache's
     (tmp_path / "m").mkdir()
     preflight(load_workflow(PPO, overrides=[f"models.actor.path={tmp_path / 'm'}"]))
+
+
+def test_a_rollout_class_checks_its_arguments_against_each_dataset_that_checked_out(tmp_path):
+    checked = ["nodes.rollout.rollout_class=support.failing_rollout:DataCheckedRollout"]
+    preflight(load_workflow(PPO, overrides=[*checked, "nodes.rollout.rollout_args.level=1"]))  # nothing to say
+    with pytest.raises(ValueError) as err:
+        preflight(load_workflow(PPO, overrides=[*checked, "nodes.rollout.rollout_args.level=2"]))
+    assert str(err.value).splitlines() == [
+        "nodes.rollout (data.train): level 2 is too hard for builtin:arith/train",
+        "nodes.rollout (data.eval): level 2 is too hard for builtin:arith/test",
+    ]
+    missing = f"data.eval={tmp_path / 'test.jsonl'}"  # a dataset with a problem of its own is not checked again
+    with pytest.raises(ValueError) as err:
+        preflight(load_workflow(PPO, overrides=[*checked, "nodes.rollout.rollout_args.level=2", missing]))
+    assert str(err.value).splitlines() == [
+        f"data.eval: {tmp_path / 'test.jsonl'} does not exist",
+        "nodes.rollout (data.train): level 2 is too hard for builtin:arith/train",
+    ]

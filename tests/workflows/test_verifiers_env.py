@@ -10,8 +10,11 @@ episode sampled, and the failures by what the user reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +188,47 @@ def test_an_environment_that_raises_is_named_and_a_dead_runner_restarts(server, 
 
     first, second, group = asyncio.run(kill_between_groups())
     assert first != second and len(group) == 2 and all(t.info["metrics"]["turns"] == 1 for t in group)
+
+
+def test_what_the_user_reads_for_a_wrong_env_argument_and_an_unimportable_package(python, tmp_path, monkeypatch):
+    said = VerifiersEnv.check_data({"env_args": {"invalid_retries": 2}}, "verifiers:vf_arith_try_again?size=8")
+    assert said.startswith("rollout_args.env_args: 'invalid_retries' is not a field of SingleAgentEnvConfig")
+    assert "(its fields: timeout, retries, max_concurrent_agents, interception, agent)" in said
+    assert VerifiersEnv.check_data({"env_args": {"agent": {"max_turns": 2}}}, "verifiers:vf_arith?size=8") is None
+    option = verifiers_tasks.check_spec("verifiers:vf_arith?size=2&sede=3")
+    assert (
+        "'sede' is not an option of taskset 'vf_arith' (the fields of ArithConfig: task, system_prompt, seed)" in option
+    )
+    # a package two folders below where the user is: our message, not verifiers' "must already be installed"
+    package = tmp_path / "envs" / "tasks" / "vf_mine"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text((verifiers_tasks.EXAMPLES / "vf_arith" / "__init__.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    problem = verifiers_tasks.check_spec("verifiers:vf_mine?size=2")
+    assert "the taskset package 'vf_mine' is not importable" in problem and "must already be installed" not in problem
+    assert f"a package 'vf_mine' is in {tmp_path / 'envs' / 'tasks'}" in problem and "`python_path:`" in problem
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "envs" / "tasks"))  # what python_path: [envs/tasks] does
+    assert verifiers_tasks.check_spec("verifiers:vf_mine?size=2") is None
+
+
+def test_eval_of_a_rubric_that_raises_is_one_line_and_the_log_has_verifiers_traceback(python, tmp_path, monkeypatch):
+    from areal_graph.cli.main import main
+
+    workflow = (verifiers_tasks.PACKAGE / "workflows" / "verifiers_try_again.yaml").read_text()
+    workflow = workflow.replace("vf_arith_try_again?size=2000&seed=1", "vf_rubric_raises?size=2")
+    workflow = workflow.replace("vf_arith_try_again?size=128&seed=2", "vf_rubric_raises?size=2")
+    path = tmp_path / "wf.yaml"
+    path.write_text(workflow + f"python_path: [{FIXTURES / 'verifiers_envs'}]\n")
+    monkeypatch.setenv("COLUMNS", "400")
+    buffer = io.StringIO()
+    with contextlib.redirect_stderr(buffer):
+        code = main(["eval", "builtin:tiny-arith", "--workflow", str(path), "--limit", "2"])
+    text = buffer.getvalue()
+    assert code == 1
+    [line] = [x for x in text.splitlines() if x.strip() and "it/s]" not in x]
+    assert line.startswith("eval: the rollout class areal_graph.workflows.rollout.verifiers_env:VerifiersEnv failed: ")
+    assert 'TaskError: task RubricRaisesTask scoring: KeyError: "the rubric\'s answer key"' in line
+    log = Path(re.search(r"\(traceback in (\S+\.log)\)$", line).group(1))
+    logged = log.read_text()
+    assert "VerifiersEpisodeFailed" in logged and 'raise KeyError("the rubric' in logged  # verifiers' own traceback
+    log.unlink()

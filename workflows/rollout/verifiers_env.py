@@ -23,9 +23,9 @@ groups keep failing stops as it does for any rollout that raises.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-import sys
 from typing import Any
 
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
@@ -53,6 +53,7 @@ class VerifiersRunner:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = 0
         self._reader: asyncio.Task[None] | None = None
+        self._stderr: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock = asyncio.Lock()
 
     @property
@@ -73,11 +74,12 @@ class VerifiersRunner:
                 json.dumps(self.spec),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=sys.stderr.fileno(),
+                stderr=asyncio.subprocess.PIPE,
                 env=env,
                 limit=64 * 1024 * 1024,
             )
-            assert self.proc.stdout is not None
+            assert self.proc.stdout is not None and self.proc.stderr is not None
+            self._stderr = asyncio.create_task(self._log_stderr(self.proc.stderr))
             try:
                 first = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
             except TimeoutError:
@@ -87,8 +89,9 @@ class VerifiersRunner:
                 ) from None
             hello = json.loads(first) if first.strip() else {"error": f"the runner exited ({await self.proc.wait()})"}
             if "error" in hello:
+                await self._drain()  # its traceback into the log before the error is raised
                 raise verifiers_tasks.VerifiersError(
-                    f"{self.name} could not be loaded: {hello['error']} "
+                    f"{self.name} could not be loaded: {verifiers_tasks.explain(hello, env)} "
                     "(the runner's traceback is in this worker's log)"
                 )
             self.info = hello
@@ -100,6 +103,12 @@ class VerifiersRunner:
                 hello.get("train_agent"),
             )
             self._reader = asyncio.create_task(self._read(self.proc))
+
+    async def _log_stderr(self, stream: asyncio.StreamReader) -> None:
+        """The runner's stderr (verifiers' logs, a traceback) as this process's log records: the
+        worker's log in a run, the log file in `eval`, never the console."""
+        while line := await stream.readline():
+            log.info("%s runner: %s", self.spec["taskset"], line.decode(errors="replace").rstrip())
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -127,6 +136,16 @@ class VerifiersRunner:
         await self.proc.stdin.drain()
         return await future
 
+    async def _drain(self) -> None:
+        """Wait (a few seconds at most) for the runner to exit and its stderr to be logged."""
+        assert self.proc is not None
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+            if self._stderr is not None:
+                await asyncio.wait_for(self._stderr, 5)
+        except TimeoutError:
+            pass
+
     async def close(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
@@ -137,6 +156,22 @@ class VerifiersRunner:
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
+        await self._drain()
+
+
+@functools.lru_cache(maxsize=64)
+def _loads_with(key: str) -> str | None:
+    """What verifiers says when it loads taskset, env, env_args, train_agent (`key`, JSON) for one task."""
+    taskset, env, options, env_args, train_agent = json.loads(key)
+    spec = {"taskset": taskset, "env": env, "options": options, "size": 1}
+    spec |= {"env_args": env_args, "train_agent": train_agent}
+    try:
+        verifiers_tasks.list_tasks(spec)
+    except verifiers_tasks.ListingFailed as err:
+        return err.reason
+    except verifiers_tasks.VerifiersError as err:
+        return str(err)
+    return None
 
 
 class VerifiersEnv(Rollout):
@@ -180,6 +215,28 @@ class VerifiersEnv(Rollout):
             return "rollout_args.train_agent: the name of the seat to train"
         return None  # whether this machine has verifiers' venv: the data check (`validate`, `run`)
 
+    @classmethod
+    def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
+        """env_args and train_agent against the taskset's env (its config's fields, its seats): verifiers
+        loads the env with them, as a run's runner will, and names a wrong field with the valid ones.
+        Once per taskset, options and arguments."""
+        if not str(dataset).startswith(verifiers_tasks.SCHEME):
+            return None
+        if not rollout_args.get("env_args") and not rollout_args.get("train_agent"):
+            return None  # the data check loaded the env without them already
+        parsed = verifiers_tasks.parse_spec(dataset)
+        key = json.dumps(
+            [
+                parsed["taskset"],
+                parsed["env"],
+                parsed["options"],
+                rollout_args.get("env_args") or {},
+                rollout_args.get("train_agent", ""),
+            ],
+            sort_keys=True,
+        )
+        return _loads_with(key)
+
     async def _runner(self, where: dict[str, Any]) -> VerifiersRunner:
         if self._proxy is None:
             self._proxy = RecordingProxy(
@@ -212,7 +269,10 @@ class VerifiersEnv(Rollout):
             result = await runner.episode(int(where["task"]), self._proxy.url(key))
             if not result.get("ok"):
                 errors = result.get("errors") or ["no reason given"]
-                raise VerifiersEpisodeFailed(f"{runner.name}, task {where['task']}: {errors[0]}")
+                failed = VerifiersEpisodeFailed(f"{runner.name}, task {where['task']}: {errors[0]}")
+                if result.get("traceback"):  # verifiers' traceback: in the log with ours, not in the message
+                    failed.add_note("in verifiers' runner:\n" + str(result["traceback"]).rstrip())
+                raise failed
             recorder.set_final_reward(float(result["reward"]), turn_discount=self.turn_discount)
             trajectories = recorder.export_trajectories()
         finally:

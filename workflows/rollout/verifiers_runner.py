@@ -116,12 +116,104 @@ def _seat_defaults(env_args: dict[str, Any], seats: list[str], trained: str, unt
     return data
 
 
+class NotImportable(Exception):
+    """A taskset or environment package verifiers cannot import: which one, the module verifiers
+    tried, and the module that was missing (itself, or one it imports). The worker turns this into
+    the user's message (where it looked, `python_path:`): data/verifiers_failures.py."""
+
+    def __init__(self, kind: str, ident: str, err: ModuleNotFoundError) -> None:
+        cause = err.__cause__ if isinstance(err.__cause__, ModuleNotFoundError) else err
+        name = ident.rsplit("/", 1)[-1].split("@", 1)[0]
+        self.detail = {
+            "kind": kind,
+            "id": ident,
+            "module": name.replace("-", "_").lower(),  # what verifiers imports for this id
+            "missing": cause.name or "",
+            "path": [p for p in sys.path if p],
+            "python": sys.executable,
+        }
+        super().__init__(str(err))
+
+
+class BadConfig(Exception):
+    """env_args or a taskset option that verifiers' config model refuses, said per field."""
+
+
+def _model_of(annotation: Any, default: Any) -> Any:
+    """The pydantic model a config field holds (its default's class, else the one model in its type)."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    if isinstance(default, BaseModel):
+        return type(default)
+    models = [a for a in (get_args(annotation) or (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _model_at(model: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        field = getattr(model, "model_fields", {}).get(key)
+        if field is None:
+            return None
+        model = _model_of(field.annotation, field.default)
+    return model
+
+
+# set from the data spec (the taskset's id, the env's id), not by env_args or a taskset option
+_SET_BY_US: dict[tuple[str, ...], set[str]] = {(): {"id", "taskset"}, ("taskset",): {"id"}}
+
+
+def config_problems(err: Any, env_cls: Any, taskset_cls: Any, spec: dict[str, Any]) -> str:
+    """A pydantic ValidationError of the env config as one clause per field: where it was given
+    (rollout_args.env_args or the data spec's taskset option), and for an unknown field the valid ones."""
+    said = []
+    for e in err.errors():
+        loc = tuple(e.get("loc", ()))
+        in_taskset = loc[:1] == ("taskset",)
+        model, inner = (taskset_cls, loc[1:]) if in_taskset else (env_cls, loc)
+        parent = _model_at(model, inner[:-1])
+        name = ".".join(map(str, inner))
+        if e.get("type") == "extra_forbidden" and parent is not None:
+            hidden = _SET_BY_US[("taskset",) if in_taskset else ()] if len(inner) == 1 else set()
+            fields = ", ".join(k for k in parent.model_fields if k not in hidden) or "none"
+            if in_taskset:
+                said.append(
+                    f"{name!r} is not an option of taskset {spec['taskset']!r} (the fields of {parent.__name__}: {fields})"
+                )
+            else:
+                said.append(
+                    f"rollout_args.env_args: {name!r} is not a field of {parent.__name__} (its fields: {fields})"
+                )
+        else:
+            where = f"taskset option {name!r}" if in_taskset else f"rollout_args.env_args.{name}"
+            said.append(f"{where}: {e.get('msg')} (got {e.get('input')!r})")
+    return "; ".join(said)
+
+
 def load(spec: dict[str, Any]) -> tuple[Any, list[Any], str]:
     """(env, the first `size` tasks, the trained seat) for `spec`."""
+    from pydantic import ValidationError
     from verifiers.v1.configs.agent import AgentConfig
-    from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
+    from verifiers.v1.utils.loaders import (
+        env_config_type,
+        import_environment,
+        import_taskset,
+        load_environment,
+        resolve_env_config,
+        taskset_config_type,
+    )
 
     register_in_process_harness()
+    for kind, ident, importer in (
+        ("taskset", spec["taskset"], import_taskset),
+        ("environment", spec.get("env", ""), import_environment),
+    ):
+        if ident:
+            try:
+                importer(ident)
+            except ModuleNotFoundError as err:
+                raise NotImportable(kind, ident, err) from err
     taskset = {"id": spec["taskset"], **spec.get("options", {})}
     cls = env_config_type(spec["taskset"], spec.get("env", ""))
     seats = [
@@ -137,9 +229,21 @@ def load(spec: dict[str, Any]) -> tuple[Any, list[Any], str]:
         "taskset": taskset,
         **_seat_defaults(spec.get("env_args", {}), seats, trained, spec.get("untrained_url", "")),
     }
-    env = load_environment(resolve_env_config(data))
+    try:
+        config = resolve_env_config(data)
+    except ValidationError as err:
+        raise BadConfig(config_problems(err, cls, taskset_config_type(spec["taskset"]), spec)) from err
+    env = load_environment(config)
     tasks = list(env.taskset.take(int(spec["size"])))
     return env, tasks, trained
+
+
+def failure(err: Exception) -> dict[str, Any]:
+    """The error line the worker reads: the message, and what a NotImportable knows."""
+    line: dict[str, Any] = {"error": str(err) if isinstance(err, BadConfig) else f"{type(err).__name__}: {err}"}
+    if isinstance(err, NotImportable):
+        line["not_importable"] = err.detail
+    return line
 
 
 def task_row(spec: dict[str, Any], i: int, task: Any) -> dict[str, Any]:
@@ -185,11 +289,14 @@ def episode_result(job: dict[str, Any], episode: Any, trained: str) -> dict[str,
     traces = list(episode.traces)
     mine = [t for t in traces if getattr(t.agent, "name", "agent") in (trained, "agent")] or traces
     errors = [f"{e.type}: {e.message}" for e in episode.errors]
+    tracebacks = [e.traceback for e in episode.errors if getattr(e, "traceback", None)]
     if not mine:
-        return {"id": job["id"], "ok": False, "errors": errors or ["the episode has no trace"]}
+        return {"id": job["id"], "ok": False, "errors": errors or ["the episode has no trace"], "traceback": ""}
     trace = mine[-1]
     errors += [f"{e.type}: {e.message}" for e in trace.errors]
+    tracebacks += [e.traceback for e in trace.errors if getattr(e, "traceback", None)]
     return {
+        "traceback": "\n".join(tracebacks),  # verifiers' own, for the worker's log (never the console)
         "id": job["id"],
         "ok": bool(trace.ok and not episode.errors),
         "reward": float(trace.reward),
@@ -272,7 +379,7 @@ def main(argv: list[str]) -> int:
         return 0
     except Exception as err:  # noqa: BLE001 - the worker shows this line to the user
         traceback.print_exc()
-        proto.write(json.dumps({"error": f"{type(err).__name__}: {err}"}) + "\n")
+        proto.write(json.dumps(failure(err)) + "\n")
         proto.flush()
         return 1
 
