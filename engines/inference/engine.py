@@ -59,7 +59,7 @@ from areal_graph.engines.inference.model_io import eos_ids, load_state_dict_chec
 from areal_graph.engines.inference.model_runner import ModelRunner
 from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.requests import validate_request
-from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams
+from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, generator_seed
 from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings, Speculator
 from areal_graph.engines.inference.token_intake import take_tokens, take_verified
 from areal_graph.engines.lora_weights import apply_adapter, is_adapter
@@ -315,7 +315,7 @@ class EmbeddedEngine:
         rid = rid if rid is not None else uuid.uuid4().hex
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         gen = torch.Generator(device="cpu")
-        gen.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        gen.manual_seed(generator_seed(seed))
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.eos_token_ids)

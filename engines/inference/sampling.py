@@ -21,7 +21,23 @@ import torch
 
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 
-__all__ = ["GenerationResult", "SamplingParams", "sample_tokens", "truncate_logits"]
+__all__ = ["GenerationResult", "SamplingParams", "generator_seed", "sample_tokens", "truncate_logits"]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def generator_seed(seed: int) -> int:
+    """The seed to give a request's torch.Generator for the request seed `seed` (any integer).
+
+    Why not `seed` itself: torch's CPU generator (mt19937) keeps only the low 32 bits of the seed
+    it is given, and the run derives request seeds as run_seed * 2**40 + group * 2**16 + ...
+    (runtime/orchestration/generation.py), so runs of different `runtime.seed` sampled exactly the
+    same tokens. A splitmix64 finaliser spreads every bit of the seed over the low 32 bits."""
+    z = (int(seed) + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def sample_tokens(

@@ -168,6 +168,22 @@ def test_continuous_batching_equals_one_at_a_time(engine):
         assert max(abs(x - y) for x, y in zip(b.output_logprobs, alone.output_logprobs)) <= 1e-4
 
 
+def test_seeds_that_differ_only_above_bit_32_sample_differently(engine):
+    """The run derives request seeds as run_seed * 2**40 + ...: torch's CPU generator keeps only
+    a seed's low 32 bits, so before generator_seed two runs of different runtime.seed sampled the
+    same tokens (found when two RL seeds of textarena_hanoi.yaml logged identical rewards)."""
+    p = prompts(1, seed=11)[0]
+
+    def tokens(seed: int) -> list[int]:
+        params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=seed, ignore_eos=True)
+        return engine.submit(p, params).result(timeout=30).output_ids
+
+    base = 7 * (1 << 16) + 1000
+    runs = [tokens((run_seed << 40) + base) for run_seed in (1, 2, 3)]
+    assert runs[0] != runs[1] and runs[1] != runs[2] and runs[0] != runs[2]
+    assert tokens((1 << 40) + base) == runs[0]
+
+
 def test_same_seed_same_tokens_regardless_of_batch(engine):
     p = prompts(1, seed=6)[0]
     params = SamplingParams(max_new_tokens=30, temperature=1.0, top_p=0.9, top_k=50, seed=123, ignore_eos=True)
