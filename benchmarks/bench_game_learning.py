@@ -1,0 +1,106 @@
+"""Do TextArena games learn on the builtin game kit (issue 48)? The table in docs/agents.md.
+
+Runs each game workflow (workflows/textarena_hanoi.yaml, textarena_lake.yaml on the kit
+`tiny-games`) with each RL seed, one run at a time, and reads back from each run's metrics.jsonl:
+the share of sampled training games won (`env/won`, the mean over steps 1-10, 41-50 and the
+last 10) and the greedy evaluation's games won (`eval/env/won`) at every evaluation. Prints a
+table and writes benchmarks/results/game_learning.json.
+
+    python benchmarks/bench_game_learning.py                        # both games, RL seeds 1 and 2
+    python benchmarks/bench_game_learning.py --games hanoi --seeds 1 2 3
+    python benchmarks/bench_game_learning.py --read /tmp/games      # summarise runs made before
+                                                                    # (DIR/<game>_s<seed>/)
+
+About 7-10 minutes per run on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+console = Console(width=200)
+GAMES = {"hanoi": "workflows/textarena_hanoi.yaml", "lake": "workflows/textarena_lake.yaml"}
+
+
+def window(rows: list[dict], lo: int, hi: int) -> float | None:
+    """Mean env/won over training steps lo..hi (inclusive)."""
+    vals = [r["env/won"] for r in rows if "env/won" in r and lo <= r.get("step", -1) <= hi]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarise(run_dir: Path) -> dict:
+    """What the table shows of one run, from its metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = max((r.get("step", 0) for r in rows if "env/won" in r), default=0)
+    evals = {r["step"]: r["eval/env/won"] for r in rows if "eval/env/won" in r}
+    return {
+        "run_dir": str(run_dir),
+        "steps": last,
+        "sampled_won_first10": window(rows, 1, 10),
+        "sampled_won_41_50": window(rows, 41, 50),
+        "sampled_won_last10": window(rows, last - 9, last),
+        "greedy_won": evals,
+    }
+
+
+def run(game: str, seed: int, out: Path) -> dict:
+    run_dir = out / f"{game}_s{seed}"
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", GAMES[game], f"runtime.seed={seed}", "--run-dir", str(run_dir)]
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return {**summarise(run_dir), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--games", nargs="+", choices=sorted(GAMES), default=sorted(GAMES))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/game_learning"), help="where the runs go")
+    ap.add_argument("--read", type=Path, help="summarise DIR/<game>_s<seed>/ instead of running")
+    args = ap.parse_args(argv)
+    results = []
+    for game in args.games:
+        for seed in args.seeds:
+            if args.read:
+                res = summarise(args.read / f"{game}_s{seed}")
+            else:
+                res = run(game, seed, args.out)
+            results.append({"game": game, "workflow": GAMES[game], "seed": seed, **res})
+    table = Table(title="games won: sampled in training (env/won) and greedy at each evaluation (eval/env/won)")
+    for col in ("game", "RL seed", "steps", "sampled 1-10", "sampled 41-50", "sampled last 10", "greedy by step"):
+        table.add_column(col)
+    for r in results:
+        greedy = ", ".join(f"{s}: {pct(v)}" for s, v in sorted(r["greedy_won"].items(), key=lambda kv: int(kv[0])))
+        table.add_row(
+            r["game"],
+            str(r["seed"]),
+            str(r["steps"]),
+            pct(r["sampled_won_first10"]),
+            pct(r["sampled_won_41_50"]),
+            pct(r["sampled_won_last10"]),
+            greedy,
+        )
+    console.print(table)
+    dest = ROOT / "results" / "game_learning.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(results, indent=2) + "\n")
+    console.print(f"wrote {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
