@@ -271,3 +271,20 @@ def test_agent_group_shares_one_server_and_stays_within_budget(memorised_calc):
         assert traj.input_ids[:prompt_len] == ids[:prompt_len] and len(traj.input_ids) <= 256
         assert traj.info["metrics"]["mcp_calls"] <= traj.info["tool_calls"] <= 3 * 4
         assert traj.finish_reason in ("stop", "length")
+
+
+def test_the_docs_example_server_lists_its_tool():
+    """docs/agents.md's own MCP server, executed as written."""
+    import re
+    import types
+
+    [code] = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", (REPO / "docs" / "agents.md").read_text(), re.S)
+        if "MCPServer(" in b
+    ]
+    module = types.ModuleType("lookup_server")
+    exec(compile(code, "docs/agents.md", "exec"), module.__dict__)
+    [tool] = asyncio.run(module.server.list_tools())
+    assert tool.name == "lookup" and tool.input_schema["required"] == ["key"]
+    assert module.lookup("pi") == "3.14159" and module.lookup("x").startswith("Error: ")
