@@ -288,3 +288,25 @@ def test_the_docs_example_server_lists_its_tool():
     [tool] = asyncio.run(module.server.list_tools())
     assert tool.name == "lookup" and tool.input_schema["required"] == ["key"]
     assert module.lookup("pi") == "3.14159" and module.lookup("x").startswith("Error: ")
+
+
+def test_tool_schemas_enter_the_prompt_where_the_template_renders_them(memorised_calc):
+    """tiny-calc's template renders no schemas (the prompt stays as given, checked above); a
+    template without tool support gets them as a Hermes system preamble, as the server does."""
+    root, row, (ids, labels) = memorised_calc
+    from areal_graph.data.calc import IGNORE
+
+    prompt = _Prompt(ids[: next(i for i, label in enumerate(labels) if label != IGNORE)], row["answer"])
+    agent = McpToolAgent(str(root / "model"), **calc_args())
+    agent.offered = {
+        "calculator": McpToolInfo("calculator", DESCRIPTION, {"type": "object", "required": ["expression"]})
+    }
+    agent.tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with_tools = agent.tokenizer.decode(agent.prompt_ids(prompt))
+    assert with_tools.startswith("<|im_start|>system\n# Tools") and '"name": "calculator"' in with_tools
+    assert with_tools.endswith(agent.tokenizer.decode(prompt.input_ids).split("<|im_start|>user", 1)[1])
+    agent.tools_in_prompt = False
+    assert agent.prompt_ids(prompt) == prompt.input_ids
