@@ -275,17 +275,17 @@ class McpToolServer:
         return McpServerError(f"MCP server `{p.describe()}` {why}")
 
     async def _reap(self) -> None:
-        """Wait for the owner task to end (the process stopped) and fill the stderr tail into the
-        error it left."""
+        """Ask the owner task to leave the session, wait for it (the SDK stops the process, bounded),
+        cancel it if it hangs, and drain the stderr reader: the tail is then complete."""
         owner, self._owner = self._owner, None
         if owner is not None:
             if self._closing is not None:
                 self._closing.set()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception):  # TimeoutError: cancelled below
                 await asyncio.wait_for(asyncio.shield(owner), timeout=10)
             if not owner.done():
                 owner.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await owner
         if self._stderr is not None:
             await asyncio.to_thread(self._stderr.close)
