@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from support.calc_memorised import build_memorised_calc
 from support.e2e import build_kit
 from support.tiny_models import build_random_qwen2
 
@@ -22,6 +23,13 @@ def kit(tmp_path_factory):
     """The e2e kit (support/e2e.py:build_kit): a random tiny Qwen2 with a trained tokenizer
     and train/test JSONL, built once for every whole-run test."""
     return build_kit(tmp_path_factory.mktemp("kit"))
+
+
+@pytest.fixture(scope="session")
+def memorised_calc(tmp_path_factory):
+    """A tiny model that replays one calculator episode (support/calc_memorised.py), built once
+    for the MCP tool agent's tests: (root, row, (episode ids, SFT labels))."""
+    return build_memorised_calc(tmp_path_factory.mktemp("memorised_calc"))
 
 
 @pytest.fixture(scope="module")
