@@ -116,7 +116,9 @@ class OpenEnvSession:
         try:
             answer = json.loads(msg.data)
         except ValueError:
-            raise OpenEnvError(f"{self._where()} answered {what} with text that is not JSON: {msg.data[:200]!r}") from None
+            raise OpenEnvError(
+                f"{self._where()} answered {what} with text that is not JSON: {msg.data[:200]!r}"
+            ) from None
         if answer.get("type") == "error":
             data = answer.get("data") or {}
             raise OpenEnvError(

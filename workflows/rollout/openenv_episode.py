@@ -169,15 +169,15 @@ class OpenEnvEpisode(Rollout):
             return 0.0
         return float(sum(rewards)) if self.reward == "sum" else float(rewards[-1])
 
-    async def episode(
-        self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int, seed: int
-    ) -> Trajectory:
+    async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int, seed: int) -> Trajectory:
         url = await self._ready()
         assert self._sessions is not None
         async with self._sessions, OpenEnvSession(url, self.timeout_s, self._http) as env:
             first = await env.reset(seed=seed, episode_id=f"{getattr(prompt, 'id', '')}/{j}", **self.reset_args)
             if first.done:
-                raise OpenEnvError(f"the OpenEnv environment at {url} said done at reset (seed {seed}): nothing to play")
+                raise OpenEnvError(
+                    f"the OpenEnv environment at {url} said done at reset (seed {seed}): nothing to play"
+                )
             text = format_prompt(self.tok, observation_text(first.observation, self.observation_field))
             ids = self.tok(text, add_special_tokens=False).input_ids
             traj = Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), answer=prompt.answer)
@@ -211,9 +211,7 @@ class OpenEnvEpisode(Rollout):
 
     async def run(self, prompt: PromptLike, client: Any, group_size: int, sampling: SamplingParams) -> list[Trajectory]:
         seed = episode_seed(prompt)
-        return list(
-            await asyncio.gather(*(self.episode(prompt, client, sampling, j, seed) for j in range(group_size)))
-        )
+        return list(await asyncio.gather(*(self.episode(prompt, client, sampling, j, seed) for j in range(group_size))))
 
     async def aclose(self) -> None:
         """Stop the server this rollout started and close its HTTP session."""

@@ -104,7 +104,9 @@ def build_app(target: str, max_sessions: int) -> Any:
         from openenv.core.env_server import create_fastapi_app
 
         action_cls, observation_cls = env_models(obj)
-        return create_fastapi_app(obj, action_cls, observation_cls, max_concurrent_envs=session_limit(target, max_sessions))
+        return create_fastapi_app(
+            obj, action_cls, observation_cls, max_concurrent_envs=session_limit(target, max_sessions)
+        )
     return obj
 
 
@@ -134,7 +136,16 @@ class LocalServer:
         port = free_port()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the workflow's folder, python_path
-        cmd = [sys.executable, "-m", __name__, self.target, "--port", str(port), "--max-sessions", str(self.max_sessions)]
+        cmd = [
+            sys.executable,
+            "-m",
+            __name__,
+            self.target,
+            "--port",
+            str(port),
+            "--max-sessions",
+            str(self.max_sessions),
+        ]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.start_timeout_s
@@ -148,7 +159,9 @@ class LocalServer:
                 try:
                     async with http.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                         if r.status < 500:
-                            log.info("OpenEnv environment %s serving at %s (pid %d)", self.target, self.url, self.proc.pid)
+                            log.info(
+                                "OpenEnv environment %s serving at %s (pid %d)", self.target, self.url, self.proc.pid
+                            )
                             return self.url
                 except (aiohttp.ClientError, TimeoutError):
                     pass
