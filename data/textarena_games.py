@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from areal_graph.data import chatml
 from areal_graph.data.arith import write_jsonl
 
 SCHEME = "textarena:"
@@ -101,15 +102,8 @@ def check_spec(spec: str) -> str | None:
         return str(err)
 
 
-END, START = "<|im_end|>", "<|im_start|>"
-
-
-def user_turn_text(text: str, closed: bool) -> str:
-    """What follows a move in a ChatML conversation: the game's message as the next user turn and
-    the next assistant header (`closed`: the move already ended with <|im_end|>). The one layout
-    of a game turn: the rollout appends it after the policy's tokens, the game kit's teacher
-    conversations are written with it (data/guess_teacher.py)."""
-    return ("" if closed else END) + f"\n{START}user\n{text}{END}\n{START}assistant\n"
+# The ChatML turn layout (data/chatml.py), re-exported: a game turn is one user turn.
+END, START, user_turn_text = chatml.END, chatml.START, chatml.user_turn_text
 
 
 def opening(env: str, seed: int) -> str:

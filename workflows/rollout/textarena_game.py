@@ -18,16 +18,9 @@ from typing import Any
 
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.data.textarena_games import (
-    END,
-    START,
-    TextArenaError,
-    library,
-    make_game,
-    observation_text,
-    user_turn_text,
-)
+from areal_graph.data.textarena_games import TextArenaError, library, make_game, observation_text
 from areal_graph.engines.inference.interruptible import generate_interruptible
+from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 
 
 class TextArenaGame(Rollout):
@@ -44,12 +37,7 @@ class TextArenaGame(Rollout):
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
-        if START not in str(getattr(self.tok, "chat_template", "") or ""):
-            raise ValueError(
-                "TextArenaGame appends user turns in ChatML (<|im_start|>user ...): this tokenizer's "
-                "chat template is not ChatML"
-            )
-        self.end_id = self.tok.convert_tokens_to_ids(END)
+        self.turns = ChatMLTurns(self.tok, "TextArenaGame")
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.invalid_move_reward = invalid_move_reward
 
@@ -60,9 +48,6 @@ class TextArenaGame(Rollout):
         except TextArenaError as err:
             return str(err)
         return None
-
-    def _user_turn(self, text: str, closed: bool) -> list[int]:
-        return self.tok.encode(user_turn_text(text, closed), add_special_tokens=False)
 
     async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int) -> Trajectory:
         game_ref = json.loads(prompt.answer)
@@ -82,10 +67,7 @@ class TextArenaGame(Rollout):
             if done or gen.finish_reason == "abort":  # a reply cut at the length limit is still a move
                 break
             _, observation = game.get_observation()
-            more = self._user_turn(
-                observation_text(observation, player=0),
-                closed=bool(gen.output_ids) and gen.output_ids[-1] == self.end_id,
-            )
+            more = self.turns.user_turn(observation_text(observation, player=0), self.turns.closed(gen.output_ids))
             if len(traj.input_ids) + len(more) >= self.max_total_tokens:
                 break
             traj.append(more, generated=False)
