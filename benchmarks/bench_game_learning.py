@@ -56,7 +56,16 @@ def summarise(run_dir: Path) -> dict:
 def run(game: str, seed: int, out: Path) -> dict:
     run_dir = out / f"{game}_s{seed}"
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", GAMES[game], f"runtime.seed={seed}", "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_graph.cli.main",
+        "run",
+        GAMES[game],
+        f"runtime.seed={seed}",
+        "--run-dir",
+        str(run_dir),
+    ]
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return {**summarise(run_dir), "wall_s": round(time.perf_counter() - t0, 1)}
 

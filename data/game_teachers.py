@@ -183,11 +183,15 @@ def teacher_game(env: str, seed: int, careful_rate: float, rng: random.Random, m
 MAX_TURNS = {HANOI: 10, FROZEN_LAKE: 8, GUESS: 10}
 
 
-def teacher_games(envs: Sequence[str], careful_rates: Sequence[float], seeds: Sequence[int], seed: int) -> list[dict[str, Any]]:
+def teacher_games(
+    envs: Sequence[str], careful_rates: Sequence[float], seeds: Sequence[int], seed: int
+) -> list[dict[str, Any]]:
     """Games for every seed, the envs interleaved (game i plays envs[i % len(envs)], its teacher
     careful on careful_rates[i % len(envs)] of its moves)."""
     if len(careful_rates) != len(envs):
         raise ValueError(f"one careful rate per game: {len(careful_rates)} rates for {len(envs)} games")
     rng = random.Random(seed)
     n = len(envs)
-    return [teacher_game(envs[i % n], s, careful_rates[i % n], rng, MAX_TURNS[envs[i % n]]) for i, s in enumerate(seeds)]
+    return [
+        teacher_game(envs[i % n], s, careful_rates[i % n], rng, MAX_TURNS[envs[i % n]]) for i, s in enumerate(seeds)
+    ]

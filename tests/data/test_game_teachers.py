@@ -42,7 +42,9 @@ def _distance(towers) -> int:
     goal = ((), (), (3, 2, 1))
     seen, frontier, d = {start}, [start], 0
     while goal not in seen:
-        frontier = [nxt for key in frontier for _, _, nxt in gt._hanoi_moves(key) if nxt not in seen and not seen.add(nxt)]
+        frontier = [
+            nxt for key in frontier for _, _, nxt in gt._hanoi_moves(key) if nxt not in seen and not seen.add(nxt)
+        ]
         d += 1
     return d
 
