@@ -181,12 +181,12 @@ TINY_ARITH_LADDER = KitConfig(
     eval_max_new_tokens=160,
 )
 
-# Several single-player TextArena games in one kit (data/game_teachers.py): TowerOfHanoi-v0 and
-# FrozenLake-v0 (the games RL learns here: workflows/textarena_hanoi.yaml, textarena_lake.yaml)
-# and GuessTheNumber-v0, with a BPE of their text and a context of 1024 for a whole game
+# Several single-player TextArena games in one kit (data/game_teachers.py): TowerOfHanoi-v0 (RL
+# learns it: workflows/textarena_hanoi.yaml), FrozenLake-v0 (played, not learned: the warm start's
+# sampled play keeps to the habit, docs/agents.md) and GuessTheNumber-v0, with a BPE of their text and a context of 1024 for a whole game
 # (FrozenLake redraws its board every move: a 6-move game is ~700 tokens). The teachers are
 # careful (a solver) on worked_rates of their moves, per game, and follow a habit on the rest:
-# greedy play wins no Hanoi game and a quarter of the lakes; sampled play wins more of both.
+# greedy play wins no Hanoi game (sampled: ~6%) and 29.7% of 128 test lakes (sampled: ~25%).
 TINY_GAMES = KitConfig(
     name="tiny-games",
     task="games",

@@ -142,3 +142,52 @@ def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(ta, kit_di
     assert sorted(map(tuple, sampled)) == sorted(map(tuple, outputs)) and len(outputs) >= 2
     for t in trajectories:
         assert t.info["metrics"]["finished"] and "reward" in t.info
+
+
+class ScriptedMoves(LocalEngineClient):
+    """A scripted policy that plays a fixed list of moves."""
+
+    def __init__(self, tok, moves: list[str]) -> None:
+        super().__init__(engine=None)
+        self.tok, self.moves = tok, list(moves)
+
+    async def generate(self, input_ids, params, rid=None) -> GenerationResult:
+        out = self.tok.encode(self.moves.pop(0), add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
+
+
+@pytest.mark.parametrize("reward", ["game", "won"])
+def test_reward_won_pays_a_lost_game_nothing_where_the_game_pays_its_share(ta, kit_dir, tmp_path, reward):
+    """FrozenLake pays a fall into a hole its share of the way done; reward: won pays it 0."""
+    from transformers import AutoTokenizer
+
+    from areal_graph.data import game_teachers as gt
+    from areal_graph.data import textarena_games as tg
+    from areal_graph.data.datasets import load_prompts
+
+    path = tg.materialize("textarena:FrozenLake-v0?size=40&seed=0", tmp_path)
+    tok = AutoTokenizer.from_pretrained(kit_dir)
+    prompts, _ = load_prompts(path, tok)
+    for prompt in prompts:  # a lake where walking down, then right, ends in a hole past the start
+        game = tg.make_game("FrozenLake-v0")
+        game.reset(num_players=1, seed=json.loads(prompt.answer)["seed"])
+        moves = []
+        while True:
+            move = gt.lake_hasty(game.state.game_state)
+            moves.append(move)
+            done, _ = game.step(move)
+            if done:
+                break
+        share = game.close()[0][0]
+        if 0.0 < share < 1.0:
+            break
+    rollout = TextArenaGame(str(kit_dir), max_turns=10, max_total_tokens=100_000, reward=reward)
+    [traj] = asyncio.run(rollout.run(prompt, ScriptedMoves(tok, moves), 1, SamplingParams(max_new_tokens=8)))
+    assert traj.info["metrics"]["turns"] == len(moves) and not traj.info["metrics"]["won"]
+    assert traj.info["reward"] == (share if reward == "game" else 0.0)
+
+
+def test_an_unknown_reward_is_refused_with_the_choices(ta, kit_dir):
+    assert "must be one of game, won, not 'wins'" in TextArenaGame.check_args({"reward": "wins"})
+    with pytest.raises(ValueError, match="game, won"):
+        TextArenaGame(str(kit_dir), reward="wins")

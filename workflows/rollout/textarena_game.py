@@ -23,6 +23,9 @@ from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 
 
+REWARDS = ("game", "won")  # the episode's reward: the game's own, or 1 for a won game and 0 otherwise
+
+
 class TextArenaGame(Rollout):
     def __init__(
         self,
@@ -30,19 +33,28 @@ class TextArenaGame(Rollout):
         max_turns: int = 20,
         max_total_tokens: int = 1024,
         invalid_move_reward: float | None = None,
+        reward: str = "game",
     ) -> None:
         """invalid_move_reward: the reward of a game an invalid move ended (None: the library's own).
         TextArena pays an invalid move its share of the game completed (GuessTheNumber: up to ~0.9,
-        more than a lost game's 0), which a policy learns to collect instead of winning."""
+        more than a lost game's 0), which a policy learns to collect instead of winning.
+        reward: "game", the library's reward at the end; "won", 1 for a won game and 0 for any
+        other. Some games pay a lost game its share completed too (FrozenLake: a fall into a hole
+        next to the goal earns ~0.8), which leaves winning worth little more than losing late."""
+        if reward not in REWARDS:
+            raise ValueError(f"TextArenaGame: reward must be one of {', '.join(REWARDS)}, not {reward!r}")
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
         self.turns = ChatMLTurns(self.tok, "TextArenaGame")
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.invalid_move_reward = invalid_move_reward
+        self.reward = reward
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
+        if rollout_args.get("reward", "game") not in REWARDS:
+            return f"rollout_args.reward must be one of {', '.join(REWARDS)}, not {rollout_args['reward']!r}"
         try:
             library()
         except TextArenaError as err:
@@ -74,14 +86,17 @@ class TextArenaGame(Rollout):
         rewards, game_info = game.close()
         reward = float((rewards or {}).get(0, 0.0)) if done else 0.0
         info0 = (game_info or {}).get(0, {})
+        won = done and reward >= 1.0 and not info0.get("invalid_move")
         if info0.get("invalid_move") and self.invalid_move_reward is not None:
             reward = float(self.invalid_move_reward)
+        if self.reward == "won":
+            reward = 1.0 if won else 0.0
         traj.info.update(
             reward=reward,
             metrics={
                 "turns": turns,
                 "finished": done,
-                "won": done and reward >= 1.0,
+                "won": won,
                 "invalid_move": bool(info0.get("invalid_move", False)),
             },
         )
