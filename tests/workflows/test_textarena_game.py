@@ -152,7 +152,9 @@ class ScriptedMoves(LocalEngineClient):
         self.tok, self.moves = tok, list(moves)
 
     async def generate(self, input_ids, params, rid=None) -> GenerationResult:
-        out = self.tok.encode(self.moves.pop(0), add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        out = self.tok.encode(self.moves.pop(0), add_special_tokens=False) + [
+            self.tok.convert_tokens_to_ids("<|im_end|>")
+        ]
         return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
 
 
