@@ -22,7 +22,6 @@ from areal_graph.data.textarena_games import TextArenaError, library, make_game,
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 
-
 REWARDS = ("game", "won")  # the episode's reward: the game's own, or 1 for a won game and 0 otherwise
 
 
