@@ -148,9 +148,10 @@ NLTK_HOW = (
 def chain(err: BaseException) -> list[BaseException]:
     """`err` and the exceptions it was raised from or while handling, outermost first."""
     seen: list[BaseException] = []
-    while err is not None and err not in seen:
-        seen.append(err)
-        err = err.__cause__ or err.__context__
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
     return seen
 
 
@@ -158,8 +159,10 @@ def where(stack: traceback.StackSummary | list[traceback.FrameSummary]) -> str:
     """`textarena/envs/X/env.py:NN`: the innermost frame inside textarena (else the innermost)."""
     frames = list(stack)
     inside = [f for f in frames if "/textarena/" in f.filename.replace("\\", "/")]
-    frame = (inside or frames or [None])[-1]
-    return "an unknown place" if frame is None else f"{short_path(frame.filename)}:{frame.lineno}"
+    if not (inside or frames):
+        return "an unknown place"
+    frame = (inside or frames)[-1]
+    return f"{short_path(frame.filename)}:{frame.lineno}"
 
 
 def short_path(filename: str) -> str:
