@@ -191,12 +191,17 @@ def _guess_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
 
 
 def _game_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
-    """Greedy games through the TextArenaGame rollout (as RL plays them), scored by the game."""
+    """Greedy games through the TextArenaGame rollout (as RL plays them: workflows/textarena_*.yaml),
+    scored by the game, an invalid move as a lost game; `by_source` has each game's share won.
+    The turn limit is the longest of the kit's games' (data/game_teachers.MAX_TURNS: 10)."""
     from areal_graph.workflows.rollout.textarena_game import TextArenaGame
 
     game = TextArenaGame(
-        str(model_dir), max_turns=10, max_total_tokens=cfg.model.max_position_embeddings, invalid_move_reward=0.0
-    )  # as workflows/textarena_guess.yaml scores games
+        str(model_dir),
+        max_turns=max(game_teachers.MAX_TURNS[env] for env in game_envs(cfg)),
+        max_total_tokens=cfg.model.max_position_embeddings,
+        invalid_move_reward=0.0,
+    )
     return evaluate_model(
         model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens, rollout=game, reward_fn="agent"
     )
@@ -246,28 +251,12 @@ def _games_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     return train, test, [Lesson("games", games, cfg.sft)]
 
 
-def _games_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
-    """Greedy games through the TextArenaGame rollout (as workflows/textarena_games_*.yaml play
-    them), scored by the game; `by_source` has each game's share won."""
-    from areal_graph.workflows.rollout.textarena_game import TextArenaGame
-
-    game = TextArenaGame(
-        str(model_dir),
-        max_turns=max(game_teachers.MAX_TURNS[env] for env in game_envs(cfg)),
-        max_total_tokens=cfg.model.max_position_embeddings,
-        invalid_move_reward=0.0,
-    )
-    return evaluate_model(
-        model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens, rollout=game, reward_fn="agent"
-    )
-
-
 GAMES = KitTask(
     rows=_games_rows,
     tokenizer_texts=_guess_texts,
     tools=False,
     encode=_guess_encode,
-    evaluate=_games_eval,
+    evaluate=_game_eval,
     describe=lambda cfg: (
         f"data: {cfg.n_train} games of TextArena's {', '.join(game_envs(cfg))} played by teachers "
         f"careful on {', '.join(f'{r:.0%}' for r in cfg.worked_rates)} of their moves (hasty on the rest); "

@@ -124,35 +124,11 @@ def test_answer_call_names_what_is_wrong():
 
 # ------------------------------------------------------------------------------ against a real engine
 @pytest.fixture(scope="module")
-def memorised(tmp_path_factory):
+def memorised(memorised_calc):
     """A tiny model (hidden 64, 2 layers) fitted to one calculator episode with the kit's
-    tokenizer: greedy decoding replays it, so a real engine makes a real tool call."""
-    from areal_graph.data.arith import write_jsonl
-    from areal_graph.data.calc import encode_teacher_row, generate, teacher_conversations, tokenizer_corpus
-    from areal_graph.modelkit.tiny_model import TinyModelConfig, build_tiny_model, save_model_and_tokenizer
-    from areal_graph.modelkit.tokenizer import train_tokenizer
-    from areal_graph.modelkit.warm_start import SFTConfig, sft
-
-    rows = generate(seed=5, n=200)
-    tokenizer = train_tokenizer(tokenizer_corpus(teacher_conversations(rows, (0.5, 0.5, 0.5), 0)), 400, tools=True)
-    row = next(r for r in rows if "+" not in r["expression"])
-    [sft_row] = teacher_conversations([row], (0.0, 0.0, 0.0), 0)  # always the tool
-    model = build_tiny_model(
-        tokenizer,
-        TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
-        seed=0,
-    )
-    sft(
-        model,
-        tokenizer,
-        [sft_row] * 4,
-        SFTConfig(steps=120, batch_size=4, lr=1e-2, warmup_steps=5),
-        encode=encode_teacher_row,
-    )
-    root = tmp_path_factory.mktemp("calc_kit")
-    save_model_and_tokenizer(model, tokenizer, root / "model")
-    write_jsonl([row], root / "test.jsonl")
-    return root, row, encode_teacher_row(tokenizer, sft_row)
+    tokenizer: greedy decoding replays it, so a real engine makes a real tool call
+    (tests/support/calc_memorised.py, built once per session and shared with the MCP agent's tests)."""
+    return memorised_calc
 
 
 def _run_agent(model_dir: Path, prompt_ids: list[int], answer: str, group: int, sampling: SamplingParams):
