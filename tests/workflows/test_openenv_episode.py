@@ -109,6 +109,10 @@ def test_rollout_args_are_checked_before_the_run():
     assert "reward must be one of" in check({"url": "http://h:1", "reward": "mean"})
     assert "timeout_s must be a positive" in check({"url": "http://h:1", "timeout_s": 0})
     assert check({"env": ARITH, "max_turns": 2}) is None and check({"url": "http://h:1"}) is None
+    # the environment itself is imported at validate, not when the first episode starts
+    assert "cannot import 'no_such_pkg_xyz'" in check({"env": "no_such_pkg_xyz:Env"})
+    assert "has no 'Nope'" in check({"env": "areal_graph.workflows.openenv_envs.arith:Nope"})
+    assert "neither an OpenEnv Environment subclass nor an app" in check({"env": "json:JSONDecoder"})
 
 
 def test_a_tokenizer_without_chatml_is_refused_by_name(kit_dir, tmp_path):
@@ -187,15 +191,17 @@ def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(kit_dir):
 
 
 def episode_error(kit_dir, **args) -> str:
-    rollout = make_rollout(ROLLOUT, kit_dir, **args)
+    """The error a rollout with these arguments meets: when it is built (check_args imports an
+    `env` there, as validate does) or in its first episode (an environment that does not answer)."""
 
     async def play():
+        rollout = make_rollout(ROLLOUT, kit_dir, **args)
         try:
             await rollout.run(Row("r"), ArithPlayer(rollout.tok), 1, SamplingParams(max_new_tokens=8, seed=0))
         finally:
             await rollout.aclose()
 
-    with pytest.raises(openenv_client.OpenEnvError) as err:
+    with pytest.raises((openenv_client.OpenEnvError, ValueError)) as err:
         asyncio.run(play())
     return str(err.value)
 

@@ -143,6 +143,10 @@ class OpenEnvEpisode(Rollout):
 
             if importlib.util.find_spec("openenv") is None:
                 return "rollout_args.env: starting an OpenEnv environment here needs openenv-core: pip install 'openenv-core==0.2.1'"
+            try:  # the class (or app) imports and is one: said at validate, not when the first episode starts
+                session_limit(str(env), 1)
+            except OpenEnvError as err:
+                return str(err)
         return None
 
     async def _ready(self) -> str:
