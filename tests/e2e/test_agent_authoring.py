@@ -100,7 +100,13 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(kit, tmp_path):
     assert "RuntimeError: the grader's database is down" in out
     assert "prompt groups in a row failed" in out
     assert out.count("Traceback") == 0 and len(out.splitlines()) < 150, out[-5000:]
-    # with an evaluation at step 0, the same error stops the run there
+
+
+@pytest.mark.slow
+def test_a_reward_that_always_fails_at_the_step_0_evaluation_stops_the_run_there(kit, tmp_path):
+    """The same error, met first by the evaluation at step 0 (a second whole run: `make test-slow`)."""
+    wf = write_workflow(kit, tmp_path)
+    overrides = [o for o in SMALL if not o.startswith(("nodes.reward.fn", "runtime.eval_every"))]
     proc = run_cli(
         wf, tmp_path / "run2", *overrides, "runtime.eval_every=3", "nodes.reward.fn=support.e2e_rewards:always_fails"
     )

@@ -8,11 +8,16 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from areal_graph.cli.measured_run import measured_run
 from support.e2e import write_workflow
 from support.paths import child_env
 
 
+# ~45 s: three real runs. The default run keeps tests/cli/test_cmd_tune.py (a real calibration and
+# ranking); this one, which also verifies the winner, runs with `make test-slow`.
+@pytest.mark.slow
 def test_tune_calibrates_searches_and_verifies(kit, tmp_path):
     wf = write_workflow(kit, tmp_path)
     small = [
