@@ -14,6 +14,10 @@ rewards alone (data/guess_teacher.py for GuessTheNumber, whose teacher this gene
 - FrozenLake-v0 (4x4, 3 holes, start top left, goal bottom right): careful = the first move of a
   shortest safe path; hasty = down to the bottom row, then right, holes ignored, which wins only
   on maps whose left column and bottom row are clear (about a quarter of them).
+- Cryptarithm-v0 (SEND + MORE = MONEY, every seed): the teacher assigns the letters in the
+  order they first appear, S E N D M O R Y; careful = the letter's digit in the one solution
+  (9 5 6 7 1 0 8 2); hasty = the same, except two letters it gets wrong by habit (D 3, R 4: digits
+  the solution leaves free, so the game never sees an invalid move, only a wrong sum at the end).
 - GuessTheNumber-v0: data/guess_teacher.py's teacher (bisect, or one more than the last guess).
 
 The teachers read the game's own state (`game.state.game_state`) and play through the real
@@ -36,6 +40,7 @@ Towers = dict[str, list[int]]
 HANOI = "TowerOfHanoi-v0"
 FROZEN_LAKE = "FrozenLake-v0"
 GUESS = "GuessTheNumber-v0"
+CRYPTARITHM = "Cryptarithm-v0"
 
 
 # ------------------------------------------------------------------------------ TowerOfHanoi
@@ -109,6 +114,35 @@ def lake_hasty(state: dict[str, Any]) -> str:
     return "[down]" if state["player_pos"][0] < len(state["grid"]) - 1 else "[right]"
 
 
+# ------------------------------------------------------------------------------ Cryptarithm
+# TextArena's Cryptarithm-v0 is SEND + MORE = MONEY for every seed; its one solution.
+SEND_MORE_MONEY = {"S": 9, "E": 5, "N": 6, "D": 7, "M": 1, "O": 0, "R": 8, "Y": 2}
+# The hasty habit: two letters given digits the solution leaves free (3 and 4), so that every
+# move is legal and the mistake shows only when the last letter is mapped.
+CRYPTARITHM_HABIT = {"D": 3, "R": 4}
+
+
+class _Cryptarithm:
+    """Assigns the letters in order of first appearance; remembers which it has assigned."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def _next(self) -> str:
+        return next(letter for letter in SEND_MORE_MONEY if letter not in self.done)
+
+    def careful(self, _state: dict[str, Any]) -> str:
+        letter = self._next()
+        return f"[{letter} {SEND_MORE_MONEY[letter]}]"
+
+    def hasty(self, _state: dict[str, Any]) -> str:
+        letter = self._next()
+        return f"[{letter} {CRYPTARITHM_HABIT.get(letter, SEND_MORE_MONEY[letter])}]"
+
+    def observe(self, move: str, hint: str) -> None:
+        self.done.append(move.strip("[]").split()[0])
+
+
 # ------------------------------------------------------------------------------ GuessTheNumber
 class _Bisect:
     """GuessTheNumber's teacher state: the range the hints allow and the last guess."""
@@ -151,6 +185,7 @@ TEACHERS: dict[str, Callable[[], Any]] = {
     HANOI: lambda: _Stateless(hanoi_careful, hanoi_hasty, lambda s: s["towers"]),
     FROZEN_LAKE: lambda: _Stateless(lake_careful, lake_hasty, lambda s: s),
     GUESS: _Bisect,
+    CRYPTARITHM: _Cryptarithm,
 }
 
 
@@ -178,9 +213,10 @@ def teacher_game(env: str, seed: int, careful_rate: float, rng: random.Random, m
     return {**game_row(env, seed), "messages": messages, "reward": 1.0 if won else 0.0}
 
 
-# The most moves a teacher game lasts (the optimal games take 7, 6 and up to 5): long enough for
-# hasty games to lose by the rules, short enough for a whole game to fit the kit's context.
-MAX_TURNS = {HANOI: 10, FROZEN_LAKE: 8, GUESS: 10}
+# The most moves a teacher game lasts (the optimal games take 7, 6, up to 5 and 8): long enough
+# for hasty games to lose by the rules, short enough for a whole game to fit the kit's context.
+# (Cryptarithm ends when its eighth letter is mapped.)
+MAX_TURNS = {HANOI: 10, FROZEN_LAKE: 8, GUESS: 10, CRYPTARITHM: 8}
 
 
 def teacher_games(

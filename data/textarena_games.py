@@ -1,4 +1,4 @@
-"""TextArena single-player games as prompt data: `textarena:<env>?size=N&seed=S`.
+"""TextArena games as prompt data: `textarena:<env>?size=N&seed=S[&players=2[&opponents=random,heuristic]]`.
 
 Why a dataset for a game: the engine's unit of work is a prompt group. Each row is one game,
 named by its seed: its question is the game's opening message for that seed (what the model
@@ -6,6 +6,12 @@ is prompted with), its answer the JSON `{"textarena": env, "seed": k}` the rollo
 (workflows/rollout/textarena_game.py) resets the game with, so a group's answers all play the
 same game and a resumed run plays the same games again. Rows are written once into the kit
 cache, as reasoning_gym: datasets are (data/reasoning_gym.py).
+
+`players=2` makes rows of a two-player game (data/two_player_games.py) for the self-play rollout
+(workflows/rollout/textarena_selfplay.py): the question is seat 0's opening, the answer adds
+`"players": 2`. `opponents=random,heuristic` makes evaluation rows: row i plays opponent
+i mod len(opponents) from seat (i // len(opponents)) mod 2, named in its answer, whatever the
+rollout's own opponent is; so an evaluation set covers every opponent from both seats.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,24 +43,46 @@ def library() -> Any:
     return textarena
 
 
-def parse_spec(spec: str) -> tuple[str, int, int]:
-    """`textarena:GuessTheNumber-v0?size=500&seed=1` -> (env id, size, seed)."""
+@dataclass(frozen=True)
+class GameSpec:
+    env: str
+    size: int
+    seed: int
+    players: int = 1
+    opponents: tuple[str, ...] = ()
+
+
+OPTIONS = ("size", "seed", "players", "opponents")
+
+
+def parse_spec(spec: str) -> GameSpec:
+    """`textarena:GuessTheNumber-v0?size=500&seed=1` -> GameSpec("GuessTheNumber-v0", 500, 1)."""
+    from areal_graph.data.two_player_games import FIXED_OPPONENTS
+
     env, _, query = str(spec)[len(SCHEME) :].partition("?")
     opts: dict[str, str] = {}
     for part in query.split("&") if query else []:
         k, sep, v = part.partition("=")
-        if not sep or k not in ("size", "seed"):
-            raise TextArenaError(f"{spec!r}: options are size and seed (e.g. ?size=500&seed=1)")
+        if not sep or k not in OPTIONS:
+            raise TextArenaError(f"{spec!r}: options are {', '.join(OPTIONS)} (e.g. ?size=500&seed=1)")
         opts[k] = v
     if not env:
         raise TextArenaError(f"{spec!r}: give a game, e.g. {SCHEME}GuessTheNumber-v0?size=500&seed=1")
     try:
-        size, seed = int(opts.get("size", 1000)), int(opts.get("seed", 0))
+        size, seed, players = int(opts.get("size", 1000)), int(opts.get("seed", 0)), int(opts.get("players", 1))
     except ValueError:
-        raise TextArenaError(f"{spec!r}: size and seed must be integers") from None
+        raise TextArenaError(f"{spec!r}: size, seed and players must be integers") from None
     if not 1 <= size <= MAX_SIZE:
         raise TextArenaError(f"{spec!r}: size must be in [1, {MAX_SIZE}]")
-    return env, size, seed
+    if players not in (1, 2):
+        raise TextArenaError(f"{spec!r}: players must be 1 or 2 (self-play plays two seats), not {players}")
+    opponents = tuple(o.strip() for o in opts.get("opponents", "").split(",") if o.strip())
+    wrong = [o for o in opponents if o not in FIXED_OPPONENTS]
+    if wrong:
+        raise TextArenaError(f"{spec!r}: opponents are {', '.join(FIXED_OPPONENTS)}, not {', '.join(wrong)}")
+    if opponents and players != 2:
+        raise TextArenaError(f"{spec!r}: opponents are for two-player games: add &players=2")
+    return GameSpec(env, size, seed, players, opponents)
 
 
 def make_game(env: str) -> Any:
@@ -87,17 +116,34 @@ def check_env(env: str) -> str | None:
     return None if failure is None else textarena_start.describe(env, failure)
 
 
-def started(env: str) -> Any:
-    """Game `env` reset for one player with seed 0 (what check_env tries)."""
+def started(env: str, players: int = 1) -> Any:
+    """Game `env` reset for `players` seats with seed 0 (what check_env tries)."""
     game = make_game(env)
-    game.reset(num_players=1, seed=0)
+    game.reset(num_players=players, seed=0)
     return game
+
+
+def check_two_player_env(env: str) -> str | None:
+    """What is wrong with game id `env` for two-seat play (None: built here, and it starts)."""
+    from areal_graph.data import textarena_start
+    from areal_graph.data.two_player_games import check_two_player
+
+    try:
+        library()
+    except TextArenaError as err:
+        return str(err)
+    problem = check_two_player(env, 2)
+    if problem:
+        return problem
+    failure = textarena_start.try_start(lambda: started(env, players=2), players=2)
+    return None if failure is None else textarena_start.describe(env, failure)
 
 
 def check_spec(spec: str) -> str | None:
     """What is wrong with `spec` (None: its game can be played here)."""
     try:
-        return check_env(parse_spec(spec)[0])
+        game = parse_spec(spec)
+        return check_env(game.env) if game.players == 1 else check_two_player_env(game.env)
     except TextArenaError as err:
         return str(err)
 
@@ -106,10 +152,10 @@ def check_spec(spec: str) -> str | None:
 END, START, user_turn_text = chatml.END, chatml.START, chatml.user_turn_text
 
 
-def opening(env: str, seed: int) -> str:
-    """The game's opening message for `seed` (the prompt of the row)."""
+def opening(env: str, seed: int, players: int = 1) -> str:
+    """The game's opening message for `seed` (the prompt of the row): seat 0's."""
     game = make_game(env)
-    game.reset(num_players=1, seed=seed)
+    game.reset(num_players=players, seed=seed)
     _, observation = game.get_observation()
     return observation_text(observation, player=0)
 
@@ -122,40 +168,77 @@ def observation_text(observation: Any, player: int) -> str:
     return "\n".join(str(msg).strip() for sender, msg, *_ in observation if sender != player).strip()
 
 
+def seat_reward(rewards: Any, seat: int) -> float | None:
+    """The reward `game.close()` gave `seat`, or None where it gave none that is a number.
+
+    Some textarena 0.7.4 games pass their arguments to `set_invalid_move` in the wrong order, so
+    a game an invalid move ended can "reward" the player with the reason's text (Cryptarithm-v0:
+    {0: 'Bad action format. Use `[A 5]`.'}); the caller treats that game as ended by the move."""
+    value = (rewards or {}).get(seat)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def cache_path(spec: str, root: Path) -> Path:
     """Where `spec`'s rows are written under `root` (named by the spec's hash and the library's version)."""
-    env, size, seed = parse_spec(spec)
+    game = parse_spec(spec)
     version = getattr(library(), "__version__", "")
-    key = hashlib.sha256(json.dumps([env, size, seed, version]).encode()).hexdigest()[:12]
-    return root / "textarena" / f"{env}-{key}.jsonl"
+    fields = [game.env, game.size, game.seed, version]
+    if game.players != 1:  # single-player rows keep the names they had
+        fields += [game.players, list(game.opponents)]
+    key = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
+    return root / "textarena" / f"{game.env}-{key}.jsonl"
+
+
+def _checked(spec: str) -> GameSpec:
+    game = parse_spec(spec)
+    problem = check_env(game.env) if game.players == 1 else check_two_player_env(game.env)
+    if problem:
+        raise TextArenaError(problem)
+    return game
+
+
+def _rows(game: GameSpec, n: int) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(n):
+        row = game_row(game.env, game.seed * 1_000_003 + i, game.players)
+        if game.opponents:
+            k = len(game.opponents)
+            row = eval_row(row, game.opponents[i % k], (i // k) % 2)
+        rows.append(row)
+    return rows
 
 
 def materialize(spec: str, root: Path) -> Path:
-    env, size, seed = parse_spec(spec)
-    problem = check_env(env)
-    if problem:
-        raise TextArenaError(problem)
+    game = _checked(spec)
     path = cache_path(spec, root)
     if path.is_file():
         return path
-    return write_jsonl((game_row(env, seed * 1_000_003 + i) for i in range(size)), path)
+    return write_jsonl(_rows(game, game.size), path)
 
 
 def sample_rows(spec: str, n: int) -> list[dict[str, Any]]:
     """The first `n` games' rows of `spec` (their openings), as `materialize` writes them, without
     writing the file (what `validate` renders to see whether the openings fit the model's context)."""
-    env, size, seed = parse_spec(spec)
-    problem = check_env(env)
-    if problem:
-        raise TextArenaError(problem)
-    return [game_row(env, seed * 1_000_003 + i) for i in range(min(n, size))]
+    game = _checked(spec)
+    return _rows(game, min(n, game.size))
 
 
-def game_row(env: str, seed: int) -> dict[str, Any]:
+def game_row(env: str, seed: int, players: int = 1) -> dict[str, Any]:
     """The prompt row of game `env` with `seed`: its opening as the question, where to find it as the answer."""
+    answer: dict[str, Any] = {"textarena": env, "seed": seed}
+    if players != 1:
+        answer["players"] = players
     return {
         "id": f"{env}-{seed}",
-        "question": opening(env, seed),
-        "answer": json.dumps({"textarena": env, "seed": seed}),
+        "question": opening(env, seed, players),
+        "answer": json.dumps(answer),
         "data_source": f"textarena/{env}",
     }
+
+
+def eval_row(row: dict[str, Any], opponent: str, seat: int) -> dict[str, Any]:
+    """A two-player row that plays `opponent` from `seat`, whatever the rollout's own opponent."""
+    answer = {**json.loads(row["answer"]), "opponent": opponent, "seat": seat}
+    return {**row, "id": f"{row['id']}-{opponent}-seat{seat}", "answer": json.dumps(answer)}

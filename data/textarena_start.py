@@ -85,9 +85,9 @@ def playable_hint() -> str:
     return "single-player games that start here include " + ", ".join(PLAYABLE_GAMES[:6])
 
 
-def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> StartFailure | None:
+def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S, players: int = 1) -> StartFailure | None:
     """Run `start()` (a game's make and first reset; it returns the game) with at most `timeout_s`
-    seconds; None when it returned a one-player game, else why not. It runs in a daemon thread so
+    seconds; None when it returned a game of `players` seats, else why not. It runs in a daemon thread so
     a stalled download cannot hang the caller (the thread is left to its own network timeout); what
     a game prints to stdout meanwhile is dropped (the reason is said once, here). nltk's own lines
     about a failed download go to the stderr it bound at import, and still show."""
@@ -111,12 +111,12 @@ def try_start(start: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> S
     err = outcome.get("error")
     if err is not None:
         return classify(err)
-    players = getattr(getattr(outcome.get("game"), "state", None), "num_players", 1)
-    if isinstance(players, int) and players > 1:  # a two-player game that ignores the count it is given
+    seats = getattr(getattr(outcome.get("game"), "state", None), "num_players", players)
+    if isinstance(seats, int) and seats != players:  # a game that ignores the count it is given
         return StartFailure(
             "multi-player",
-            f"it is a game for {players} players (it sets up {players} when given one)",
-            f"{players} players",
+            f"it is a game for {seats} players (it sets up {seats} when given {players})",
+            f"{seats} players",
         )
     return None
 
@@ -299,4 +299,11 @@ def describe(env: str, failure: StartFailure) -> str:
         "library-bug": f"textarena game {env!r} is broken in this textarena version: {failure.detail}",
         "timeout": f"textarena game {env!r} did not start: {failure.detail}",
     }.get(failure.kind, f"textarena game {env!r} does not start: {failure.detail}")
+    from areal_graph.data.two_player_games import TWO_PLAYER_GAMES
+
+    if failure.kind == "multi-player" and env in TWO_PLAYER_GAMES:
+        return (
+            f"{lead}; to play both seats (self-play), add &players=2 to the spec and use rollout_class "
+            "areal_graph.workflows.rollout.textarena_selfplay:TextArenaSelfPlay (workflows/textarena_selfplay.yaml)"
+        )
     return f"{lead}; {playable_hint()}"

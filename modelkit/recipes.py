@@ -181,25 +181,26 @@ TINY_ARITH_LADDER = KitConfig(
     eval_max_new_tokens=160,
 )
 
-# Several single-player TextArena games in one kit (data/game_teachers.py): TowerOfHanoi-v0 (RL
-# learns it: workflows/textarena_hanoi.yaml), FrozenLake-v0 (played, not learned: the warm start's
-# sampled play keeps to the habit, docs/agents.md) and GuessTheNumber-v0, with a BPE of their text and a context of 1024 for a whole game
-# (FrozenLake redraws its board every move: a 6-move game is ~700 tokens). The teachers are
-# careful (a solver) on worked_rates of their moves, per game, and follow a habit on the rest:
-# greedy play wins no Hanoi game (sampled: ~6%) and 29.7% of 128 test lakes (sampled: ~25%).
+# Several single-player TextArena games in one kit (data/game_teachers.py): TowerOfHanoi-v0 and
+# Cryptarithm-v0 (RL learns both: workflows/textarena_hanoi.yaml, textarena_cryptarithm.yaml),
+# FrozenLake-v0 (played, not learned: the warm start's sampled play keeps to the habit,
+# docs/agents.md) and GuessTheNumber-v0, with a BPE of their text and a context of 1024 for a
+# whole game (FrozenLake redraws its board every move: a 6-move game is ~700 tokens). The teachers
+# are careful (a solver) on worked_rates of their moves, per game, and follow a habit on the rest:
+# greedy play wins no Hanoi and no Cryptarithm game (sampled: ~6% and ~8%).
 TINY_GAMES = KitConfig(
     name="tiny-games",
     task="games",
-    difficulty="TowerOfHanoi-v0,FrozenLake-v0,GuessTheNumber-v0",
-    worked_rates=(0.4, 0.3, 0.3),
-    n_train=3000,
+    difficulty="TowerOfHanoi-v0,FrozenLake-v0,GuessTheNumber-v0,Cryptarithm-v0",
+    worked_rates=(0.4, 0.3, 0.3, 0.3),
+    n_train=4000,
     n_test=192,
     vocab_size=1024,
     model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=1024),
-    sft=SFTConfig(steps=300, batch_size=16, packed=True),
+    sft=SFTConfig(steps=360, batch_size=16, packed=True),
     habit_sft=None,
     eval_prompts=192,
-    eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]" and <|im_end|>
+    eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]", "[S 9]" and <|im_end|>
 )
 
 BUILTIN_KITS: dict[str, KitConfig] = {

@@ -12,6 +12,8 @@ positions, vectorised across all sequences at once (see `_segmented_discounted_s
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -266,6 +268,36 @@ def normalize_advantages(adv: torch.Tensor, loss_mask: torch.Tensor, eps: float 
     return out.to(adv.dtype)
 
 
+def seat_group_ids(group_ids: torch.Tensor, seats: Sequence[int]) -> torch.Tensor:
+    """Group ids that keep each (prompt group, seat) pair apart: a baseline per seat of a group.
+
+    Why: in a two-player game the seats' rewards are not exchangeable (in a zero-sum game their
+    means are opposite; the first mover wins more often), so one baseline over both credits a seat
+    for where it sat rather than for how it played (SPIRAL's role-conditioned advantages)."""
+    if len(seats) != group_ids.numel():
+        raise ValueError(f"{len(seats)} seats for {group_ids.numel()} sequences")
+    pairs = torch.stack([group_ids.to(torch.int64), torch.as_tensor(list(seats), dtype=torch.int64)], dim=1)
+    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    return inverse
+
+
+def seats_of(batch: PackedBatch) -> list[int]:
+    """Each sequence's `info["seat"]`, or an error naming what writes it."""
+    infos = batch.meta.get("info") if "info" in batch.meta else None
+    if infos is None:
+        raise KeyError("advantage node: baseline 'seat' needs the trajectories' info (the batch has none)")
+    seats = []
+    for i, raw in enumerate(infos):
+        seat = (json.loads(raw) if isinstance(raw, str) else (raw or {})).get("seat")
+        if not isinstance(seat, int) or isinstance(seat, bool):
+            raise ValueError(
+                f"advantage node: baseline 'seat' needs info['seat'] (an integer) on every trajectory; "
+                f"sequence {i} has {seat!r} (TextArenaSelfPlay writes it; a single-seat rollout does not)"
+            )
+        seats.append(seat)
+    return seats
+
+
 # --------------------------------------------------------------------------- the advantage node
 def advantage_node(batch: PackedBatch, **params: Any) -> PackedBatch:
     """The advantage kind's function (run by the controller): `compute_advantages` with the node's params."""
@@ -287,10 +319,13 @@ def compute_advantages(params: AdvantageParams, batch: PackedBatch) -> PackedBat
 
     out: dict[str, torch.Tensor] = {}
     if params.estimator in ("grpo", "rloo"):
+        groups = batch["group_id"]
+        if params.baseline == "seat":
+            groups = seat_group_ids(groups, seats_of(batch))
         if params.estimator == "grpo":
-            seq_adv = grpo_advantages(rewards, batch["group_id"], std_normalize=params.group_std)
+            seq_adv = grpo_advantages(rewards, groups, std_normalize=params.group_std)
         else:
-            seq_adv = rloo_advantages(rewards, batch["group_id"])
+            seq_adv = rloo_advantages(rewards, groups)
         # The group baseline acts on the outcome; a KL penalty (if any) is per token, so the
         # advantage of a token is its baselined outcome minus the KL still to come after it.
         token_rewards = outcome_token_rewards(seq_adv, mask, cu, kl=kl, kl_coef=params.kl_coef)

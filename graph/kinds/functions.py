@@ -21,6 +21,13 @@ class AdvantageParams:
     kl_coef: float = cfg(0.0, non_negative, "KL penalty against ref_logprobs; 0 disables")
     kl_estimator: Literal["k1", "k2", "k3"] = cfg("k1")
     group_std: bool = cfg(True, None, "GRPO: divide by the group's std")
+    baseline: Literal["group", "seat"] = cfg(
+        "group",
+        None,
+        "GRPO/RLOO: baseline each prompt group as a whole, or each seat of it apart (two-player "
+        "games: a trajectory's info['seat'], written by TextArenaSelfPlay; role-conditioned "
+        "advantages, as in SPIRAL: the seats of a zero-sum game have opposite mean rewards)",
+    )
     normalize: bool = cfg(True, None, "global advantage normalisation")
 
 
@@ -33,6 +40,13 @@ def _advantage_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
     )
     why = f"estimator '{p.estimator}'" + (f" with kl_coef {p.kl_coef}" if p.kl_coef > 0 else "")
     issues = reads_missing(node, tuple(need), why)
+    if p.baseline == "seat" and p.estimator not in ("grpo", "rloo"):
+        issues.append(
+            Issue(
+                ("baseline",),
+                f"baseline 'seat' splits GRPO's and RLOO's group baselines; estimator '{p.estimator}' has none",
+            )
+        )
     if "advantages" not in node.writes:
         issues.append(Issue(("writes",), "an advantage node must write 'advantages'"))
     return issues

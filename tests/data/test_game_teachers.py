@@ -93,10 +93,10 @@ def test_lake_hasty_wins_exactly_when_the_left_column_and_bottom_row_are_clear()
 
 
 def test_teacher_games_are_the_same_for_the_same_seed_and_mix_careful_and_hasty():
-    envs, rates = [gt.HANOI, gt.FROZEN_LAKE, gt.GUESS], (0.4, 0.3, 0.3)
-    a = gt.teacher_games(envs, rates, range(100, 160), seed=3)
-    assert a == gt.teacher_games(envs, rates, range(100, 160), seed=3)
-    assert [g["id"].split("-v0")[0] for g in a[:3]] == ["TowerOfHanoi", "FrozenLake", "GuessTheNumber"]
+    envs, rates = [gt.HANOI, gt.FROZEN_LAKE, gt.GUESS, gt.CRYPTARITHM], (0.4, 0.3, 0.3, 0.5)
+    a = gt.teacher_games(envs, rates, range(100, 180), seed=3)
+    assert a == gt.teacher_games(envs, rates, range(100, 180), seed=3)
+    assert [g["id"].split("-v0")[0] for g in a[:4]] == ["TowerOfHanoi", "FrozenLake", "GuessTheNumber", "Cryptarithm"]
     for env in envs:
         games = [g for g in a if g["id"].startswith(env)]
         assert all(m["role"] == ("assistant", "user")[i % 2] for g in games for i, m in enumerate(g["messages"]))
@@ -119,3 +119,24 @@ def test_guess_teacher_here_plays_as_the_tiny_guess_teacher():
         ours = gt.teacher_game(gt.GUESS, seed, 0.3, random.Random(seed), 10)
         theirs = guess_teacher.teacher_game(seed, 0.3, random.Random(seed))
         assert ours["messages"] == theirs["messages"] and ours["reward"] == theirs["reward"]
+
+
+def test_cryptarithm_careful_solves_send_more_money_and_the_habit_never_does():
+    """Careful moves are the one solution (a check by arithmetic, independent of the game); the
+    habit's two wrong letters use digits the solution leaves free, so every hasty move is legal
+    and the game ends with a wrong sum, never an invalid move."""
+    s = gt.SEND_MORE_MONEY
+    value = {w: int("".join(str(s[ch]) for ch in w)) for w in ("SEND", "MORE", "MONEY")}
+    assert value["SEND"] + value["MORE"] == value["MONEY"] and len(set(s.values())) == 8
+    assert not set(gt.CRYPTARITHM_HABIT.values()) & set(s.values())
+    for seed in range(3):  # every seed is the same puzzle
+        won = gt.teacher_game(gt.CRYPTARITHM, seed, 1.0, random.Random(seed), gt.MAX_TURNS[gt.CRYPTARITHM])
+        lost = gt.teacher_game(gt.CRYPTARITHM, seed, 0.0, random.Random(seed), gt.MAX_TURNS[gt.CRYPTARITHM])
+        assert won["reward"] == 1.0 and lost["reward"] == 0.0
+        moves = [m["content"] for m in lost["messages"] if m["role"] == "assistant"]
+        assert moves == ["[S 9]", "[E 5]", "[N 6]", "[D 3]", "[M 1]", "[O 0]", "[R 4]", "[Y 2]"]
+        assert not any("invalid" in m["content"] for m in lost["messages"])
+    # careful on 30% of moves: won exactly when both habit letters were played carefully (~9%)
+    games = [gt.teacher_game(gt.CRYPTARITHM, i, 0.3, random.Random(i), 8) for i in range(300)]
+    rate = sum(g["reward"] for g in games) / len(games)
+    assert 0.04 < rate < 0.15, rate

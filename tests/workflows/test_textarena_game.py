@@ -33,11 +33,14 @@ def kit_dir():
 def test_specs_and_games_are_checked(ta):
     from areal_graph.data import textarena_games as tg
 
-    assert tg.parse_spec("textarena:GuessTheNumber-v0?size=5&seed=2") == ("GuessTheNumber-v0", 5, 2)
+    assert tg.parse_spec("textarena:GuessTheNumber-v0?size=5&seed=2") == tg.GameSpec("GuessTheNumber-v0", 5, 2)
     for bad, message in (
         ("textarena:", "give a game"),
         ("textarena:X?size=0", "size must be in"),
-        ("textarena:X?colour=red", "options are size and seed"),
+        ("textarena:X?colour=red", "options are size, seed, players, opponents"),
+        ("textarena:X?players=3", "players must be 1 or 2"),
+        ("textarena:X?opponents=random", "add &players=2"),
+        ("textarena:X?players=2&opponents=random,expert", "not expert"),
     ):
         with pytest.raises(tg.TextArenaError, match=message):
             tg.parse_spec(bad)
@@ -193,3 +196,28 @@ def test_an_unknown_reward_is_refused_with_the_choices(ta, kit_dir):
     assert "must be one of game, won, not 'wins'" in TextArenaGame.check_args({"reward": "wins"})
     with pytest.raises(ValueError, match="game, won"):
         TextArenaGame(str(kit_dir), reward="wins")
+
+
+@pytest.mark.parametrize(
+    ("moves", "reward", "won", "invalid"),
+    [
+        (["[S 9]", "[E 5]", "[N 6]", "[D 7]", "[M 1]", "[O 0]", "[R 8]", "[Y 2]"], 1.0, True, False),
+        (["[S 9]", "[E 5]", "[N 6]", "[D 3]", "[M 1]", "[O 0]", "[R 4]", "[Y 2]"], 0.0, False, False),
+        # two moves the game refuses: textarena 0.7.4 "rewards" this with the reason's text
+        (["[S 9]", "[X 3]", "hello"], 0.0, False, True),
+    ],
+)
+def test_cryptarithm_is_won_lost_or_ended_by_an_invalid_move(ta, kit_dir, tmp_path, moves, reward, won, invalid):
+    from transformers import AutoTokenizer
+
+    from areal_graph.data import textarena_games as tg
+    from areal_graph.data.datasets import load_prompts
+
+    assert tg.seat_reward({0: "Bad action format. Use `[A 5]`."}, 0) is None and tg.seat_reward({0: 1}, 0) == 1.0
+    tok = AutoTokenizer.from_pretrained(kit_dir)
+    prompts, _ = load_prompts(tg.materialize("textarena:Cryptarithm-v0?size=1&seed=0", tmp_path), tok)
+    rollout = TextArenaGame(str(kit_dir), max_turns=10, max_total_tokens=100_000)
+    [traj] = asyncio.run(rollout.run(prompts[0], ScriptedMoves(tok, moves), 1, SamplingParams(max_new_tokens=8)))
+    metrics = traj.info["metrics"]
+    assert (traj.info["reward"], metrics["won"], metrics["invalid_move"]) == (reward, won, invalid)
+    assert metrics["finished"] and metrics["turns"] == len(moves)

@@ -18,7 +18,7 @@ from typing import Any
 
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.data.textarena_games import TextArenaError, library, make_game, observation_text
+from areal_graph.data.textarena_games import TextArenaError, library, make_game, observation_text, seat_reward
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 
@@ -83,8 +83,11 @@ class TextArenaGame(Rollout):
                 break
             traj.append(more, generated=False)
         rewards, game_info = game.close()
-        reward = float((rewards or {}).get(0, 0.0)) if done else 0.0
-        info0 = (game_info or {}).get(0, {})
+        info0 = dict((game_info or {}).get(0, {}))
+        paid = seat_reward(rewards, 0)
+        if done and paid is None:  # a reason in place of a reward: an invalid move ended the game
+            info0["invalid_move"] = True
+        reward = (paid or 0.0) if done else 0.0
         won = done and reward >= 1.0 and not info0.get("invalid_move")
         if info0.get("invalid_move") and self.invalid_move_reward is not None:
             reward = float(self.invalid_move_reward)

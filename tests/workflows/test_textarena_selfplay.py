@@ -1,0 +1,227 @@
+"""Two-seat TextArena games (data/two_player_games.py, workflows/rollout/textarena_selfplay.py):
+real TicTacToe games played through the rollout by scripted clients that read the board from the
+tokens they are sent; one trajectory per trained seat, its own tokens and its reward from its view."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+
+import pytest
+
+from areal_graph.api.sampling import GenerationResult, SamplingParams
+from areal_graph.data import two_player_games as tp
+from areal_graph.engines.inference.rollout_eval import LocalEngineClient
+from areal_graph.workflows.rollout.textarena_selfplay import TextArenaSelfPlay
+from support.ci import optional
+
+SPEC = "textarena:TicTacToe-v0?size=8&seed=0&players=2"
+
+
+@pytest.fixture(scope="module")
+def ta():
+    return optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
+
+
+@pytest.fixture(scope="module")
+def kit_dir():
+    from areal_graph.modelkit.builtin import resolve_model_path
+
+    return resolve_model_path("builtin:tiny-arith")
+
+
+class BoardReader(LocalEngineClient):
+    """A scripted policy: reads the last 'Available Moves' in the conversation it is sent and
+    plays the first (or, once, a cell that is taken, to be refused)."""
+
+    def __init__(self, tok, refuse_once: bool = False) -> None:
+        super().__init__(engine=None)
+        self.tok, self.refuse_once = tok, refuse_once
+        self.sent: list[list[int]] = []
+
+    async def generate(self, input_ids, params, rid=None) -> GenerationResult:
+        text = self.tok.decode(input_ids)
+        moves = re.findall(r"'\[(\d)\]'", text.rsplit("Available Moves:", 1)[1])
+        move = f"[{moves[0]}]"
+        if self.refuse_once and "placed their symbol" in text:
+            self.refuse_once, move = False, "[" + str(next(i for i in range(9) if str(i) not in moves)) + "]"
+        out = self.tok.encode(move, add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        self.sent.append(out)
+        return GenerationResult(rid or "r", out, [-0.25] * len(out), [3] * len(out), "stop", len(input_ids))
+
+
+def prompts(kit_dir, tmp_path, spec=SPEC):
+    from transformers import AutoTokenizer
+
+    from areal_graph.data import textarena_games as tg
+    from areal_graph.data.datasets import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(kit_dir)
+    rows, _ = load_prompts(tg.materialize(spec, tmp_path), tok)
+    return tok, rows
+
+
+def play(kit_dir, prompt, client, group_size, **args):
+    rollout = TextArenaSelfPlay(str(kit_dir), **{"max_total_tokens": 100_000, **args})
+    return asyncio.run(rollout.run(prompt, client, group_size, SamplingParams(max_new_tokens=8)))
+
+
+def test_self_play_gives_each_seat_its_trajectory_its_tokens_and_its_reward(ta, kit_dir, tmp_path):
+    from areal_graph.api.episode import split_turns
+
+    tok, rows = prompts(kit_dir, tmp_path)
+    client = BoardReader(tok)
+    trajs = play(kit_dir, rows[0], client, 4)
+    assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1] and [t.sample_id for t in trajs] == [0, 1, 2, 3]
+    # first-free-cell against itself: O takes 0, X 1, O 2, X 3, O 4, X 5, O 6: O wins on the diagonal 2-4-6
+    for t in trajs:
+        m = t.info["metrics"]
+        assert m["finished"] and m["won"] == (t.info["seat"] == 0) and m["lost"] == (t.info["seat"] == 1)
+        assert t.info["reward"] == (1.0 if t.info["seat"] == 0 else -1.0)
+        assert m["turns"] == (4 if t.info["seat"] == 0 else 3)
+    runs = [split_turns(t.input_ids, t.loss_mask) for t in trajs]
+    mine = [ids for r in runs for role, ids in r if role == "assistant"]
+    assert sorted(map(tuple, mine)) == sorted(map(tuple, client.sent)) and len(mine) == 14
+    seat1 = tok.decode(trajs[1].input_ids)
+    assert "As Player 1, you will be 'X'" in seat1 and "Player 0 placed their symbol (O) in cell 0." in seat1
+    assert all(v == 3 for t in trajs for v, m in zip(t.versions, t.loss_mask) if m)  # the engine's versions
+
+
+@pytest.mark.parametrize("opponent", ["random", "heuristic"])
+def test_a_fixed_opponent_plays_one_seat_and_the_policy_both_in_turn(ta, kit_dir, tmp_path, opponent):
+    tok, rows = prompts(kit_dir, tmp_path)
+    trajs = play(kit_dir, rows[1], BoardReader(tok), 4, opponent=opponent)
+    assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1]
+    for t in trajs:
+        m = t.info["metrics"]
+        assert m["finished"] and m["won"] + m["drawn"] + m["lost"] == 1
+        assert m[f"won_vs_{opponent}"] == m["won"] and m[f"lost_vs_{opponent}_seat{t.info['seat']}"] == m["lost"]
+        assert t.info["reward"] == {(1, 0, 0): 1.0, (0, 1, 0): 0.0, (0, 0, 1): -1.0}[(m["won"], m["drawn"], m["lost"])]
+    if opponent == "heuristic":  # the first free cell never beats win-block-centre
+        assert not any(t.info["metrics"]["won"] for t in trajs)
+
+
+def test_evaluation_rows_name_their_opponent_and_seat(ta, kit_dir, tmp_path):
+    tok, rows = prompts(kit_dir, tmp_path, SPEC.replace("size=8", "size=4") + "&opponents=random,heuristic")
+    refs = [json.loads(r.answer) for r in rows]
+    assert [(r["opponent"], r["seat"]) for r in refs] == [
+        ("random", 0),
+        ("heuristic", 0),
+        ("random", 1),
+        ("heuristic", 1),
+    ]
+    for row, ref in zip(rows, refs):  # the rollout's own opponent (self) gives way to the row's
+        [t] = play(kit_dir, row, BoardReader(tok), 1)
+        assert (t.info["seat"], t.info["opponent"]) == (ref["seat"], ref["opponent"])
+
+
+def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, kit_dir, tmp_path):
+    tok, rows = prompts(kit_dir, tmp_path)
+    trajs = play(kit_dir, rows[0], BoardReader(tok, refuse_once=True), 2)
+    refused = [t.info["metrics"]["refused_moves"] for t in trajs]
+    assert sorted(refused) == [0, 1]
+
+    class AlwaysTaken(BoardReader):
+        async def generate(self, input_ids, params, rid=None):
+            out = self.tok.encode("[10]", add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+            return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
+
+    [t0, t1] = play(kit_dir, rows[0], AlwaysTaken(tok), 2)
+    assert t0.info["metrics"]["invalid_move"] and t0.info["reward"] == -1.0 and t1.info["metrics"]["won"]
+    [t0, t1] = play(kit_dir, rows[0], AlwaysTaken(tok), 2, invalid_move_reward=-2.0, reward="game")
+    assert t0.info["reward"] == -2.0
+
+
+def test_bad_arguments_and_data_are_named(ta, kit_dir):
+    assert "lagged copy of the policy is not built yet" in TextArenaSelfPlay.check_args({"opponent": "model:lagged"})
+    assert "must be one of self, random, heuristic, not 'expert'" in TextArenaSelfPlay.check_args(
+        {"opponent": "expert"}
+    )
+    assert TextArenaSelfPlay.check_args({"opponent": "heuristic"}) is None
+    assert "add &players=2" in TextArenaSelfPlay.check_data({}, "textarena:TicTacToe-v0?size=4")
+    assert "plays textarena: games" in TextArenaSelfPlay.check_data({}, "builtin:arith/train")
+    assert "not built for two-seat play" in TextArenaSelfPlay.check_data({}, "textarena:Chess-v0?players=2")
+    assert TextArenaSelfPlay.check_data({}, SPEC) is None
+    with pytest.raises(ValueError, match="group_size 3 is odd"):
+        play(kit_dir, _row(), BoardReader(None), 3)
+
+
+def _row():
+    class Row:
+        id, text, input_ids = "r", "", [1]
+        answer = json.dumps({"textarena": "TicTacToe-v0", "seed": 0, "players": 2})
+
+    return Row()
+
+
+def test_two_player_specs_are_checked(ta):
+    from areal_graph.data import textarena_games as tg
+
+    assert tg.check_spec(SPEC) is None
+    assert "not built for two-seat play" in tg.check_spec("textarena:Chess-v0?players=2")
+    message = tg.check_env("TicTacToe-v0")
+    assert "is not single-player" in message and "add &players=2" in message and "TextArenaSelfPlay" in message
+
+
+# ------------------------------------------------------------------------------ the fixed opponents
+def random_board(rng: random.Random) -> dict:
+    cells = [""] * 9
+    for k in range(rng.randint(0, 7)):
+        free = [i for i in range(9) if not cells[i]]
+        cells[rng.choice(free)] = "OX"[k % 2]
+    return {"board": [cells[0:3], cells[3:6], cells[6:9]]}
+
+
+def wins(cells: list[str], mark: str) -> bool:
+    lines = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+    return any(all(cells[i] == mark for i in line) for line in lines)
+
+
+def test_the_heuristic_wins_when_it_can_and_blocks_when_it_must():
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(3000):
+        state = random_board(rng)
+        cells = tp.tictactoe_cells(state)
+        if wins(cells, "O") or wins(cells, "X") or all(cells):
+            continue
+        seat = rng.randint(0, 1)
+        mine, theirs = tp.tictactoe_mark(seat), tp.tictactoe_mark(1 - seat)
+        move = tp.tictactoe_heuristic(state, seat, rng)
+        assert not cells[move]
+
+        def after(mark, i):
+            return [mark if j == i else c for j, c in enumerate(cells)]
+
+        can_win = [i for i in range(9) if not cells[i] and wins(after(mine, i), mine)]
+        must_block = [i for i in range(9) if not cells[i] and wins(after(theirs, i), theirs)]
+        if can_win:
+            assert move in can_win
+        elif must_block:
+            assert move in must_block
+        checked += 1
+    assert checked > 1000
+
+
+def test_the_heuristic_beats_random_play_from_both_seats():
+    """Real games: the heuristic against uniform random moves, 200 games per seat."""
+    from areal_graph.data.textarena_games import make_game
+
+    optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
+    game_def = tp.two_player_game(tp.TICTACTOE)
+    for seat in (0, 1):
+        results = []
+        for seed in range(200):
+            rng = random.Random(seed)
+            game = make_game(tp.TICTACTOE)
+            game.reset(num_players=2, seed=seed)
+            done = False
+            while not done:
+                pid, _ = game.get_observation()
+                who = "heuristic" if pid == seat else "random"
+                done, _ = game.step(game_def.opponent_move(who, game.state.game_state, pid, rng))
+            results.append(game.close()[0][seat])
+        won, lost = results.count(1) / 200, results.count(-1) / 200
+        assert won > (0.8 if seat == 0 else 0.5) and lost < 0.1, (seat, won, lost)
