@@ -199,10 +199,17 @@ def _checked(spec: str) -> GameSpec:
     return game
 
 
-def _rows(game: GameSpec, n: int) -> list[dict[str, Any]]:
+def rows_of(game: GameSpec, first_seed: int | None = None) -> list[dict[str, Any]]:
+    """The `game.size` rows of `game`, as `materialize` writes them (a kit's data: `first_seed`
+    replaces the spec's seed * 1_000_003)."""
+    return _rows(game, game.size, first_seed)
+
+
+def _rows(game: GameSpec, n: int, first_seed: int | None = None) -> list[dict[str, Any]]:
+    first = game.seed * 1_000_003 if first_seed is None else first_seed
     rows = []
     for i in range(n):
-        row = game_row(game.env, game.seed * 1_000_003 + i, game.players)
+        row = game_row(game.env, first + i, game.players)
         if game.opponents:
             k = len(game.opponents)
             row = eval_row(row, game.opponents[i % k], (i // k) % 2)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_graph.data import arith, calc, game_teachers, guess_teacher
+from areal_graph.data import arith, calc, game_teachers, guess_teacher, tictactoe_teacher
 from areal_graph.data.reasoning_gym_teacher import worked_rows
 from areal_graph.engines.inference.offline_eval import evaluate_model
 from areal_graph.modelkit.warm_start import SFTConfig
@@ -264,7 +264,59 @@ GAMES = KitTask(
     ),
 )
 
-KIT_TASKS: dict[str, KitTask] = {"arith": ARITH, "rg_arith": RG_ARITH, "calc": CALC, "guess": GUESS, "games": GAMES}
+
+# ------------------------------------------------------------------------------ tictactoe
+def _tictactoe_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
+    """TicTacToe-v0 for two seats (data/tictactoe_teacher.py): the teacher careful on
+    `worked_rates[0]` of its moves. Train rows: two-player game rows of the teacher's seeds; test
+    rows: evaluation rows (data/textarena_games.eval_row), the random and the heuristic opponent
+    in turn, from both seats."""
+    from areal_graph.data.textarena_games import GameSpec, rows_of
+    from areal_graph.data.two_player_games import TICTACTOE
+
+    if cfg.habit_sft is not None or len(cfg.worked_rates) != 1:
+        raise ValueError("the tictactoe task has one lesson and one careful rate (worked_rates=(rate,))")
+    base = cfg.seed * 1_000_003
+    seeds = range(base + cfg.n_dev, base + cfg.n_dev + cfg.n_train)
+    sides = tictactoe_teacher.teacher_games(seeds, cfg.worked_rates[0], cfg.seed)
+    train = rows_of(GameSpec(TICTACTOE, cfg.n_train, cfg.seed, 2), first_seed=base + cfg.n_dev)
+    test = rows_of(GameSpec(TICTACTOE, cfg.n_test, cfg.seed, 2, ("random", "heuristic")), first_seed=10**7 + base)
+    return train, test, [Lesson("games", sides, cfg.sft)]
+
+
+def _selfplay_eval(model_dir: Path, test: Path, cfg: Any) -> dict[str, Any]:
+    """Greedy games through the TextArenaSelfPlay rollout against the fixed opponents the test rows
+    name, from both seats; accuracy is the share won (reward 1; a draw pays 0, a loss -1)."""
+    from areal_graph.workflows.rollout.textarena_selfplay import TextArenaSelfPlay
+
+    game = TextArenaSelfPlay(str(model_dir), max_total_tokens=cfg.model.max_position_embeddings)
+    return evaluate_model(
+        model_dir, test, limit=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens, rollout=game, reward_fn="agent"
+    )
+
+
+TICTACTOE_TASK = KitTask(
+    rows=_tictactoe_rows,
+    tokenizer_texts=_guess_texts,
+    tools=False,
+    encode=_guess_encode,
+    evaluate=_selfplay_eval,
+    describe=lambda cfg: (
+        f"data: {cfg.n_train} games of TextArena's TicTacToe-v0 (half the teacher against itself, both "
+        f"seats; half against random moves) played by a teacher careful (minimax) on "
+        f"{cfg.worked_rates[0]:.0%} of its moves, first free cell on the rest; {cfg.n_test} test games "
+        "against the random and the heuristic opponent from both seats"
+    ),
+)
+
+KIT_TASKS: dict[str, KitTask] = {
+    "arith": ARITH,
+    "rg_arith": RG_ARITH,
+    "calc": CALC,
+    "guess": GUESS,
+    "games": GAMES,
+    "tictactoe": TICTACTOE_TASK,
+}
 
 
 def kit_task(name: str) -> KitTask:

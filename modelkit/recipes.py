@@ -203,6 +203,26 @@ TINY_GAMES = KitConfig(
     eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]", "[S 9]" and <|im_end|>
 )
 
+# TicTacToe-v0 for two seats (data/tictactoe_teacher.py): the teacher plays perfectly (minimax) on
+# 30% of its moves and takes the first free cell on the rest, half its games against itself (both
+# seats learned from), half against random moves. Greedy play inherits the habit (it wins about
+# 60% against random moves and loses to the heuristic opponent), the room self-play has
+# (workflows/textarena_selfplay.yaml). A seat's whole game is up to ~1,900 characters.
+TINY_TICTACTOE = KitConfig(
+    name="tiny-tictactoe",
+    task="tictactoe",
+    difficulty="TicTacToe-v0",
+    worked_rates=(0.3,),
+    n_train=2000,
+    n_test=128,
+    vocab_size=1024,
+    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=1024),
+    sft=SFTConfig(steps=300, batch_size=16, packed=True),
+    habit_sft=None,
+    eval_prompts=128,
+    eval_max_new_tokens=8,  # per move: "[4]" and <|im_end|>
+)
+
 BUILTIN_KITS: dict[str, KitConfig] = {
     "tiny-arith": KitConfig(),
     "tiny-arith-long": TINY_ARITH_LONG,
@@ -210,6 +230,7 @@ BUILTIN_KITS: dict[str, KitConfig] = {
     "tiny-calc": TINY_CALC,
     "tiny-guess": TINY_GUESS,
     "tiny-games": TINY_GAMES,
+    "tiny-tictactoe": TINY_TICTACTOE,
     "tiny-rg-arith": TINY_RG_ARITH,
 }
 # dataset name -> (kit name, split)
@@ -226,6 +247,8 @@ BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "guess/test": ("tiny-guess", "test"),
     "games/train": ("tiny-games", "train"),
     "games/test": ("tiny-games", "test"),
+    "tictactoe/train": ("tiny-tictactoe", "train"),
+    "tictactoe/test": ("tiny-tictactoe", "test"),
 }
 
 

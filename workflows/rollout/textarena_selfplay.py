@@ -204,7 +204,6 @@ class TextArenaSelfPlay(Rollout):
             "invalid_move": bool(info.get("invalid_move", False)),  # the game ended by this seat's move
             "refused_moves": seat.refused,
             "turns": seat.turns,
-            "seat": pid,
             **{f"{k}_seat{pid}": v for k, v in outcome.items()},
         }
         if opponent != "self":
