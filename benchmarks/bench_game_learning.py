@@ -70,13 +70,15 @@ def summarise(run_dir: Path) -> dict:
 
 def run(game: str, seed: int, out: Path) -> dict:
     run_dir = out / f"{game}_s{seed}"
+    workflow, overrides = GAMES[game]
     t0 = time.perf_counter()
     cmd = [
         sys.executable,
         "-m",
         "areal_graph.cli.main",
         "run",
-        GAMES[game],
+        workflow,
+        *overrides,
         f"runtime.seed={seed}",
         "--run-dir",
         str(run_dir),

@@ -207,7 +207,7 @@ TINY_GAMES = KitConfig(
 # 30% of its moves and takes the first free cell on the rest, half its games against itself (both
 # seats learned from), half against random moves. Greedy play inherits the habit (it wins about
 # 60% against random moves and loses to the heuristic opponent), the room self-play has
-# (workflows/textarena_selfplay.yaml). A seat's whole game is up to ~1,900 characters.
+# (workflows/textarena_selfplay.yaml).
 TINY_TICTACTOE = KitConfig(
     name="tiny-tictactoe",
     task="tictactoe",
@@ -216,7 +216,9 @@ TINY_TICTACTOE = KitConfig(
     n_train=2000,
     n_test=128,
     vocab_size=1024,
-    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=1024),
+    # a seat's game is 420-750 tokens as the teacher plays it; refused moves (the game repeats the
+    # board after each) make a sampled one longer, and a game cut at the context ends unfinished
+    model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=1536),
     sft=SFTConfig(steps=300, batch_size=16, packed=True),
     habit_sft=None,
     eval_prompts=128,

@@ -144,6 +144,10 @@ def test_bad_arguments_and_data_are_named(ta, kit_dir):
     assert "plays textarena: games" in TextArenaSelfPlay.check_data({}, "builtin:arith/train")
     assert "not built for two-seat play" in TextArenaSelfPlay.check_data({}, "textarena:Chess-v0?players=2")
     assert TextArenaSelfPlay.check_data({}, SPEC) is None
+    from areal_graph.workflows.rollout.textarena_game import TextArenaGame
+
+    assert "TextArenaGame plays one: use rollout_class" in TextArenaGame.check_data({}, SPEC)
+    assert TextArenaGame.check_data({}, "textarena:GuessTheNumber-v0?size=4") is None
     with pytest.raises(ValueError, match="group_size 3 is odd"):
         play(kit_dir, _row(), BoardReader(None), 3)
 

@@ -18,7 +18,14 @@ from typing import Any
 
 from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
-from areal_graph.data.textarena_games import TextArenaError, library, make_game, observation_text, seat_reward
+from areal_graph.data.textarena_games import (
+    TextArenaError,
+    library,
+    make_game,
+    observation_text,
+    parse_spec,
+    seat_reward,
+)
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 
@@ -58,6 +65,20 @@ class TextArenaGame(Rollout):
             library()
         except TextArenaError as err:
             return str(err)
+        return None
+
+    @classmethod
+    def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
+        if str(dataset).startswith("textarena:"):
+            try:
+                players = parse_spec(dataset).players
+            except TextArenaError as err:
+                return str(err)
+            if players != 1:
+                return (
+                    f"{dataset!r} has rows for {players} seats; TextArenaGame plays one: use rollout_class "
+                    "areal_graph.workflows.rollout.textarena_selfplay:TextArenaSelfPlay"
+                )
         return None
 
     async def episode(self, prompt: PromptLike, client: Any, sampling: SamplingParams, j: int) -> Trajectory:
