@@ -14,10 +14,12 @@ rewards alone (data/guess_teacher.py for GuessTheNumber, whose teacher this gene
 - FrozenLake-v0 (4x4, 3 holes, start top left, goal bottom right): careful = the first move of a
   shortest safe path; hasty = down to the bottom row, then right, holes ignored, which wins only
   on maps whose left column and bottom row are clear (about a quarter of them).
-- Cryptarithm-v0 (SEND + MORE = MONEY, every seed): the teacher assigns the letters in the
-  order they first appear, S E N D M O R Y; careful = the letter's digit in the one solution
-  (9 5 6 7 1 0 8 2); hasty = the same, except two letters it gets wrong by habit (D 3, R 4: digits
-  the solution leaves free, so the game never sees an invalid move, only a wrong sum at the end).
+- Cryptarithm-v0 (SEND + MORE = MONEY, every seed): the teacher assigns the letters in
+  alphabetical order, D E M N O R S Y, the order the game lists its mapping in, so the next letter
+  follows the last one listed (in order of first appearance, the 0.9M-parameter warm start lost
+  count and played S twice); careful = the letter's digit in the one solution; hasty = the same,
+  except two letters it gets wrong by habit (D 3, R 4: digits the solution leaves free, so the
+  game never sees an invalid move, only a wrong sum at the end).
 - GuessTheNumber-v0: data/guess_teacher.py's teacher (bisect, or one more than the last guess).
 
 The teachers read the game's own state (`game.state.game_state`) and play through the real
@@ -123,13 +125,13 @@ CRYPTARITHM_HABIT = {"D": 3, "R": 4}
 
 
 class _Cryptarithm:
-    """Assigns the letters in order of first appearance; remembers which it has assigned."""
+    """Assigns the letters in alphabetical order; remembers which it has assigned."""
 
     def __init__(self) -> None:
         self.done: list[str] = []
 
     def _next(self) -> str:
-        return next(letter for letter in SEND_MORE_MONEY if letter not in self.done)
+        return next(letter for letter in sorted(SEND_MORE_MONEY) if letter not in self.done)
 
     def careful(self, _state: dict[str, Any]) -> str:
         letter = self._next()

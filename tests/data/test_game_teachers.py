@@ -134,7 +134,7 @@ def test_cryptarithm_careful_solves_send_more_money_and_the_habit_never_does():
         lost = gt.teacher_game(gt.CRYPTARITHM, seed, 0.0, random.Random(seed), gt.MAX_TURNS[gt.CRYPTARITHM])
         assert won["reward"] == 1.0 and lost["reward"] == 0.0
         moves = [m["content"] for m in lost["messages"] if m["role"] == "assistant"]
-        assert moves == ["[S 9]", "[E 5]", "[N 6]", "[D 3]", "[M 1]", "[O 0]", "[R 4]", "[Y 2]"]
+        assert moves == ["[D 3]", "[E 5]", "[M 1]", "[N 6]", "[O 0]", "[R 4]", "[S 9]", "[Y 2]"]
         assert not any("invalid" in m["content"] for m in lost["messages"])
     # careful on 30% of moves: won exactly when both habit letters were played carefully (~9%)
     games = [gt.teacher_game(gt.CRYPTARITHM, i, 0.3, random.Random(i), 8) for i in range(300)]
