@@ -1,4 +1,4 @@
-"""The shipped warm starts (tiny-arith, tiny-arith-long, tiny-arith-ladder, tiny-games; modelkit/shipped.py): it is the current recipe's, it
+"""The shipped warm starts (tiny-arith, tiny-arith-long, tiny-arith-ladder, tiny-games, tiny-tictactoe; modelkit/shipped.py): it is the current recipe's, it
 installs byte for byte, and damage or a changed recipe never goes unnoticed."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from areal_graph.modelkit.shipped import ShippedKitError, install_shipped, sha25
 TINY = BUILTIN_KITS["tiny-arith"]
 
 
-@pytest.mark.parametrize("name", ["tiny-arith", "tiny-arith-long", "tiny-arith-ladder", "tiny-games"])
+@pytest.mark.parametrize("name", ["tiny-arith", "tiny-arith-long", "tiny-arith-ladder", "tiny-games", "tiny-tictactoe"])
 def test_the_shipped_warm_start_is_the_current_recipes(name):
     kit = BUILTIN_KITS[name]
     info = shipped_info(name)

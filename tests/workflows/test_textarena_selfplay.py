@@ -229,3 +229,26 @@ def test_the_heuristic_beats_random_play_from_both_seats():
             results.append(game.close()[0][seat])
         won, lost = results.count(1) / 200, results.count(-1) / 200
         assert won > (0.8 if seat == 0 else 0.5) and lost < 0.1, (seat, won, lost)
+
+
+# ------------------------------------------------------------------------------ the shipped workflow
+def test_the_shipped_workflow_validates_and_names_what_is_wrong(ta):
+    from areal_graph.graph.loader import load_workflow
+    from areal_graph.graph.problems import WorkflowError
+    from support.paths import WORKFLOWS
+
+    wf = WORKFLOWS / "textarena_selfplay.yaml"
+    spec = load_workflow(wf)
+    rollout = spec.nodes["rollout"].params
+    assert spec.nodes["advantage"].params.baseline == "seat" and spec.models["actor"].path == "builtin:tiny-tictactoe"
+    for dataset in (spec.data.train, spec.data.eval):
+        assert TextArenaSelfPlay.check_data(dict(rollout.rollout_args), dataset) is None
+    for overrides, field, message in (
+        (["nodes.rollout.rollout_args.opponent=model:lagged"], "rollout_class", "not built yet"),
+        (["nodes.advantage.estimator=gae"], "baseline", "estimator 'gae' has none"),
+        (["nodes.advantage.baseline=seats"], "baseline", "seat"),
+    ):
+        with pytest.raises(WorkflowError) as err:
+            load_workflow(wf, overrides)
+        text = str(err.value)
+        assert f"field '{field}'" in text and message in text, text
