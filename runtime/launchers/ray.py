@@ -62,9 +62,11 @@ log = logging.getLogger(__name__)
 # launcher passes only small messages through it, so keep it at Ray's floor, not 30% of RAM.
 OBJECT_STORE_BYTES = 128 << 20
 # On a cluster joined by address an actor's environment is its raylet's, not the driver's:
-# these reach every process, so caches, hub settings and test modules resolve the same way.
+# these reach every process, so caches, hub settings, test modules and the environments' own
+# settings (verifiers' python: data/verifiers_venv.py; NLTK's data for TextArena games) resolve
+# the same way.
 FORWARDED_ENV_PREFIXES = ("AREAL_GRAPH_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
-FORWARDED_ENV_KEYS = ("PYTHONPATH",)
+FORWARDED_ENV_KEYS = ("PYTHONPATH", "AREAL_VERIFIERS_PYTHON", "NLTK_DATA")
 CALL_TIMEOUT_S = 30.0  # a short actor call (poll, tail, stop) that takes longer counts as lost
 
 

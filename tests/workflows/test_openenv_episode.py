@@ -164,28 +164,22 @@ def test_a_started_environment_plays_whole_episodes_in_its_own_process(kit_dir):
 
 def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(kit_dir):
     from areal_graph.engines.inference.engine import EmbeddedEngine
-
-    outputs: list[list[int]] = []
-
-    class Recording(LocalEngineClient):
-        async def generate(self, input_ids, params, rid=None):
-            result = await super().generate(input_ids, params, rid)
-            outputs.append(list(result.output_ids))
-            return result
+    from support.recording import RecordingClient
 
     rollout = make_rollout(ROLLOUT, kit_dir, env=ARITH, max_turns=2)
     engine = EmbeddedEngine(kit_dir, max_context=256)
+    client = RecordingClient(engine)
 
     async def play():
         try:
-            return await rollout.run(Row("row-7"), Recording(engine), 3, SamplingParams(max_new_tokens=24, seed=3))
+            return await rollout.run(Row("row-7"), client, 3, SamplingParams(max_new_tokens=24, seed=3))
         finally:
             await rollout.aclose()
 
     with engine:
         trajectories = asyncio.run(play())
     sampled = [ids for t in trajectories for role, ids in split_turns(t.input_ids, t.loss_mask) if role == "assistant"]
-    assert sorted(map(tuple, sampled)) == sorted(map(tuple, outputs)) and len(outputs) >= 3
+    assert sorted(map(tuple, sampled)) == sorted(map(tuple, client.outputs)) and len(client.outputs) >= 3
     for t in trajectories:
         assert t.info["reward"] in (0.0, 0.5, 1.0) and 1 <= t.info["metrics"]["turns"] <= 2
 

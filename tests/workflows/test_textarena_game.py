@@ -127,22 +127,16 @@ def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(ta, kit_di
     from areal_graph.api.episode import split_turns
     from areal_graph.engines.inference.engine import EmbeddedEngine
     from areal_graph.engines.inference.rollout_eval import make_rollout
+    from support.recording import RecordingClient
 
     tok, prompt = prompt_of(kit_dir, tmp_path, seed=5)
-    outputs: list[list[int]] = []
-
-    class Recording(LocalEngineClient):
-        async def generate(self, input_ids, params, rid=None):
-            result = await super().generate(input_ids, params, rid)
-            outputs.append(list(result.output_ids))
-            return result
-
     engine = EmbeddedEngine(str(kit_dir), max_context=2048)
     rollout = make_rollout(ROLLOUT, str(kit_dir))
+    client = RecordingClient(engine)
     with engine:
-        trajectories = asyncio.run(rollout.run(prompt, Recording(engine), 2, SamplingParams(max_new_tokens=12, seed=3)))
+        trajectories = asyncio.run(rollout.run(prompt, client, 2, SamplingParams(max_new_tokens=12, seed=3)))
     sampled = [ids for t in trajectories for role, ids in split_turns(t.input_ids, t.loss_mask) if role == "assistant"]
-    assert sorted(map(tuple, sampled)) == sorted(map(tuple, outputs)) and len(outputs) >= 2
+    assert sorted(map(tuple, sampled)) == sorted(map(tuple, client.outputs)) and len(client.outputs) >= 2
     for t in trajectories:
         assert t.info["metrics"]["finished"] and "reward" in t.info
 

@@ -252,3 +252,30 @@ def test_the_shipped_workflow_validates_and_names_what_is_wrong(ta):
             load_workflow(wf, overrides)
         text = str(err.value)
         assert f"field '{field}'" in text and message in text, text
+
+
+def test_with_the_real_engine_and_kit_each_seat_trains_its_own_sampled_tokens(ta, tmp_path):
+    """The shipped kit's policy in self-play: every loss-mask run of every seat is one of the
+    engine's outputs, with the engine's log-probs, and no seat holds another's tokens as its own."""
+    from areal_graph.api.episode import split_turns
+    from areal_graph.engines.inference.engine import EmbeddedEngine
+    from areal_graph.modelkit.builtin import resolve_model_path
+    from support.recording import RecordingClient
+
+    kit = resolve_model_path("builtin:tiny-tictactoe")
+    tok, rows = prompts(kit, tmp_path)
+    engine = EmbeddedEngine(str(kit), max_context=1536)
+    client = RecordingClient(engine)
+    rollout = TextArenaSelfPlay(str(kit), max_total_tokens=1536)
+    with engine:
+        trajs = asyncio.run(rollout.run(rows[0], client, 4, SamplingParams(max_new_tokens=6, seed=11)))
+    recorded = sorted((tuple(o), tuple(lp)) for o, lp in zip(client.outputs, client.logprobs))
+    trained = []
+    for t in trajs:
+        start = 0
+        for role, ids in split_turns(t.input_ids, t.loss_mask):
+            if role == "assistant":
+                trained.append((tuple(ids), tuple(t.behav_logprobs[start : start + len(ids)])))
+            start += len(ids)
+    assert sorted(trained) == recorded  # every generation is exactly one seat's, log-probs and all
+    assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1]

@@ -287,3 +287,17 @@ def test_launcher_fields_are_validated_at_load() -> None:
     with pytest.raises(WorkflowError) as err:
         load_workflow(wf, overrides=["runtime.launcher=slurm"])
     assert "launcher" in str(err.value.problems)
+
+
+def test_the_environments_settings_reach_every_actor(monkeypatch) -> None:
+    """A verifiers python and NLTK's data found on the driver are found in every Ray actor too;
+    other variables stay the raylet's."""
+    from areal_graph.runtime.launchers.ray import forwarded_env
+
+    monkeypatch.setenv("AREAL_VERIFIERS_PYTHON", "/opt/vf/bin/python")
+    monkeypatch.setenv("NLTK_DATA", "/data/nltk")
+    monkeypatch.setenv("AREAL_GRAPH_CACHE", "/c")
+    monkeypatch.setenv("SOME_SECRET", "x")
+    env = forwarded_env()
+    assert env["AREAL_VERIFIERS_PYTHON"] == "/opt/vf/bin/python" and env["NLTK_DATA"] == "/data/nltk"
+    assert env["AREAL_GRAPH_CACHE"] == "/c" and "SOME_SECRET" not in env
