@@ -1,11 +1,26 @@
 """Fixtures of the agent tests: the tiny tool-conversation model (support/openai_tool_model.py),
-its tokenizer, and one inference server subprocess serving it for the whole module."""
+its tokenizer, and one inference server subprocess serving it for the whole module; textarena
+(skipped where it is not installed) and the tiny-arith kit for the game rollouts' tests."""
 
 from __future__ import annotations
 
 import pytest
 
+from support.ci import optional
 from support.openai_tool_model import build_tool_model
+
+
+@pytest.fixture(scope="module")
+def ta():
+    return optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
+
+
+@pytest.fixture(scope="module")
+def tiny_arith_dir():
+    """The shipped tiny-arith kit's model: a ChatML tokenizer the game tests tokenise with."""
+    from areal_graph.modelkit.builtin import resolve_model_path
+
+    return resolve_model_path("builtin:tiny-arith")
 
 
 @pytest.fixture(scope="module")

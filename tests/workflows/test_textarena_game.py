@@ -13,21 +13,8 @@ import pytest
 from areal_graph.api.sampling import GenerationResult, SamplingParams
 from areal_graph.engines.inference.rollout_eval import LocalEngineClient
 from areal_graph.workflows.rollout.textarena_game import TextArenaGame
-from support.ci import optional
 
 ROLLOUT = "areal_graph.workflows.rollout.textarena_game:TextArenaGame"
-
-
-@pytest.fixture(scope="module")
-def ta():
-    return optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
-
-
-@pytest.fixture(scope="module")
-def kit_dir():
-    from areal_graph.modelkit.builtin import resolve_model_path
-
-    return resolve_model_path("builtin:tiny-arith")
 
 
 def test_specs_and_games_are_checked(ta):
@@ -91,24 +78,24 @@ class BinarySearchPlayer(LocalEngineClient):
         return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
 
 
-def prompt_of(kit_dir, tmp_path, seed: int = 4):
+def prompt_of(tiny_arith_dir, tmp_path, seed: int = 4):
     from transformers import AutoTokenizer
 
     from areal_graph.data import textarena_games as tg
     from areal_graph.data.datasets import load_prompts
 
-    tok = AutoTokenizer.from_pretrained(kit_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_arith_dir)
     path = tg.materialize(f"textarena:GuessTheNumber-v0?size=1&seed={seed}", tmp_path)
     [prompt], _ = load_prompts(path, tok)
     return tok, prompt
 
 
-def test_a_whole_game_is_one_trajectory_and_the_games_reward_is_the_episodes(ta, kit_dir, tmp_path):
+def test_a_whole_game_is_one_trajectory_and_the_games_reward_is_the_episodes(ta, tiny_arith_dir, tmp_path):
     from areal_graph.api.episode import split_turns
     from areal_graph.engines.inference.rollout_eval import make_rollout
 
-    tok, prompt = prompt_of(kit_dir, tmp_path)
-    rollout = make_rollout(ROLLOUT, str(kit_dir))
+    tok, prompt = prompt_of(tiny_arith_dir, tmp_path)
+    rollout = make_rollout(ROLLOUT, str(tiny_arith_dir))
     player = BinarySearchPlayer(tok)
     [traj] = asyncio.run(rollout.run(prompt, player, 1, SamplingParams(max_new_tokens=16)))
     assert traj.info["reward"] == 1.0 and traj.info["metrics"]["won"] and traj.info["metrics"]["finished"]
@@ -121,7 +108,7 @@ def test_a_whole_game_is_one_trajectory_and_the_games_reward_is_the_episodes(ta,
     assert all(t.startswith("\n<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n") for t in env_turns)
 
 
-def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(ta, kit_dir, tmp_path):
+def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(ta, tiny_arith_dir, tmp_path):
     """Whatever the (warm-start, not game-trained) policy writes, including replies the game
     refuses and replies cut at the length limit, the loss-mask runs are the engine's outputs."""
     from areal_graph.api.episode import split_turns
@@ -129,9 +116,9 @@ def test_with_the_real_engine_the_trained_tokens_are_the_sampled_ones(ta, kit_di
     from areal_graph.engines.inference.rollout_eval import make_rollout
     from support.recording import RecordingClient
 
-    tok, prompt = prompt_of(kit_dir, tmp_path, seed=5)
-    engine = EmbeddedEngine(str(kit_dir), max_context=2048)
-    rollout = make_rollout(ROLLOUT, str(kit_dir))
+    tok, prompt = prompt_of(tiny_arith_dir, tmp_path, seed=5)
+    engine = EmbeddedEngine(str(tiny_arith_dir), max_context=2048)
+    rollout = make_rollout(ROLLOUT, str(tiny_arith_dir))
     client = RecordingClient(engine)
     with engine:
         trajectories = asyncio.run(rollout.run(prompt, client, 2, SamplingParams(max_new_tokens=12, seed=3)))
@@ -156,7 +143,7 @@ class ScriptedMoves(LocalEngineClient):
 
 
 @pytest.mark.parametrize("reward", ["game", "won"])
-def test_reward_won_pays_a_lost_game_nothing_where_the_game_pays_its_share(ta, kit_dir, tmp_path, reward):
+def test_reward_won_pays_a_lost_game_nothing_where_the_game_pays_its_share(ta, tiny_arith_dir, tmp_path, reward):
     """FrozenLake pays a fall into a hole its share of the way done; reward: won pays it 0."""
     from transformers import AutoTokenizer
 
@@ -165,7 +152,7 @@ def test_reward_won_pays_a_lost_game_nothing_where_the_game_pays_its_share(ta, k
     from areal_graph.data.datasets import load_prompts
 
     path = tg.materialize("textarena:FrozenLake-v0?size=40&seed=0", tmp_path)
-    tok = AutoTokenizer.from_pretrained(kit_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_arith_dir)
     prompts, _ = load_prompts(path, tok)
     for prompt in prompts:  # a lake where walking down, then right, ends in a hole past the start
         game = tg.make_game("FrozenLake-v0")
@@ -180,16 +167,16 @@ def test_reward_won_pays_a_lost_game_nothing_where_the_game_pays_its_share(ta, k
         share = game.close()[0][0]
         if 0.0 < share < 1.0:
             break
-    rollout = TextArenaGame(str(kit_dir), max_turns=10, max_total_tokens=100_000, reward=reward)
+    rollout = TextArenaGame(str(tiny_arith_dir), max_turns=10, max_total_tokens=100_000, reward=reward)
     [traj] = asyncio.run(rollout.run(prompt, ScriptedMoves(tok, moves), 1, SamplingParams(max_new_tokens=8)))
     assert traj.info["metrics"]["turns"] == len(moves) and not traj.info["metrics"]["won"]
     assert traj.info["reward"] == (share if reward == "game" else 0.0)
 
 
-def test_an_unknown_reward_is_refused_with_the_choices(ta, kit_dir):
+def test_an_unknown_reward_is_refused_with_the_choices(ta, tiny_arith_dir):
     assert "must be one of game, won, not 'wins'" in TextArenaGame.check_args({"reward": "wins"})
     with pytest.raises(ValueError, match="game, won"):
-        TextArenaGame(str(kit_dir), reward="wins")
+        TextArenaGame(str(tiny_arith_dir), reward="wins")
 
 
 @pytest.mark.parametrize(
@@ -201,16 +188,16 @@ def test_an_unknown_reward_is_refused_with_the_choices(ta, kit_dir):
         (["[S 9]", "[X 3]", "hello"], 0.0, False, True),
     ],
 )
-def test_cryptarithm_is_won_lost_or_ended_by_an_invalid_move(ta, kit_dir, tmp_path, moves, reward, won, invalid):
+def test_cryptarithm_is_won_lost_or_ended_by_an_invalid_move(ta, tiny_arith_dir, tmp_path, moves, reward, won, invalid):
     from transformers import AutoTokenizer
 
     from areal_graph.data import textarena_games as tg
     from areal_graph.data.datasets import load_prompts
 
     assert tg.seat_reward({0: "Bad action format. Use `[A 5]`."}, 0) is None and tg.seat_reward({0: 1}, 0) == 1.0
-    tok = AutoTokenizer.from_pretrained(kit_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_arith_dir)
     prompts, _ = load_prompts(tg.materialize("textarena:Cryptarithm-v0?size=1&seed=0", tmp_path), tok)
-    rollout = TextArenaGame(str(kit_dir), max_turns=10, max_total_tokens=100_000)
+    rollout = TextArenaGame(str(tiny_arith_dir), max_turns=10, max_total_tokens=100_000)
     [traj] = asyncio.run(rollout.run(prompts[0], ScriptedMoves(tok, moves), 1, SamplingParams(max_new_tokens=8)))
     metrics = traj.info["metrics"]
     assert (traj.info["reward"], metrics["won"], metrics["invalid_move"]) == (reward, won, invalid)

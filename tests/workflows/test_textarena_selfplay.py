@@ -20,18 +20,6 @@ from support.ci import optional
 SPEC = "textarena:TicTacToe-v0?size=8&seed=0&players=2"
 
 
-@pytest.fixture(scope="module")
-def ta():
-    return optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
-
-
-@pytest.fixture(scope="module")
-def kit_dir():
-    from areal_graph.modelkit.builtin import resolve_model_path
-
-    return resolve_model_path("builtin:tiny-arith")
-
-
 class BoardReader(LocalEngineClient):
     """A scripted policy: reads the last 'Available Moves' in the conversation it is sent and
     plays the first (or, once, a cell that is taken, to be refused)."""
@@ -52,28 +40,28 @@ class BoardReader(LocalEngineClient):
         return GenerationResult(rid or "r", out, [-0.25] * len(out), [3] * len(out), "stop", len(input_ids))
 
 
-def prompts(kit_dir, tmp_path, spec=SPEC):
+def prompts(tiny_arith_dir, tmp_path, spec=SPEC):
     from transformers import AutoTokenizer
 
     from areal_graph.data import textarena_games as tg
     from areal_graph.data.datasets import load_prompts
 
-    tok = AutoTokenizer.from_pretrained(kit_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_arith_dir)
     rows, _ = load_prompts(tg.materialize(spec, tmp_path), tok)
     return tok, rows
 
 
-def play(kit_dir, prompt, client, group_size, **args):
-    rollout = TextArenaSelfPlay(str(kit_dir), **{"max_total_tokens": 100_000, **args})
+def play(tiny_arith_dir, prompt, client, group_size, **args):
+    rollout = TextArenaSelfPlay(str(tiny_arith_dir), **{"max_total_tokens": 100_000, **args})
     return asyncio.run(rollout.run(prompt, client, group_size, SamplingParams(max_new_tokens=8)))
 
 
-def test_self_play_gives_each_seat_its_trajectory_its_tokens_and_its_reward(ta, kit_dir, tmp_path):
+def test_self_play_gives_each_seat_its_trajectory_its_tokens_and_its_reward(ta, tiny_arith_dir, tmp_path):
     from areal_graph.api.episode import split_turns
 
-    tok, rows = prompts(kit_dir, tmp_path)
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
     client = BoardReader(tok)
-    trajs = play(kit_dir, rows[0], client, 4)
+    trajs = play(tiny_arith_dir, rows[0], client, 4)
     assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1] and [t.sample_id for t in trajs] == [0, 1, 2, 3]
     # first-free-cell against itself: O takes 0, X 1, O 2, X 3, O 4, X 5, O 6: O wins on the diagonal 2-4-6
     for t in trajs:
@@ -90,9 +78,9 @@ def test_self_play_gives_each_seat_its_trajectory_its_tokens_and_its_reward(ta, 
 
 
 @pytest.mark.parametrize("opponent", ["random", "heuristic"])
-def test_a_fixed_opponent_plays_one_seat_and_the_policy_both_in_turn(ta, kit_dir, tmp_path, opponent):
-    tok, rows = prompts(kit_dir, tmp_path)
-    trajs = play(kit_dir, rows[1], BoardReader(tok), 4, opponent=opponent)
+def test_a_fixed_opponent_plays_one_seat_and_the_policy_both_in_turn(ta, tiny_arith_dir, tmp_path, opponent):
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
+    trajs = play(tiny_arith_dir, rows[1], BoardReader(tok), 4, opponent=opponent)
     assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1]
     for t in trajs:
         m = t.info["metrics"]
@@ -103,8 +91,8 @@ def test_a_fixed_opponent_plays_one_seat_and_the_policy_both_in_turn(ta, kit_dir
         assert not any(t.info["metrics"]["won"] for t in trajs)
 
 
-def test_evaluation_rows_name_their_opponent_and_seat(ta, kit_dir, tmp_path):
-    tok, rows = prompts(kit_dir, tmp_path, SPEC.replace("size=8", "size=4") + "&opponents=random,heuristic")
+def test_evaluation_rows_name_their_opponent_and_seat(ta, tiny_arith_dir, tmp_path):
+    tok, rows = prompts(tiny_arith_dir, tmp_path, SPEC.replace("size=8", "size=4") + "&opponents=random,heuristic")
     refs = [json.loads(r.answer) for r in rows]
     assert [(r["opponent"], r["seat"]) for r in refs] == [
         ("random", 0),
@@ -113,13 +101,13 @@ def test_evaluation_rows_name_their_opponent_and_seat(ta, kit_dir, tmp_path):
         ("heuristic", 1),
     ]
     for row, ref in zip(rows, refs):  # the rollout's own opponent (self) gives way to the row's
-        [t] = play(kit_dir, row, BoardReader(tok), 1)
+        [t] = play(tiny_arith_dir, row, BoardReader(tok), 1)
         assert (t.info["seat"], t.info["opponent"]) == (ref["seat"], ref["opponent"])
 
 
-def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, kit_dir, tmp_path):
-    tok, rows = prompts(kit_dir, tmp_path)
-    trajs = play(kit_dir, rows[0], BoardReader(tok, refuse_once=True), 2)
+def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, tiny_arith_dir, tmp_path):
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
+    trajs = play(tiny_arith_dir, rows[0], BoardReader(tok, refuse_once=True), 2)
     refused = [t.info["metrics"]["refused_moves"] for t in trajs]
     assert sorted(refused) == [0, 1]
 
@@ -128,13 +116,13 @@ def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, kit_dir, tmp
             out = self.tok.encode("[10]", add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
             return GenerationResult(rid or "r", out, [-0.5] * len(out), [0] * len(out), "stop", len(input_ids))
 
-    [t0, t1] = play(kit_dir, rows[0], AlwaysTaken(tok), 2)
+    [t0, t1] = play(tiny_arith_dir, rows[0], AlwaysTaken(tok), 2)
     assert t0.info["metrics"]["invalid_move"] and t0.info["reward"] == -1.0 and t1.info["metrics"]["won"]
-    [t0, t1] = play(kit_dir, rows[0], AlwaysTaken(tok), 2, invalid_move_reward=-2.0, reward="game")
+    [t0, t1] = play(tiny_arith_dir, rows[0], AlwaysTaken(tok), 2, invalid_move_reward=-2.0, reward="game")
     assert t0.info["reward"] == -2.0
 
 
-def test_bad_arguments_and_data_are_named(ta, kit_dir):
+def test_bad_arguments_and_data_are_named(ta, tiny_arith_dir):
     assert "lagged copy of the policy is not built yet" in TextArenaSelfPlay.check_args({"opponent": "model:lagged"})
     assert "must be one of self, random, heuristic, not 'expert'" in TextArenaSelfPlay.check_args(
         {"opponent": "expert"}
@@ -149,7 +137,7 @@ def test_bad_arguments_and_data_are_named(ta, kit_dir):
     assert "TextArenaGame plays one: use rollout_class" in TextArenaGame.check_data({}, SPEC)
     assert TextArenaGame.check_data({}, "textarena:GuessTheNumber-v0?size=4") is None
     with pytest.raises(ValueError, match="group_size 3 is odd"):
-        play(kit_dir, _row(), BoardReader(None), 3)
+        play(tiny_arith_dir, _row(), BoardReader(None), 3)
 
 
 def _row():

@@ -32,6 +32,18 @@ from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 REWARDS = ("game", "won")  # the episode's reward: the game's own, or 1 for a won game and 0 otherwise
 
 
+def check_reward_and_library(rollout_args: dict[str, Any]) -> str | None:
+    """What a TextArena rollout's `validate` says before any game starts: the reward it was given,
+    and whether textarena is installed."""
+    if rollout_args.get("reward", "game") not in REWARDS:
+        return f"rollout_args.reward must be one of {', '.join(REWARDS)}, not {rollout_args['reward']!r}"
+    try:
+        library()
+    except TextArenaError as err:
+        return str(err)
+    return None
+
+
 class TextArenaGame(Rollout):
     def __init__(
         self,
@@ -59,13 +71,7 @@ class TextArenaGame(Rollout):
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
-        if rollout_args.get("reward", "game") not in REWARDS:
-            return f"rollout_args.reward must be one of {', '.join(REWARDS)}, not {rollout_args['reward']!r}"
-        try:
-            library()
-        except TextArenaError as err:
-            return str(err)
-        return None
+        return check_reward_and_library(rollout_args)
 
     @classmethod
     def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:

@@ -35,7 +35,6 @@ from areal_graph.api.sampling import SamplingParams
 from areal_graph.data.datasets import format_prompt
 from areal_graph.data.textarena_games import (
     TextArenaError,
-    library,
     make_game,
     observation_text,
     parse_spec,
@@ -44,8 +43,8 @@ from areal_graph.data.textarena_games import (
 from areal_graph.data.two_player_games import OPPONENTS, TWO_PLAYER_GAMES, not_built, two_player_game
 from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
+from areal_graph.workflows.rollout.textarena_game import REWARDS, check_reward_and_library
 
-REWARDS = ("game", "won")
 LAGGED = "model:"  # a lagged copy of the policy as the opponent: not built yet
 
 
@@ -101,16 +100,7 @@ class TextArenaSelfPlay(Rollout):
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
-        problem = check_opponent(rollout_args.get("opponent", "self"))
-        if problem:
-            return problem
-        if rollout_args.get("reward", "game") not in REWARDS:
-            return f"rollout_args.reward must be one of {', '.join(REWARDS)}, not {rollout_args['reward']!r}"
-        try:
-            library()
-        except TextArenaError as err:
-            return str(err)
-        return None
+        return check_opponent(rollout_args.get("opponent", "self")) or check_reward_and_library(rollout_args)
 
     @classmethod
     def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
