@@ -199,7 +199,8 @@ TINY_GAMES = KitConfig(
     n_test=192,
     vocab_size=1024,
     model=dataclasses.replace(TINY_ARITH_MODEL, max_position_embeddings=1024),
-    sft=SFTConfig(steps=450, batch_size=16, packed=True),
+    # 450 steps left Cryptarithm's seventh move wrong ("[O 9]" for "[S 9]" in 28 of 32 sampled games)
+    sft=SFTConfig(steps=800, batch_size=16, packed=True),
     habit_sft=None,
     eval_prompts=192,
     eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]", "[S 9]" and <|im_end|>
