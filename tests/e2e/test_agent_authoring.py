@@ -31,6 +31,8 @@ def cli(*args: str, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+# ~35 s (a run, then eval): `make test-slow`; tests/cli/test_cmd_eval.py keeps eval --workflow in the default run
+@pytest.mark.slow
 def test_eval_with_the_runs_workflow_scores_what_the_runs_own_evaluation_scored(tmp_path):
     """The run evaluates before its step and after it; `eval --workflow RUN/config.yaml` of the
     initial and the final model gives the same accuracy (episode reward: 1 first try, 0.5 second;

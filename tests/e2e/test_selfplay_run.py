@@ -18,9 +18,9 @@ def test_the_selfplay_workflow_trains_both_seats_and_evaluates_against_fixed_opp
         WORKFLOWS / "textarena_selfplay.yaml",
         run_dir,
         "runtime.steps=2",
-        "runtime.batch_size=16",
+        "runtime.batch_size=8",
         "runtime.eval_every=2",
-        "data.eval_size=8",
+        "data.eval_size=4",
         "runtime.max_staleness=1",
         timeout=400,
     )
@@ -36,9 +36,9 @@ def test_the_selfplay_workflow_trains_both_seats_and_evaluates_against_fixed_opp
         assert m["env/won_seat0"] == pytest.approx(m["env/lost_seat1"])
     evals = [m for m in metrics if "eval/accuracy" in m]
     assert [m["step"] for m in evals] == [0, 2]
-    for m in evals:  # 8 rows: each opponent from each seat, twice
+    for m in evals:  # 4 rows: each opponent from each seat
         for opponent in ("random", "heuristic"):
             for seat in (0, 1):
                 outcome = [m[f"eval/env/{k}_vs_{opponent}_seat{seat}"] for k in ("won", "drawn", "lost")]
-                assert sum(outcome) == pytest.approx(1.0) and all(v in (0.0, 0.5, 1.0) for v in outcome)
+                assert sum(outcome) == pytest.approx(1.0) and all(v in (0.0, 1.0) for v in outcome)
         assert m["eval/accuracy"] == pytest.approx(m["eval/env/won"])

@@ -267,3 +267,28 @@ def test_with_the_real_engine_and_kit_each_seat_trains_its_own_sampled_tokens(ta
             start += len(ids)
     assert sorted(trained) == recorded  # every generation is exactly one seat's, log-probs and all
     assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1]
+
+
+# ------------------------------------------------------------------------------ the kit's teacher
+def test_the_teachers_careful_play_is_perfect_and_its_habit_is_the_first_free_cell(ta):
+    """Careful (minimax) never loses: against itself every game is drawn, against random moves it
+    wins most and loses none; the habit takes the first free cell; each seat's conversation is laid
+    out as the rollout lays it out (its opening, then user turns between its moves)."""
+    from areal_graph.data import tictactoe_teacher as tt
+
+    rng = random.Random(0)
+    selfplay = [side for i in range(30) for side in tt.teacher_game(i, 1.0, rng, "self")]
+    assert len(selfplay) == 60 and all(side["reward"] == 0.0 for side in selfplay)
+    vs_random = [side for i in range(200) for side in tt.teacher_game(i, 1.0, rng, "random")]
+    rewards = [side["reward"] for side in vs_random]
+    assert rewards.count(-1.0) == 0 and rewards.count(1.0) > 150
+    assert {side["seat"] for side in vs_random} == {0, 1}
+    habit = tt.teacher_game(0, 0.0, rng, "self")
+    seat0 = [m["content"] for m in habit[0]["messages"] if m["role"] == "assistant"]
+    assert seat0 == ["[0]", "[2]", "[4]", "[6]"]  # O takes the first free cell: 0, (X 1), 2, (X 3), 4, (X 5), 6 wins
+    assert habit[0]["reward"] == 1.0 and habit[1]["reward"] == -1.0
+    for side in selfplay[:4]:
+        assert side["question"].startswith(f"You are Player {side['seat']} in Tic Tac Toe.")
+        assert [m["role"] for m in side["messages"]] == ["assistant", "user"] * (len(side["messages"]) // 2) + (
+            ["assistant"] if len(side["messages"]) % 2 else []
+        )
