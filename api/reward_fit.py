@@ -42,7 +42,7 @@ KINDS: tuple[DataKind, ...] = (
     ),
     DataKind(
         "TextArena game",
-        ("textarena:", "builtin:guess/", "builtin:games/"),
+        ("textarena:", "builtin:guess/", "builtin:games/", "builtin:tictactoe/"),
         ("agent",),
         "a game row's answer names the game and its seed; the game's own reward reaches the reward node "
         "as the episode's",
