@@ -192,11 +192,10 @@ def cache_path(spec: str, root: Path) -> Path:
 
 
 def _checked(spec: str) -> GameSpec:
-    game = parse_spec(spec)
-    problem = check_env(game.env) if game.players == 1 else check_two_player_env(game.env)
+    problem = check_spec(spec)
     if problem:
         raise TextArenaError(problem)
-    return game
+    return parse_spec(spec)
 
 
 def rows_of(game: GameSpec, first_seed: int | None = None) -> list[dict[str, Any]]:

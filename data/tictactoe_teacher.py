@@ -21,14 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from areal_graph.data.textarena_games import game_row, make_game, observation_text
-from areal_graph.data.two_player_games import TICTACTOE, tictactoe_cells, tictactoe_legal, tictactoe_mark
+from areal_graph.data.two_player_games import LINES, TICTACTOE, tictactoe_cells, tictactoe_legal, tictactoe_mark
 
-_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _PREFERENCE = (4, 0, 2, 6, 8, 1, 3, 5, 7)  # ties: the centre, the corners, the sides
 
 
 def _winner(cells: tuple[str, ...]) -> str:
-    for a, b, c in _LINES:
+    for a, b, c in LINES:
         if cells[a] and cells[a] == cells[b] == cells[c]:
             return cells[a]
     return ""

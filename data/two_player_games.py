@@ -24,7 +24,8 @@ FIXED_OPPONENTS = ("random", "heuristic")
 # "self": every seat is the policy, every seat trained; the others play one seat by program
 OPPONENTS = ("self", *FIXED_OPPONENTS)
 
-_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+# TicTacToe's eight lines of three cells (rows, columns, diagonals), cells numbered 0-8 row by row
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 
 
 def tictactoe_cells(state: dict[str, Any]) -> list[str]:
@@ -43,7 +44,7 @@ def tictactoe_legal(state: dict[str, Any]) -> list[int]:
 def _completes(cells: list[str], mark: str) -> list[int]:
     """Free cells that would give `mark` three in a row."""
     out = []
-    for line in _LINES:
+    for line in LINES:
         marks = [cells[i] for i in line]
         if marks.count(mark) == 2 and marks.count("") == 1:
             out.append(line[marks.index("")])
