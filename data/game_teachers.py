@@ -20,6 +20,11 @@ rewards alone (data/guess_teacher.py for GuessTheNumber, whose teacher this gene
   count and played S twice); careful = the letter's digit in the one solution; hasty = the same,
   except two letters it gets wrong by habit (D 3, R 4: digits the solution leaves free, so the
   game never sees an invalid move, only a wrong sum at the end).
+- Blackjack-v0 (5 hands against a dealer who draws to 17, an infinite deck; the game's reward is
+  the share of hands won): careful = basic strategy on the score the game shows and the dealer's
+  card (stand on 17 or more, on 13-16 against a dealer's 2-6, on 12 against 4-6; else hit), which
+  wins about 42% of hands; hasty = hit, whatever the score, which busts every hand it plays alone.
+  Mixed (careful on 40% of moves) the teacher wins about 22% of hands: what RL has to raise.
 - GuessTheNumber-v0: data/guess_teacher.py's teacher (bisect, or one more than the last guess).
 
 The teachers read the game's own state (`game.state.game_state`) and play through the real
@@ -43,6 +48,7 @@ HANOI = "TowerOfHanoi-v0"
 FROZEN_LAKE = "FrozenLake-v0"
 GUESS = "GuessTheNumber-v0"
 CRYPTARITHM = "Cryptarithm-v0"
+BLACKJACK = "Blackjack-v0"
 
 
 # ------------------------------------------------------------------------------ TowerOfHanoi
@@ -145,6 +151,35 @@ class _Cryptarithm:
         self.done.append(move.strip("[]").split()[0])
 
 
+# ------------------------------------------------------------------------------ Blackjack
+def blackjack_score(hand: Sequence[str]) -> int:
+    """A hand's points as the game counts them (J/Q/K 10, an ace 11 unless that busts it)."""
+    total, aces = 0, 0
+    for card in hand:
+        rank = card[:-1]
+        if rank == "A":
+            total, aces = total + 11, aces + 1
+        else:
+            total += 10 if rank in ("J", "Q", "K") else int(rank)
+    while total > 21 and aces:
+        total, aces = total - 10, aces - 1
+    return total
+
+
+def blackjack_careful(state: dict[str, Any]) -> str:
+    """Basic strategy on the hand's score and the dealer's up card (no doubling or splitting here)."""
+    score = blackjack_score(state["player_hand"])
+    up = min(blackjack_score(state["dealer_hand"][:1]), 11)
+    if score >= 17 or (13 <= score <= 16 and up <= 6) or (score == 12 and 4 <= up <= 6):
+        return "[Stand]"
+    return "[Hit]"
+
+
+def blackjack_hasty(_state: dict[str, Any]) -> str:
+    """Hit, whatever the score: the habit busts every hand it plays alone."""
+    return "[Hit]"
+
+
 # ------------------------------------------------------------------------------ GuessTheNumber
 class _Bisect:
     """GuessTheNumber's teacher state: the range the hints allow and the last guess."""
@@ -188,6 +223,7 @@ TEACHERS: dict[str, Callable[[], Any]] = {
     FROZEN_LAKE: lambda: _Stateless(lake_careful, lake_hasty, lambda s: s),
     GUESS: _Bisect,
     CRYPTARITHM: _Cryptarithm,
+    BLACKJACK: lambda: _Stateless(blackjack_careful, blackjack_hasty, lambda s: s),
 }
 
 
@@ -217,8 +253,9 @@ def teacher_game(env: str, seed: int, careful_rate: float, rng: random.Random, m
 
 # The most moves a teacher game lasts (the optimal games take 7, 6, up to 5 and 8): long enough
 # for hasty games to lose by the rules, short enough for a whole game to fit the kit's context.
-# (Cryptarithm ends when its eighth letter is mapped.)
-MAX_TURNS = {HANOI: 10, FROZEN_LAKE: 8, GUESS: 10, CRYPTARITHM: 8}
+# (Cryptarithm ends when its eighth letter is mapped; Blackjack's five hands take about 12 moves
+# as the teacher plays them, and a hand of hits alone lasts at most 8.)
+MAX_TURNS = {HANOI: 10, FROZEN_LAKE: 8, GUESS: 10, CRYPTARITHM: 8, BLACKJACK: 20}
 
 
 def teacher_games(

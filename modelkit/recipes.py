@@ -186,15 +186,16 @@ TINY_ARITH_LADDER = KitConfig(
 # Several single-player TextArena games in one kit (data/game_teachers.py): TowerOfHanoi-v0 (RL
 # learns it: workflows/textarena_hanoi.yaml), Cryptarithm-v0 and FrozenLake-v0 (played, not
 # learned: the warm start does not play Cryptarithm's move order reliably, and its sampled
-# FrozenLake play keeps to the habit: docs/agents.md) and GuessTheNumber-v0, with a BPE of their
+# FrozenLake play keeps to the habit: docs/agents.md), GuessTheNumber-v0 and Blackjack-v0 (five
+# hands; the habit hits whatever the score: workflows/textarena_blackjack.yaml), with a BPE of their
 # text and a context of 1024 for a whole game (FrozenLake redraws its board every move: a 6-move
 # game is ~700 tokens). The teachers are careful (a solver) on worked_rates of their moves, per
 # game, and follow a habit on the rest: greedy play wins no Hanoi game (sampled: ~6%).
 TINY_GAMES = KitConfig(
     name="tiny-games",
     task="games",
-    difficulty="TowerOfHanoi-v0,FrozenLake-v0,GuessTheNumber-v0,Cryptarithm-v0",
-    worked_rates=(0.4, 0.3, 0.3, 0.3),
+    difficulty="TowerOfHanoi-v0,FrozenLake-v0,GuessTheNumber-v0,Cryptarithm-v0,Blackjack-v0",
+    worked_rates=(0.4, 0.3, 0.3, 0.3, 0.4),
     n_train=4000,
     n_test=192,
     vocab_size=1024,
@@ -203,7 +204,7 @@ TINY_GAMES = KitConfig(
     sft=SFTConfig(steps=800, batch_size=16, packed=True),
     habit_sft=None,
     eval_prompts=192,
-    eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]", "[S 9]" and <|im_end|>
+    eval_max_new_tokens=8,  # per move: "[A C]", "[down]", "[12]", "[S 9]", "[Stand]" and <|im_end|>
 )
 
 # TicTacToe-v0 for two seats (data/tictactoe_teacher.py): the teacher plays perfectly (minimax) on
