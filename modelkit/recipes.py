@@ -4,7 +4,7 @@
 `builtin:tiny-arith-long` with `builtin:arith-long/{train,test}` (1 to 20 steps, long-tailed
 answer lengths: the regime where asynchronous RL pays most), `builtin:tiny-calc` with
 `builtin:calc/{train,test}` (products answered with a calculator tool: multi-turn tool use),
-`builtin:tiny-guess` (a TextArena game), `builtin:tiny-games` (four single-player TextArena
+`builtin:tiny-guess` (a TextArena game), `builtin:tiny-games` (five single-player TextArena
 games), `builtin:tiny-tictactoe` (TicTacToe from both seats, for self-play) and
 `builtin:tiny-rg-arith` (reasoning-gym arithmetic).
 

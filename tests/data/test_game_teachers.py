@@ -140,3 +140,56 @@ def test_cryptarithm_careful_solves_send_more_money_and_the_habit_never_does():
     games = [gt.teacher_game(gt.CRYPTARITHM, i, 0.3, random.Random(i), 8) for i in range(300)]
     rate = sum(g["reward"] for g in games) / len(games)
     assert 0.04 < rate < 0.15, rate
+
+
+@pytest.mark.parametrize(
+    "hand, score",
+    [
+        (["A♠", "K♥"], 21),
+        (["A♠", "A♥", "9♦"], 21),
+        (["K♠", "Q♥", "5♦"], 25),
+        (["10♣", "6♦"], 16),
+        (["A♦", "5♣", "9♥"], 15),
+    ],
+)
+def test_blackjack_score_counts_as_the_game_does(hand, score):
+    assert gt.blackjack_score(hand) == score
+    assert make_game(gt.BLACKJACK)._hand_score(hand) == score  # the game's own count agrees
+
+
+def _hands_won(policy, seeds, careful_rate: float = 1.0) -> float:
+    """Share of Blackjack hands won over games of `seeds`, `policy` on `careful_rate` of moves and
+    hitting on the rest, read off the game's own tally."""
+    rng, won, hands = random.Random(0), 0, 0
+    for seed in seeds:
+        game = make_game(gt.BLACKJACK)
+        game.reset(num_players=1, seed=seed)
+        game.get_observation()
+        for _ in range(60):
+            state = game.state.game_state
+            done, _ = game.step(policy(state) if rng.random() < careful_rate else gt.blackjack_hasty(state))
+            if done:
+                break
+            game.get_observation()
+        assert done, "a game of five hands ends within 60 moves"
+        tally = game.state.game_state["results_summary"]
+        won, hands = won + tally["win"], hands + sum(tally.values())
+    return won / hands
+
+
+def test_blackjack_basic_strategy_wins_about_42_percent_and_the_habit_busts_every_hand():
+    """Careful play is basic strategy (~42% of hands in this game's rules: infinite deck, dealer
+    draws to 17, no doubling); the habit (hit) never stands, so it loses every hand; the teacher's
+    mix (careful on 40% of moves) wins about 22%: the room RL has. A threshold rule written here
+    (stand on 17 or more) sits between them, as it should."""
+    seeds = range(600)
+    careful = _hands_won(gt.blackjack_careful, seeds)
+    assert 0.38 < careful < 0.47, careful
+    assert _hands_won(gt.blackjack_careful, range(50), careful_rate=0.0) == 0.0
+    mixed = _hands_won(gt.blackjack_careful, seeds, careful_rate=0.4)
+    assert 0.17 < mixed < 0.28, mixed
+    threshold = _hands_won(lambda s: "[Stand]" if gt.blackjack_score(s["player_hand"]) >= 17 else "[Hit]", seeds)
+    assert mixed < threshold <= careful + 0.02, (threshold, careful)
+    # a teacher game is the same for the same seed (the deck is seeded by the game's reset)
+    a, b = (gt.teacher_game(gt.BLACKJACK, 3, 0.4, random.Random(1), 20) for _ in range(2))
+    assert a["messages"] == b["messages"]
