@@ -99,7 +99,9 @@ class LastCell(BoardReader):
         text = self.tok.decode(input_ids)
         self.seen.append(text)
         moves = re.findall(r"'\[(\d)\]'", text.rsplit("Available Moves:", 1)[1])
-        out = self.tok.encode(f"[{moves[-1]}]", add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        out = self.tok.encode(f"[{moves[-1]}]", add_special_tokens=False) + [
+            self.tok.convert_tokens_to_ids("<|im_end|>")
+        ]
         self.sent.append(out)
         return GenerationResult(rid or "r", out, [-1.5] * len(out), [2] * len(out), "stop", len(input_ids))
 
