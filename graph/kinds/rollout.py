@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from areal_graph.api.fields import cfg, import_path_check, positive
+from areal_graph.api.imports import ImportPathError, import_object
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.graph.kind import Call, Hosting, ImportRef, Issue, NodeKind, RunInfo
 from areal_graph.graph.kinds.common import (
@@ -105,10 +107,6 @@ def _served_model_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
 def _takes_served_models(path: str) -> bool:
     """Whether the class's constructor takes `served_models` (True when it cannot be imported:
     that is reported where the import is checked)."""
-    import inspect
-
-    from areal_graph.api.imports import ImportPathError, import_object
-
     try:
         cls = import_object(path, what="rollout_class")
         return SERVED_MODELS_ARG in inspect.signature(cls).parameters
