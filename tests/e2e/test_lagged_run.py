@@ -8,12 +8,15 @@ metrics hold as with the fixed opponents."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from support.ci import optional
-from support.e2e import read_metrics, run_cli
+from support.e2e import kill_during_run, read_metrics, run_cli
 from support.lagged import OPPONENT, lagged_selfplay_text
+from support.paths import child_env
 
 
 @pytest.mark.slow  # ~40 s on two cores: two servers and three workers, four steps
@@ -48,3 +51,30 @@ def test_a_lagged_copy_plays_the_opponent_and_loads_every_second_version(tmp_pat
     trace = json.loads((run_dir / "trace.json").read_text())
     processes = {e["args"]["name"] for e in trace if e.get("name") == "process_name"}
     assert {"inference-0", "lagged-opponent-0"} <= processes, processes
+
+
+@pytest.mark.slow  # ~60 s on two cores
+def test_a_killed_lagged_server_comes_back_on_its_groups_version(tmp_path):
+    """SIGKILL the lagged server after step 3: it is restarted on its group's committed version
+    (2, while the policy's servers hold 3), the rollout's calls that died with it are redone,
+    and the copy goes on loading every second version."""
+    optional("textarena", "pip install 'textarena==0.7.4' (in the dev extra)")
+    wf = tmp_path / "lagged.yaml"
+    wf.write_text(lagged_selfplay_text(refresh_every=2), encoding="utf-8")
+    run_dir, steps = tmp_path / "run", 6
+    cmd = [sys.executable, "-m", "areal_graph.cli.main", "run", str(wf), "--run-dir", str(run_dir), OPPONENT]
+    cmd += [f"runtime.steps={steps}", "runtime.batch_size=8", "runtime.eval_every=0", "runtime.max_staleness=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    try:
+        kill_during_run(proc, run_dir, "lagged-opponent-0", after_step=3)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "lagged-opponent-0 is back on weight version 2" in out, out[-3000:]
+    steps_logged = [m for m in read_metrics(run_dir) if "reward/mean" in m]
+    assert [m["lagged/opponent/version"] for m in steps_logged] == [0.0, 2.0, 2.0, 4.0, 4.0, 6.0]
+    summary = json.loads((run_dir / "end_state.json").read_text())
+    assert summary["process_restarts"] == {"lagged-opponent-0": 1}
+    assert summary["trajectories_trained"] == steps * 8 and summary["groups_failed"] == 0
