@@ -116,13 +116,21 @@ class Trajectory:
         return self.finish_reason != "stop"
 
 
+# A rollout argument `model:NAME` names a model the run serves besides the policy (a lagged copy,
+# graph/spec.py LaggedSpec); the rollout class receives its pool as `served_models[NAME]`.
+SERVED_MODEL = "model:"
+
+
 class Rollout(abc.ABC):
     """User-facing: how one prompt becomes a group of trajectories.
 
     `client` is an `InferenceClient` or `ServerPool` (same interface); generate through
     `areal_graph.engines.inference.interruptible.generate_interruptible` so weight updates
     in the middle of an answer are survived and recorded per token. Constructor keyword
-    arguments come from the rollout node's `rollout_args` in the workflow YAML.
+    arguments come from the rollout node's `rollout_args` in the workflow YAML; a constructor
+    that takes `tokenizer_path` gets the policy's tokenizer, one that takes `served_models` the
+    pools of the workflow's lagged models by name (an argument `model:NAME` names one; their
+    tokens are never the policy's: use them as context, never return them as generated).
     """
 
     @classmethod

@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     for col in ("name", "path", "trained"):
         models.add_column(col)
     for m in spec.models.values():
-        models.add_row(m.name, m.path, f"lr {m.train.lr:g}" if m.train else "frozen")
+        served = f"lagged copy, every {m.lagged.refresh_every} versions" if m.lagged else "frozen"
+        models.add_row(m.name, m.path, f"lr {m.train.lr:g}" if m.train else served)
     console.print(models)
 
     plan = build_plan(spec)

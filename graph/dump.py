@@ -36,6 +36,8 @@ def workflow_mapping(spec: WorkflowSpec) -> dict[str, Any]:
             entry["train"] = _plain(m.train)
         entry["device"] = m.device
         entry["dp_size"] = m.dp_size
+        if m.lagged is not None:  # a lagged copy's servers: a resumed run starts them again
+            entry["lagged"] = _plain(m.lagged)
         models[name] = entry
     nodes = {}
     for name, n in spec.nodes.items():

@@ -61,6 +61,8 @@ class RunInfo:
 
     model_paths: Mapping[str, str]  # model name -> resolved local directory
     server_urls: Sequence[str] = ()
+    # a lagged model's name -> its servers' URLs (`models.<name>.lagged`), for the rollout
+    served_urls: Mapping[str, Sequence[str]] = field(default_factory=dict)
     train_threads: int = 1
     run_dir: str = ""
 

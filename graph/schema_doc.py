@@ -63,6 +63,7 @@ def schema_markdown() -> str:
 
     table("models.NAME", S.ModelSpec, skip=("name",))
     table("models.NAME.train", S.OptimConfig)
+    table("models.NAME.lagged", S.LaggedSpec)
     table("data", S.DataSpec)
     table("inference", S.InferenceSpec)
     table("inference.speculative", S.SpeculativeSpec)

@@ -59,6 +59,24 @@ class LoraSpec:
 
 
 @dataclass(frozen=True)
+class LaggedSpec:
+    """A lagged copy of the trained policy, served for generation and never trained (an opponent
+    a rollout plays against: `rollout_args: {opponent: model:NAME}`). Its own inference servers
+    (`lagged-NAME-<i>`, the `inference` section's backend and settings) start on the actor's
+    weights and load the actor's current ones every `refresh_every` versions, through the same
+    publish and checked load as the policy's servers (runtime/orchestration/lagged_servers.py)."""
+
+    refresh_every: int = _f(
+        10,
+        positive,
+        "load the actor's weights at every version that is a multiple of N (the policy's servers "
+        "get every version); between refreshes the copy plays up to N-1 versions behind. A resume "
+        "loads the resumed version (the older one is gone), and the cadence goes on from there",
+    )
+    servers: int = _f(1, positive, "inference servers of this copy (inference.* otherwise as the policy's)")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     path: str = field(metadata={"check": None, "help": "HF directory or builtin:NAME"})
@@ -84,6 +102,13 @@ class ModelSpec:
         None,
         "the training engine: torch (HF model, lean forward, DDP/FSDP2) or megatron "
         "(Megatron-Core GPTModel on CUDA, engines/training/megatron/; one GPU)",
+    )
+    lagged: LaggedSpec | None = _f(
+        None,
+        None,
+        "a lagged copy of the actor, served for generation on servers of its own and never trained: "
+        "`{refresh_every: N, servers: 1}`; a rollout names it as `model:NAME` (see models.NAME.lagged). "
+        "Its path must be the actor's",
     )
 
 

@@ -20,7 +20,16 @@ from areal_graph.api.rollout import Rollout
 from areal_graph.graph import spec as S
 from areal_graph.graph.dag import graph_from_nodes, key_producers
 from areal_graph.graph.kind import ImportRef
-from areal_graph.graph.kinds.common import IMPLICIT_ROLLOUT_KEYS, ROLLOUT_WRITES, actor_model, trains_policy
+from areal_graph.graph.kinds.common import (
+    IMPLICIT_ROLLOUT_KEYS,
+    ROLLOUT_WRITES,
+    SERVED_MODEL,
+    actor_model,
+    adapter_sync,
+    lagged_models,
+    served_model_refs,
+    trains_policy,
+)
 from areal_graph.graph.kinds.losses import POLICY_LOSSES
 from areal_graph.graph.kinds.registry import kind_of, model_role
 from areal_graph.graph.plan import assign_phases
@@ -202,6 +211,7 @@ def check_graph(spec: S.WorkflowSpec, models_ok: bool, v: Validator) -> None:
         )
     check_trained_models(spec, v)
     check_lora(spec, v)
+    check_lagged(spec, v)
     check_megatron(spec, v)
 
     producers = key_producers(nodes)
@@ -272,6 +282,56 @@ def check_lora(spec: S.WorkflowSpec, v: Validator) -> None:
                 )
             if spec.inference.backend == "vllm" and model.lora.r > VLLM_MAX_LORA_RANK:
                 v.report(where + ("r",), f"vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}")
+
+
+def check_lagged(spec: S.WorkflowSpec, v: Validator) -> None:
+    """A lagged model (`models.<name>.lagged`) is a copy of the actor that servers of its own
+    serve for generation: never trained, started from the actor's weights (its path), used by no
+    node, named by a rollout argument `model:<name>` (graph/kinds/rollout.py checks those)."""
+    lagged = lagged_models(spec)
+    if not lagged:
+        return
+    actor = actor_model(spec)
+    named = {
+        name
+        for node in spec.nodes.values()
+        if isinstance(getattr(node.params, "rollout_args", None), dict)
+        for name in served_model_refs(node.params.rollout_args).values()
+    }
+    for name in lagged:
+        model, where = spec.models[name], ("models", name)
+        for field in ("train", "lora"):
+            if getattr(model, field) is not None:
+                v.report(
+                    where + (field,),
+                    f"a lagged model is served, never trained: remove `{field}` (the actor's "
+                    "weights reach it every lagged.refresh_every versions)",
+                )
+        if actor is not None and name != actor and model.path != spec.models[actor].path:
+            v.report(
+                where + ("path",),
+                f"a lagged model starts from the actor's weights: its path must be the actor's "
+                f"'{spec.models[actor].path}', not '{model.path}'",
+            )
+        if adapter_sync(spec) and spec.inference.backend != "embedded":
+            v.report(
+                where + ("lagged",),
+                f"a lagged copy of a policy that syncs LoRA adapters to {spec.inference.backend} servers "
+                "(lora.sync: adapter) is not built yet: use lora.sync: merged",
+            )
+        if name not in named:
+            v.report(
+                where + ("lagged",),
+                f"no rollout plays model '{name}' (rollout_args: {{opponent: {SERVED_MODEL}{name}}}): "
+                "its servers would run for nothing",
+            )
+    for node in spec.nodes.values():
+        if node.model in lagged:
+            v.report(
+                ("nodes", node.name, "model"),
+                f"model '{node.model}' is a lagged copy served for generation only: no node uses it "
+                f"(a rollout names it as {SERVED_MODEL}{node.model})",
+            )
 
 
 def check_megatron(spec: S.WorkflowSpec, v: Validator) -> None:
@@ -367,6 +427,8 @@ def check_resources(spec: S.WorkflowSpec, v: Validator) -> None:
     core or a GPU this machine lacks, are cli/preflight.py's): sides that would share a core or a
     GPU, fewer cores or GPUs than the processes that need one, devices the models do not use."""
     res, servers = spec.resources, spec.inference.servers
+    # lagged models' servers take cores of the inference side too (their GPUs are the policy servers')
+    every_server = servers + sum(m.lagged.servers for m in spec.models.values() if m.lagged is not None)
     inf, train = res.inference, res.training
     for what in ("cores", "gpus"):
         a, b = getattr(inf, what), getattr(train, what)
@@ -377,16 +439,16 @@ def check_resources(spec: S.WorkflowSpec, v: Validator) -> None:
                 f"shares {', '.join(map(str, shared))} with resources.inference.{what}: generation and training "
                 f"each need their own (leave both out for the default, where every process shares everything)",
             )
-    if inf.cores is not None and len(inf.cores) < servers:
+    if inf.cores is not None and len(inf.cores) < every_server:
         v.report(
             ("resources", "inference", "cores"),
-            f"lists {len(inf.cores)} core(s) for {servers} inference servers: each server needs at least one",
+            f"lists {len(inf.cores)} core(s) for {every_server} inference servers: each server needs at least one",
         )
-    if inf.cores is not None and spec.inference.threads and spec.inference.threads > len(inf.cores) // servers:
+    if inf.cores is not None and spec.inference.threads and spec.inference.threads > len(inf.cores) // every_server:
         v.report(
             ("inference", "threads"),
             f"{spec.inference.threads} threads per server is more than the "
-            f"{len(inf.cores) // servers} core(s) each gets from resources.inference.cores",
+            f"{len(inf.cores) // every_server} core(s) each gets from resources.inference.cores",
         )
     if inf.gpus is not None:
         if len(inf.gpus) % servers:

@@ -3,6 +3,7 @@ trained policy (which model is the actor, whether it syncs as a LoRA adapter).""
 
 from __future__ import annotations
 
+from areal_graph.api.rollout import SERVED_MODEL
 from areal_graph.graph.kind import Issue
 from areal_graph.graph.kinds.losses import POLICY_LOSSES, TrainParams
 from areal_graph.graph.spec import NodeSpec, WorkflowSpec
@@ -32,6 +33,22 @@ def adapter_sync(spec: WorkflowSpec) -> bool:
     """The policy syncs as a LoRA adapter (the client names it where the backend serves adapters)."""
     actor = spec.models.get(actor_model(spec) or "")
     return actor is not None and actor.lora is not None and actor.lora.sync == "adapter"
+
+
+def lagged_models(spec: WorkflowSpec) -> list[str]:
+    """The models served as lagged copies of the actor (`models.<name>.lagged`), in file order:
+    each has inference servers of its own that the rollout reaches as `served_models[name]`."""
+    return [name for name, model in spec.models.items() if model.lagged is not None]
+
+
+def served_model_refs(rollout_args: dict) -> dict[str, str]:
+    """The top-level rollout arguments that name a served model: argument -> model name
+    (`opponent: model:opponent` -> {"opponent": "opponent"})."""
+    return {
+        str(key): value[len(SERVED_MODEL) :]
+        for key, value in rollout_args.items()
+        if isinstance(value, str) and value.startswith(SERVED_MODEL)
+    }
 
 
 def reads_missing(node: NodeSpec, need: tuple[str, ...], why: str) -> list[Issue]:

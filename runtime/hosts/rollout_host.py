@@ -3,6 +3,10 @@
 Hosted in the rollout worker process. gRPC calls arrive on server threads and block until their prompt
 group is done, so many groups are in flight at once; all of them share one asyncio loop (and
 one connection pool) running in a background thread.
+
+A workflow's lagged models (`models.<name>.lagged`) have servers of their own: the host makes
+one pool per model and gives them to a rollout class whose constructor takes `served_models`
+(their clients track their own versions, so the policy pool's are untouched).
 """
 
 from __future__ import annotations
@@ -54,25 +58,36 @@ class RolloutHost:
         tokenizer_path: str | None = None,
         request_timeout_s: float = 600.0,
         lora_adapters: bool = False,
+        served_urls: dict[str, list[str]] | None = None,
     ) -> None:
         self.group_size = group_size
         self.sampling = sampling
         cls = load_rollout_class(rollout_class)
         args = dict(rollout_args or {})
+
+        def pool(urls: list[str], adapters: bool) -> ServerPool:
+            return ServerPool(
+                [
+                    InferenceClient(
+                        url, backend=backend, timeout=request_timeout_s, api_key=run_token(), lora_adapters=adapters
+                    )
+                    for url in urls
+                ]
+            )
+
+        # a lagged copy loads merged weights only (adapters by name: not built, workflow_rules.py)
+        self.served = {name: pool(urls, False) for name, urls in (served_urls or {}).items()}
+        takes = inspect.signature(cls).parameters
         # Rollouts that decode or encode text (multi-turn agents) get the policy's tokenizer.
-        if "tokenizer_path" in inspect.signature(cls).parameters and "tokenizer_path" not in args:
+        if "tokenizer_path" in takes and "tokenizer_path" not in args:
             args["tokenizer_path"] = tokenizer_path
+        if "served_models" in takes and "served_models" not in args:
+            args["served_models"] = dict(self.served)
         self.rollout = cls(**args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
-        clients = [
-            InferenceClient(
-                url, backend=backend, timeout=request_timeout_s, api_key=run_token(), lora_adapters=lora_adapters
-            )
-            for url in server_urls
-        ]
-        self.pool = ServerPool(clients)
+        self.pool = pool(server_urls, lora_adapters)
 
     def _sampling(self, overrides: dict[str, Any] | None) -> SamplingParams:
         known = {f.name for f in fields(SamplingParams)}
@@ -117,7 +132,8 @@ class RolloutHost:
             asyncio.run_coroutine_threadsafe(self.rollout.aclose(), self._loop).result(timeout=30)
         except Exception:  # noqa: BLE001 - shutting down: what it held goes with the process anyway
             logging.getLogger(__name__).warning("rollout %s: aclose failed", type(self.rollout).__name__, exc_info=True)
-        asyncio.run_coroutine_threadsafe(self.pool.close(), self._loop).result(timeout=5)
+        for pool in (self.pool, *self.served.values()):
+            asyncio.run_coroutine_threadsafe(pool.close(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 

@@ -113,9 +113,11 @@ class RunDir:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def weights_dir(self, version: int) -> Path:
-        """Where weights of `version` are exported for the inference servers (not created)."""
-        return self.path / "weights" / f"v{version:06d}"
+    def weights_dir(self, version: int, group: str | None = None) -> Path:
+        """Where weights of `version` are exported for the inference servers (not created);
+        `group`: a lagged model's servers, which keep versions of their own (weights/<group>/)."""
+        root = self.path / "weights"
+        return (root / group if group else root) / f"v{version:06d}"
 
     # ------------------------------------------------------------------ config, json
     def write_config(self, config: Any) -> Path:

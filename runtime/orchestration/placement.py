@@ -95,9 +95,21 @@ def _share(items: tuple[int, ...] | None, parts: int, index: int) -> tuple[int, 
     return items[index * k : (index + 1) * k] or items[-k:]
 
 
+def server_processes(spec: Any) -> list[str]:
+    """Every inference server's process name: the policy's `inference-<i>`, then each lagged
+    model's `lagged-<model>-<i>` (runtime/orchestration/lagged_servers.py)."""
+    from areal_graph.runtime.orchestration.lagged_servers import lagged_server_names
+
+    return [f"inference-{i}" for i in range(spec.inference.servers)] + [
+        name for names in lagged_server_names(spec).values() for name in names
+    ]
+
+
 def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, ProcessPlacement]:
-    """Every process of the run -> its placement. Names: `inference-<i>`, the plan's worker
-    processes and their data-parallel ranks (`<process>.rank<r>`), and `controller` (this one).
+    """Every process of the run -> its placement. Names: `inference-<i>`, the lagged models'
+    servers, the plan's worker processes and their data-parallel ranks (`<process>.rank<r>`),
+    and `controller` (this one). The inference side's cores are split over every server; a
+    lagged model's server i shares the GPUs of the policy's server i mod `inference.servers`.
 
     small_model: the actor is small enough that one decode thread beats two on a CPU (see
     SMALL_MODEL_PARAMS); an embedded server then takes one thread unless
@@ -107,13 +119,14 @@ def plan_placement(spec: Any, plan: Any, small_model: bool) -> dict[str, Process
     cores = {s: getattr(res, s).cores if getattr(res, s).cores is not None else everything for s in SIDES}
     gen_default, train_default = thread_split(spec.runtime.max_staleness)
     out: dict[str, ProcessPlacement] = {}
-    servers = spec.inference.servers
-    for i in range(servers):
-        share = _share(cores["inference"], servers, i)
+    servers, names = spec.inference.servers, server_processes(spec)
+    for k, name in enumerate(names):
+        share = _share(cores["inference"], len(names), k)
         pinned = res.inference.cores is not None
         width = len(share) if pinned and share else gen_default
         threads = spec.inference.threads or (1 if small_model else width)
-        out[f"inference-{i}"] = ProcessPlacement("inference", threads, share, _share(res.inference.gpus, servers, i))
+        gpus = _share(res.inference.gpus, servers, k % servers)
+        out[name] = ProcessPlacement("inference", threads, share, gpus)
     for process, role in sorted(plan.processes().items()):
         ranks = plan.ranks(process)
         names = [process] + [f"{process}.rank{r}" for r in range(1, ranks)]
@@ -163,9 +176,7 @@ def process_demands(
     loopback rendezvous)."""
     spec = plan.spec
     server_cpus, server_gpus = backend.cpus(gen_threads), backend.gpus(spec.inference)
-    out = [
-        ProcessDemand(f"inference-{i}", "inference", server_cpus, server_gpus) for i in range(spec.inference.servers)
-    ]
+    out = [ProcessDemand(name, "inference", server_cpus, server_gpus) for name in server_processes(spec)]
     for process, role in sorted(plan.processes().items()):
         models = {m for n in plan.nodes_on(process) if (m := spec.nodes[n].model) is not None}
         gpus = int(any(spec.models[m].device.startswith("cuda") for m in models))

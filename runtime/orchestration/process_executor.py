@@ -9,7 +9,9 @@ Weight sync: the executor holds one transport, chosen from the workflow when it 
 (weight_sync.py: shared memory, disk or a LoRA adapter), and calls its publish, then has
 `ServerWeights` (server_weights.py) load it onto the servers, check each and commit it, and
 restore a restarted server, in turns, whatever the transport. docs/architecture.md, section
-4, follows one sync hop by hop.
+4, follows one sync hop by hop. A lagged model's servers (`lagged-<model>-<i>`,
+lagged_servers.py) are inference servers like the policy's, with a transport of their own,
+loaded after the policy's every `refresh_every` versions.
 
 Processes that come back: a stateless process that dies (a rollout, reward or function
 worker, an inference server) is started again, at most `runtime.max_restarts` times within
@@ -49,6 +51,7 @@ from areal_graph.runtime.launchers.restart_budget import RestartBudget
 from areal_graph.runtime.observability.clocks import ProcessClocks
 from areal_graph.runtime.observability.run_dir import RunDir
 from areal_graph.runtime.orchestration.executor import LocalHosts
+from areal_graph.runtime.orchestration.lagged_servers import LaggedGroup, lagged_server_names
 from areal_graph.runtime.orchestration.phase_runner import NodeResult
 from areal_graph.runtime.orchestration.placement import (
     SMALL_MODEL_PARAMS,
@@ -62,7 +65,7 @@ from areal_graph.runtime.orchestration.placement import (
     thread_split,
 )
 from areal_graph.runtime.orchestration.server_weights import ServerWeights, WeightsMismatch
-from areal_graph.runtime.orchestration.weight_sync import WeightSync, choose_weight_sync
+from areal_graph.runtime.orchestration.weight_sync import Published, WeightSync, choose_weight_sync
 from areal_graph.runtime.orchestration.weight_sync import resolve_weight_sync as resolve_weight_sync
 from areal_graph.runtime.rpc.worker_client import WorkerClient
 
@@ -111,6 +114,16 @@ class ProcessExecutor:
         self.server_weights = ServerWeights(
             self.weight_sync, [f"inference-{i}" for i in range(self.spec.inference.servers)]
         )
+        # the lagged models' servers, each group with a transport of its own (lagged_servers.py)
+        self.lagged: list[LaggedGroup] = [
+            LaggedGroup.build(
+                self.spec,
+                model,
+                names,
+                choose_weight_sync(self.spec, plan.actor, self.backend, run_dir, self._call_actor, group=model),
+            )
+            for model, names in lagged_server_names(self.spec).items()
+        ]
         self._roles: dict[str, str] = {}  # process name -> role (model, rollout, reward, ..., inference)
         self._ready: dict[str, threading.Event] = {}  # cleared while a process restarts
         self._deaths = 0  # restartable deaths so far (calls compare it before and after)
@@ -163,27 +176,17 @@ class ProcessExecutor:
         env = {RUN_TOKEN_ENV: token, **({} if rt.trace else {TRACE_ENV: "0"})}  # runtime.trace: off everywhere
         backend = self.backend
         for i in range(spec.inference.servers):
-            name = f"inference-{i}"
-            place = self.placement[name]
-            host, port = self.launcher.server_endpoint(name)
-            url = f"http://{host}:{port}"
-            cmd = inference_server_command(
-                backend, ServerLaunch(spec.inference, actor_path, port, place.threads, rt.seed + i, name, token, host)
-            )
-            server_env = {**env, **backend.environment(token), **placed_env(place, backend.thread_cap(place.threads))}
-            flags, sync_env = self.weight_sync.server_launch()  # the adapter's LoRA flags; else none
-            cmd += flags
-            server_env.update(sync_env)
-            self.launcher.start_process(
-                name,
-                role="inference",
-                cmd=cmd,
-                env=server_env,
-                health_url=f"{url}/health",
-                threads=backend.thread_cap(place.threads),
-            )
+            url = self._start_server(f"inference-{i}", actor_path, rt.seed + i, self.weight_sync, env, token)
             self.server_urls.append(url)
-            self._roles[name] = "inference"
+        lagged_urls: dict[str, list[str]] = {}
+        seed = rt.seed + spec.inference.servers  # every server its own seed
+        for group in self.lagged:
+            path = spec.models[group.model].path  # the actor's (graph/workflow_rules.py check_lagged)
+            for name in group.names:
+                lagged_urls.setdefault(group.model, []).append(
+                    self._start_server(name, path, seed, group.transport, env, token)
+                )
+                seed += 1
         for process, role in sorted(self.plan.processes().items()):
             self._roles[process] = role
             place = self.placement[process]
@@ -200,10 +203,15 @@ class ProcessExecutor:
                 for u in self.server_urls
             ]
         )
+        for group in self.lagged:
+            group.pool = ServerPool(
+                [InferenceClient(u, backend=backend, api_key=token) for u in lagged_urls[group.model]]
+            )
         self._io = _IOLoop()
         info = RunInfo(
             model_paths={m: s.path for m, s in spec.models.items()},
             server_urls=tuple(self.server_urls),
+            served_urls={model: tuple(urls) for model, urls in lagged_urls.items()},
             train_threads=train_threads,
             run_dir=str(self.run_dir.path),
         )
@@ -216,6 +224,33 @@ class ProcessExecutor:
         self._probe_clocks()
         if self.weight_sync.adapters:  # requests name an adapter from the first one: version 0 is the untrained one
             self._io.run(self.sync_weights(0), timeout=600)
+
+    def _start_server(
+        self, name: str, model_path: str, seed: int, transport: WeightSync, env: dict[str, str], token: str
+    ) -> str:
+        """Launch inference server `name` on `model_path` (the `inference` section's backend and
+        settings, its placement, the transport's launch flags); returns its URL."""
+        assert self.launcher is not None
+        backend, place = self.backend, self.placement[name]
+        host, port = self.launcher.server_endpoint(name)
+        url = f"http://{host}:{port}"
+        cmd = inference_server_command(
+            backend, ServerLaunch(self.spec.inference, model_path, port, place.threads, seed, name, token, host)
+        )
+        server_env = {**env, **backend.environment(token), **placed_env(place, backend.thread_cap(place.threads))}
+        flags, sync_env = transport.server_launch()  # the adapter's LoRA flags; else none
+        cmd += flags
+        server_env.update(sync_env)
+        self.launcher.start_process(
+            name,
+            role="inference",
+            cmd=cmd,
+            env=server_env,
+            health_url=f"{url}/health",
+            threads=backend.thread_cap(place.threads),
+        )
+        self._roles[name] = "inference"
+        return url
 
     def _start_other_ranks(self, launcher: Launcher, process: str, role: str, env: dict[str, str]) -> dict[str, str]:
         """Ranks 1..N-1 of a data-parallel process (runtime/hosts/dp_model_host.py), as plain
@@ -274,8 +309,10 @@ class ProcessExecutor:
             if self.launcher is None:
                 raise RuntimeError("no launcher")
             m = self.launcher.restart(died.name)
-            if role == "inference":
-                self._restore_server(int(died.name.rsplit("-", 1)[1]))
+            if role == "inference" and died.name in self.server_weights.names:
+                self._restore_server(self.server_weights.names.index(died.name))
+            elif role == "inference":
+                self._restore_lagged(died.name)
             else:
                 old = self.clients[died.name]
                 self.clients[died.name] = WorkerClient(m.address, timeout=3600, name=died.name, token=self._token)
@@ -300,6 +337,15 @@ class ProcessExecutor:
             "0 (its initial weights: none synced yet)" if version is None else version,
         )
 
+    def _restore_lagged(self, name: str) -> None:
+        """A restarted server of a lagged model: its group's last committed weights, checked
+        (none committed yet: it starts on the actor's path, version 0, which it stands for)."""
+        group = next(g for g in self.lagged if name in g.names)
+        index = group.names.index(name)
+        io = self._started().io
+        version = io.submit(group.weights.restore(index, group.pool.clients[index])).result(timeout=300)
+        log.warning("%s is back on weight version %s", name, 0 if version is None else version)
+
     def _wait_ready(self, names: list[str], timeout: float = 600.0) -> None:
         for name in names:
             if not self._ready[name].wait(timeout):
@@ -316,16 +362,19 @@ class ProcessExecutor:
 
     def shutdown(self) -> None:
         if self._io is not None and self.servers is not None:
-            try:
-                self._io.run(self.servers.close(), timeout=5.0)
-            except Exception:  # closing HTTP sessions must not mask the real error
-                log.debug("closing inference clients failed", exc_info=True)
+            for pool in (self.servers, *(g.pool for g in self.lagged if g.pool is not None)):
+                try:
+                    self._io.run(pool.close(), timeout=5.0)
+                except Exception:  # closing HTTP sessions must not mask the real error
+                    log.debug("closing inference clients failed", exc_info=True)
             self._io.stop()
         if self.local is not None:
             self.local.close()
         if self.launcher is not None:
             self.launcher.shutdown()
         self.weight_sync.cleanup()
+        for group in self.lagged:
+            group.transport.cleanup()
 
     # ------------------------------------------------------------------ node calls
     async def run(
@@ -395,7 +444,13 @@ class ProcessExecutor:
             got = await self._spans_of([name], functools.partial(asyncio.to_thread, client.stats, drain_spans=True))
             spans.extend((got or {}).get("spans", []))
         if self.servers is not None:
-            spans.extend(await self._spans_of(self._servers_names(), lambda: self._servers(self.servers.spans())) or [])
+            spans.extend(
+                await self._spans_of(self.server_weights.names, lambda: self._servers(self.servers.spans())) or []
+            )
+        for group in self.lagged:
+            if group.pool is not None:
+                call = functools.partial(self._servers_spans, group.pool)
+                spans.extend(await self._spans_of(group.names, call) or [])
         return self.clocks.align(spans) + self.cpu_span()  # in the controller's clock
 
     def cpu_span(self) -> list[dict]:
@@ -444,10 +499,13 @@ class ProcessExecutor:
             if only in (None, name):
                 self.clocks.probe(name, functools.partial(_worker_clock, client))
         if self.backend.server_spans and self.servers is not None:
-            for i, client in enumerate(self.servers.clients):
-                if only in (None, f"inference-{i}"):
-                    io = self._started().io
-                    self.clocks.probe(f"inference-{i}", functools.partial(_server_clock, io, client))
+            groups = [(self.server_weights.names, self.servers)]
+            groups += [(g.names, g.pool) for g in self.lagged if g.pool is not None]
+            for names, pool in groups:
+                for name, client in zip(names, pool.clients):
+                    if only in (None, name):
+                        io = self._started().io
+                        self.clocks.probe(name, functools.partial(_server_clock, io, client))
 
     async def _spans_of(self, names: list[str], call: Callable[[], Any]) -> Any:
         if not all(self._ready[n].is_set() for n in names):
@@ -460,6 +518,9 @@ class ProcessExecutor:
                 raise
             log.warning("spans of %s not yet collected were lost with a process that died", ", ".join(names))
             return None
+
+    async def _servers_spans(self, pool: Any) -> list[dict]:
+        return await self._servers(pool.spans())
 
     async def _servers(self, coro: Any) -> Any:
         """Run a call on the inference servers on the executor's own I/O loop: its HTTP sessions
@@ -485,21 +546,39 @@ class ProcessExecutor:
 
     async def sync_weights(self, version: int) -> dict[str, float]:
         """The actor's weights to every inference server, labelled `version`, each server checked
-        (see module docstring); a server that died meanwhile is waited for and the sync redone."""
+        (see module docstring); a server that died meanwhile is waited for and the sync redone.
+        Then each lagged model's servers whose refresh is due load it the same way
+        (lagged_servers.py); the step's metrics say which version each of them holds."""
+        published = await self._sync(version, self.weight_sync, self.server_weights, self.servers)
+        stats = {"weight_sync/bytes": published.nbytes}
+        for group in self.lagged:
+            if group.due(version):
+                await self._sync(version, group.transport, group.weights, group.pool)
+                group.loaded(version)
+            stats.update(group.metrics())
+        return stats
+
+    async def _sync(self, version: int, transport: WeightSync, weights: ServerWeights, pool: Any) -> Published:
+        """Publish `version` on `transport` and have every server of `pool` load it, checked."""
+        names = weights.names
         while True:
-            if not all(self._ready[n].is_set() for n in self._servers_names()):
-                await asyncio.to_thread(self._wait_ready, self._servers_names())
+            if not all(self._ready[n].is_set() for n in names):
+                await asyncio.to_thread(self._wait_ready, names)
             deaths = self._deaths
             try:
-                published = await asyncio.to_thread(self.weight_sync.publish, version)
-                await self._servers(self.server_weights.sync(self.servers, published))
-                return {"weight_sync/bytes": published.nbytes}
+                published = await asyncio.to_thread(transport.publish, version)
+                await self._servers(weights.sync(pool, published))
+                return published
             except WeightsMismatch:  # a server holds other weights than it says: never redone, never passed over
                 raise
             except Exception:
-                if not await self._died_meanwhile(deaths, self._servers_names()):
+                if not await self._died_meanwhile(deaths, names):
                     raise
-                log.warning("an inference server died during the weight sync to version %d; redoing it", version)
+                log.warning(
+                    "an inference server (%s) died during the weight sync to version %d; redoing it",
+                    ", ".join(names),
+                    version,
+                )
 
     async def export_model(self, path: Path) -> None:
         await asyncio.to_thread(

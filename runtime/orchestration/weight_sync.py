@@ -15,7 +15,12 @@ which transport a run has.
   the committed version does not occupy.
 - `DiskSync` (`disk`; what `auto` picks for SGLang, the only way it takes weights): the host
   exports safetensors into the run directory's `weights/v<version>`; the servers load them.
-  The directory two versions back is deleted once every server holds the new one.
+  The directory two publishes back is deleted once every server holds the new one.
+
+A lagged model's servers (runtime/orchestration/lagged_servers.py) get a transport of their own
+(`choose_weight_sync(..., group=NAME)`: its own shared-memory files, or `weights/NAME/`), so
+what a restarted lagged server replays is the version its group committed, never one the
+policy's servers moved past (and whose file they overwrote or deleted).
 - `AdapterSync` (`lora.sync: adapter` on a backend that serves adapters: vLLM, SGLang): the
   host exports the LoRA adapter alone (megabytes, peft's layout) and every server loads it
   under its version's name; requests name the newest adapter they know, so a server keeps
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -190,21 +196,23 @@ class _DirectorySync:
     adapters = False
     export: str  # the ModelService method that writes the directory
 
-    def __init__(self, call_actor: ActorCall, run_dir: RunDir) -> None:
+    def __init__(self, call_actor: ActorCall, run_dir: RunDir, group: str | None = None) -> None:
+        """`group`: a lagged model's servers, whose versions live in weights/<group>/."""
         self.call_actor = call_actor
         self.run_dir = run_dir
+        self.group = group
         self.last: Published | None = None
 
     def server_launch(self) -> tuple[list[str], dict[str, str]]:
         return [], {}
 
     def publish(self, version: int) -> Published:
-        path = self.run_dir.weights_dir(version)
+        path = self.run_dir.weights_dir(version, self.group)
         self.call_actor(self.export, path=str(path))
         return Published(version, str(path), float(sum(f.stat().st_size for f in path.glob("*.safetensors"))))
 
     def _delete(self, version: int) -> None:
-        old = self.run_dir.weights_dir(version)
+        old = self.run_dir.weights_dir(version, self.group)
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
 
@@ -217,17 +225,30 @@ class _DirectorySync:
 
 class DiskSync(_DirectorySync):
     """`disk`: HF safetensors in `weights/v<version>`; any backend, any number of machines
-    sharing the run directory. Two versions are kept: the served one and the one before."""
+    sharing the run directory. Two publishes are kept: the served one and the one before.
+
+    `every`: versions between two publishes (a lagged group's refresh_every; 1 for the policy's
+    servers). A commit deletes what this transport committed before the one before, and the
+    version `2 * every` back, which a run resumed in this directory left there."""
 
     mode = "disk"
     export = ModelService.export_weights.__name__
+
+    def __init__(self, call_actor: ActorCall, run_dir: RunDir, group: str | None = None, every: int = 1) -> None:
+        super().__init__(call_actor, run_dir, group)
+        self.every = every
+        self.committed: list[int] = []
 
     async def apply(self, servers: WeightTarget, published: Published) -> None:
         await servers.update_weights_from_disk(published.where, published.version)
 
     def commit(self, published: Published) -> None:
         self.last = published
-        self._delete(published.version - 2)
+        self.committed.append(published.version)
+        while len(self.committed) > 2:
+            self._delete(self.committed.pop(0))
+        if published.version - 2 * self.every not in self.committed:
+            self._delete(published.version - 2 * self.every)
 
     async def restore(self, server: WeightTarget) -> Published | None:
         last = self.last
@@ -340,14 +361,22 @@ def shared_memory_path(name: str) -> str:
 
 
 def choose_weight_sync(
-    spec: WorkflowSpec, actor: str, backend: InferenceBackend, run_dir: RunDir, call_actor: ActorCall
+    spec: WorkflowSpec,
+    actor: str,
+    backend: InferenceBackend,
+    run_dir: RunDir,
+    call_actor: ActorCall,
+    group: str | None = None,
 ) -> WeightSync:
     """The run's transport, from the workflow: the adapter where the policy (model `actor`)
     syncs as a LoRA adapter and the backend serves adapters, else `runtime.weight_sync`
-    (`auto` resolved)."""
+    (`auto` resolved). `group`: the transport of lagged model `group`'s servers (files of its
+    own; they load every `refresh_every` versions)."""
     mode = resolve_weight_sync(spec.runtime.weight_sync, backend)
     lora = spec.models[actor].lora
     if adapter_sync(spec) and backend.lora_adapters and lora is not None:
+        if group is not None:  # refused by `validate` (graph/workflow_rules.py check_lagged)
+            raise ValueError(f"a lagged copy ({group}) of a policy synced as a LoRA adapter is not built yet")
         # the launcher colocates as the resolved setting says (`auto` on vLLM: as for memory)
         return AdapterSync(
             call_actor,
@@ -358,9 +387,14 @@ def choose_weight_sync(
             kept=spec.runtime.max_staleness + 2,
             colocate=mode == "memory",
         )
+    folder = None if group is None else re.sub(r"[^\w.-]", "_", group)  # a file name's part
     if mode == "memory":
-        return SharedMemorySync(call_actor, shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}-weights"))
-    return DiskSync(call_actor, run_dir)
+        tag = "" if folder is None else f"-{folder}"
+        return SharedMemorySync(
+            call_actor, shared_memory_path(f"areal-{os.getpid()}-{uuid.uuid4().hex[:8]}{tag}-weights")
+        )
+    lagged = spec.models[group].lagged if group is not None else None
+    return DiskSync(call_actor, run_dir, folder, every=lagged.refresh_every if lagged is not None else 1)
 
 
 if TYPE_CHECKING:  # the type checker holds each transport to the protocol, and both clients to the target

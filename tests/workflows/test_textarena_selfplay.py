@@ -91,6 +91,68 @@ def test_a_fixed_opponent_plays_one_seat_and_the_policy_both_in_turn(ta, tiny_ar
         assert not any(t.info["metrics"]["won"] for t in trajs)
 
 
+class LastCell(BoardReader):
+    """A scripted lagged opponent on servers of its own: plays the last free cell, with its own
+    log-probs and weight version (2, the policy's being 3)."""
+
+    async def generate(self, input_ids, params, rid=None) -> GenerationResult:
+        text = self.tok.decode(input_ids)
+        self.seen.append(text)
+        moves = re.findall(r"'\[(\d)\]'", text.rsplit("Available Moves:", 1)[1])
+        out = self.tok.encode(f"[{moves[-1]}]", add_special_tokens=False) + [
+            self.tok.convert_tokens_to_ids("<|im_end|>")
+        ]
+        self.sent.append(out)
+        return GenerationResult(rid or "r", out, [-1.5] * len(out), [2] * len(out), "stop", len(input_ids))
+
+    def __init__(self, tok) -> None:
+        super().__init__(tok)
+        self.seen: list[str] = []
+
+
+def test_a_lagged_model_plays_one_seat_on_its_own_servers_and_only_the_policys_tokens_are_trained(
+    ta, tiny_arith_dir, tmp_path
+):
+    from areal_graph.api.episode import split_turns
+
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
+    policy, lagged = BoardReader(tok), LastCell(tok)
+    trajs = play(tiny_arith_dir, rows[0], policy, 4, opponent="model:opp", served_models={"opp": lagged})
+    assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1] and [t.sample_id for t in trajs] == [0, 1, 2, 3]
+    # first free cell against last free cell: as O it takes 0, 1, 2 and wins; as X it loses to 8, 7, 6
+    for t in trajs:
+        m, seat = t.info["metrics"], t.info["seat"]
+        assert m["finished"] and (m["won"], m["lost"]) == (seat == 0, seat == 1)
+        assert (m["won_vs_opp"], m[f"lost_vs_opp_seat{seat}"]) == (seat == 0, seat == 1)
+        assert (m["opponent_version"], m["opponent_lag"]) == (2, 1)
+        assert t.info["opponent"] == "model:opp" and "won_vs_model:opp" not in m
+        # every trained token is the policy's: its log-probs, its version; the opponent's moves are context
+        trained = [(lp, v) for lp, v, mask in zip(t.behav_logprobs, t.versions, t.loss_mask) if mask]
+        assert trained and set(trained) == {(-0.25, 3)}
+        context = [v for v, mask in zip(t.versions, t.loss_mask) if not mask]
+        assert set(context) == {-1}
+    mine = [ids for t in trajs for role, ids in split_turns(t.input_ids, t.loss_mask) if role == "assistant"]
+    assert sorted(map(tuple, mine)) == sorted(map(tuple, policy.sent))
+    assert len(policy.sent) == 2 * 3 + 2 * 2 and len(lagged.sent) == 2 * 2 + 2 * 3
+    seat0 = tok.decode(trajs[0].input_ids)
+    assert "Player 1 placed their symbol (X) in cell 8." in seat0  # the opponent's move, told by the game
+    # the opponent has a conversation of its own, as the seat it plays (seat 1 in games 0 and 2, 0 in 1 and 3)
+    as_o = [text for text in lagged.seen if "As Player 0, you will be 'O'" in text]
+    as_x = [text for text in lagged.seen if "As Player 1, you will be 'X'" in text]
+    assert (len(as_o), len(as_x)) == (2 * 3, 2 * 2) and not set(as_o) & set(as_x)
+
+
+def test_a_lagged_opponent_needs_its_servers(ta, tiny_arith_dir, tmp_path):
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
+    with pytest.raises(ValueError, match="no servers of model 'opp' were given \\(served models: other\\)"):
+        TextArenaSelfPlay(str(tiny_arith_dir), opponent="model:opp", served_models={"other": LastCell(tok)})
+    with pytest.raises(ValueError, match="opponent model:opp plays on that model's servers, and none were given"):
+        play(tiny_arith_dir, rows[0], BoardReader(tok), 2, opponent="model:opp")
+    eval_tok, eval_rows = prompts(tiny_arith_dir, tmp_path / "eval", SPEC + "&opponents=random")
+    [t] = play(tiny_arith_dir, eval_rows[0], BoardReader(eval_tok), 1, opponent="model:opp")
+    assert t.info["opponent"] == "random"  # an evaluation row plays its fixed opponent, no servers needed
+
+
 def test_evaluation_rows_name_their_opponent_and_seat(ta, tiny_arith_dir, tmp_path):
     tok, rows = prompts(tiny_arith_dir, tmp_path, SPEC.replace("size=8", "size=4") + "&opponents=random,heuristic")
     refs = [json.loads(r.answer) for r in rows]
@@ -123,9 +185,10 @@ def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, tiny_arith_d
 
 
 def test_bad_arguments_and_data_are_named(ta, tiny_arith_dir):
-    assert "lagged copy of the policy is not built yet" in TextArenaSelfPlay.check_args({"opponent": "model:lagged"})
-    assert "must be one of self, random, heuristic, not 'expert'" in TextArenaSelfPlay.check_args(
-        {"opponent": "expert"}
+    assert TextArenaSelfPlay.check_args({"opponent": "model:lagged"}) is None  # the workflow's rules check the name
+    assert "'model:' names no model" in TextArenaSelfPlay.check_args({"opponent": "model:"})
+    assert "must be one of self, random, heuristic or model:NAME (a lagged copy of the policy), not 'expert'" in (
+        TextArenaSelfPlay.check_args({"opponent": "expert"})
     )
     assert TextArenaSelfPlay.check_args({"opponent": "heuristic"}) is None
     assert "add &players=2" in TextArenaSelfPlay.check_data({}, "textarena:TicTacToe-v0?size=4")
@@ -232,7 +295,7 @@ def test_the_shipped_workflow_validates_and_names_what_is_wrong(ta):
     for dataset in (spec.data.train, spec.data.eval):
         assert TextArenaSelfPlay.check_data(dict(rollout.rollout_args), dataset) is None
     for overrides, field, message in (
-        (["nodes.rollout.rollout_args.opponent=model:lagged"], "rollout_class", "not built yet"),
+        (["nodes.rollout.rollout_args.opponent=model:lagged"], "rollout_args.opponent", "unknown model 'lagged'"),
         (["nodes.advantage.estimator=gae"], "baseline", "estimator 'gae' has none"),
         (["nodes.advantage.baseline=seats"], "baseline", "seat"),
     ):

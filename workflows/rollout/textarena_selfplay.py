@@ -11,6 +11,15 @@ Opponents (`rollout_args.opponent`):
   is G/2 games (G must be even), trajectory j being seat j mod 2 of game j // 2.
 - `random`, `heuristic`: a fixed program plays one seat (data/two_player_games.py); the policy
   plays the other, seat j mod 2 in game j, so a group trains both seats alike.
+- `model:NAME`: a lagged copy of the policy (`models.NAME.lagged`) plays one seat, paired as the
+  fixed opponents are, on servers of its own that load the actor's weights every
+  `refresh_every` versions (runtime/orchestration/lagged_servers.py); the run hands their pool
+  in as `served_models[NAME]`. That seat has a conversation of its own, built as a trained
+  seat's, which is never returned: its moves reach the trained seat as the game's text, like
+  any opponent's, so the trained seats' tokens, behaviour log-probs and versions are all the
+  policy's and the staleness bound stays exact. Metrics per opponent as for the fixed ones
+  (`won_vs_NAME`, ...), plus `opponent_version` and `opponent_lag` (the policy's newest version
+  in the seat's tokens minus the opponent's newest in its moves).
 A row that names an opponent and a seat (evaluation rows, `&opponents=` in the spec: data/
 textarena_games.py) plays that, whatever the rollout's own opponent: so the run's evaluation and
 `areal-graph eval --workflow` play the fixed opponents from both seats and log `won`, `drawn`,
@@ -27,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_graph.api.rollout import PromptLike, Rollout, Trajectory
+from areal_graph.api.rollout import SERVED_MODEL, PromptLike, Rollout, Trajectory
 from areal_graph.api.sampling import SamplingParams
 from areal_graph.data.datasets import format_prompt
 from areal_graph.data.textarena_games import (
@@ -45,18 +55,25 @@ from areal_graph.engines.inference.interruptible import generate_interruptible
 from areal_graph.workflows.rollout.chatml_turns import ChatMLTurns
 from areal_graph.workflows.rollout.textarena_game import REWARDS, check_reward_and_library
 
-LAGGED = "model:"  # a lagged copy of the policy as the opponent: not built yet
-
 
 def check_opponent(opponent: Any) -> str | None:
-    if isinstance(opponent, str) and opponent.startswith(LAGGED):
-        return (
-            f"rollout_args.opponent {opponent!r}: an opponent played by a lagged copy of the policy is not "
-            f"built yet; the opponents built are {', '.join(OPPONENTS)}"
-        )
+    if isinstance(opponent, str) and opponent.startswith(SERVED_MODEL):
+        if not opponent[len(SERVED_MODEL) :].strip():
+            return (
+                f"rollout_args.opponent {opponent!r} names no model (model:NAME, NAME a lagged model of the workflow)"
+            )
+        return None  # whether the workflow serves it: graph/kinds/rollout.py
     if opponent not in OPPONENTS:
-        return f"rollout_args.opponent must be one of {', '.join(OPPONENTS)}, not {opponent!r}"
+        return (
+            f"rollout_args.opponent must be one of {', '.join(OPPONENTS)} or model:NAME (a lagged copy "
+            f"of the policy), not {opponent!r}"
+        )
     return None
+
+
+def served_model(opponent: str) -> str | None:
+    """The model an opponent `model:NAME` names (None: self or a fixed program)."""
+    return opponent[len(SERVED_MODEL) :] if opponent.startswith(SERVED_MODEL) else None
 
 
 @dataclass
@@ -70,6 +87,11 @@ class _Seat:
     refused: int = 0  # its moves the game refused (TextArena lets a seat retry once per turn)
     cut: bool = False  # its conversation reached max_total_tokens
 
+    def newest_version(self) -> int | None:
+        """The newest weight version among its generated tokens (None: it has not moved)."""
+        traj = self.traj
+        return max((v for v, m in zip(traj.versions, traj.loss_mask) if m), default=None) if traj else None
+
 
 class TextArenaSelfPlay(Rollout):
     def __init__(
@@ -80,16 +102,26 @@ class TextArenaSelfPlay(Rollout):
         max_total_tokens: int = 1024,
         invalid_move_reward: float | None = None,
         reward: str = "game",
+        served_models: Mapping[str, Any] | None = None,
     ) -> None:
         """max_turns: the most moves one game lasts, both seats together, refused moves included
         (TicTacToe: 9 moves, and a seat may retry a refused move once per turn).
         max_total_tokens: the most tokens of one seat's conversation; a game that would pass it
         ends unfinished (reward 0 for both seats, `finished` false).
         invalid_move_reward: the reward of the seat whose invalid move ended the game (None:
-        TextArena's, -1); reward: "game" (1 / 0 / -1) or "won" (1 for a win, 0 otherwise)."""
+        TextArena's, -1); reward: "game" (1 / 0 / -1) or "won" (1 for a win, 0 otherwise).
+        served_models: the served models' pools by name (the rollout host gives them; a
+        `model:NAME` opponent plays on served_models[NAME])."""
         for problem in (check_opponent(opponent), None if reward in REWARDS else f"reward must be one of {REWARDS}"):
             if problem:
                 raise ValueError(f"TextArenaSelfPlay: {problem}")
+        model = served_model(opponent)
+        if model is not None and served_models is not None and model not in served_models:
+            raise ValueError(
+                f"TextArenaSelfPlay: opponent {opponent!r}: no servers of model '{model}' were given "
+                f"(served models: {', '.join(served_models) or 'none'})"
+            )
+        self.served = dict(served_models or {})
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -117,48 +149,49 @@ class TextArenaSelfPlay(Rollout):
     def _opening_ids(self, text: str) -> list[int]:
         return list(self.tok(format_prompt(self.tok, text), add_special_tokens=False).input_ids)
 
+    def _served(self, model: str) -> Any:
+        """The pool of model `model`'s servers (the run gives them; `areal-graph eval` does not,
+        and its rows name fixed opponents)."""
+        pool = self.served.get(model)
+        if pool is None:
+            raise ValueError(
+                f"TextArenaSelfPlay: opponent model:{model} plays on that model's servers, and none were "
+                f"given (a run starts them from models.{model}.lagged; evaluation rows play fixed opponents)"
+            )
+        return pool
+
     async def play(
-        self, ref: dict[str, Any], client: Any, sampling: SamplingParams, trained: dict[int, int], opponent: str
+        self,
+        ref: dict[str, Any],
+        client: Any,
+        sampling: SamplingParams,
+        trained: dict[int, int],
+        opponent: str,
+        rival_index: int = 0,
     ) -> list[Trajectory]:
         """One game; `trained` maps each seat the policy plays to its index in the group. Returns
-        the trained seats' trajectories, in seat order."""
+        the trained seats' trajectories, in seat order. A `model:NAME` opponent plays the other
+        seat as a seat of its own (sampling seeded by `rival_index`) on that model's servers."""
         env, seed = ref["textarena"], int(ref["seed"])
         rules = two_player_game(env)
         game = make_game(env)
         game.reset(num_players=2, seed=seed)
         rng = random.Random(seed * 2 + 1 + 7919 * min(trained.values()))
         seats = {s: _Seat(i) for s, i in trained.items()}
+        model = served_model(opponent)
+        rival = None if model is None else (1 - next(iter(trained)), _Seat(rival_index), self._served(model))
         done, moves = False, 0
         while not done and moves < self.max_turns:
             pid, observation = game.get_observation()
             seat = seats.get(pid)
-            if seat is None:  # the fixed opponent's move
+            if seat is not None:
+                action = await self._move(seat, client, observation, pid, sampling)
+            elif rival is not None and rival[0] == pid:  # the lagged copy's move: its own conversation
+                action = await self._move(rival[1], rival[2], observation, pid, sampling)
+            else:  # the fixed opponent's move
                 action = rules.opponent_move(opponent, game.state.game_state, pid, rng)
-            else:
-                text = observation_text(observation, player=pid)
-                if seat.traj is None:
-                    ids = self._opening_ids(text)
-                    seat.traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids))
-                else:
-                    more = self.turns.user_turn(text, self.turns.closed(seat.last_reply))
-                    if len(seat.traj.input_ids) + len(more) >= self.max_total_tokens:
-                        seat.cut = True
-                        break
-                    seat.traj.append(more, generated=False)
-                gen = await generate_interruptible(
-                    client, seat.traj.input_ids, sampling.for_answer(seat.index, seat.turns)
-                )
-                seat.traj.append(
-                    gen.output_ids, generated=True, logprobs=gen.output_logprobs, versions=gen.output_versions
-                )
-                seat.traj.finish_reason, seat.last_reply, seat.turns = (
-                    gen.finish_reason,
-                    list(gen.output_ids),
-                    seat.turns + 1,
-                )
-                if gen.finish_reason == "abort":
-                    break
-                action = self.tok.decode(gen.output_ids, skip_special_tokens=True).strip()
+            if action is None:  # a conversation reached max_total_tokens, or a request was aborted
+                break
             done, _ = game.step(action)
             moves += 1
             if seat is not None and not done and game.state.current_player_id == pid:
@@ -170,9 +203,42 @@ class TextArenaSelfPlay(Rollout):
                 ids = self._opening_ids(text)
                 seat.traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids))
         rewards, game_info = game.close()
-        return [self._finish(seats[s], s, done, rewards, game_info or {}, opponent) for s in sorted(seats)]
+        rival_version = None if rival is None else rival[1].newest_version()
+        return [
+            self._finish(seats[s], s, done, rewards, game_info or {}, opponent, rival_version) for s in sorted(seats)
+        ]
 
-    def _finish(self, seat: _Seat, pid: int, done: bool, rewards: Any, game_info: dict, opponent: str) -> Trajectory:
+    async def _move(self, seat: _Seat, client: Any, observation: Any, pid: int, sampling: SamplingParams) -> str | None:
+        """`seat` (a trained one, or the lagged opponent's) is shown the game so far and answers
+        on `client`; its move as text, or None when the game stops here (its conversation would
+        pass max_total_tokens, or the request was aborted)."""
+        text = observation_text(observation, player=pid)
+        if seat.traj is None:
+            ids = self._opening_ids(text)
+            seat.traj = Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids))
+        else:
+            more = self.turns.user_turn(text, self.turns.closed(seat.last_reply))
+            if len(seat.traj.input_ids) + len(more) >= self.max_total_tokens:
+                seat.cut = True
+                return None
+            seat.traj.append(more, generated=False)
+        gen = await generate_interruptible(client, seat.traj.input_ids, sampling.for_answer(seat.index, seat.turns))
+        seat.traj.append(gen.output_ids, generated=True, logprobs=gen.output_logprobs, versions=gen.output_versions)
+        seat.traj.finish_reason, seat.last_reply, seat.turns = gen.finish_reason, list(gen.output_ids), seat.turns + 1
+        if gen.finish_reason == "abort":
+            return None
+        return str(self.tok.decode(gen.output_ids, skip_special_tokens=True)).strip()
+
+    def _finish(
+        self,
+        seat: _Seat,
+        pid: int,
+        done: bool,
+        rewards: Any,
+        game_info: dict,
+        opponent: str,
+        rival_version: int | None = None,
+    ) -> Trajectory:
         traj = seat.traj
         assert traj is not None
         info = dict(game_info.get(pid, {}))
@@ -197,8 +263,14 @@ class TextArenaSelfPlay(Rollout):
             **{f"{k}_seat{pid}": v for k, v in outcome.items()},
         }
         if opponent != "self":
-            metrics.update({f"{k}_vs_{opponent}": v for k, v in outcome.items()})
-            metrics.update({f"{k}_vs_{opponent}_seat{pid}": v for k, v in outcome.items()})
+            label = served_model(opponent) or opponent  # model:opponent -> won_vs_opponent
+            metrics.update({f"{k}_vs_{label}": v for k, v in outcome.items()})
+            metrics.update({f"{k}_vs_{label}_seat{pid}": v for k, v in outcome.items()})
+        mine = seat.newest_version()
+        if rival_version is not None:  # the lagged copy moved: which weights, how far behind the policy's
+            metrics["opponent_version"] = rival_version
+            if mine is not None:
+                metrics["opponent_lag"] = mine - rival_version
         traj.info.update(reward=reward, seat=pid, opponent=opponent, metrics=metrics)
         return traj
 
@@ -216,10 +288,13 @@ class TextArenaSelfPlay(Rollout):
                     f"TextArenaSelfPlay: opponent self plays group_size/2 games of two seats; group_size {group_size} is odd"
                 )
             games = [({0: j, 1: j + 1}, "self") for j in range(0, group_size, 2)]
-        else:
+        else:  # a fixed program or a lagged copy: the policy plays seat j % 2 of game j
             games = [({j % 2: j}, self.opponent) for j in range(group_size)]
         played = await asyncio.gather(
-            *(self.play(ref, client, sampling, trained, opponent) for trained, opponent in games)
+            *(
+                self.play(ref, client, sampling, trained, opponent, rival_index=group_size + k)
+                for k, (trained, opponent) in enumerate(games)
+            )
         )
         out = [t for game in played for t in game]
         for j, t in enumerate(out):

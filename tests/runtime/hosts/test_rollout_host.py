@@ -74,10 +74,21 @@ class NotARollout:
     pass
 
 
+class WithServed(Rollout):
+    """Takes the pools of the workflow's lagged models."""
+
+    def __init__(self, served_models: dict | None = None) -> None:
+        self.served_models = served_models
+
+    async def run(self, prompt, client, group_size, sampling):
+        return []
+
+
 @pytest.fixture
 def classes(monkeypatch):
     mod = types.ModuleType(MODULE)
     mod.EchoRollout, mod.NoTokenizer, mod.NotARollout = EchoRollout, NoTokenizer, NotARollout
+    mod.WithServed = WithServed
     monkeypatch.setitem(sys.modules, MODULE, mod)
     return mod
 
@@ -131,6 +142,22 @@ def test_a_tokenizer_path_in_rollout_args_wins_and_classes_without_the_parameter
     h.close()
     h = RolloutHost(["http://x:1"], "embedded", f"{MODULE}:NoTokenizer", 2, {}, tokenizer_path="/models/tok")
     assert isinstance(h.rollout, NoTokenizer)  # constructed with no arguments: it would raise otherwise
+    h.close()
+
+
+def test_a_class_that_takes_served_models_gets_a_pool_per_lagged_model_apart_from_the_policys(classes, monkeypatch):
+    monkeypatch.setenv("AREAL_RUN_TOKEN", "secret-token")
+    urls = {"opponent": ["http://127.0.0.1:11", "http://127.0.0.1:12/"], "old": ["http://127.0.0.1:13"]}
+    h = RolloutHost(["http://127.0.0.1:9"], "embedded", f"{MODULE}:WithServed", 2, {}, served_urls=urls)
+    served = h.rollout.served_models
+    assert sorted(served) == ["old", "opponent"] and served["opponent"] is h.served["opponent"]
+    assert [c.base_url for c in served["opponent"].clients] == ["http://127.0.0.1:11", "http://127.0.0.1:12"]
+    assert all(c._headers == {"Authorization": "Bearer secret-token"} for c in served["old"].clients)
+    assert not set(map(id, h.pool.clients)) & {id(c) for p in served.values() for c in p.clients}
+    h.close()
+    # a class without the parameter is built without it (validate says so when rollout_args name a model)
+    h = RolloutHost(["http://x:1"], "embedded", f"{MODULE}:NoTokenizer", 2, {}, served_urls=urls)
+    assert isinstance(h.rollout, NoTokenizer) and sorted(h.served) == ["old", "opponent"]
     h.close()
 
 
