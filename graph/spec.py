@@ -175,6 +175,14 @@ class SpeculativeSpec:
         "finished answers kept per prompt (the newest); 0 keeps none, so only the answers in "
         "flight, the prompt and the request's own text are searched",
     )
+    shadow_every: int = _f(
+        8,
+        non_negative,
+        "while speculation is off (enabled: false, or a model the engine cannot verify with), count "
+        "what it would have accepted: one plain decode step in this many proposes as the speculator "
+        "would (these settings) and the tokens decoded next are compared with it; the trace shows "
+        "the counts (docs/speculative_decoding.md). 0 counts nothing",
+    )
 
 
 KvOnUpdate = Literal["auto", "recompute", "keep", "wait"]  # inference.kv_on_update
