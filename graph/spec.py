@@ -176,12 +176,13 @@ class SpeculativeSpec:
         "flight, the prompt and the request's own text are searched",
     )
     shadow_every: int = _f(
-        8,
+        16,
         non_negative,
         "while speculation is off (enabled: false, or a model the engine cannot verify with), count "
-        "what it would have accepted: one plain decode step in this many proposes as the speculator "
-        "would (these settings) and the tokens decoded next are compared with it; the trace shows "
-        "the counts (docs/speculative_decoding.md). 0 counts nothing",
+        "what it would have accepted: the answers to one prompt in this many (chosen by its tokens) "
+        "propose as the speculator would with these settings, and the tokens decoded next are "
+        "compared with the proposals; the trace shows the counts (docs/speculative_decoding.md). "
+        "1 counts every answer, 0 none",
     )
 
 

@@ -122,8 +122,9 @@ class EmbeddedEngine:
         own answer, the other answers to its prompt and earlier ones, and one forward verifies
         them; the tokens, their log-probs and versions are exactly those of plain decoding.
         Only the lean forward verifies: with the HF forward the engine decodes plainly. While it
-        does not speculate, it counts what speculation would have accepted on one plain decode step
-        in `speculative.shadow_every` (`speculation/shadow.py`; None: the default settings, 0: not).
+        does not speculate, it counts what speculation would have accepted for the answers to one
+        prompt in `speculative.shadow_every` (`speculation/shadow.py`; None: the default settings,
+        0: not at all).
         """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")

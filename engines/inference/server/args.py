@@ -48,7 +48,7 @@ _SPECULATIVE_FLAGS: tuple[tuple[str, int, int | None, str, str], ...] = (
         0,
         None,
         "N",
-        "with speculation off, count what it would have accepted on one decode step in N; 0 counts nothing",
+        "with speculation off, count what it would have accepted for the answers to one prompt in N; 0 counts nothing",
     ),
 )
 

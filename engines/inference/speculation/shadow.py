@@ -3,10 +3,10 @@
 Why: the performance simulator (perfmodel/) prices a run from what the run's trace measured, and
 a run that decoded plainly measured nothing about speculation. Pricing it needs the acceptance of
 proposals on this model, these prompts and this batch mix, by batch size. The engine has all of
-it at hand: one request in `shadow_every` proposes, at every plain decode step where the live
-speculator would (`Speculator.proposals`, its policy forced to propose `max_draft` tokens: the
-same DraftStore, the same sources and limits, fed the same way), and the tokens plain decoding
-emits next are compared with the proposal.
+it at hand: the requests to one prompt in `shadow_every` (chosen by the prompt's tokens) propose,
+at every plain decode step where the live speculator would (`Speculator.proposals`, its policy
+forced to propose `max_draft` tokens: the same DraftStore, the same sources and limits, fed the
+same way), and the tokens plain decoding emits next are compared with the proposal.
 
 Why the count is what a verifying step would have accepted, for sampled requests too: a
 verifying step (engine.py `_verify`, token_intake.py `take_verified`) feeds a row its last token
@@ -27,12 +27,18 @@ after the token a verifying step emits past the accepted ones (one step after a 
 after a full match). A single request's counts are then exactly the live speculator's
 (tests/engines/inference/speculation/test_shadow.py).
 
-Why whole requests and not sampled steps: proposals are resolved at the positions the previous
+Why whole prompts and not sampled steps: proposals are resolved at the positions the previous
 one left off, and acceptance depends on where in an answer a proposal starts (openings copy the
 prompt or the group, later tokens less); sampling every k-th step picks the same positions in
 every row of a lockstep batch, which measured a very different acceptance (on tiny-arith's
 groups, 8 times fewer proposals and twice the acceptance). A shadowed request follows the live
-schedule from its first decode step to its end; the others are still draft material.
+schedule from its first decode step to its end. Why prompts and not single requests: the draft
+material of a request is its prompt's answers, in flight and finished, so only a shadowed
+prompt's answers need indexing, and a prompt chosen by its tokens (a hash, the same in every
+process) is shadowed again when it returns, with its earlier answers as `history`. The store
+keeps `history_prompts / shadow_every` prompts (at least one), so that its history reaches as
+far back in the run as the live speculator's. The sample is unbiased over prompts (a hash of
+their tokens), coarser than over requests: one prompt's answers resemble each other.
 
 A proposal is resolved when a token differs, when all of it matched, or when its request ends
 (the finishing token is compared first, as above). It is dropped uncounted when its request is
@@ -40,16 +46,17 @@ aborted or fails, and when the weights change (a verifying step runs on one vers
 `kv_on_update: recompute` the row is re-prefilled): what a half-compared proposal matched so far
 says nothing of the tokens it would have been compared with.
 
-What can differ from a live run's counts with several rows: before a shadowed row proposes, the
-other answers to its prompt are indexed up to their previous step (the live speculator's store
-holds each row as of its last proposal, which for rows before it in the batch is this step), and
-live steps emit several tokens per row, so siblings are at other positions than under plain
-decoding. Group counts agree in kind, not token for token (measured: within a few per cent).
+What can differ from a live run's counts with several rows: the store holds the other answers to
+a prompt as the live one would if every step verified (each up to its previous step, the rows
+before a proposer in the batch up to this one), but live steps emit several tokens per row, so
+under speculation siblings are at other positions than under plain decoding. Group counts agree
+in kind, not token for token (on tiny-arith's groups: within a few per cent).
 
-Cost: every answer is indexed once (about a microsecond a token, as the live speculator's store:
-the others' answers are material), a proposal costs 4-12 us, and a step looks at each row once
-(a dict lookup) and compares the open proposals' new tokens; none of it is timed as part of a
-decode step in the engine's step log.
+Cost: a shadowed prompt's answers are indexed once (about a microsecond a token, as the live
+speculator's store; and the Python objects the index holds make the garbage collector's passes
+longer, which was most of the cost when every answer was indexed), a proposal costs 4-12 us,
+and a step looks at each row once (a dict lookup) and compares the open proposals' new tokens;
+none of it is timed as part of a decode step in the engine's step log.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ from areal_graph.engines.inference.speculation.drafts import SOURCES, DraftStore
 from areal_graph.engines.inference.speculation.policy import bucket_of
 
 __all__ = ["ShadowSpeculation"]
+
+_UNSEEN: Any = object()  # a request not seen in a decode step yet
 
 
 @dataclass
@@ -104,16 +113,6 @@ class _Tally:
         }
 
 
-@dataclass
-class _Row:
-    """A request seen in a decode step: its group's key in the draft store (None: constrained, never
-    proposes nor serves as material, as with the live speculator) and whether it is shadowed."""
-
-    req: Any
-    key: tuple[int, ...] | None
-    shadowed: bool
-
-
 class ShadowSpeculation:
     """Counts what the speculator would have accepted while the engine decodes plainly (see
     module docstring). The engine calls `before_step` before, and `after_step` after, each plain
@@ -128,17 +127,17 @@ class ShadowSpeculation:
         self.every = every
         self.max_draft = settings.max_draft
         self.drafts = DraftStore(
-            max_prompts=settings.history_prompts,
+            max_prompts=max(1, settings.history_prompts // every),
             max_answers=settings.history_answers,
             min_match=settings.min_match,
             max_match=settings.max_match,
         )
-        self._rows: dict[str, _Row] = {}  # requests in flight seen in a decode step
+        # requests in flight seen in a decode step -> their prompt's tokens when shadowed, else None
+        self._rows: dict[str, tuple[int, ...] | None] = {}
         self._groups: dict[tuple[int, ...], dict[str, Any]] = {}  # prompt -> its requests in flight in the store
         self._open: dict[str, _Open] = {}  # rid -> its unresolved proposal
         self._resume: dict[str, int] = {}  # rid -> answer length before which it does not propose again
-        self._joined = 0  # requests seen so far: one in `every` is shadowed
-        self.shadowed = 0
+        self.shadowed = 0  # requests shadowed so far
         self.dropped = 0  # proposals dropped uncounted (abort, failure, weight change)
         self.proposed: Counter[str] = Counter()  # tokens proposed, by source
         self.accepted: Counter[str] = Counter()  # of those, accepted
@@ -150,11 +149,12 @@ class ShadowSpeculation:
         """Before a plain decode step over `rows` (the running requests, in order): each shadowed row
         without an open proposal proposes what the speculator would."""
         tally: _Tally | None = None
+        caught: set[tuple[int, ...]] = set()
         for r in rows:
-            row = self._rows.get(r.rid)
-            if row is None:
-                row = self._join(r)
-            if not row.shadowed or r.rid in self._open:
+            key = self._rows.get(r.rid, _UNSEEN)
+            if key is _UNSEEN:
+                key = self._join(r)
+            if key is None or r.rid in self._open:
                 continue
             out = r.output_ids
             k = min(self.max_draft, r.params.max_new_tokens - len(out) - 1)
@@ -163,8 +163,12 @@ class ShadowSpeculation:
             if tally is None:
                 tally = self._tally(bucket_of(len(rows)))
             tally.tries += 1
-            for sid, s in self._groups[row.key].items() if row.key is not None else ():
-                if sid != r.rid:  # the others' answers as the live store holds them: up to their previous step
+            if key not in caught:
+                # the group's answers as the live store holds them when every row proposes every
+                # step: up to each one's previous step, and the rows before in the batch up to this
+                # one, as each proposes (propose indexes the proposer's answer so far)
+                caught.add(key)
+                for sid, s in self._groups[key].items():
                     self.drafts.extend(sid, s.output_ids, upto=len(s.output_ids) - 1)
             draft = self.drafts.propose(r.rid, out, k)
             if draft is not None:
@@ -189,13 +193,13 @@ class ShadowSpeculation:
                 del self._open[req.rid]
                 self.dropped += 1
         self._resume.pop(req.rid, None)
-        row = self._rows.pop(req.rid, None)
-        if row is None or row.key is None:
+        key = self._rows.pop(req.rid, None)
+        if key is None:
             return
-        members = self._groups[row.key]
+        members = self._groups[key]
         members.pop(req.rid, None)
         if not members:
-            del self._groups[row.key]
+            del self._groups[key]
         self.drafts.extend(req.rid, req.output_ids)
         self.drafts.finish(req.rid, keep=keep)
 
@@ -205,19 +209,19 @@ class ShadowSpeculation:
         self.dropped += len(self._open)
         self._open.clear()
 
-    def _join(self, r: Any) -> _Row:
-        """Request `r`'s first decode step: the live speculator starts it in the store here."""
-        if r.constraint is not None:  # never proposes (speculator.py), and is no material either
-            row = self._rows[r.rid] = _Row(r, None, False)
-            return row
-        key = tuple(r.prompt)
-        self.drafts.start(r.rid, key)
-        self._groups.setdefault(key, {})[r.rid] = r
-        shadowed = self._joined % self.every == 0
-        self._joined += 1
-        self.shadowed += shadowed
-        row = self._rows[r.rid] = _Row(r, key, shadowed)
-        return row
+    def _join(self, r: Any) -> tuple[int, ...] | None:
+        """Request `r`'s first decode step: when its prompt is shadowed it starts in the store here, as
+        the live speculator's rows do. Returns the prompt's tokens when shadowed, else None."""
+        key: tuple[int, ...] | None = tuple(r.prompt)
+        # a constrained request never proposes (speculator.py) and is no material either
+        if r.constraint is not None or hash(key) % self.every:
+            key = None
+        else:
+            self.drafts.start(r.rid, key)
+            self._groups.setdefault(key, {})[r.rid] = r
+            self.shadowed += 1
+        self._rows[r.rid] = key
+        return key
 
     # ------------------------------------------------------------------ counting
     def _advance(self, p: _Open) -> None:
