@@ -494,7 +494,7 @@ class EmbeddedEngine:
                 self._loaded_names, self._adapter_samples = list(state_dict), None
             self._runner.rebind()
             self._version = int(version)
-            self._shadow_call("interrupt")
+            self._shadow_call(lambda s: s.interrupt())
             in_flight = sum(1 for r in self._running + self._pending if r.output_ids)
             if self.kv_on_update == "recompute":
                 # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.
@@ -537,6 +537,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:
         now = time.monotonic()
+        shadow = self._shadow  # the scheduler may turn it off meanwhile (_shadow_call)
         with self._cv:
             while self._rate_window and now - self._rate_window[0][0] > 10.0:
                 self._rate_window.popleft()
@@ -554,7 +555,7 @@ class EmbeddedEngine:
                 "max_running": self.max_running,
                 "max_queue": self.max_queue,
                 **({"speculative": self._spec.stats()} if self._spec is not None else {}),
-                **({"speculative_shadow": self._shadow.stats()} if self._shadow is not None else {}),
+                **({"speculative_shadow": shadow.stats()} if shadow is not None else {}),
             }
 
     # ------------------------------------------------------------------ validation
@@ -632,11 +633,16 @@ class EmbeddedEngine:
             reqs = self._running + self._pending
             self._running, self._pending = [], []
             self._cache.clear()
+
+            def drop(shadow: ShadowSpeculation) -> None:
+                for r in reqs:
+                    shadow.finish(r, keep=False)
+
+            self._shadow_call(drop)
             for r in reqs:
                 self._active.pop(r.rid, None)
                 if self._spec is not None:
                     self._spec.finish(r, keep=False)
-                self._shadow_call("finish", r, False)
                 if self._trace is not None:
                     self._trace.finished(r, reason="error")
                 if not r.future.done():
@@ -726,13 +732,13 @@ class EmbeddedEngine:
         drafts = self._spec.proposals(rows) if self._spec is not None else None
         if drafts is not None:
             return self._verify(rows, drafts, t0)
-        self._shadow_call("before_step", rows)  # outside the step's time: the cost model fits plain steps
+        self._shadow_call(lambda s: s.before_step(rows))  # outside the step's time: the cost model fits plain steps
         t0, width = time.perf_counter(), self._cache.width
         logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
         done, finished = take_tokens(rows, logits, self._version, self.tokenizer)
         self._count_tokens(len(rows), finished)  # resolving a finished request compares its last token (finish)
         t1 = time.perf_counter()
-        self._shadow_call("after_step")
+        self._shadow_call(lambda s: s.after_step())
         if self._spec is not None:
             self._spec.measured(len(rows), False, t1 - t0, len(rows))
         if self._steps_log.enabled:
@@ -784,7 +790,7 @@ class EmbeddedEngine:
         self._finished_total += 1
         if self._spec is not None:
             self._spec.finish(r)
-        self._shadow_call("finish", r)
+        self._shadow_call(lambda s: s.finish(r))
         if self._trace is not None:
             self._trace.finished(r)
         if not r.future.done():
@@ -792,14 +798,14 @@ class EmbeddedEngine:
         if r.on_token is not None:
             r.on_token()
 
-    def _shadow_call(self, method: str, *args: Any) -> None:
-        """Call the shadow counter's `method`, if it runs. A measurement must never fail
-        generation: an error in it is logged once and turns the counting off."""
+    def _shadow_call(self, call: Callable[[ShadowSpeculation], None]) -> None:
+        """`call` the shadow counter, if it runs. A measurement must never fail generation: an
+        error in it is logged once and turns the counting off."""
         shadow = self._shadow
         if shadow is None:
             return
         try:
-            getattr(shadow, method)(*args)
+            call(shadow)
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("shadow speculation counting failed; it is off from now on")
             self._shadow = None

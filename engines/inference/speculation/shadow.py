@@ -212,14 +212,14 @@ class ShadowSpeculation:
     def _join(self, r: Any) -> tuple[int, ...] | None:
         """Request `r`'s first decode step: when its prompt is shadowed it starts in the store here, as
         the live speculator's rows do. Returns the prompt's tokens when shadowed, else None."""
-        key: tuple[int, ...] | None = tuple(r.prompt)
+        key = tuple(r.prompt)
         # a constrained request never proposes (speculator.py) and is no material either
         if r.constraint is not None or hash(key) % self.every:
-            key = None
-        else:
-            self.drafts.start(r.rid, key)
-            self._groups.setdefault(key, {})[r.rid] = r
-            self.shadowed += 1
+            self._rows[r.rid] = None
+            return None
+        self.drafts.start(r.rid, key)
+        self._groups.setdefault(key, {})[r.rid] = r
+        self.shadowed += 1
         self._rows[r.rid] = key
         return key
 

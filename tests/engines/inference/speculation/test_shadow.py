@@ -320,3 +320,19 @@ def test_no_counts_when_turned_off_or_when_speculation_runs(arith, tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps(events))
     assert shadow_summary(load_timeline(tmp_path)) == {"available": False}
     assert cmd_trace._shadow_lines({"available": False}) == []
+
+
+def test_a_failing_count_turns_itself_off_and_never_fails_generation(arith, monkeypatch, caplog):
+    model, prompts = arith
+
+    def broken(self, rows):
+        raise RuntimeError("a bug in the counting")
+
+    monkeypatch.setattr(ShadowSpeculation, "before_step", broken)
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    with EmbeddedEngine(model, speculative=EVERY_STEP) as engine:
+        result = engine.submit(prompts[0], params).result(timeout=60)
+        assert "speculative_shadow" not in engine.stats()
+    with EmbeddedEngine(model, speculative=OFF) as engine:
+        assert engine.submit(prompts[0], params).result(timeout=60).output_ids == result.output_ids
+    assert "shadow speculation counting failed" in caplog.text
