@@ -198,6 +198,7 @@ def _print_report(console: Any, rep: dict[str, Any], summary: dict[str, Any], ar
         _staleness_lines(summary["staleness"])
         + _packing_lines(summary["packing"])
         + _speculation_lines(summary["speculation"])
+        + _shadow_lines(summary.get("speculation_shadow", {"available": False}))
     ):
         console.print(line, highlight=False)
     for part in _mismatch_parts(summary["mismatch"]):
@@ -313,6 +314,21 @@ def _speculation_lines(sp: dict[str, Any]) -> list[str]:
     return [
         f"[bold]speculative decoding[/]: {sp['verifying']} of {sp['forwards']} forwards verified proposals, "
         f"{sp['tokens_per_forward']:.2f} tokens per row and forward ({by_rows}); accepted of proposed: {acc or 'none'}"
+    ]
+
+
+def _shadow_lines(sh: dict[str, Any]) -> list[str]:
+    """What speculation would have accepted while it was off (engines/inference/speculation/shadow.py)."""
+    if not sh["available"]:
+        return []
+    accepted, proposed = sum(sh["accepted"].values()), sum(sh["proposed"].values())
+    by_source = ", ".join(f"{k} {sh['accepted'][k]}/{sh['proposed'][k]}" for k in sh["proposed"] if sh["proposed"][k])
+    per_forward = ", ".join(
+        f"{v['tokens_per_forward']:.2f} at {k} row{'s' if k != '1' else ''}" for k, v in sh["by_rows"].items()
+    )
+    return [
+        f"[bold]shadow speculation (off)[/]: would have accepted {accepted} of {proposed} proposed tokens "
+        f"(by source {by_source}), tokens per forward {per_forward}"
     ]
 
 

@@ -200,6 +200,15 @@ class SpeculativeSpec:
         "finished answers kept per prompt (the newest); 0 keeps none, so only the answers in "
         "flight, the prompt and the request's own text are searched",
     )
+    shadow_every: int = _f(
+        16,
+        non_negative,
+        "while speculation is off (enabled: false, or a model the engine cannot verify with), count "
+        "what it would have accepted: the answers to one prompt in this many (chosen by its tokens) "
+        "propose as the speculator would with these settings, and the tokens decoded next are "
+        "compared with the proposals; the trace shows the counts (docs/speculative_decoding.md). "
+        "1 counts every answer, 0 none",
+    )
 
 
 KvOnUpdate = Literal["auto", "recompute", "keep", "wait"]  # inference.kv_on_update

@@ -6,6 +6,10 @@ the rows it verified and whose eighth column `out` the tokens it emitted) and, w
 speculates, a `speculation` record with its running counts (proposed and accepted tokens by
 source). Why both: tokens per forward and their dependence on the batch come from every step,
 exactly; where the accepted tokens came from only the engine knows.
+
+While the engine does not speculate it counts what speculation would have accepted
+(engines/inference/speculation/shadow.py) and the server records those counts as a
+`speculation_shadow` record: `shadow_summary` adds up each server's latest.
 """
 
 from __future__ import annotations
@@ -78,4 +82,49 @@ def speculation_summary(tl: Timeline) -> dict[str, Any]:
         "proposed": proposed,
         "accepted": accepted,
         "acceptance": {k: (accepted[k] / proposed[k] if proposed[k] else None) for k in SOURCES},
+    }
+
+
+def shadow_summary(tl: Timeline) -> dict[str, Any]:
+    """What speculation would have accepted in a run that did not speculate: proposed and accepted
+    tokens by source, and by batch size (powers of two) proposals, the mean accepted per proposal,
+    tokens per verifying forward (1 + that mean) and acceptance per position (accepted at position
+    k of those that reached it), summed over servers from each one's latest counts."""
+    latest: dict[str, dict[str, Any]] = {}
+    for s in tl.profiles:
+        if s["name"] == "speculation_shadow" and isinstance(s["args"].get("proposed"), dict):
+            latest[s["process"]] = s["args"]
+    proposed = {k: sum(int(a["proposed"].get(k, 0)) for a in latest.values()) for k in SOURCES}
+    if not sum(proposed.values()):
+        return {"available": False}
+    accepted = {k: sum(int(a.get("accepted", {}).get(k, 0)) for a in latest.values()) for k in SOURCES}
+    buckets: dict[int, dict[str, Any]] = {}
+    for a in latest.values():
+        for key, t in (a.get("by_rows") or {}).items():
+            b = buckets.setdefault(int(key), {"proposals": 0, "accepted": 0, "reached": [], "accepted_at": []})
+            b["proposals"] += int(t.get("proposals", 0))
+            b["accepted"] += int(t.get("accepted", 0))
+            for name in ("reached", "accepted_at"):
+                counts = [int(x) for x in t.get(name, [])]
+                have = b[name]
+                have.extend([0] * (len(counts) - len(have)))
+                for i, x in enumerate(counts):
+                    have[i] += x
+    by_rows = {
+        str(k): {
+            "proposals": b["proposals"],
+            "mean_accepted": b["accepted"] / b["proposals"],
+            "tokens_per_forward": 1.0 + b["accepted"] / b["proposals"],
+            "acceptance_by_position": [x / r if r else 0.0 for x, r in zip(b["accepted_at"], b["reached"])],
+        }
+        for k, b in sorted(buckets.items())
+        if b["proposals"]
+    }
+    return {
+        "available": True,
+        "every": max(int(a.get("every", 0)) for a in latest.values()),
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance": {k: (accepted[k] / proposed[k] if proposed[k] else None) for k in SOURCES},
+        "by_rows": by_rows,
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_graph.trace_analysis.mismatch_summary import mismatch_summary
-from areal_graph.trace_analysis.speculation_summary import speculation_summary
+from areal_graph.trace_analysis.speculation_summary import shadow_summary, speculation_summary
 from areal_graph.trace_analysis.step_split import step_split, summarize_steps
 from areal_graph.trace_analysis.trace_metrics import packing_efficiency, staleness_histogram
 from areal_graph.trace_analysis.trace_run import RunMaterial
@@ -40,6 +40,7 @@ def summarize_run(run: RunMaterial) -> dict[str, Any]:
         "packing": packing_efficiency(run.metrics, budget, ranks),
         "mismatch": mismatch_summary(run.metrics),
         "speculation": speculation_summary(tl),
+        "speculation_shadow": shadow_summary(tl),
         "nodes": node_totals(tl, nodes),
         "fused": dict(run.plan.fused) if run.plan is not None else _fused_from_trace(run),
     }

@@ -60,6 +60,7 @@ from areal_graph.engines.inference.model_runner import ModelRunner
 from areal_graph.engines.inference.requests import Request as _Request
 from areal_graph.engines.inference.requests import validate_request
 from areal_graph.engines.inference.sampling import GenerationResult, SamplingParams, generator_seed
+from areal_graph.engines.inference.speculation.shadow import ShadowSpeculation
 from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings, Speculator
 from areal_graph.engines.inference.token_intake import take_tokens, take_verified
 from areal_graph.engines.lora_weights import apply_adapter, is_adapter
@@ -120,7 +121,10 @@ class EmbeddedEngine:
         request proposes tokens found after a match of its context's suffix in its prompt, its
         own answer, the other answers to its prompt and earlier ones, and one forward verifies
         them; the tokens, their log-probs and versions are exactly those of plain decoding.
-        Only the lean forward verifies: with the HF forward the engine decodes plainly.
+        Only the lean forward verifies: with the HF forward the engine decodes plainly. While it
+        does not speculate, it counts what speculation would have accepted for the answers to one
+        prompt in `speculative.shadow_every` (`speculation/shadow.py`; None: the default settings,
+        0: not at all).
         """
         if model is None and model_path is None:
             raise ValueError("EmbeddedEngine needs model_path or model=")
@@ -170,6 +174,11 @@ class EmbeddedEngine:
             else:
                 self.speculation_unavailable = f"it needs the lean forward, and {self._runner.hf_reason}"
                 log.warning("speculative decoding is off for this model: %s", self.speculation_unavailable)
+        shadow = speculative if speculative is not None else SpeculativeSettings()
+        # speculation off: what it would have accepted, for pricing it (perfmodel/); never on the output's path
+        self._shadow: ShadowSpeculation | None = (
+            ShadowSpeculation(shadow) if self._spec is None and shadow.shadow_every > 0 else None
+        )
         self._rng = random.Random(seed)
         # a tokenizer may know more ids than the embedding has rows (never produced; masks are cut to the logits)
         try:
@@ -485,6 +494,7 @@ class EmbeddedEngine:
                 self._loaded_names, self._adapter_samples = list(state_dict), None
             self._runner.rebind()
             self._version = int(version)
+            self._shadow_call(lambda s: s.interrupt())
             in_flight = sum(1 for r in self._running + self._pending if r.output_ids)
             if self.kv_on_update == "recompute":
                 # Cached keys/values came from the old weights: drop them, re-prefill prompt + tokens so far.
@@ -527,6 +537,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:
         now = time.monotonic()
+        shadow = self._shadow  # the scheduler may turn it off meanwhile (_shadow_call)
         with self._cv:
             while self._rate_window and now - self._rate_window[0][0] > 10.0:
                 self._rate_window.popleft()
@@ -544,6 +555,7 @@ class EmbeddedEngine:
                 "max_running": self.max_running,
                 "max_queue": self.max_queue,
                 **({"speculative": self._spec.stats()} if self._spec is not None else {}),
+                **({"speculative_shadow": shadow.stats()} if shadow is not None else {}),
             }
 
     # ------------------------------------------------------------------ validation
@@ -621,6 +633,12 @@ class EmbeddedEngine:
             reqs = self._running + self._pending
             self._running, self._pending = [], []
             self._cache.clear()
+
+            def drop(shadow: ShadowSpeculation) -> None:
+                for r in reqs:
+                    shadow.finish(r, keep=False)
+
+            self._shadow_call(drop)
             for r in reqs:
                 self._active.pop(r.rid, None)
                 if self._spec is not None:
@@ -714,11 +732,13 @@ class EmbeddedEngine:
         drafts = self._spec.proposals(rows) if self._spec is not None else None
         if drafts is not None:
             return self._verify(rows, drafts, t0)
+        self._shadow_call(lambda s: s.before_step(rows))  # outside the step's time: the cost model fits plain steps
         t0, width = time.perf_counter(), self._cache.width
         logits = self._runner.decode([r.output_ids[-1] for r in rows], self._cache)
         done, finished = take_tokens(rows, logits, self._version, self.tokenizer)
-        self._count_tokens(len(rows), finished)
+        self._count_tokens(len(rows), finished)  # resolving a finished request compares its last token (finish)
         t1 = time.perf_counter()
+        self._shadow_call(lambda s: s.after_step())
         if self._spec is not None:
             self._spec.measured(len(rows), False, t1 - t0, len(rows))
         if self._steps_log.enabled:
@@ -770,9 +790,22 @@ class EmbeddedEngine:
         self._finished_total += 1
         if self._spec is not None:
             self._spec.finish(r)
+        self._shadow_call(lambda s: s.finish(r))
         if self._trace is not None:
             self._trace.finished(r)
         if not r.future.done():
             r.future.set_result(r.result())
         if r.on_token is not None:
             r.on_token()
+
+    def _shadow_call(self, call: Callable[[ShadowSpeculation], None]) -> None:
+        """`call` the shadow counter, if it runs. A measurement must never fail generation: an
+        error in it is logged once and turns the counting off."""
+        shadow = self._shadow
+        if shadow is None:
+            return
+        try:
+            call(shadow)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.exception("shadow speculation counting failed; it is off from now on")
+            self._shadow = None

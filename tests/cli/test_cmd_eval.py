@@ -225,6 +225,7 @@ def test_speculative_is_off_by_default_and_the_flag_wins_over_the_workflow(tmp_p
         "max_match": 4,
         "history_prompts": 128,
         "history_answers": 8,
+        "shadow_every": 16,
     }
     conf = cmd_eval.settings(parse("m", "--workflow", str(on), "--speculative", "off"), err)
     assert conf["speculative"]["enabled"] is False and conf["speculative"]["max_draft"] == 8

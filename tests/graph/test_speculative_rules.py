@@ -20,7 +20,7 @@ def test_the_section_exists_and_is_off_by_default():
     sp = load_workflow_text(MINIMAL).inference.speculative
     assert sp == S.SpeculativeSpec()
     assert (sp.enabled, sp.max_draft, sp.max_rows, sp.min_match, sp.max_match) == (False, 4, None, 2, 4)
-    assert (sp.history_prompts, sp.history_answers) == (128, 8)
+    assert (sp.history_prompts, sp.history_answers, sp.shadow_every) == (128, 8, 16)
     assert S.InferenceSpec().speculative == S.SpeculativeSpec()  # built in Python: the same section
 
 
@@ -68,6 +68,8 @@ def test_the_section_in_yaml_and_its_dump_round_trip():
         ),
         ("history_prompts=0", "field 'inference.speculative.history_prompts': must be > 0, got 0"),
         ("history_answers=-1", "field 'inference.speculative.history_answers': must be >= 0, got -1"),
+        ("shadow_every=-1", "field 'inference.speculative.shadow_every': must be >= 0, got -1"),
+        ("shadow_every=2.5", "field 'inference.speculative.shadow_every': expected an integer, got a number 2.5"),
         ("enabled=yes please", "field 'inference.speculative.enabled': expected true/false, got a string"),
         ("draft=4", "field 'inference.speculative.draft': unknown field 'draft'"),
     ],

@@ -43,6 +43,13 @@ _SPECULATIVE_FLAGS: tuple[tuple[str, int, int | None, str, str], ...] = (
     ("max_match", 1, None, "N", "longest suffix looked up first, >= --speculative-min-match"),
     ("history_prompts", 1, None, "N", "prompts whose finished answers are kept as draft material for later requests"),
     ("history_answers", 0, None, "N", "finished answers kept per prompt; 0 keeps none"),
+    (
+        "shadow_every",
+        0,
+        None,
+        "N",
+        "with speculation off, count what it would have accepted for the answers to one prompt in N; 0 counts nothing",
+    ),
 )
 
 # --dtype: torch's names for the weight and compute types the engine takes
@@ -135,13 +142,12 @@ def speculative_settings(args: argparse.Namespace) -> SpeculativeSettings:
 
 def speculative_flags(settings: object) -> list[str]:
     """The server flags that ask for `settings` (SpeculativeSettings, or any object with its fields,
-    such as the workflow's inference.speculative): none when it is off, else `--speculative on`
-    and each setting that differs from the server's default."""
-    if not getattr(settings, "enabled", False):
-        return []
-    out = ["--speculative", "on"]
-    for name in ("max_draft", "max_rows", "min_match", "max_match", "history_prompts", "history_answers"):
-        value = getattr(settings, name)
+    such as the workflow's inference.speculative): `--speculative on` when it is on, and each
+    setting that differs from the server's default, on or off (with speculation off the engine
+    still proposes, to count what would have been accepted: `shadow_every`)."""
+    out = ["--speculative", "on"] if getattr(settings, "enabled", False) else []
+    for name, *_ in _SPECULATIVE_FLAGS:
+        value = getattr(settings, name, getattr(_SPEC_DEFAULTS, name))
         if value is not None and value != getattr(_SPEC_DEFAULTS, name):
             out += ["--speculative-" + name.replace("_", "-"), str(value)]
     return out

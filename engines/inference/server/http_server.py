@@ -445,9 +445,13 @@ class InferenceHTTPServer:
         if rows:
             start, end, args = step_span_args(rows)
             self.spans.record("engine_steps", start, end, cat="profile", node="engine", **args)
-            speculative = self.engine.stats().get("speculative") if hasattr(self.engine, "stats") else None
+            stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
+            speculative = stats.get("speculative")
             if speculative:  # the running counts by source (trace_analysis/speculation_summary.py)
                 self.spans.record("speculation", end, end, cat="profile", node="engine", **speculative)
+            shadow = stats.get("speculative_shadow")
+            if shadow:  # speculation off: what it would have accepted (speculation/shadow.py), the same way
+                self.spans.record("speculation_shadow", end, end, cat="profile", node="engine", **shadow)
         return web.json_response({"spans": self.spans.take()})
 
     async def get_clock(self, request: web.Request) -> web.Response:

@@ -122,8 +122,9 @@ class DraftStore:
         self._live[rid] = (group, _Seq(tail, len(tail), self._tick))
         self._evict()
 
-    def extend(self, rid: str, output_ids: Sequence[int]) -> None:
+    def extend(self, rid: str, output_ids: Sequence[int], upto: int | None = None) -> None:
         """Index the tokens of `output_ids` (the whole answer so far) not indexed yet: O(new tokens).
+        `upto`: index only `output_ids[:upto]` (tokens indexed beyond it already stay).
 
         A shorter answer than indexed, or a different last indexed token, means the answer was
         restarted: it is re-indexed from scratch rather than trusted.
@@ -135,9 +136,10 @@ class DraftStore:
             self._unindex(group, seq)
             del seq.buf[seq.base :]
             have = 0
-        if n_out > have:
+        n = n_out if upto is None else min(upto, n_out)
+        if n > have:
             first = len(seq.buf)
-            seq.buf.extend(output_ids[have:])
+            seq.buf.extend(output_ids[have:n])
             self._index(group, seq, first)
 
     def propose(self, rid: str, output_ids: Sequence[int], k: int) -> Draft | None:

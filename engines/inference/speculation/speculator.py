@@ -39,6 +39,8 @@ class SpeculativeSettings:
     max_match: int = 4  # longest suffix looked up first
     history_prompts: int = 128  # prompts whose finished answers are kept for later requests
     history_answers: int = 8  # finished answers kept per prompt
+    # speculation off: count what it would have accepted for the answers to one prompt in this many (0: none; shadow.py)
+    shadow_every: int = 16
 
 
 class Speculator:

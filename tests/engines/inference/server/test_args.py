@@ -58,6 +58,7 @@ def test_every_flag_reaches_the_settings():
         ("--speculative-min-match", "0", "argument --speculative-min-match: must be >= 1, got 0"),
         ("--speculative-history-prompts", "0", "argument --speculative-history-prompts: must be >= 1, got 0"),
         ("--speculative-history-answers", "-1", "argument --speculative-history-answers: must be >= 0, got -1"),
+        ("--speculative-shadow-every", "-1", "argument --speculative-shadow-every: must be >= 0, got -1"),
     ],
 )
 def test_a_value_out_of_range_is_a_usage_error_naming_the_flag(flag, value, message, capsys):
@@ -76,7 +77,10 @@ def test_max_match_below_min_match_is_refused_with_both_flags():
 
 def test_the_workflow_section_becomes_flags_that_read_back_the_same():
     assert speculative_flags(SpeculativeSpec()) == []  # off: no flag at all
-    assert speculative_flags(SpeculativeSpec(max_draft=8)) == []  # settings without enabled ask for nothing
+    # off, the drafting settings still reach the engine: it counts what they would have accepted
+    assert speculative_flags(SpeculativeSpec(max_draft=8)) == ["--speculative-max-draft", "8"]
+    assert speculative_flags(SpeculativeSpec(shadow_every=0)) == ["--speculative-shadow-every", "0"]
+    assert speculative_settings(parse("--speculative-shadow-every", "0")) == SpeculativeSettings(shadow_every=0)
     assert speculative_flags(SpeculativeSpec(enabled=True)) == ["--speculative", "on"]  # defaults stay implicit
     section = SpeculativeSpec(enabled=True, max_draft=8, max_rows=32, history_answers=0)
     flags = speculative_flags(section)
