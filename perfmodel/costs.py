@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
+from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL, STEP_VERIFY
 from areal_graph.graph.kinds.common import actor_model
 from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
 from areal_graph.perfmodel.replay import probe_decode, replay_ratio
+from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms
 from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 from areal_graph.trace_analysis.trace_model import merge_intervals
 from areal_graph.trace_analysis.trace_stats import training_window
@@ -45,6 +46,9 @@ MIN_STEPS = 10  # a calibration run needs at least this many training steps
 DECODE_TERMS = ["1", "rows", "rows_x_width_k"]
 PREFILL_TERMS = ["1", "padded_k", "padded_x_width_m"]  # padded positions; attention over the window
 CALL_TERMS = ["1", "tokens_k", "seqs", "microbatches"]
+# a verifying step beyond its rows' plain decode step: per row, and its extra fed tokens priced by the prefill fit
+VERIFY_TERMS = ["rows", "fed_ms"]
+MIN_VERIFY_STEPS = 20  # verifying steps a two-term fit needs; fewer: one factor on the prefill-based price
 
 
 class CalibrationError(ValueError):
@@ -66,6 +70,8 @@ class _Material:
     )  # time -> process -> thread -> s
     # the decode fit's samples (x, ms alone on the placement, slowdown), kept for the probe's rescaling
     decode_samples: tuple[list, list, list] = ([], [], [])
+    # verifying steps (speculation): (rows, extra fed tokens, width, ms alone on the placement, slowdown)
+    verify_samples: list[tuple[float, float, float, float, float]] = field(default_factory=list)
 
 
 def _material(tl: Any) -> _Material:
@@ -154,6 +160,13 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
     _fit_engine(run, m, model)
     if replay:
         _replay(run, m, model)
+    _fit_verify(m, model)
+    model.speculation = shadow_acceptance(run.timeline)
+    if model.speculation is None:
+        model.notes.append(
+            "no shadow acceptance in the trace (speculation_shadow records): speculative decoding cannot be "
+            "priced from this calibration"
+        )
     _fit_model_calls(run, m, model)
     _fit_controller(run, m, model)
     model.lengths = _lengths(run, spec)
@@ -244,17 +257,11 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     engine = model.inference.demand()
     slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
     slow_alone = slowdown(engine, bg, cores)
-    verifying = sum(1 for rows in m.steps.values() for r in rows if int(r[2]) not in (STEP_PREFILL, STEP_DECODE))
-    if verifying:
-        model.notes.append(
-            f"{verifying} verifying steps (speculative decoding) are left out of the decode and prefill fits: "
-            "the simulator does not price speculation yet, so its predictions are of runs without it"
-        )
     steps = [
         (kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
         for rows in m.steps.values()
         for t, dur, kind, n, tokens, ctx, width, *_ in rows  # traces since speculation add `out`
-        if kind in (STEP_PREFILL, STEP_DECODE)  # verifying steps (speculation) are not priced yet
+        if kind in (STEP_PREFILL, STEP_DECODE)  # verifying steps (speculation): _fit_verify
     ]
 
     def x_of(kind: int, n: float, tokens: float, ctx: float, width: float) -> dict[str, float]:
@@ -287,6 +294,12 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
             "too few decode steps with and without the trainer computing to measure how much they "
             "slow each other: taken as none"
         )
+    for rows in m.steps.values():
+        for t, dur, kind, n, tokens, _ctx, width, *_ in rows:
+            if int(kind) == STEP_VERIFY and dur > 0:
+                share = _overlap(trainer, t, t + dur) / dur
+                sl = (slow_alone + share * (slow_with - slow_alone)) * (1.0 + model.interference * share)
+                m.verify_samples.append((float(n), float(tokens - n), float(width), dur * 1e3 / sl, sl))
     decode, dx, dy, ds = fit(1, model.interference)
     m.decode_samples = (dx, dy, ds)
     prefill, px, py, ps = fit(0, model.interference)
@@ -340,6 +353,86 @@ def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
     served = _requests_between(run.timeline, lo, hi + 1.0)
     rest = engine_spans - busy - per_step * decodes
     model.engine_request_overhead_ms = max(rest, 0.0) / served * 1e3 if served else 0.0
+
+
+def _fit_verify(m: _Material, model: CostModel) -> None:
+    """A run that speculated: its verifying steps priced directly, and the prefill-based price
+    (perfmodel/speculation.py `fed_token_ms`, all a calibration without speculation has to go
+    on) checked against them.
+
+    What a verifying step took beyond the plain decode step of its rows (the decode fit at its
+    rows and window) is fitted as a cost per row (the proposal lookup and the per-position
+    sampling a verifying step does besides the forward) plus a factor on the prefill-based price
+    of its extra fed tokens (`fed_ms`: extra x fed_token_ms(window)); why a factor on that price
+    and not free per-token terms: a run verifies at few batch sizes and windows, and the price's
+    shape (per token, per token x window) is the prefill fit's, measured on every prefill.
+    With fewer than MIN_VERIFY_STEPS steps, only the factor. `verify_check` keeps how far the
+    prefill-based price alone is from the measured steps."""
+    samples = m.verify_samples
+    if not samples:
+        return
+    dec = model.decode_ms
+
+    def plain(rows: float, width: float) -> float:
+        return dec.predict(rows=rows, rows_x_width_k=rows * width / 1e3)
+
+    xs = [{"rows": n, "fed_ms": e * fed_token_ms(model.prefill_ms, w)} for n, e, w, _, _ in samples]
+    ys = [y - plain(n, w) for n, _, w, y, _ in samples]
+    if len(samples) >= MIN_VERIFY_STEPS:
+        fit = fit_linear(xs, ys, VERIFY_TERMS)
+    else:
+        priced = sum(x["fed_ms"] for x in xs)
+        factor = max(sum(ys), 0.0) / priced if priced > 0 else 1.0
+        fit = LinearFit(list(VERIFY_TERMS), [0.0, factor], len(samples))
+    model.verify_ms = fit  # its own errors are on the extra time; verify_check has them on whole steps
+    measured = np.array([y * sl for *_, y, sl in samples])
+    formula = np.array([(plain(n, w) + x["fed_ms"]) * sl for (n, _, w, _, sl), x in zip(samples, xs)])
+    direct = np.array([(plain(n, w) + fit.predict(**x)) * sl for (n, _, w, _, sl), x in zip(samples, xs)])
+    model.verify_check = {
+        "steps": len(samples),
+        "measured_ms": float(measured.sum()),
+        "formula_total_rel_err": float((formula.sum() - measured.sum()) / measured.sum()),
+        "formula_median_rel_err": float(np.median(np.abs(formula - measured) / measured)),
+        "fit_total_rel_err": float((direct.sum() - measured.sum()) / measured.sum()),
+        "fit_median_rel_err": float(np.median(np.abs(direct - measured) / measured)),
+    }
+    model.notes.append(
+        f"{len(samples)} verifying steps (speculative decoding) fitted directly; priced from the prefill fit "
+        f"alone they would come out {model.verify_check['formula_total_rel_err']:+.1%} in total"
+    )
+
+
+def shadow_acceptance(tl: Any) -> Acceptance | None:
+    """What speculation would have accepted, by batch-size bucket, from the trace's
+    `speculation_shadow` records (engines/inference/speculation/shadow.py): each server's latest
+    running counts, added up (trace_analysis/speculation_summary.py `shadow_summary` reads the
+    same). None when the run recorded none, or none that proposed anything."""
+    latest: dict[str, tuple[float, dict[str, Any]]] = {}
+    for s in tl.profiles:
+        if s["name"] == "speculation_shadow" and isinstance(s["args"].get("by_rows"), dict):
+            if s["process"] not in latest or s["ts"] >= latest[s["process"]][0]:
+                latest[s["process"]] = (s["ts"], s["args"])
+    buckets: dict[str, dict[str, Any]] = {}
+    max_draft, every = 0, 0
+    for _, args in latest.values():
+        every = max(every, int(args.get("every") or 0))
+        for key, t in args["by_rows"].items():
+            b = buckets.setdefault(str(int(key)), {"tries": 0, "proposals": 0, "reached": [], "accepted_at": []})
+            b["tries"] += int(t.get("tries", 0))
+            b["proposals"] += int(t.get("proposals", 0))
+            for name in ("reached", "accepted_at"):
+                counts = [int(x) for x in t.get(name, [])]
+                have = b[name]
+                have.extend([0] * (len(counts) - len(have)))
+                for i, x in enumerate(counts):
+                    have[i] += x
+                max_draft = max(max_draft, len(counts))
+    if not any(b["proposals"] for b in buckets.values()):
+        return None
+    for b in buckets.values():
+        for name in ("reached", "accepted_at"):
+            b[name].extend([0] * (max_draft - len(b[name])))
+    return Acceptance(max_draft, every, dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))))
 
 
 def _replay(run: Any, m: _Material, model: CostModel) -> None:

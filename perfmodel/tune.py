@@ -7,9 +7,16 @@ tail of answers rewards concurrency; short answers reward less staleness), on th
 combines them, and `areal-graph tune --verify` checks its pick against a real run.
 
 The search, coarse then fine: every combination of placement, max staleness (0 up to the
-workflow's own, never above unless asked) and max concurrent rollouts is simulated once; the
-best dozen are simulated again over several length draws; the best few then try other
-micro-batch budgets. Every candidate is a list of KEY=VALUE overrides of the workflow as given.
+workflow's own, never above unless asked), max concurrent rollouts and, when the calibration
+measured what speculation would have accepted (its shadow counts), speculative decoding on and
+off is simulated once; the best dozen are simulated again over several length draws; the best
+few then try other micro-batch budgets. Every candidate is a list of KEY=VALUE overrides of the
+workflow as given.
+
+Why speculation is searched with the rest and not after: it pays where few rows decode at once
+(a step of a few rows is per-call overhead, so feeding proposals is nearly free), which is
+where low concurrency or a long tail leave the engine, so the best concurrency with it on can
+differ from the best with it off.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.simulator import SimConfig, simulate
+from areal_graph.perfmodel.speculation import NO_ACCEPTANCE, CannotPriceSpeculation
 
 BUDGETS = (1024, 2048, 4096, 8192)
 
@@ -46,6 +54,20 @@ class TuneResult:
     given: Candidate
     ranked: list[Candidate]
     simulated: int
+    # speculative decoding was searched (on and off); else `speculation_note` says why not
+    speculation_searched: bool = False
+    speculation_note: str = ""
+
+
+def speculation_options(base: SimConfig, costs: CostModel) -> list[bool]:
+    """Speculative decoding's settings worth trying: on and off where the calibration measured what
+    it would have accepted, else only the workflow's own (which must then be off: nothing to price
+    it with)."""
+    if costs.speculation is not None:
+        return [base.speculative, not base.speculative]
+    if base.speculative:
+        raise CannotPriceSpeculation(NO_ACCEPTANCE)
+    return [False]
 
 
 def placements(cores: Sequence[int]) -> list[tuple[str, list[str], dict[str, SidePlacement | None]]]:
@@ -109,25 +131,30 @@ def search(
             results[0].notes,
         )
 
+    speculative = speculation_options(base, costs)
     grid: list[Candidate] = []
     for _label, pin_overrides, sides in placements(base.machine_cores):
         for eta in range(0, max_staleness + 1):
             for conc in concurrency_options(base, eta):
-                cfg = dataclasses.replace(
-                    base,
-                    max_staleness=eta,
-                    max_concurrent=conc,
-                    max_running=max(base.max_running, conc),
-                    **_sides(base, sides),
-                )
-                ov = list(pin_overrides)
-                if eta != base.max_staleness:
-                    ov.append(f"runtime.max_staleness={eta}")
-                if conc != base.max_concurrent:
-                    ov.append(f"runtime.max_concurrent_rollouts={conc}")
-                if cfg.max_running != base.max_running:
-                    ov.append(f"inference.max_running_requests={cfg.max_running}")
-                grid.append(Candidate(ov, cfg))
+                for spec in speculative:
+                    cfg = dataclasses.replace(
+                        base,
+                        max_staleness=eta,
+                        max_concurrent=conc,
+                        max_running=max(base.max_running, conc),
+                        speculative=spec,
+                        **_sides(base, sides),
+                    )
+                    ov = list(pin_overrides)
+                    if eta != base.max_staleness:
+                        ov.append(f"runtime.max_staleness={eta}")
+                    if conc != base.max_concurrent:
+                        ov.append(f"runtime.max_concurrent_rollouts={conc}")
+                    if cfg.max_running != base.max_running:
+                        ov.append(f"inference.max_running_requests={cfg.max_running}")
+                    if spec != base.speculative:
+                        ov.append(f"inference.speculative.enabled={str(spec).lower()}")
+                    grid.append(Candidate(ov, cfg))
     total = len(grid) + min(12, len(grid)) + min(top, len(grid)) * len(BUDGETS) + 1
     done = 0
     for cand in grid:
@@ -158,7 +185,14 @@ def search(
     given = Candidate([], base)
     given.window_s, given.staleness, given.busy, given.notes = run(base, seeds, 2)
     ranked = sorted(best + more, key=lambda c: (c.window_s, len(c.overrides)))
-    return TuneResult(given, ranked[:top], len(grid) + len(finalists) * seeds + top * len(BUDGETS) * seeds + seeds)
+    searched = len(speculative) > 1
+    return TuneResult(
+        given,
+        ranked[:top],
+        len(grid) + len(finalists) * seeds + top * len(BUDGETS) * seeds + seeds,
+        searched,
+        "" if searched else "speculative decoding not searched: " + NO_ACCEPTANCE,
+    )
 
 
 def _sides(base: SimConfig, sides: dict[str, SidePlacement | None]) -> dict[str, Any]:
