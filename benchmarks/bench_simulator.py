@@ -301,8 +301,9 @@ def main() -> int:
                 f"  {r['config']}: verifying steps predicted {sp['verifying_share']:.0%} of decode steps, "
                 f"{sp['tokens_per_row_forward']:.2f} tokens per row and forward; measured "
                 f"{(r['measured_verifying_share'] or 0):.0%}, "
-                f"{(r['measured_tokens_per_row_forward'] or 0):.2f}; prefill-based verifying price on the measured "
-                f"steps {check.get('formula_total_rel_err', float('nan')):+.1%}",
+                f"{(r['measured_tokens_per_row_forward'] or 0):.2f}; the measured verifying steps priced by the "
+                f"prefill fit {check.get('formula_total_rel_err', float('nan')):+.1%}, by the probe "
+                f"{check.get('probe_total_rel_err', float('nan')):+.1%}",
                 highlight=False,
             )
     name = "simulator_validation_speculative" if args.speculative else "simulator_validation"

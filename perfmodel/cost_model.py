@@ -294,13 +294,15 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
         fit_row("verifying step beyond its plain step", model.verify_ms, "ms")
     if model.verify_check:
         c = model.verify_check
-        rows.append(
-            (
-                "  verifying steps priced from the prefill fit",
-                f"{c['formula_total_rel_err']:+.1%} in total, median {c['formula_median_rel_err']:.0%} per step",
-                f"direct fit {c['fit_total_rel_err']:+.1%} (n={int(c['steps'])})",
-            )
-        )
+        for key, label in (("formula", "the prefill fit"), ("probe", "the probe"), ("fit", "their own fit")):
+            if f"{key}_total_rel_err" in c:
+                rows.append(
+                    (
+                        f"  the run's verifying steps priced by {label}",
+                        f"{c[f'{key}_total_rel_err']:+.1%} in total, median {c[f'{key}_median_rel_err']:.0%} per step",
+                        f"n={int(c['steps'])}",
+                    )
+                )
     for window in model.lengths.drift():
         rows.append(
             (

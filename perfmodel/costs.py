@@ -36,8 +36,8 @@ from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
-from areal_graph.perfmodel.replay import probe_decode, replay_ratio
-from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms
+from areal_graph.perfmodel.replay import probe_decode, probe_verify, replay_ratio
+from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms, verify_fixed_ms, verify_token_ms
 from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 from areal_graph.trace_analysis.trace_model import merge_intervals
 from areal_graph.trace_analysis.trace_stats import training_window
@@ -46,9 +46,9 @@ MIN_STEPS = 10  # a calibration run needs at least this many training steps
 DECODE_TERMS = ["1", "rows", "rows_x_width_k"]
 PREFILL_TERMS = ["1", "padded_k", "padded_x_width_m"]  # padded positions; attention over the window
 CALL_TERMS = ["1", "tokens_k", "seqs", "microbatches"]
-# a verifying step beyond its rows' plain decode step: per row, and its extra fed tokens priced by the prefill fit
-VERIFY_TERMS = ["rows", "fed_ms"]
-MIN_VERIFY_STEPS = 20  # verifying steps a two-term fit needs; fewer: one factor on the prefill-based price
+# a verifying step beyond its rows' plain decode step: fixed, per row, per extra fed token, per extra token x window
+VERIFY_TERMS = ["1", "rows", "extra_k", "extra_x_width_m"]
+MIN_VERIFY_STEPS = 20  # verifying steps a run's own fit needs (fewer: the probe's, or the prefill-based price)
 
 
 class CalibrationError(ValueError):
@@ -157,11 +157,11 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
     model.calibrated = calibration_settings(spec)
     bg = _background(run, m, model)
     model.background_cpu = bg
+    model.speculation = shadow_acceptance(run.timeline)
     _fit_engine(run, m, model)
     if replay:
         _replay(run, m, model)
     _fit_verify(m, model)
-    model.speculation = shadow_acceptance(run.timeline)
     if model.speculation is None:
         model.notes.append(
             "no shadow acceptance in the trace (speculation_shadow records): speculative decoding cannot be "
@@ -356,18 +356,15 @@ def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
 
 
 def _fit_verify(m: _Material, model: CostModel) -> None:
-    """A run that speculated: its verifying steps priced directly, and the prefill-based price
-    (perfmodel/speculation.py `fed_token_ms`, all a calibration without speculation has to go
-    on) checked against them.
+    """A run that speculated: its verifying steps priced directly, and the prices a calibration
+    without speculation has to go on checked against them: the prefill-based one
+    (perfmodel/speculation.py `fed_token_ms`) and the probe's (`_probe_verify`, when it ran).
 
     What a verifying step took beyond the plain decode step of its rows (the decode fit at its
-    rows and window) is fitted as a cost per row (the proposal lookup and the per-position
-    sampling a verifying step does besides the forward) plus a factor on the prefill-based price
-    of its extra fed tokens (`fed_ms`: extra x fed_token_ms(window)); why a factor on that price
-    and not free per-token terms: a run verifies at few batch sizes and windows, and the price's
-    shape (per token, per token x window) is the prefill fit's, measured on every prefill.
-    With fewer than MIN_VERIFY_STEPS steps, only the factor. `verify_check` keeps how far the
-    prefill-based price alone is from the measured steps."""
+    rows and window) is fitted on VERIFY_TERMS: a fixed cost and one per row (the proposal
+    lookup, the index tensors and the per-position sampling a verifying step does whatever it is
+    fed), and one per extra fed token and per extra token x window (the forward's compute).
+    `verify_check` keeps how far each price is from the measured steps."""
     samples = m.verify_samples
     if not samples:
         return
@@ -376,29 +373,33 @@ def _fit_verify(m: _Material, model: CostModel) -> None:
     def plain(rows: float, width: float) -> float:
         return dec.predict(rows=rows, rows_x_width_k=rows * width / 1e3)
 
-    xs = [{"rows": n, "fed_ms": e * fed_token_ms(model.prefill_ms, w)} for n, e, w, _, _ in samples]
+    xs = [{"rows": n, "extra_k": e / 1e3, "extra_x_width_m": e * w / 1e6} for n, e, w, _, _ in samples]
     ys = [y - plain(n, w) for n, _, w, y, _ in samples]
+    measured = np.array([y * sl for *_, y, sl in samples])
+
+    def total_and_median(extra: list[float]) -> tuple[float, float]:
+        got = np.array([(plain(n, w) + x) * sl for (n, _, w, _, sl), x in zip(samples, extra)])
+        return float((got.sum() - measured.sum()) / measured.sum()), float(np.median(np.abs(got - measured) / measured))
+
+    check: dict[str, float] = {"steps": float(len(samples)), "measured_ms": float(measured.sum())}
+    check["formula_total_rel_err"], check["formula_median_rel_err"] = total_and_median(
+        [e * fed_token_ms(model.prefill_ms, w) for _, e, w, _, _ in samples]
+    )
+    probe = model.verify_ms
+    if probe is not None:
+        check["probe_total_rel_err"], check["probe_median_rel_err"] = total_and_median(
+            [verify_fixed_ms(probe, n) + e * verify_token_ms(probe, w) for n, e, w, _, _ in samples]
+        )
     if len(samples) >= MIN_VERIFY_STEPS:
         fit = fit_linear(xs, ys, VERIFY_TERMS)
-    else:
-        priced = sum(x["fed_ms"] for x in xs)
-        factor = max(sum(ys), 0.0) / priced if priced > 0 else 1.0
-        fit = LinearFit(list(VERIFY_TERMS), [0.0, factor], len(samples))
-    model.verify_ms = fit  # its own errors are on the extra time; verify_check has them on whole steps
-    measured = np.array([y * sl for *_, y, sl in samples])
-    formula = np.array([(plain(n, w) + x["fed_ms"]) * sl for (n, _, w, _, sl), x in zip(samples, xs)])
-    direct = np.array([(plain(n, w) + fit.predict(**x)) * sl for (n, _, w, _, sl), x in zip(samples, xs)])
-    model.verify_check = {
-        "steps": len(samples),
-        "measured_ms": float(measured.sum()),
-        "formula_total_rel_err": float((formula.sum() - measured.sum()) / measured.sum()),
-        "formula_median_rel_err": float(np.median(np.abs(formula - measured) / measured)),
-        "fit_total_rel_err": float((direct.sum() - measured.sum()) / measured.sum()),
-        "fit_median_rel_err": float(np.median(np.abs(direct - measured) / measured)),
-    }
+        model.verify_ms = fit
+        check["fit_total_rel_err"], check["fit_median_rel_err"] = total_and_median([fit.predict(**x) for x in xs])
+    model.verify_check = check
     model.notes.append(
-        f"{len(samples)} verifying steps (speculative decoding) fitted directly; priced from the prefill fit "
-        f"alone they would come out {model.verify_check['formula_total_rel_err']:+.1%} in total"
+        f"{len(samples)} verifying steps (speculative decoding)"
+        + (" fitted directly" if len(samples) >= MIN_VERIFY_STEPS else "")
+        + f"; priced from the prefill fit alone they come out {check['formula_total_rel_err']:+.1%} in total"
+        + (f", from the probe {check['probe_total_rel_err']:+.1%}" if probe is not None else "")
     )
 
 
@@ -500,10 +501,43 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     # against the probe (kept when a synchronous run's forwards are priced alone)
     rel = fit_linear([{"alone": shape.predict(**x)} for x in dx], dy, ["alone", "1"])
     model.decode_stall_ms = float(rel.coef[1]) if rel.coef[0] > 0 else 0.0
+    if model.speculation is not None or m.verify_samples:
+        _probe_verify(model_dir, rows_seen, [int(w) for w in pick[1:3]], model, scale)
     model.notes.append(
         f"decode cost shape probed alone at {len(got)} batch sizes and widths (1..{rows_seen} rows), "
         f"x{scale:.2f} to the run's own decode steps ({model.decode_stall_ms:.2f} ms a step of them does not "
         "scale with the step's compute)"
+    )
+
+
+def _probe_verify(model_dir: str, rows_seen: int, widths: list[int], model: CostModel, scale: float) -> None:
+    """A verifying step's cost beyond the plain step of its rows, from the engine's steps probed
+    alone (perfmodel/replay.py `probe_verify`: 1..`rows_seen` rows, the run's median and 90th
+    percentile widths, proposals of 1, 2 and 4 tokens a row), fitted on VERIFY_TERMS and scaled
+    by the factor the run's own decode steps gave the decode probe (`scale`: what the run's
+    environment does to the engine's compute).
+
+    Why: the prefill fit prices a fed token's compute well (on the tiny kits within ~20% of the
+    probe) but knows nothing of what a verifying step does whatever it is fed (building the
+    packed layout and its masks, sampling every fed position, advancing ragged rows: 0.3 ms and
+    more a step alone), which at a few rows is as much as the tokens; priced without it, the
+    simulator had the policy verify at batch sizes where the engine measured it slower."""
+    got = probe_verify(model_dir, rows_seen, widths, threads=model.inference.threads)
+    if not got:
+        model.notes.append(
+            "the verifying step could not be probed (no lean forward): it is priced from the prefill fit"
+        )
+        return
+    xs = [{"rows": float(r), "extra_k": e / 1e3, "extra_x_width_m": e * w / 1e6} for r, w, e, _, _ in got]
+    ys = [(v - p) * 1e3 for *_, v, p in got]
+    fit = fit_linear(xs, ys, VERIFY_TERMS, robust=False)
+    model.verify_ms = LinearFit(
+        fit.terms, [c * scale for c in fit.coef], fit.n, fit.median_rel_err, fit.total_rel_err, fit.lo, fit.hi
+    )
+    model.notes.append(
+        f"verifying step probed alone at {len(got)} shapes: {verify_fixed_ms(model.verify_ms, 1):.2f} ms at one row "
+        f"beyond the plain step, {verify_token_ms(model.verify_ms, widths[0]) * 1e3:.0f} us a fed token (the prefill "
+        f"fit says {fed_token_ms(model.prefill_ms, widths[0]) * 1e3:.0f} us), x{scale:.2f} as the decode probe"
     )
 
 

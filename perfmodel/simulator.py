@@ -42,6 +42,7 @@ from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.speculation import (
     NO_ACCEPTANCE,
+    PROBE,
     BucketAcceptance,
     CannotPriceSpeculation,
     Verdict,
@@ -49,6 +50,8 @@ from areal_graph.perfmodel.speculation import (
     bucket_of,
     fed_token_ms,
     sample_accepted,
+    verify_fixed_ms,
+    verify_token_ms,
 )
 from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
@@ -272,10 +275,10 @@ class _Server:
             verify = verdict.verifies
         extra, made = 0, 0
         if verify:
-            draft = verdict.draft or 1
+            draft, share = (verdict.draft, verdict.share) if verdict.draft else (1, acc.rate / PROBE)
             for r in decoding:
                 k = min(draft, r.target - r.made - 1)
-                if k > 0 and sim.spec_rng.random() < acc.rate:
+                if k > 0 and sim.spec_rng.random() < share:
                     extra += k
                     step = 1 + sample_accepted(sim.spec_rng, acc.positions, k)
                 else:
@@ -483,20 +486,19 @@ class Simulation:
         return got
 
     def fed_token_ms(self, width: float) -> float:
-        """One more fed token of a verifying step at window `width`: the prefill fit's marginal token
-        (speculation.py `fed_token_ms`), times the factor a calibration that speculated measured."""
-        ms = fed_token_ms(self.costs.prefill_ms, width)
+        """One more fed token of a verifying step at window `width`: the verifying-step fit's (probed
+        alone and scaled to the run, or fitted on a run that speculated), else the prefill fit's
+        marginal token (speculation.py `fed_token_ms`)."""
         fit = self.costs.verify_ms
-        if fit is not None:
-            ms = fit.predict(rows=0.0, fed_ms=ms)
+        ms = verify_token_ms(fit, width) if fit is not None else fed_token_ms(self.costs.prefill_ms, width)
         return ms * self.alone_decode
 
     def verify_extra_ms(self, rows: int, extra: int, width: float) -> float:
         """A verifying step's ms beyond the plain decode step of its `rows` rows, feeding `extra`
-        proposed tokens at window `width` (plus the direct fit's cost per row, when there is one)."""
+        proposed tokens at window `width` (with a verifying-step fit, its cost whatever is fed too)."""
         fit = self.costs.verify_ms
-        per_row = fit.predict(rows=float(rows), fed_ms=0.0) * self.alone_decode if fit is not None else 0.0
-        return per_row + extra * self.fed_token_ms(width)
+        fixed = verify_fixed_ms(fit, rows) * self.alone_decode if fit is not None else 0.0
+        return fixed + extra * self.fed_token_ms(width)
 
     def verdict(self, rows: int, width: float, plain_ms: float) -> tuple[Verdict, BucketAcceptance]:
         """The policy's steady-state choice at `rows` rows (speculation.py `best_draft`), with the

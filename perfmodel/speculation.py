@@ -162,6 +162,18 @@ def fed_token_ms(prefill: LinearFit, width: float) -> float:
     return coef.get("padded_k", 0.0) / 1e3 + coef.get("padded_x_width_m", 0.0) * width / 1e6
 
 
+def verify_fixed_ms(fit: LinearFit, rows: float) -> float:
+    """What a verifying step over `rows` rows costs beyond the plain step whatever it is fed, by a
+    verifying-step fit (terms "1", "rows", "extra_k", "extra_x_width_m": costs.py VERIFY_TERMS)."""
+    return fit.predict(rows=rows, extra_k=0.0, extra_x_width_m=0.0)
+
+
+def verify_token_ms(fit: LinearFit, width: float) -> float:
+    """One more fed token at window `width`, by a verifying-step fit (see `verify_fixed_ms`)."""
+    coef = dict(zip(fit.terms, fit.coef))
+    return coef.get("extra_k", 0.0) / 1e3 + coef.get("extra_x_width_m", 0.0) * width / 1e6
+
+
 def verify_step_ms(decode_ms: float, prefill: LinearFit, extra_fed: float, width: float) -> float:
     """A verifying step over the rows of a plain decode step that took `decode_ms`, feeding
     `extra_fed` proposed tokens besides each row's last token: decode_ms + extra_fed x
@@ -169,15 +181,21 @@ def verify_step_ms(decode_ms: float, prefill: LinearFit, extra_fed: float, width
     return decode_ms + max(extra_fed, 0.0) * fed_token_ms(prefill, width)
 
 
+PRIOR_COST = 0.25  # speculation/policy.py _PRIOR_COST: a fed token's cost before it is measured
+PROBE = 8  # speculation/policy.py _PROBE: a request whose proposals do not pay proposes 1 token this often
+
+
 @dataclass
 class Verdict:
-    """The engine's steady-state choice at one batch size: `draft` the proposal length that gives
-    the most tokens per ms (what a row with a proposal is fed when the step verifies), the tokens
-    per ms of that verifying step and of a plain one."""
+    """The engine's steady-state choice at one batch size: rows that have a proposal (`share` of
+    them) propose `draft` tokens; the tokens per ms of such a verifying step and of a plain one;
+    `cost` the fed token's cost the policy measures (in plain-step time per row)."""
 
     draft: int
+    share: float
     verify_rate: float
     plain_rate: float
+    cost: float = PRIOR_COST
 
     @property
     def verifies(self) -> bool:
@@ -185,30 +203,72 @@ class Verdict:
         return self.verify_rate > self.plain_rate * (1 + 1e-9)
 
 
+def policy_length(acceptance: float, cost: float, max_draft: int) -> int:
+    """speculation/policy.py `draft_length`: the longest k <= max_draft whose k-th token is worth
+    its cost, acceptance^k >= cost (0: none is)."""
+    k, worth = 0, 1.0
+    while k < max_draft and worth * acceptance >= cost:
+        k, worth = k + 1, worth * acceptance
+    return k
+
+
 def best_draft(
     rows: int, acc: BucketAcceptance, plain_ms: float, token_ms: float, max_draft: int, fixed_ms: float = 0.0
 ) -> Verdict:
-    """What the engine's policy settles on at `rows` rows (engines/inference/speculation/policy.py).
+    """What the engine's policy settles on at `rows` rows (engines/inference/speculation/policy.py
+    and speculator.py), followed to its steady state.
 
-    The policy verifies when the measured tokens per second of verifying steps beat those of
-    plain steps in this batch-size bucket, and each row proposes the longest k whose k-th token
-    is worth its cost (its chance of being used against the cost of feeding it, in plain-step
-    time per row, scaled by the step's rate; speculator.py `_trim`). At its steady state that is
-    the k that maximises the verifying step's tokens per ms,
+    The policy's rules, with the calibration's numbers in place of its running measurements:
+    each request's acceptance a is accepted per tried token (here the bucket's: accepted over
+    reached positions of the shadow's proposals); a fed token's cost c is what verifying steps
+    took beyond plain ones per extra fed token, in plain-step time per row (prior 1/4: here the
+    priced verifying step, `fixed_ms` included, since the engine's measurement includes it too);
+    a row proposes the longest k with a^k >= c (none: one token every PROBE steps), cut to the
+    tokens whose a^k beats c times the step's rate (`_trim`); and the step verifies when the
+    tokens per ms of verifying,
 
-        rate(k) = rows (1 + q E[accepted | k]) / (plain_ms + fixed_ms + rows q k token_ms),
+        rows (1 + q E[accepted | k]) / (plain_ms + fixed_ms + rows q k token_ms),
 
-    q the share of rows with a proposal, `fixed_ms` what verifying costs beyond the plain step
-    whatever is fed (0 when priced from the prefill fit), and verifying pays when
-    rate(k) > rows / plain_ms. What
-    this leaves out: that each request proposes by its own recent acceptance (one rate per
-    bucket here), the measurement noise that can flip a close verdict, and (the caller's part)
-    its exploration of the other kind."""
+    (q the share of rows with a proposal; E from the per-position acceptance, not a^k) beat
+    the plain step's rows / plain_ms. c depends on k and k on c, as in the engine: a few rounds
+    from the prior settle them. What this leaves out: that requests differ in acceptance (one a
+    per bucket here), the noise of the engine's running averages (one slow verifying step can
+    keep a bucket plain for a long while), and (the caller's part) its exploration."""
     plain = rows / plain_ms if plain_ms > 0 else 0.0
-    best = Verdict(0, 0.0, plain)
-    for k in range(1, max_draft + 1):
-        ms = plain_ms + fixed_ms + rows * acc.rate * k * token_ms
-        rate = rows * (1.0 + acc.rate * acc.expected_accepted(k)) / ms if ms > 0 else 0.0
-        if rate > best.verify_rate * (1 + 1e-9):
-            best = Verdict(k, rate, plain)
-    return best
+    per_row = plain_ms / rows if rows else plain_ms
+    reached = sum(_reach(acc.positions))
+    a = (acc.expected_accepted(len(acc.positions)) / reached) if reached > 0 else 0.0
+    cost = PRIOR_COST
+    verdict = Verdict(0, 0.0, 0.0, plain, cost)
+    for _ in range(6):
+        k = policy_length(a, cost, max_draft)
+        share = acc.rate if k else acc.rate / PROBE
+        k = k or 1
+        rate = 1.0
+        for _ in range(3):  # speculator.py _trim
+            keep = 0
+            while keep < k and a ** (keep + 1) > cost * rate:
+                keep += 1
+            gained = sum(a**j for j in range(1, keep + 1))
+            rate = (rows + rows * share * gained) / (rows + cost * rows * share * keep)
+        k = keep
+        extra = rows * share * k
+        if not k or extra <= 0:
+            return Verdict(0, 0.0, 0.0, plain, cost)
+        ms = plain_ms + fixed_ms + extra * token_ms
+        verdict = Verdict(k, share, rows * (1.0 + share * acc.expected_accepted(k)) / ms, plain, cost)
+        measured = ((ms - plain_ms) / extra) / per_row if per_row > 0 else cost
+        new = min(max(measured, 0.02), 4.0)
+        if abs(new - cost) < 1e-6:
+            break
+        cost = new
+    return verdict
+
+
+def _reach(positions: Sequence[float]) -> list[float]:
+    """The chance that a proposal's position j + 1 is compared at all (every one before it accepted)."""
+    out, reach = [], 1.0
+    for p in positions:
+        out.append(reach)
+        reach *= p
+    return out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from areal_graph.engines.inference.speculation.policy import SpeculationPolicy
 from areal_graph.graph.loader import load_workflow
 from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement, describe_costs
 from areal_graph.perfmodel.costs import shadow_acceptance
@@ -19,12 +20,14 @@ from areal_graph.perfmodel.fits import LinearFit
 from areal_graph.perfmodel.simulator import SimConfig, simulate
 from areal_graph.perfmodel.speculation import (
     MIN_PROPOSALS,
+    PRIOR_COST,
     Acceptance,
     BucketAcceptance,
     CannotPriceSpeculation,
     best_draft,
     expected_accepted,
     fed_token_ms,
+    policy_length,
     sample_accepted,
     verify_step_ms,
 )
@@ -93,19 +96,28 @@ def test_expected_accepted_is_the_sum_of_the_chances_of_reaching_each_position()
     assert max(draws) == 3 and min(draws) == 0
 
 
-def test_the_verdict_is_the_proposal_length_with_the_most_tokens_per_ms():
+def test_the_verdict_follows_the_engines_policy_to_its_steady_state():
+    # the proposal length rule is the engine's own: a fresh request (acceptance 1/2, cost 1/4) proposes 2
+    assert policy_length(0.5, PRIOR_COST, 4) == SpeculationPolicy(4).draft_length("fresh", 8) == 2
+    assert policy_length(0.9, 0.5, 16) == 6 and policy_length(0.3, 0.5, 4) == 0
     sure = BucketAcceptance(1.0, [1.0, 1.0, 1.0, 1.0])
-    # 4 rows, plain step 4 ms, a fed token 0.5 ms: rate(k) = 4 (1 + k) / (4 + 2 k), best at k = 4
+    # 4 rows, plain step 4 ms, a fed token 0.5 ms: every row proposes 4 (each token is surely used),
+    # the step takes 4 + 16 x 0.5 = 12 ms for 4 x 5 tokens, and the cost the engine measures is 1/2
     cheap = best_draft(4, sure, 4.0, 0.5, 4)
-    assert cheap.draft == 4 and cheap.verify_rate == pytest.approx(20 / 12) and cheap.plain_rate == 1.0
-    assert cheap.verifies
-    # a fed token as dear as a plain step: 4 (1 + k) / (4 + 16 k) < 1 for every k
+    assert (cheap.draft, cheap.share) == (4, 1.0) and cheap.verify_rate == pytest.approx(20 / 12)
+    assert cheap.plain_rate == 1.0 and cheap.cost == pytest.approx(0.5) and cheap.verifies
+    # a fed token dearer than a plain step per row: measured so, nothing is worth proposing
     dear = best_draft(4, sure, 4.0, 4.0, 4)
-    assert not dear.verifies and dear.draft == 1
-    # what verifying costs per step whatever is fed counts against it
+    assert not dear.verifies and dear.draft == 0 and dear.cost == 4.0
+    # what verifying costs whatever is fed counts in the cost the engine measures, and against it
     assert not best_draft(4, BucketAcceptance(1.0, [0.1] * 4), 4.0, 0.0, 4, fixed_ms=1.0).verifies
     nothing = best_draft(8, BucketAcceptance(0.5, [0.0] * 4), 4.0, 0.0, 4)
     assert not nothing.verifies  # free tokens that are never accepted do not pay either
+    # the engine judges by accepted per tried token (here 2 of 3: positions 1, 2 always, 3 never) as
+    # if acceptance were geometric, so it proposes past the position that is always rejected; what
+    # comes out is priced by position (2 tokens accepted a row)
+    cut = best_draft(4, BucketAcceptance(1.0, [1.0, 1.0, 0.0, 0.0]), 4.0, 0.1, 4)
+    assert cut.draft >= 3 and cut.verify_rate == pytest.approx(4 * 3 / (4 + 4 * cut.draft * 0.1))
 
 
 # ------------------------------------------------------------------ acceptance from the trace
@@ -154,7 +166,7 @@ def test_the_cost_model_round_trips_speculation_and_old_files_load_without_it():
     assert old.speculation is None and old.verify_ms is None and old.verify_check == {}
     assert any("not priceable" in row[1] for row in describe_costs(old))
     costs = _costs(_acceptance([0.8, 0.7, 0.6, 0.5], 0.4))
-    costs.verify_ms = LinearFit(["rows", "fed_ms"], [0.01, 1.3], n=12)
+    costs.verify_ms = LinearFit(["1", "rows", "extra_k", "extra_x_width_m"], [0.3, 0.01, 30.0, 100.0], n=12)
     again = CostModel.from_json(costs.to_json())
     assert again == costs and again.speculation is not None
     assert again.speculation.at(16) == costs.speculation.at(16)  # type: ignore[union-attr]
