@@ -176,8 +176,8 @@ def probe_verify(
     Why a probe and not the prefill fit alone: a verifying forward is not a prefill. Its extra
     tokens cost about what prefilled tokens do, but the step has more work whatever it is fed
     (index tensors, the packed layout and its attention mask per layer, sampling every fed
-    position, advancing ragged rows): on the tiny kits that was 0.5-1 ms a step, as much as a
-    plain step of a few rows, which the prefill fit cannot know. None without torch, the model,
+    position, advancing ragged rows): on the tiny kits 0.3-0.4 ms a step alone (more in a run),
+    as much as a plain step's tokens at a few rows, which the prefill fit cannot know. None without torch, the model,
     or a model the engine cannot verify with (no lean forward)."""
     try:
         import torch

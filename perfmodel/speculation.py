@@ -11,7 +11,11 @@ Pricing a run with speculation needs three things, all read off a calibration ru
   from the run's shadow counts (engines/inference/speculation/shadow.py: the trace's
   `speculation_shadow` record, per bucket `tries`, `proposals`, `reached` and `accepted_at`),
   which count exactly what a verifying step would have accepted.
-- **The cost of a verifying step**: `verify_step_ms` (below), from the decode and prefill fits.
+- **The cost of a verifying step**: the plain step of its rows plus what feeding the proposals
+  adds: `verify_step_ms` (below) from the decode and prefill fits alone, or, where the run's
+  model is on this machine, a fit of the engine's verifying step probed alone (costs.py
+  `_probe_verify`: a fixed and a per-row part the prefill fit cannot know, `verify_fixed_ms`,
+  and a per-token part, `verify_token_ms`).
 - **The engine's choice per step**: `best_draft` (below), the steady state of its policy.
 
 `Acceptance` keeps the raw counts, so buckets with few proposals can be pooled with their
