@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="where calibration and --verify runs go (default runs/tune-<name>-<time>)",
     )
+    p.add_argument(
+        "--search-speculative",
+        action="store_true",
+        help="also try speculative decoding on and off (needs a calibration with shadow acceptance; its "
+        "pricing was 11-31%% optimistic on a 2-core CPU: docs/speculative_decoding.md)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
@@ -134,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 top=args.top,
                 seeds=args.seeds,
                 progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."),
+                search_speculative=args.search_speculative,
             )
     except CannotPriceSpeculation as exc:  # the workflow speculates and the calibration cannot price it
         err.print(f"[red]{exc}[/]", soft_wrap=True, highlight=False)

@@ -33,6 +33,7 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
         "3",
         "--seeds",
         "1",
+        "--search-speculative",
         "--json",
     )
     assert cmd_tune.run(args) == 0
@@ -53,7 +54,7 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     assert cmd_tune.run(args) == 0
     printed = capsys.readouterr().out
     assert "the best configurations, predicted" in printed and "use: areal-graph run" in printed
-    assert "speculative decoding not searched" in printed
+    assert "speculative decoding not searched (ask with --search-speculative" in printed
     # a workflow that speculates cannot be priced on this calibration: a message, not a guess
     args = parse(
         str(WORKFLOWS / "ppo_async.yaml"),

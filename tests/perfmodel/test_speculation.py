@@ -237,14 +237,17 @@ def test_the_workflows_speculative_settings_reach_the_simulator():
 
 
 # ------------------------------------------------------------------ the search
-def test_tune_searches_speculation_only_when_the_calibration_measured_acceptance():
+def test_tune_searches_speculation_only_when_asked_and_the_calibration_measured_acceptance():
     base = _cfg(steps=8, max_staleness=0, max_concurrent=8, max_running=8)
-    without = search(base, _costs(), max_staleness=1, top=3, seeds=1)
+    without = search(base, _costs(), max_staleness=1, top=3, seeds=1, search_speculative=True)
     assert not without.speculation_searched and "no shadow acceptance" in without.speculation_note
     assert all("inference.speculative" not in " ".join(c.overrides) for c in without.ranked)
     cheap = LinearFit(["1", "padded_k", "padded_x_width_m"], [1.0, 2.0, 0.0])
     costs = _costs(_acceptance([0.9, 0.9, 0.9, 0.9], 0.8), prefill=cheap)
-    got = search(base, costs, max_staleness=1, top=3, seeds=1)
+    not_asked = search(base, costs, max_staleness=1, top=3, seeds=1)
+    assert not not_asked.speculation_searched and "--search-speculative" in not_asked.speculation_note
+    assert all("inference.speculative" not in " ".join(c.overrides) for c in not_asked.ranked)
+    got = search(base, costs, max_staleness=1, top=3, seeds=1, search_speculative=True)
     assert got.speculation_searched and got.speculation_note == ""
     best = got.ranked[0]
     assert best.cfg.speculative and "inference.speculative.enabled=true" in best.overrides
