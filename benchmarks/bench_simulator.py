@@ -3,6 +3,7 @@
     python benchmarks/bench_simulator.py                 # both kits, 30-step calibration, 60-step runs
     python benchmarks/bench_simulator.py --kits longtail --steps 40
     python benchmarks/bench_simulator.py --quick         # 12-step calibration, 2 short runs: checks it works
+    python benchmarks/bench_simulator.py --speculative   # speculative decoding priced from a run without it
 
 For each kit (the long-tailed `ppo_async_longtail.yaml` and the shipped `ppo_async.yaml`):
 1. one calibration run: the workflow as shipped (eta 4, nothing pinned), `--cal-steps` steps,
@@ -20,8 +21,18 @@ runs the configurations whose label contains TEXT. A run is measured
 `--rounds` times (default 2), the rounds interleaved, and the median taken: the machine is
 shared, and the same run measured twice differs by 10-25% here.
 
+`--speculative` (kit `longtail-speculative`): the calibration run decodes plainly, as shipped,
+and its trace's shadow counts (what speculation would have accepted) price the configurations
+with `inference.speculative.enabled=true`, at the calibration's concurrency and at lower ones
+where the engine verifies more; each is measured beside the same settings without speculation.
+The verifying steps of the measured runs with speculation also check the verifying step's
+price (`areal-graph costs` on such a run: the prefill-based price against its own steps).
+Rows add the predicted and measured share of decode steps that verified and tokens per row and
+verifying forward.
+
 Output: a table (configuration, predicted, measured, error, predicted / measured staleness and
-engine busy share), the median and worst |error|, and benchmarks/results/simulator_validation.json.
+engine busy share), the median and worst |error|, and benchmarks/results/simulator_validation.json
+(`_speculative.json` with `--speculative`).
 """
 
 from __future__ import annotations
@@ -83,6 +94,18 @@ KITS: dict[str, dict[str, Any]] = {
         ],
     },
 }
+SPEC = ["inference.speculative.enabled=true"]
+KITS["longtail-speculative"] = {
+    "workflow": "workflows/ppo_async_longtail.yaml",
+    "configs": [
+        ("eta 4 (as calibrated)", []),
+        ("eta 4, speculative", SPEC),
+        ("eta 4, 8 running", ["inference.max_running_requests=8"]),
+        ("eta 4, 8 running, speculative", [*SPEC, "inference.max_running_requests=8"]),
+        ("eta 4, 16 concurrent rollouts", ["runtime.max_concurrent_rollouts=16"]),
+        ("eta 4, 16 concurrent rollouts, speculative", [*SPEC, "runtime.max_concurrent_rollouts=16"]),
+    ],
+}
 COMMON = ["runtime.eval_every=0", "runtime.save_every=0"]
 
 
@@ -96,13 +119,33 @@ def run_workflow(workflow: str, overrides: list[str], run_dir: Path, log: Path) 
     return got.window_s
 
 
-def measured_extras(run_dir: Path) -> dict[str, float]:
+def measured_extras(run_dir: Path) -> dict[str, Any]:
+    from areal_graph.trace_analysis.speculation_summary import speculation_summary
     from areal_graph.trace_analysis.trace_run import load_run
     from areal_graph.trace_analysis.trace_summary import summarize_run
 
-    summary = summarize_run(load_run(run_dir))
+    run = load_run(run_dir)
+    summary = summarize_run(run)
     busy = {p["process"]: p.get("busy_share_steps") for p in summary["processes"]}
-    return {"staleness_mean": summary["staleness"].get("mean"), "engine_busy": busy.get("inference-0")}
+    out: dict[str, Any] = {"staleness_mean": summary["staleness"].get("mean"), "engine_busy": busy.get("inference-0")}
+    spec = speculation_summary(run.timeline)
+    if spec.get("available"):
+        kinds = [int(r[2]) for p in run.timeline.profiles if p["name"] == "engine_steps" for r in p["args"]["steps"]]
+        out["verifying_share"] = spec["verifying"] / max(sum(1 for k in kinds if k in (1, 2)), 1)  # of decode steps
+        out["tokens_per_row_forward"] = spec["tokens_per_forward"]
+        out["verify_check"] = verify_check(run_dir)
+    return out
+
+
+def verify_check(run_dir: Path) -> dict[str, float]:
+    """A run with speculation, fitted: how far the prefill-based price of its verifying steps is
+    from what they took (perfmodel/costs.py `_fit_verify`)."""
+    from areal_graph.perfmodel.calibration import load_costs
+
+    try:
+        return load_costs(run_dir).verify_check
+    except ValueError as exc:  # too few steps to fit: nothing to check
+        return {"error": str(exc)}  # type: ignore[dict-item]
 
 
 def main() -> int:
@@ -115,9 +158,23 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="12-step calibration, two 12-step runs per kit")
     ap.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temp dir)")
     ap.add_argument("--only", default=None, help="run only the configurations whose label contains this text")
+    ap.add_argument(
+        "--calibrate",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="calibrate on this finished run of the (one) kit's workflow instead of making one",
+    )
+    ap.add_argument(
+        "--speculative",
+        action="store_true",
+        help="speculative decoding, priced from a calibration without it (kit longtail-speculative)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.cal_steps, args.steps = 12, 12
+    if args.speculative:
+        args.kits = "longtail-speculative"
     from areal_graph.cli.cmd_simulate import predict
     from areal_graph.graph.loader import load_workflow
     from areal_graph.perfmodel.calibration import load_costs
@@ -131,10 +188,14 @@ def main() -> int:
         wf = spec_of["workflow"]
         cal_dir = work / f"{kit}-calibration"
         t0 = time.perf_counter()
-        cal_window = run_workflow(wf, [f"runtime.steps={args.cal_steps}", *COMMON], cal_dir, work / f"{kit}-cal.log")
+        if args.calibrate is not None:
+            cal_dir = args.calibrate
+        else:
+            run_workflow(wf, [f"runtime.steps={args.cal_steps}", *COMMON], cal_dir, work / f"{kit}-cal.log")
         costs = load_costs(cal_dir)
+        cal_window = costs.measured["steps_window_s"]
         console.print(
-            f"[bold]{kit}[/]: calibrated on {args.cal_steps} steps ({cal_window:.1f} s window, "
+            f"[bold]{kit}[/]: calibrated on {costs.measured['steps']} steps ({cal_window:.1f} s window, "
             f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}"
         )
         configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
@@ -178,6 +239,10 @@ def main() -> int:
                     "measured_engine_busy": extras[i].get("engine_busy"),
                     "extrapolates": pred["extrapolates"],
                     "calibration": str(cal_dir),
+                    "predicted_speculation": pred.get("speculation") or {},
+                    "measured_verifying_share": extras[i].get("verifying_share"),
+                    "measured_tokens_per_row_forward": extras[i].get("tokens_per_row_forward"),
+                    "verify_check": extras[i].get("verify_check"),
                 }
             )
             console.print(
@@ -226,7 +291,23 @@ def main() -> int:
                 "(the machine's own drift over the benchmark)"
             )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("simulator_validation_quick.json" if args.quick else "simulator_validation.json")
+    if args.speculative:
+        for r in rows:
+            sp = r["predicted_speculation"]
+            if not sp:
+                continue
+            check = r["verify_check"] or {}
+            console.print(
+                f"  {r['config']}: verifying steps predicted {sp['verifying_share']:.0%} of decode steps, "
+                f"{sp['tokens_per_row_forward']:.2f} tokens per row and forward; measured "
+                f"{(r['measured_verifying_share'] or 0):.0%}, "
+                f"{(r['measured_tokens_per_row_forward'] or 0):.2f}; the measured verifying steps priced by the "
+                f"prefill fit {check.get('formula_total_rel_err', float('nan')):+.1%}, by the probe "
+                f"{check.get('probe_total_rel_err', float('nan')):+.1%}",
+                highlight=False,
+            )
+    name = "simulator_validation_speculative" if args.speculative else "simulator_validation"
+    out = RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
     out.write_text(
         json.dumps(
             {

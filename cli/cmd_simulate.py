@@ -76,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         err.print(f"[red]--calibrate: {exc}[/]", soft_wrap=True, highlight=False)
         return 1
-    out = predict(spec, costs, args.seeds, batch_order=args.batch_order)
+    from areal_graph.perfmodel.speculation import CannotPriceSpeculation
+
+    try:
+        out = predict(spec, costs, args.seeds, batch_order=args.batch_order)
+    except CannotPriceSpeculation as exc:  # the workflow speculates and the calibration cannot price it
+        err.print(f"[red]{exc}[/]", soft_wrap=True, highlight=False)
+        return 1
     if args.json:
         console.print_json(json.dumps(out))
         return 0
@@ -105,6 +111,8 @@ def predict(spec: Any, costs: Any, seeds: int = 3, **settings: Any) -> dict[str,
         "step_bound": first.step_bound,
         "tokens_per_s": statistics.fmean(r.tokens_per_s for r in results),
         "reprefill_tokens": int(statistics.fmean(r.reprefill_tokens for r in results)),
+        # speculative runs: verifying and plain steps, tokens per row and verifying forward (first draw)
+        "speculation": first.speculation,
         "settings": {
             "max_staleness": base.max_staleness,
             "batch_size": base.batch_size,
@@ -113,6 +121,7 @@ def predict(spec: Any, costs: Any, seeds: int = 3, **settings: Any) -> dict[str,
             "servers": base.servers,
             "kv_on_update": base.kv_on_update,
             "batch_order": base.batch_order,
+            "speculative": base.speculative,
             "placement": {
                 "inference": dataclasses.asdict(base.inference),
                 "training": dataclasses.asdict(base.training),
@@ -143,6 +152,13 @@ def _print(console: Any, out: dict[str, Any], args: argparse.Namespace) -> None:
         table.add_row(f"busy: {proc}", f"{share:.0%} of the window")
     table.add_row("tokens decoded per second", f"{out['tokens_per_s']:,.0f}")
     table.add_row("tokens prefilled again after weight updates", f"{out['reprefill_tokens']:,}")
+    sp = out.get("speculation") or {}
+    if sp:
+        table.add_row(
+            "speculative decoding",
+            f"{sp['verifying_share']:.0%} of decode steps verify, {sp['tokens_per_row_forward']:.2f} tokens per row "
+            "and verifying forward",
+        )
     console.print(table)
     for note in out["extrapolates"]:
         console.print(f"[yellow]extrapolates:[/] {note}", highlight=False)

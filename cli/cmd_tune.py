@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="where calibration and --verify runs go (default runs/tune-<name>-<time>)",
     )
+    p.add_argument(
+        "--search-speculative",
+        action="store_true",
+        help="also try speculative decoding on and off (needs a calibration with shadow acceptance; its "
+        "pricing was 11-31%% optimistic on a 2-core CPU: docs/speculative_decoding.md)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
@@ -87,6 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from areal_graph.cli.cmd_validate import load_or_report
     from areal_graph.perfmodel.calibration import load_costs
+    from areal_graph.perfmodel.speculation import CannotPriceSpeculation
     from areal_graph.perfmodel.tune import search
     from areal_graph.perfmodel.workflow_config import config_from_spec
 
@@ -124,15 +131,20 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]--calibrate: {exc}[/]", soft_wrap=True, highlight=False)
         return 1
     base = config_from_spec(spec, costs)
-    with say.status("simulating ...") as status:
-        result = search(
-            base,
-            costs,
-            eta,
-            top=args.top,
-            seeds=args.seeds,
-            progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."),
-        )
+    try:
+        with say.status("simulating ...") as status:
+            result = search(
+                base,
+                costs,
+                eta,
+                top=args.top,
+                seeds=args.seeds,
+                progress=lambda i, n: status.update(f"simulating configurations ({i} of ~{n}) ..."),
+                search_speculative=args.search_speculative,
+            )
+    except CannotPriceSpeculation as exc:  # the workflow speculates and the calibration cannot price it
+        err.print(f"[red]{exc}[/]", soft_wrap=True, highlight=False)
+        return 1
     out: dict[str, Any] = _as_json(spec, result, costs, eta)
     if spec.inference.kv_on_update == "recompute" and spec.inference.backend == "embedded":
         out["kv_keep"] = _price_kv_keep(result, costs, args.seeds)
@@ -153,6 +165,7 @@ def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
             "staleness_mean": c.staleness,
             "busy": c.busy,
             "speedup_vs_given": result.given.window_s / c.window_s if c.window_s else None,
+            "speculative": c.cfg.speculative,
             "extrapolates": c.notes,
         }
 
@@ -162,6 +175,8 @@ def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
         "calibrated_on": costs.source,
         "max_staleness_searched": eta,
         "simulations": result.simulated,
+        "speculation_searched": result.speculation_searched,
+        "speculation_note": result.speculation_note,
         "given": one(result.given),
         "best": [one(c) for c in result.ranked],
     }
@@ -227,7 +242,16 @@ def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
         highlight=False,
     )
     table = Table(title="the best configurations, predicted", title_justify="left")
-    for col in ("rank", "steps window", "vs as given", "staleness", "engine busy", "trainer busy", "overrides"):
+    for col in (
+        "rank",
+        "steps window",
+        "vs as given",
+        "staleness",
+        "engine busy",
+        "trainer busy",
+        "speculative",
+        "overrides",
+    ):
         table.add_column(col, justify="left" if col == "overrides" else "right")
     given = out["given"]
     table.add_row(
@@ -237,6 +261,7 @@ def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
         f"{given['staleness_mean']:.2f}",
         f"{given['busy'].get('inference-0', 0):.0%}",
         f"{given['busy'].get('trainer', 0):.0%}",
+        "on" if given["speculative"] else "off",
         "(none)",
     )
     for i, c in enumerate(out["best"], 1):
@@ -247,10 +272,19 @@ def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
             f"{c['staleness_mean']:.2f}",
             f"{c['busy'].get('inference-0', 0):.0%}",
             f"{c['busy'].get('trainer', 0):.0%}",
+            "on" if c["speculative"] else "off",
             " ".join(c["overrides"]) or "(the workflow as given)",
         )
     console.print(table)
     best = out["best"][0]
+    if out["speculation_searched"]:
+        console.print(
+            f"speculative decoding searched on and off: {'on' if best['speculative'] else 'off'} in the best "
+            f"(inference.speculative.enabled={str(best['speculative']).lower()})",
+            highlight=False,
+        )
+    elif out["speculation_note"]:
+        console.print(f"[yellow]{out['speculation_note']}[/]", highlight=False, soft_wrap=True)
     console.print(
         f"use: areal-graph run {args.workflow} {' '.join([*args.overrides, *best['overrides']])}".rstrip(),
         highlight=False,

@@ -21,6 +21,7 @@ import numpy as np
 
 from areal_graph.perfmodel.cpu import Demand
 from areal_graph.perfmodel.fits import LinearFit
+from areal_graph.perfmodel.speculation import Acceptance
 
 LENGTH_WINDOW = 6  # policy versions per window of the output-length distribution
 MIN_POOL = 12  # prompt groups a length sample is drawn from at least
@@ -152,6 +153,15 @@ class CostModel:
     lengths: LengthModel = field(default_factory=LengthModel)
     measured: dict[str, Any] = field(default_factory=dict)  # the calibration run's own outcome
     notes: list[str] = field(default_factory=list)
+    # what speculative decoding would have accepted, by batch size (the trace's shadow counts;
+    # perfmodel/speculation.py); None: not measured, and the simulator refuses to price speculation
+    speculation: Acceptance | None = None
+    # a verifying step's time beyond the plain decode step of its rows, fitted on the verifying steps
+    # of a run that speculated (terms: extra fed tokens, x window, rows); None: priced from the
+    # prefill fit alone (perfmodel/speculation.py `fed_token_ms`)
+    verify_ms: LinearFit | None = None
+    # the prefill-based price against those verifying steps, and the direct fit's (costs.py `_fit_verify`)
+    verify_check: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -160,6 +170,9 @@ class CostModel:
     def from_json(cls, text: str) -> CostModel:
         raw = json.loads(text)
         fits = {k: LinearFit(**raw[k]) for k in ("decode_ms", "prefill_ms")}
+        # files saved before speculation was priced have neither key: nothing measured, nothing assumed
+        spec = raw.get("speculation")
+        verify = raw.get("verify_ms")
         sides = {k: SidePlacement(**raw[k]) for k in ("inference", "training", "other")}
         return cls(
             **{
@@ -168,6 +181,8 @@ class CostModel:
                 **sides,
                 "model_calls": {k: LinearFit(**v) for k, v in raw["model_calls"].items()},
                 "lengths": LengthModel(**raw["lengths"]),
+                "speculation": Acceptance.from_dict(spec) if spec else None,
+                "verify_ms": LinearFit(**verify) if verify else None,
             }
         )
 
@@ -258,6 +273,36 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
                 "",
             )
         )
+    spec = model.speculation
+    if spec is None:
+        rows.append(("speculative decoding", "not priceable: no shadow acceptance in the calibration's trace", ""))
+    else:
+        for key, counts in spec.buckets.items():
+            acc = spec.at(int(key))
+            if str(acc.buckets) != f"[{key}]":
+                continue  # thin buckets are shown where they are pooled
+            rows.append(
+                (
+                    f"speculation at {key} rows (shadow, 1 prompt in {spec.every})",
+                    f"{acc.rate:.0%} of rows propose; accepted by position "
+                    + " ".join(f"{p:.2f}" for p in acc.positions)
+                    + f"; {1 + acc.expected_accepted(spec.max_draft):.2f} tokens per proposing row and forward",
+                    f"{counts.get('proposals', 0)} proposals",
+                )
+            )
+    if model.verify_ms is not None:
+        fit_row("verifying step beyond its plain step", model.verify_ms, "ms")
+    if model.verify_check:
+        c = model.verify_check
+        for key, label in (("formula", "the prefill fit"), ("probe", "the probe"), ("fit", "their own fit")):
+            if f"{key}_total_rel_err" in c:
+                rows.append(
+                    (
+                        f"  the run's verifying steps priced by {label}",
+                        f"{c[f'{key}_total_rel_err']:+.1%} in total, median {c[f'{key}_median_rel_err']:.0%} per step",
+                        f"n={int(c['steps'])}",
+                    )
+                )
     for window in model.lengths.drift():
         rows.append(
             (

@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
+from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL, STEP_VERIFY
 from areal_graph.graph.kinds.common import actor_model
 from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
-from areal_graph.perfmodel.replay import probe_decode, replay_ratio
+from areal_graph.perfmodel.replay import probe_decode, probe_verify, replay_ratio
+from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms, verify_fixed_ms, verify_token_ms
 from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 from areal_graph.trace_analysis.trace_model import merge_intervals
 from areal_graph.trace_analysis.trace_stats import training_window
@@ -45,6 +46,9 @@ MIN_STEPS = 10  # a calibration run needs at least this many training steps
 DECODE_TERMS = ["1", "rows", "rows_x_width_k"]
 PREFILL_TERMS = ["1", "padded_k", "padded_x_width_m"]  # padded positions; attention over the window
 CALL_TERMS = ["1", "tokens_k", "seqs", "microbatches"]
+# a verifying step beyond its rows' plain decode step: fixed, per row, per extra fed token, per extra token x window
+VERIFY_TERMS = ["1", "rows", "extra_k", "extra_x_width_m"]
+MIN_VERIFY_STEPS = 20  # verifying steps a run's own fit needs (fewer: the probe's, or the prefill-based price)
 
 
 class CalibrationError(ValueError):
@@ -66,6 +70,8 @@ class _Material:
     )  # time -> process -> thread -> s
     # the decode fit's samples (x, ms alone on the placement, slowdown), kept for the probe's rescaling
     decode_samples: tuple[list, list, list] = ([], [], [])
+    # verifying steps (speculation): (rows, extra fed tokens, width, ms alone on the placement, slowdown)
+    verify_samples: list[tuple[float, float, float, float, float]] = field(default_factory=list)
 
 
 def _material(tl: Any) -> _Material:
@@ -151,9 +157,16 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
     model.calibrated = calibration_settings(spec)
     bg = _background(run, m, model)
     model.background_cpu = bg
+    model.speculation = shadow_acceptance(run.timeline)
     _fit_engine(run, m, model)
     if replay:
         _replay(run, m, model)
+    _fit_verify(m, model)
+    if model.speculation is None:
+        model.notes.append(
+            "no shadow acceptance in the trace (speculation_shadow records): speculative decoding cannot be "
+            "priced from this calibration"
+        )
     _fit_model_calls(run, m, model)
     _fit_controller(run, m, model)
     model.lengths = _lengths(run, spec)
@@ -244,17 +257,11 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     engine = model.inference.demand()
     slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
     slow_alone = slowdown(engine, bg, cores)
-    verifying = sum(1 for rows in m.steps.values() for r in rows if int(r[2]) not in (STEP_PREFILL, STEP_DECODE))
-    if verifying:
-        model.notes.append(
-            f"{verifying} verifying steps (speculative decoding) are left out of the decode and prefill fits: "
-            "the simulator does not price speculation yet, so its predictions are of runs without it"
-        )
     steps = [
         (kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
         for rows in m.steps.values()
         for t, dur, kind, n, tokens, ctx, width, *_ in rows  # traces since speculation add `out`
-        if kind in (STEP_PREFILL, STEP_DECODE)  # verifying steps (speculation) are not priced yet
+        if kind in (STEP_PREFILL, STEP_DECODE)  # verifying steps (speculation): _fit_verify
     ]
 
     def x_of(kind: int, n: float, tokens: float, ctx: float, width: float) -> dict[str, float]:
@@ -287,6 +294,12 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
             "too few decode steps with and without the trainer computing to measure how much they "
             "slow each other: taken as none"
         )
+    for rows in m.steps.values():
+        for t, dur, kind, n, tokens, _ctx, width, *_ in rows:
+            if int(kind) == STEP_VERIFY and dur > 0:
+                share = _overlap(trainer, t, t + dur) / dur
+                sl = (slow_alone + share * (slow_with - slow_alone)) * (1.0 + model.interference * share)
+                m.verify_samples.append((float(n), float(tokens - n), float(width), dur * 1e3 / sl, sl))
     decode, dx, dy, ds = fit(1, model.interference)
     m.decode_samples = (dx, dy, ds)
     prefill, px, py, ps = fit(0, model.interference)
@@ -340,6 +353,87 @@ def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
     served = _requests_between(run.timeline, lo, hi + 1.0)
     rest = engine_spans - busy - per_step * decodes
     model.engine_request_overhead_ms = max(rest, 0.0) / served * 1e3 if served else 0.0
+
+
+def _fit_verify(m: _Material, model: CostModel) -> None:
+    """A run that speculated: its verifying steps priced directly, and the prices a calibration
+    without speculation has to go on checked against them: the prefill-based one
+    (perfmodel/speculation.py `fed_token_ms`) and the probe's (`_probe_verify`, when it ran).
+
+    What a verifying step took beyond the plain decode step of its rows (the decode fit at its
+    rows and window) is fitted on VERIFY_TERMS: a fixed cost and one per row (the proposal
+    lookup, the index tensors and the per-position sampling a verifying step does whatever it is
+    fed), and one per extra fed token and per extra token x window (the forward's compute).
+    `verify_check` keeps how far each price is from the measured steps."""
+    samples = m.verify_samples
+    if not samples:
+        return
+    dec = model.decode_ms
+
+    def plain(rows: float, width: float) -> float:
+        return dec.predict(rows=rows, rows_x_width_k=rows * width / 1e3)
+
+    xs = [{"rows": n, "extra_k": e / 1e3, "extra_x_width_m": e * w / 1e6} for n, e, w, _, _ in samples]
+    ys = [y - plain(n, w) for n, _, w, y, _ in samples]
+    measured = np.array([y * sl for *_, y, sl in samples])
+
+    def total_and_median(extra: list[float]) -> tuple[float, float]:
+        got = np.array([(plain(n, w) + x) * sl for (n, _, w, _, sl), x in zip(samples, extra)])
+        return float((got.sum() - measured.sum()) / measured.sum()), float(np.median(np.abs(got - measured) / measured))
+
+    check: dict[str, float] = {"steps": float(len(samples)), "measured_ms": float(measured.sum())}
+    check["formula_total_rel_err"], check["formula_median_rel_err"] = total_and_median(
+        [e * fed_token_ms(model.prefill_ms, w) for _, e, w, _, _ in samples]
+    )
+    probe = model.verify_ms
+    if probe is not None:
+        check["probe_total_rel_err"], check["probe_median_rel_err"] = total_and_median(
+            [verify_fixed_ms(probe, n) + e * verify_token_ms(probe, w) for n, e, w, _, _ in samples]
+        )
+    if len(samples) >= MIN_VERIFY_STEPS:
+        fit = fit_linear(xs, ys, VERIFY_TERMS)
+        model.verify_ms = fit
+        check["fit_total_rel_err"], check["fit_median_rel_err"] = total_and_median([fit.predict(**x) for x in xs])
+    model.verify_check = check
+    model.notes.append(
+        f"{len(samples)} verifying steps (speculative decoding)"
+        + (" fitted directly" if len(samples) >= MIN_VERIFY_STEPS else "")
+        + f"; priced from the prefill fit alone they come out {check['formula_total_rel_err']:+.1%} in total"
+        + (f", from the probe {check['probe_total_rel_err']:+.1%}" if probe is not None else "")
+    )
+
+
+def shadow_acceptance(tl: Any) -> Acceptance | None:
+    """What speculation would have accepted, by batch-size bucket, from the trace's
+    `speculation_shadow` records (engines/inference/speculation/shadow.py): each server's latest
+    running counts, added up (trace_analysis/speculation_summary.py `shadow_summary` reads the
+    same). None when the run recorded none, or none that proposed anything."""
+    latest: dict[str, tuple[float, dict[str, Any]]] = {}
+    for s in tl.profiles:
+        if s["name"] == "speculation_shadow" and isinstance(s["args"].get("by_rows"), dict):
+            if s["process"] not in latest or s["ts"] >= latest[s["process"]][0]:
+                latest[s["process"]] = (s["ts"], s["args"])
+    buckets: dict[str, dict[str, Any]] = {}
+    max_draft, every = 0, 0
+    for _, args in latest.values():
+        every = max(every, int(args.get("every") or 0))
+        for key, t in args["by_rows"].items():
+            b = buckets.setdefault(str(int(key)), {"tries": 0, "proposals": 0, "reached": [], "accepted_at": []})
+            b["tries"] += int(t.get("tries", 0))
+            b["proposals"] += int(t.get("proposals", 0))
+            for name in ("reached", "accepted_at"):
+                counts = [int(x) for x in t.get(name, [])]
+                have = b[name]
+                have.extend([0] * (len(counts) - len(have)))
+                for i, x in enumerate(counts):
+                    have[i] += x
+                max_draft = max(max_draft, len(counts))
+    if not any(b["proposals"] for b in buckets.values()):
+        return None
+    for b in buckets.values():
+        for name in ("reached", "accepted_at"):
+            b[name].extend([0] * (max_draft - len(b[name])))
+    return Acceptance(max_draft, every, dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))))
 
 
 def _replay(run: Any, m: _Material, model: CostModel) -> None:
@@ -407,10 +501,43 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     # against the probe (kept when a synchronous run's forwards are priced alone)
     rel = fit_linear([{"alone": shape.predict(**x)} for x in dx], dy, ["alone", "1"])
     model.decode_stall_ms = float(rel.coef[1]) if rel.coef[0] > 0 else 0.0
+    if model.speculation is not None or m.verify_samples:
+        _probe_verify(model_dir, rows_seen, [int(w) for w in pick[1:3]], model, scale)
     model.notes.append(
         f"decode cost shape probed alone at {len(got)} batch sizes and widths (1..{rows_seen} rows), "
         f"x{scale:.2f} to the run's own decode steps ({model.decode_stall_ms:.2f} ms a step of them does not "
         "scale with the step's compute)"
+    )
+
+
+def _probe_verify(model_dir: str, rows_seen: int, widths: list[int], model: CostModel, scale: float) -> None:
+    """A verifying step's cost beyond the plain step of its rows, from the engine's steps probed
+    alone (perfmodel/replay.py `probe_verify`: 1..`rows_seen` rows, the run's median and 90th
+    percentile widths, proposals of 1, 2 and 4 tokens a row), fitted on VERIFY_TERMS and scaled
+    by the factor the run's own decode steps gave the decode probe (`scale`: what the run's
+    environment does to the engine's compute).
+
+    Why: the prefill fit prices a fed token's compute well (on the tiny kits within ~20% of the
+    probe) but knows nothing of what a verifying step does whatever it is fed (building the
+    packed layout and its masks, sampling every fed position, advancing ragged rows: 0.3 ms and
+    more a step alone), which at a few rows is as much as the tokens; priced without it, the
+    simulator had the policy verify at batch sizes where the engine measured it slower."""
+    got = probe_verify(model_dir, rows_seen, widths, threads=model.inference.threads)
+    if not got:
+        model.notes.append(
+            "the verifying step could not be probed (no lean forward): it is priced from the prefill fit"
+        )
+        return
+    xs = [{"rows": float(r), "extra_k": e / 1e3, "extra_x_width_m": e * w / 1e6} for r, w, e, _, _ in got]
+    ys = [(v - p) * 1e3 for *_, v, p in got]
+    fit = fit_linear(xs, ys, VERIFY_TERMS, robust=False)
+    model.verify_ms = LinearFit(
+        fit.terms, [c * scale for c in fit.coef], fit.n, fit.median_rel_err, fit.total_rel_err, fit.lo, fit.hi
+    )
+    model.notes.append(
+        f"verifying step probed alone at {len(got)} shapes: {verify_fixed_ms(model.verify_ms, 1):.2f} ms at one row "
+        f"beyond the plain step, {verify_token_ms(model.verify_ms, widths[0]) * 1e3:.0f} us a fed token (the prefill "
+        f"fit says {fed_token_ms(model.prefill_ms, widths[0]) * 1e3:.0f} us), x{scale:.2f} as the decode probe"
     )
 
 

@@ -163,3 +163,101 @@ def _timed(fn: Any) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def probe_verify(
+    model_dir: str, max_rows: int, widths: Sequence[int], drafts: Sequence[int] = (1, 2, 4), threads: int = 1
+) -> list[tuple[int, int, int, float, float]] | None:
+    """(rows, width, extra fed tokens, seconds of a verifying step, seconds of a plain step at the
+    same rows and width) of the engine's steps alone (forward, sampling and bookkeeping, as the
+    step log times them; best of five), for rows = 1, 2, 4, ... up to `max_rows`, each of
+    `widths`, and every row proposing each of `drafts` tokens.
+
+    Why a probe and not the prefill fit alone: a verifying forward is not a prefill. Its extra
+    tokens cost about what prefilled tokens do, but the step has more work whatever it is fed
+    (index tensors, the packed layout and its attention mask per layer, sampling every fed
+    position, advancing ragged rows): on the tiny kits 0.3-0.4 ms a step alone (more in a run),
+    as much as a plain step's tokens at a few rows, which the prefill fit cannot know. None without torch, the model,
+    or a model the engine cannot verify with (no lean forward)."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from areal_graph.engines.inference.kv_cache import BatchedKVCache
+        from areal_graph.engines.inference.model_runner import ModelRunner
+        from areal_graph.engines.inference.token_intake import take_verified
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    grid_rows = [1]
+    while grid_rows[-1] * 2 <= max(int(max_rows), 1):
+        grid_rows.append(grid_rows[-1] * 2)
+    if grid_rows[-1] < max_rows:
+        grid_rows.append(int(max_rows))
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(int(threads), 1))
+    out: list[tuple[int, int, int, float, float]] = []
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        cap = int(getattr(model.config, "max_position_embeddings", 2048)) - 1 - 8 * (max(drafts) + 1)
+        runner = ModelRunner(
+            model, torch.device("cpu"), cuda_graphs=False, max_rows=max(grid_rows), max_positions=cap + 1
+        )
+        if runner.lean is None:
+            return None
+        with torch.inference_mode():
+            for width in sorted({min(max(int(w), 2), cap) for w in widths}):
+                for rows in grid_rows:
+                    cache = BatchedKVCache(row_capacity=rows)
+                    _, keys, values, got = runner.prefill([[3] * width] * rows, 0)
+                    cache.append(keys, values, got)
+                    plain = _decode_step(runner, cache, rows)
+                    for _ in range(3):
+                        plain()
+                    plain_s = min(_timed(plain) for _ in range(5))
+                    for k in drafts:
+                        step = _verify_step(runner, cache, rows, k, take_verified)
+                        step()  # warm
+                        out.append((rows, width, rows * k, min(_timed(step) for _ in range(5)), plain_s))
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def _verify_step(runner: Any, cache: Any, rows: int, k: int, take_verified: Any) -> Any:
+    """A verifying step as the engine runs it (engine.py `_verify`; its step log's time starts
+    before the proposals are looked up): the speculator's proposals for every row (one prompt per
+    8 rows, as a group's answers share one; their answers are the tokens sampled so far), every
+    row fed its last token and a proposal of `k` tokens (whatever was found: the forward's shape
+    is the probe's), the packed forward, `take_verified`, the rows advanced."""
+    import concurrent.futures
+
+    import torch
+
+    from areal_graph.engines.inference.requests import Request
+    from areal_graph.engines.inference.sampling import SamplingParams
+    from areal_graph.engines.inference.speculation.speculator import SpeculativeSettings, Speculator
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=1 << 30)
+    reqs = [
+        Request(
+            f"probe-{i}",
+            [3, 5 + i // 8, 7, 3, 5 + i // 8, 7],
+            params,
+            concurrent.futures.Future(),
+            torch.Generator().manual_seed(i),
+            frozenset(),
+        )
+        for i in range(rows)
+    ]
+    spec = Speculator(SpeculativeSettings(enabled=True, max_draft=max(k, 1)))
+    fed = [[3] * (1 + k) for _ in range(rows)]
+
+    def step() -> None:
+        spec.proposals(reqs)
+        kept, _, _ = take_verified(reqs, fed, runner.verify(fed, cache), 0, None)
+        cache.advance_rows(kept)
+
+    return step

@@ -40,11 +40,25 @@ import numpy as np
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.cpu import Demand, slowdown
+from areal_graph.perfmodel.speculation import (
+    NO_ACCEPTANCE,
+    PROBE,
+    BucketAcceptance,
+    CannotPriceSpeculation,
+    Verdict,
+    best_draft,
+    bucket_of,
+    fed_token_ms,
+    sample_accepted,
+    verify_fixed_ms,
+    verify_token_ms,
+)
 from areal_graph.runtime.orchestration import staleness_rule
 from areal_graph.runtime.orchestration.autopilot import ConcurrencyAutopilot
 
 ADMIT_WAIT_S = 0.002  # engine.py admit_wait_s: an idle engine lets a burst of submissions arrive
 PREFILL_BUDGET = 2048  # engine.py prefill_token_budget
+EXPLORE = 64  # speculation/policy.py _EXPLORE: steps of one kind in a bucket before the other runs once
 
 
 @dataclass
@@ -74,6 +88,11 @@ class SimConfig:
     eval_size: int = 0
     autopilot: bool = False  # runtime.autopilot: the controller's concurrency rule, run on the simulated steps
     cpu_contention: bool = True  # False: the engines and the trainer do not share CPU cores (GPU clusters)
+    # inference.speculative: verify proposals where the policy would (priced from the calibration's shadow
+    # acceptance, perfmodel/speculation.py); max_draft and max_rows as the engine's settings
+    speculative: bool = False
+    max_draft: int = 4
+    speculative_max_rows: int | None = None
     seed: int = 1
     label: str = ""
 
@@ -91,6 +110,8 @@ class SimResult:
     reprefill_tokens: int
     notes: list[str] = field(default_factory=list)
     step_ends: list[float] = field(default_factory=list)  # each step's end, seconds from the window's start
+    # speculative runs: verifying and plain decode steps, tokens per row and verifying forward
+    speculation: dict[str, float] = field(default_factory=dict)
 
     def steady_step_s(self) -> float:
         """The time between step ends over the second half of the run: the pipeline has filled by then
@@ -113,6 +134,7 @@ class SimResult:
             "requests": self.requests,
             "reprefill_tokens": self.reprefill_tokens,
             "notes": self.notes,
+            "speculation": self.speculation,
         }
 
 
@@ -154,6 +176,8 @@ class _Server:
         self.swapping = False
         self.busy_s = 0.0
         self.outstanding = 0
+        # speculation: per batch-size bucket [verifying steps, plain steps, steps since the other kind ran]
+        self.policy: dict[int, list[int]] = {}
 
     def submit(self, req: _Request) -> None:
         req.server = self.index
@@ -195,26 +219,88 @@ class _Server:
             self.running.extend(self.pending)
             self.pending = []
         decoding = [r for r in self.running if r.made < r.target]
-        if decoding:
+        if decoding and self.sim.cfg.speculative:
+            ms += self._speculative_step(decoding) + costs.engine_step_overhead_ms
+        elif decoding:
             # decode_chunk > 1 (cluster-scale runs): k steps in one event while nobody finishes; each step at
             # the chunk's mean width. 1 (the default) is the engine step for step.
             k = max(1, min(self.sim.cfg.decode_chunk, min(r.target - r.made for r in decoding)))
-            width = max(r.context for r in decoding) + (k - 1) / 2
-            b = len(decoding)
-            context = sum(r.context for r in decoding) + b * (k - 1) / 2
-            # the embedded engine attends over the padded window (rows x width); a paged-attention
-            # engine (cluster.py) reads each row's own context (the sum): each cost model says which
-            per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
-            if self.sim.alone_decode != 1.0:  # priced alone (a synchronous run): the stall per step stays
-                per_step = per_step * self.sim.alone_decode + costs.decode_stall_ms
-            ms += k * (per_step + costs.engine_step_overhead_ms)
+            ms += k * (self._plain_ms(decoding, (k - 1) / 2) + costs.engine_step_overhead_ms)
             for r in decoding:
                 r.made += k
-            self.sim.tokens += b * k
+            self.sim.tokens += len(decoding) * k
         dur = ms / 1e3 * self.sim.engine_slowdown(self.index)
         self.busy_s += self.sim.clip_to_window(dur)
         self.sim.engine_active[self.index] = True
         self.sim.at(dur, self._step_done)
+
+    def _plain_ms(self, decoding: list[_Request], ahead: float = 0.0) -> float:
+        """One plain decode step over `decoding`, its rows `ahead` tokens further on (a chunk's mean)."""
+        costs = self.sim.costs
+        b = len(decoding)
+        width = max(r.context for r in decoding) + ahead
+        context = sum(r.context for r in decoding) + b * ahead
+        # the embedded engine attends over the padded window (rows x width); a paged-attention
+        # engine (cluster.py) reads each row's own context (the sum): each cost model says which
+        per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
+        if self.sim.alone_decode != 1.0:  # priced alone (a synchronous run): the stall per step stays
+            per_step = per_step * self.sim.alone_decode + costs.decode_stall_ms
+        return per_step
+
+    def _speculative_step(self, decoding: list[_Request]) -> float:
+        """One decode step of an engine that speculates (engine.py `_decode`, speculation/policy.py):
+        its policy's choice in this batch-size bucket (a bucket never verified tries it, then the
+        plain kind is measured, then the better of the two at its steady state, `best_draft`, with
+        the other kind once every `EXPLORE` steps); a verifying step feeds each row with a
+        proposal (drawn at the bucket's proposal rate) the verdict's length, cut to the row's room,
+        advances it by 1 + its accepted tokens (drawn position by position) and costs the plain
+        step plus its extra fed tokens (`Simulation.verify_extra_ms`). Returns its ms."""
+        sim = self.sim
+        b = len(decoding)
+        width = max(r.context for r in decoding)
+        plain = self._plain_ms(decoding)
+        verdict, acc = sim.verdict(b, width, plain)
+        state = self.policy.setdefault(bucket_of(b), [0, 0, 0])
+        if sim.cfg.speculative_max_rows is not None and b > sim.cfg.speculative_max_rows:
+            verify = False
+        elif state[0] == 0:
+            verify = True  # never measured here: the policy tries it
+        elif state[1] == 0:
+            verify = False  # the baseline next
+        elif state[2] >= EXPLORE:
+            state[2] = 0
+            verify = not verdict.verifies
+        else:
+            state[2] += 1
+            verify = verdict.verifies
+        extra, made = 0, 0
+        if verify:
+            draft, share = (verdict.draft, verdict.share) if verdict.draft else (1, acc.rate / PROBE)
+            for r in decoding:
+                k = min(draft, r.target - r.made - 1)
+                if k > 0 and sim.spec_rng.random() < share:
+                    extra += k
+                    step = 1 + sample_accepted(sim.spec_rng, acc.positions, k)
+                else:
+                    step = 1
+                r.made += step
+                made += step
+        if not extra:  # nobody proposed (or the policy said plain): a plain step, measured as one
+            if not verify:
+                for r in decoding:
+                    r.made += 1
+                made = b
+            state[1] += 1
+            sim.spec_counts["plain_steps"] += 1
+            sim.tokens += made
+            return plain
+        state[0] += 1
+        sim.spec_counts["verifying_steps"] += 1
+        sim.spec_counts["verified_rows"] += b
+        sim.spec_counts["verified_tokens"] += made
+        sim.spec_counts["fed_extra"] += extra
+        sim.tokens += made
+        return plain + sim.verify_extra_ms(b, extra, width)
 
     def _prefill_cost(self, reqs: list[_Request]) -> float:
         """engine.py _prefill: identical token sequences (a fresh group's answers) share one row;
@@ -329,6 +415,17 @@ class Simulation:
             )
         self._buffered_at_start = 0
         self._batch_at = 0.0
+        self.spec_rng = random.Random(cfg.seed + 104729)  # apart: lengths drawn stay the same with speculation
+        self.spec_counts: dict[str, int] = {
+            "verifying_steps": 0,
+            "plain_steps": 0,
+            "verified_rows": 0,
+            "verified_tokens": 0,
+            "fed_extra": 0,
+        }
+        self._acceptance: dict[int, BucketAcceptance] = {}
+        if cfg.speculative and costs.speculation is None:
+            raise CannotPriceSpeculation(NO_ACCEPTANCE)
 
     # ------------------------------------------------------------------ clock
     def at(self, delay: float, fn: Callable[[], None]) -> None:
@@ -376,6 +473,41 @@ class Simulation:
     def _trainer_demand(self) -> Demand:
         side = self.cfg.training
         return Demand(min(side.threads, self.costs.training.threads), _cores(side))
+
+    # ------------------------------------------------------------------ speculation
+    def acceptance(self, rows: int) -> BucketAcceptance:
+        """The calibration's acceptance at `rows` rows (its bucket, pooled where thin)."""
+        b = bucket_of(rows)
+        got = self._acceptance.get(b)
+        if got is None:
+            if self.costs.speculation is None:
+                raise CannotPriceSpeculation(NO_ACCEPTANCE)
+            got = self._acceptance[b] = self.costs.speculation.at(b)
+        return got
+
+    def fed_token_ms(self, width: float) -> float:
+        """One more fed token of a verifying step at window `width`: the verifying-step fit's (probed
+        alone and scaled to the run, or fitted on a run that speculated), else the prefill fit's
+        marginal token (speculation.py `fed_token_ms`)."""
+        fit = self.costs.verify_ms
+        ms = verify_token_ms(fit, width) if fit is not None else fed_token_ms(self.costs.prefill_ms, width)
+        return ms * self.alone_decode
+
+    def verify_extra_ms(self, rows: int, extra: int, width: float) -> float:
+        """A verifying step's ms beyond the plain decode step of its `rows` rows, feeding `extra`
+        proposed tokens at window `width` (with a verifying-step fit, its cost whatever is fed too)."""
+        fit = self.costs.verify_ms
+        fixed = verify_fixed_ms(fit, rows) * self.alone_decode if fit is not None else 0.0
+        return fixed + extra * self.fed_token_ms(width)
+
+    def verdict(self, rows: int, width: float, plain_ms: float) -> tuple[Verdict, BucketAcceptance]:
+        """The policy's steady-state choice at `rows` rows (speculation.py `best_draft`), with the
+        acceptance it was made on."""
+        acc = self.acceptance(rows)
+        token = self.fed_token_ms(width)
+        fixed = self.verify_extra_ms(rows, 0, width)  # a direct fit's per-row cost of verifying
+        draft = min(self.cfg.max_draft, len(acc.positions)) if acc.positions else self.cfg.max_draft
+        return best_draft(rows, acc, plain_ms, token, max(draft, 1), fixed), acc
 
     # ------------------------------------------------------------------ generation side
     def capacity(self) -> int:
@@ -601,7 +733,21 @@ class Simulation:
             self.reprefill_tokens,
             list(self.notes),
             [b - lo for _, b, _ in self.step_spans],
+            self._speculation_result(),
         )
+
+    def _speculation_result(self) -> dict[str, float]:
+        if not self.cfg.speculative:
+            return {}
+        c = self.spec_counts
+        steps = c["verifying_steps"] + c["plain_steps"]
+        return {
+            "verifying_steps": float(c["verifying_steps"]),
+            "plain_steps": float(c["plain_steps"]),
+            "verifying_share": c["verifying_steps"] / steps if steps else 0.0,
+            "tokens_per_row_forward": c["verified_tokens"] / c["verified_rows"] if c["verified_rows"] else 0.0,
+            "fed_extra": float(c["fed_extra"]),
+        }
 
 
 def _call(fn: Callable[[_Group], None], group: _Group) -> Callable[[], None]:
@@ -662,6 +808,12 @@ def extrapolation_notes(cfg: SimConfig, costs: CostModel) -> list[str]:
             f"threads {cfg.inference.threads} (inference) and {cfg.training.threads} (training), calibrated "
             f"at {costs.inference.threads} and {costs.training.threads}: compute times are taken as they "
             "were (the model does not know how they scale with threads)"
+        )
+    spec = costs.speculation
+    if cfg.speculative and spec is not None and cfg.max_draft > spec.max_draft:
+        notes.append(
+            f"max_draft {cfg.max_draft}: acceptance was counted for proposals of up to {spec.max_draft} tokens; "
+            "later positions are priced as never accepted"
         )
     if cal.get("max_new_tokens") and cfg.max_new_tokens and cfg.max_new_tokens > cal["max_new_tokens"]:
         notes.append(

@@ -7,9 +7,16 @@ tail of answers rewards concurrency; short answers reward less staleness), on th
 combines them, and `areal-graph tune --verify` checks its pick against a real run.
 
 The search, coarse then fine: every combination of placement, max staleness (0 up to the
-workflow's own, never above unless asked) and max concurrent rollouts is simulated once; the
-best dozen are simulated again over several length draws; the best few then try other
-micro-batch budgets. Every candidate is a list of KEY=VALUE overrides of the workflow as given.
+workflow's own, never above unless asked), max concurrent rollouts and, when the calibration
+measured what speculation would have accepted (its shadow counts), speculative decoding on and
+off (asked for: `search_speculative`) is simulated once; the best dozen are simulated again over several length draws; the best
+few then try other micro-batch budgets. Every candidate is a list of KEY=VALUE overrides of the
+workflow as given.
+
+Why speculation is searched with the rest and not after: it pays where few rows decode at once
+(a step of a few rows is per-call overhead, so feeding proposals is nearly free), which is
+where low concurrency or a long tail leave the engine, so the best concurrency with it on can
+differ from the best with it off.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
 from areal_graph.perfmodel.simulator import SimConfig, simulate
+from areal_graph.perfmodel.speculation import NO_ACCEPTANCE, CannotPriceSpeculation
 
 BUDGETS = (1024, 2048, 4096, 8192)
 
@@ -46,6 +54,27 @@ class TuneResult:
     given: Candidate
     ranked: list[Candidate]
     simulated: int
+    # speculative decoding was searched (on and off); else `speculation_note` says why not
+    speculation_searched: bool = False
+    speculation_note: str = ""
+
+
+# Why the speculation search is asked for (`tune --search-speculative`), not done by default: on
+# the 2-core machine it was validated on, the simulator priced speculative runs 11% too fast at the
+# calibration's concurrency and 21-31% too fast at low concurrency (verifying steps cost 27-33%
+# more inside a run than probed alone: docs/speculative_decoding.md), so it picked speculation on
+# where the measured runs were slower with it. A default search would recommend that to everyone.
+NOT_ASKED = "speculative decoding not searched (ask with --search-speculative; its pricing is 11-31% optimistic)"
+
+
+def speculation_options(base: SimConfig, costs: CostModel, asked: bool = False) -> list[bool]:
+    """Speculative decoding's settings to try: on and off when `asked` and the calibration measured
+    what it would have accepted, else only the workflow's own (which must be priceable)."""
+    if base.speculative and costs.speculation is None:
+        raise CannotPriceSpeculation(NO_ACCEPTANCE)
+    if asked and costs.speculation is not None:
+        return [base.speculative, not base.speculative]
+    return [base.speculative]
 
 
 def placements(cores: Sequence[int]) -> list[tuple[str, list[str], dict[str, SidePlacement | None]]]:
@@ -97,8 +126,10 @@ def search(
     top: int = 5,
     seeds: int = 3,
     progress: Callable[[int, int], None] | None = None,
+    search_speculative: bool = False,
 ) -> TuneResult:
-    """Rank configurations of `base` (see module docstring); `max_staleness` bounds eta."""
+    """Rank configurations of `base` (see module docstring); `max_staleness` bounds eta;
+    `search_speculative`: try speculative decoding on and off too (NOT_ASKED says why it is asked for)."""
 
     def run(cfg: SimConfig, k: int, passes: int) -> tuple[float, float, dict[str, float], list[str]]:
         results = [simulate(dataclasses.replace(cfg, seed=cfg.seed + j), costs, passes=passes) for j in range(k)]
@@ -109,25 +140,30 @@ def search(
             results[0].notes,
         )
 
+    speculative = speculation_options(base, costs, search_speculative)
     grid: list[Candidate] = []
     for _label, pin_overrides, sides in placements(base.machine_cores):
         for eta in range(0, max_staleness + 1):
             for conc in concurrency_options(base, eta):
-                cfg = dataclasses.replace(
-                    base,
-                    max_staleness=eta,
-                    max_concurrent=conc,
-                    max_running=max(base.max_running, conc),
-                    **_sides(base, sides),
-                )
-                ov = list(pin_overrides)
-                if eta != base.max_staleness:
-                    ov.append(f"runtime.max_staleness={eta}")
-                if conc != base.max_concurrent:
-                    ov.append(f"runtime.max_concurrent_rollouts={conc}")
-                if cfg.max_running != base.max_running:
-                    ov.append(f"inference.max_running_requests={cfg.max_running}")
-                grid.append(Candidate(ov, cfg))
+                for spec in speculative:
+                    cfg = dataclasses.replace(
+                        base,
+                        max_staleness=eta,
+                        max_concurrent=conc,
+                        max_running=max(base.max_running, conc),
+                        speculative=spec,
+                        **_sides(base, sides),
+                    )
+                    ov = list(pin_overrides)
+                    if eta != base.max_staleness:
+                        ov.append(f"runtime.max_staleness={eta}")
+                    if conc != base.max_concurrent:
+                        ov.append(f"runtime.max_concurrent_rollouts={conc}")
+                    if cfg.max_running != base.max_running:
+                        ov.append(f"inference.max_running_requests={cfg.max_running}")
+                    if spec != base.speculative:
+                        ov.append(f"inference.speculative.enabled={str(spec).lower()}")
+                    grid.append(Candidate(ov, cfg))
     total = len(grid) + min(12, len(grid)) + min(top, len(grid)) * len(BUDGETS) + 1
     done = 0
     for cand in grid:
@@ -158,7 +194,16 @@ def search(
     given = Candidate([], base)
     given.window_s, given.staleness, given.busy, given.notes = run(base, seeds, 2)
     ranked = sorted(best + more, key=lambda c: (c.window_s, len(c.overrides)))
-    return TuneResult(given, ranked[:top], len(grid) + len(finalists) * seeds + top * len(BUDGETS) * seeds + seeds)
+    searched = len(speculative) > 1
+    return TuneResult(
+        given,
+        ranked[:top],
+        len(grid) + len(finalists) * seeds + top * len(BUDGETS) * seeds + seeds,
+        searched,
+        ""
+        if searched
+        else (NOT_ASKED if not search_speculative else "speculative decoding not searched: " + NO_ACCEPTANCE),
+    )
 
 
 def _sides(base: SimConfig, sides: dict[str, SidePlacement | None]) -> dict[str, Any]:

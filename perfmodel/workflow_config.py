@@ -45,6 +45,10 @@ def config_from_spec(spec: Any, costs: CostModel, machine_cores: list[int] | Non
         eval_every=rt.eval_every,
         eval_size=spec.data.eval_size or 0,
         autopilot=rt.autopilot,
+        # the embedded engine's speculation (other backends speculate by their own arguments, unpriced)
+        speculative=bool(spec.inference.speculative.enabled) and spec.inference.backend == "embedded",
+        max_draft=spec.inference.speculative.max_draft,
+        speculative_max_rows=spec.inference.speculative.max_rows,
         seed=rt.seed,
         label=spec.name,
     )

@@ -64,5 +64,10 @@ def test_bad_input_is_a_message(run_dir, tmp_path, capsys):
         cmd_simulate.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "runtime.stepz=3", "--calibrate", str(run_dir))) == 1
     )
     assert "stepz" in capsys.readouterr().err
+    spec_on = parse(
+        str(WORKFLOWS / "ppo_async.yaml"), "inference.speculative.enabled=true", "--calibrate", str(run_dir)
+    )
+    assert cmd_simulate.run(spec_on) == 1
+    assert "no shadow acceptance" in capsys.readouterr().err
     assert cmd_costs.run(parser_of(cmd_costs, "costs")(str(tmp_path / "none"))) == 1
     assert "no such run directory" in capsys.readouterr().err

@@ -33,11 +33,15 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
         "3",
         "--seeds",
         "1",
+        "--search-speculative",
         "--json",
     )
     assert cmd_tune.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["max_staleness_searched"] == 4 and len(out["best"]) == 3 and out["simulations"] > 50
+    # the recorded run predates shadow counting: speculation is not searched, and the output says why
+    assert not out["speculation_searched"] and "no shadow acceptance" in out["speculation_note"]
+    assert not any(c["speculative"] for c in [out["given"], *out["best"]])
     assert out["kv_keep"]["overrides"][0] == "inference.kv_on_update=keep" and out["kv_keep"]["steps_window_s"] > 0
     windows = [c["steps_window_s"] for c in out["best"]]
     assert windows == sorted(windows) and windows[0] <= out["given"]["steps_window_s"] * 1.02
@@ -50,6 +54,18 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     assert cmd_tune.run(args) == 0
     printed = capsys.readouterr().out
     assert "the best configurations, predicted" in printed and "use: areal-graph run" in printed
+    assert "speculative decoding not searched (ask with --search-speculative" in printed
+    # a workflow that speculates cannot be priced on this calibration: a message, not a guess
+    args = parse(
+        str(WORKFLOWS / "ppo_async.yaml"),
+        "inference.speculative.enabled=true",
+        "--calibrate",
+        str(run_dir),
+        "--top",
+        "1",
+    )
+    assert cmd_tune.run(args) == 1
+    assert "cannot price speculative decoding" in capsys.readouterr().err
 
 
 def test_bad_options_are_refused(run_dir, capsys):

@@ -84,7 +84,9 @@ def test_bad_calibration_input_says_what_is_wrong(run_dir, tmp_path):
 def test_a_trace_with_the_out_column_and_verifying_steps_fits_the_same(costs, run_dir, tmp_path):
     """Engines since speculative decoding log an eighth column (`out`) and verifying steps (kind 2,
     engine_spans.STEP_VERIFY): the decode and prefill fits read the old columns alone and leave
-    the verifying steps out (they are not priced yet), so the same run fits the same."""
+    the verifying steps out, so the same run fits the same; the verifying steps are fitted on
+    their own (their time beyond their rows' plain step) and the prefill-based price is checked
+    against them. A trace without shadow counts prices no speculation, and says so."""
     from areal_graph.engines.inference.engine_spans import STEP_VERIFY
 
     shutil.copytree(run_dir, tmp_path / "run")
@@ -95,16 +97,25 @@ def test_a_trace_with_the_out_column_and_verifying_steps_fits_the_same(costs, ru
     for e in events:
         if e.get("name") == "engine_steps":
             steps = e["args"]["steps"]
+            # every row fed 3 tokens (2 proposed), the step 1.5x the plain one
             e["args"]["steps"] = [[*s, s[3]] for s in steps] + [
-                [s[0], s[1], STEP_VERIFY, *s[3:], 2 * s[3]] for s in steps[:3]
+                [s[0], int(s[1] * 1.5), STEP_VERIFY, s[3], 3 * s[3], *s[5:], 2 * s[3]] for s in steps[::4] if s[2] == 1
             ]
-            changed += 1
+            changed += sum(1 for s in steps[::4] if s[2] == 1)
     assert changed
     trace_path.write_text(json.dumps(trace))
     again = load_costs(tmp_path / "run")
     assert again.decode_ms == costs.decode_ms and again.prefill_ms == costs.prefill_ms
-    assert any(f"{3 * changed} verifying steps (speculative decoding) are left out" in n for n in again.notes)
-    assert not any("verifying steps" in n for n in costs.notes)
+    assert any(f"{changed} verifying steps (speculative decoding) fitted directly" in n for n in again.notes)
+    assert "probe_total_rel_err" not in again.verify_check  # recorded elsewhere: its forwards cannot be probed here
+    assert again.verify_ms is not None and again.verify_check["steps"] == changed
+    assert changed >= 20 and again.verify_ms.terms == ["1", "rows", "extra_k", "extra_x_width_m"]
+    check = again.verify_check
+    assert abs(check["fit_total_rel_err"]) < 0.02 and abs(check["fit_total_rel_err"]) <= abs(
+        check["formula_total_rel_err"]
+    )
+    assert costs.verify_ms is None and not costs.verify_check
+    assert costs.speculation is None and any("no shadow acceptance" in n for n in costs.notes)
 
 
 def test_the_engine_work_outside_forwards_is_split_per_step_and_per_request(costs, run_dir):

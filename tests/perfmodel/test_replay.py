@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_graph.perfmodel.replay import probe_decode, replay_ratio
+from areal_graph.perfmodel.replay import probe_decode, probe_verify, replay_ratio
 
 
 @pytest.mark.parametrize("out_column", [False, True])
@@ -33,3 +33,17 @@ def test_the_decode_probe_measures_every_batch_size_and_width(tiny_model_dir):
     assert sorted({r for r, _, _ in got}) == [1, 2, 4, 6]
     assert sorted({w for _, w, _ in got}) == [10, 30]
     assert len(got) == 8 and all(t > 0 for *_, t in got)
+
+
+def test_the_verify_probe_measures_each_shape_beside_its_plain_step(tiny_model_dir):
+    """probe_verify: the engine's verifying step alone (proposals looked up, the packed forward,
+    every fed position sampled, the rows advanced) at 1, 2, 4, ... rows, each width and each
+    proposal length, with the plain step of the same rows and width; feeding more costs more."""
+    got = probe_verify(str(tiny_model_dir), 4, [10, 30], drafts=(1, 4))
+    assert got is not None
+    assert [(r, w, e) for r, w, e, _, _ in got] == [(r, w, r * k) for w in (10, 30) for r in (1, 2, 4) for k in (1, 4)]
+    assert all(v > 0 and p > 0 for *_, v, p in got)
+    by = {(r, w, e): v for r, w, e, v, _ in got}
+    assert sum(by[(r, w, 4 * r)] for r in (1, 2, 4) for w in (10, 30)) > sum(
+        by[(r, w, r)] for r in (1, 2, 4) for w in (10, 30)
+    )
