@@ -31,14 +31,13 @@ def workflow_mapping(spec: WorkflowSpec) -> dict[str, Any]:
     """The workflow file's mapping for `spec` (sections in the usual order)."""
     models = {}
     for name, m in spec.models.items():
-        entry: dict[str, Any] = {"path": m.path}
-        if m.train is not None:
-            entry["train"] = _plain(m.train)
-        entry["device"] = m.device
-        entry["dp_size"] = m.dp_size
-        if m.lagged is not None:  # a lagged copy's servers: a resumed run starts them again
-            entry["lagged"] = _plain(m.lagged)
-        models[name] = entry
+        # every field the file can set (a new one is written without touching this): a field left
+        # out (LoRA, bf16, a lagged copy) would make `run --resume` continue a different run
+        models[name] = {
+            f.name: _plain(getattr(m, f.name))
+            for f in dataclasses.fields(m)
+            if f.name != "name" and getattr(m, f.name) is not None
+        }
     nodes = {}
     for name, n in spec.nodes.items():
         entry = {"kind": n.kind}

@@ -35,3 +35,22 @@ def test_overrides_apply_to_a_dumped_workflow():
     assert _comparable(again) == _comparable(
         dataclasses.replace(spec, runtime=dataclasses.replace(spec.runtime, steps=7))
     )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["models.actor.lora.r=4", "models.actor.lora.sync=merged"],
+        ["models.actor.precision=bf16"],
+        ["models.actor.lora.r=16", "models.actor.precision=bf16", "models.actor.lora.target_modules=[q_proj,v_proj]"],
+    ],
+    ids=["lora", "bf16", "both"],
+)
+def test_every_model_field_survives_the_dump(overrides):
+    """A run directory's config.yaml is what `run --resume` reloads: a model field it dropped (LoRA
+    adapters, bf16 training) would resume a different run. Every field of every model, not only the
+    shipped workflows' defaults."""
+    spec = load_workflow(REPO / "workflows" / "ppo_async.yaml", overrides)
+    again = load_workflow_text(dump_workflow(spec), file="config.yaml")
+    assert again.models == spec.models
+    assert _comparable(again) == _comparable(spec)
