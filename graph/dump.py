@@ -40,7 +40,7 @@ def workflow_mapping(spec: WorkflowSpec) -> dict[str, Any]:
         }
     nodes = {}
     for name, n in spec.nodes.items():
-        entry = {"kind": n.kind}
+        entry: dict[str, Any] = {"kind": n.kind}
         if n.model is not None:
             entry["model"] = n.model
         entry.update(_plain(n.params))

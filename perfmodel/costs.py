@@ -39,6 +39,7 @@ from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
 from areal_graph.perfmodel.replay import probe_decode, probe_verify, replay_ratio
 from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms, verify_fixed_ms, verify_token_ms
 from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
+from areal_graph.trace_analysis.speculation_summary import add_positions
 from areal_graph.trace_analysis.trace_model import merge_intervals
 from areal_graph.trace_analysis.trace_stats import training_window
 
@@ -422,12 +423,7 @@ def shadow_acceptance(tl: Any) -> Acceptance | None:
             b["tries"] += int(t.get("tries", 0))
             b["proposals"] += int(t.get("proposals", 0))
             for name in ("reached", "accepted_at"):
-                counts = [int(x) for x in t.get(name, [])]
-                have = b[name]
-                have.extend([0] * (len(counts) - len(have)))
-                for i, x in enumerate(counts):
-                    have[i] += x
-                max_draft = max(max_draft, len(counts))
+                max_draft = max(max_draft, add_positions(b[name], t.get(name, [])))
     if not any(b["proposals"] for b in buckets.values()):
         return None
     for b in buckets.values():

@@ -87,6 +87,16 @@ def replay_ratio(
     return decode, prefill
 
 
+def row_grid(max_rows: int) -> list[int]:
+    """The batch sizes a probe times: 1, 2, 4, ... and `max_rows` itself."""
+    rows = [1]
+    while rows[-1] * 2 <= max(int(max_rows), 1):
+        rows.append(rows[-1] * 2)
+    if rows[-1] < max_rows:
+        rows.append(int(max_rows))
+    return rows
+
+
 def probe_decode(
     model_dir: str, max_rows: int, widths: Sequence[int], threads: int = 1
 ) -> list[tuple[int, int, float]] | None:
@@ -104,11 +114,7 @@ def probe_decode(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    grid_rows = [1]
-    while grid_rows[-1] * 2 <= max(int(max_rows), 1):
-        grid_rows.append(grid_rows[-1] * 2)
-    if grid_rows[-1] < max_rows:
-        grid_rows.append(int(max_rows))
+    grid_rows = row_grid(max_rows)
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(threads), 1))
     out: list[tuple[int, int, float]] = []
@@ -191,11 +197,7 @@ def probe_verify(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    grid_rows = [1]
-    while grid_rows[-1] * 2 <= max(int(max_rows), 1):
-        grid_rows.append(grid_rows[-1] * 2)
-    if grid_rows[-1] < max_rows:
-        grid_rows.append(int(max_rows))
+    grid_rows = row_grid(max_rows)
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(threads), 1))
     out: list[tuple[int, int, int, float, float]] = []

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_graph.engines.inference.speculation.policy import bucket_of  # the engine's buckets, one definition
 from areal_graph.perfmodel.fits import LinearFit
 
 MIN_PROPOSALS = 40  # proposals a bucket's acceptance is read from at least (neighbours pooled until then)
@@ -45,14 +46,6 @@ NO_ACCEPTANCE = (
     "saved before speculation was priced), so the simulator cannot price speculative decoding; "
     "calibrate on a run of this version with speculation off"
 )
-
-
-def bucket_of(rows: int) -> int:
-    """The engine's batch-size bucket: 1, 2, 4, 8, ... (engines/inference/speculation/policy.py)."""
-    b = 1
-    while b < rows:
-        b *= 2
-    return b
 
 
 @dataclass

@@ -105,11 +105,7 @@ def shadow_summary(tl: Timeline) -> dict[str, Any]:
             b["proposals"] += int(t.get("proposals", 0))
             b["accepted"] += int(t.get("accepted", 0))
             for name in ("reached", "accepted_at"):
-                counts = [int(x) for x in t.get(name, [])]
-                have = b[name]
-                have.extend([0] * (len(counts) - len(have)))
-                for i, x in enumerate(counts):
-                    have[i] += x
+                add_positions(b[name], t.get(name, []))
     by_rows = {
         str(k): {
             "proposals": b["proposals"],
@@ -128,3 +124,13 @@ def shadow_summary(tl: Timeline) -> dict[str, Any]:
         "acceptance": {k: (accepted[k] / proposed[k] if proposed[k] else None) for k in SOURCES},
         "by_rows": by_rows,
     }
+
+
+def add_positions(total: list[int], counts: Any) -> int:
+    """Add per-position counts (reached, accepted at draft position 1, 2, ...) of one record into
+    `total`, growing it as needed; returns the record's number of positions."""
+    counts = [int(x) for x in counts]
+    total.extend([0] * (len(counts) - len(total)))
+    for i, x in enumerate(counts):
+        total[i] += x
+    return len(counts)
