@@ -19,10 +19,11 @@ this kind of machine; `replay_ratio` returns None (and the model keeps 1.0) othe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -103,42 +104,62 @@ def probe_decode(
     """(rows, width, seconds) of the engine's decode step alone (forward, sampling and each
     request's bookkeeping, as the step log times it; best of three) for rows = 1, 2, 4, ... up to `max_rows` and each of `widths`; None without torch or
     the model."""
+    grid_rows = row_grid(max_rows)
+    out: list[tuple[int, int, float]] = []
+    with _probe_runner(model_dir, max(grid_rows), threads, reserve=0) as probe:
+        if probe is None:
+            return None
+        runner, cap = probe
+        for width in sorted({min(max(int(w), 2), cap) for w in widths}):
+            for rows in grid_rows:
+                cache = _filled_cache(runner, rows, width)
+                step = _decode_step(runner, cache, rows)
+                for _ in range(3):  # warm: a fresh process's first steps run several times slower
+                    step()
+                # best of 7: at a few rows a step is ~1 ms, and one scheduler tick doubles it;
+                # width: the cache's before the step, as the step log has it
+                out.append((rows, width, min(_timed(step) for _ in range(7))))
+    return out
+
+
+@contextlib.contextmanager
+def _probe_runner(
+    model_dir: str, max_rows: int, threads: int, reserve: int, need_lean: bool = False
+) -> Iterator[tuple[Any, int] | None]:
+    """(runner, cap) for a probe: the run's model on the CPU behind the engine's ModelRunner, at
+    `threads` threads (restored after), in inference mode; `cap` the widest cache a probe may fill,
+    `reserve` positions kept free for the tokens a step feeds. None without torch, or without the
+    model's lean forward when `need_lean` (only the lean forward verifies)."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
-        from areal_graph.engines.inference.kv_cache import BatchedKVCache
         from areal_graph.engines.inference.model_runner import ModelRunner
     except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    from transformers.utils import logging as hf_logging
-
+        yield None
+        return
     hf_logging.disable_progress_bar()
-    grid_rows = row_grid(max_rows)
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(threads), 1))
-    out: list[tuple[int, int, float]] = []
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        cap = int(getattr(model.config, "max_position_embeddings", 2048)) - 1
-        runner = ModelRunner(
-            model, torch.device("cpu"), cuda_graphs=False, max_rows=max(grid_rows), max_positions=cap + 1
-        )
+        cap = int(getattr(model.config, "max_position_embeddings", 2048)) - 1 - reserve
+        runner = ModelRunner(model, torch.device("cpu"), cuda_graphs=False, max_rows=max_rows, max_positions=cap + 1)
         with torch.inference_mode():
-            for width in sorted({min(max(int(w), 2), cap) for w in widths}):
-                for rows in grid_rows:
-                    cache = BatchedKVCache(row_capacity=rows)
-                    _, keys, values, got = runner.prefill([[3] * width] * rows, 0)
-                    cache.append(keys, values, got)
-                    step = _decode_step(runner, cache, rows)
-                    for _ in range(3):  # warm: a fresh process's first steps run several times slower
-                        step()
-                    # best of 7: at a few rows a step is ~1 ms, and one scheduler tick doubles it;
-                    # width: the cache's before the step, as the step log has it
-                    out.append((rows, width, min(_timed(step) for _ in range(7))))
+            yield None if need_lean and runner.lean is None else (runner, cap)
     finally:
         torch.set_num_threads(before)
-    return out
+
+
+def _filled_cache(runner: Any, rows: int, width: int) -> Any:
+    """A KV cache of `rows` rows, each prefilled with `width` tokens."""
+    from areal_graph.engines.inference.kv_cache import BatchedKVCache
+
+    cache = BatchedKVCache(row_capacity=rows)
+    _, keys, values, got = runner.prefill([[3] * width] * rows, 0)
+    cache.append(keys, values, got)
+    return cache
 
 
 def _decode_step(runner: Any, cache: Any, rows: int) -> Any:
@@ -185,46 +206,25 @@ def probe_verify(
     position, advancing ragged rows): on the tiny kits 0.3-0.4 ms a step alone (more in a run),
     as much as a plain step's tokens at a few rows, which the prefill fit cannot know. None without torch, the model,
     or a model the engine cannot verify with (no lean forward)."""
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
+    from areal_graph.engines.inference.token_intake import take_verified
 
-        from areal_graph.engines.inference.kv_cache import BatchedKVCache
-        from areal_graph.engines.inference.model_runner import ModelRunner
-        from areal_graph.engines.inference.token_intake import take_verified
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     grid_rows = row_grid(max_rows)
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(int(threads), 1))
     out: list[tuple[int, int, int, float, float]] = []
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        cap = int(getattr(model.config, "max_position_embeddings", 2048)) - 1 - 8 * (max(drafts) + 1)
-        runner = ModelRunner(
-            model, torch.device("cpu"), cuda_graphs=False, max_rows=max(grid_rows), max_positions=cap + 1
-        )
-        if runner.lean is None:
+    with _probe_runner(model_dir, max(grid_rows), threads, reserve=8 * (max(drafts) + 1), need_lean=True) as probe:
+        if probe is None:
             return None
-        with torch.inference_mode():
-            for width in sorted({min(max(int(w), 2), cap) for w in widths}):
-                for rows in grid_rows:
-                    cache = BatchedKVCache(row_capacity=rows)
-                    _, keys, values, got = runner.prefill([[3] * width] * rows, 0)
-                    cache.append(keys, values, got)
-                    plain = _decode_step(runner, cache, rows)
-                    for _ in range(3):
-                        plain()
-                    plain_s = min(_timed(plain) for _ in range(5))
-                    for k in drafts:
-                        step = _verify_step(runner, cache, rows, k, take_verified)
-                        step()  # warm
-                        out.append((rows, width, rows * k, min(_timed(step) for _ in range(5)), plain_s))
-    finally:
-        torch.set_num_threads(before)
+        runner, cap = probe
+        for width in sorted({min(max(int(w), 2), cap) for w in widths}):
+            for rows in grid_rows:
+                cache = _filled_cache(runner, rows, width)
+                plain = _decode_step(runner, cache, rows)
+                for _ in range(3):
+                    plain()
+                plain_s = min(_timed(plain) for _ in range(5))
+                for k in drafts:
+                    step = _verify_step(runner, cache, rows, k, take_verified)
+                    step()  # warm
+                    out.append((rows, width, rows * k, min(_timed(step) for _ in range(5)), plain_s))
     return out
 
 
