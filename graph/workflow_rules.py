@@ -114,6 +114,15 @@ def check_speculative(spec: S.WorkflowSpec, v: Validator) -> None:
             f"backend has speculative decoding of its own: set enabled: false and turn it on with "
             f"{OWN_SPECULATION[backend]}",
         )
+    default_shadow = S.SpeculativeSpec().shadow_every
+    if backend in OWN_SPECULATION and sp.shadow_every not in (0, default_shadow):
+        # the default is left alone (it is every workflow's); a value written on purpose would
+        # count nothing on those servers, so it is named rather than ignored
+        v.report(
+            ("inference", "speculative", "shadow_every"),
+            f"counting what speculation would accept is the embedded engine's; the {backend} backend "
+            f"does not count it: remove the field (or set 0), got {sp.shadow_every}",
+        )
 
 
 def check_launcher(spec: S.WorkflowSpec, v: Validator) -> None:

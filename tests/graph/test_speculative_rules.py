@@ -128,6 +128,22 @@ def test_speculation_asked_of_sglang_or_vllm_is_refused_by_name(backend, how):
     assert spec.inference.speculative.max_draft == 8 and not spec.inference.speculative.enabled
 
 
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_shadow_counting_asked_of_sglang_or_vllm_is_refused(backend):
+    base = ["inference.backend=" + backend, "runtime.weight_sync=disk"]
+    with pytest.raises(WorkflowError) as err:
+        load_workflow(WORKFLOWS / "ppo_async.yaml", [*base, "inference.speculative.shadow_every=4"])
+    found = [p for p in err.value.problems if p.field == "inference.speculative.shadow_every"]
+    assert len(found) == 1, [str(p) for p in err.value.problems]
+    assert found[0].message.startswith(
+        f"counting what speculation would accept is the embedded engine's; the {backend} backend "
+        "does not count it: remove the field (or set 0), got 4"
+    )
+    for value in (0, 16):  # off, and the default every workflow has
+        spec = load_workflow(WORKFLOWS / "ppo_async.yaml", [*base, f"inference.speculative.shadow_every={value}"])
+        assert spec.inference.speculative.shadow_every == value
+
+
 def test_the_schema_reference_has_the_section_with_its_defaults():
     from areal_graph.graph.schema_doc import schema_markdown
 
