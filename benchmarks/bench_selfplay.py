@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 res = run(baseline, seed, args.steps, args.out)
             results.append({"baseline": baseline, "seed": seed, **res})
-    table = Table(title="greedy games against fixed opponents: won / drawn / lost, seat 0 | seat 1 (16 games each)")
+    table = Table(title="greedy games against fixed opponents: won / drawn / lost, seat 0 | seat 1 (32 games each)")
     for col in ("baseline", "RL seed", "step", *(f"vs {o}" for o in OPPONENTS), "invalid moves"):
         table.add_column(col)
     for r in results:

@@ -4,9 +4,15 @@ conversation, so the warm start knows the board's text and the move format from 
 
 As the other game teachers (data/game_teachers.py), it knows two moves in every position: a
 *careful* one (perfect play: the best move by minimax, ties to the centre, then corners) and a
-*hasty* one (a habit: the first free cell in reading order). On a share `careful_rate` of its
-moves it plays carefully. Greedy play of the warm start inherits the habit; sampled play is
-careful often enough to win where the habit loses, which is the room self-play has.
+*hasty* one (a habit, `habit` of the recipe: the kit's is the last free cell in reading order,
+the last move the game's "Available Moves" line lists). On a share `careful_rate` of its moves it plays carefully. Greedy play of the
+warm start inherits the habit; sampled play is careful often enough to win where the habit loses,
+which is the room self-play has.
+
+Why the *last* free cell: it is the text just before the seat's turn, so a tiny model copies it
+reliably. The first free cell (the habit of an earlier kit) sits mid-line, and a 4-layer model
+learned a shortcut for it instead (its own previous move plus one, which the habit's own games
+always agree with): a third of its greedy games ended on a second refused move.
 
 A teacher game is the teacher against itself (both seats recorded) or against a uniformly random
 player (the teacher's seat recorded), half each, so the warm start has seen both kinds of
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from areal_graph.data.textarena_games import game_row, make_game, observation_text
@@ -53,12 +59,27 @@ def careful(state: dict[str, Any], seat: int) -> int:
     return max(free, key=lambda i: -_value(cells[:i] + (mark,) + cells[i + 1 :], other))
 
 
-def hasty(state: dict[str, Any], seat: int) -> int:
-    """The habit: the first free cell in reading order."""
+def first_free(state: dict[str, Any], seat: int) -> int:
+    """A habit: the first free cell in reading order."""
     return tictactoe_legal(state)[0]
 
 
-def teacher_game(seed: int, careful_rate: float, rng: random.Random, against: str) -> list[dict[str, Any]]:
+def last_free(state: dict[str, Any], seat: int) -> int:
+    """A habit: the last free cell in reading order (the kit's)."""
+    return tictactoe_legal(state)[-1]
+
+
+HABITS: dict[str, Callable[[dict[str, Any], int], int]] = {"first_free": first_free, "last_free": last_free}
+
+
+def teacher_game(
+    seed: int,
+    careful_rate: float,
+    rng: random.Random,
+    against: str,
+    habit: str = "last_free",
+    random_rate: float = 0.0,
+) -> list[dict[str, Any]]:
     """One game; `against` is "self" (the teacher plays both seats; both are returned) or "random"
     (the teacher plays seat seed % 2). Each returned seat is a row plus `messages` (its moves as
     assistant turns, what the game says after each as user turns), its `seat` and `reward`
@@ -78,7 +99,13 @@ def teacher_game(seed: int, careful_rate: float, rng: random.Random, against: st
                 side["question"] = text
             else:
                 side["messages"].append({"role": "user", "content": text})
-            cell = careful(state, pid) if rng.random() < careful_rate else hasty(state, pid)
+            u = rng.random()
+            if u < careful_rate:
+                cell = careful(state, pid)
+            elif u < careful_rate + random_rate:  # any free cell: the warm start learns every legal move
+                cell = rng.choice(tictactoe_legal(state))
+            else:
+                cell = HABITS[habit](state, pid)
             side["messages"].append({"role": "assistant", "content": f"[{cell}]"})
         else:
             cell = rng.choice(tictactoe_legal(state))
@@ -91,7 +118,14 @@ def teacher_game(seed: int, careful_rate: float, rng: random.Random, against: st
     ]
 
 
-def teacher_games(seeds: Sequence[int], careful_rate: float, seed: int) -> list[dict[str, Any]]:
+def teacher_games(
+    seeds: Sequence[int], careful_rate: float, seed: int, habit: str, random_rate: float = 0.0
+) -> list[dict[str, Any]]:
     """Games for every seed: even-numbered ones the teacher against itself, odd ones against random."""
     rng = random.Random(seed)
-    return [side for i, s in enumerate(seeds) for side in teacher_game(s, careful_rate, rng, ("self", "random")[i % 2])]
+    against = ("self", "random")
+    return [
+        side
+        for i, s in enumerate(seeds)
+        for side in teacher_game(s, careful_rate, rng, against[i % 2], habit, random_rate)
+    ]

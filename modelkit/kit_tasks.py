@@ -274,11 +274,17 @@ def _tictactoe_rows(cfg: Any) -> tuple[Rows, Rows, list[Lesson]]:
     from areal_graph.data.textarena_games import GameSpec, rows_of
     from areal_graph.data.two_player_games import TICTACTOE
 
-    if cfg.habit_sft is not None or len(cfg.worked_rates) != 1:
-        raise ValueError("the tictactoe task has one lesson and one careful rate (worked_rates=(rate,))")
+    if cfg.habit_sft is not None or len(cfg.worked_rates) not in (1, 2):
+        raise ValueError(
+            "the tictactoe task has one lesson, a careful rate and optionally a random one "
+            "(worked_rates=(careful,) or (careful, random))"
+        )
+    if cfg.habit not in tictactoe_teacher.HABITS:
+        raise ValueError(f"the tictactoe task's habit is one of {sorted(tictactoe_teacher.HABITS)}, got {cfg.habit!r}")
     base = cfg.seed * 1_000_003
     seeds = range(base + cfg.n_dev, base + cfg.n_dev + cfg.n_train)
-    sides = tictactoe_teacher.teacher_games(seeds, cfg.worked_rates[0], cfg.seed)
+    careful, random_rate = (*cfg.worked_rates, 0.0)[:2]
+    sides = tictactoe_teacher.teacher_games(seeds, careful, cfg.seed, cfg.habit, random_rate)
     train = rows_of(GameSpec(TICTACTOE, cfg.n_train, cfg.seed, 2), first_seed=base + cfg.n_dev)
     test = rows_of(GameSpec(TICTACTOE, cfg.n_test, cfg.seed, 2, ("random", "heuristic")), first_seed=10**7 + base)
     return train, test, [Lesson("games", sides, cfg.sft)]
@@ -304,7 +310,10 @@ TICTACTOE_TASK = KitTask(
     describe=lambda cfg: (
         f"data: {cfg.n_train} games of TextArena's TicTacToe-v0 (half the teacher against itself, both "
         f"seats; half against random moves) played by a teacher careful (minimax) on "
-        f"{cfg.worked_rates[0]:.0%} of its moves, first free cell on the rest; {cfg.n_test} test games "
+        f"{cfg.worked_rates[0]:.0%} of its moves"
+        + (f", a random free cell on {cfg.worked_rates[1]:.0%}" if len(cfg.worked_rates) > 1 else "")
+        + f", the {cfg.habit.replace('_', ' ')} cell on the rest; "
+        f"{cfg.n_test} test games "
         "against the random and the heuristic opponent from both seats"
     ),
 )

@@ -91,13 +91,19 @@ class KitConfig:
     # arith: the share of problems of s steps the SFT teacher works out, per s (the last for
     # longer ones; data.arith.ladder_teacher); empty: `hasty_rate` for every problem.
     worked_rates: tuple[float, ...] = ()
+    # tictactoe: the teacher's hasty move, "first_free" or "last_free" (the first or the last free
+    # cell in reading order: data/tictactoe_teacher.py says why the kit uses the last); the other
+    # tasks have one habit each and leave it empty.
+    habit: str = ""
 
     def recipe(self) -> dict:
         """The recipe as kit.json records it. A field added later is left out while at its no-op
-        default (worked_rates ()), so the kits shipped before it keep their recipe and fingerprint."""
+        default (worked_rates (), habit ""), so the kits shipped before it keep their recipe and
+        fingerprint."""
         fields = dataclasses.asdict(self)
-        if not fields["worked_rates"]:
-            del fields["worked_rates"]
+        for name in ("worked_rates", "habit"):
+            if not fields[name]:
+                del fields[name]
         return fields
 
     def fingerprint(self) -> str:
@@ -208,15 +214,17 @@ TINY_GAMES = KitConfig(
 )
 
 # TicTacToe-v0 for two seats (data/tictactoe_teacher.py): the teacher plays perfectly (minimax) on
-# 30% of its moves and takes the first free cell on the rest, half its games against itself (both
-# seats learned from), half against random moves. Greedy play inherits the habit (it wins about
-# 60% against random moves and loses to the heuristic opponent), the room self-play has
-# (workflows/textarena_selfplay.yaml).
+# 30% of its moves and takes the last free cell on the rest, half its games against itself (both
+# seats learned from), half against random moves. Greedy play inherits the habit (it wins 94% of
+# its games against random moves as seat 0, 53% as seat 1, and loses to the heuristic opponent),
+# the room self-play has (workflows/textarena_selfplay.yaml; docs/agents.md says why self-play
+# does not use it yet).
 TINY_TICTACTOE = KitConfig(
     name="tiny-tictactoe",
     task="tictactoe",
     difficulty="TicTacToe-v0",
     worked_rates=(0.3,),
+    habit="last_free",
     n_train=2000,
     n_test=128,
     vocab_size=1024,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -241,6 +242,18 @@ def test_kit_builds_once_loads_with_auto_classes_and_is_deterministic(tmp_path):
 def test_a_changed_recipe_is_a_different_kit():
     assert MINI.fingerprint() != KitConfig(name="mini", n_train=301).fingerprint()
     assert MINI.fingerprint() == KitConfig(**{**MINI.__dict__}).fingerprint()
+    # a field added later changes nothing while at its no-op default, and a kit apart once set
+    assert "habit" not in MINI.recipe() and "worked_rates" not in MINI.recipe()
+    assert dataclasses.replace(MINI, habit="last_free").fingerprint() != MINI.fingerprint()
+
+
+def test_the_tictactoe_task_names_a_habit_it_does_not_know():
+    from areal_graph.modelkit.kit_tasks import kit_task
+    from areal_graph.modelkit.recipes import TINY_TICTACTOE
+
+    for habit in ("", "middle_free"):
+        with pytest.raises(ValueError, match=rf"habit is one of \['first_free', 'last_free'\], got '{habit}'"):
+            kit_task("tictactoe").rows(dataclasses.replace(TINY_TICTACTOE, habit=habit, n_train=2))
 
 
 def test_concurrent_resolves_build_once(tmp_path, monkeypatch):

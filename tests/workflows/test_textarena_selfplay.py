@@ -184,7 +184,30 @@ def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, tiny_arith_d
     assert t0.info["reward"] == -2.0
 
 
+def test_with_no_retries_a_refused_move_loses_at_once(ta, tiny_arith_dir, tmp_path):
+    """retries: 0 (SPIRAL's rule): the first move the game refuses ends it, lost by that seat;
+    with the game's own allowance (1) the same move is retried and the game goes on."""
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
+    kept = play(tiny_arith_dir, rows[0], BoardReader(tok, refuse_once=True), 2)
+    assert sorted(t.info["metrics"]["refused_moves"] for t in kept) == [0, 1]
+    assert not any(t.info["metrics"]["invalid_move"] for t in kept)
+    strict = play(tiny_arith_dir, rows[0], BoardReader(tok, refuse_once=True), 2, retries=0)
+    offender = next(t for t in strict if t.info["metrics"]["invalid_move"])
+    other = next(t for t in strict if t is not offender)
+    assert offender.info["reward"] == -1.0 and offender.info["metrics"]["refused_moves"] == 0
+    assert other.info["metrics"]["won"] and other.info["reward"] == 1.0
+    assert sum(t.info["metrics"]["turns"] for t in strict) < sum(t.info["metrics"]["turns"] for t in kept)
+
+
 def test_bad_arguments_and_data_are_named(ta, tiny_arith_dir):
+    for bad in (-1, 1.5, True, "0"):
+        assert (
+            f"rollout_args.retries must be a whole number >= 0 (refused moves a seat may retry per turn), not {bad!r}"
+            == (TextArenaSelfPlay.check_args({"retries": bad}))
+        )
+        with pytest.raises(ValueError, match="rollout_args.retries must be a whole number"):
+            TextArenaSelfPlay(str(tiny_arith_dir), retries=bad)
+    assert TextArenaSelfPlay.check_args({"retries": 0}) is None
     assert TextArenaSelfPlay.check_args({"opponent": "model:lagged"}) is None  # the workflow's rules check the name
     assert "'model:' names no model" in TextArenaSelfPlay.check_args({"opponent": "model:"})
     assert "must be one of self, random, heuristic or model:NAME (a lagged copy of the policy), not 'expert'" in (
@@ -333,9 +356,9 @@ def test_with_the_real_engine_and_kit_each_seat_trains_its_own_sampled_tokens(ta
 
 
 # ------------------------------------------------------------------------------ the kit's teacher
-def test_the_teachers_careful_play_is_perfect_and_its_habit_is_the_first_free_cell(ta):
+def test_the_teachers_careful_play_is_perfect_and_its_habit_is_the_last_free_cell(ta):
     """Careful (minimax) never loses: against itself every game is drawn, against random moves it
-    wins most and loses none; the habit takes the first free cell; each seat's conversation is laid
+    wins most and loses none; the habit takes the last free cell; each seat's conversation is laid
     out as the rollout lays it out (its opening, then user turns between its moves)."""
     from areal_graph.data import tictactoe_teacher as tt
 
@@ -346,10 +369,20 @@ def test_the_teachers_careful_play_is_perfect_and_its_habit_is_the_first_free_ce
     rewards = [side["reward"] for side in vs_random]
     assert rewards.count(-1.0) == 0 and rewards.count(1.0) > 150
     assert {side["seat"] for side in vs_random} == {0, 1}
-    habit = tt.teacher_game(0, 0.0, rng, "self")
-    seat0 = [m["content"] for m in habit[0]["messages"] if m["role"] == "assistant"]
-    assert seat0 == ["[0]", "[2]", "[4]", "[6]"]  # O takes the first free cell: 0, (X 1), 2, (X 3), 4, (X 5), 6 wins
-    assert habit[0]["reward"] == 1.0 and habit[1]["reward"] == -1.0
+    for name, moves in (
+        ("last_free", ["[8]", "[6]", "[4]", "[2]"]),  # O takes 8, (X 7), 6, (X 5), 4, (X 3), 2: the diagonal
+        ("first_free", ["[0]", "[2]", "[4]", "[6]"]),  # O takes 0, (X 1), 2, (X 3), 4, (X 5), 6: the diagonal
+    ):
+        habit = tt.teacher_game(0, 0.0, rng, "self", name)
+        assert [m["content"] for m in habit[0]["messages"] if m["role"] == "assistant"] == moves
+        assert habit[0]["reward"] == 1.0 and habit[1]["reward"] == -1.0
+    assert tt.teacher_game(0, 0.0, rng, "self") == tt.teacher_game(0, 0.0, rng, "self", "last_free")
+    # random_rate: that share of moves is any free cell (never a taken one: no move is refused),
+    # so the games leave the habit's path
+    mixed = [tt.teacher_game(i, 0.0, random.Random(i), "self", "last_free", random_rate=0.5) for i in range(40)]
+    assert not any("invalid move" in m["content"] for game in mixed for side in game for m in side["messages"])
+    habit_only = [tt.teacher_game(i, 0.0, random.Random(i), "self") for i in range(40)]
+    assert len({str(g[0]["messages"]) for g in habit_only}) == 1 and len({str(g[0]["messages"]) for g in mixed}) > 10
     for side in selfplay[:4]:
         assert side["question"].startswith(f"You are Player {side['seat']} in Tic Tac Toe.")
         assert [m["role"] for m in side["messages"]] == ["assistant", "user"] * (len(side["messages"]) // 2) + (

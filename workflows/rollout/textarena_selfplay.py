@@ -71,6 +71,14 @@ def check_opponent(opponent: Any) -> str | None:
     return None
 
 
+def check_retries(retries: Any) -> str | None:
+    if retries is None or (isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0):
+        return None
+    return (
+        f"rollout_args.retries must be a whole number >= 0 (refused moves a seat may retry per turn), not {retries!r}"
+    )
+
+
 def served_model(opponent: str) -> str | None:
     """The model an opponent `model:NAME` names (None: self or a fixed program)."""
     return opponent[len(SERVED_MODEL) :] if opponent.startswith(SERVED_MODEL) else None
@@ -103,6 +111,7 @@ class TextArenaSelfPlay(Rollout):
         invalid_move_reward: float | None = None,
         reward: str = "game",
         served_models: Mapping[str, Any] | None = None,
+        retries: int | None = None,
     ) -> None:
         """max_turns: the most moves one game lasts, both seats together, refused moves included
         (TicTacToe: 9 moves, and a seat may retry a refused move once per turn).
@@ -111,8 +120,16 @@ class TextArenaSelfPlay(Rollout):
         invalid_move_reward: the reward of the seat whose invalid move ended the game (None:
         TextArena's, -1); reward: "game" (1 / 0 / -1) or "won" (1 for a win, 0 otherwise).
         served_models: the served models' pools by name (the rollout host gives them; a
-        `model:NAME` opponent plays on served_models[NAME])."""
-        for problem in (check_opponent(opponent), None if reward in REWARDS else f"reward must be one of {REWARDS}"):
+        `model:NAME` opponent plays on served_models[NAME]).
+        retries: refused moves a seat may retry per turn (TextArena's error allowance; None keeps
+        the game's, 1). 0 ends the game at a seat's first invalid move, lost (SPIRAL's rule): in
+        self-play a refused move that is retried costs nothing, so a policy pushed off its losing
+        moves drifts onto taken cells unpunished; at 0 each one is a loss."""
+        for problem in (
+            check_opponent(opponent),
+            None if reward in REWARDS else f"reward must be one of {REWARDS}",
+            check_retries(retries),
+        ):
             if problem:
                 raise ValueError(f"TextArenaSelfPlay: {problem}")
         model = served_model(opponent)
@@ -129,10 +146,15 @@ class TextArenaSelfPlay(Rollout):
         self.opponent, self.reward = opponent, reward
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.invalid_move_reward = invalid_move_reward
+        self.retries = retries
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
-        return check_opponent(rollout_args.get("opponent", "self")) or check_reward_and_library(rollout_args)
+        return (
+            check_opponent(rollout_args.get("opponent", "self"))
+            or check_retries(rollout_args.get("retries"))
+            or check_reward_and_library(rollout_args)
+        )
 
     @classmethod
     def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
@@ -176,6 +198,8 @@ class TextArenaSelfPlay(Rollout):
         rules = two_player_game(env)
         game = make_game(env)
         game.reset(num_players=2, seed=seed)
+        if self.retries is not None:
+            game.state.error_allowance = self.retries  # TwoPlayerState's, compared per turn
         rng = random.Random(seed * 2 + 1 + 7919 * min(trained.values()))
         seats = {s: _Seat(i) for s, i in trained.items()}
         model = served_model(opponent)
