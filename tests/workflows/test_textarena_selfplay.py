@@ -184,6 +184,18 @@ def test_a_refused_move_is_counted_and_a_second_in_a_turn_loses(ta, tiny_arith_d
     assert t0.info["reward"] == -2.0
 
 
+def test_a_list_of_opponents_gives_each_prompt_group_one_of_them_by_its_seed(ta, tiny_arith_dir, tmp_path):
+    tok, rows = prompts(tiny_arith_dir, tmp_path)
+    seen = {}
+    for row in rows[:4]:
+        seed = json.loads(row.answer)["seed"]
+        trajs = play(tiny_arith_dir, row, BoardReader(tok), 4, opponent=["self", "random"])
+        seen[seed % 2] = [t.info["opponent"] for t in trajs]
+        assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1] and [t.sample_id for t in trajs] == [0, 1, 2, 3]
+    # even seeds: 2 games against itself (both seats trained); odd: 4 games against random moves
+    assert seen == {0: ["self"] * 4, 1: ["random"] * 4}
+
+
 def test_with_no_retries_a_refused_move_loses_at_once(ta, tiny_arith_dir, tmp_path):
     """retries: 0 (SPIRAL's rule): the first move the game refuses ends it, lost by that seat;
     with the game's own allowance (1) the same move is retried and the game goes on."""
@@ -208,6 +220,14 @@ def test_bad_arguments_and_data_are_named(ta, tiny_arith_dir):
         with pytest.raises(ValueError, match="rollout_args.retries must be a whole number"):
             TextArenaSelfPlay(str(tiny_arith_dir), retries=bad)
     assert TextArenaSelfPlay.check_args({"retries": 0}) is None
+    assert TextArenaSelfPlay.check_args({"opponent": ["self", "heuristic"]}) is None
+    assert "is an empty list" in TextArenaSelfPlay.check_args({"opponent": []})
+    assert "each entry must be one of self, random, heuristic, not 'expert'" in (
+        TextArenaSelfPlay.check_args({"opponent": ["self", "expert"]})
+    )
+    assert "a lagged copy (model:opp) in a list of opponents is not built yet" in (
+        TextArenaSelfPlay.check_args({"opponent": ["self", "model:opp"]})
+    )
     assert TextArenaSelfPlay.check_args({"opponent": "model:lagged"}) is None  # the workflow's rules check the name
     assert "'model:' names no model" in TextArenaSelfPlay.check_args({"opponent": "model:"})
     assert "must be one of self, random, heuristic or model:NAME (a lagged copy of the policy), not 'expert'" in (

@@ -11,6 +11,9 @@ Opponents (`rollout_args.opponent`):
   is G/2 games (G must be even), trajectory j being seat j mod 2 of game j // 2.
 - `random`, `heuristic`: a fixed program plays one seat (data/two_player_games.py); the policy
   plays the other, seat j mod 2 in game j, so a group trains both seats alike.
+- a list of those (`[self, random]`): each prompt group plays one of them, the entry at its game's
+  seed modulo the list's length, so the batch mixes games against the policy itself with games
+  against fixed programs (a lagged copy in a list is not built yet).
 - `model:NAME`: a lagged copy of the policy (`models.NAME.lagged`) plays one seat, paired as the
   fixed opponents are, on servers of its own that load the actor's weights every
   `refresh_every` versions (runtime/orchestration/lagged_servers.py); the run hands their pool
@@ -57,6 +60,18 @@ from areal_graph.workflows.rollout.textarena_game import REWARDS, check_reward_a
 
 
 def check_opponent(opponent: Any) -> str | None:
+    if isinstance(opponent, list):  # a mix: each prompt group plays one of them, by its game's seed
+        if not opponent:
+            return "rollout_args.opponent is an empty list: name at least one of self, random, heuristic"
+        for entry in opponent:
+            if isinstance(entry, str) and entry.startswith(SERVED_MODEL):
+                return (
+                    f"rollout_args.opponent {opponent!r}: a lagged copy ({entry}) in a list of opponents is not "
+                    "built yet; give it alone (opponent: model:NAME)"
+                )
+            if entry not in OPPONENTS:
+                return f"rollout_args.opponent {opponent!r}: each entry must be one of {', '.join(OPPONENTS)}, not {entry!r}"
+        return None
     if isinstance(opponent, str) and opponent.startswith(SERVED_MODEL):
         if not opponent[len(SERVED_MODEL) :].strip():
             return (
@@ -79,8 +94,10 @@ def check_retries(retries: Any) -> str | None:
     )
 
 
-def served_model(opponent: str) -> str | None:
-    """The model an opponent `model:NAME` names (None: self or a fixed program)."""
+def served_model(opponent: str | list[str]) -> str | None:
+    """The model an opponent `model:NAME` names (None: self, a fixed program or a list of those)."""
+    if isinstance(opponent, list):
+        return None
     return opponent[len(SERVED_MODEL) :] if opponent.startswith(SERVED_MODEL) else None
 
 
@@ -105,7 +122,7 @@ class TextArenaSelfPlay(Rollout):
     def __init__(
         self,
         tokenizer_path: str,
-        opponent: str = "self",
+        opponent: str | list[str] = "self",
         max_turns: int = 18,
         max_total_tokens: int = 1024,
         invalid_move_reward: float | None = None,
@@ -143,7 +160,8 @@ class TextArenaSelfPlay(Rollout):
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
         self.turns = ChatMLTurns(self.tok, "TextArenaSelfPlay")
-        self.opponent, self.reward = opponent, reward
+        self.opponents = list(opponent) if isinstance(opponent, list) else [opponent]
+        self.reward = reward
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.invalid_move_reward = invalid_move_reward
         self.retries = retries
@@ -306,14 +324,14 @@ class TextArenaSelfPlay(Rollout):
             )
         if "opponent" in ref:  # an evaluation row: this opponent, from this seat
             games = [({int(ref["seat"]): j}, str(ref["opponent"])) for j in range(group_size)]
-        elif self.opponent == "self":
+        elif (opponent := self.opponents[int(ref["seed"]) % len(self.opponents)]) == "self":
             if group_size % 2:
                 raise ValueError(
                     f"TextArenaSelfPlay: opponent self plays group_size/2 games of two seats; group_size {group_size} is odd"
                 )
             games = [({0: j, 1: j + 1}, "self") for j in range(0, group_size, 2)]
         else:  # a fixed program or a lagged copy: the policy plays seat j % 2 of game j
-            games = [({j % 2: j}, self.opponent) for j in range(group_size)]
+            games = [({j % 2: j}, opponent) for j in range(group_size)]
         played = await asyncio.gather(
             *(
                 self.play(ref, client, sampling, trained, opponent, rival_index=group_size + k)
