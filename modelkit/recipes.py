@@ -90,6 +90,8 @@ class KitConfig:
     direct_rates: tuple[float, ...] = ()
     # arith: the share of problems of s steps the SFT teacher works out, per s (the last for
     # longer ones; data.arith.ladder_teacher); empty: `hasty_rate` for every problem.
+    # tictactoe: (careful,) or (careful, random): the shares of moves played perfectly and at a
+    # random free cell, the habit on the rest.
     worked_rates: tuple[float, ...] = ()
     # tictactoe: the teacher's hasty move, "first_free" or "last_free" (the first or the last free
     # cell in reading order: data/tictactoe_teacher.py says why the kit uses the last); the other

@@ -110,16 +110,26 @@ def probe_decode(
         if probe is None:
             return None
         runner, cap = probe
-        for width in sorted({min(max(int(w), 2), cap) for w in widths}):
-            for rows in grid_rows:
-                cache = _filled_cache(runner, rows, width)
-                step = _decode_step(runner, cache, rows)
-                for _ in range(3):  # warm: a fresh process's first steps run several times slower
-                    step()
-                # best of 7: at a few rows a step is ~1 ms, and one scheduler tick doubles it;
-                # width: the cache's before the step, as the step log has it
-                out.append((rows, width, min(_timed(step) for _ in range(7))))
+        for rows, width, _, step in _warm_decode_grid(runner, cap, widths, grid_rows):
+            # best of 7: at a few rows a step is ~1 ms, and one scheduler tick doubles it;
+            # width: the cache's before the step, as the step log has it
+            out.append((rows, width, min(_timed(step) for _ in range(7))))
     return out
+
+
+def _warm_decode_grid(
+    runner: Any, cap: int, widths: Sequence[int], grid_rows: Sequence[int]
+) -> Iterator[tuple[int, int, Any, Any]]:
+    """(rows, width, cache, plain decode step) for each width (at least 2, at most `cap`) and
+    rows of the grid: a cache filled to the width, its step already run three times (a fresh
+    process's first steps run several times slower)."""
+    for width in sorted({min(max(int(w), 2), cap) for w in widths}):
+        for rows in grid_rows:
+            cache = _filled_cache(runner, rows, width)
+            step = _decode_step(runner, cache, rows)
+            for _ in range(3):
+                step()
+            yield rows, width, cache, step
 
 
 @contextlib.contextmanager
@@ -214,17 +224,12 @@ def probe_verify(
         if probe is None:
             return None
         runner, cap = probe
-        for width in sorted({min(max(int(w), 2), cap) for w in widths}):
-            for rows in grid_rows:
-                cache = _filled_cache(runner, rows, width)
-                plain = _decode_step(runner, cache, rows)
-                for _ in range(3):
-                    plain()
-                plain_s = min(_timed(plain) for _ in range(5))
-                for k in drafts:
-                    step = _verify_step(runner, cache, rows, k, take_verified)
-                    step()  # warm
-                    out.append((rows, width, rows * k, min(_timed(step) for _ in range(5)), plain_s))
+        for rows, width, cache, plain in _warm_decode_grid(runner, cap, widths, grid_rows):
+            plain_s = min(_timed(plain) for _ in range(5))
+            for k in drafts:
+                step = _verify_step(runner, cache, rows, k, take_verified)
+                step()  # warm
+                out.append((rows, width, rows * k, min(_timed(step) for _ in range(5)), plain_s))
     return out
 
 
