@@ -106,6 +106,32 @@ class Trajectory:
         self.behav_logprobs.extend(behav)
         self.versions.extend(token_versions)
 
+    def append_output(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        versions: Sequence[int],
+        forced: Sequence[bool] | None = None,
+    ) -> None:
+        """Extend with one generated answer whose tokens a schema or grammar may have forced
+        (`GenerationResult.output_forced`): a forced token was the grammar's only choice, not the
+        policy's, so runs of them go in as context (loss mask 0) and the chosen ones are trained."""
+        marks = list(forced) if forced else [False] * len(token_ids)
+        if len(marks) != len(token_ids):
+            raise ValueError(f"append_output: {len(token_ids)} tokens but {len(marks)} forced flags")
+        start = 0
+        while start < len(token_ids):
+            end = start
+            while end < len(token_ids) and marks[end] == marks[start]:
+                end += 1
+            if marks[start]:
+                self.append(token_ids[start:end], generated=False)
+            else:
+                self.append(
+                    token_ids[start:end], generated=True, logprobs=logprobs[start:end], versions=versions[start:end]
+                )
+            start = end
+
     @property
     def num_generated(self) -> int:
         return sum(self.loss_mask)
@@ -147,6 +173,13 @@ class Rollout(abc.ABC):
         `run` on this machine (cli/preflight.py) once the dataset itself checked out. For arguments whose
         meaning depends on the data, which `check_args` cannot see: a verifiers env's fields depend on
         the taskset's env (workflows/rollout/verifiers_env.py). May take seconds."""
+        return None
+
+    @classmethod
+    def check_backend(cls, rollout_args: dict[str, Any], backend: str) -> str | None:
+        """What is wrong with these `rollout_args` on `inference.backend` `backend` (None:
+        nothing), checked by `validate`: for arguments that only some engines serve (a grammar on
+        each request is the embedded engine's constrained decoding)."""
         return None
 
     @abc.abstractmethod

@@ -114,8 +114,19 @@ def _takes_served_models(path: str) -> bool:
         return True
 
 
+def _backend_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
+    """The rollout class's own check of its arguments against the workflow's inference backend
+    (nothing when it cannot be imported: that is reported where the import is checked)."""
+    try:
+        cls = import_object(node.params.rollout_class, what="rollout_class")
+        problem = cls.check_backend(dict(node.params.rollout_args), spec.inference.backend)
+    except (ImportPathError, AttributeError, TypeError, ValueError):
+        return []
+    return [Issue(("rollout_args",), problem)] if problem else []
+
+
 def _rollout_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
-    out = _served_model_rules(node, spec)
+    out = _served_model_rules(node, spec) + _backend_rules(node, spec)
     if node.reads:
         out.append(Issue(("reads",), "a rollout node reads prompts from `data`, not keys; remove 'reads'"))
     for name in ("json_schema", "grammar"):

@@ -220,6 +220,15 @@ def test_bad_arguments_and_data_are_named(ta, tiny_arith_dir):
         with pytest.raises(ValueError, match="rollout_args.retries must be a whole number"):
             TextArenaSelfPlay(str(tiny_arith_dir), retries=bad)
     assert TextArenaSelfPlay.check_args({"retries": 0}) is None
+    for bad in (1, "true", None):
+        assert f"rollout_args.mask_illegal_moves must be true or false, not {bad!r}" == (
+            TextArenaSelfPlay.check_args({"mask_illegal_moves": bad})
+        )
+    assert TextArenaSelfPlay.check_backend({"mask_illegal_moves": True}, "embedded") is None
+    assert TextArenaSelfPlay.check_backend({"mask_illegal_moves": False}, "sglang") is None
+    assert "inference.backend 'sglang' does not" in TextArenaSelfPlay.check_backend(
+        {"mask_illegal_moves": True}, "sglang"
+    )
     assert TextArenaSelfPlay.check_args({"opponent": ["self", "heuristic"]}) is None
     assert "is an empty list" in TextArenaSelfPlay.check_args({"opponent": []})
     assert "each entry must be one of self, random, heuristic, not 'expert'" in (
@@ -341,6 +350,12 @@ def test_the_shipped_workflow_validates_and_names_what_is_wrong(ta):
         (["nodes.rollout.rollout_args.opponent=model:lagged"], "rollout_args.opponent", "unknown model 'lagged'"),
         (["nodes.advantage.estimator=gae"], "baseline", "estimator 'gae' has none"),
         (["nodes.advantage.baseline=seats"], "baseline", "seat"),
+        (
+            ["nodes.rollout.rollout_args.mask_illegal_moves=true", "inference.backend=vllm"],
+            "rollout_args",
+            "only the embedded engine's constrained decoding takes; inference.backend 'vllm' does not",
+        ),
+        (["nodes.rollout.rollout_args.mask_illegal_moves=3"], "rollout_class", "must be true or false, not 3"),
     ):
         with pytest.raises(WorkflowError) as err:
             load_workflow(wf, overrides)
@@ -373,6 +388,53 @@ def test_with_the_real_engine_and_kit_each_seat_trains_its_own_sampled_tokens(ta
             start += len(ids)
     assert sorted(trained) == recorded  # every generation is exactly one seat's, log-probs and all
     assert [t.info["seat"] for t in trajs] == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("seed", [5, 23])
+def test_masked_moves_are_legal_and_their_log_probs_are_the_masked_distributions(ta, tmp_path, seed):
+    """mask_illegal_moves, with the real engine and kit at temperature 3 (much mass on taken
+    cells): no move is ever refused; the brackets, which the grammar forced, are context; each
+    trained token is a cell that was free, with the behaviour log-prob of the policy's
+    distribution restricted to the free cells, as an independent float64 forward computes it."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_graph.engines.inference.engine import EmbeddedEngine
+    from areal_graph.modelkit.builtin import resolve_model_path
+
+    kit = resolve_model_path("builtin:tiny-tictactoe")
+    tok, rows = prompts(kit, tmp_path)
+    engine = EmbeddedEngine(str(kit), max_context=1536)
+    rollout = TextArenaSelfPlay(str(kit), max_total_tokens=1536, mask_illegal_moves=True)
+    sampling = SamplingParams(max_new_tokens=6, seed=seed, temperature=3.0)
+    free_play = TextArenaSelfPlay(str(kit), max_total_tokens=1536)
+    with engine:
+        trajs = asyncio.run(rollout.run(rows[0], LocalEngineClient(engine), 8, sampling))
+        unmasked = asyncio.run(free_play.run(rows[0], LocalEngineClient(engine), 8, sampling))
+    assert all(t.info["metrics"]["refused_moves"] == 0 and not t.info["metrics"]["invalid_move"] for t in trajs)
+    assert sum(t.info["metrics"]["refused_moves"] + t.info["metrics"]["invalid_move"] for t in unmasked) > 0
+    model = AutoModelForCausalLM.from_pretrained(kit, torch_dtype=torch.float64).eval()
+    digits = {tok.convert_tokens_to_ids(str(c)): c for c in range(9)}
+    checked, worst = 0, 0.0
+    for t in trajs:
+        with torch.no_grad():
+            logits = model(torch.tensor([t.input_ids])).logits[0] / 3.0
+        for i, (token, trained) in enumerate(zip(t.input_ids, t.loss_mask)):
+            if not trained:
+                continue
+            free = [
+                int(c) for c in re.findall(r"'\[(\d)\]'", tok.decode(t.input_ids[:i]).rsplit("Available Moves:", 1)[1])
+            ]
+            assert token in digits and digits[token] in free, (tok.decode(t.input_ids[: i + 1])[-200:], free)
+            allowed = [tok.convert_tokens_to_ids(str(c)) for c in free]
+            masked = torch.log_softmax(logits[i - 1, allowed], dim=-1)
+            expected = float(masked[allowed.index(token)])
+            worst = max(worst, abs(expected - t.behav_logprobs[i]))
+            checked += 1
+            assert len(free) > 1 or math.isclose(expected, 0.0)
+    assert checked >= 8 and worst < 1e-5, (checked, worst)
 
 
 # ------------------------------------------------------------------------------ the kit's teacher

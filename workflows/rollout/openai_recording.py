@@ -233,7 +233,7 @@ def _trajectory(chain: list[RecordedCompletion]) -> Trajectory:
     traj = Trajectory.from_generation(first.prompt_ids, [], [], [], first.finish_reason)
     for r in chain:
         traj.append(r.prompt_ids[len(traj.input_ids) :], generated=False)
-        _append_output(traj, r)
+        traj.append_output(r.output_ids, r.output_logprobs, r.output_versions, r.forced)
     traj.finish_reason = chain[-1].finish_reason
     traj.info = {
         "turns": len(chain),
@@ -244,23 +244,3 @@ def _trajectory(chain: list[RecordedCompletion]) -> Trajectory:
         "interruptions": sum(r.interruptions for r in chain),
     }
     return traj
-
-
-def _append_output(traj: Trajectory, r: RecordedCompletion) -> None:
-    """`r`'s output: runs of chosen tokens trained, runs of forced ones as context."""
-    forced = r.forced or [False] * len(r.output_ids)
-    start = 0
-    while start < len(r.output_ids):
-        end = start
-        while end < len(r.output_ids) and forced[end] == forced[start]:
-            end += 1
-        if forced[start]:
-            traj.append(r.output_ids[start:end], generated=False)
-        else:
-            traj.append(
-                r.output_ids[start:end],
-                generated=True,
-                logprobs=r.output_logprobs[start:end],
-                versions=r.output_versions[start:end],
-            )
-        start = end

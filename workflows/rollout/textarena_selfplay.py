@@ -37,6 +37,7 @@ rendered with the tokenizer's chat template (data.prompt_template does not apply
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import Mapping
@@ -94,6 +95,15 @@ def check_retries(retries: Any) -> str | None:
     )
 
 
+def check_mask(mask: Any) -> str | None:
+    return None if isinstance(mask, bool) else f"rollout_args.mask_illegal_moves must be true or false, not {mask!r}"
+
+
+def legal_moves_grammar(moves: list[str]) -> str:
+    """A Lark grammar (llguidance's dialect) whose only sentences are `moves`."""
+    return "start: " + " | ".join(json.dumps(m) for m in moves)
+
+
 def served_model(opponent: str | list[str]) -> str | None:
     """The model an opponent `model:NAME` names (None: self, a fixed program or a list of those)."""
     if isinstance(opponent, list):
@@ -129,6 +139,7 @@ class TextArenaSelfPlay(Rollout):
         reward: str = "game",
         served_models: Mapping[str, Any] | None = None,
         retries: int | None = None,
+        mask_illegal_moves: bool = False,
     ) -> None:
         """max_turns: the most moves one game lasts, both seats together, refused moves included
         (TicTacToe: 9 moves, and a seat may retry a refused move once per turn).
@@ -141,11 +152,17 @@ class TextArenaSelfPlay(Rollout):
         retries: refused moves a seat may retry per turn (TextArena's error allowance; None keeps
         the game's, 1). 0 ends the game at a seat's first invalid move, lost (SPIRAL's rule): in
         self-play a refused move that is retried costs nothing, so a policy pushed off its losing
-        moves drifts onto taken cells unpunished; at 0 each one is a loss."""
+        moves drifts onto taken cells unpunished; at 0 each one is a loss.
+        mask_illegal_moves: each move is decoded under a grammar that allows only the game's legal
+        moves (action masking, as game RL does; the embedded engine's constrained decoding). The
+        policy then never plays a taken cell, in training or evaluation; the move's forced tokens
+        ("[", "]") are context, its chosen cell is trained with the masked distribution's log-prob
+        as behaviour log-prob, which the decoupled-PPO weight pi / mu corrects for."""
         for problem in (
             check_opponent(opponent),
             None if reward in REWARDS else f"reward must be one of {REWARDS}",
             check_retries(retries),
+            check_mask(mask_illegal_moves),
         ):
             if problem:
                 raise ValueError(f"TextArenaSelfPlay: {problem}")
@@ -165,14 +182,26 @@ class TextArenaSelfPlay(Rollout):
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.invalid_move_reward = invalid_move_reward
         self.retries = retries
+        self.mask_illegal_moves = mask_illegal_moves
 
     @classmethod
     def check_args(cls, rollout_args: dict[str, Any]) -> str | None:
         return (
             check_opponent(rollout_args.get("opponent", "self"))
             or check_retries(rollout_args.get("retries"))
+            or check_mask(rollout_args.get("mask_illegal_moves", False))
             or check_reward_and_library(rollout_args)
         )
+
+    @classmethod
+    def check_backend(cls, rollout_args: dict[str, Any], backend: str) -> str | None:
+        if rollout_args.get("mask_illegal_moves") is True and backend != "embedded":
+            return (
+                f"mask_illegal_moves holds each move to the legal ones by a grammar, which only the embedded "
+                f"engine's constrained decoding takes; inference.backend '{backend}' does not: use "
+                "backend: embedded, or set mask_illegal_moves: false"
+            )
+        return None
 
     @classmethod
     def check_data(cls, rollout_args: dict[str, Any], dataset: str) -> str | None:
@@ -226,10 +255,10 @@ class TextArenaSelfPlay(Rollout):
         while not done and moves < self.max_turns:
             pid, observation = game.get_observation()
             seat = seats.get(pid)
-            if seat is not None:
-                action = await self._move(seat, client, observation, pid, sampling)
-            elif rival is not None and rival[0] == pid:  # the lagged copy's move: its own conversation
-                action = await self._move(rival[1], rival[2], observation, pid, sampling)
+            if seat is not None or (rival is not None and rival[0] == pid):
+                legal = [rules.move_text(c) for c in rules.legal(game.state.game_state)]
+                moving = (seat, client) if seat is not None else (rival[1], rival[2])  # type: ignore[index]
+                action = await self._move(moving[0], moving[1], observation, pid, self._sampling(sampling, legal))
             else:  # the fixed opponent's move
                 action = rules.opponent_move(opponent, game.state.game_state, pid, rng)
             if action is None:  # a conversation reached max_total_tokens, or a request was aborted
@@ -250,6 +279,12 @@ class TextArenaSelfPlay(Rollout):
             self._finish(seats[s], s, done, rewards, game_info or {}, opponent, rival_version) for s in sorted(seats)
         ]
 
+    def _sampling(self, sampling: SamplingParams, legal: list[str]) -> SamplingParams:
+        """The move's sampling: under mask_illegal_moves, held to the legal moves."""
+        if not self.mask_illegal_moves or not legal:
+            return sampling
+        return dataclasses.replace(sampling, grammar=legal_moves_grammar(legal))
+
     async def _move(self, seat: _Seat, client: Any, observation: Any, pid: int, sampling: SamplingParams) -> str | None:
         """`seat` (a trained one, or the lagged opponent's) is shown the game so far and answers
         on `client`; its move as text, or None when the game stops here (its conversation would
@@ -265,7 +300,7 @@ class TextArenaSelfPlay(Rollout):
                 return None
             seat.traj.append(more, generated=False)
         gen = await generate_interruptible(client, seat.traj.input_ids, sampling.for_answer(seat.index, seat.turns))
-        seat.traj.append(gen.output_ids, generated=True, logprobs=gen.output_logprobs, versions=gen.output_versions)
+        seat.traj.append_output(gen.output_ids, gen.output_logprobs, gen.output_versions, gen.output_forced)
         seat.traj.finish_reason, seat.last_reply, seat.turns = gen.finish_reason, list(gen.output_ids), seat.turns + 1
         if gen.finish_reason == "abort":
             return None
