@@ -103,6 +103,11 @@ class RewardPool:
 
     At most `num_workers` items are in flight, so an item's clock starts when it is handed
     to an idle worker, not while it waits in a queue behind slow items.
+
+    Calls from several threads (the reward host serves several gRPC calls at once) take turns,
+    one batch at a time: the workers are shared, so two calls' items would queue behind each
+    other with their clocks running, and a timeout replaces the whole pool, which would kill the
+    other call's items under it (its cancelled futures never finish: its call waited forever).
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class RewardPool:
             # if this process has not started its forkserver yet.)
             self._ctx.set_forkserver_preload(["areal_graph.nodes.math_reward", "math_verify"])
         self._executor: ProcessPoolExecutor | None = None
+        self._turn = threading.Lock()  # one `score` call at a time (the class docstring says why)
         self.pools_replaced = 0
         self._start()
 
@@ -217,6 +223,12 @@ class RewardPool:
         if self.wants_episode and episodes is None:
             episodes = [Episode(c, a) for c, a in zip(completions, answers)]
         shipped = [e.as_dict() for e in episodes] if self.wants_episode and episodes is not None else None
+        with self._turn:
+            return self._score(completions, answers, shipped)
+
+    def _score(
+        self, completions: Sequence[str], answers: Sequence[str], shipped: list[dict] | None
+    ) -> list[RewardResult]:
         results: list[RewardResult | None] = [None] * len(completions)
         pending = list(range(len(completions)))[::-1]  # a stack: pop() gives the lowest index
         running: dict[Future, tuple[int, float]] = {}
@@ -228,10 +240,12 @@ class RewardPool:
                     time.monotonic(),
                 )
             next_deadline = min(start for _, start in running.values()) + self.timeout_s
-            done, _ = futures_wait(
+            futures_wait(
                 list(running), timeout=max(0.0, next_deadline - time.monotonic()), return_when="FIRST_COMPLETED"
             )
-            for f in done:
+            # done() and not what wait() returns: a future cancelled by its executor's shutdown is
+            # done, yet wait() never reports it, and the loop would spin on it
+            for f in [f for f in running if f.done()]:
                 i, _start = running.pop(f)
                 results[i] = self._result_of(f, i)
             now = time.monotonic()

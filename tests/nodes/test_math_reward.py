@@ -162,6 +162,33 @@ def test_pool_kills_hung_worker_and_keeps_going(caplog):
     assert any("timed out" in rec.getMessage() for rec in caplog.records)
 
 
+def test_pool_scores_calls_from_several_threads_at_once(caplog):
+    """The reward host serves several calls at once on one pool. A hung item in one call replaces
+    the pool; before the pool was serialised, that killed the other calls' items under them, and
+    a future the replaced executor had cancelled (done, but never reported done by `wait`) made
+    its call spin forever: a run hung at step 192 with the reward worker at 100% CPU."""
+    results: dict[int, list[RewardResult]] = {}
+
+    def call(k: int) -> None:
+        batch = ["a", "hang", "b", "c"] if k % 2 else ["a", "b", "c", "d"]
+        results[k] = pool.score(batch, [""] * len(batch))
+
+    with caplog.at_level(logging.WARNING), RewardPool(_fn("hanging_reward"), timeout_s=1.0, num_workers=2) as pool:
+        threads = [threading.Thread(target=call, args=(k,), daemon=True) for k in range(6)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in threads), "a call never returned"
+        elapsed = time.monotonic() - t0
+    for k in range(6):
+        expected = ["ok", "timeout", "ok", "ok"] if k % 2 else ["ok"] * 4
+        assert [r.status for r in results[k]] == expected, (k, results[k])
+        assert [r.reward for r in results[k]] == [0.0 if s == "timeout" else 0.5 for s in expected]
+    assert pool.pools_replaced == 3 and elapsed < 60
+
+
 def test_pool_runs_in_other_processes():
     with RewardPool(_fn("pid_reward"), timeout_s=10, num_workers=2) as pool:
         pids = {r.reward for r in pool.score(["a"] * 6, ["a"] * 6)}
