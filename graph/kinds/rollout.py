@@ -119,9 +119,10 @@ def _backend_rules(node: NodeSpec, spec: WorkflowSpec) -> list[Issue]:
     (nothing when it cannot be imported: that is reported where the import is checked)."""
     try:
         cls = import_object(node.params.rollout_class, what="rollout_class")
-        problem = cls.check_backend(dict(node.params.rollout_args), spec.inference.backend)
-    except (ImportPathError, AttributeError, TypeError, ValueError):
+    except ImportPathError:
         return []
+    check = getattr(cls, "check_backend", None)  # None: not a Rollout, reported where the import is checked
+    problem = check(dict(node.params.rollout_args), spec.inference.backend) if check else None
     return [Issue(("rollout_args",), problem)] if problem else []
 
 

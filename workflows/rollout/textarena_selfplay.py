@@ -255,10 +255,10 @@ class TextArenaSelfPlay(Rollout):
         while not done and moves < self.max_turns:
             pid, observation = game.get_observation()
             seat = seats.get(pid)
-            if seat is not None or (rival is not None and rival[0] == pid):
-                legal = [rules.move_text(c) for c in rules.legal(game.state.game_state)]
-                moving = (seat, client) if seat is not None else (rival[1], rival[2])  # type: ignore[index]
-                action = await self._move(moving[0], moving[1], observation, pid, self._sampling(sampling, legal))
+            if seat is not None:
+                action = await self._move(seat, client, observation, pid, self._sampling(sampling, rules, game))
+            elif rival is not None and rival[0] == pid:  # the lagged copy's move: its own conversation
+                action = await self._move(rival[1], rival[2], observation, pid, self._sampling(sampling, rules, game))
             else:  # the fixed opponent's move
                 action = rules.opponent_move(opponent, game.state.game_state, pid, rng)
             if action is None:  # a conversation reached max_total_tokens, or a request was aborted
@@ -279,11 +279,12 @@ class TextArenaSelfPlay(Rollout):
             self._finish(seats[s], s, done, rewards, game_info or {}, opponent, rival_version) for s in sorted(seats)
         ]
 
-    def _sampling(self, sampling: SamplingParams, legal: list[str]) -> SamplingParams:
-        """The move's sampling: under mask_illegal_moves, held to the legal moves."""
-        if not self.mask_illegal_moves or not legal:
+    def _sampling(self, sampling: SamplingParams, rules: Any, game: Any) -> SamplingParams:
+        """The move's sampling: under mask_illegal_moves, held to the legal moves of the board."""
+        if not self.mask_illegal_moves:
             return sampling
-        return dataclasses.replace(sampling, grammar=legal_moves_grammar(legal))
+        legal = [rules.move_text(c) for c in rules.legal(game.state.game_state)]
+        return dataclasses.replace(sampling, grammar=legal_moves_grammar(legal)) if legal else sampling
 
     async def _move(self, seat: _Seat, client: Any, observation: Any, pid: int, sampling: SamplingParams) -> str | None:
         """`seat` (a trained one, or the lagged opponent's) is shown the game so far and answers
