@@ -21,6 +21,12 @@ runs the configurations whose label contains TEXT. A run is measured
 `--rounds` times (default 2), the rounds interleaved, and the median taken: the machine is
 shared, and the same run measured twice differs by 10-25% here.
 
+Every round starts and ends with the calibration's own settings (the anchors), and each error is
+reported twice: against the run as measured, and "at the calibration's speed", each round of it
+divided by the machine's speed at its time (an anchor's measured / predicted window,
+interpolated between the two anchors nearest in time). The second is the model's own error, the
+first adds the machine's drift; the summary gives both over the configurations not calibrated on.
+
 `--speculative` (kit `longtail-speculative`): the calibration run decodes plainly, as shipped,
 and its trace's shadow counts (what speculation would have accepted) price the configurations
 with `inference.speculative.enabled=true`, at the calibration's concurrency and at lower ones
@@ -30,8 +36,8 @@ price (`areal-graph costs` on such a run: the prefill-based price against its ow
 Rows add the predicted and measured share of decode steps that verified and tokens per row and
 verifying forward.
 
-Output: a table (configuration, predicted, measured, error, predicted / measured staleness and
-engine busy share), the median and worst |error|, and benchmarks/results/simulator_validation.json
+Output: a table (configuration, predicted, measured, error, the same at the calibration's speed,
+predicted / measured staleness and engine busy share), the median and worst |error|, and benchmarks/results/simulator_validation.json
 (`_speculative.json` with `--speculative`).
 """
 
@@ -46,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -148,6 +155,37 @@ def verify_check(run_dir: Path) -> dict[str, float]:
         return {"error": str(exc)}  # type: ignore[dict-item]
 
 
+def machine_speed(
+    configs: list[tuple[str, list[str]]],
+    preds: list[dict[str, Any]],
+    measured: list[list[float]],
+    when: list[list[float]],
+) -> Any:
+    """The machine's speed over the benchmark, from the calibration's own settings measured at the
+    start and the end of every round: measured / predicted window, linearly between the two anchors
+    nearest in time (the first or last beyond them). None without two anchors.
+
+    Why: the machine is shared and its speed drifts by 10-30% within half an hour, so the error of
+    one prediction against one measurement mixes the model's error with the drift. Dividing each
+    run by the speed the calibration's settings had around it leaves the model's; both are
+    reported."""
+    anchors = sorted(
+        (t, m / preds[i]["steps_window_s"])
+        for i, (label, _) in enumerate(configs)
+        if label.startswith("eta 4 (as calibrated")
+        for m, t in zip(measured[i], when[i])
+    )
+    if len(anchors) < 2:
+        return None
+    ts = [a[0] for a in anchors]
+    vs = [a[1] for a in anchors]
+
+    def at(t: float) -> float:
+        return float(np.interp(t, ts, vs))
+
+    return at
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kits", default="longtail,shipped", help="comma-separated: longtail, shipped")
@@ -209,20 +247,28 @@ def main() -> int:
             for _, ov in configs
         ]
         measured_runs: list[list[float]] = [[] for _ in configs]
+        when: list[list[float]] = [[] for _ in configs]  # each measured run's middle, seconds
         extras: list[dict[str, Any]] = [{} for _ in configs]
         for k in range(args.rounds):  # rounds interleaved: the machine's drift spreads over every configuration
             for i, (label, overrides) in enumerate(configs):
                 run_dir = work / f"{kit}-{i}-{k}"
+                t_run = time.perf_counter()
                 measured_runs[i].append(
                     run_workflow(
                         wf, [f"runtime.steps={args.steps}", *COMMON, *overrides], run_dir, work / f"{kit}-{i}-{k}.log"
                     )
                 )
+                when[i].append((t_run + time.perf_counter()) / 2)
                 extras[i] = measured_extras(run_dir)
                 console.print(f"  round {k + 1}: {label:52s} measured {measured_runs[i][-1]:6.1f} s", highlight=False)
+        speed = machine_speed(configs, preds, measured_runs, when)
         for i, (label, overrides) in enumerate(configs):
             pred, measured = preds[i], statistics.median(measured_runs[i])
             err = (pred["steps_window_s"] - measured) / measured
+            # the same runs, each divided by the machine's speed at its time (the calibration's settings
+            # measured around it, against their prediction): the model's error apart from the drift
+            steady = statistics.median(m / speed(t) for m, t in zip(measured_runs[i], when[i])) if speed else None
+            err_steady = (pred["steps_window_s"] - steady) / steady if steady else None
             rows.append(
                 {
                     "kit": kit,
@@ -233,6 +279,8 @@ def main() -> int:
                     "measured_s": measured,
                     "measured_rounds": measured_runs[i],
                     "error": err,
+                    "measured_at_calibration_speed_s": steady,
+                    "error_at_calibration_speed": err_steady,
                     "predicted_staleness": pred["staleness_mean"],
                     "measured_staleness": extras[i].get("staleness_mean"),
                     "predicted_engine_busy": pred["busy"].get("inference-0"),
@@ -258,6 +306,7 @@ def main() -> int:
         "predicted s",
         "measured s",
         "error",
+        "at calibration speed: measured / error",
         "staleness pred / meas",
         "engine busy pred / meas",
     ):
@@ -271,11 +320,28 @@ def main() -> int:
             f"{r['predicted_s']:.1f}",
             f"{r['measured_s']:.1f}",
             f"{r['error']:+.1%}",
+            f"{r['measured_at_calibration_speed_s']:.1f} / {r['error_at_calibration_speed']:+.1%}"
+            if r["error_at_calibration_speed"] is not None
+            else "-",
             f"{r['predicted_staleness']:.2f} / {ms:.2f}" if ms is not None else f"{r['predicted_staleness']:.2f} / -",
             f"{r['predicted_engine_busy']:.0%} / {mb:.0%}" if mb is not None else "-",
         )
     console.print(table)
-    summary = {"median_abs_error": statistics.median(errors), "worst_abs_error": max(errors), "runs": len(rows)}
+    summary: dict[str, Any] = {
+        "median_abs_error": statistics.median(errors),
+        "worst_abs_error": max(errors),
+        "runs": len(rows),
+    }
+    # the configurations not calibrated on, as measured and at the calibration's speed
+    held_out = [r for r in rows if not r["config"].startswith("eta 4 (as calibrated")]
+    steady = [abs(r["error_at_calibration_speed"]) for r in held_out if r["error_at_calibration_speed"] is not None]
+    if held_out:
+        summary["held_out"] = len(held_out)
+        summary["held_out_median_abs_error"] = statistics.median(abs(r["error"]) for r in held_out)
+        summary["held_out_worst_abs_error"] = max(abs(r["error"]) for r in held_out)
+    if steady:
+        summary["held_out_median_abs_error_at_calibration_speed"] = statistics.median(steady)
+        summary["held_out_worst_abs_error_at_calibration_speed"] = max(steady)
     for kit in {r["kit"] for r in rows}:
         same = [r["measured_s"] for r in rows if r["kit"] == kit and r["config"].startswith("eta 4 (as calibrated")]
         if len(same) == 2:
@@ -284,6 +350,18 @@ def main() -> int:
         f"median |error| {summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%} "
         f"over {len(rows)} configurations"
     )
+    if held_out:
+        console.print(
+            f"the {summary['held_out']} configurations not calibrated on: median |error| "
+            f"{summary['held_out_median_abs_error']:.1%}, worst {summary['held_out_worst_abs_error']:.1%}"
+            + (
+                f"; at the calibration's speed (each run divided by the speed the calibration's settings "
+                f"had around it) {summary['held_out_median_abs_error_at_calibration_speed']:.1%} and "
+                f"{summary['held_out_worst_abs_error_at_calibration_speed']:.1%}"
+                if steady
+                else ""
+            )
+        )
     for key, drift in summary.items():
         if key.endswith("_drift"):
             console.print(

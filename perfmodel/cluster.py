@@ -314,7 +314,7 @@ def on_gpu(costs: CostModel, layers: int, eff: Efficiency, train_step_s: float) 
     gpu.decode_ms = LinearFit.constant(per_step)
     gpu.prefill_ms = LinearFit.constant(per_step * 1.5)
     gpu.model_calls = {name: LinearFit.constant(train_step_s) for name in costs.model_calls}
-    gpu.interference, gpu.alone_decode, gpu.alone_prefill = 0.0, 1.0, 1.0  # the GPU computes, the cores wait
+    gpu.interference, gpu.engine_preemption = 0.0, 1.0  # the GPU computes, the cores wait
     gpu.background_cpu = {}  # 16 cores: the Python processes do not crowd the GPU's host threads
     gpu.notes = [
         *costs.notes,

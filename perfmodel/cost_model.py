@@ -130,13 +130,9 @@ class CostModel:
     # the batched KV cache, resolving it): paid per request, so it does not grow with the steps a run takes
     engine_request_overhead_ms: float = 0.0
     interference: float = 0.0  # how much slower a forward runs while the trainer computes elsewhere (0.3 = 30%)
-    # the calibration's forwards replayed alone (perfmodel/replay.py): alone / in the run, decode and prefill;
-    # a synchronous run's generation has the machine to itself and is priced so
-    alone_decode: float = 1.0
-    # of a decode step in the run, the ms that do not scale with its compute (costs.py
-    # `_probe_decode_shape`): a synchronous run's forwards priced alone keep it
-    decode_stall_ms: float = 0.0
-    alone_prefill: float = 1.0
+    # how much longer the calibration's forwards took for the background's bursts on the engine's cores
+    # (cpu.py `preemption`): divided out of the fits; the simulator applies its own run's
+    engine_preemption: float = 1.0
     # of the tokens in flight at a weight update, the share prefilled again: answers of one prompt
     # that are still identical (the same first tokens) share one row (engine.py prefix sharing)
     reprefill_keep: float = 1.0
@@ -169,6 +165,8 @@ class CostModel:
     @classmethod
     def from_json(cls, text: str) -> CostModel:
         raw = json.loads(text)
+        for legacy in ("alone_decode", "alone_prefill", "decode_stall_ms"):  # saved before cpu.preemption
+            raw.pop(legacy, None)
         fits = {k: LinearFit(**raw[k]) for k in ("decode_ms", "prefill_ms")}
         # files saved before speculation was priced have neither key: nothing measured, nothing assumed
         spec = raw.get("speculation")
@@ -220,10 +218,12 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
                 "",
             )
         )
+    light = sum(v.get("rate_cores", 0.0) for v in model.background_cpu.values())
     rows.append(
         (
-            "the same forwards alone (replayed)",
-            f"decode x{model.alone_decode:.2f}, prefill x{model.alone_prefill:.2f} of their time in the run",
+            "background bursts on the engine's cores",
+            f"{light:.2f} cores of light load: forwards x{model.engine_preemption:.2f} in the run "
+            "(scaled with the request rate in a simulation)",
             "",
         )
     )

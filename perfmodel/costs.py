@@ -34,9 +34,9 @@ from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
 from areal_graph.graph.kinds.common import actor_model
 from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
-from areal_graph.perfmodel.cpu import Demand, slowdown
+from areal_graph.perfmodel.cpu import Demand, preemption, slowdown
+from areal_graph.perfmodel.engine_probe import probe_decode, probe_verify
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
-from areal_graph.perfmodel.replay import probe_decode, probe_verify, replay_ratio
 from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms, verify_fixed_ms, verify_token_ms
 from areal_graph.runtime.orchestration.placement import thread_split, usable_cores
 from areal_graph.trace_analysis.speculation_summary import add_positions
@@ -130,11 +130,12 @@ def _side(placement: dict[str, dict[str, Any]], process: str, threads: int) -> S
 
 
 # ============================================================================ the fit
-def fit_costs(run: Any, replay: bool = True) -> CostModel:
+def fit_costs(run: Any, probe: bool = True) -> CostModel:
     """The cost model of one run (`RunMaterial`); raises CalibrationError when it cannot.
 
-    replay: run a sample of its forwards again alone on its model (perfmodel/replay.py, a few
-    seconds), when the run was recorded on this machine and its model is here."""
+    probe: measure the engine's decode (and verifying) step alone on the run's model
+    (perfmodel/engine_probe.py, a few seconds), when the run was recorded on this machine and its model
+    is here."""
     spec = run.spec
     if spec is None:
         raise CalibrationError(
@@ -160,8 +161,8 @@ def fit_costs(run: Any, replay: bool = True) -> CostModel:
     model.background_cpu = bg
     model.speculation = shadow_acceptance(run.timeline)
     _fit_engine(run, m, model)
-    if replay:
-        _replay(run, m, model)
+    if probe:
+        _probe_engine(run, m, model)
     _fit_verify(m, model)
     if model.speculation is None:
         model.notes.append(
@@ -256,8 +257,10 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     cores = model.machine_cores
     trainer = sorted(iv for p, v in m.busy.items() if p.startswith("model-") for iv in v)
     engine = model.inference.demand()
-    slow_with = slowdown(engine, [model.training.demand(), *bg], cores)
-    slow_alone = slowdown(engine, bg, cores)
+    preempted = preemption(engine, bg, cores)  # the light load's bursts on the engine's cores (cpu.py)
+    model.engine_preemption = preempted
+    slow_with = slowdown(engine, [model.training.demand(), *bg], cores) * preempted
+    slow_alone = slowdown(engine, bg, cores) * preempted
     steps = [
         (kind, n, tokens, ctx, width, dur, _overlap(trainer, t, t + dur) / dur if dur > 0 else 0.0)
         for rows in m.steps.values()
@@ -432,39 +435,33 @@ def shadow_acceptance(tl: Any) -> Acceptance | None:
     return Acceptance(max_draft, every, dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))))
 
 
-def _replay(run: Any, m: _Material, model: CostModel) -> None:
-    """How much faster the run's forwards go alone (perfmodel/replay.py)."""
+def _probe_engine(run: Any, m: _Material, model: CostModel) -> None:
+    """The engine's steps measured alone on the run's model (perfmodel/engine_probe.py), where that
+    means something: the run was recorded on this machine, on its CPU, and its model is here."""
     host = next((s["args"].get("host") for s in run.timeline.spans if s["name"] == "placement"), None)
     if host != platform.node():
         model.notes.append(
-            "recorded on another machine (or before runs named theirs): its forwards were not "
-            "replayed here, so a synchronous run's generation is priced as the asynchronous one's"
+            "recorded on another machine (or before runs named theirs): the engine's steps were not "
+            "probed alone here, so the decode cost's shape is the fit of the run's own steps"
         )
         return
     if str(run.spec.inference.args.get("device", "cpu")).startswith("cuda") or run.spec.inference.backend != "embedded":
         model.notes.append(
-            "the engine ran on a GPU (or is not the embedded one): its forwards were not replayed "
-            "(the replay runs the embedded engine's forward on this CPU)"
+            "the engine ran on a GPU (or is not the embedded one): its steps were not probed "
+            "(the probe runs the embedded engine's forward on this CPU)"
         )
         return
     try:
         model_dir = str(resolve_model_path(model.calibrated["model_path"]))
-    except Exception as exc:  # noqa: BLE001 - no model here: the replay is an extra, not a requirement
-        model.notes.append(f"the run's model is not available here ({exc}): its forwards were not replayed")
+    except Exception as exc:  # noqa: BLE001 - no model here: the probe is an extra, not a requirement
+        model.notes.append(f"the run's model is not available here ({exc}): the engine's steps were not probed")
         return
-
-    if run.spec.runtime.max_staleness > 0:  # a synchronous run's forwards already ran alone
-        lo, hi = m.window
-        rows = [r for a in m.steps.values() for r in a.tolist() if lo <= r[0] <= hi]
-        got = replay_ratio(model_dir, rows, threads=model.inference.threads)
-        if got is not None:
-            model.alone_decode, model.alone_prefill = (min(max(v, 0.2), 1.5) for v in got)
     _probe_decode_shape(model_dir, m, model)
 
 
 def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     """The decode cost's shape from the engine's step measured alone over a grid of batch sizes
-    (perfmodel/replay.py `probe_decode`), scaled by one factor to the run's own decode steps.
+    (perfmodel/engine_probe.py `probe_decode`), scaled by one factor to the run's own decode steps.
 
     Why: a run decodes most steps near its own concurrency (a calibration at 64 running, 30-64
     rows), and a fit of those alone extrapolates badly below it: its fixed cost absorbed what is
@@ -493,22 +490,17 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     scale = sum(y * sl for y, sl in zip(dy, ds)) / predicted
     scaled = LinearFit(shape.terms, [float(c * scale) for c in shape.coef], len(dy), lo=shape.lo, hi=shape.hi)
     model.decode_ms = _with_measured_error(scaled, dx, dy, ds)
-    # what of the run's steps does not scale with their compute: the intercept of the run's steps
-    # against the probe (kept when a synchronous run's forwards are priced alone)
-    rel = fit_linear([{"alone": shape.predict(**x)} for x in dx], dy, ["alone", "1"])
-    model.decode_stall_ms = float(rel.coef[1]) if rel.coef[0] > 0 else 0.0
     if model.speculation is not None or m.verify_samples:
         _probe_verify(model_dir, rows_seen, [int(w) for w in pick[1:3]], model, scale)
     model.notes.append(
         f"decode cost shape probed alone at {len(got)} batch sizes and widths (1..{rows_seen} rows), "
-        f"x{scale:.2f} to the run's own decode steps ({model.decode_stall_ms:.2f} ms a step of them does not "
-        "scale with the step's compute)"
+        f"x{scale:.2f} to the run's own decode steps (beyond the light load's preemption, x{model.engine_preemption:.2f})"
     )
 
 
 def _probe_verify(model_dir: str, rows_seen: int, widths: list[int], model: CostModel, scale: float) -> None:
     """A verifying step's cost beyond the plain step of its rows, from the engine's steps probed
-    alone (perfmodel/replay.py `probe_verify`: 1..`rows_seen` rows, the run's median and 90th
+    alone (perfmodel/engine_probe.py `probe_verify`: 1..`rows_seen` rows, the run's median and 90th
     percentile widths, proposals of 1, 2 and 4 tokens a row), fitted on VERIFY_TERMS and scaled
     by the factor the run's own decode steps gave the decode probe (`scale`: what the run's
     environment does to the engine's compute).

@@ -18,7 +18,10 @@ What it reproduces, each as the code does it (file: what):
   again from prompt + tokens so far;
 - the CPU: every step and call takes its cost-model time times the slowdown of who else
   computes on its cores at that moment (perfmodel/cpu.py), with the background CPU of the
-  controller, rollout and reward workers scaled to the simulated request rate.
+  controller, rollout and reward workers scaled to the simulated request rate; the engine's
+  forwards also lose what of that background lands on their cores (`cpu.preemption`), which
+  is why a run with fewer requests per second (lower concurrency, a synchronous run) decodes
+  each step faster than the calibration did.
 
 What it leaves out: network latency beyond the measured per-call overheads, the trace's own
 cost, memory limits (a KV cache that would not fit), evaluation answers' own lengths (an eval
@@ -39,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from areal_graph.perfmodel.cost_model import CostModel, SidePlacement
-from areal_graph.perfmodel.cpu import Demand, slowdown
+from areal_graph.perfmodel.cpu import Demand, preemption, slowdown
 from areal_graph.perfmodel.speculation import (
     NO_ACCEPTANCE,
     PROBE,
@@ -210,8 +213,9 @@ class _Server:
             return
         costs = self.sim.costs
         ms = 0.0
+        prefilled = len(self.pending)
         if self.pending:  # a prefill gives each request its first token; those done at once never decode
-            ms += self._prefill_cost(self.pending) * self.sim.alone_prefill
+            ms += self._prefill_cost(self.pending)
             # the engine's own work per request (admitting it, joining the KV cache, leaving it)
             ms += costs.engine_request_overhead_ms * sum(1 for r in self.pending if r.made == 0)
             for r in self.pending:
@@ -231,6 +235,8 @@ class _Server:
             self.sim.tokens += len(decoding) * k
         dur = ms / 1e3 * self.sim.engine_slowdown(self.index)
         self.busy_s += self.sim.clip_to_window(dur)
+        if self.sim.steps_log is not None:
+            self.sim.steps_log.append((self.sim.now, dur, prefilled, len(decoding)))
         self.sim.engine_active[self.index] = True
         self.sim.at(dur, self._step_done)
 
@@ -242,10 +248,7 @@ class _Server:
         context = sum(r.context for r in decoding) + b * ahead
         # the embedded engine attends over the padded window (rows x width); a paged-attention
         # engine (cluster.py) reads each row's own context (the sum): each cost model says which
-        per_step = costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
-        if self.sim.alone_decode != 1.0:  # priced alone (a synchronous run): the stall per step stays
-            per_step = per_step * self.sim.alone_decode + costs.decode_stall_ms
-        return per_step
+        return costs.decode_ms.predict(rows=b, rows_x_width_k=b * width / 1e3, context_k=context / 1e3)
 
     def _speculative_step(self, decoding: list[_Request]) -> float:
         """One decode step of an engine that speculates (engine.py `_decode`, speculation/policy.py):
@@ -398,11 +401,8 @@ class Simulation:
         self.reward_busy_s = 0.0
         self.background = self._background(background_scale)
         self.plan_nodes = plan_nodes or {}
-        # a synchronous run's generation has the machine to itself: its forwards are priced as the
-        # calibration's were when replayed alone (costs.alone_decode); an asynchronous one's as measured
-        sync = cfg.max_staleness == 0 and costs.calibrated.get("max_staleness", 0) > 0
-        self.alone_decode = costs.alone_decode if sync else 1.0
-        self.alone_prefill = costs.alone_prefill if sync else 1.0
+        # (start s, duration s, requests prefilled, rows decoded) per engine step, when asked for
+        self.steps_log: list[tuple[float, float, int, int]] | None = None
         self.notes: list[str] = []
         self._trainer_waiting: Callable[[], None] | None = None  # a batch is due: called on every accept
         self._eval_waiting: Callable[[], None] | None = None  # an evaluation's answers: called when all are in
@@ -454,6 +454,7 @@ class Simulation:
         if self.training_busy:
             others.append(self._trainer_demand())
         cpu = slowdown(self._engine_demand(), others + self.background, self.cfg.machine_cores)
+        cpu *= preemption(self._engine_demand(), self.background, self.cfg.machine_cores)
         return cpu * (1.0 + self.costs.interference * self.training_busy)
 
     def training_slowdown(self) -> float:
@@ -491,13 +492,13 @@ class Simulation:
         marginal token (speculation.py `fed_token_ms`)."""
         fit = self.costs.verify_ms
         ms = verify_token_ms(fit, width) if fit is not None else fed_token_ms(self.costs.prefill_ms, width)
-        return ms * self.alone_decode
+        return ms
 
     def verify_extra_ms(self, rows: int, extra: int, width: float) -> float:
         """A verifying step's ms beyond the plain decode step of its `rows` rows, feeding `extra`
         proposed tokens at window `width` (with a verifying-step fit, its cost whatever is fed too)."""
         fit = self.costs.verify_ms
-        fixed = verify_fixed_ms(fit, rows) * self.alone_decode if fit is not None else 0.0
+        fixed = verify_fixed_ms(fit, rows) if fit is not None else 0.0
         return fixed + extra * self.fed_token_ms(width)
 
     def verdict(self, rows: int, width: float, plain_ms: float) -> tuple[Verdict, BucketAcceptance]:

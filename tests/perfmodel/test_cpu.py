@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_graph.perfmodel.cpu import Demand, core_loads, slowdown
+from areal_graph.perfmodel.cpu import Demand, core_loads, preemption, slowdown
 
 CORES = [0, 1]
 
@@ -49,3 +49,29 @@ def test_slowdown_is_at_least_one_and_grows_with_more_demand(others, amount, whe
     assert slowdown(job, demands + [Demand(1.0, job.where)], CORES) >= s - 1e-9
     loads = core_loads([job, *demands], CORES)
     assert abs(sum(loads.values()) - amount - sum(d.amount for d in demands)) < 1e-6
+
+
+def test_light_load_preempts_the_job_by_the_share_that_lands_on_its_cores():
+    """cpu.py `preemption`: bursty background work takes its share of the job's cores even where
+    the fluid model has room (the run at 64 requests: 0.8 cores of it made decode steps ~1.6x)."""
+    job = Demand(1)
+    assert preemption(job, [], CORES) == 1.0
+    assert abs(preemption(job, [Demand(0.8)], CORES) - 1 / (1 - 0.4)) < 1e-12  # spread: 0.4 per core
+    pinned = Demand(1, frozenset({0}))
+    assert preemption(pinned, [Demand(0.5, frozenset({1}))], CORES) == 1.0  # all of it on the other core
+    assert abs(preemption(pinned, [Demand(0.5, frozenset({0}))], CORES) - 2.0) < 1e-12  # all of it on the job's
+    assert preemption(job, [Demand(10.0)], CORES) == 1 / (1 - 0.8)  # capped: never infinite
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 2), st.sampled_from([None, (0,), (1,), (0, 1)])), max_size=5),
+    st.sampled_from([None, (0,), (1,)]),
+    st.floats(0.01, 1),
+)
+def test_preemption_is_at_least_one_bounded_and_grows_with_the_light_load(light, where, more):
+    job = Demand(1, frozenset(where) if where else None)
+    demands = [Demand(a, frozenset(w) if w else None) for a, w in light]
+    p = preemption(job, demands, CORES)
+    assert 1.0 <= p <= 5.0 + 1e-9
+    assert preemption(job, demands + [Demand(more, job.where)], CORES) >= p - 1e-12

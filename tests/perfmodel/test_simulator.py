@@ -186,24 +186,27 @@ def test_the_simulated_trainer_picks_its_groups_by_the_controllers_rule(monkeypa
     assert all(gids == sorted(gids) for gids, _ in calls)  # submission order
 
 
-def test_a_synchronous_run_priced_alone_keeps_the_stall_of_each_decode_step():
-    """A synchronous run's forwards are priced alone (costs.alone_decode), but the part of a step
-    that does not scale with its compute (costs.decode_stall_ms) stays: more stall, a slower run;
-    an asynchronous run is priced as measured and does not move."""
+def test_background_bursts_on_the_engines_cores_slow_its_steps_and_pinning_them_away_does_not():
+    """cpu.py `preemption` in the simulator: 0.8 cores of light load spread over 2 cores takes 0.4
+    of the engine's core (each step 1/0.6 as long), where the fluid model alone saw room to spare;
+    the same load pinned to the other core leaves the engine pinned to its own alone."""
     import dataclasses
 
-    from areal_graph.perfmodel.cost_model import CostModel, LengthModel
+    from areal_graph.perfmodel.cost_model import CostModel, LengthModel, SidePlacement
     from areal_graph.perfmodel.fits import LinearFit
     from areal_graph.perfmodel.simulator import SimConfig, simulate
 
     base = CostModel(
         decode_ms=LinearFit(["1", "rows"], [1.0, 0.05]),
         prefill_ms=LinearFit.constant(2.0),
-        alone_decode=0.6,
-        calibrated={"max_staleness": 4},
+        machine_cores=[0, 1],
         lengths=LengthModel(groups=[[0, 20, [30] * 8]] * 8, max_new_tokens=64),
     )
-    stalled = dataclasses.replace(base, decode_stall_ms=0.5)
-    sync, asyn = SimConfig(steps=10, max_staleness=0), SimConfig(steps=10, max_staleness=4)
-    assert simulate(sync, stalled).steps_window_s > simulate(sync, base).steps_window_s * 1.05
-    assert simulate(asyn, stalled).steps_window_s == pytest.approx(simulate(asyn, base).steps_window_s)
+    bursty = dataclasses.replace(base, background_cpu={"rollout": {"rate_cores": 0.8, "side": "other"}})
+    cfg = SimConfig(steps=10, max_staleness=0, machine_cores=[0, 1])
+    quiet, slowed = simulate(cfg, base).steps_window_s, simulate(cfg, bursty).steps_window_s
+    assert 1.2 < slowed / quiet < 1 / 0.6 + 1e-9  # the decode steps x1.67; the training side is not preempted
+    apart = dataclasses.replace(
+        cfg, inference=SidePlacement(cores=[0]), training=SidePlacement(cores=[1]), other=SidePlacement(cores=[1])
+    )
+    assert simulate(apart, bursty).steps_window_s == pytest.approx(simulate(apart, base).steps_window_s)

@@ -1,29 +1,8 @@
-"""perfmodel/replay.py: forwards of given shapes run again alone on a real (tiny) model, and the
-ratio to what they took in a run."""
+"""perfmodel/engine_probe.py: the engine's steps measured alone on a real (tiny) model."""
 
 from __future__ import annotations
 
-import pytest
-
-from areal_graph.perfmodel.replay import probe_decode, probe_verify, replay_ratio
-
-
-@pytest.mark.parametrize("out_column", [False, True])
-def test_forwards_that_took_ten_times_longer_in_the_run_replay_at_a_small_fraction(tiny_model_dir, out_column):
-    # [t, dur s, kind, rows, tokens, ctx, width(, out)]: decode steps of 8 rows over 40 columns,
-    # 4 prefills; engines since speculative decoding log the eighth column and verifying steps
-    # (kind 2), which are not replayed
-    decodes = [[0.0, 0.05, 1, 8, 8, 8 * 30, 40] for _ in range(30)]
-    prefills = [[0.0, 0.5, 0, 4, 120, 160, 40] for _ in range(4)]
-    steps = decodes + prefills
-    if out_column:
-        steps = [[*s, s[3]] for s in steps] + [[0.0, 0.05, 2, 8, 24, 8 * 30, 40, 14]]
-    decode, prefill = replay_ratio(str(tiny_model_dir), steps)
-    assert 0 < decode < 0.5 and 0 < prefill < 0.5
-
-
-def test_too_few_decode_steps_give_no_answer(tiny_model_dir):
-    assert replay_ratio(str(tiny_model_dir), [[0.0, 0.01, 1, 2, 2, 20, 10]] * 5) is None
+from areal_graph.perfmodel.engine_probe import probe_decode, probe_verify
 
 
 def test_the_decode_probe_measures_every_batch_size_and_width(tiny_model_dir):

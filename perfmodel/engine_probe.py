@@ -1,91 +1,25 @@
-"""The calibration run's own forwards, replayed alone: how much its environment slowed them.
+"""The inference engine's steps measured alone on a run's model: the shape of their cost.
 
-Why: an asynchronous run's forwards run beside the trainer and the Python processes around
-the engine, and on this project's 2-core machines they took 1.2-1.4x what the same shapes
-take alone (replayed here), while a synchronous run's generation ran as fast as alone
-(0.9-1.0x; the engine has the machine to itself while the trainer waits). The CPU model
-(cpu.py) explains part of that; the rest we could not pin on one cause (it is not CPU time:
-the other processes use ~0.3 cores). So the cost model keeps the measured ratio, and the
-simulator applies it where the regime differs: a synchronous run's forwards are priced alone.
+Why: a run decodes most steps near its own concurrency (a calibration at 64 running, 30-64
+rows), and a fit of those alone extrapolates badly below it: its fixed cost absorbed what is per
+row, and a step of a few rows came out two to three times too slow. `probe_decode` measures the
+engine's decode step alone over a grid of batch sizes (1 to the run's largest, powers of two)
+and widths, `probe_verify` its verifying step (speculative decoding) beside the plain one; the
+cost model (costs.py) scales each shape by one factor to the run's own steps.
 
-`probe_decode` measures the engine's decode step alone over a grid of batch sizes (1 to the
-run's largest, powers of two) and widths: the shape of the decode cost where the run itself
-seldom went (a run at 64 requests running decodes few steps of 1-8 rows, and a fit of its own
-steps alone put a 3 ms fixed cost on a step that takes ~1 ms at one row).
-
-The replay needs the run's model on this machine and is only meaningful when the run ran on
-this kind of machine; `replay_ratio` returns None (and the model keeps 1.0) otherwise.
+The probes need the run's model on this machine and only mean something when the run ran on
+this kind of machine; they return None without torch or the model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
-
-SAMPLES = 120  # decode steps replayed (prefill chunks: a quarter of that)
-
-
-def replay_ratio(
-    model_dir: str, steps: Sequence[Sequence[float]], threads: int = 1, seed: int = 0
-) -> tuple[float, float] | None:
-    """(isolated / measured) for decode steps and for prefill chunks: each sampled forward's
-    shape (rows, tokens, padded tokens, width; engine_spans.StepLog) run again alone on the
-    run's model with the engine's forward (and, for a decode step, its sampling and bookkeeping),
-    best of three, summed against what it took in the run."""
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from areal_graph.engines.inference.kv_cache import BatchedKVCache
-        from areal_graph.engines.inference.model_runner import ModelRunner
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    rng = random.Random(seed)
-    decodes = [s for s in steps if int(s[2]) == 1]
-    prefills = [s for s in steps if int(s[2]) == 0]
-    decodes = rng.sample(decodes, min(SAMPLES, len(decodes)))
-    prefills = rng.sample(prefills, min(SAMPLES // 4, len(prefills)))
-    if len(decodes) < 20:
-        return None
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Loading weights" bars would land in whatever prints around this
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(int(threads), 1))
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        width_cap = int(getattr(model.config, "max_position_embeddings", 2048))
-        runner = ModelRunner(model, torch.device("cpu"), cuda_graphs=False, max_rows=256, max_positions=width_cap + 1)
-        measured_d = replayed_d = measured_p = replayed_p = 0.0
-        with torch.inference_mode():
-            for _, dur, _, n_rows, _, ctx, n_width, *_ in decodes:
-                rows, width = int(n_rows), min(int(n_width), width_cap - 1)
-                rest = max(1, int((ctx - width) // max(rows - 1, 1))) if rows > 1 else width
-                lens = [width] + [min(rest, width)] * (rows - 1)
-                cache = BatchedKVCache(row_capacity=max(rows, 1))
-                _, keys, values, got = runner.prefill([[3] * n for n in lens], 0)
-                cache.append(keys, values, got)
-                step = _decode_step(runner, cache, rows)
-                step()  # warm
-                replayed_d += min(_timed(step) for _ in range(3))
-                measured_d += dur
-            for _, dur, _, p_rows, tokens, _, p_width, *_ in prefills:
-                prows, pwidth = int(p_rows), min(int(p_width), width_cap)
-                rest = max(1, int((tokens - pwidth) // max(prows - 1, 1))) if prows > 1 else pwidth
-                seqs = [[3] * pwidth] + [[3] * min(rest, pwidth)] * (prows - 1)
-                replayed_p += min(_timed(lambda seqs=seqs: runner.prefill(seqs, 0)) for _ in range(2))
-                measured_p += dur
-    finally:
-        torch.set_num_threads(before)
-    decode = replayed_d / measured_d if measured_d > 0 else 1.0
-    prefill = replayed_p / measured_p if measured_p > 0 else decode
-    return decode, prefill
 
 
 def row_grid(max_rows: int) -> list[int]:
