@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from areal_graph.perfmodel.cpu import Demand
+from areal_graph.perfmodel.cpu import Demand, preemption
 from areal_graph.perfmodel.fits import LinearFit
 from areal_graph.perfmodel.speculation import Acceptance
 
@@ -165,14 +165,15 @@ class CostModel:
     @classmethod
     def from_json(cls, text: str) -> CostModel:
         raw = json.loads(text)
-        for legacy in ("alone_decode", "alone_prefill", "decode_stall_ms"):  # saved before cpu.preemption
-            raw.pop(legacy, None)
+        legacy = "engine_preemption" not in raw  # saved before cpu.preemption: its forwards' fits include it
+        for key in ("alone_decode", "alone_prefill", "decode_stall_ms"):
+            raw.pop(key, None)
         fits = {k: LinearFit(**raw[k]) for k in ("decode_ms", "prefill_ms")}
         # files saved before speculation was priced have neither key: nothing measured, nothing assumed
         spec = raw.get("speculation")
         verify = raw.get("verify_ms")
         sides = {k: SidePlacement(**raw[k]) for k in ("inference", "training", "other")}
-        return cls(
+        model = cls(
             **{
                 **raw,
                 **fits,
@@ -183,9 +184,30 @@ class CostModel:
                 "verify_ms": LinearFit(**verify) if verify else None,
             }
         )
+        if legacy:
+            _divide_out_preemption(model)
+        return model
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
+
+
+def _divide_out_preemption(model: CostModel) -> None:
+    """A model saved before `cpu.preemption` was fitted with the background's bursts in its forwards'
+    costs; the simulator now applies them itself, at the simulated run's load. Divide the
+    calibration's out of the engine's fits, so an old file is priced as a new fit of the same run."""
+    sides = {"inference": model.inference, "training": model.training, "other": model.other}
+    light = [
+        Demand(v["rate_cores"], frozenset(sides[v.get("side", "other")].cores or ()) or None)
+        for v in model.background_cpu.values()
+        if v.get("rate_cores", 0) > 0
+    ]
+    p = preemption(model.inference.demand(), light, model.machine_cores or [0])
+    model.engine_preemption = p
+    for name in ("decode_ms", "prefill_ms", "verify_ms"):
+        fit = getattr(model, name)
+        if fit is not None:
+            setattr(model, name, dataclasses.replace(fit, coef=[c / p for c in fit.coef]))
 
 
 # ============================================================================ printing

@@ -158,3 +158,22 @@ def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_mod
     assert abs(after.total_rel_err) < 1e-9  # scaled to the run's total
     assert after.n == before.n and any("probed alone" in n for n in model.notes)
     assert model.engine_preemption >= 1.0  # the light load's share of the engine's cores, divided out first
+
+
+def test_a_model_saved_before_preemption_is_loaded_with_the_calibrations_bursts_divided_out():
+    """benchmarks/reference/*.json were fitted with the background's bursts inside the forwards'
+    costs; the simulator now applies them at the simulated run's load, so loading divides the
+    calibration's out (1 / (1 - light load per core)), and a model saved since loads unchanged."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "benchmarks" / "reference" / "costs-longtail-2core.json").read_text()
+    raw = json.loads(text)
+    old = CostModel.from_json(text)
+    light = sum(v["rate_cores"] for v in raw["background_cpu"].values() if v.get("rate_cores", 0) > 0)
+    assert old.engine_preemption == pytest.approx(1 / (1 - light / len(raw["machine_cores"])))  # unpinned
+    assert old.decode_ms.coef == pytest.approx([c / old.engine_preemption for c in raw["decode_ms"]["coef"]])
+    assert old.prefill_ms.coef == pytest.approx([c / old.engine_preemption for c in raw["prefill_ms"]["coef"]])
+    again = CostModel.from_json(old.to_json())
+    assert (
+        again.decode_ms.coef == pytest.approx(old.decode_ms.coef) and again.engine_preemption == old.engine_preemption
+    )
