@@ -4,7 +4,8 @@ Searches placement, max staleness (up to the workflow's own), max concurrent rol
 micro-batch budget with the simulator (perfmodel/tune.py), driven by the costs of a calibration
 run (a short run of the workflow itself when none is given), and prints the best configurations
 with their predicted steps windows and the overrides that give them. `--verify` then runs the
-best one and the workflow as given and prints both, predicted and measured.
+best one and the workflow as given, `--verify-rounds` times each interleaved, and prints both,
+predicted and measured, with the median of the rounds' speed-ups.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--max-staleness says so), max concurrent rollouts and the micro-batch token budget. Costs come "
             f"from --calibrate RUN_DIR, or from a {CALIBRATION_STEPS}-step run of the workflow made first. "
             "Prints the best configurations, their predicted windows and the KEY=VALUE overrides to use; "
-            "--verify runs the best and the workflow as given and prints both measured."
+            "--verify runs the best and the workflow as given (--verify-rounds times each, interleaved) and prints "
+            "both measured."
         ),
         epilog="Example: areal-graph tune workflows/ppo_async_longtail.yaml --verify",
     )
@@ -74,6 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="steps of each --verify run (default: the workflow's, at most 100)",
     )
     p.add_argument(
+        "--verify-rounds",
+        type=int,
+        default=2,
+        metavar="N",
+        help="run the best and the workflow as given N times each, interleaved, and report medians and the "
+        "median of the rounds' speed-ups (default 2: one run each can be 20%% off on a shared machine)",
+    )
+    p.add_argument(
         "--work-dir",
         type=Path,
         default=None,
@@ -103,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if spec is None:
         return 1
     eta = spec.runtime.max_staleness if args.max_staleness is None else args.max_staleness
-    if eta < 0 or args.top < 1 or args.seeds < 1 or args.calibration_steps < 10:
-        err.print("[red]--max-staleness must be >= 0, --top and --seeds >= 1, --calibration-steps >= 10[/]")
+    if eta < 0 or args.top < 1 or args.seeds < 1 or args.calibration_steps < 10 or args.verify_rounds < 1:
+        err.print(
+            "[red]--max-staleness must be >= 0, --top, --seeds and --verify-rounds >= 1, --calibration-steps >= 10[/]"
+        )
         return 2
     work = args.work_dir or Path("runs") / f"tune-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     source = args.calibrate
@@ -150,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         out["kv_keep"] = _price_kv_keep(result, costs, args.seeds)
     if args.verify:
         out["verify"] = _verify(args, spec, result, costs, work, say)
+        out["verified_speedup"] = verified_speedup(out["verify"])
     if args.json:
         console.print_json(json.dumps(out))
     else:
@@ -200,39 +214,57 @@ def _price_kv_keep(result: Any, costs: Any, seeds: int) -> dict[str, Any]:
 
 
 def _verify(args: argparse.Namespace, spec: Any, result: Any, costs: Any, work: Path, say: Any) -> list[dict[str, Any]]:
-    """Run the best configuration and the workflow as given; their windows, predicted and measured."""
+    """Run the best configuration and the workflow as given, `--verify-rounds` times each,
+    interleaved (the order alternating by round, so a slow phase of the machine falls on both);
+    their windows predicted, measured (the median of the rounds) and every round's."""
     from areal_graph.perfmodel.simulator import simulate
 
     steps = args.verify_steps or min(spec.runtime.steps, 100)
-    rows = []
-    for label, cand in (("best", result.ranked[0]), ("as given", result.given)):
-        run_dir = work / f"verify-{label.replace(' ', '-')}"
-        overrides = [
-            *args.overrides,
-            *cand.overrides,
-            f"runtime.steps={steps}",
-            "runtime.eval_every=0",
-            "runtime.save_every=0",
-        ]
-        say.print(f"verifying {label}: {steps} steps with {' '.join(cand.overrides) or 'no overrides'} ...")
-        got = measured_run(args.workflow, overrides, run_dir, work / f"verify-{label.replace(' ', '-')}.log")
+    cands = (("best", result.ranked[0]), ("as given", result.given))
+    rows: dict[str, dict[str, Any]] = {}
+    for label, cand in cands:
         cfg = dataclasses.replace(cand.cfg, steps=steps)
         predicted = (
             sum(simulate(dataclasses.replace(cfg, seed=cfg.seed + k), costs).steps_window_s for k in range(args.seeds))
             / args.seeds
         )
-        rows.append(
-            {
-                "label": label,
-                "overrides": cand.overrides,
-                "steps": steps,
-                "predicted_s": predicted,
-                "measured_s": got.window_s,
-                "run_dir": str(run_dir),
-                "exit": got.exit_code,
-            }
-        )
-    return rows
+        rows[label] = {"label": label, "overrides": cand.overrides, "steps": steps, "predicted_s": predicted}
+        rows[label].update(measured_s=None, measured_rounds=[], run_dirs=[], exit=0)
+    for k in range(args.verify_rounds):
+        for label, cand in cands if k % 2 == 0 else cands[::-1]:
+            name = f"verify-{label.replace(' ', '-')}" + (f"-{k + 1}" if args.verify_rounds > 1 else "")
+            overrides = [*args.overrides, *cand.overrides, f"runtime.steps={steps}", "runtime.eval_every=0"]
+            say.print(
+                f"verifying {label} (round {k + 1} of {args.verify_rounds}): {steps} steps with "
+                f"{' '.join(cand.overrides) or 'no overrides'} ...",
+                highlight=False,
+            )
+            got = measured_run(args.workflow, [*overrides, "runtime.save_every=0"], work / name, work / f"{name}.log")
+            row = rows[label]
+            row["measured_rounds"].append(got.window_s)
+            row["run_dirs"].append(str(work / name))
+            row["exit"] = row["exit"] or got.exit_code
+    for row in rows.values():
+        got_all = [m for m in row["measured_rounds"] if m is not None]
+        row["measured_s"] = statistics.median(got_all) if len(got_all) == len(row["measured_rounds"]) else None
+        row["run_dir"] = row["run_dirs"][0]
+    return list(rows.values())
+
+
+def verified_speedup(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured speed-up of the best over the workflow as given: each round's ratio (the two
+    runs of one round ran next to each other) and their median, beside the predicted one; None
+    when a run failed."""
+    got = {r["label"]: r for r in rows}
+    best, given = got.get("best"), got.get("as given")
+    if best is None or given is None or best["measured_s"] is None or given["measured_s"] is None:
+        return None
+    ratios = [g / b for g, b in zip(given["measured_rounds"], best["measured_rounds"])]
+    return {
+        "median": statistics.median(ratios),
+        "rounds": ratios,
+        "predicted": given["predicted_s"] / best["predicted_s"],
+    }
 
 
 def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -302,16 +334,24 @@ def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
             soft_wrap=True,
         )
     for row in out.get("verify", []):
-        measured = f"{row['measured_s']:.1f} s" if row["measured_s"] is not None else f"failed (exit {row['exit']})"
+        rounds = row["measured_rounds"]
+        measured = (
+            f"{row['measured_s']:.1f} s"
+            + (f" (rounds: {', '.join(f'{m:.1f}' for m in rounds)})" if len(rounds) > 1 else "")
+            if row["measured_s"] is not None
+            else f"failed (exit {row['exit']})"
+        )
         console.print(
             f"verified {row['label']}: {row['steps']} steps, predicted {row['predicted_s']:.1f} s, measured "
-            f"{measured} ({row['run_dir']})",
+            f"{measured} ({row['run_dir']}{' ...' if len(rounds) > 1 else ''})",
             highlight=False,
         )
-    verified = {r["label"]: r for r in out.get("verify", [])}
-    if {"best", "as given"} <= set(verified) and all(r["measured_s"] for r in verified.values()):
+    speedup = out.get("verified_speedup")
+    if speedup:
+        per_round = speedup["rounds"]
         console.print(
-            f"measured speed-up of the best over the workflow as given: "
-            f"{verified['as given']['measured_s'] / verified['best']['measured_s']:.2f}x",
+            f"measured speed-up of the best over the workflow as given: {speedup['median']:.2f}x"
+            + (f" (median of the rounds: {', '.join(f'{r:.2f}x' for r in per_round)})" if len(per_round) > 1 else "")
+            + f"; predicted {speedup['predicted']:.2f}x",
             highlight=False,
         )

@@ -71,3 +71,54 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
 def test_bad_options_are_refused(run_dir, capsys):
     assert cmd_tune.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "--calibrate", str(run_dir), "--top", "0")) == 2
     assert "--top" in capsys.readouterr().err
+
+
+def test_verify_interleaves_its_rounds_and_reports_the_median_of_each_rounds_speedup(run_dir, tmp_path, monkeypatch):
+    """--verify --verify-rounds 3: the best and the workflow as given run three times each, the order
+    alternating by round (best first, then as given first, ...), and the speed-up is the median of
+    the ratios within each round, never a ratio across rounds."""
+    from areal_graph.cli.measured_run import MeasuredRun
+
+    windows = iter([10.0, 13.0, 15.0, 12.0, 10.0, 11.0])  # round 1: best, given; round 2: given, best; ...
+    ran: list[str] = []
+
+    def fake_run(workflow, overrides, run_dir_, log, **_):
+        ran.append(run_dir_.name)
+        return MeasuredRun(run_dir_, exit_code=0, window_s=next(windows))
+
+    monkeypatch.setattr(cmd_tune, "measured_run", fake_run)
+    args = parse(
+        str(WORKFLOWS / "ppo_async.yaml"),
+        "runtime.steps=10",
+        "--calibrate",
+        str(run_dir),
+        "--top",
+        "1",
+        "--seeds",
+        "1",
+        "--verify",
+        "--verify-rounds",
+        "3",
+        "--work-dir",
+        str(tmp_path),
+    )
+    out = {}
+    monkeypatch.setattr(cmd_tune, "_print", lambda console, a, o: out.update(o))
+    assert cmd_tune.run(args) == 0
+    assert ran == [
+        "verify-best-1",
+        "verify-as-given-1",
+        "verify-as-given-2",
+        "verify-best-2",
+        "verify-best-3",
+        "verify-as-given-3",
+    ]
+    rows = {r["label"]: r for r in out["verify"]}
+    assert rows["best"]["measured_rounds"] == [10.0, 12.0, 10.0] and rows["best"]["measured_s"] == 10.0
+    assert rows["as given"]["measured_rounds"] == [13.0, 15.0, 11.0] and rows["as given"]["measured_s"] == 13.0
+    speedup = out["verified_speedup"]
+    assert speedup["rounds"] == pytest.approx([1.3, 1.25, 1.1]) and speedup["median"] == pytest.approx(1.25)
+    assert speedup["predicted"] == pytest.approx(rows["as given"]["predicted_s"] / rows["best"]["predicted_s"])
+    assert (
+        cmd_tune.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "--calibrate", str(run_dir), "--verify-rounds", "0")) == 2
+    )
