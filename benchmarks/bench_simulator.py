@@ -49,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,7 @@ def machine_speed(
     preds: list[dict[str, Any]],
     measured: list[list[float]],
     when: list[list[float]],
-) -> Any:
+) -> Callable[[float], float] | None:
     """The machine's speed over the benchmark, from the calibration's own settings measured at the
     start and the end of every round: measured / predicted window, linearly between the two anchors
     nearest in time (the first or last beyond them). None without two anchors.

@@ -191,18 +191,22 @@ class CostModel:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
+    def background_demands(self, rate_scale: float = 1.0) -> list[Demand]:
+        """The processes' CPU beyond their compute (`background_cpu`) as demands on the calibration's
+        placement, at `rate_scale` times the calibration's request rate."""
+        sides = {"inference": self.inference, "training": self.training, "other": self.other}
+        return [
+            Demand(v["rate_cores"] * rate_scale, frozenset(sides[v["side"]].cores or ()) or None)
+            for v in self.background_cpu.values()
+            if v.get("rate_cores", 0) > 0
+        ]
+
 
 def _divide_out_preemption(model: CostModel) -> None:
     """A model saved before `cpu.preemption` was fitted with the background's bursts in its forwards'
     costs; the simulator now applies them itself, at the simulated run's load. Divide the
     calibration's out of the engine's fits, so an old file is priced as a new fit of the same run."""
-    sides = {"inference": model.inference, "training": model.training, "other": model.other}
-    light = [
-        Demand(v["rate_cores"], frozenset(sides[v.get("side", "other")].cores or ()) or None)
-        for v in model.background_cpu.values()
-        if v.get("rate_cores", 0) > 0
-    ]
-    p = preemption(model.inference.demand(), light, model.machine_cores or [0])
+    p = preemption(model.inference.demand(), model.background_demands(), model.machine_cores or [0])
     model.engine_preemption = p
     for name in ("decode_ms", "prefill_ms", "verify_ms"):
         fit = getattr(model, name)

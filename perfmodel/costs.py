@@ -34,7 +34,7 @@ from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
 from areal_graph.graph.kinds.common import actor_model
 from areal_graph.modelkit.builtin import resolve_model_path
 from areal_graph.perfmodel.cost_model import LENGTH_WINDOW, CostModel, LengthModel, SidePlacement
-from areal_graph.perfmodel.cpu import Demand, preemption, slowdown
+from areal_graph.perfmodel.cpu import preemption, slowdown
 from areal_graph.perfmodel.engine_probe import probe_decode, probe_verify
 from areal_graph.perfmodel.fits import LinearFit, fit_linear, median
 from areal_graph.perfmodel.speculation import Acceptance, fed_token_ms, verify_fixed_ms, verify_token_ms
@@ -234,16 +234,6 @@ def _requests_between(tl: Any, a: float, b: float) -> int:
     return sum(1 for s in tl.spans if s["name"] == "finished" and a * 1e6 <= s["ts"] < b * 1e6)
 
 
-def _background_demands(model: CostModel, rate_scale: float = 1.0) -> list[Demand]:
-    sides = {"inference": model.inference, "training": model.training, "other": model.other}
-    out = []
-    for v in model.background_cpu.values():
-        cores = sides[v["side"]].cores
-        if v.get("rate_cores", 0) > 0:
-            out.append(Demand(v["rate_cores"] * rate_scale, frozenset(cores) if cores else None))
-    return out
-
-
 def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     """Decode and prefill costs alone, the interference of a computing trainer, and the engine's
     own scheduling between forwards.
@@ -253,7 +243,7 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
     this project's 2-core machines), which the CPU model (cores asked for vs cores there) does
     not see. Its size is read off the run: steps decoded while the trainer computed against
     steps decoded while it did not, at the same batch and context."""
-    bg = _background_demands(model)
+    bg = model.background_demands()
     cores = model.machine_cores
     trainer = sorted(iv for p, v in m.busy.items() if p.startswith("model-") for iv in v)
     engine = model.inference.demand()
@@ -550,7 +540,7 @@ def _fit_model_calls(run: Any, m: _Material, model: CostModel) -> None:
         by_proc[c["process"]].append(c)
     engines = sorted(iv for p, v in m.busy.items() if p.startswith("inference-") for iv in v)
     budget = run.spec.runtime.max_tokens_per_microbatch
-    bg = _background_demands(model)
+    bg = model.background_demands()
     cores = model.machine_cores
     samples: dict[str, tuple[list[dict[str, float]], list[float], list[float]]] = defaultdict(lambda: ([], [], []))
     overheads: dict[str, list[float]] = defaultdict(list)

@@ -213,7 +213,6 @@ class _Server:
             return
         costs = self.sim.costs
         ms = 0.0
-        prefilled = len(self.pending)
         if self.pending:  # a prefill gives each request its first token; those done at once never decode
             ms += self._prefill_cost(self.pending)
             # the engine's own work per request (admitting it, joining the KV cache, leaving it)
@@ -235,8 +234,6 @@ class _Server:
             self.sim.tokens += len(decoding) * k
         dur = ms / 1e3 * self.sim.engine_slowdown(self.index)
         self.busy_s += self.sim.clip_to_window(dur)
-        if self.sim.steps_log is not None:
-            self.sim.steps_log.append((self.sim.now, dur, prefilled, len(decoding)))
         self.sim.engine_active[self.index] = True
         self.sim.at(dur, self._step_done)
 
@@ -400,9 +397,9 @@ class Simulation:
         self.trainer_busy_s = 0.0
         self.reward_busy_s = 0.0
         self.background = self._background(background_scale)
+        # the background's bursts on the engine's cores: fixed for the run (its placement and rate)
+        self.engine_preemption = preemption(self._engine_demand(), self.background, cfg.machine_cores)
         self.plan_nodes = plan_nodes or {}
-        # (start s, duration s, requests prefilled, rows decoded) per engine step, when asked for
-        self.steps_log: list[tuple[float, float, int, int]] | None = None
         self.notes: list[str] = []
         self._trainer_waiting: Callable[[], None] | None = None  # a batch is due: called on every accept
         self._eval_waiting: Callable[[], None] | None = None  # an evaluation's answers: called when all are in
@@ -453,8 +450,7 @@ class Simulation:
         others = [engine for i, a in enumerate(self.engine_active) if a and i != index]
         if self.training_busy:
             others.append(self._trainer_demand())
-        cpu = slowdown(self._engine_demand(), others + self.background, self.cfg.machine_cores)
-        cpu *= preemption(self._engine_demand(), self.background, self.cfg.machine_cores)
+        cpu = slowdown(engine, others + self.background, self.cfg.machine_cores) * self.engine_preemption
         return cpu * (1.0 + self.costs.interference * self.training_busy)
 
     def training_slowdown(self) -> float:
