@@ -126,8 +126,12 @@ class CostModel:
     prefill_ms: LinearFit = field(default_factory=lambda: LinearFit.constant(1.0))
     swap_s: float = 0.0
     engine_step_overhead_ms: float = 0.0  # the engine's scheduling between two forwards, per decode step
-    # the engine's work outside its forwards per request it served (admitting it, joining and leaving
-    # the batched KV cache, resolving it): paid per request, so it does not grow with the steps a run takes
+    engine_row_overhead_ms: float = 0.0  # ... and per row of that step (sampling's bookkeeping, shadow proposals)
+    # per prefill forward (sampling the first tokens, joining the batched KV cache): a run that admits
+    # requests one at a time (few running, a queue) pays it per request, one admitting groups once per group
+    engine_prefill_overhead_ms: float = 0.0
+    # the engine's work outside its forwards per request it served (leaving the batched KV cache,
+    # resolving it, its spans): paid per request, so it does not grow with the steps a run takes
     engine_request_overhead_ms: float = 0.0
     interference: float = 0.0  # how much slower a forward runs while the trainer computes elsewhere (0.3 = 30%)
     # how much longer the calibration's forwards took for the background's bursts on the engine's cores
@@ -185,6 +189,7 @@ class CostModel:
             }
         )
         if legacy:
+            _drop_trainer_background(model)
             _divide_out_preemption(model)
         return model
 
@@ -202,6 +207,15 @@ class CostModel:
         ]
 
 
+def _drop_trainer_background(model: CostModel) -> None:
+    """A model saved before `costs._background` read a model worker by its compute spans counted
+    part of the training itself as background (its calls hop between gRPC threads, and what ran
+    beyond the busiest thread was taken for overhead); a new fit of the same run finds ~0 there."""
+    for proc, v in model.background_cpu.items():
+        if proc.startswith("model-"):
+            model.background_cpu[proc] = {**v, "rate_cores": 0.0, "cpu_s_per_request": 0.0}
+
+
 def _divide_out_preemption(model: CostModel) -> None:
     """A model saved before `cpu.preemption` was fitted with the background's bursts in its forwards'
     costs; the simulator now applies them itself, at the simulated run's load. Divide the
@@ -212,6 +226,8 @@ def _divide_out_preemption(model: CostModel) -> None:
         fit = getattr(model, name)
         if fit is not None:
             setattr(model, name, dataclasses.replace(fit, coef=[c / p for c in fit.coef]))
+    model.engine_step_overhead_ms /= p  # the work between forwards was measured under the same bursts
+    model.engine_request_overhead_ms /= p
 
 
 # ============================================================================ printing
@@ -256,7 +272,9 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
     rows.append(
         (
             "engine work between forwards",
-            f"{model.engine_step_overhead_ms:.2f} ms per decode step + {model.engine_request_overhead_ms:.2f} ms per request",
+            f"{model.engine_step_overhead_ms:.2f} ms per decode step + {model.engine_row_overhead_ms * 1e3:.1f} us per "
+            f"row, {model.engine_prefill_overhead_ms:.2f} ms per prefill forward, "
+            f"{model.engine_request_overhead_ms:.2f} ms per request",
             "",
         )
     )

@@ -214,9 +214,12 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
     for proc in sorted(set(ca) & set(cb)):
         used = cb[proc] - ca[proc]
         threads = (m.placement.get(proc) or {}).get("threads") or 1
-        if proc in threads_a and proc in threads_b and (proc.startswith("inference-") or proc.startswith("model-")):
-            # what the process used beyond its busiest thread over the window (the engine's or the trainer's):
-            # HTTP and gRPC handling, (de)serialisation; it competes with the compute when both share one core
+        if proc in threads_a and proc in threads_b and proc.startswith("inference-"):
+            # what the server used beyond its busiest thread over the window (the engine's): HTTP and gRPC
+            # handling, (de)serialisation; it competes with the compute when both share one core. Not so for a
+            # model worker: its calls run on whichever gRPC thread took them, so its compute spreads over
+            # threads (two threads of ~1.8 s each in one 60-step run), and "beyond the busiest thread" would
+            # count the training itself again, at the request rate (0.15-0.3 cores in most calibrations)
             a, b = threads_a[proc], threads_b[proc]
             busiest = max((b[t] - a.get(t, 0.0) for t in b), default=0.0)
             extra = max(used - busiest, 0.0)
@@ -314,39 +317,64 @@ def _fit_engine(run: Any, m: _Material, model: CostModel) -> None:
 
 
 def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
-    """The engine's time outside its forwards, split into what each step costs and what each
-    request costs.
+    """The engine's time outside its forwards: per decode step and row, per prefill forward, per
+    request served.
 
-    Why split: the engine's busy spans (`engine` compute spans: its steps, back-to-back ones
-    merged) hold more than its forwards: the loop between two steps, and per request the work of
-    admitting it, copying its prefill into the batched KV cache, moving rows when it leaves and
-    resolving it. Charged all per decode step, the per-request part grows with the number of
-    steps, so a run with few rows per step (low concurrency: many more steps for the same
-    requests) was priced up to twice too slow. The per-step part is the median gap between a
-    decode step and the next forward while the engine runs without pause (under the 2 ms at
-    which the engine's busy spans merge); the rest of the busy time outside forwards is per
-    request served."""
+    Why split so: the engine's busy spans (`engine` compute spans: its steps, back-to-back ones
+    merged) hold more than its forwards: the loop between two steps, each row's bookkeeping after
+    sampling, each prefill's sampling of first tokens and joining of the batched KV cache, and per
+    request leaving the cache and resolving it. Charged all per decode step, a run with few rows
+    per step (many more steps for the same requests) was priced up to twice too slow; charged per
+    decode step and per request only, a run that admits requests one at a time (8 running, a
+    queue: a prefill per request where the calibration had one per group) was priced too fast
+    (across 23 runs of both kits, the time outside forwards was ~0.7-1.2 ms per prefill and ~0
+    per decode step beyond its rows). Read off the run's own gaps between forwards while the
+    engine runs without pause (under the 2 ms at which its busy spans merge): a decode step
+    followed by one of the same rows (nobody left or joined) gives the per-step and per-row
+    cost; the gap after a prefill, less the rows of the decode that follows, the per-prefill
+    cost; the rest of the busy time outside forwards is per request served. All are divided by
+    the calibration's preemption, as the forwards' fits are: the simulator applies its own."""
     spans = [s for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute"]
     engine_spans = sum(s["dur"] / 1e6 for s in spans)
     if not engine_spans:
         return
     busy = sum(b - a for p, v in m.busy.items() if p.startswith("inference-") for a, b in merge_intervals(v))
-    gaps, decodes = [], 0
+    steady: list[tuple[float, float]] = []  # (rows, gap) of decode steps followed by one of the same rows
+    after_prefill: list[tuple[float, float]] = []  # (rows of the next decode, gap) of prefill forwards
+    decodes = decoded_rows = prefills = 0
     for rows in m.steps.values():
-        for here, after in zip(rows[:-1], rows[1:]):
-            if int(here[2]) != STEP_DECODE:
+        for here, after in zip(rows, [*rows[1:], None]):
+            kind = int(here[2])
+            decodes += kind == STEP_DECODE
+            decoded_rows += int(here[3]) if kind == STEP_DECODE else 0
+            prefills += kind == STEP_PREFILL
+            if after is None:
                 continue
-            decodes += 1
             gap = after[0] - (here[0] + here[1])
-            if 0.0 <= gap < 0.002:
-                gaps.append(gap)
-    per_step = median(gaps)
-    model.engine_step_overhead_ms = per_step * 1e3
+            if not 0.0 <= gap < 0.002:
+                continue
+            if kind == STEP_DECODE and int(after[2]) == STEP_DECODE and after[3] == here[3]:
+                steady.append((float(here[3]), gap))
+            elif kind == STEP_PREFILL and int(after[2]) == STEP_DECODE:
+                after_prefill.append((float(after[3]), gap))
+    per_step, per_row = 0.0, 0.0
+    if len(steady) >= 10:
+        x = np.array([r for r, _ in steady])
+        y = np.array([g for _, g in steady])
+        if np.ptp(x) > 0:
+            per_row, per_step = (float(c) for c in np.polyfit(x, y, 1))
+        per_row = max(per_row, 0.0)
+        per_step = max(float(np.median(y - per_row * x)), 0.0)
+    per_prefill = max(median([g - per_row * r for r, g in after_prefill]), 0.0) if after_prefill else 0.0
     lo = min(s["ts"] for s in spans) / 1e6
     hi = max(s["ts"] + s["dur"] for s in spans) / 1e6
     served = _requests_between(run.timeline, lo, hi + 1.0)
-    rest = engine_spans - busy - per_step * decodes
-    model.engine_request_overhead_ms = max(rest, 0.0) / served * 1e3 if served else 0.0
+    rest = engine_spans - busy - per_step * decodes - per_row * decoded_rows - per_prefill * prefills
+    p = model.engine_preemption
+    model.engine_step_overhead_ms = per_step * 1e3 / p
+    model.engine_row_overhead_ms = per_row * 1e3 / p
+    model.engine_prefill_overhead_ms = per_prefill * 1e3 / p
+    model.engine_request_overhead_ms = max(rest, 0.0) / served * 1e3 / p if served else 0.0
 
 
 def _fit_verify(m: _Material, model: CostModel) -> None:

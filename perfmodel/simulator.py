@@ -222,13 +222,15 @@ class _Server:
             self.running.extend(self.pending)
             self.pending = []
         decoding = [r for r in self.running if r.made < r.target]
+        # the engine's own work between two forwards: the loop, and each row's bookkeeping
+        between = costs.engine_step_overhead_ms + costs.engine_row_overhead_ms * len(decoding)
         if decoding and self.sim.cfg.speculative:
-            ms += self._speculative_step(decoding) + costs.engine_step_overhead_ms
+            ms += self._speculative_step(decoding) + between
         elif decoding:
             # decode_chunk > 1 (cluster-scale runs): k steps in one event while nobody finishes; each step at
             # the chunk's mean width. 1 (the default) is the engine step for step.
             k = max(1, min(self.sim.cfg.decode_chunk, min(r.target - r.made for r in decoding)))
-            ms += k * (self._plain_ms(decoding, (k - 1) / 2) + costs.engine_step_overhead_ms)
+            ms += k * (self._plain_ms(decoding, (k - 1) / 2) + between)
             for r in decoding:
                 r.made += k
             self.sim.tokens += len(decoding) * k
@@ -327,11 +329,14 @@ class _Server:
         return ms
 
     def _chunk_ms(self, lens: list[int]) -> float:
+        """One prefill forward, and the engine's work after it (sampling first tokens, joining the cache)."""
         width = max(lens)
         padded = width * len(lens)
-        return self.sim.costs.prefill_ms.predict(
+        costs = self.sim.costs
+        forward = costs.prefill_ms.predict(
             tokens_k=sum(lens) / 1e3, padded_k=padded / 1e3, padded_x_width_m=padded * width / 1e6
         )
+        return forward + costs.engine_prefill_overhead_ms
 
     def _step_done(self) -> None:
         self.sim.engine_active[self.index] = False

@@ -118,10 +118,16 @@ def test_a_trace_with_the_out_column_and_verifying_steps_fits_the_same(costs, ru
     assert costs.speculation is None and any("no shadow acceptance" in n for n in costs.notes)
 
 
-def test_the_engine_work_outside_forwards_is_split_per_step_and_per_request(costs, run_dir):
-    """The engine's busy time outside its forwards: a small part per decode step (the gap to the
-    next forward), the rest per request served, and the two add up to what the trace holds.
-    Charged all per step, a run with few rows per step (many more steps) was priced too slow."""
+def test_the_engine_work_outside_forwards_is_split_per_step_row_prefill_and_request(costs, run_dir):
+    """The engine's busy time outside its forwards: per decode step and row (the gap between two
+    decode steps of the same rows), per prefill forward (the gap after it, less the rows of the
+    decode that follows), the rest per request served; the parts add up to what the trace holds,
+    all divided by the calibration's preemption as the forwards are. Charged per decode step, a
+    run with few rows per step was priced too slow; with nothing per prefill, a run admitting
+    requests one at a time (a prefill each) too fast."""
+    from statistics import median
+
+    from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
     from areal_graph.perfmodel.costs import _material, _requests_between
     from areal_graph.trace_analysis.trace_model import merge_intervals
     from areal_graph.trace_analysis.trace_run import load_run
@@ -131,13 +137,27 @@ def test_the_engine_work_outside_forwards_is_split_per_step_and_per_request(cost
     spans = [s for s in run.timeline.spans if s["name"] == "engine" and s["cat"] == "compute"]
     outside = sum(s["dur"] for s in spans) / 1e3 - sum(b - a for a, b in merge_intervals(m.busy["inference-0"])) * 1e3
     steps = m.steps["inference-0"]
-    decodes = sum(1 for r in steps[:-1] if int(r[2]) == 1)
+    decodes = [r for r in steps if int(r[2]) == STEP_DECODE]
+    prefills = sum(1 for r in steps if int(r[2]) == STEP_PREFILL)
     lo, hi = min(s["ts"] for s in spans) / 1e6, max(s["ts"] + s["dur"] for s in spans) / 1e6
     served = _requests_between(run.timeline, lo, hi + 1.0)
-    assert 0 < costs.engine_step_overhead_ms < 0.5  # ~0.1 ms between two forwards on this run
-    assert costs.engine_request_overhead_ms > 0.2
-    split = costs.engine_step_overhead_ms * decodes + costs.engine_request_overhead_ms * served
+    p = costs.engine_preemption
+    assert 0 <= costs.engine_step_overhead_ms < 0.5 and 0 <= costs.engine_row_overhead_ms < 0.05
+    assert costs.engine_prefill_overhead_ms > 0.1 and costs.engine_request_overhead_ms > 0.1
+    split = p * (
+        costs.engine_step_overhead_ms * len(decodes)
+        + costs.engine_row_overhead_ms * sum(r[3] for r in decodes)
+        + costs.engine_prefill_overhead_ms * prefills
+        + costs.engine_request_overhead_ms * served
+    )
     assert split == pytest.approx(outside, rel=1e-6)
+    after_prefill = [
+        (b[0] - (a[0] + a[1])) * 1e3 - p * costs.engine_row_overhead_ms * b[3]
+        for a, b in zip(steps[:-1], steps[1:])
+        if int(a[2]) == STEP_PREFILL and int(b[2]) == STEP_DECODE and 0 <= b[0] - (a[0] + a[1]) < 0.002
+    ]
+    assert len(after_prefill) > 20
+    assert costs.engine_prefill_overhead_ms * p == pytest.approx(median(after_prefill), rel=1e-6)
 
 
 def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_model_dir):
@@ -169,7 +189,11 @@ def test_a_model_saved_before_preemption_is_loaded_with_the_calibrations_bursts_
     text = (Path(__file__).resolve().parents[2] / "benchmarks" / "reference" / "costs-longtail-2core.json").read_text()
     raw = json.loads(text)
     old = CostModel.from_json(text)
-    light = sum(v["rate_cores"] for v in raw["background_cpu"].values() if v.get("rate_cores", 0) > 0)
+    light = sum(
+        v["rate_cores"]
+        for p, v in raw["background_cpu"].items()
+        if v.get("rate_cores", 0) > 0 and not p.startswith("model-")
+    )  # a model worker's is dropped (see below)
     assert old.engine_preemption == pytest.approx(1 / (1 - light / len(raw["machine_cores"])))  # unpinned
     assert old.decode_ms.coef == pytest.approx([c / old.engine_preemption for c in raw["decode_ms"]["coef"]])
     assert old.prefill_ms.coef == pytest.approx([c / old.engine_preemption for c in raw["prefill_ms"]["coef"]])
@@ -177,3 +201,41 @@ def test_a_model_saved_before_preemption_is_loaded_with_the_calibrations_bursts_
     assert (
         again.decode_ms.coef == pytest.approx(old.decode_ms.coef) and again.engine_preemption == old.engine_preemption
     )
+
+
+def test_a_model_worker_whose_calls_hop_threads_shows_no_training_as_background(costs, run_dir, tmp_path):
+    """A model worker runs each call on whichever gRPC thread took it, so its compute spreads over
+    threads; its background is what it used beyond its compute spans, however the threads split
+    it (read as "beyond the busiest thread", half the training counted as background and slowed
+    every simulated forward at the request rate). An inference server keeps the busiest-thread
+    rule: its engine has a thread of its own, and what runs beside it is the server's overhead."""
+    shutil.copytree(run_dir, tmp_path / "run")
+    trace_path = tmp_path / "run" / "trace.json"
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    first = min(e["ts"] for e in events if e.get("name") == "cpu_time")
+    for e in events:
+        if e.get("name") == "cpu_time":
+            procs = e["args"]["processes"]
+            model, server = procs["model-actor"], procs["inference-0"]
+            model["threads_s"] = {"11": model["cpu_s"] / 2, "12": model["cpu_s"] / 2}  # the calls alternate
+            beside = 0.25 * (e["ts"] - first) / 1e6  # 0.25 cores of gRPC handling beside the engine's thread
+            server["threads_s"] = {"1": server["cpu_s"] - beside, "2": beside}
+    trace_path.write_text(json.dumps(trace))
+    split = load_costs(tmp_path / "run")
+    assert split.background_cpu["model-actor"]["rate_cores"] == pytest.approx(
+        costs.background_cpu["model-actor"]["rate_cores"], abs=1e-9
+    )
+    assert split.background_cpu["model-actor"]["rate_cores"] < 0.05
+    assert split.background_cpu["inference-0"]["rate_cores"] == pytest.approx(0.25, rel=1e-6)
+
+
+def test_a_model_saved_before_the_fix_loads_without_training_counted_as_background():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "benchmarks" / "reference" / "costs-shipped-2core.json").read_text()
+    raw = json.loads(text)
+    assert raw["background_cpu"]["model-actor"]["rate_cores"] > 0.02
+    old = CostModel.from_json(text)
+    assert old.background_cpu["model-actor"]["rate_cores"] == 0.0
+    assert old.background_cpu["reward"] == raw["background_cpu"]["reward"]

@@ -55,6 +55,27 @@ def test_a_synchronous_step_adds_up_as_worked_out_by_hand():
     assert r.staleness_mean == 0 and r.step_bound == {"generation": 10, "training": 0}
 
 
+def test_the_engines_work_between_forwards_is_charged_per_step_row_prefill_and_request():
+    """The same step by hand with the engine's work outside its forwards (costs.py
+    `_engine_overheads`): each decode step pays its loop and its rows' bookkeeping, the prefill
+    forward its sampling and cache join, each new request its own; with one request running at a
+    time the group's four answers are four prefills, each paying it."""
+    costs = dataclasses.replace(
+        _costs(),
+        engine_step_overhead_ms=0.2,
+        engine_row_overhead_ms=0.05,
+        engine_prefill_overhead_ms=1.5,
+        engine_request_overhead_ms=0.3,
+    )
+    r = simulate(_cfg(), costs, passes=1)
+    decode = 2.0 + 0.2 + 4 * 0.05
+    generation = ADMIT_WAIT_S + (5.0 + 1.5 + 4 * 0.3 + decode) / 1e3 + 8 * decode / 1e3
+    assert r.step_s_median == pytest.approx(generation + 0.1 + 0.01, rel=1e-9)
+    one_at_a_time = simulate(_cfg(max_running=1), costs, passes=1).step_s_median
+    without = simulate(_cfg(max_running=1), dataclasses.replace(costs, engine_prefill_overhead_ms=0.0), passes=1)
+    assert one_at_a_time - without.step_s_median == pytest.approx(4 * 1.5 / 1e3, rel=1e-9)
+
+
 def test_asynchrony_hides_training_behind_generation():
     sync = simulate(_cfg(), _costs(), passes=1)
     async_ = simulate(_cfg(max_staleness=2), _costs(), passes=1)
