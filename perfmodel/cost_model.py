@@ -130,6 +130,9 @@ class CostModel:
     # per prefill forward (sampling the first tokens, joining the batched KV cache): a run that admits
     # requests one at a time (few running, a queue) pays it per request, one admitting groups once per group
     engine_prefill_overhead_ms: float = 0.0
+    # a step that admits requests from the queue right after others finished waits this long before its
+    # prefill (~0.4-0.5 ms here, against ~0 when nobody finished): one admission per finish at few running
+    engine_admit_after_finish_ms: float = 0.0
     # the engine's work outside its forwards per request it served (leaving the batched KV cache,
     # resolving it, its spans): paid per request, so it does not grow with the steps a run takes
     engine_request_overhead_ms: float = 0.0
@@ -273,7 +276,8 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
         (
             "engine work between forwards",
             f"{model.engine_step_overhead_ms:.2f} ms per decode step + {model.engine_row_overhead_ms * 1e3:.1f} us per "
-            f"row, {model.engine_prefill_overhead_ms:.2f} ms per prefill forward, "
+            f"row, {model.engine_prefill_overhead_ms:.2f} ms per prefill forward (+{model.engine_admit_after_finish_ms:.2f} "
+            "right after a finish), "
             f"{model.engine_request_overhead_ms:.2f} ms per request",
             "",
         )

@@ -179,6 +179,7 @@ class _Server:
         self.swapping = False
         self.busy_s = 0.0
         self.outstanding = 0
+        self.just_finished = False  # the last step finished requests (admitting right after costs more)
         # speculation: per batch-size bucket [verifying steps, plain steps, steps since the other kind ran]
         self.policy: dict[int, list[int]] = {}
 
@@ -205,9 +206,12 @@ class _Server:
             self._swap()
             return
         room = self.sim.cfg.max_running - len(self.running) - len(self.pending)
+        admitted = 0
         while room > 0 and self.queue and self.update is None:
             self.pending.append(self.queue.pop(0))
             room -= 1
+            admitted += 1
+        after_finish, self.just_finished = self.just_finished and admitted > 0, False
         if not (self.pending or self.running):
             self.stepping = False
             return
@@ -215,6 +219,7 @@ class _Server:
         ms = 0.0
         if self.pending:  # a prefill gives each request its first token; those done at once never decode
             ms += self._prefill_cost(self.pending)
+            ms += costs.engine_admit_after_finish_ms if after_finish else 0.0
             # the engine's own work per request (admitting it, joining the KV cache, leaving it)
             ms += costs.engine_request_overhead_ms * sum(1 for r in self.pending if r.made == 0)
             for r in self.pending:
@@ -341,6 +346,7 @@ class _Server:
     def _step_done(self) -> None:
         self.sim.engine_active[self.index] = False
         done = [r for r in self.running if r.made >= r.target]
+        self.just_finished = bool(done)
         if done:
             self.running = [r for r in self.running if r.made < r.target]
             for r in done:

@@ -239,3 +239,39 @@ def test_a_model_saved_before_the_fix_loads_without_training_counted_as_backgrou
     old = CostModel.from_json(text)
     assert old.background_cpu["model-actor"]["rate_cores"] == 0.0
     assert old.background_cpu["reward"] == raw["background_cpu"]["reward"]
+
+
+def test_a_prefill_right_after_a_finish_is_priced_by_its_own_gap():
+    """The gap before a prefill forward is longer when the decode step before it finished a request
+    (the one admitted replaces it: at few running, nearly every prefill): the fit takes the
+    difference of the two medians, read off the rows (the next decode's rows are this one's, less
+    those finished, plus those the prefill admitted); a step log without the admitted column (older
+    traces) prices it at 0."""
+    import numpy as np
+
+    from areal_graph.engines.inference.engine_spans import STEP_DECODE, STEP_PREFILL
+    from areal_graph.perfmodel.costs import _admission_after_finish, _Material
+
+    rows, t = [], 0.0
+
+    def step(kind: int, n: int, admitted: int, gap: float) -> None:
+        nonlocal t
+        rows.append([t, 0.001, kind, n, n, 10 * n, 10, admitted])
+        t += 0.001 + gap
+
+    for _ in range(6):  # a request finishes at the end of the first decode; its successor is admitted
+        step(STEP_DECODE, 8, 8, 0.0006)
+        step(STEP_PREFILL, 1, 1, 0.0001)
+    for _ in range(7):  # a fresh group joins 8 running: nobody finished
+        step(STEP_DECODE, 8, 8, 0.00015)
+        step(STEP_PREFILL, 1, 8, 0.0001)
+        step(STEP_DECODE, 16, 16, 0.00015)
+        step(STEP_DECODE, 16, 16, 0.00015)  # 8 finish here, with no prefill after: not counted
+    step(STEP_DECODE, 8, 8, 0.0)
+
+    def material(steps: np.ndarray) -> _Material:
+        return _Material((0.0, t), {"inference-0": steps}, {}, {}, [])
+
+    seconds, how_often = _admission_after_finish(material(np.array(rows)))
+    assert seconds == pytest.approx(0.0006 - 0.00015, rel=1e-6) and how_often == 6
+    assert _admission_after_finish(material(np.array(rows)[:, :7])) == (0.0, 0)

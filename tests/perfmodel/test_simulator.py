@@ -59,7 +59,8 @@ def test_the_engines_work_between_forwards_is_charged_per_step_row_prefill_and_r
     """The same step by hand with the engine's work outside its forwards (costs.py
     `_engine_overheads`): each decode step pays its loop and its rows' bookkeeping, the prefill
     forward its sampling and cache join, each new request its own; with one request running at a
-    time the group's four answers are four prefills, each paying it."""
+    time the group's four answers are four prefills, each paying it, and the last three wait for
+    the admission right after a finish."""
     costs = dataclasses.replace(
         _costs(),
         engine_step_overhead_ms=0.2,
@@ -74,6 +75,12 @@ def test_the_engines_work_between_forwards_is_charged_per_step_row_prefill_and_r
     one_at_a_time = simulate(_cfg(max_running=1), costs, passes=1).step_s_median
     without = simulate(_cfg(max_running=1), dataclasses.replace(costs, engine_prefill_overhead_ms=0.0), passes=1)
     assert one_at_a_time - without.step_s_median == pytest.approx(4 * 1.5 / 1e3, rel=1e-9)
+    # the second to fourth answers are each admitted right after the one before finished
+    waits = dataclasses.replace(costs, engine_admit_after_finish_ms=0.7)
+    assert simulate(_cfg(max_running=1), waits, passes=1).step_s_median - one_at_a_time == pytest.approx(
+        3 * 0.7 / 1e3, rel=1e-9
+    )
+    assert simulate(_cfg(), waits, passes=1).step_s_median == pytest.approx(r.step_s_median, rel=1e-12)
 
 
 def test_asynchrony_hides_training_behind_generation():
