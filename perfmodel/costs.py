@@ -391,7 +391,8 @@ def _admission_after_finish(m: _Material) -> tuple[float, int]:
     the next decode step's rows are this one's, less those that finished, plus those the
     prefills between admitted (a step log's eighth column: traces from before speculative
     decoding have none, and price it at 0)."""
-    after, none = [], []
+    after: list[float] = []
+    none: list[float] = []
     for rows in m.steps.values():
         if rows.shape[1] < 8:
             return 0.0, 0
