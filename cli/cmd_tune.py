@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--search-speculative",
         action="store_true",
         help="also try speculative decoding on and off (needs a calibration with shadow acceptance; its "
-        "verifying steps were priced 8-32%% under their time in a run on a 2-core CPU: docs/speculative_decoding.md)",
+        "verifying steps were priced 14-40%% under their time in a run on a 2-core CPU: docs/speculative_decoding.md)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
