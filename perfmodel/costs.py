@@ -361,9 +361,8 @@ def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
     if len(steady) >= 10:
         x = np.array([r for r, _ in steady])
         y = np.array([g for _, g in steady])
-        if np.ptp(x) > 0:
-            per_row, per_step = (float(c) for c in np.polyfit(x, y, 1))
-        per_row = max(per_row, 0.0)
+        if np.ptp(x) > 0:  # the slope by least squares; the intercept by the median, robust to stray gaps
+            per_row = max(float(np.polyfit(x, y, 1)[0]), 0.0)
         per_step = max(float(np.median(y - per_row * x)), 0.0)
     per_prefill = max(median([g - per_row * r for r, g in after_prefill]), 0.0) if after_prefill else 0.0
     admit_after_finish, finish_admits = _admission_after_finish(m)
