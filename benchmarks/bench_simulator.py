@@ -217,6 +217,7 @@ def main() -> int:
     from areal_graph.cli.cmd_simulate import predict
     from areal_graph.graph.loader import load_workflow
     from areal_graph.perfmodel.calibration import load_costs
+    from areal_graph.perfmodel.cost_model import calibration_warning
 
     console = Console()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-simulator-"))
@@ -237,6 +238,8 @@ def main() -> int:
             f"[bold]{kit}[/]: calibrated on {costs.measured['steps']} steps ({cal_window:.1f} s window, "
             f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}"
         )
+        if calibration_warning(costs):  # slowed by something else: every prediction below inherits it
+            console.print(f"  [red]calibration:[/] {calibration_warning(costs)}", highlight=False)
         configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
         if args.only:
             configs = [c for c in configs if args.only in c[0]]
@@ -288,6 +291,8 @@ def main() -> int:
                     "measured_engine_busy": extras[i].get("engine_busy"),
                     "extrapolates": pred["extrapolates"],
                     "calibration": str(cal_dir),
+                    "calibration_warning": calibration_warning(costs),
+                    "calibration_probe_scale": costs.probe_scale,
                     "predicted_speculation": pred.get("speculation") or {},
                     "measured_verifying_share": extras[i].get("verifying_share"),
                     "measured_tokens_per_row_forward": extras[i].get("tokens_per_row_forward"),

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_graph.perfmodel.calibration import load_costs
-    from areal_graph.perfmodel.cost_model import costs_summary, describe_costs
+    from areal_graph.perfmodel.cost_model import calibration_warning, costs_summary, describe_costs
 
     console, err = output_console(), Console(stderr=True)
     try:
@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     for row in describe_costs(model):
         table.add_row(*row)
     console.print(table)
+    warning = calibration_warning(model)
+    if warning is not None:
+        console.print(f"[red]warning:[/] {warning}", highlight=False)
     for note in model.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     if args.save is not None:

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def predict(spec: Any, costs: Any, seeds: int = 3, **settings: Any) -> dict[str, Any]:
     """The simulator's prediction for `spec`, averaged over `seeds` length draws, as plain data."""
+    from areal_graph.perfmodel.cost_model import calibration_warning
     from areal_graph.perfmodel.simulator import simulate
     from areal_graph.perfmodel.workflow_config import config_from_spec
 
@@ -129,6 +130,7 @@ def predict(spec: Any, costs: Any, seeds: int = 3, **settings: Any) -> dict[str,
             },
         },
         "calibrated_on": costs.source,
+        "calibration_warning": calibration_warning(costs),
         "extrapolates": first.notes,
     }
 
@@ -160,5 +162,7 @@ def _print(console: Any, out: dict[str, Any], args: argparse.Namespace) -> None:
             "and verifying forward",
         )
     console.print(table)
+    if out.get("calibration_warning"):
+        console.print(f"[red]calibration:[/] {out['calibration_warning']}", highlight=False)
     for note in out["extrapolates"]:
         console.print(f"[yellow]extrapolates:[/] {note}", highlight=False)

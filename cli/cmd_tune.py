@@ -172,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
+    from areal_graph.perfmodel.cost_model import calibration_warning
+
     def one(c: Any) -> dict[str, Any]:
         return {
             "overrides": c.overrides,
@@ -187,6 +189,7 @@ def _as_json(spec: Any, result: Any, costs: Any, eta: int) -> dict[str, Any]:
         "workflow": spec.name,
         "steps": spec.runtime.steps,
         "calibrated_on": costs.source,
+        "calibration_warning": calibration_warning(costs),
         "max_staleness_searched": eta,
         "simulations": result.simulated,
         "speculation_searched": result.speculation_searched,
@@ -308,6 +311,10 @@ def _print(console: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
             " ".join(c["overrides"]) or "(the workflow as given)",
         )
     console.print(table)
+    if out.get("calibration_warning"):
+        # the engine's share of every prediction is slowed alike, so the ranking between engine- and
+        # trainer-bound configurations shifts too
+        console.print(f"[red]calibration:[/] {out['calibration_warning']}", highlight=False)
     best = out["best"][0]
     if out["speculation_searched"]:
         console.print(

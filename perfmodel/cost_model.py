@@ -165,6 +165,10 @@ class CostModel:
     verify_ms: LinearFit | None = None
     # the prefill-based price against those verifying steps, and the direct fit's (costs.py `_fit_verify`)
     verify_check: dict[str, float] = field(default_factory=dict)
+    # the run's own decode steps against the engine's step probed alone on this machine, beyond the
+    # background's preemption (costs.py `_probe_decode_shape`); None: not probed. Far from 1: something
+    # outside the run used the CPU during it (or during the probe): `calibration_warning`
+    probe_scale: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -199,12 +203,16 @@ class CostModel:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
-    def background_demands(self, rate_scale: float = 1.0) -> list[Demand]:
-        """The processes' CPU beyond their compute (`background_cpu`) as demands on the calibration's
-        placement, at `rate_scale` times the calibration's request rate."""
-        sides = {"inference": self.inference, "training": self.training, "other": self.other}
+    def background_demands(
+        self, rate_scale: float = 1.0, placement: dict[str, SidePlacement] | None = None
+    ) -> list[Demand]:
+        """The processes' CPU beyond their compute (`background_cpu`) as demands, at `rate_scale`
+        times the calibration's request rate, on `placement` (side name -> where it runs; default:
+        the calibration's own). The simulator passes the placement it simulates, so a background
+        pinned to another core stops touching the engine."""
+        sides = placement or {"inference": self.inference, "training": self.training, "other": self.other}
         return [
-            Demand(v["rate_cores"] * rate_scale, frozenset(sides[v["side"]].cores or ()) or None)
+            sides.get(v.get("side", "other"), sides["other"]).demand(v["rate_cores"] * rate_scale)
             for v in self.background_cpu.values()
             if v.get("rate_cores", 0) > 0
         ]
@@ -363,9 +371,46 @@ def describe_costs(model: CostModel) -> list[tuple[str, str, str]]:
     return rows
 
 
+# the run's decode steps against the probe, beyond the preemption, on a quiet machine: 1.02-1.09 for
+# fresh calibrations of both kits, 0.82-1.12 over 15 asynchronous runs, 0.69-0.90 over synchronous
+# ones (the bursts have the waiting trainer's core); a busy loop on one core beside the calibration
+# gave 1.32 and 1.63, a type check on both cores ~1.4 (docs/placement.md)
+QUIET_PROBE_SCALE = (0.6, 1.25)
+
+
+def calibration_warning(model: CostModel) -> str | None:
+    """Why this calibration's predictions are likely off throughout, or None.
+
+    Why: a calibration is one short run, and the cost model cannot tell a machine slowed by
+    something outside the run from slow work: a calibration taken beside a type check came out
+    1.4x slow, and so did every prediction from it. The engine probed alone right after the fit is
+    the one measurement taken outside the run, so a run whose steps ran far beyond the probe (more
+    than its own processes' bursts explain) was slowed by something else, and a probe far slower
+    than the run was."""
+    scale = model.probe_scale
+    if scale is None:
+        return None
+    lo, hi = QUIET_PROBE_SCALE
+    if scale > hi:
+        return (
+            f"the calibration's decode steps took x{scale:.2f} the engine's step probed alone on this machine, "
+            f"beyond what the run's own processes explain (x{lo:.1f}-{hi:.2f} on a quiet machine): something outside "
+            "the run likely used the CPU during it, and predictions from it will be about that much slow. "
+            "Calibrate again on a quiet machine, or compare only runs that share the same load"
+        )
+    if scale < lo:
+        return (
+            f"the calibration's decode steps took x{scale:.2f} the engine's step probed alone now (x{lo:.1f}-{hi:.2f} "
+            "on a quiet machine): the machine is busier now than during the run, and the costs fitted on the "
+            "probe will be too slow. Fit them again when the machine is quiet"
+        )
+    return None
+
+
 def costs_summary(model: CostModel) -> dict[str, Any]:
     """`areal-graph costs --json`: the model, and its rows as printed."""
     return {
+        "calibration_warning": calibration_warning(model),
         "model": json.loads(model.to_json()),
         "rows": [{"cost": a, "value": b, "fit_error": c} for a, b, c in describe_costs(model)],
     }

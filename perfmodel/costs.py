@@ -366,6 +366,12 @@ def _engine_overheads(run: Any, m: _Material, model: CostModel) -> None:
         per_step = max(float(np.median(y - per_row * x)), 0.0)
     per_prefill = max(median([g - per_row * r for r, g in after_prefill]), 0.0) if after_prefill else 0.0
     admit_after_finish, finish_admits = _admission_after_finish(m)
+    if any(rows.shape[1] < 8 for rows in m.steps.values()):
+        model.notes.append(
+            "the engine's step log has no admitted-requests column (a trace from before speculative decoding): "
+            "a prefill admitted right after a request finished is priced like any other (runs at 8-16 running "
+            "come out ~2-4% fast); record the calibration again to price it"
+        )
     lo = min(s["ts"] for s in spans) / 1e6
     hi = max(s["ts"] + s["dur"] for s in spans) / 1e6
     served = _requests_between(run.timeline, lo, hi + 1.0)
@@ -541,6 +547,7 @@ def _probe_decode_shape(model_dir: str, m: _Material, model: CostModel) -> None:
     scale = sum(y * sl for y, sl in zip(dy, ds)) / predicted
     scaled = LinearFit(shape.terms, [float(c * scale) for c in shape.coef], len(dy), lo=shape.lo, hi=shape.hi)
     model.decode_ms = _with_measured_error(scaled, dx, dy, ds)
+    model.probe_scale = float(scale)
     if model.speculation is not None or m.verify_samples:
         _probe_verify(model_dir, rows_seen, [int(w) for w in pick[1:3]], model, scale)
     model.notes.append(

@@ -407,7 +407,9 @@ class Simulation:
         self.window: tuple[float, float] = (0.0, math.inf)
         self.trainer_busy_s = 0.0
         self.reward_busy_s = 0.0
-        self.background = self._background(background_scale)
+        self.background = costs.background_demands(
+            background_scale, {"inference": cfg.inference, "training": cfg.training, "other": cfg.other}
+        )
         # the background's bursts on the engine's cores: fixed for the run (its placement and rate)
         self.engine_preemption = preemption(self._engine_demand(), self.background, cfg.machine_cores)
         self.plan_nodes = plan_nodes or {}
@@ -445,14 +447,6 @@ class Simulation:
         return max(0.0, min(self.now + dur, hi) - max(self.now, lo))
 
     # ------------------------------------------------------------------ CPU
-    def _background(self, scale: float) -> list[Demand]:
-        sides = {"inference": self.cfg.inference, "training": self.cfg.training, "other": self.cfg.other}
-        return [
-            Demand(v.get("rate_cores", 0.0) * scale, _cores(sides.get(v.get("side", "other"), self.cfg.other)))
-            for v in self.costs.background_cpu.values()
-            if v.get("rate_cores", 0.0) > 0
-        ]
-
     def engine_slowdown(self, index: int) -> float:
         """Cores asked for vs cores there (cpu.py), times the interference of a computing trainer."""
         if not self.cfg.cpu_contention:

@@ -56,6 +56,32 @@ def test_simulate_says_where_it_extrapolates_and_what_changes(run_dir, capsys):
     assert "steps window" in out and "extrapolates:" in out and "policy versions 0-" in out
 
 
+def test_a_calibration_slowed_from_outside_is_named_by_costs_and_simulate(run_dir, tmp_path, capsys):
+    """A calibration whose decode steps ran 1.4x the engine probed alone (a busy loop or a type
+    check beside it) makes every prediction about that much slow: costs and simulate say so, in
+    their tables and their JSON, and a quiet one says nothing."""
+    from areal_graph.perfmodel.calibration import load_costs
+
+    model = load_costs(run_dir)
+    for scale, warned in ((1.4, True), (1.05, False)):
+        model.probe_scale = scale
+        saved = tmp_path / f"costs-{scale}.json"
+        model.save(saved)
+        assert cmd_costs.run(parser_of(cmd_costs, "costs")(str(saved))) == 0
+        assert ("warning:" in capsys.readouterr().out) is warned
+        args = parser_of(cmd_simulate, "simulate")(
+            str(run_dir / "config.yaml"), "--calibrate", str(saved), "--seeds", "1"
+        )
+        assert cmd_simulate.run(args) == 0
+        printed = capsys.readouterr().out
+        assert ("calibration:" in printed and "x1.40" in printed) is warned
+        args = parser_of(cmd_simulate, "simulate")(
+            str(run_dir / "config.yaml"), "--calibrate", str(saved), "--seeds", "1", "--json"
+        )
+        assert cmd_simulate.run(args) == 0
+        assert (json.loads(capsys.readouterr().out)["calibration_warning"] is not None) is warned
+
+
 def test_bad_input_is_a_message(run_dir, tmp_path, capsys):
     parse = parser_of(cmd_simulate, "simulate")
     assert cmd_simulate.run(parse(str(WORKFLOWS / "ppo_async.yaml"), "--calibrate", str(tmp_path))) == 1

@@ -54,6 +54,7 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     assert cmd_tune.run(args) == 0
     printed = capsys.readouterr().out
     assert "the best configurations, predicted" in printed and "use: areal-graph run" in printed
+    assert "calibration:" not in printed and out["calibration_warning"] is None  # recorded elsewhere: not probed
     assert "speculative decoding not searched (ask with --search-speculative" in printed
     # a workflow that speculates cannot be priced on this calibration: a message, not a guess
     args = parse(
@@ -66,6 +67,23 @@ def test_tune_ranks_configurations_the_workflow_accepts(run_dir, capsys, monkeyp
     )
     assert cmd_tune.run(args) == 1
     assert "cannot price speculative decoding" in capsys.readouterr().err
+
+
+def test_tune_names_a_calibration_slowed_from_outside_the_run(run_dir, tmp_path, capsys, monkeypatch):
+    """The engine's share of every prediction is slowed alike, which shifts the ranking between
+    engine- and trainer-bound configurations: tune says so above what to run."""
+    from areal_graph.perfmodel.calibration import load_costs
+
+    monkeypatch.setenv("COLUMNS", "240")
+    model = load_costs(run_dir)
+    model.probe_scale = 1.6
+    model.save(tmp_path / "costs.json")
+    args = parse(
+        str(WORKFLOWS / "ppo_async.yaml"), "runtime.steps=20", "--calibrate", str(tmp_path / "costs.json"), "--top", "1"
+    )
+    assert cmd_tune.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "calibration:" in printed and "x1.60" in printed and "use: areal-graph run" in printed
 
 
 def test_bad_options_are_refused(run_dir, capsys):

@@ -12,7 +12,13 @@ import pytest
 
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.perfmodel.calibration import load_costs
-from areal_graph.perfmodel.cost_model import CostModel, costs_summary, describe_costs
+from areal_graph.perfmodel.cost_model import (
+    QUIET_PROBE_SCALE,
+    CostModel,
+    calibration_warning,
+    costs_summary,
+    describe_costs,
+)
 from areal_graph.perfmodel.costs import CalibrationError
 from areal_graph.perfmodel.simulator import simulate
 from areal_graph.perfmodel.workflow_config import config_from_spec
@@ -27,6 +33,13 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def costs(run_dir):
     return load_costs(run_dir)
+
+
+def test_a_trace_without_the_admitted_column_says_what_it_cannot_price(costs):
+    """The fixture predates the step log's admitted-requests column: the admission after a finish
+    is priced at 0, and `costs` says so instead of leaving it silent."""
+    assert costs.engine_admit_after_finish_ms == 0.0
+    assert any("no admitted-requests column" in n for n in costs.notes)
 
 
 def test_every_cost_is_fitted_with_its_error(costs):
@@ -178,6 +191,38 @@ def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_mod
     assert abs(after.total_rel_err) < 1e-9  # scaled to the run's total
     assert after.n == before.n and any("probed alone" in n for n in model.notes)
     assert model.engine_preemption >= 1.0  # the light load's share of the engine's cores, divided out first
+    # the factor is kept: the run's decode time over the probe's prediction of it, so the two agree
+    assert model.probe_scale is not None and model.probe_scale > 0
+    dx, dy, ds = m.decode_samples
+    assert sum(after.predict(**x) * sl for x, sl in zip(dx, ds)) == pytest.approx(
+        sum(y * sl for y, sl in zip(dy, ds)), rel=1e-9
+    )
+
+
+@pytest.mark.parametrize(
+    ("scale", "says"),
+    [
+        (None, None),  # not probed (another machine, a GPU, no model here): nothing to compare with
+        (1.02, None),  # fresh calibrations of both kits on a quiet machine: 1.02-1.09
+        (0.7, None),  # a synchronous run: the bursts have the waiting trainer's core
+        (1.38, "outside the run"),  # a busy loop on one core beside the calibration: 1.32-1.75
+        (0.5, "busier now"),  # the probe itself slowed
+    ],
+)
+def test_a_calibration_slowed_from_outside_the_run_is_named(scale, says):
+    """The cost model cannot tell a machine slowed by something outside the run from slow work (a
+    calibration beside a type check came out 1.4x slow, and so did every prediction from it); the
+    probe is the one measurement taken outside the run, so the run's steps far beyond it say so."""
+    model = CostModel(probe_scale=scale)
+    got = calibration_warning(model)
+    if says is None:
+        assert got is None
+    else:
+        assert says in got and f"x{scale:.2f}" in got
+    lo, hi = QUIET_PROBE_SCALE
+    assert lo < 0.69 and 1.12 < hi < 1.32  # the quiet runs measured in range, the slowed ones out
+    assert costs_summary(model)["calibration_warning"] == got
+    assert CostModel.from_json(model.to_json()).probe_scale == scale
 
 
 def test_a_model_saved_before_preemption_is_loaded_with_the_calibrations_bursts_divided_out():
