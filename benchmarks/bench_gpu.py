@@ -1,6 +1,6 @@
 """The engine and the trainer on one GPU, for a model of Qwen2-0.5B's shape (random weights).
 
-Three parts, each a table and a section of the JSON (issue 23, items 2, 3 and 6):
+Four parts, each a table and a section of the JSON (issue 23, items 2, 3 and 6):
 
 - decode: tokens/s of the embedded engine at batch 1, 64 and 256 (bf16, greedy, prompts of
   128 tokens, 128 new tokens, ignore_eos), with CUDA graphs (engines/inference/cuda_graphs.py)
@@ -10,6 +10,9 @@ Three parts, each a table and a section of the JSON (issue 23, items 2, 3 and 6)
   bandwidth is measured here (a device-to-device copy). Decode time is the difference of
   two runs (128 and 2 new tokens), so prefill is left out. The GPU time of a step (kernels
   alone, from the profiler) against its wall time says how much is per-step overhead.
+- speculative: the verifying step of speculative decoding against the plain decode step, alone,
+  at batch 1, 64 and 256 with every row fed 1 + 1, 2 or 4 tokens (issue 46): the tokens a row
+  must emit per verifying forward to break even (perfmodel/engine_probe.py `probe_verify`).
 - train: one optimizer step over 32 x 512 tokens: lean forward fp32, lean forward and the HF
   forward in bf16 mixed precision (autocast; fp32 master weights), and FSDP2 on one rank in
   bf16 (MixedPrecisionPolicy): step time, tokens/s, model FLOP utilisation (6 N T against
@@ -247,6 +250,50 @@ def bench_decode(shape: dict, device: str, batches: list[int], prompt_len: int, 
     }
 
 
+# ------------------------------------------------------------------------------- speculative
+def bench_speculative(shape: dict, device: str, batches: list[int], width: int, drafts: tuple[int, ...]) -> dict:
+    """The verifying step (speculative decoding) against the plain decode step, alone, at each
+    batch size: what feeding every row 1 + k tokens costs in plain steps
+    (perfmodel/engine_probe.py `probe_verify`, the same steps the cost model probes on the CPU).
+
+    Why this and not tokens/s with speculation on: with random weights, what a proposal would get
+    accepted says nothing of a trained policy's answers. The cost ratio is what carries over: a
+    verifying step pays when its rows emit more than `verify / plain` tokens each (1 + the
+    accepted share of the proposal). On the tiny kits' CPU that was ~1.2-1.4 at one row and
+    ~2.3 at 8 rows with 4 fed tokens (docs/speculative_decoding.md); a GPU step that reads every
+    weight to compute a few tokens should come much closer to 1."""
+    from areal_graph.perfmodel.engine_probe import probe_verify
+
+    model = build_model(shape, torch.bfloat16 if device == "cuda" else torch.float32, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        del model
+        got = probe_verify(tmp, max(batches), [width], drafts=drafts, device=device, rows=batches)
+    if not got:
+        raise RuntimeError("the verifying step could not be probed (no lean forward for this model)")
+    rows: list[dict] = []
+    for b in batches:
+        mine = [g for g in got if g[0] == b]
+        row: dict[str, Any] = {"batch": b, "width": width, "plain_ms": mine[0][4] * 1e3}
+        for _, _, extra, verify_s, plain_s in mine:
+            k = extra // b
+            row[f"verify_k{k}_ms"] = verify_s * 1e3
+            row[f"break_even_k{k}"] = verify_s / plain_s  # tokens a row must emit per verifying forward
+        rows.append(row)
+    table = Table(title=f"verifying vs plain decode step, context {width}, alone (speculative decoding)")
+    for col in ("batch", "plain step ms", *(f"fed 1+{k}: ms (break-even tokens/row)" for k in drafts)):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["batch"]),
+            f"{r['plain_ms']:.2f}",
+            *(f"{r[f'verify_k{k}_ms']:.2f} ({r[f'break_even_k{k}']:.2f})" for k in drafts),
+        )
+    console.print(table)
+    torch.cuda.empty_cache() if device == "cuda" else None
+    return {"width": width, "drafts": list(drafts), "rows": rows}
+
+
 # ------------------------------------------------------------------------------------- train
 def train_batch(n: int, length: int, vocab: int, seed: int = 0) -> PackedBatch:
     g = torch.Generator().manual_seed(seed)
@@ -403,7 +450,7 @@ def bench_sync(shape: dict, device: str, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for gpu_bench.json")
-    ap.add_argument("--only", default="decode,train,sync", help="comma-separated parts")
+    ap.add_argument("--only", default="decode,speculative,train,sync", help="comma-separated parts")
     ap.add_argument("--quick", action="store_true", help="a small model and few steps: checks the script runs")
     ap.add_argument("--device", default="cuda", help="cuda (the point), or cpu with --quick to check the script")
     args = ap.parse_args(argv)
@@ -442,8 +489,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
             elif part == "sync":
                 result[part] = bench_sync(shape, args.device, 1 if args.quick else 3)
+            elif part == "speculative":
+                result[part] = bench_speculative(
+                    shape, args.device, [1, 4] if args.quick else [1, 64, 256], 32 if args.quick else 256, (1, 2, 4)
+                )
             else:
-                raise ValueError(f"unknown part {part!r} (decode, train, sync)")
+                raise ValueError(f"unknown part {part!r} (decode, speculative, train, sync)")
         except Exception as err:  # report and go on: one broken part must not lose the others
             failed = True
             result[part] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}

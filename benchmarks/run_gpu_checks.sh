@@ -52,7 +52,7 @@ if has tests; then
 fi
 if has bench; then
   part "bench_gpu"
-  timeout 200 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee -a "$LOG" | grep -v "^ \|^{\|^}" | tail -60 || status=1
+  timeout 260 $PY benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee -a "$LOG" | grep -v "^ \|^{\|^}" | tail -60 || status=1
 fi
 if has rl; then  # one GPU time-shared: the engine and the trainer both on cuda:0
   part "rl short"

@@ -68,12 +68,14 @@ def _warm_decode_grid(
 
 @contextlib.contextmanager
 def _probe_runner(
-    model_dir: str, max_rows: int, threads: int, reserve: int, need_lean: bool = False
+    model_dir: str, max_rows: int, threads: int, reserve: int, need_lean: bool = False, device: str = "cpu"
 ) -> Iterator[tuple[Any, int] | None]:
-    """(runner, cap) for a probe: the run's model on the CPU behind the engine's ModelRunner, at
-    `threads` threads (restored after), in inference mode; `cap` the widest cache a probe may fill,
-    `reserve` positions kept free for the tokens a step feeds. None without torch, or without the
-    model's lean forward when `need_lean` (only the lean forward verifies)."""
+    """(runner, cap) for a probe: the run's model behind the engine's ModelRunner, at `threads`
+    threads (restored after), in inference mode; `cap` the widest cache a probe may fill,
+    `reserve` positions kept free for the tokens a step feeds. On the CPU in float32 (the cost
+    model's probes); `device="cuda"` loads it in bfloat16 there (benchmarks/bench_gpu.py, CUDA
+    graphs off: a verifying step runs eagerly). None without torch, or without the model's lean
+    forward when `need_lean` (only the lean forward verifies)."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -87,9 +89,10 @@ def _probe_runner(
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(threads), 1))
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         cap = int(getattr(model.config, "max_position_embeddings", 2048)) - 1 - reserve
-        runner = ModelRunner(model, torch.device("cpu"), cuda_graphs=False, max_rows=max_rows, max_positions=cap + 1)
+        runner = ModelRunner(model, torch.device(device), cuda_graphs=False, max_rows=max_rows, max_positions=cap + 1)
         with torch.inference_mode():
             yield None if need_lean and runner.lean is None else (runner, cap)
     finally:
@@ -130,14 +133,30 @@ def _decode_step(runner: Any, cache: Any, rows: int) -> Any:
     return step
 
 
-def _timed(fn: Any) -> float:
+def _timed(fn: Any, device: str = "cpu") -> float:
+    """Wall seconds of fn(); on a GPU, up to its kernels' end (the step reads its sampled tokens
+    back to the host anyway; the synchronize makes sure nothing is left queued)."""
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
     t = time.perf_counter()
     fn()
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 
 
 def probe_verify(
-    model_dir: str, max_rows: int, widths: Sequence[int], drafts: Sequence[int] = (1, 2, 4), threads: int = 1
+    model_dir: str,
+    max_rows: int,
+    widths: Sequence[int],
+    drafts: Sequence[int] = (1, 2, 4),
+    threads: int = 1,
+    device: str = "cpu",
+    rows: Sequence[int] | None = None,
 ) -> list[tuple[int, int, int, float, float]] | None:
     """(rows, width, extra fed tokens, seconds of a verifying step, seconds of a plain step at the
     same rows and width) of the engine's steps alone (forward, sampling and bookkeeping, as the
@@ -149,21 +168,27 @@ def probe_verify(
     (index tensors, the packed layout and its attention mask per layer, sampling every fed
     position, advancing ragged rows): on the tiny kits 0.3-0.4 ms a step alone (more in a run),
     as much as a plain step's tokens at a few rows, which the prefill fit cannot know. None without torch, the model,
-    or a model the engine cannot verify with (no lean forward)."""
+    or a model the engine cannot verify with (no lean forward).
+
+    `device="cuda"` and `rows` (instead of the grid up to `max_rows`): the same steps on a GPU
+    (benchmarks/bench_gpu.py `speculative`), where a decode step reads every weight for a few
+    tokens and a fed token should cost far less of a step than on this CPU."""
     from areal_graph.engines.inference.token_intake import take_verified
 
-    grid_rows = row_grid(max_rows)
+    grid_rows = list(rows) if rows else row_grid(max_rows)
     out: list[tuple[int, int, int, float, float]] = []
-    with _probe_runner(model_dir, max(grid_rows), threads, reserve=8 * (max(drafts) + 1), need_lean=True) as probe:
+    with _probe_runner(
+        model_dir, max(grid_rows), threads, reserve=8 * (max(drafts) + 1), need_lean=True, device=device
+    ) as probe:
         if probe is None:
             return None
         runner, cap = probe
-        for rows, width, cache, plain in _warm_decode_grid(runner, cap, widths, grid_rows):
-            plain_s = min(_timed(plain) for _ in range(5))
+        for n, width, cache, plain in _warm_decode_grid(runner, cap, widths, grid_rows):
+            plain_s = min(_timed(plain, device) for _ in range(5))
             for k in drafts:
-                step = _verify_step(runner, cache, rows, k, take_verified)
+                step = _verify_step(runner, cache, n, k, take_verified)
                 step()  # warm
-                out.append((rows, width, rows * k, min(_timed(step) for _ in range(5)), plain_s))
+                out.append((n, width, n * k, min(_timed(step, device) for _ in range(5)), plain_s))
     return out
 
 

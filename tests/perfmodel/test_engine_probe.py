@@ -26,3 +26,11 @@ def test_the_verify_probe_measures_each_shape_beside_its_plain_step(tiny_model_d
     assert sum(by[(r, w, 4 * r)] for r in (1, 2, 4) for w in (10, 30)) > sum(
         by[(r, w, r)] for r in (1, 2, 4) for w in (10, 30)
     )
+
+
+def test_the_verify_probe_takes_the_batch_sizes_asked_for(tiny_model_dir):
+    """`rows` instead of the grid (benchmarks/bench_gpu.py asks for 1, 64 and 256 on a GPU): only
+    those batch sizes, in order, each verifying step beside its own plain step."""
+    got = probe_verify(str(tiny_model_dir), 3, [12], drafts=(2,), rows=[3, 1])
+    assert got is not None and [(r, w, e) for r, w, e, _, _ in got] == [(3, 12, 6), (1, 12, 2)]
+    assert all(v > 0 and p > 0 for *_, v, p in got)
