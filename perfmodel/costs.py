@@ -73,6 +73,8 @@ class _Material:
     decode_samples: tuple[list, list, list] = ([], [], [])
     # verifying steps (speculation): (rows, extra fed tokens, width, ms alone on the placement, slowdown)
     verify_samples: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    # time -> busy CPU seconds of the cores the run could use, whoever used them (traces since 2026-11-30)
+    machine_cpu: dict[float, float] = field(default_factory=dict)
 
 
 def _material(tl: Any) -> _Material:
@@ -84,6 +86,7 @@ def _material(tl: Any) -> _Material:
     placement: dict[str, dict[str, Any]] = {}
     cpu: list[tuple[float, dict[str, float]]] = []
     threads: dict[float, dict[str, dict[str, float]]] = {}
+    machine: dict[float, float] = {}
     for s in [*tl.spans, *tl.profiles]:
         name, proc = s["name"], s["process"]
         if name == "engine_steps":
@@ -97,6 +100,8 @@ def _material(tl: Any) -> _Material:
             threads[s["ts"] / 1e6] = {
                 p: v["threads_s"] for p, v in procs.items() if isinstance(v.get("threads_s"), dict)
             }
+            if isinstance(s["args"].get("machine"), dict):
+                machine[s["ts"] / 1e6] = float(s["args"]["machine"].get("cpu_s", 0.0))
         elif s["cat"] == "compute" and s["dur"] > 0 and proc.startswith("model-"):
             busy[proc].append((s["ts"] / 1e6, (s["ts"] + s["dur"]) / 1e6))
     if not steps:
@@ -108,7 +113,9 @@ def _material(tl: Any) -> _Material:
     arrays = {p: np.array(sorted(rows), dtype=float) for p, rows in steps.items()}
     for p, a in arrays.items():
         busy[p] = [(float(t), float(t + d)) for t, d in a[:, :2]]
-    return _Material(window, arrays, {p: sorted(v) for p, v in busy.items()}, placement, sorted(cpu), threads)
+    material = _Material(window, arrays, {p: sorted(v) for p, v in busy.items()}, placement, sorted(cpu), threads)
+    material.machine_cpu = machine
+    return material
 
 
 def _overlap(intervals: list[tuple[float, float]], a: float, b: float) -> float:
@@ -159,6 +166,7 @@ def fit_costs(run: Any, probe: bool = True) -> CostModel:
     model.calibrated = calibration_settings(spec)
     bg = _background(run, m, model)
     model.background_cpu = bg
+    model.outside_cores = _outside_load(m)
     model.speculation = shadow_acceptance(run.timeline)
     _fit_engine(run, m, model)
     if probe:
@@ -231,6 +239,26 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
         )
         out[proc] = {"cpu_s_per_request": extra / finished, "side": side, "rate_cores": extra / (tb - ta)}
     return out
+
+
+def _outside_load(m: _Material) -> float | None:
+    """Cores that processes outside the run kept busy, on the cores the run could use, over the
+    training window: the cores' busy time less the run's processes' CPU (the cpu_time samples that
+    bracket the window, as `_background` reads them). None for a trace that did not record the
+    machine's CPU (before 2026-11-30).
+
+    Why: the cost model cannot tell a machine slowed by something else (a build, a type check,
+    another job) from slow work, and every prediction from such a calibration inherits it (one
+    taken beside a type check came out 1.4x slow). This measures that something directly."""
+    lo, hi = m.window
+    inside = [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0 and t in m.machine_cpu]
+    if len(inside) < 2:
+        return None
+    (ta, ca), (tb, cb) = inside[0], inside[-1]
+    if tb <= ta:
+        return None
+    ours = sum(cb[p] - ca[p] for p in set(ca) & set(cb))
+    return max(m.machine_cpu[tb] - m.machine_cpu[ta] - ours, 0.0) / (tb - ta)
 
 
 def _requests_between(tl: Any, a: float, b: float) -> int:

@@ -136,16 +136,13 @@ def _decode_step(runner: Any, cache: Any, rows: int) -> Any:
 def _timed(fn: Any, device: str = "cpu") -> float:
     """Wall seconds of fn(); on a GPU, up to its kernels' end (the step reads its sampled tokens
     back to the host anyway; the synchronize makes sure nothing is left queued)."""
-    if device != "cpu":
-        import torch
+    import torch
 
-        torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    sync()
     t = time.perf_counter()
     fn()
-    if device != "cpu":
-        import torch
-
-        torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t
 
 

@@ -478,7 +478,7 @@ class ProcessExecutor:
                 "process": "controller",
                 "start": now,
                 "end": now,
-                "args": {"processes": procs},
+                "args": {"processes": procs, "machine": _machine_cpu(procs)},
             }
         ]
 
@@ -619,3 +619,22 @@ class _IOLoop:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5.0)
+
+
+def _machine_cpu(procs: dict[str, dict]) -> dict[str, Any]:
+    """Busy CPU seconds of the cores the run's processes may use, since boot, whoever used them.
+
+    Why: the cost model cannot tell a machine slowed by something outside the run (a build, a
+    type check, another job) from slow work; the cores' busy time less what the run's processes
+    used is that something (perfmodel/costs.py `_outside_load`). Busy is user, nice, system, irq
+    and softirq time (steal is the hypervisor's, not this machine's work)."""
+    import psutil
+
+    cores = sorted({c for p in procs.values() for c in (p.get("cores") or ())})
+    per_cpu = psutil.cpu_times(percpu=True)
+    cores = [c for c in cores if 0 <= c < len(per_cpu)] or list(range(len(per_cpu)))
+    busy = sum(
+        t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+        for t in (per_cpu[c] for c in cores)
+    )
+    return {"cpu_s": round(busy, 3), "cores": cores}

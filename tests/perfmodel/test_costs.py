@@ -13,6 +13,7 @@ import pytest
 from areal_graph.graph.loader import load_workflow_text
 from areal_graph.perfmodel.calibration import load_costs
 from areal_graph.perfmodel.cost_model import (
+    QUIET_OUTSIDE_CORES,
     QUIET_PROBE_SCALE,
     CostModel,
     calibration_warning,
@@ -200,29 +201,49 @@ def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_mod
 
 
 @pytest.mark.parametrize(
-    ("scale", "says"),
+    ("outside", "scale", "says"),
     [
-        (None, None),  # not probed (another machine, a GPU, no model here): nothing to compare with
-        (1.02, None),  # fresh calibrations of both kits on a quiet machine: 1.02-1.09
-        (0.7, None),  # a synchronous run: the bursts have the waiting trainer's core
-        (1.38, "outside the run"),  # a busy loop on one core beside the calibration: 1.32-1.75
-        (0.5, "busier now"),  # the probe itself slowed
+        (None, None, None),  # neither measured (another machine, an old trace): nothing to go on
+        (0.0, 1.07, None),  # a fresh calibration on a quiet machine (2026-11-30)
+        (0.0, 1.6, None),  # measured quiet: the slow steps are the run's own (not outside it)
+        (0.59, 1.49, "0.59 cores"),  # a busy loop on one core beside the calibration (2026-11-30)
+        (None, 1.39, None),  # an old trace at 8 running, nothing else on the machine: not named
+        (None, 1.63, "outside the run"),  # an old trace beside a busy loop (the long-tailed kit)
+        (None, 0.5, "busier now"),  # the probe itself slowed
     ],
 )
-def test_a_calibration_slowed_from_outside_the_run_is_named(scale, says):
+def test_a_calibration_slowed_from_outside_the_run_is_named(outside, scale, says):
     """The cost model cannot tell a machine slowed by something outside the run from slow work (a
-    calibration beside a type check came out 1.4x slow, and so did every prediction from it); the
-    probe is the one measurement taken outside the run, so the run's steps far beyond it say so."""
-    model = CostModel(probe_scale=scale)
+    calibration beside a type check came out 1.4x slow, and so did every prediction from it). A
+    trace since 2026-11-30 measures the others' CPU on the run's cores; an older one has only the
+    engine probed alone, whose ratio to the run's steps is named only where it is clear."""
+    model = CostModel(probe_scale=scale, outside_cores=outside)
     got = calibration_warning(model)
     if says is None:
         assert got is None
     else:
         assert says in got and f"x{scale:.2f}" in got
-    lo, hi = QUIET_PROBE_SCALE
-    assert lo < 0.69 and 1.12 < hi < 1.32  # the quiet runs measured in range, the slowed ones out
+    assert 1.39 < QUIET_PROBE_SCALE[1] < 1.63 and 0.0 < QUIET_OUTSIDE_CORES < 0.59
     assert costs_summary(model)["calibration_warning"] == got
-    assert CostModel.from_json(model.to_json()).probe_scale == scale
+    again = CostModel.from_json(model.to_json())
+    assert (again.probe_scale, again.outside_cores) == (scale, outside)
+
+
+def test_the_cpu_outside_the_run_is_the_cores_busy_time_less_the_runs():
+    """_outside_load: over the cpu_time samples that bracket the training window, the busy time
+    of the run's cores less what its processes used, per second; a trace without the machine's
+    CPU (before 2026-11-30) gives None."""
+    import numpy as np
+
+    from areal_graph.perfmodel.costs import _Material, _outside_load
+
+    cpu = [(9.0, {"a": 1.0, "b": 2.0}), (15.0, {"a": 4.0, "b": 3.0}), (21.0, {"a": 7.0, "b": 4.0})]
+    m = _Material((10.0, 20.0), {"inference-0": np.zeros((0, 8))}, {}, {}, cpu)
+    assert _outside_load(m) is None
+    m.machine_cpu = {9.0: 100.0, 15.0: 106.0, 21.0: 113.0}  # 13 s busy over 12 s, the run used 8
+    assert _outside_load(m) == pytest.approx(5.0 / 12.0)
+    m.machine_cpu = {9.0: 100.0, 21.0: 107.9}  # coarser ticks than the processes': never below 0
+    assert _outside_load(m) == 0.0
 
 
 def test_a_model_saved_before_preemption_is_loaded_with_the_calibrations_bursts_divided_out():

@@ -59,3 +59,24 @@ def test_a_model_workers_death_is_resumable_and_spends_no_restart(tmp_path):
     assert len(failures) == 1 and failures[0][1] is True
     assert "the run can go on from its last complete checkpoint" in failures[0][0]
     assert ex.restarts == {}
+
+
+def test_the_machines_cpu_is_read_over_the_cores_the_run_may_use():
+    """The cpu_time span carries the busy time of the run's cores, whoever used them, so the cost
+    model can tell what processes outside the run took (perfmodel/costs.py `_outside_load`): it
+    counts at least what this process used on them, grows as one of them computes, and an
+    affinity naming no core the machine has falls back to all of them."""
+    import time
+
+    import psutil
+
+    from areal_graph.runtime.orchestration.process_executor import _machine_cpu
+
+    cores = sorted(psutil.Process().cpu_affinity())
+    before = _machine_cpu({"me": {"cores": cores}})
+    spent = time.process_time()
+    while time.process_time() - spent < 0.3:  # 0.3 s of CPU on the run's cores
+        pass
+    after = _machine_cpu({"me": {"cores": cores}})
+    assert before["cores"] == cores and after["cpu_s"] - before["cpu_s"] >= 0.25
+    assert _machine_cpu({"me": {"cores": [10_000]}})["cores"] == list(range(psutil.cpu_count()))
