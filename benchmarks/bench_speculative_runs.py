@@ -150,7 +150,9 @@ def _print(console: Console, rows: list[dict[str, Any]], args: argparse.Namespac
             f"{r['speedup']:.2f}x ({', '.join(f'{v:.2f}' for v in r['speedups'])})",
             f"{r['verifying_share']:.0%}" if r["verifying_share"] is not None else "-",
             f"{tpf:.2f}" if tpf else "-",
-            f"{r['reward_off']:.3f} / {r['reward_on']:.3f}" if r["reward_off"] is not None else "-",
+            f"{r['reward_off']:.3f} / {r['reward_on']:.3f}"
+            if r["reward_off"] is not None and r["reward_on"] is not None
+            else "-",
         )
     console.print(table)
 

@@ -401,32 +401,33 @@ def calibration_warning(model: CostModel) -> str | None:
     1.4x slow, and so did every prediction from it. A trace since 2026-11-30 records the busy
     time of the cores the run could use, so what others used is measured; for an older one, the
     engine probed alone right after the fit is the one measurement taken outside the run."""
-    outside = model.outside_cores
-    if outside is not None:
-        if outside <= QUIET_OUTSIDE_CORES:
-            return None
+    outside, scale = model.outside_cores, model.probe_scale
+    lo, hi = QUIET_PROBE_SCALE
+    if outside is not None and outside > QUIET_OUTSIDE_CORES:
+        ratio = (
+            f" (the run's decode steps took x{scale:.2f} the engine probed alone, beyond what its own processes explain)"
+            if scale is not None
+            else ""
+        )
         return (
             f"processes outside the run kept {outside:.2f} cores busy during the calibration, on the cores it could "
-            f"use (the run's decode steps took x{model.probe_scale or 1.0:.2f} the engine probed alone, beyond what "
-            "its own processes explain): predictions from it will be slow by about as much as that cost the run. "
+            f"use{ratio}: predictions from it will be slow by about as much as that cost the run. "
             "Calibrate again on a quiet machine, or compare only runs that share the same load"
         )
-    scale = model.probe_scale
     if scale is None:
         return None
-    lo, hi = QUIET_PROBE_SCALE
-    if scale > hi:
+    if scale < lo:  # the probe runs when the costs are fitted, after the run: the machine may be busy now
+        return (
+            f"the calibration's decode steps took x{scale:.2f} the engine's step probed alone now (x{lo:.1f}-{hi:.1f} "
+            "without other load): the machine is busier now than during the run, and the costs fitted on the "
+            "probe will be too slow. Fit them again when the machine is quiet"
+        )
+    if scale > hi and outside is None:  # measured quiet: slow steps are the run's own
         return (
             f"the calibration's decode steps took x{scale:.2f} the engine's step probed alone on this machine, "
             f"beyond what the run's own processes explain (x{lo:.1f}-{hi:.1f} without other load): something outside "
             "the run likely used the CPU during it, and predictions from it will be about that much slow. "
             "Calibrate again on a quiet machine, or compare only runs that share the same load"
-        )
-    if scale < lo:
-        return (
-            f"the calibration's decode steps took x{scale:.2f} the engine's step probed alone now (x{lo:.1f}-{hi:.1f} "
-            "without other load): the machine is busier now than during the run, and the costs fitted on the "
-            "probe will be too slow. Fit them again when the machine is quiet"
         )
     return None
 

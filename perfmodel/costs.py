@@ -249,7 +249,9 @@ def _outside_load(m: _Material) -> float | None:
 
     Why: the cost model cannot tell a machine slowed by something else (a build, a type check,
     another job) from slow work, and every prediction from such a calibration inherits it (one
-    taken beside a type check came out 1.4x slow). This measures that something directly."""
+    taken beside a type check came out 1.4x slow). This measures that something directly. A
+    process that restarted inside the window gives None (its counter started again); CPU of a
+    process's children that exited before a sample reads as outside load."""
     lo, hi = m.window
     inside = [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0 and t in m.machine_cpu]
     if len(inside) < 2:
@@ -257,8 +259,10 @@ def _outside_load(m: _Material) -> float | None:
     (ta, ca), (tb, cb) = inside[0], inside[-1]
     if tb <= ta:
         return None
-    ours = sum(cb[p] - ca[p] for p in set(ca) & set(cb))
-    return max(m.machine_cpu[tb] - m.machine_cpu[ta] - ours, 0.0) / (tb - ta)
+    used = {p: cb[p] - ca[p] for p in set(ca) & set(cb)}
+    if set(ca) != set(cb) or any(u < 0 for u in used.values()):
+        return None  # a process restarted inside the window: its lost CPU would read as someone else's
+    return max(m.machine_cpu[tb] - m.machine_cpu[ta] - sum(used.values()), 0.0) / (tb - ta)
 
 
 def _requests_between(tl: Any, a: float, b: float) -> int:

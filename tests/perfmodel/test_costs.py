@@ -192,12 +192,9 @@ def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_mod
     assert abs(after.total_rel_err) < 1e-9  # scaled to the run's total
     assert after.n == before.n and any("probed alone" in n for n in model.notes)
     assert model.engine_preemption >= 1.0  # the light load's share of the engine's cores, divided out first
-    # the factor is kept: the run's decode time over the probe's prediction of it, so the two agree
-    assert model.probe_scale is not None and model.probe_scale > 0
-    dx, dy, ds = m.decode_samples
-    assert sum(after.predict(**x) * sl for x, sl in zip(dx, ds)) == pytest.approx(
-        sum(y * sl for y, sl in zip(dy, ds)), rel=1e-9
-    )
+    # the factor is kept (calibration_warning reads it), and it is the one the note reports
+    (note,) = [n for n in model.notes if "probed alone" in n]
+    assert model.probe_scale is not None and f"x{model.probe_scale:.2f} to the run's own decode steps" in note
 
 
 @pytest.mark.parametrize(
@@ -206,7 +203,9 @@ def test_a_probed_decode_shape_is_scaled_to_the_runs_own_steps(run_dir, tiny_mod
         (None, None, None),  # neither measured (another machine, an old trace): nothing to go on
         (0.0, 1.07, None),  # a fresh calibration on a quiet machine (2026-11-30)
         (0.0, 1.6, None),  # measured quiet: the slow steps are the run's own (not outside it)
+        (0.0, 0.5, "busier now"),  # measured quiet during the run, but the probe ran on a busy machine
         (0.59, 1.49, "0.59 cores"),  # a busy loop on one core beside the calibration (2026-11-30)
+        (0.59, None, "0.59 cores"),  # ... where the probe could not run: no ratio quoted
         (None, 1.39, None),  # an old trace at 8 running, nothing else on the machine: not named
         (None, 1.63, "outside the run"),  # an old trace beside a busy loop (the long-tailed kit)
         (None, 0.5, "busier now"),  # the probe itself slowed
@@ -222,7 +221,7 @@ def test_a_calibration_slowed_from_outside_the_run_is_named(outside, scale, says
     if says is None:
         assert got is None
     else:
-        assert says in got and f"x{scale:.2f}" in got
+        assert says in got and (f"x{scale:.2f}" in got if scale is not None else " x" not in got)
     assert 1.39 < QUIET_PROBE_SCALE[1] < 1.63 and 0.0 < QUIET_OUTSIDE_CORES < 0.59
     assert costs_summary(model)["calibration_warning"] == got
     again = CostModel.from_json(model.to_json())
@@ -244,6 +243,11 @@ def test_the_cpu_outside_the_run_is_the_cores_busy_time_less_the_runs():
     assert _outside_load(m) == pytest.approx(5.0 / 12.0)
     m.machine_cpu = {9.0: 100.0, 21.0: 107.9}  # coarser ticks than the processes': never below 0
     assert _outside_load(m) == 0.0
+    m.machine_cpu = {9.0: 100.0, 21.0: 113.0}
+    m.cpu = [(9.0, {"a": 1.0, "b": 2.0}), (21.0, {"a": 0.5, "b": 4.0})]  # `a` restarted: its CPU counts again from 0
+    assert _outside_load(m) is None
+    m.cpu = [(9.0, {"a": 1.0, "b": 2.0}), (21.0, {"b": 4.0})]  # `a` gone at the second sample
+    assert _outside_load(m) is None
 
 
 def test_a_model_saved_before_preemption_is_loaded_with_the_calibrations_bursts_divided_out():
