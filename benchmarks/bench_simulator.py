@@ -138,8 +138,7 @@ def measured_extras(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"staleness_mean": summary["staleness"].get("mean"), "engine_busy": busy.get("inference-0")}
     spec = speculation_summary(run.timeline)
     if spec.get("available"):
-        kinds = [int(r[2]) for p in run.timeline.profiles if p["name"] == "engine_steps" for r in p["args"]["steps"]]
-        out["verifying_share"] = spec["verifying"] / max(sum(1 for k in kinds if k in (1, 2)), 1)  # of decode steps
+        out["verifying_share"] = spec["verifying_share"]  # of decode steps
         out["tokens_per_row_forward"] = spec["tokens_per_forward"]
         out["verify_check"] = verify_check(run_dir)
     return out
@@ -238,8 +237,9 @@ def main() -> int:
             f"[bold]{kit}[/]: calibrated on {costs.measured['steps']} steps ({cal_window:.1f} s window, "
             f"{time.perf_counter() - t0:.0f} s with startup) in {cal_dir}"
         )
-        if calibration_warning(costs):  # slowed by something else: every prediction below inherits it
-            console.print(f"  [red]calibration:[/] {calibration_warning(costs)}", highlight=False)
+        warning = calibration_warning(costs)
+        if warning:  # slowed by something else: every prediction below inherits it
+            console.print(f"  [red]calibration:[/] {warning}", highlight=False)
         configs = spec_of["configs"][:2] if args.quick else spec_of["configs"]
         if args.only:
             configs = [c for c in configs if args.only in c[0]]
@@ -291,7 +291,7 @@ def main() -> int:
                     "measured_engine_busy": extras[i].get("engine_busy"),
                     "extrapolates": pred["extrapolates"],
                     "calibration": str(cal_dir),
-                    "calibration_warning": calibration_warning(costs),
+                    "calibration_warning": warning,
                     "calibration_probe_scale": costs.probe_scale,
                     "predicted_speculation": pred.get("speculation") or {},
                     "measured_verifying_share": extras[i].get("verifying_share"),

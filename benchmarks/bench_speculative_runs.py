@@ -55,12 +55,9 @@ def one_run(workflow: str, steps: int, speculative: bool, run_dir: Path, log: Pa
     rewards = [m["reward/mean"] for m in read_metrics_file(run_dir / METRICS_FILENAME).records if "reward/mean" in m]
     out: dict[str, Any] = {"window_s": got.window_s, "reward_mean": statistics.fmean(rewards) if rewards else None}
     if speculative:
-        timeline = load_timeline(run_dir)
-        spec = speculation_summary(timeline)
-        kinds = [int(r[2]) for p in timeline.profiles if p["name"] == "engine_steps" for r in p["args"]["steps"]]
-        decode_steps = sum(1 for k in kinds if k in (1, 2))  # plain and verifying decode steps
-        out["verifying_share"] = spec.get("verifying", 0) / max(decode_steps, 1) if spec.get("available") else 0.0
-        out["tokens_per_row_forward"] = spec.get("tokens_per_forward") if spec.get("available") else None
+        spec = speculation_summary(load_timeline(run_dir))
+        out["verifying_share"] = spec["verifying_share"] if spec["available"] else 0.0
+        out["tokens_per_row_forward"] = spec["tokens_per_forward"] if spec["available"] else None
     return out
 
 

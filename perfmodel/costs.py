@@ -113,9 +113,8 @@ def _material(tl: Any) -> _Material:
     arrays = {p: np.array(sorted(rows), dtype=float) for p, rows in steps.items()}
     for p, a in arrays.items():
         busy[p] = [(float(t), float(t + d)) for t, d in a[:, :2]]
-    material = _Material(window, arrays, {p: sorted(v) for p, v in busy.items()}, placement, sorted(cpu), threads)
-    material.machine_cpu = machine
-    return material
+    busy_sorted = {p: sorted(v) for p, v in busy.items()}
+    return _Material(window, arrays, busy_sorted, placement, sorted(cpu), threads, machine_cpu=machine)
 
 
 def _overlap(intervals: list[tuple[float, float]], a: float, b: float) -> float:
@@ -207,8 +206,7 @@ def calibration_settings(spec: Any) -> dict[str, Any]:
 def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str, Any]]:
     """CPU each process used beyond its compute spans, per request finished, from the cpu_time
     samples that bracket the training window."""
-    lo, hi = m.window
-    inside = [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0]
+    inside = _window_samples(m)
     if len(inside) < 2:
         model.notes.append(
             "fewer than two CPU samples in the training window: background CPU (controller, "
@@ -241,6 +239,13 @@ def _background(run: Any, m: _Material, model: CostModel) -> dict[str, dict[str,
     return out
 
 
+def _window_samples(m: _Material) -> list[tuple[float, dict[str, float]]]:
+    """The cpu_time samples that bracket the training window (they come every few seconds: one
+    just before its start and one just after its end count)."""
+    lo, hi = m.window
+    return [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0]
+
+
 def _outside_load(m: _Material) -> float | None:
     """Cores that processes outside the run kept busy, on the cores the run could use, over the
     training window: the cores' busy time less the run's processes' CPU (the cpu_time samples that
@@ -252,8 +257,7 @@ def _outside_load(m: _Material) -> float | None:
     taken beside a type check came out 1.4x slow). This measures that something directly. A
     process that restarted inside the window gives None (its counter started again); CPU of a
     process's children that exited before a sample reads as outside load."""
-    lo, hi = m.window
-    inside = [(t, c) for t, c in m.cpu if lo - 1.0 <= t <= hi + 3.0 and t in m.machine_cpu]
+    inside = [(t, c) for t, c in _window_samples(m) if t in m.machine_cpu]
     if len(inside) < 2:
         return None
     (ta, ca), (tb, cb) = inside[0], inside[-1]

@@ -19,7 +19,10 @@ from typing import Any
 
 from areal_graph.trace_analysis.trace_model import Timeline
 
-VERIFY = 2  # engines/inference/engine_spans.py STEP_VERIFY (the analyser does not import the engine)
+DECODE, VERIFY = (
+    1,
+    2,
+)  # engines/inference/engine_spans.py STEP_DECODE, STEP_VERIFY (the analyser does not import the engine)
 SOURCES = ("self", "prompt", "group", "history")
 
 
@@ -55,7 +58,7 @@ def speculation_summary(tl: Timeline) -> dict[str, Any]:
     """Verifying steps and their share of the engine's forwards, tokens per row and forward
     overall and by batch size (powers of two), and the accepted share of proposed tokens by
     source (summed over servers, from each one's latest counts)."""
-    forwards = verifying = 0
+    forwards = verifying = decodes = 0
     rows_by: dict[int, int] = defaultdict(int)
     out_by: dict[int, int] = defaultdict(int)
     latest: dict[str, dict[str, Any]] = {}
@@ -63,6 +66,7 @@ def speculation_summary(tl: Timeline) -> dict[str, Any]:
         if s["name"] == "engine_steps":
             for r in s["args"].get("steps", []):
                 forwards += 1
+                decodes += int(r[2]) in (DECODE, VERIFY)
                 if len(r) > 7 and int(r[2]) == VERIFY:
                     verifying += 1
                     rows_by[_bucket(int(r[3]))] += int(r[3])
@@ -77,6 +81,7 @@ def speculation_summary(tl: Timeline) -> dict[str, Any]:
         "available": True,
         "forwards": forwards,
         "verifying": verifying,
+        "verifying_share": verifying / decodes,  # of the decode steps, plain and verifying (prefills aside)
         "tokens_per_forward": sum(out_by.values()) / sum(rows_by.values()),
         "by_rows": {str(b): out_by[b] / rows_by[b] for b in sorted(rows_by)},
         "proposed": proposed,

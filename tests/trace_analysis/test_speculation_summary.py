@@ -47,6 +47,7 @@ def test_tokens_per_forward_by_batch_and_acceptance_by_source(tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps(_events(rows, counts)))
     sp = speculation_summary(load_timeline(tmp_path))
     assert sp["available"] and sp["forwards"] == 4 and sp["verifying"] == 3
+    assert sp["verifying_share"] == pytest.approx(3 / 4)  # of the decode steps (no prefill here)
     assert sp["tokens_per_forward"] == pytest.approx(30 / 12)
     assert sp["by_rows"] == {"2": pytest.approx(10 / 4), "8": pytest.approx(20 / 8)}
     assert sp["acceptance"] == {"self": 0.0, "prompt": None, "group": 0.5, "history": None}
