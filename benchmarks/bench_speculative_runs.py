@@ -67,7 +67,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--workflows", default=",".join(WORKFLOWS), help="comma-separated workflow files")
     ap.add_argument("--quick", action="store_true", help="10 steps, 1 round, ppo_async.yaml only")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/speculative_runs[_quick].json)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.steps, args.rounds, args.workflows = 10, 1, "ppo_async.yaml"

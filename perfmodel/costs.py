@@ -166,6 +166,12 @@ def fit_costs(run: Any, probe: bool = True) -> CostModel:
     bg = _background(run, m, model)
     model.background_cpu = bg
     model.outside_cores = _outside_load(m)
+    if model.outside_cores is None:
+        model.notes.append(
+            "the trace does not measure the CPU other processes took during the run (traces before 2026-11-30, "
+            "runs not on the local launcher, or a process restarted in the window): a calibration slowed by other "
+            "work is caught only when its steps ran over 1.5x the engine probed alone"
+        )
     model.speculation = shadow_acceptance(run.timeline)
     _fit_engine(run, m, model)
     if probe:

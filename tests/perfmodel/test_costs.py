@@ -41,6 +41,7 @@ def test_a_trace_without_the_admitted_column_says_what_it_cannot_price(costs):
     is priced at 0, and `costs` says so instead of leaving it silent."""
     assert costs.engine_admit_after_finish_ms == 0.0
     assert any("no admitted-requests column" in n for n in costs.notes)
+    assert costs.outside_cores is None and any("does not measure the CPU other processes" in n for n in costs.notes)
 
 
 def test_every_cost_is_fitted_with_its_error(costs):
