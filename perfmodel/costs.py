@@ -170,7 +170,7 @@ def fit_costs(run: Any, probe: bool = True) -> CostModel:
         model.notes.append(
             "the trace does not measure the CPU other processes took during the run (traces before 2026-11-30, "
             "runs not on the local launcher, or a process restarted in the window): a calibration slowed by other "
-            "work is caught only when its steps ran over 1.5x the engine probed alone"
+            "work is caught only when its steps ran over 1.5x the engine's step timed on its own"
         )
     model.speculation = shadow_acceptance(run.timeline)
     _fit_engine(run, m, model)
